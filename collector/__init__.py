@@ -1,0 +1,2 @@
+"""llm-headroom: capacity observability for LLM inference."""
+__version__ = "0.1.0"

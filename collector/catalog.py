@@ -1,0 +1,149 @@
+"""The one metric catalog: every metric llm-headroom exports is declared here, once.
+
+Sources, the tracker, dashboards, alert rules and tests import these specs and never retype a
+name. The names are a contract (shared/DESIGN.md, "Metric catalog"): alert rules and dashboards in
+other deployments depend on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "MetricSpec",
+    "CATALOG",
+    "BY_NAME",
+    "TTFT_BUCKETS_SECONDS",
+    "TPOT_BUCKETS_SECONDS",
+    "DURATION_BUCKETS_SECONDS",
+    "spec",
+]
+
+# LLM latency is long-tailed: TTFT under load reaches tens of seconds and a long generation runs
+# for minutes, so the default prometheus_client cap of 10 s would hide exactly the tail we alert on.
+TTFT_BUCKETS_SECONDS = (
+    0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0,
+    60.0, 120.0,
+)
+# Decode steps are tens of milliseconds; above ~0.5 s per token a stream is unusable.
+TPOT_BUCKETS_SECONDS = (
+    0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0,
+)
+DURATION_BUCKETS_SECONDS = (
+    0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+    180.0, 300.0, 600.0,
+)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric: name (without the `_total` a counter's sample gets), type, labels, help."""
+
+    name: str
+    type: str  # "gauge" | "counter" | "histogram"
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""  # Grafana unit id for dashboards ("s", "short", "percentunit", "bytes", ...)
+    buckets: tuple[float, ...] = field(default=())
+    group: str = ""
+
+
+_PER_REQUEST = ("model", "tenant")
+_ENGINE = ("engine", "model")
+_GPU = ("gpu", "uuid", "gpu_name")
+_CAPACITY = ("model", "caliber")
+
+CATALOG: tuple[MetricSpec, ...] = (
+    # --- sidecar, per request -----------------------------------------------------------------
+    MetricSpec("headroom_inflight_requests", "gauge",
+               "Requests admitted by the sidecar and not yet terminal (request caliber).",
+               _PER_REQUEST, "short", group="sidecar"),
+    MetricSpec("headroom_active_tokens", "gauge",
+               "Sum of prompt plus generated-so-far tokens over in-flight requests (token caliber).",
+               _PER_REQUEST, "short", group="sidecar"),
+    MetricSpec("headroom_requests_total", "counter",
+               "Requests that reached a terminal state, by outcome.",
+               _PER_REQUEST + ("outcome",), "short", group="sidecar"),
+    MetricSpec("headroom_prompt_tokens_total", "counter",
+               "Prompt tokens of terminal requests (upstream usage, else estimated).",
+               _PER_REQUEST, "short", group="sidecar"),
+    MetricSpec("headroom_generated_tokens_total", "counter",
+               "Generated (completion) tokens of terminal requests (upstream usage, else estimated).",
+               _PER_REQUEST, "short", group="sidecar"),
+    MetricSpec("headroom_time_to_first_token_seconds", "histogram",
+               "Time from admission to the first chunk carrying content or a tool call.",
+               ("model",), "s", TTFT_BUCKETS_SECONDS, group="sidecar"),
+    MetricSpec("headroom_time_per_output_token_seconds", "histogram",
+               "(e2e - TTFT) / (completion_tokens - 1), for requests with more than one token.",
+               ("model",), "s", TPOT_BUCKETS_SECONDS, group="sidecar"),
+    MetricSpec("headroom_request_duration_seconds", "histogram",
+               "End-to-end request duration from admission to the terminal transition.",
+               ("model", "outcome"), "s", DURATION_BUCKETS_SECONDS, group="sidecar"),
+    # --- engine, normalised -------------------------------------------------------------------
+    MetricSpec("headroom_engine_up", "gauge",
+               "1 when the last scrape of the engine's /metrics succeeded, else 0.",
+               ("engine",), "short", group="engine"),
+    MetricSpec("headroom_engine_requests_running", "gauge",
+               "Requests running in the engine's batch, as of the last poll.",
+               _ENGINE, "short", group="engine"),
+    MetricSpec("headroom_engine_requests_waiting", "gauge",
+               "Requests queued in the engine, as of the last poll.",
+               _ENGINE, "short", group="engine"),
+    MetricSpec("headroom_engine_kv_cache_usage_ratio", "gauge",
+               "KV-cache usage 0-1, as of the last poll.",
+               _ENGINE, "percentunit", group="engine"),
+    MetricSpec("headroom_engine_kv_cache_capacity_tokens", "gauge",
+               "KV-cache capacity in tokens when the engine tells it, as of the last poll.",
+               _ENGINE, "short", group="engine"),
+    # --- GPU (NVML) ---------------------------------------------------------------------------
+    MetricSpec("headroom_gpu_up", "gauge",
+               "1 when NVML answered for this GPU; 0 (unlabelled) when no GPU or NVML is unavailable.",
+               _GPU, "short", group="gpu"),
+    MetricSpec("headroom_gpu_utilization_ratio", "gauge",
+               "Fraction of the sample period during which a kernel ran on the GPU (NVML .gpu).",
+               _GPU, "percentunit", group="gpu"),
+    MetricSpec("headroom_gpu_memory_used_bytes", "gauge", "GPU framebuffer memory in use.",
+               _GPU, "bytes", group="gpu"),
+    MetricSpec("headroom_gpu_memory_total_bytes", "gauge", "GPU framebuffer memory in total.",
+               _GPU, "bytes", group="gpu"),
+    MetricSpec("headroom_gpu_memory_bandwidth_utilization_ratio", "gauge",
+               "Fraction of the sample period during which device memory was read or written (NVML .memory).",
+               _GPU, "percentunit", group="gpu"),
+    MetricSpec("headroom_gpu_power_watts", "gauge", "GPU power draw.", _GPU, "watt", group="gpu"),
+    # --- capacity, from the latest analysis ---------------------------------------------------
+    MetricSpec("headroom_capacity_knee", "gauge",
+               "Measured knee of the concurrency gradient, in requests or tokens (caliber label).",
+               _CAPACITY, "short", group="capacity"),
+    MetricSpec("headroom_capacity_slo_max", "gauge",
+               "Largest measured concurrency meeting the latency SLO (caliber label).",
+               _CAPACITY, "short", group="capacity"),
+    MetricSpec("headroom_capacity_recommended_pool", "gauge",
+               "Recommended production concurrency pool (caliber requests).",
+               _CAPACITY, "short", group="capacity"),
+    # --- pipeline health ----------------------------------------------------------------------
+    MetricSpec("headroom_log_rows_written_total", "counter",
+               "Request-log rows durably written (or accepted by the store service).",
+               (), "short", group="pipeline"),
+    MetricSpec("headroom_log_rows_dropped_total", "counter",
+               "Request-log rows dropped, by reason (queue_full, db_error, spool_full).",
+               ("reason",), "short", group="pipeline"),
+    MetricSpec("headroom_source_scrape_success", "gauge",
+               "1 when the last collection from this source (engine, gpu) succeeded.",
+               ("source",), "short", group="pipeline"),
+    MetricSpec("headroom_source_scrape_duration_seconds", "gauge",
+               "Seconds the last collection from this source took.",
+               ("source",), "s", group="pipeline"),
+    MetricSpec("headroom_log_queue_rows", "gauge",
+               "Request-log rows waiting in the writer's in-memory queue.",
+               (), "short", group="pipeline"),
+)
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in CATALOG}
+
+
+def spec(name: str) -> MetricSpec:
+    """Return the catalog entry for `name`; raises KeyError naming the unknown metric."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"metric {name!r} is not in collector.catalog.CATALOG") from None

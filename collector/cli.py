@@ -1,0 +1,90 @@
+"""The `headroom` command line: one group, each subcommand loaded from its own module on demand.
+
+Subcommands live beside the code they drive (`collector/<area>/cli.py`), so importing the CLI does
+not import DuckDB, matplotlib or the simulator until a command needs them, and `headroom --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from collector import __version__
+
+__all__ = ["main", "COMMANDS"]
+
+# name -> "module:attribute" of a click.Command. Order is the order shown in --help.
+COMMANDS: dict[str, str] = {
+    "run": "collector.sidecar.cli:run",
+    "sim": "collector.sim.cli:sim",
+    "demo": "collector.demo:demo",
+    "probe": "collector.analysis.cli:probe",
+    "capacity": "collector.analysis.cli:capacity",
+    "store": "collector.service.cli:store",
+    "report": "collector.report.cli:report",
+    "dashboards": "collector.rules.cli:dashboards",
+    "alerts": "collector.rules.cli:alerts",
+}
+
+_SHORT_HELP = {
+    "run": "The sidecar: proxy the OpenAI API and export dual-caliber concurrency.",
+    "sim": "Built-in continuous-batching engine simulator (OpenAI-compatible).",
+    "demo": "Simulator + sidecar + a load that crosses the knee + a capacity summary.",
+    "probe": "Concurrency-gradient load test with knee detection and recommendations.",
+    "capacity": "Capacity formulas: KV-cache ceiling, quota ceilings.",
+    "store": "The store service: ingest API, query API, scheduled jobs.",
+    "report": "The weekly capacity review (Markdown, HTML or JSON).",
+    "dashboards": "Generate Grafana dashboards or push them to a Grafana.",
+    "alerts": "Generate Prometheus recording and alerting rules.",
+}
+
+
+class _LazyGroup(click.Group):
+    """A click group that imports a subcommand's module only when that subcommand runs."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attribute = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                return _not_built(name)
+            raise
+        return getattr(module, attribute)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, _SHORT_HELP.get(name, "")) for name in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _not_built(name: str) -> click.Command:
+    @click.command(name, help=f"{_SHORT_HELP.get(name, '')} (not built yet)")
+    def _missing() -> None:
+        click.echo(f"headroom {name}: this command is not built yet in this version.", err=True)
+        sys.exit(2)
+
+    return _missing
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="headroom")
+def main() -> None:
+    """llm-headroom: how close is this LLM deployment to its capacity boundary?
+
+    \b
+    Examples:
+      headroom demo                                   # everything on the built-in simulator
+      headroom run --upstream http://127.0.0.1:8000   # sidecar in front of an engine
+      headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16
+      headroom report --db headroom.duckdb --since 7d --format md
+    """

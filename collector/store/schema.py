@@ -1,0 +1,107 @@
+"""The `requests` table (contract in shared/DESIGN.md) and its versioned migrations.
+
+The schema version lives in a one-row table `headroom_schema`. Opening a file written by an older
+program runs each migration in order inside one transaction, so rows are never lost: a migration
+only ever adds columns or tables.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+__all__ = ["COLUMNS", "COLUMN_NAMES", "SCHEMA_VERSION", "MIGRATIONS", "migrate", "schema_version"]
+
+# (name, DuckDB type) in table order. The contract; other parts and external readers depend on it.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("request_id", "VARCHAR PRIMARY KEY"),
+    ("source", "VARCHAR"),
+    ("run_id", "VARCHAR"),
+    ("instance", "VARCHAR"),
+    ("model", "VARCHAR"),
+    ("tenant", "VARCHAR"),
+    ("endpoint", "VARCHAR"),
+    ("stream", "BOOLEAN"),
+    ("admitted_at", "TIMESTAMPTZ"),
+    ("first_byte_at", "TIMESTAMPTZ"),
+    ("first_token_at", "TIMESTAMPTZ"),
+    ("completed_at", "TIMESTAMPTZ"),
+    ("status_code", "INTEGER"),
+    ("outcome", "VARCHAR"),
+    ("error", "VARCHAR"),
+    ("prompt_tokens", "INTEGER"),
+    ("cached_prompt_tokens", "INTEGER"),
+    ("completion_tokens", "INTEGER"),
+    ("max_tokens", "INTEGER"),
+    ("usage_source", "VARCHAR"),
+    ("ttft_s", "DOUBLE"),
+    ("tpot_s", "DOUBLE"),
+    ("e2e_s", "DOUBLE"),
+    ("inflight_at_admit", "INTEGER"),
+    ("active_tokens_at_admit", "BIGINT"),
+    ("engine_waiting_at_admit", "INTEGER"),
+    ("kv_usage_at_admit", "DOUBLE"),
+)
+COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
+
+# Version 1 shipped without the engine snapshot and prefix-cache columns; version 2 added them.
+_V1_COLUMNS = tuple(c for c in COLUMNS if c[0] not in
+                    ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit"))
+
+
+def _ddl(columns: tuple[tuple[str, str], ...]) -> str:
+    body = ",\n    ".join(f"{name} {sql_type}" for name, sql_type in columns)
+    return f"CREATE TABLE IF NOT EXISTS requests (\n    {body}\n)"
+
+
+def _v1(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(_ddl(_V1_COLUMNS))
+
+
+def _v2(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS cached_prompt_tokens INTEGER")
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS engine_waiting_at_admit INTEGER")
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS kv_usage_at_admit DOUBLE")
+
+
+# MIGRATIONS[i] brings a database from version i to version i + 1.
+MIGRATIONS = (_v1, _v2)
+SCHEMA_VERSION = len(MIGRATIONS)
+V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """Version recorded in the file; 0 for a new file, 1 for a pre-versioning file with `requests`."""
+    con.execute("CREATE TABLE IF NOT EXISTS headroom_schema (version INTEGER NOT NULL)")
+    row = con.execute("SELECT max(version) FROM headroom_schema").fetchone()
+    if row and row[0] is not None:
+        return int(row[0])
+    has_requests = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'requests'"
+    ).fetchone()[0]
+    return 1 if has_requests else 0
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Bring the database to SCHEMA_VERSION; returns the version it started at.
+
+    Raises RuntimeError when the file was written by a newer program (we never downgrade).
+    """
+    start = schema_version(con)
+    if start > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"database schema version {start} is newer than this program's {SCHEMA_VERSION}; "
+            "upgrade llm-headroom before opening it"
+        )
+    if start == SCHEMA_VERSION:
+        return start
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for step in MIGRATIONS[start:]:
+            step(con)
+        con.execute("DELETE FROM headroom_schema")
+        con.execute("INSERT INTO headroom_schema VALUES (?)", [SCHEMA_VERSION])
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return start
