@@ -1,0 +1,60 @@
+"""Run an ASGI app under uvicorn in a background thread: for the demo, tests and benchmarks.
+
+`serve_in_thread(app, port=0)` returns once the socket is listening, with the real port, and
+`handle.stop()` shuts uvicorn down gracefully (lifespan shutdown runs, so request logs flush).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass
+
+import uvicorn
+
+__all__ = ["ServerHandle", "serve_in_thread"]
+
+
+@dataclass
+class ServerHandle:
+    """A uvicorn server running in a thread; `url` is http://host:port."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask uvicorn to exit (graceful: lifespan shutdown runs) and wait for the thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, *,
+                    startup_timeout_s: float = 30.0, **uvicorn_options) -> ServerHandle:
+    """Start `app` on host:port (0 = any free port) and block until it accepts connections."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_port = sock.getsockname()[1]
+    options = {"log_level": "warning", "access_log": False, "lifespan": "on"} | uvicorn_options
+    server = uvicorn.Server(uvicorn.Config(app, **options))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                              name=f"uvicorn-{bound_port}", daemon=True)
+    thread.start()
+    started = threading.Event()
+
+    def _watch() -> None:
+        while thread.is_alive() and not server.started:
+            thread.join(0.01)
+        started.set()
+
+    threading.Thread(target=_watch, daemon=True).start()
+    if not started.wait(startup_timeout_s) or not server.started:
+        server.should_exit = True
+        raise RuntimeError(f"server on {host}:{bound_port} did not start within {startup_timeout_s} s")
+    return ServerHandle(server, thread, host, bound_port)
