@@ -1,0 +1,73 @@
+"""The store's bearer token: where it comes from, where it is kept, and how a request proves it.
+
+Order: `--token`, then `HEADROOM_TOKEN`, then a token file beside the database (`<db>.token`,
+mode 0600), generated on first start. Reusing the file across restarts keeps shippers working.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from fastapi import HTTPException, Request
+
+__all__ = ["TOKEN_ENV", "resolve_token", "token_file_for", "require_token"]
+
+TOKEN_ENV = "HEADROOM_TOKEN"
+
+
+def token_file_for(db_path: str | os.PathLike | None) -> Path | None:
+    """Where the generated token lives: `<db>.token` beside the database, None for :memory:."""
+    if db_path is None or str(db_path) == ":memory:":
+        return None
+    return Path(f"{db_path}.token")
+
+
+def resolve_token(token: str | None, db_path: str | os.PathLike | None) -> tuple[str, Path | None]:
+    """Return (token, file it was read from or written to, or None when given explicitly).
+
+    Example: resolve_token(None, "data/h.duckdb") with HEADROOM_TOKEN unset -> ("k3v…", data/h.duckdb.token)
+    """
+    if token:
+        return token, None
+    from_env = os.environ.get(TOKEN_ENV, "").strip()
+    if from_env:
+        return from_env, None
+    path = token_file_for(db_path)
+    if path is not None and path.exists():
+        existing = path.read_text().strip()
+        if existing:
+            return existing, path
+    generated = secrets.token_urlsafe(32)
+    if path is not None:
+        _write_private(path, generated)
+    return generated, path
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Create `path` readable and writable by the owner only (0600), never world-readable first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + "\n")
+    os.chmod(path, 0o600)
+
+
+def require_token(expected: str):
+    """A FastAPI dependency that answers 401 unless `Authorization: Bearer <expected>` is sent."""
+    expected_bytes = expected.encode()
+
+    def _check(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected_bytes):
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong bearer token: send 'Authorization: Bearer <token>' "
+                       "(the token from --token, HEADROOM_TOKEN or the store's <db>.token file)",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    return _check
