@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from collector.catalog import spec
@@ -61,15 +63,22 @@ def _lifespan(store: RequestStore, gauges, job_settings):
     return lifespan
 
 
+class ReportQuery(BaseModel):
+    """Window and format of an on-demand report."""
+
+    model_config = ConfigDict(extra="forbid")
+    since: str = Field("7d", pattern=r"^[0-9]{1,6}[smhdw]$", description="window back from now")
+    format: Literal["md", "html", "json"] = "json"
+
+
 def _add_report_routes(app: FastAPI, store: RequestStore, report_dir: Path | None, auth) -> None:
     @app.get("/v1/report", dependencies=[auth], tags=["report"],
              summary="Build the capacity review for a window now (md, html or json)")
-    async def report(since: str = Query("7d", pattern=r"^[0-9]{1,6}[smhdw]$"),
-                     format: str = Query("json", pattern=r"^(md|html|json)$")) -> Response:
+    async def report(q: Annotated[ReportQuery, Query()]) -> Response:
         from collector.report.cli import render_report_from_store
 
-        text = await run_in_threadpool(render_report_from_store, store, since, format)
-        media = {"md": "text/markdown", "html": "text/html", "json": "application/json"}[format]
+        text = await run_in_threadpool(render_report_from_store, store, q.since, q.format)
+        media = {"md": "text/markdown", "html": "text/html", "json": "application/json"}[q.format]
         return Response(text, media_type=media)
 
     @app.get("/reports/latest", dependencies=[auth], tags=["report"], response_class=HTMLResponse,
