@@ -65,6 +65,10 @@ class RequestStore:
             after = self._con.execute("SELECT count(*) FROM requests").fetchone()[0]
         return int(after - before)
 
+    def write_batch(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """BatchSink interface for the LogWriter: insert the batch (duplicates ignored)."""
+        self.insert_rows(rows)
+
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple]:
         """Run a parameterised query and return all rows. Never format values into `sql`."""
         with self._lock:

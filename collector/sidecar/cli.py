@@ -1,0 +1,118 @@
+"""`headroom run`: the sidecar command line (thin shell over create_app and uvicorn)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import click
+
+from collector.sidecar.config import SidecarConfig, parse_listen
+
+__all__ = ["run", "build_sidecar"]
+
+ENGINES = ("auto", "none", "vllm", "sglang", "tgi", "llamacpp", "generic")
+
+
+def _optional(module: str, attribute: str, feature: str):
+    """Import a component owned by another part; a clear error when that part is not built."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise click.UsageError(f"{feature} is not available in this build ({exc})") from None
+
+
+def build_sidecar(config: SidecarConfig, *, scheduler: bool = True):
+    """Create the sidecar app with every source and sink the config asks for."""
+    from collector.sidecar.app import create_app
+    from collector.sidecar.capacity_gauges import CapacityGauges
+
+    engine = None
+    if config.engine != "none":
+        build_engine_source = _optional("collector.sources", "build_engine_source", "--engine")
+        metrics_url = config.engine_metrics_url or config.upstream + "/metrics"
+        engine = build_engine_source(config.engine, metrics_url, config.engine_poll_interval_s)
+    collectors = []
+    try:
+        from collector.sources.gpu import GpuCollector
+    except ImportError:
+        GpuCollector = None  # noqa: N806
+    if GpuCollector is not None:
+        collectors.append(GpuCollector())
+    row_sinks = []
+    otlp = config.otlp_endpoint
+    if otlp:
+        row_sinks.append(_optional("collector.otel", "OtelSink", "--otlp-endpoint")(endpoint=otlp))
+    batch_sink = None
+    if config.store_url:
+        shipper = _optional("collector.service.shipper", "StoreShipper", "--store-url")
+        batch_sink = shipper(config.store_url, config.store_token, config.spool_dir)
+    capacity = CapacityGauges()
+    app = create_app(config, row_sinks=row_sinks, engine=engine, collectors=collectors,
+                     capacity=capacity, batch_sink=batch_sink)
+    return app
+
+
+@click.command("run")
+@click.option("--upstream", required=True, metavar="URL",
+              help="Base URL of the OpenAI-compatible engine, e.g. http://127.0.0.1:8000.")
+@click.option("--listen", default="127.0.0.1:9100", show_default=True, metavar="HOST:PORT",
+              help="Where the proxy, /metrics and /healthz listen.")
+@click.option("--db", "db_path", default="headroom.duckdb", show_default=True, metavar="PATH",
+              help="DuckDB request log owned by this process (ignored with --store-url).")
+@click.option("--instance", default=socket.gethostname(), show_default="hostname",
+              help="Name of this sidecar in rows and labels.")
+@click.option("--tenant-header", default="X-Tenant-ID", show_default=True,
+              help="Request header naming the tenant.")
+@click.option("--max-tenants", default=50, show_default=True, type=click.IntRange(1),
+              help="Distinct tenant label values before the rest become 'other'.")
+@click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
+              help="Which engine's /metrics to read (auto recognises it; none turns it off).")
+@click.option("--engine-metrics-url", metavar="URL", help="Engine metrics URL [default: UPSTREAM/metrics].")
+@click.option("--engine-poll-interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
+              help="Seconds between engine metric polls.")
+@click.option("--store-url", metavar="URL", help="Ship rows to a `headroom store` service instead of --db.")
+@click.option("--store-token", envvar="HEADROOM_TOKEN", help="Token for --store-url [env: HEADROOM_TOKEN].")
+@click.option("--spool-dir", metavar="PATH", help="On-disk spool for --store-url outages.")
+@click.option("--otlp-endpoint", envvar="OTEL_EXPORTER_OTLP_ENDPOINT", metavar="URL",
+              help="Emit one OpenTelemetry span per request [env: OTEL_EXPORTER_OTLP_ENDPOINT].")
+@click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(1),
+              help="Seconds to wait for the next upstream bytes before giving up (outcome timeout).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_metrics_url,
+        engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, read_timeout,
+        log_level) -> None:
+    """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
+
+    \b
+    Examples:
+      headroom run --upstream http://127.0.0.1:8000
+      headroom run --upstream http://vllm:8000 --listen 0.0.0.0:9100 --engine vllm
+      headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
+      HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
+
+    Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
+    """
+    import uvicorn
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        host, port = parse_listen(listen)
+        config = SidecarConfig(
+            upstream=upstream, listen_host=host, listen_port=port,
+            db_path=None if store_url else db_path, instance=instance, tenant_header=tenant_header,
+            max_tenants=max_tenants, store_url=store_url, store_token=store_token,
+            spool_dir=spool_dir, engine=engine, engine_metrics_url=engine_metrics_url,
+            engine_poll_interval_s=engine_poll_interval, otlp_endpoint=otlp_endpoint,
+            read_timeout_s=read_timeout)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    app = build_sidecar(config)
+    click.echo(f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
+               f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
+                timeout_graceful_shutdown=30)

@@ -1,0 +1,56 @@
+"""SidecarConfig: everything `headroom run` can be told, with defaults suited to LLM traffic."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+__all__ = ["SidecarConfig", "parse_listen"]
+
+
+@dataclass
+class SidecarConfig:
+    """Settings of one sidecar. Timeouts are long because a generation can stream for minutes."""
+
+    upstream: str
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 9100
+    db_path: str | None = "headroom.duckdb"
+    instance: str = field(default_factory=socket.gethostname)
+    tenant_header: str = "X-Tenant-ID"
+    max_tenants: int = 50
+    max_models: int = 20
+    store_url: str | None = None
+    store_token: str | None = None
+    spool_dir: str | None = None
+    engine: str = "none"
+    engine_metrics_url: str | None = None
+    engine_poll_interval_s: float = 1.0
+    otlp_endpoint: str | None = None
+    source: str = "traffic"
+    run_id: str | None = None
+    # Upstream client: connect fast or fail; between two chunks a long prefill may take minutes.
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 600.0
+    max_connections: int = 1024
+    log_queue_rows: int = 50_000
+    log_batch_rows: int = 1_000
+    log_flush_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.upstream = self.upstream.rstrip("/")
+        if not self.upstream.startswith(("http://", "https://")):
+            raise ValueError(
+                f"--upstream {self.upstream!r} is not an http(s) URL; "
+                "expected e.g. http://127.0.0.1:8000 (the engine's OpenAI-compatible base URL)"
+            )
+        if self.max_tenants < 1:
+            raise ValueError(f"--max-tenants must be at least 1, got {self.max_tenants}")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port); '[::1]:9100' works too. Raises ValueError naming the input."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"--listen {value!r} is not HOST:PORT (e.g. 127.0.0.1:9100)")
+    return host.strip("[]"), int(port)

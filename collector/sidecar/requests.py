@@ -1,0 +1,91 @@
+"""Reading an OpenAI request body: model, stream flags, max_tokens, and a prompt-token estimate.
+
+Prompt-token estimate (no tokenizer in the sidecar, by design: it must work for any model):
+ceil(characters / 4) over every text part, plus 3 tokens of framing per chat message. "About four
+characters per token" is OpenAI's published rule of thumb for English with BPE tokenizers; the
+per-message framing matches the chat templates' role markers. It feeds the live token caliber at
+admission; the row's `prompt_tokens` is replaced by upstream `usage` when the engine reports it
+(`usage_source='upstream'`), so the estimate never reaches the request log when usage exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+__all__ = ["ParsedRequest", "parse_request", "estimate_text_tokens"]
+
+_CHARS_PER_TOKEN = 4
+_TOKENS_PER_MESSAGE = 3
+_MAX_MODEL_CHARS = 128
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    """What the proxy needs from a request body, and the body to send upstream."""
+
+    body: bytes
+    model: str
+    stream: bool
+    max_tokens: int | None
+    prompt_tokens_estimate: int
+    usage_injected: bool  # the proxy asked upstream for usage; strip it before the client sees it
+    valid_json: bool
+
+
+def estimate_text_tokens(text: str) -> int:
+    """Tokens in `text` by the 4-characters rule, e.g. 'hello world!' -> 3; '' -> 0."""
+    return -(-len(text) // _CHARS_PER_TOKEN)
+
+
+def _content_tokens(content: object) -> int:
+    if isinstance(content, str):
+        return estimate_text_tokens(content)
+    if isinstance(content, list):  # multi-part content: count the text parts
+        return sum(estimate_text_tokens(part.get("text") or "") for part in content
+                   if isinstance(part, dict))
+    return 0
+
+
+def _estimate_prompt(payload: dict) -> int:
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        return sum(_TOKENS_PER_MESSAGE + _content_tokens(m.get("content"))
+                   for m in messages if isinstance(m, dict))
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list):
+        return sum(_content_tokens(p) if isinstance(p, (str, list)) else 0 for p in prompt)
+    return _content_tokens(prompt)
+
+
+def _max_tokens(payload: dict) -> int | None:
+    value = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_request(body: bytes) -> ParsedRequest:
+    """Parse a completions body; inject `stream_options.include_usage` when the client left it unset.
+
+    A body that is not a JSON object is forwarded untouched (the engine answers it), with model
+    'unknown' and an estimate from its length, so bad input is still accounted and logged.
+    """
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        payload = None
+    if not isinstance(payload, dict):
+        return ParsedRequest(body, "unknown", False, None, -(-len(body) // _CHARS_PER_TOKEN),
+                             False, False)
+    model = payload.get("model")
+    model = model[:_MAX_MODEL_CHARS] if isinstance(model, str) and model else "unknown"
+    stream = payload.get("stream") is True
+    injected = False
+    if stream:
+        options = payload.get("stream_options")
+        if not isinstance(options, dict) or "include_usage" not in options:
+            payload["stream_options"] = {**(options or {}), "include_usage": True}
+            body = orjson.dumps(payload)
+            injected = True
+    return ParsedRequest(body, model, stream, _max_tokens(payload), _estimate_prompt(payload),
+                         injected, True)

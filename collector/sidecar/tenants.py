@@ -1,0 +1,46 @@
+"""Tenant and model label values, capped so a hostile or careless client cannot grow series.
+
+Tenant (shared/DESIGN.md): the configured header's value, else `key-` + the first 8 hex digits
+of sha256(bearer token), else `anonymous`. At most `limit` distinct values become label values;
+every later newcomer is labelled `other`. Request IDs are never labels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["LabelCap", "resolve_tenant", "OTHER"]
+
+OTHER = "other"
+_MAX_VALUE_CHARS = 128
+
+
+class LabelCap:
+    """Admits the first `limit` distinct values as themselves; maps the rest to `other`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.limit:
+            self._seen.add(value)
+            return value
+        return OTHER
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+def resolve_tenant(header_value: str | None, authorization: str | None) -> str:
+    """Tenant of one request, e.g. (None, 'Bearer sk-abc') -> 'key-3f2a9c1b'. Never the token itself."""
+    if header_value:
+        return header_value.strip()[:_MAX_VALUE_CHARS] or "anonymous"
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else authorization.strip()
+        if token:
+            return "key-" + hashlib.sha256(token.encode()).hexdigest()[:8]
+    return "anonymous"

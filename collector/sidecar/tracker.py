@@ -1,0 +1,218 @@
+"""The lifecycle tracker: live request state, the dual-caliber gauges, counters, histograms, rows.
+
+Lifecycle (shared/DESIGN.md): admit -> first byte -> first token -> generated chunks -> exactly one
+terminal transition. The gauges are not incremented and decremented: they are *computed* at scrape
+time from the set of live requests, so a request that leaves the set (by its one idempotent
+`finish`) can never leak a gauge. Everything here runs on the event loop thread; the per-chunk
+method `generated` is two integer additions.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta, timezone
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from collector.catalog import spec
+
+__all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
+
+OUTCOMES = ("ok", "rate_limited", "client_cancelled", "upstream_error", "timeout", "bad_request")
+
+
+class LiveRequest:
+    """Mutable state of one in-flight request. Text is never kept: only counts and times."""
+
+    __slots__ = (
+        "request_id", "model", "model_label", "tenant", "tenant_label", "endpoint", "stream", "max_tokens",
+        "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
+        "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
+        "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
+    )
+
+    def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
+                 max_tokens: int | None, prompt_tokens_estimate: int, *,
+                 model_label: str | None = None, tenant_label: str | None = None) -> None:
+        self.request_id = uuid.uuid4().hex
+        self.model, self.tenant = model, tenant
+        self.model_label = model_label or model  # capped label values; the row keeps the real ones
+        self.tenant_label = tenant_label or tenant
+        self.endpoint, self.stream, self.max_tokens = endpoint, stream, max_tokens
+        self.admitted_mono = time.monotonic()
+        self.admitted_wall = time.time()
+        self.first_byte_mono: float | None = None
+        self.first_token_mono: float | None = None
+        self.prompt_tokens = prompt_tokens_estimate
+        self.generated_tokens = 0
+        self.usage: dict | None = None
+        self.status_code: int | None = None
+        self.outcome: str | None = None
+        self.error: str | None = None
+        self.inflight_at_admit = 0
+        self.active_tokens_at_admit = 0
+        self.engine_waiting: int | None = None
+        self.kv_usage: float | None = None
+        self.done = False
+
+    @property
+    def active_tokens(self) -> int:
+        """This request's token-caliber weight now: prompt + generated so far."""
+        return self.prompt_tokens + self.generated_tokens
+
+
+def _wall(request: LiveRequest, mono: float | None) -> datetime | None:
+    if mono is None:
+        return None
+    return datetime.fromtimestamp(request.admitted_wall, timezone.utc) + timedelta(
+        seconds=mono - request.admitted_mono)
+
+
+class Tracker:
+    """Owns the live set and the per-request metrics; `finish` turns a request into one row."""
+
+    def __init__(self, registry: CollectorRegistry, *, instance: str, source: str = "traffic",
+                 run_id: str | None = None) -> None:
+        self.instance, self.source, self.run_id = instance, source, run_id
+        self.live: dict[str, LiveRequest] = {}
+        self.active_tokens_total = 0  # running sum, for the admission snapshot in O(1)
+        self._label_sets: set[tuple[str, str]] = set()
+        self._row_sinks: list[Callable[[dict], None]] = []
+        self.requests = _metric(Counter, "headroom_requests_total", registry)
+        self.prompt_tokens = _metric(Counter, "headroom_prompt_tokens_total", registry)
+        self.generated_tokens = _metric(Counter, "headroom_generated_tokens_total", registry)
+        self.ttft = _metric(Histogram, "headroom_time_to_first_token_seconds", registry)
+        self.tpot = _metric(Histogram, "headroom_time_per_output_token_seconds", registry)
+        self.duration = _metric(Histogram, "headroom_request_duration_seconds", registry)
+        registry.register(_LiveGauges(self))
+
+    def add_row_sink(self, sink: Callable[[dict], None]) -> None:
+        """Call `sink(row)` once per finished request (must not block)."""
+        self._row_sinks.append(sink)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def admit(self, request: LiveRequest) -> None:
+        """Admitted: inflight += 1, active_tokens += prompt estimate; snapshot both, self included."""
+        self.live[request.request_id] = request
+        self.active_tokens_total += request.prompt_tokens
+        request.inflight_at_admit = len(self.live)
+        request.active_tokens_at_admit = self.active_tokens_total
+        self._label_sets.add((request.model_label, request.tenant_label))
+
+    def first_byte(self, request: LiveRequest) -> None:
+        """First bytes (response headers) arrived from upstream."""
+        if request.first_byte_mono is None:
+            request.first_byte_mono = time.monotonic()
+
+    def generated(self, request: LiveRequest, tokens: int) -> None:
+        """A streamed chunk carried `tokens` (> 0) tokens; the first one stamps TTFT."""
+        if request.first_token_mono is None:
+            request.first_token_mono = time.monotonic()
+        request.generated_tokens += tokens
+        self.active_tokens_total += tokens
+
+    def finish(self, request: LiveRequest, outcome: str, *, status_code: int | None = None,
+               error: str | None = None) -> dict | None:
+        """Terminal transition, exactly once: leave the live set, count, observe, emit the row.
+
+        Later calls return None and change nothing, so every exit path may call it. Synchronous
+        on purpose: it must complete inside a `finally` while the task is being cancelled.
+        """
+        if request.done:
+            return None
+        request.done = True
+        completed_mono = time.monotonic()
+        if self.live.pop(request.request_id, None) is not None:
+            self.active_tokens_total -= request.active_tokens
+        request.outcome = outcome
+        request.status_code = status_code if status_code is not None else request.status_code
+        request.error = error or request.error
+        row = self._row(request, completed_mono)
+        self._observe(request, row)
+        for sink in self._row_sinks:
+            sink(row)
+        return row
+
+    # --- internals ----------------------------------------------------------------------------
+    def _row(self, request: LiveRequest, completed_mono: float) -> dict:
+        usage = request.usage
+        prompt, completion, cached = request.prompt_tokens, request.generated_tokens, None
+        usage_source = "estimated"
+        if usage is not None:
+            usage_source = "upstream"
+            prompt = _int(usage.get("prompt_tokens"), prompt)
+            completion = _int(usage.get("completion_tokens"), completion)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                cached = _int(details.get("cached_tokens"), None)
+        e2e = completed_mono - request.admitted_mono
+        ttft = None if request.first_token_mono is None else request.first_token_mono - request.admitted_mono
+        tpot = (e2e - ttft) / (completion - 1) if ttft is not None and completion > 1 else None
+        return {
+            "request_id": request.request_id, "source": self.source, "run_id": self.run_id,
+            "instance": self.instance, "model": request.model, "tenant": request.tenant,
+            "endpoint": request.endpoint, "stream": request.stream,
+            "admitted_at": _wall(request, request.admitted_mono),
+            "first_byte_at": _wall(request, request.first_byte_mono),
+            "first_token_at": _wall(request, request.first_token_mono),
+            "completed_at": _wall(request, completed_mono),
+            "status_code": request.status_code, "outcome": request.outcome, "error": request.error,
+            "prompt_tokens": prompt, "cached_prompt_tokens": cached,
+            "completion_tokens": completion, "max_tokens": request.max_tokens,
+            "usage_source": usage_source, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
+            "inflight_at_admit": request.inflight_at_admit,
+            "active_tokens_at_admit": request.active_tokens_at_admit,
+            "engine_waiting_at_admit": request.engine_waiting,
+            "kv_usage_at_admit": request.kv_usage,
+        }
+
+    def _observe(self, request: LiveRequest, row: dict) -> None:
+        model, tenant = request.model_label, request.tenant_label
+        self.requests.labels(model, tenant, row["outcome"]).inc()
+        self.prompt_tokens.labels(model, tenant).inc(row["prompt_tokens"] or 0)
+        self.generated_tokens.labels(model, tenant).inc(row["completion_tokens"] or 0)
+        self.duration.labels(model, row["outcome"]).observe(row["e2e_s"])
+        if row["ttft_s"] is not None:
+            self.ttft.labels(model).observe(row["ttft_s"])
+        if row["tpot_s"] is not None:
+            self.tpot.labels(model).observe(row["tpot_s"])
+
+
+def _int(value: object, default: int | None) -> int | None:
+    """An explicit 0 in usage is a value, not a missing field."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _metric(cls, name: str, registry: CollectorRegistry):
+    entry = spec(name)
+    kwargs = {"buckets": entry.buckets} if entry.buckets else {}
+    return cls(name, entry.help, entry.labels, registry=registry, **kwargs)
+
+
+class _LiveGauges:
+    """Custom collector: headroom_inflight_requests and headroom_active_tokens from the live set.
+
+    Every label set ever seen keeps exporting (0 when idle), so dashboards show a drop to zero
+    instead of a vanished series.
+    """
+
+    def __init__(self, tracker: Tracker) -> None:
+        self._tracker = tracker
+
+    def collect(self) -> Iterable[Metric]:
+        sums = dict.fromkeys(self._tracker._label_sets, (0, 0))
+        for request in list(self._tracker.live.values()):
+            key = (request.model_label, request.tenant_label)
+            count, tokens = sums.get(key, (0, 0))
+            sums[key] = (count + 1, tokens + request.active_tokens)
+        inflight_spec, tokens_spec = spec("headroom_inflight_requests"), spec("headroom_active_tokens")
+        inflight = GaugeMetricFamily(inflight_spec.name, inflight_spec.help, labels=inflight_spec.labels)
+        tokens = GaugeMetricFamily(tokens_spec.name, tokens_spec.help, labels=tokens_spec.labels)
+        for key in sorted(sums):
+            inflight.add_metric(key, sums[key][0])
+            tokens.add_metric(key, sums[key][1])
+        yield inflight
+        yield tokens

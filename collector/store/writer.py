@@ -1,0 +1,148 @@
+"""LogWriter: the request log's background writer. The proxy only enqueues; I/O happens here.
+
+`submit(row)` is a non-blocking put into a bounded queue (called on the event loop). A daemon
+thread drains the queue in batches (up to `batch_rows`, or whatever arrived within
+`flush_interval_s`) into a BatchSink: the in-process RequestStore, or the store service's shipper.
+A full queue or a failing sink never stops the proxy: the rows are counted in
+`headroom_log_rows_dropped_total{reason}`. `close()` flushes every queued row before returning.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from collector.catalog import spec
+
+__all__ = ["BatchSink", "LogWriter", "RowsDropped"]
+
+log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class BatchSink(Protocol):
+    """Where batches of rows go. Raising means the batch (or `RowsDropped.count` of it) is lost."""
+
+    def write_batch(self, rows: Sequence[dict]) -> None: ...
+
+
+class RowsDropped(Exception):
+    """A sink lost `count` rows for `reason` (e.g. 'spool_full'); the rest were kept."""
+
+    def __init__(self, reason: str, count: int) -> None:
+        super().__init__(f"{count} request-log rows dropped: {reason}")
+        self.reason, self.count = reason, count
+
+
+class _Flush:
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+
+class LogWriter:
+    """Bounded queue + one writer thread + pipeline-health metrics."""
+
+    def __init__(self, sink: BatchSink, registry: CollectorRegistry | None = None, *,
+                 max_queue_rows: int = 50_000, batch_rows: int = 1_000,
+                 flush_interval_s: float = 0.5) -> None:
+        self.sink = sink
+        self.batch_rows, self.flush_interval_s = batch_rows, flush_interval_s
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queue_rows)
+        self.written = Counter(_name("headroom_log_rows_written_total"),
+                               spec("headroom_log_rows_written_total").help, registry=registry)
+        dropped = spec("headroom_log_rows_dropped_total")
+        self.dropped = Counter(_name(dropped.name), dropped.help, dropped.labels, registry=registry)
+        depth = Gauge("headroom_log_queue_rows", spec("headroom_log_queue_rows").help,
+                      registry=registry)
+        depth.set_function(self._queue.qsize)
+        self._thread = threading.Thread(target=self._run, name="headroom-log-writer", daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    def submit(self, row: dict) -> None:
+        """Enqueue one row without blocking; a full queue drops it (counted, reason queue_full)."""
+        try:
+            self._queue.put_nowait(row)
+        except queue.Full:
+            self.dropped.labels("queue_full").inc()
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Block until every row submitted before this call has been handed to the sink."""
+        marker = _Flush()
+        self._queue.put(marker, timeout=timeout_s)
+        return marker.event.wait(timeout_s)
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Write every queued row, then stop the thread. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch, markers, stopping = self._collect()
+            self._write(batch)
+            for marker in markers:
+                marker.event.set()
+
+    def _collect(self) -> tuple[list[dict], list[_Flush], bool]:
+        """Wait for a first item, then take what else is queued up to the batch size."""
+        batch: list[dict] = []
+        markers: list[_Flush] = []
+        try:
+            item = self._queue.get(timeout=self.flush_interval_s)
+        except queue.Empty:
+            return batch, markers, False
+        while True:
+            if item is _STOP:
+                return batch + self._drain(markers), markers, True
+            if isinstance(item, _Flush):
+                markers.append(item)
+                return batch, markers, False
+            batch.append(item)
+            if len(batch) >= self.batch_rows:
+                return batch, markers, False
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, markers, False
+
+    def _drain(self, markers: list[_Flush]) -> list[dict]:
+        rest: list[dict] = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return rest
+            if isinstance(item, _Flush):
+                markers.append(item)
+            elif item is not _STOP:
+                rest.append(item)
+
+    def _write(self, batch: list[dict]) -> None:
+        for start in range(0, len(batch), self.batch_rows):
+            part = batch[start:start + self.batch_rows]
+            try:
+                self.sink.write_batch(part)
+            except RowsDropped as exc:
+                self.dropped.labels(exc.reason).inc(exc.count)
+                self.written.inc(len(part) - exc.count)
+            except Exception:  # a failing sink must never stop the writer
+                log.exception("request-log sink failed; %d rows dropped", len(part))
+                self.dropped.labels("db_error").inc(len(part))
+            else:
+                self.written.inc(len(part))
+
+
+def _name(counter_name: str) -> str:
+    return counter_name.removesuffix("_total")
