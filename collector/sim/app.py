@@ -1,0 +1,137 @@
+"""The simulator's HTTP surface: OpenAI-compatible endpoints, engine /metrics, /slots, /sim/state.
+
+`create_sim_app(SimConfig(...))` returns a FastAPI app whose lifespan starts the engine loop; run it
+with uvicorn (`headroom sim`) or `collector.serving.serve_in_thread` (tests, `headroom demo`).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from collector.sim.config import SimConfig
+from collector.sim.cost import CostModel
+from collector.sim.engine import Engine, Stream
+from collector.sim.metrics import EngineMetricsCollector, render_metrics
+from collector.sim.openai import (DONE, BadRequest, ParsedRequest, chunk, full_response,
+                                  parse_request, sse, usage_chunk)
+from collector.sim.scheduler import QueueFull, SimRequest
+from collector.sim.slots import slots_view
+
+__all__ = ["create_sim_app"]
+
+RETRY_AFTER_S = 1
+
+
+def _error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _stream_events(engine: Engine, stream: Stream, req: ParsedRequest, model: str):
+    """SSE body: role chunk with the first tokens, content chunks, finish, usage, [DONE]."""
+    tokens, sent, started = req.plan.tokens, 0, False
+    try:
+        while True:
+            await stream.changed.wait()
+            stream.changed.clear()
+            upto = min(stream.delivered, len(tokens))
+            parts = []
+            if req.chat and not started and (upto > sent or stream.finished):
+                parts.append(sse(chunk(req, model, None, role=True)))
+                started = True
+            if upto > sent:
+                parts.append(sse(chunk(req, model, "".join(tokens[sent:upto]))))
+                sent = upto
+            if stream.finished:
+                parts.append(sse(chunk(req, model, None, finish_reason=req.plan.finish_reason)))
+                if req.include_usage:
+                    parts.append(sse(usage_chunk(req, model, stream.request.generated)))
+                parts.append(DONE)
+            if parts:
+                yield b"".join(parts)
+            if stream.finished:
+                return
+    finally:
+        if not stream.finished:
+            engine.abort(stream)   # client went away: free the slot and its KV blocks
+
+
+async def _complete(engine: Engine, request: Request, chat: bool) -> Response:
+    config = engine.config
+    try:
+        body = orjson.loads(await request.body())
+        parsed = parse_request(body, chat, config)
+    except orjson.JSONDecodeError as exc:
+        return _error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error")
+    except BadRequest as exc:
+        return _error(400, str(exc), "invalid_request_error")
+    model = str(body.get("model") or config.model)
+    sim_request = SimRequest(parsed.response_id, parsed.prompt_tokens, max(1, len(parsed.plan.tokens)))
+    try:
+        stream = engine.submit(sim_request)
+    except QueueFull as exc:
+        return _error(429, f"engine queue is full: {exc}; retry later", "rate_limit_error",
+                      {"Retry-After": str(RETRY_AFTER_S)})
+    if parsed.stream:
+        return StreamingResponse(_stream_events(engine, stream, parsed, model),
+                                 media_type="text/event-stream")
+    while not stream.finished:
+        await stream.changed.wait()
+        stream.changed.clear()
+    return JSONResponse(full_response(parsed, model, sim_request.generated))
+
+
+def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = None) -> FastAPI:
+    """Build the simulator app; the engine loop runs while the app's lifespan is active."""
+    config = config or SimConfig()
+    engine = Engine(config, cost)
+    metrics = EngineMetricsCollector(engine.state, config.flavor, config.model,
+                                     config.vllm_legacy_kv_metric)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.stop()
+
+    app = FastAPI(title="headroom sim", lifespan=lifespan)
+    app.state.engine = engine
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _complete(engine, request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _complete(engine, request, chat=False)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": config.model, "object": "model", "created": 0, "owned_by": "headroom-sim",
+            "max_model_len": config.max_model_len}]}
+
+    @app.get("/metrics")
+    async def engine_metrics() -> Response:
+        return Response(render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/slots")
+    async def slots() -> list:
+        return slots_view(engine.scheduler)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/sim/state")
+    async def state() -> dict:
+        return engine.state() | {"flavor": config.flavor, "model": config.model}
+
+    return app

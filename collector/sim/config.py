@@ -1,0 +1,47 @@
+"""SimConfig: every knob of the simulator, validated once, with errors that name the bad value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SimConfig", "FLAVORS"]
+
+FLAVORS = ("vllm", "sglang", "llamacpp")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Simulator settings; names follow vLLM's flags where one exists (max_num_seqs, ...)."""
+
+    flavor: str = "vllm"
+    model: str = "headroom-sim"
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    kv_cache_tokens: int = 65536
+    block_size: int = 16
+    max_waiting: int = 256
+    speed: float = 1.0
+    seed: int = 0
+    mean_output_tokens: int = 128
+    max_model_len: int = 32768
+    vllm_legacy_kv_metric: bool = False  # expose vllm:gpu_cache_usage_perc (vLLM < 0.10) instead
+
+    def __post_init__(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ValueError(f"flavor {self.flavor!r} is not one of {', '.join(FLAVORS)}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size",
+                     "mean_output_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting={self.max_waiting} must be 0 or more")
+        if not self.speed > 0:
+            raise ValueError(f"speed={self.speed} must be positive (2.0 = twice as fast as real time)")
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError(f"kv_cache_tokens={self.kv_cache_tokens} is smaller than one block "
+                             f"({self.block_size} tokens); raise --kv-cache-tokens")
+
+    @property
+    def num_blocks(self) -> int:
+        """KV-cache blocks: whole blocks of block_size tokens that fit in kv_cache_tokens."""
+        return self.kv_cache_tokens // self.block_size

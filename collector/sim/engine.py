@@ -1,0 +1,133 @@
+"""The engine loop: runs the pure Scheduler in simulated time scaled by --speed.
+
+Each iteration plans one step, sleeps until that step's simulated end (deadline-based, so rounding
+in asyncio's timers does not accumulate), then hands the sampled tokens to each request's Stream.
+A loop that falls behind (a busy CPU) catches up without sleeping for at most MAX_DEBT_S of real
+time, then re-anchors: simulated throughput stays honest on a loaded machine without token bursts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from collector.sim.config import SimConfig
+from collector.sim.cost import CostModel
+from collector.sim.scheduler import Scheduler, SimRequest
+
+__all__ = ["Engine", "Stream"]
+
+MAX_DEBT_S = 0.25
+
+
+@dataclass(eq=False)
+class Stream:
+    """A request's delivery side: tokens sampled so far become visible once their step ends."""
+
+    request: SimRequest
+    delivered: int = 0
+    finished: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Engine:
+    """Owns the Scheduler and the asyncio task that steps it; start()/stop() in the app lifespan."""
+
+    def __init__(self, config: SimConfig, cost: CostModel | None = None) -> None:
+        self.config = config
+        self.scheduler = Scheduler(config, cost)
+        self.sim_time_s = 0.0
+        self.steps = 0
+        self._streams: dict[SimRequest, Stream] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Start the step loop on the running event loop."""
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        """Cancel the step loop and wake every open stream so handlers can finish."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for stream in self._streams.values():
+            stream.finished = True
+            stream.changed.set()
+
+    def submit(self, request: SimRequest) -> Stream:
+        """Queue a request (raises scheduler.QueueFull) and return its Stream."""
+        self.scheduler.add(request)
+        stream = Stream(request)
+        self._streams[request] = stream
+        if self._wake is not None:
+            self._wake.set()
+        return stream
+
+    def abort(self, stream: Stream) -> None:
+        """Forget a request whose client went away; frees its KV blocks at once."""
+        if self._streams.pop(stream.request, None) is not None:
+            self.scheduler.abort(stream.request)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            if not self.scheduler.has_work:
+                await self._idle()
+                deadline = loop.time()
+                continue
+            plan = self.scheduler.plan_step()
+            if plan.scheduled_tokens == 0:       # nothing fits now; wait for an arrival or abort
+                await self._idle()
+                deadline = loop.time()
+                continue
+            self.steps += 1
+            self.sim_time_s += plan.duration_s
+            deadline += plan.duration_s / self.config.speed
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -MAX_DEBT_S:
+                deadline = loop.time()
+            self._deliver(plan.sampled, plan.finished)
+
+    async def _idle(self) -> None:
+        assert self._wake is not None
+        self._wake.clear()
+        await self._wake.wait()
+
+    def _deliver(self, sampled: list[SimRequest], finished: list[SimRequest]) -> None:
+        for request in sampled:
+            stream = self._streams.get(request)
+            if stream is not None:
+                stream.delivered = request.generated
+                stream.changed.set()
+        for request in finished:
+            stream = self._streams.pop(request, None)
+            if stream is not None:
+                stream.finished = True
+                stream.changed.set()
+
+    def state(self) -> dict:
+        """Ground truth for tests: running, waiting, KV use, token totals, simulated clock."""
+        sched, cfg = self.scheduler, self.config
+        return {
+            "running": len(sched.running),
+            "waiting": len(sched.waiting),
+            "kv_used_blocks": sched.kv_used_blocks,
+            "kv_total_blocks": cfg.num_blocks,
+            "kv_used_tokens": sum(r.computed for r in sched.running),
+            "kv_capacity_tokens": cfg.num_blocks * cfg.block_size,
+            "kv_usage_ratio": sched.kv_used_blocks / cfg.num_blocks,
+            "prompt_tokens_total": sched.prompt_tokens_total,
+            "generation_tokens_total": sched.generation_tokens_total,
+            "preemptions_total": sched.preemptions_total,
+            "sim_time_s": self.sim_time_s,
+            "steps": self.steps,
+            "max_num_seqs": cfg.max_num_seqs,
+            "speed": cfg.speed,
+        }

@@ -1,0 +1,183 @@
+"""The continuous-batching scheduler, as a pure state machine with no clock and no I/O.
+
+It follows vLLM V1's iteration-level scheduler: every step, running requests are served first
+(one decode token each, or the next chunk of an unfinished prefill), then waiting requests are
+admitted first-come-first-served while the batch has a free slot (max_num_seqs), the step has token
+budget left (max_num_batched_tokens, so long prompts are chunked) and the KV cache has free blocks
+for the tokens being scheduled. When a running request needs a block and none is free, the most
+recently admitted running request is preempted (its blocks freed, recomputed later from the front
+of the queue). `plan_step()` returns what the step computed and how long it took per the cost
+model; the engine sleeps that long (scaled) and then delivers the tokens.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from collector.sim.config import SimConfig
+from collector.sim.cost import CostModel, blocks_for
+
+__all__ = ["SimRequest", "StepPlan", "Scheduler", "QueueFull"]
+
+
+class QueueFull(Exception):
+    """The waiting queue holds max_waiting requests: answer 429 with Retry-After."""
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request's token accounting inside the engine."""
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int          # target length: max_tokens, the seeded EOS or the stop sequence
+    generated: int = 0          # tokens sampled so far (survive preemption: already streamed)
+    computed: int = 0           # tokens whose KV is in the cache
+    blocks: int = 0
+    preemptions: int = 0
+    prompt_counted: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus sampled tokens: what the KV cache must hold before the next sample."""
+        return self.prompt_tokens + self.generated
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.output_tokens
+
+
+@dataclass
+class StepPlan:
+    """What one step did: its simulated duration and the requests that sampled a token."""
+
+    duration_s: float
+    sampled: list[SimRequest] = field(default_factory=list)
+    finished: list[SimRequest] = field(default_factory=list)
+    preempted: list[SimRequest] = field(default_factory=list)
+    scheduled_tokens: int = 0
+
+
+class Scheduler:
+    """Waiting queue, running batch and KV blocks; call plan_step() once per engine iteration."""
+
+    def __init__(self, config: SimConfig, cost: CostModel | None = None) -> None:
+        self.config = config
+        self.cost = cost or CostModel()
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.free_blocks = config.num_blocks
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.preemptions_total = 0
+
+    # --- queue -------------------------------------------------------------------------------
+    def add(self, request: SimRequest) -> None:
+        """Queue a request; raises QueueFull when max_waiting requests already wait."""
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFull(f"{len(self.waiting)} requests waiting (max_waiting={self.config.max_waiting})")
+        self.waiting.append(request)
+
+    def abort(self, request: SimRequest) -> None:
+        """Drop a request wherever it is (client went away) and free its blocks."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self._free(request)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def kv_used_blocks(self) -> int:
+        return self.config.num_blocks - self.free_blocks
+
+    # --- one iteration -----------------------------------------------------------------------
+    def plan_step(self) -> StepPlan:
+        """Schedule one iteration, advance token state, and return its cost-model duration."""
+        plan = StepPlan(duration_s=0.0)
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[SimRequest, int, int]] = []  # (request, new tokens, computed before)
+        budget = self._schedule_running(plan, scheduled, budget)
+        if not plan.preempted:
+            self._admit_waiting(scheduled, budget)
+        self._advance(plan, scheduled)
+        return plan
+
+    def _schedule_running(self, plan: StepPlan, scheduled: list, budget: int) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            tokens = min(request.num_tokens - request.computed, budget)
+            if not self._grow(request, request.computed + tokens):
+                victim = self.running.pop()          # lowest priority: admitted last
+                self._preempt(victim, plan)
+                if victim is request:
+                    break
+                continue
+            scheduled.append((request, tokens, request.computed))
+            budget -= tokens
+            index += 1
+        return budget
+
+    def _admit_waiting(self, scheduled: list, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            tokens = min(request.num_tokens - request.computed, budget)
+            if not self._grow(request, request.computed + tokens):
+                return                                # head-of-line waits for blocks (FCFS)
+            self.waiting.popleft()
+            self.running.append(request)
+            scheduled.append((request, tokens, request.computed))
+            budget -= tokens
+
+    def _advance(self, plan: StepPlan, scheduled: list) -> None:
+        decode_seqs, kv_read, chunks = 0, 0, []
+        for request, tokens, before in scheduled:
+            request.computed = before + tokens
+            kv_read += request.computed
+            if tokens == 1 and before >= request.prompt_tokens:
+                decode_seqs += 1
+            else:
+                chunks.append((tokens, before))
+            plan.scheduled_tokens += tokens
+            if request.computed == request.num_tokens:   # caught up: sample the next token
+                self._sample(request, plan)
+        plan.duration_s = self.cost.step_seconds(decode_seqs, kv_read, tuple(chunks))
+
+    def _sample(self, request: SimRequest, plan: StepPlan) -> None:
+        if not request.prompt_counted:
+            request.prompt_counted = True
+            self.prompt_tokens_total += request.prompt_tokens
+        request.generated += 1
+        self.generation_tokens_total += 1
+        plan.sampled.append(request)
+        if request.done:
+            self.running.remove(request)
+            self._free(request)
+            plan.finished.append(request)
+
+    # --- KV blocks ---------------------------------------------------------------------------
+    def _grow(self, request: SimRequest, tokens: int) -> bool:
+        needed = blocks_for(tokens, self.config.block_size) - request.blocks
+        if needed > self.free_blocks:
+            return False
+        if needed > 0:
+            request.blocks += needed
+            self.free_blocks -= needed
+        return True
+
+    def _free(self, request: SimRequest) -> None:
+        self.free_blocks += request.blocks
+        request.blocks = 0
+
+    def _preempt(self, request: SimRequest, plan: StepPlan) -> None:
+        self._free(request)
+        request.computed = 0
+        request.preemptions += 1
+        self.preemptions_total += 1
+        self.waiting.appendleft(request)
+        plan.preempted.append(request)
