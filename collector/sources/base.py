@@ -1,0 +1,151 @@
+"""What every engine source shares: the normalised snapshot and the rules that fill it.
+
+An engine's `/metrics` page is parsed with prometheus_client's text parser into samples keyed by
+sample name; a `FieldRule` then says which of those samples feed one normalised field (running,
+waiting, KV usage, KV capacity) and how label sets are combined. Engine modules are mostly a table
+of rules; the generic source builds the same table from YAML.
+
+    >>> samples = parse_exposition('vllm:num_requests_running{model_name="m",engine="0"} 3\\n')
+    >>> FieldRule(("vllm:num_requests_running",)).apply(samples)
+    3.0
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "EngineSnapshot",
+    "ExpositionError",
+    "FieldRule",
+    "Samples",
+    "parse_exposition",
+    "snapshot_from_rules",
+]
+
+# sample name -> list of (labels, value), one entry per label set
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+class ExpositionError(ValueError):
+    """The engine's page could not be read as this engine's metrics."""
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """One poll of an engine, normalised; None means the engine did not say."""
+
+    engine: str
+    up: bool
+    model: str | None = None
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage_ratio: float | None = None
+    kv_capacity_tokens: int | None = None
+    polled_at: float = field(default_factory=time.time)
+    error: str | None = None
+
+    @classmethod
+    def down(cls, engine: str, error: str) -> "EngineSnapshot":
+        """A snapshot for a failed poll: nothing is known, so every value is None."""
+        return cls(engine=engine, up=False, error=error)
+
+    def with_engine(self, engine: str) -> "EngineSnapshot":
+        """The same snapshot under another engine label (used by `auto`)."""
+        return replace(self, engine=engine)
+
+
+def parse_exposition(text: str) -> Samples:
+    """Parse Prometheus text format into samples by name; raises ExpositionError on garbage."""
+    samples: Samples = defaultdict(list)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples[sample.name].append((dict(sample.labels), float(sample.value)))
+    except (ValueError, IndexError, TypeError) as exc:
+        raise ExpositionError(f"not Prometheus text format: {exc}") from None
+    return dict(samples)
+
+
+_AGGREGATES = {
+    "sum": sum,
+    "max": max,
+    "min": min,
+    "mean": lambda values: sum(values) / len(values),
+}
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """Which samples feed one field: the first name present wins, label sets are aggregated.
+
+    `labels` keeps only label sets that match all given pairs; `scale` multiplies the result
+    (e.g. 0.01 for an engine that reports percent).
+    """
+
+    names: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...] = ()
+    aggregate: str = "sum"
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.aggregate not in _AGGREGATES:
+            raise ValueError(f"aggregate {self.aggregate!r} is not one of {sorted(_AGGREGATES)}")
+
+    def matching(self, samples: Samples) -> list[tuple[dict[str, str], float]]:
+        """The label sets of the first listed name that has any matching sample."""
+        for name in self.names:
+            rows = [(labels, value) for labels, value in samples.get(name, ())
+                    if all(labels.get(key) == want for key, want in self.labels)]
+            if rows:
+                return rows
+        return []
+
+    def apply(self, samples: Samples) -> float | None:
+        """The aggregated, scaled value, or None when no listed sample is present."""
+        values = [value for _, value in self.matching(samples) if value == value]  # drop NaN
+        if not values:
+            return None
+        return _AGGREGATES[self.aggregate](values) * self.scale
+
+
+def _as_int(value: float | None) -> int | None:
+    return None if value is None else int(round(value))
+
+
+def model_from(samples: Samples, rules: list[FieldRule], label: str | None) -> str | None:
+    """The model name from `label` on the first rule's samples (sorted, first), else None."""
+    if not label:
+        return None
+    for rule in rules:
+        models = sorted({labels[label] for labels, _ in rule.matching(samples) if labels.get(label)})
+        if models:
+            return models[0]
+    return None
+
+
+def snapshot_from_rules(engine: str, samples: Samples, *, running: FieldRule | None = None,
+                        waiting: FieldRule | None = None, kv_usage: FieldRule | None = None,
+                        kv_capacity: FieldRule | None = None,
+                        model_label: str | None = None) -> EngineSnapshot:
+    """Apply the rules; raises ExpositionError when none of them matched anything.
+
+    A page with none of the engine's metrics is most often the wrong URL (or another engine),
+    and reporting it as "up with no data" would hide that.
+    """
+    rules = [rule for rule in (running, waiting, kv_usage, kv_capacity) if rule is not None]
+    values = [rule.apply(samples) if rule else None
+              for rule in (running, waiting, kv_usage, kv_capacity)]
+    if all(value is None for value in values):
+        wanted = ", ".join(name for rule in rules for name in rule.names)
+        raise ExpositionError(f"none of the {engine} metrics ({wanted}) are on this page; "
+                              f"check --engine and --engine-metrics-url")
+    return EngineSnapshot(
+        engine=engine, up=True, model=model_from(samples, rules, model_label),
+        running=_as_int(values[0]), waiting=_as_int(values[1]),
+        kv_usage_ratio=values[2], kv_capacity_tokens=_as_int(values[3]),
+    )

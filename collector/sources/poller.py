@@ -1,0 +1,176 @@
+"""Background polling of an engine's /metrics: keeps `.latest`, exports the normalised gauges.
+
+The poller is an asyncio task on the sidecar's event loop. Each poll is bounded by `timeout_s`
+(connect, read and parse together) and parsing runs in a worker thread, so an engine that hangs,
+trickles bytes or returns megabytes of garbage never holds the loop that proxies requests; it
+only turns `headroom_engine_up` to 0 and the snapshot's values to None (unknown).
+
+`collect()` builds fresh metric families per scrape from the last snapshot, with HELP text from
+the catalog ("as of the last poll").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import httpx
+from prometheus_client.core import GaugeMetricFamily
+
+from collector.catalog import spec
+from collector.sources.base import EngineSnapshot
+
+__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES"]
+
+log = logging.getLogger(__name__)
+
+MAX_EXPOSITION_BYTES = 16 * 1024 * 1024  # vLLM with many LoRAs is ~1 MB; more is not metrics
+Fetch = Callable[[str], Awaitable[str]]
+Scrape = Callable[[Fetch], Awaitable[EngineSnapshot]]
+
+
+class ScrapeError(RuntimeError):
+    """The engine's endpoint answered, but not with something we can use."""
+
+
+class EngineSource:
+    """Polls one engine in the background; `.latest` is always a snapshot (maybe a down one)."""
+
+    def __init__(self, engine: str, scrape: Scrape, *, poll_interval_s: float = 1.0,
+                 timeout_s: float = 2.0, source: str = "engine") -> None:
+        if poll_interval_s <= 0 or timeout_s <= 0:
+            raise ValueError(f"poll interval ({poll_interval_s}) and timeout ({timeout_s}) "
+                             "must be positive seconds")
+        self.engine = engine
+        self.poll_interval_s = poll_interval_s
+        self.timeout_s = timeout_s
+        self.source = source
+        self.latest = EngineSnapshot.down(engine, "not polled yet")
+        self.last_duration_s: float | None = None
+        self.polls = 0
+        self._scrape = scrape
+        self._client: httpx.AsyncClient | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping: asyncio.Event | None = None
+
+    async def start(self) -> None:
+        """Start polling in the background; returns at once (the first poll runs in the task)."""
+        if self._task is not None:
+            return
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
+                                         limits=httpx.Limits(max_connections=2))
+        self._stopping = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name=f"headroom-engine-{self.engine}")
+
+    async def stop(self) -> None:
+        """Stop polling and close the HTTP client; safe to call twice or without start()."""
+        if self._task is not None:
+            self._stopping.set()
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            await self.poll_once()
+            delay = max(0.0, self.poll_interval_s - (time.monotonic() - started))
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+            except asyncio.TimeoutError:
+                pass
+
+    async def poll_once(self) -> EngineSnapshot:
+        """One bounded poll: updates `.latest`, never raises (a failure is a down snapshot)."""
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                snapshot = await self._scrape(self._fetch)
+        except asyncio.CancelledError:
+            raise
+        except TimeoutError:
+            snapshot = EngineSnapshot.down(self.engine, f"no answer within {self.timeout_s:g} s")
+        except Exception as exc:  # any failure of the engine must only mark it down
+            snapshot = EngineSnapshot.down(self.engine, _short(exc))
+        self.last_duration_s = time.perf_counter() - started
+        self.polls += 1
+        if snapshot.up:
+            self.engine = snapshot.engine  # `auto` learns its engine's name here
+        self._log_transition(snapshot)
+        self.latest = snapshot
+        return snapshot
+
+    async def _fetch(self, url: str) -> str:
+        """GET url as text, refusing non-200 answers and pages over MAX_EXPOSITION_BYTES."""
+        if self._client is None:
+            raise ScrapeError("engine source is not started; call start() first")
+        async with self._client.stream("GET", url) as response:
+            if response.status_code != 200:
+                raise ScrapeError(f"{url} answered HTTP {response.status_code}")
+            chunks, size = [], 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_EXPOSITION_BYTES:
+                    raise ScrapeError(f"{url} sent more than {MAX_EXPOSITION_BYTES} bytes")
+                chunks.append(chunk)
+        return b"".join(chunks).decode("utf-8", errors="replace")
+
+    def _log_transition(self, snapshot: EngineSnapshot) -> None:
+        if self.latest.up and not snapshot.up:
+            log.warning("engine %s went down: %s", self.engine, snapshot.error)
+        elif not self.latest.up and snapshot.up:
+            log.info("engine %s is up (%s)", snapshot.engine, snapshot.model or "model unknown")
+        elif self.polls == 1 and not snapshot.up:
+            log.warning("engine %s is not answering: %s", self.engine, snapshot.error)
+
+    def collect(self):
+        """Fresh metric families from the last snapshot (prometheus-client custom collector)."""
+        return engine_families(self.latest, self.source, self.last_duration_s)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _gauge(name: str, labels: tuple[str, ...] | None = None) -> GaugeMetricFamily:
+    entry = spec(name)
+    return GaugeMetricFamily(name, entry.help, labels=list(labels or entry.labels))
+
+
+def engine_families(snapshot: EngineSnapshot, source: str, duration_s: float | None) -> list:
+    """The headroom_engine_* and per-source scrape families for one snapshot."""
+    up = _gauge("headroom_engine_up")
+    up.add_metric([snapshot.engine], 1.0 if snapshot.up else 0.0)
+    families = [up]
+    labels = [snapshot.engine, snapshot.model or ""]
+    for name, value in (("headroom_engine_requests_running", snapshot.running),
+                        ("headroom_engine_requests_waiting", snapshot.waiting),
+                        ("headroom_engine_kv_cache_usage_ratio", snapshot.kv_usage_ratio),
+                        ("headroom_engine_kv_cache_capacity_tokens", snapshot.kv_capacity_tokens)):
+        if value is not None:  # unknown is absent, never a fake zero
+            family = _gauge(name)
+            family.add_metric(labels, float(value))
+            families.append(family)
+    families.extend(scrape_families(source, snapshot.up, duration_s))
+    return families
+
+
+def scrape_families(source: str, success: bool, duration_s: float | None) -> list:
+    """headroom_source_scrape_success / _duration_seconds for one source."""
+    ok = _gauge("headroom_source_scrape_success")
+    ok.add_metric([source], 1.0 if success else 0.0)
+    families = [ok]
+    if duration_s is not None:
+        took = _gauge("headroom_source_scrape_duration_seconds")
+        took.add_metric([source], duration_s)
+        families.append(took)
+    return families

@@ -1,0 +1,49 @@
+"""vLLM: normalise `vllm:*` metrics (V0 and V1 engines, old and new KV-cache names).
+
+vLLM renamed its KV metric (`vllm:gpu_cache_usage_perc` -> `vllm:kv_cache_usage_perc`, 0.9 to
+0.11) and broke public dashboards; both names are accepted, the new one first. Both are 0-1
+despite the `_perc` suffix. KV capacity in tokens is `num_gpu_blocks * block_size` from the labels
+of `vllm:cache_config_info`. With data parallelism vLLM exports one label set per `engine`:
+counts are summed, KV usage takes the fullest engine (it preempts first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from collector.sources.base import (EngineSnapshot, FieldRule, Samples, parse_exposition,
+                                    snapshot_from_rules)
+
+__all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens"]
+
+ENGINE = "vllm"
+RULES = {
+    "running": FieldRule(("vllm:num_requests_running",)),
+    "waiting": FieldRule(("vllm:num_requests_waiting",)),
+    "kv_usage": FieldRule(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+                          aggregate="max"),
+}
+
+
+def kv_capacity_tokens(samples: Samples) -> int | None:
+    """Σ num_gpu_blocks × block_size over `vllm:cache_config_info` label sets, else None.
+
+    {"num_gpu_blocks": "2048", "block_size": "16"} -> 32768
+    """
+    total = 0
+    for labels, _ in samples.get("vllm:cache_config_info", ()):
+        try:
+            total += int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+        except (KeyError, ValueError):  # "None" before the profiler ran
+            continue
+    return total or None
+
+
+def parse_vllm(text: str) -> EngineSnapshot:
+    """Parse a vLLM /metrics page into an EngineSnapshot."""
+    samples = parse_exposition(text)
+    snapshot = snapshot_from_rules(ENGINE, samples, model_label="model_name", **RULES)
+    capacity = kv_capacity_tokens(samples)
+    if capacity is None:
+        return snapshot
+    return replace(snapshot, kv_capacity_tokens=capacity)
