@@ -1,0 +1,156 @@
+"""The proxy against a real upstream on loopback: bytes, outcomes and lifecycle per failure mode."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from sidecar_support import CHAT, gauge_values, sidecar_rig, wait_until
+
+PATH = "/v1/chat/completions"
+
+
+@pytest.fixture
+def rig(tmp_path):
+    with sidecar_rig(tmp_path, read_timeout_s=1.0) as rig:
+        yield rig
+
+
+def _post(rig, body=CHAT, mode="ok", **headers):
+    return httpx.post(rig.url + PATH, json=body, headers={"x-fake": mode, **headers}, timeout=10)
+
+
+def _only_row(rig, **where):
+    rows = rig.rows()
+    assert len(rows) == 1, rows
+    row = rows[0]
+    for key, value in where.items():
+        assert row[key] == value, (key, row[key], value)
+    return row
+
+
+def test_stream_without_include_usage_is_byte_identical_and_usage_is_accounted(rig):
+    direct = httpx.post(rig.upstream.url + PATH, json=CHAT).content
+    via = _post(rig).content
+    assert via == direct  # the injected usage chunk never reaches the client
+    assert b'"usage"' not in via
+    sent = rig.fake.requests[-1]["payload"]
+    assert sent["stream_options"] == {"include_usage": True}  # the proxy asked for it upstream
+    row = _only_row(rig, outcome="ok", status_code=200, usage_source="upstream",
+                    completion_tokens=5, prompt_tokens=8, cached_prompt_tokens=1)
+    assert 0 < row["ttft_s"] <= row["e2e_s"]
+    assert row["tpot_s"] == pytest.approx((row["e2e_s"] - row["ttft_s"]) / 4)
+
+
+def test_stream_with_include_usage_passes_the_usage_chunk_through(rig):
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    direct = httpx.post(rig.upstream.url + PATH, json=body).content
+    via = _post(rig, body).content
+    assert via == direct and b'"usage":{' in via
+    _only_row(rig, outcome="ok", usage_source="upstream")
+
+
+def test_explicit_include_usage_false_is_respected(rig):
+    body = {**CHAT, "stream_options": {"include_usage": False}}
+    via = _post(rig, body, **{"x-fake-tokens": "12"}).content
+    assert b'"usage"' not in via
+    assert rig.fake.requests[-1]["payload"]["stream_options"] == {"include_usage": False}
+    row = _only_row(rig, outcome="ok", usage_source="estimated")
+    assert row["completion_tokens"] == 12  # one " tokN" chunk is one token by the estimate
+
+
+def test_vllm_style_usage_null_fields_are_removed_when_usage_was_injected(rig):
+    direct = httpx.post(rig.upstream.url + PATH, json=CHAT, headers={"x-fake": "usage-null"}).content
+    assert direct == _post(rig, mode="usage-null").content
+
+
+def test_non_streaming_passes_body_and_takes_usage(rig):
+    body = {**CHAT, "stream": False}
+    direct = httpx.post(rig.upstream.url + PATH, json=body)
+    via = _post(rig, body)
+    assert via.content == direct.content and via.status_code == 200
+    _only_row(rig, outcome="ok", stream=False, usage_source="upstream", completion_tokens=5)
+
+
+def test_429_keeps_retry_after_and_body(rig):
+    response = _post(rig, mode="429")
+    assert response.status_code == 429 and response.headers["retry-after"] == "7"
+    assert response.json()["error"]["message"] == "slow down"
+    _only_row(rig, outcome="rate_limited", status_code=429, ttft_s=None)
+
+
+@pytest.mark.parametrize("mode,outcome", [("500", "upstream_error"), ("400", "bad_request")])
+def test_upstream_error_statuses(rig, mode, outcome):
+    response = _post(rig, mode=mode)
+    assert response.status_code == int(mode)
+    _only_row(rig, outcome=outcome, status_code=int(mode))
+
+
+def test_connection_reset_mid_stream_breaks_the_client_stream_too(rig):
+    with pytest.raises(httpx.RemoteProtocolError):
+        _post(rig, mode="reset")
+    row = _only_row(rig, outcome="upstream_error", status_code=200)
+    assert row["completion_tokens"] == 2 and row["usage_source"] == "estimated"
+
+
+def test_malformed_sse_is_forwarded_and_marked(rig):
+    response = _post(rig, mode="malformed")
+    assert b"data: {not json" in response.content
+    _only_row(rig, outcome="upstream_error", error="malformed event in stream")
+
+
+def test_upstream_timeout_answers_504(rig):
+    response = _post(rig, mode="hang")
+    assert response.status_code == 504
+    _only_row(rig, outcome="timeout", status_code=504)
+
+
+def test_timeout_mid_stream(rig):
+    with pytest.raises(httpx.RemoteProtocolError):
+        _post(rig, mode="stall")
+    _only_row(rig, outcome="timeout", status_code=200, completion_tokens=1)
+
+
+def _cancel_after(rig, mode: str, read_chunks: int) -> None:
+    with httpx.Client(timeout=10) as client:
+        with client.stream("POST", rig.url + PATH, json=CHAT,
+                           headers={"x-fake": mode, "x-fake-tokens": "1000",
+                                    "x-fake-delay": "0.01"}) as response:
+            chunks = response.iter_raw()
+            for _ in range(read_chunks):
+                next(chunks)
+        # leaving the block closes the connection mid-stream
+
+
+def test_client_disconnect_mid_stream(tmp_path):
+    with sidecar_rig(tmp_path) as rig:
+        _cancel_after(rig, "ok", read_chunks=3)
+        wait_until(lambda: not rig.app.state.tracker.live)
+        row = _only_row(rig, outcome="client_cancelled")
+        assert row["ttft_s"] is not None and row["completion_tokens"] < 1000
+        metrics = rig.metrics()
+        assert gauge_values(metrics, "headroom_inflight_requests") == [0.0]
+        assert gauge_values(metrics, "headroom_active_tokens") == [0.0]
+
+
+def test_client_disconnect_before_first_token(tmp_path):
+    with sidecar_rig(tmp_path) as rig:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(rig.url + PATH, json=CHAT, headers={"x-fake": "hang"}, timeout=0.5)
+        wait_until(lambda: not rig.app.state.tracker.live)
+        _only_row(rig, outcome="client_cancelled", ttft_s=None, first_byte_at=None)
+        assert gauge_values(rig.metrics(), "headroom_inflight_requests") == [0.0]
+
+
+def test_other_v1_paths_pass_through_unaccounted(rig):
+    response = httpx.get(rig.url + "/v1/models")
+    assert response.json()["data"][0]["id"] == "fake-model"
+    assert rig.rows() == []
+
+
+def test_bad_json_body_is_forwarded_and_logged(rig):
+    response = httpx.post(rig.url + PATH, content=b"{not json", headers={"x-fake": "400"})
+    # the fake answers 500 to an unparsable body (its json.loads fails): the sidecar passes it on
+    assert response.status_code >= 400
+    row = _only_row(rig, model="unknown")
+    assert row["outcome"] in ("bad_request", "upstream_error")
