@@ -1,0 +1,146 @@
+"""Scheduled jobs of the store: hourly rollup, daily Parquet export + retention, capacity-estimate
+refresh feeding the headroom_capacity_* gauges, and the weekly capacity review.
+
+Each job is a function of `now`, so tests drive it with an injected clock: `job_table()` lists
+(name, trigger, run) and `run_due()` fires every trigger between two instants in order.
+`build_scheduler()` wraps the same table in an APScheduler BackgroundScheduler whose jobs read
+`settings.clock()`; the store's lifespan (and `headroom run` with an in-process store) starts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from collector.service.timewin import parse_duration, utc_now
+from collector.store.db import RequestStore
+
+__all__ = ["JobSettings", "ScheduledJob", "job_table", "build_scheduler", "run_due", "parse_weekly_cron"]
+
+log = logging.getLogger(__name__)
+_WEEKLY = re.compile(r"^(mon|tue|wed|thu|fri|sat|sun)\s+([01]?\d|2[0-3]):([0-5]\d)$")
+
+
+@dataclass
+class JobSettings:
+    """What the jobs do and when. Times are UTC unless `timezone` says otherwise."""
+
+    export_dir: Path | None = None          # None: no Parquet export and no retention
+    retention_days: int = 30
+    report_dir: Path | None = None          # None: no weekly report
+    report_cron: str = "mon 09:00"          # "<day of week> HH:MM"
+    report_since: str = "7d"
+    estimate_interval_s: float = 900.0
+    estimate_window: str = "24h"
+    slo_ttft_p95_s: float | None = None
+    profile: str = "interactive"
+    timezone: str = "UTC"
+    clock: Callable[[], datetime] = field(default=utc_now)
+
+
+@dataclass(frozen=True)
+class ScheduledJob:
+    """One job: a name, an APScheduler trigger, and a function of the firing time."""
+
+    name: str
+    trigger: BaseTrigger
+    run: Callable[[datetime], Any]
+
+
+def parse_weekly_cron(text: str, timezone: str = "UTC") -> CronTrigger:
+    """'mon 09:00' -> a CronTrigger on Mondays at 09:00; ValueError naming the input otherwise."""
+    match = _WEEKLY.match(text.strip().lower())
+    if not match:
+        raise ValueError(f"report schedule {text!r} is not '<mon|tue|...|sun> HH:MM', e.g. 'mon 09:00'")
+    day, hour, minute = match.groups()
+    return CronTrigger(day_of_week=day, hour=int(hour), minute=int(minute), timezone=timezone)
+
+
+def _rollup(store: RequestStore) -> Callable[[datetime], Any]:
+    from collector.service.rollup import rollup_recent
+
+    return lambda now: rollup_recent(store, now)
+
+
+def _retention(store: RequestStore, settings: JobSettings) -> Callable[[datetime], Any]:
+    from collector.service.retention import export_and_expire
+
+    return lambda now: export_and_expire(store, settings.export_dir, settings.retention_days, now)
+
+
+def _estimates(store: RequestStore, gauges, settings: JobSettings) -> Callable[[datetime], Any]:
+    from collector.service.estimates import refresh_estimates
+
+    window = parse_duration(settings.estimate_window)
+    return lambda now: refresh_estimates(store, gauges, now, window=window,
+                                         slo_ttft_p95_s=settings.slo_ttft_p95_s, profile=settings.profile)
+
+
+def _weekly_report(store: RequestStore, settings: JobSettings) -> Callable[[datetime], Any]:
+    from collector.report.cli import write_report_files
+
+    return lambda now: write_report_files(store, Path(settings.report_dir), settings.report_since, now,
+                                          slo_ttft_p95_s=settings.slo_ttft_p95_s)
+
+
+def job_table(store: RequestStore, gauges, settings: JobSettings) -> list[ScheduledJob]:
+    """The jobs these settings enable, with their triggers (interval ones start at clock())."""
+    tz = settings.timezone
+    jobs = [ScheduledJob("rollup", CronTrigger(minute=5, timezone=tz), _rollup(store))]
+    if settings.export_dir is not None:
+        jobs.append(ScheduledJob("retention", CronTrigger(hour=0, minute=15, timezone=tz),
+                                 _retention(store, settings)))
+    if settings.estimate_interval_s > 0:
+        trigger = IntervalTrigger(seconds=settings.estimate_interval_s, start_date=settings.clock(), timezone=tz)
+        jobs.append(ScheduledJob("capacity_estimates", trigger, _estimates(store, gauges, settings)))
+    if settings.report_dir is not None:
+        jobs.append(ScheduledJob("weekly_report", parse_weekly_cron(settings.report_cron, tz),
+                                 _weekly_report(store, settings)))
+    return jobs
+
+
+def _guarded(job: ScheduledJob, clock: Callable[[], datetime]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            job.run(clock())
+        except Exception:  # one failing job must not stop the others; the log says which
+            log.exception("store job %s failed", job.name)
+
+    return run
+
+
+def build_scheduler(store: RequestStore, gauges, settings: JobSettings | None = None) -> BackgroundScheduler:
+    """An APScheduler BackgroundScheduler (not started) running job_table(); call .start()."""
+    settings = settings or JobSettings()
+    scheduler = BackgroundScheduler(timezone=settings.timezone)
+    for job in job_table(store, gauges, settings):
+        scheduler.add_job(_guarded(job, settings.clock), job.trigger, id=job.name, name=job.name,
+                          coalesce=True, max_instances=1, misfire_grace_time=3600)
+    return scheduler
+
+
+def run_due(jobs: list[ScheduledJob], start: datetime, end: datetime) -> list[tuple[datetime, str]]:
+    """Fire every job whose trigger falls in (start, end], in time order; returns (when, name).
+
+    Example: the rollup (minute 5) over 08:00-10:00 fires at 08:05 and 09:05.
+    """
+    due: list[tuple[datetime, int, ScheduledJob]] = []
+    for order, job in enumerate(jobs):
+        previous, cursor = None, start + timedelta(microseconds=1)
+        while (fire := job.trigger.get_next_fire_time(previous, cursor)) is not None and fire <= end:
+            due.append((fire, order, job))
+            previous, cursor = fire, fire + timedelta(microseconds=1)
+    due.sort(key=lambda item: (item[0], item[1]))
+    for fire, _, job in due:
+        job.run(fire)
+    return [(fire, job.name) for fire, _, job in due]
