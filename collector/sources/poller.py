@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from collector.catalog import spec
 from collector.sources.base import EngineSnapshot
 
-__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES"]
+__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES", "merge_families"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class EngineSource:
         self.last_duration_s: float | None = None
         self.polls = 0
         self._scrape = scrape
+        self._attached: list = []
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task | None = None
         self._stopping: asyncio.Event | None = None
@@ -131,9 +132,31 @@ class EngineSource:
         elif self.polls == 1 and not snapshot.up:
             log.warning("engine %s is not answering: %s", self.engine, snapshot.error)
 
+    def attach(self, *collectors) -> None:
+        """Export other sources (e.g. GpuCollector) through this one, with families merged.
+
+        Two collectors registered side by side would each print a `headroom_source_scrape_*`
+        family, and a repeated HELP line is invalid exposition (promtool rejects it).
+        """
+        self._attached.extend(collectors)
+
     def collect(self):
         """Fresh metric families from the last snapshot (prometheus-client custom collector)."""
-        return engine_families(self.latest, self.source, self.last_duration_s)
+        families = engine_families(self.latest, self.source, self.last_duration_s)
+        for other in self._attached:
+            families.extend(other.collect())
+        return merge_families(families)
+
+
+def merge_families(families: list) -> list:
+    """Merge families that share a name into one (samples concatenated), keeping first order."""
+    merged: dict[str, object] = {}
+    for family in families:
+        if family.name in merged:
+            merged[family.name].samples.extend(family.samples)
+        else:
+            merged[family.name] = family
+    return list(merged.values())
 
 
 def _short(exc: BaseException) -> str:

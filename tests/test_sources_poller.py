@@ -1,0 +1,225 @@
+"""The background engine poller and build_engine_source, against a small fake engine on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from collector.catalog import spec
+from collector.sources import build_engine_source, default_metrics_url
+from collector.sources.gpu import GpuCollector
+from collector.sources.poller import EngineSource
+from conftest import require_tool
+from test_sources_fake_engine import FIXTURES, fake_engine  # noqa: F401  (fixture)
+
+
+def value(collector, name: str, **labels) -> float | None:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry.get_sample_value(name, labels)
+
+
+async def wait_for(condition, timeout_s: float = 10.0):
+    """Poll `condition()` until true or fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def started(source: EngineSource) -> EngineSource:
+    await source.start()
+    return source
+
+
+async def test_poll_exports_normalised_gauges_with_engine_and_model_labels(fake_engine):
+    engine, url = fake_engine
+    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=5))
+    try:
+        await wait_for(lambda: source.polls >= 1)
+        labels = {"engine": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct"}
+        assert value(source, "headroom_engine_up", engine="vllm") == 1.0
+        assert value(source, "headroom_engine_requests_running", **labels) == 7
+        assert value(source, "headroom_engine_requests_waiting", **labels) == 3
+        assert value(source, "headroom_engine_kv_cache_usage_ratio", **labels) == pytest.approx(0.6375)
+        assert value(source, "headroom_engine_kv_cache_capacity_tokens", **labels) == 27403 * 16
+        assert value(source, "headroom_source_scrape_success", source="engine") == 1.0
+        assert value(source, "headroom_source_scrape_duration_seconds", source="engine") > 0
+        assert (source.latest.waiting, source.latest.kv_usage_ratio) == (3, pytest.approx(0.6375))
+    finally:
+        await source.stop()
+
+
+def test_help_text_says_values_are_as_of_the_last_poll():
+    for name in ("headroom_engine_requests_running", "headroom_engine_requests_waiting",
+                 "headroom_engine_kv_cache_usage_ratio", "headroom_engine_kv_cache_capacity_tokens"):
+        assert "as of the last poll" in spec(name).help
+    source = build_engine_source("vllm", "http://127.0.0.1:9/metrics", 1)
+    source.latest = source.latest.__class__(engine="vllm", up=True, running=1)
+    text = generate_latest(_registry(source)).decode()
+    assert "# HELP headroom_engine_requests_running Requests running in the engine's batch, " \
+           "as of the last poll." in text
+
+
+def _registry(*collectors) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    for collector in collectors:
+        registry.register(collector)
+    return registry
+
+
+@pytest.mark.parametrize("mode, error", [
+    ("hang", "no answer within"),
+    ("garbage", "not Prometheus text format"),
+    ("error", "HTTP 500"),
+])
+async def test_failing_engine_is_down_with_unknown_values_and_recovers(fake_engine, mode, error):
+    engine, url = fake_engine
+    source = build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=0.3)
+    await source.start()
+    try:
+        await wait_for(lambda: source.latest.up)
+        engine.mode = mode
+        began = time.monotonic()
+        snapshot = await source.poll_once()
+        assert time.monotonic() - began < 3.0  # bounded by timeout_s, even while hanging
+        assert not snapshot.up and error in snapshot.error
+        assert (snapshot.running, snapshot.waiting, snapshot.kv_usage_ratio) == (None, None, None)
+        assert value(source, "headroom_engine_up", engine="vllm") == 0.0
+        assert value(source, "headroom_source_scrape_success", source="engine") == 0.0
+        # unknown is absent, never a fake zero
+        assert value(source, "headroom_engine_requests_running", engine="vllm",
+                     model="meta-llama/Llama-3.1-8B-Instruct") is None
+        engine.mode = "ok"
+        assert (await source.poll_once()).up
+    finally:
+        await source.stop()
+
+
+async def test_oversized_page_is_refused(fake_engine, monkeypatch):
+    engine, url = fake_engine
+    monkeypatch.setattr("collector.sources.poller.MAX_EXPOSITION_BYTES", 1000)
+    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=5))
+    try:
+        snapshot = await source.poll_once()
+        assert not snapshot.up and "more than 1000 bytes" in snapshot.error
+    finally:
+        await source.stop()
+
+
+async def test_background_loop_follows_the_engine_and_stops_promptly(fake_engine):
+    engine, url = fake_engine
+    source = await started(build_engine_source("vllm", f"{url}/metrics", 0.05))
+    try:
+        await wait_for(lambda: source.latest.waiting == 3)
+        engine.metrics_text = engine.metrics_text.replace(
+            'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0',
+            'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 9.0')
+        await wait_for(lambda: source.latest.waiting == 9)
+    finally:
+        began = time.monotonic()
+        await source.stop()
+        assert time.monotonic() - began < 2.0
+    hits = engine.metrics_hits
+    await asyncio.sleep(0.2)
+    assert engine.metrics_hits == hits  # no polling after stop()
+    await source.stop()  # idempotent
+
+
+async def test_unreachable_engine_is_down_without_raising():
+    source = await started(build_engine_source("vllm", "http://127.0.0.1:9/metrics", 60, timeout_s=1))
+    try:
+        snapshot = await source.poll_once()
+        assert not snapshot.up and snapshot.error
+    finally:
+        await source.stop()
+
+
+async def test_llamacpp_reads_slots_and_tolerates_them_disabled(fake_engine):
+    engine, url = fake_engine
+    engine.metrics_text = (FIXTURES / "llamacpp/metrics_busy.txt").read_text()
+    engine.slots = json.loads((FIXTURES / "llamacpp/slots_busy.json").read_text())
+    source = await started(build_engine_source("llamacpp", f"{url}/metrics", 60, timeout_s=5))
+    try:
+        snapshot = await source.poll_once()
+        assert (snapshot.running, snapshot.waiting, snapshot.kv_capacity_tokens) == (4, 2, 8192)
+        assert snapshot.kv_usage_ratio == pytest.approx(432 / 8192)
+        engine.slots = None  # llama-server --no-slots answers 501
+        snapshot = await source.poll_once()
+        assert snapshot.up and (snapshot.running, snapshot.kv_usage_ratio) == (4, None)
+    finally:
+        await source.stop()
+
+
+async def test_auto_recognises_the_engine_and_labels_it(fake_engine):
+    engine, url = fake_engine
+    engine.metrics_text = "# TYPE something_else gauge\nsomething_else 1\n"
+    source = await started(build_engine_source("auto", f"{url}/metrics", 60, timeout_s=5))
+    try:
+        snapshot = await source.poll_once()
+        assert not snapshot.up and "pass --engine" in snapshot.error
+        assert value(source, "headroom_engine_up", engine="auto") == 0.0
+        engine.metrics_text = (FIXTURES / "sglang/metrics_v0_5.txt").read_text()
+        snapshot = await source.poll_once()
+        assert (snapshot.engine, snapshot.running, snapshot.waiting) == ("sglang", 9, 4)
+        assert value(source, "headroom_engine_up", engine="sglang") == 1.0
+        engine.mode = "error"  # a later failure keeps the learned engine label
+        await source.poll_once()
+        assert value(source, "headroom_engine_up", engine="sglang") == 0.0
+    finally:
+        await source.stop()
+
+
+async def test_generic_engine_from_a_mapping_file(fake_engine):
+    engine, url = fake_engine
+    engine.metrics_text = (FIXTURES / "generic/metrics.txt").read_text()
+    mapping = FIXTURES / "generic/mapping.yaml"
+    for source in (build_engine_source(f"generic:{mapping}", f"{url}/metrics", 60, timeout_s=5),
+                   build_engine_source("generic", f"{url}/metrics", 60, mapping_path=mapping)):
+        await source.start()
+        try:
+            snapshot = await source.poll_once()
+            assert (snapshot.engine, snapshot.running, snapshot.waiting) == ("acme", 6, 5)
+        finally:
+            await source.stop()
+
+
+@pytest.mark.parametrize("args, complaint", [
+    (("vlm", "http://h/metrics"), "is not one of"),
+    (("generic", "http://h/metrics"), "needs a mapping"),
+    (("vllm:x.yaml", "http://h/metrics"), "only 'generic'"),
+    (("vllm", ""), "--engine-metrics-url is empty"),
+])
+def test_build_engine_source_rejects_bad_input_with_a_hint(args, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        build_engine_source(*args, 1.0)
+
+
+def test_build_engine_source_none_and_defaults():
+    assert build_engine_source("none", None, 1.0) is None
+    assert build_engine_source("NONE", "http://h/metrics", 1.0) is None
+    assert build_engine_source("vllm", "http://h/metrics", 1.0).timeout_s == 1.0
+    assert build_engine_source("vllm", "http://h/metrics", 30.0).timeout_s == 2.0
+    assert build_engine_source("vllm", "http://h/metrics", 0.1).timeout_s == 0.5
+    assert default_metrics_url("http://h:8000/") == "http://h:8000/metrics"
+    assert default_metrics_url("http://h:8000/v1") == "http://h:8000/metrics"
+
+
+@pytest.mark.integration
+def test_engine_with_attached_gpu_is_valid_exposition_for_promtool():
+    promtool = require_tool("promtool")
+    source = build_engine_source("vllm", "http://127.0.0.1:9/metrics", 1.0)
+    source.latest = source.latest.__class__(engine="vllm", up=True, model="m", running=2,
+                                            waiting=1, kv_usage_ratio=0.5, kv_capacity_tokens=64)
+    source.attach(GpuCollector())
+    text = generate_latest(_registry(source))
+    assert text.count(b"# HELP headroom_source_scrape_success ") == 1
+    assert b'headroom_source_scrape_success{source="gpu"}' in text
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
