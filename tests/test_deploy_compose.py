@@ -101,6 +101,23 @@ def test_dockerfile_runs_as_non_root_with_headroom_entrypoint():
     assert not SECRET_NAME.search(re.sub(r"#.*", "", dockerfile)), "the Dockerfile mentions a secret"
 
 
+def test_dockerfile_copies_only_what_exists_and_is_not_ignored():
+    import fnmatch
+    import tomllib
+
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    copies = re.findall(r"^COPY (?!--from)(.+) \S+$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    sources = [source for line in copies for source in line.split()]
+    assert "pyproject.toml" in sources and "collector" in sources
+    readme = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["readme"]
+    assert any(fnmatch.fnmatch(readme, source) for source in sources), f"{readme} is not copied"
+    for source in sources:
+        assert "*" in source or (ROOT / source).exists(), f"the Dockerfile copies missing {source}"
+        assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), \
+            f".dockerignore hides {source} from the build"
+
+
 def test_prometheus_scrapes_the_sidecar_and_store_where_compose_serves_them():
     sidecar = SERVICES["sidecar"]["command"]
     sidecar_port = sidecar[sidecar.index("--listen") + 1].rsplit(":", 1)[1]
