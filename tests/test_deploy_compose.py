@@ -196,3 +196,10 @@ def test_docker_compose_config_accepts_the_file():
     result = subprocess.run(["docker", "compose", "--profile", "vllm", "--profile", "dcgm", "config", "-q"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_alerts_select_the_job_that_scrapes_the_sidecar():
+    from collector.rules.config import DEFAULT
+
+    assert DEFAULT.sidecar_job in {job["job_name"] for job in PROMETHEUS["scrape_configs"]}
+    assert _targets(DEFAULT.sidecar_job) == ["sidecar:9100"]
