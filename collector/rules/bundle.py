@@ -1,0 +1,52 @@
+"""The generated files, by name: what `headroom alerts generate` and `dashboards generate` write.
+
+    alert_files(DEFAULT) -> {"headroom-recording.rules.yaml": "...", "headroom-alerts.rules.yaml": ...,
+                             "headroom.test.yaml": ..., "alertmanager.yml": ...}
+
+Rule files end in `.rules.yaml` so a Prometheus `rule_files: [.../*.rules.yaml]` glob never picks
+up the promtool test file beside them.
+"""
+
+from __future__ import annotations
+
+from collector.rules.alerting import alerting_groups
+from collector.rules.alertmanager import PRODUCTION_RECEIVERS, Receivers, alertmanager_config
+from collector.rules.config import DEFAULT, RulesConfig
+from collector.rules.promtool_tests import unit_test_document
+from collector.rules.recording import recording_groups
+from collector.rules.recording_tests import RECORDING_TEST_GROUPS
+from collector.rules.render import render_json, render_yaml
+
+__all__ = ["RECORDING_FILE", "ALERTS_FILE", "TEST_FILE", "ALERTMANAGER_FILE", "rule_files",
+           "alert_files", "dashboard_files"]
+
+RECORDING_FILE = "headroom-recording.rules.yaml"
+ALERTS_FILE = "headroom-alerts.rules.yaml"
+TEST_FILE = "headroom.test.yaml"
+ALERTMANAGER_FILE = "alertmanager.yml"
+_ALERTS_COMMAND = "alerts generate"
+
+
+def rule_files(config: RulesConfig = DEFAULT) -> dict[str, str]:
+    """Only the Prometheus rule files (what a Prometheus loads), rendered under `config`."""
+    config.validate()
+    return {
+        RECORDING_FILE: render_yaml({"groups": recording_groups(config)}, _ALERTS_COMMAND),
+        ALERTS_FILE: render_yaml({"groups": alerting_groups(config)}, _ALERTS_COMMAND),
+    }
+
+
+def alert_files(config: RulesConfig = DEFAULT, receivers: Receivers = PRODUCTION_RECEIVERS) -> dict[str, str]:
+    """Rule files, their promtool tests and the Alertmanager configuration."""
+    tests = unit_test_document(config, [RECORDING_FILE, ALERTS_FILE], RECORDING_TEST_GROUPS)
+    return rule_files(config) | {
+        TEST_FILE: render_yaml(tests, _ALERTS_COMMAND),
+        ALERTMANAGER_FILE: render_yaml(alertmanager_config(receivers), _ALERTS_COMMAND),
+    }
+
+
+def dashboard_files(config: RulesConfig = DEFAULT) -> dict[str, str]:
+    """Grafana dashboard JSON by file name."""
+    from collector.rules.dashboards import dashboards
+
+    return {f"{board['uid']}.json": render_json(board) for board in dashboards(config)}

@@ -1,0 +1,66 @@
+"""Naming conventions for generated rules: `level:metric:operations` records and catalog sample names.
+
+Every metric name in a rule or a panel comes through here, from `collector.catalog`, so a renamed
+metric breaks generation instead of silently producing an empty query.
+
+    record("model", "headroom_requests_total", "rate5m")  ->  "model:headroom_requests:rate5m"
+    sample("headroom_time_to_first_token_seconds", "bucket")
+        ->  "headroom_time_to_first_token_seconds_bucket"
+"""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client.utils import floatToGoString
+
+from collector.catalog import spec
+
+__all__ = ["record", "sample", "le_label", "DERIVED_METRICS", "RECORD_NAME", "is_record_name"]
+
+# Record-name middles that are not one catalog metric but a documented combination of several.
+DERIVED_METRICS = {
+    "headroom_concurrency": "in-flight requests and active tokens as one series per caliber",
+    "headroom_tokens": "prompt plus generated tokens",
+    "headroom_requests_rate_limited": "requests answered 429",
+    "headroom_ttft_slo_misses": "requests slower than the TTFT SLO",
+}
+
+RECORD_NAME = re.compile(r"^(?P<level>[a-z_]+):(?P<metric>[a-z_]+):(?P<operations>[a-z0-9_]+)$")
+
+
+def _base(name: str) -> str:
+    """A catalog name without `_total`: rates of counters drop it (`headroom_requests`)."""
+    return name[: -len("_total")] if name.endswith("_total") else name
+
+
+def record(level: str, metric: str, operations: str) -> str:
+    """The record name `level:metric:operations`; `metric` must be a catalog name or DERIVED."""
+    if metric not in DERIVED_METRICS:
+        metric = _base(spec(metric).name)
+    name = f"{level}:{metric}:{operations}"
+    if not RECORD_NAME.match(name):
+        raise ValueError(f"record name {name!r} does not follow level:metric:operations (lowercase, _)")
+    return name
+
+
+def sample(name: str, suffix: str = "") -> str:
+    """The exposed sample name of catalog metric `name`, with `bucket`/`sum`/`count` for histograms."""
+    metric = spec(name)
+    if metric.type == "histogram":
+        if suffix not in ("bucket", "sum", "count"):
+            raise ValueError(f"histogram {name} needs suffix bucket, sum or count, not {suffix!r}")
+        return f"{metric.name}_{suffix}"
+    if suffix:
+        raise ValueError(f"{metric.type} {name} has no {suffix!r} series")
+    return metric.name
+
+
+def le_label(bound_seconds: float) -> str:
+    """The `le` label value prometheus_client writes for a bucket bound (2.0 -> "2.0")."""
+    return floatToGoString(bound_seconds)
+
+
+def is_record_name(name: str) -> bool:
+    """True for names that look like recording rules (contain a colon)."""
+    return ":" in name

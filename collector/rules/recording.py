@@ -1,0 +1,142 @@
+"""Recording rules: the aggregates that alerts and dashboards read, named `level:metric:operations`.
+
+Levels: `instance_model` (one sidecar, one model: concurrency is a per-replica quantity compared
+with the per-replica knee), `model` (the fleet serving a model: rates, latency, SLO), `instance`
+(one machine: GPU). `RECORDS` holds every name, so alerts and panels never retype one.
+"""
+
+from __future__ import annotations
+
+from collector.rules.config import RulesConfig
+from collector.rules.naming import le_label, record, sample
+
+__all__ = ["R", "recording_groups", "QUANTILES", "SLO_WINDOWS", "RATE_WINDOW"]
+
+QUANTILES = ("0.5", "0.95", "0.99")
+# Rate window of every recording rule (it is in the record names): >= 4 scrape intervals.
+RATE_WINDOW = "5m"
+# Burn-rate windows of the multi-window alerts (SRE Workbook): short and long for each speed.
+SLO_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
+
+
+class R:
+    """Record names, in one namespace: `R.INFLIGHT_INSTANCE` and so on."""
+
+    INFLIGHT_INSTANCE = record("instance_model", "headroom_inflight_requests", "sum")
+    TOKENS_INSTANCE = record("instance_model", "headroom_active_tokens", "sum")
+    INFLIGHT = record("model", "headroom_inflight_requests", "sum")
+    ACTIVE_TOKENS = record("model", "headroom_active_tokens", "sum")
+    CONCURRENCY = record("instance_model_caliber", "headroom_concurrency", "sum")
+    KNEE_RATIO = record("instance_model_caliber", "headroom_concurrency", "knee_ratio")
+    REQUESTS_RATE = record("model", "headroom_requests_total", "rate5m")
+    OUTCOME_RATE = record("model_outcome", "headroom_requests_total", "rate5m")
+    RATE_LIMITED_RATIO = record("model", "headroom_requests_rate_limited", "ratio_rate5m")
+    TOKENS_RATE = record("model", "headroom_tokens", "rate5m")
+    TOKENS_RATE_INSTANCE = record("instance_model", "headroom_tokens", "rate5m")
+    GENERATED_RATE = record("model", "headroom_generated_tokens_total", "rate5m")
+    TTFT_QUANTILE = record("model_quantile", "headroom_time_to_first_token_seconds", "histogram_quantile_rate5m")
+    TPOT_QUANTILE = record("model_quantile", "headroom_time_per_output_token_seconds", "histogram_quantile_rate5m")
+    E2E_QUANTILE = record("model_quantile", "headroom_request_duration_seconds", "histogram_quantile_rate5m")
+    E2E_MEAN = record("model", "headroom_request_duration_seconds", "mean_rate5m")
+    WAITING = record("model", "headroom_engine_requests_waiting", "sum")
+    WAITING_INSTANCE = record("instance", "headroom_engine_requests_waiting", "sum")
+    RUNNING = record("model", "headroom_engine_requests_running", "sum")
+    KV_USAGE = record("model", "headroom_engine_kv_cache_usage_ratio", "max")
+    GPU_UTILIZATION = record("instance", "headroom_gpu_utilization_ratio", "avg")
+
+    @staticmethod
+    def slo_misses(window: str) -> str:
+        """Record name of the TTFT SLO miss ratio over `window` (one of SLO_WINDOWS)."""
+        return record("model", "headroom_ttft_slo_misses", f"ratio_rate{window}")
+
+
+def _rule(name: str, expr: str, **labels: str) -> dict:
+    rule = {"record": name, "expr": expr}
+    if labels:
+        rule["labels"] = labels
+    return rule
+
+
+def _concurrency_rules() -> list[dict]:
+    inflight, tokens = sample("headroom_inflight_requests"), sample("headroom_active_tokens")
+    return [
+        _rule(R.INFLIGHT_INSTANCE, f"sum by (instance, model) ({inflight})"),
+        _rule(R.TOKENS_INSTANCE, f"sum by (instance, model) ({tokens})"),
+        _rule(R.INFLIGHT, f"sum by (model) ({inflight})"),
+        _rule(R.ACTIVE_TOKENS, f"sum by (model) ({tokens})"),
+        _rule(R.CONCURRENCY,
+              f'label_replace({R.INFLIGHT_INSTANCE}, "caliber", "requests", "", "")\n'
+              f'or\nlabel_replace({R.TOKENS_INSTANCE}, "caliber", "tokens", "", "")'),
+        # Silent (no series) for a model and caliber without a measured knee.
+        _rule(R.KNEE_RATIO,
+              f"{R.CONCURRENCY}\n/ on (model, caliber) group_left ()\n"
+              f"max by (model, caliber) ({sample('headroom_capacity_knee')})"),
+    ]
+
+
+def _rate(metric: str, by: str, window: str, selector: str = "") -> str:
+    return f"sum by ({by}) (rate({metric}{selector}[{window}]))"
+
+
+def _traffic_rules(w: str) -> list[dict]:
+    requests = sample("headroom_requests_total")
+    prompt, generated = sample("headroom_prompt_tokens_total"), sample("headroom_generated_tokens_total")
+    limited = _rate(requests, "model", w, '{outcome="rate_limited"}')
+    return [
+        _rule(R.REQUESTS_RATE, _rate(requests, "model", w)),
+        _rule(R.OUTCOME_RATE, _rate(requests, "model, outcome", w)),
+        # `or ... * 0`: 0 instead of no series while no request has been rate limited yet.
+        _rule(R.RATE_LIMITED_RATIO, f"(\n  {limited}\n  or {R.REQUESTS_RATE} * 0\n)\n/ {R.REQUESTS_RATE}"),
+        _rule(R.GENERATED_RATE, _rate(generated, "model", w)),
+        _rule(R.TOKENS_RATE, f"{_rate(prompt, 'model', w)}\n+ {R.GENERATED_RATE}"),
+        _rule(R.TOKENS_RATE_INSTANCE,
+              f"{_rate(prompt, 'instance, model', w)}\n+ {_rate(generated, 'instance, model', w)}"),
+    ]
+
+
+def _latency_rules(w: str) -> list[dict]:
+    rules = []
+    for name, metric in ((R.TTFT_QUANTILE, "headroom_time_to_first_token_seconds"),
+                         (R.TPOT_QUANTILE, "headroom_time_per_output_token_seconds"),
+                         (R.E2E_QUANTILE, "headroom_request_duration_seconds")):
+        for quantile in QUANTILES:
+            expr = f"histogram_quantile({quantile}, {_rate(sample(metric, 'bucket'), 'model, le', w)})"
+            rules.append(_rule(name, expr, quantile=quantile))
+    duration = "headroom_request_duration_seconds"
+    rules.append(_rule(R.E2E_MEAN, f"{_rate(sample(duration, 'sum'), 'model', w)}\n"
+                                   f"/ {_rate(sample(duration, 'count'), 'model', w)}"))
+    return rules
+
+
+def _slo_rules(config: RulesConfig) -> list[dict]:
+    metric = "headroom_time_to_first_token_seconds"
+    good = f'{{le="{le_label(config.ttft_slo_seconds)}"}}'
+    return [
+        _rule(R.slo_misses(window),
+              f"1 - (\n  {_rate(sample(metric, 'bucket'), 'model', window, good)}\n"
+              f"  / {_rate(sample(metric, 'count'), 'model', window)}\n)")
+        for window in SLO_WINDOWS
+    ]
+
+
+def _engine_rules() -> list[dict]:
+    waiting = sample("headroom_engine_requests_waiting")
+    return [
+        _rule(R.WAITING, f"sum by (model) ({waiting})"),
+        _rule(R.WAITING_INSTANCE, f"sum by (instance) ({waiting})"),
+        _rule(R.RUNNING, f"sum by (model) ({sample('headroom_engine_requests_running')})"),
+        _rule(R.KV_USAGE, f"max by (model) ({sample('headroom_engine_kv_cache_usage_ratio')})"),
+        _rule(R.GPU_UTILIZATION, f"avg by (instance) ({sample('headroom_gpu_utilization_ratio')})"),
+    ]
+
+
+def recording_groups(config: RulesConfig) -> list[dict]:
+    """The recording-rule groups, in evaluation order (a rule may read the ones above it)."""
+    w = RATE_WINDOW
+    return [
+        {"name": "headroom-recording-concurrency", "rules": _concurrency_rules()},
+        {"name": "headroom-recording-traffic", "rules": _traffic_rules(w)},
+        {"name": "headroom-recording-latency", "rules": _latency_rules(w)},
+        {"name": "headroom-recording-slo", "rules": _slo_rules(config)},
+        {"name": "headroom-recording-engine", "rules": _engine_rules()},
+    ]
