@@ -69,6 +69,7 @@ class ReportQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
     since: str = Field("7d", pattern=r"^[0-9]{1,6}[smhdw]$", description="window back from now")
     format: Literal["md", "html", "json"] = "json"
+    slo_ttft_p95_s: float | None = Field(None, gt=0, le=600, description="p95 TTFT SLO in seconds")
 
 
 def _add_report_routes(app: FastAPI, store: RequestStore, report_dir: Path | None, auth) -> None:
@@ -77,7 +78,8 @@ def _add_report_routes(app: FastAPI, store: RequestStore, report_dir: Path | Non
     async def report(q: Annotated[ReportQuery, Query()]) -> Response:
         from collector.report.cli import render_report_from_store
 
-        text = await run_in_threadpool(render_report_from_store, store, q.since, q.format)
+        text = await run_in_threadpool(render_report_from_store, store, q.since, q.format,
+                                      None, q.slo_ttft_p95_s)
         media = {"md": "text/markdown", "html": "text/html", "json": "application/json"}[q.format]
         return Response(text, media_type=media)
 

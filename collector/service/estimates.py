@@ -45,36 +45,24 @@ def _models(store: RequestStore, since: datetime, until: datetime) -> list[str]:
     return [row[0] for row in rows]
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def feed_gauges(gauges, estimate: dict[str, Any]) -> None:
-    """Set headroom_capacity_* for one estimate dict (both calibers where present)."""
-    model = estimate.get("model")
-    if gauges is None or not model:
-        return
-    for caliber in ("requests", "tokens"):
-        knee = _number(estimate.get(f"knee_{caliber}"))
-        slo_max = _number(estimate.get(f"slo_max_{caliber}"))
-        pool = _number(estimate.get(f"recommended_pool_{caliber}",
-                                    estimate.get("recommended_pool") if caliber == "requests" else None))
-        if knee is not None or slo_max is not None or pool is not None:
-            gauges.set(model, caliber, knee=knee, slo_max=slo_max, recommended_pool=pool)
-
-
 def refresh_estimates(store: RequestStore, gauges, now: datetime, *, window: timedelta,
                       slo_ttft_p95_s: float | None = None, profile: str = "interactive") -> list[dict]:
-    """Estimate each model active in [now - window, now), save it, feed the gauges; returns dicts."""
-    from collector.analysis.estimate import estimate_capacity, save_estimate
+    """Estimate each model active in [now - window, now), save it, then publish the newest
+    estimate per model to the gauges; returns the new estimates as dicts."""
+    from collector.analysis.estimate import (estimate_capacity, latest_estimates, publish_estimates,
+                                             save_estimate)
 
     since = now - window
     results = []
     for model in _models(store, since, now):
-        estimate = estimate_capacity(store, model=model, since=since, until=now,
-                                     slo_ttft_p95_s=slo_ttft_p95_s, profile=profile)
+        try:
+            estimate = estimate_capacity(store, model=model, since=since, until=now,
+                                         slo_ttft_p95_s=slo_ttft_p95_s, profile=profile)
+        except ValueError as exc:  # too little traffic for a curve: keep the previous estimate
+            log.info("no new capacity estimate for %s: %s", model, exc)
+            continue
         save_estimate(store, estimate)
-        record = as_dict(estimate)
-        feed_gauges(gauges, record)
-        results.append(record)
+        results.append(as_dict(estimate))
+    if gauges is not None:
+        publish_estimates(gauges, latest_estimates(store))
     return results

@@ -20,12 +20,12 @@ METRICS = {"ttft_s": "ttft_s", "tpot_s": "tpot_s", "e2e_s": "e2e_s",
 
 
 def power_of_two_bucket(column: str) -> str:
-    """SQL for the largest power of two <= column (1, 2, 4, 8 ...), NULL below 1.
+    """SQL for the power of two nearest on a log scale, as collector.analysis.stats buckets it.
 
-    Example: inflight_at_admit 1 -> 1, 3 -> 2, 12 -> 8.
+    Example: inflight_at_admit 1 -> 1, 3 -> 4, 5 -> 4, 6 -> 8, 11 -> 8, 12 -> 16; NULL for <= 0.
     """
-    return (f"CASE WHEN {column} IS NULL OR {column} < 1 THEN NULL "
-            f"ELSE CAST(pow(2, floor(log2({column}))) AS BIGINT) END")
+    return (f"CASE WHEN {column} IS NULL OR {column} <= 0 THEN NULL WHEN {column} < 1.5 THEN 1 "
+            f"ELSE CAST(pow(2, round(log2({column}))) AS BIGINT) END")
 
 
 # Public name -> SQL expression. Hours and days are UTC whatever the connection's time zone.
@@ -103,7 +103,7 @@ def curve_sql(caliber: str, where: Where) -> tuple[str, list]:
     """The passive capacity curve: per power-of-two concurrency bucket of one caliber, latency
     percentiles, error ratios and completion-token throughput share."""
     bucket = power_of_two_bucket(CALIBER_COLUMNS[caliber])
-    clause, params = where_clause(where, (f"{CALIBER_COLUMNS[caliber]} >= 1",))
+    clause, params = where_clause(where, (f"{CALIBER_COLUMNS[caliber]} > 0",))
     sql = (
         f"SELECT {bucket} AS bucket, count(*) AS n, "
         "quantile_cont(ttft_s, [0.5, 0.95, 0.99]) AS ttft_s, "

@@ -1,0 +1,6 @@
+"""The weekly capacity review: figures per model for a window against the previous window.
+
+collect.py reads the rows and estimates from a RequestStore; build.py (pure) turns them into the
+report dict; actions.py decides the recommended actions; render_md/render_html/render_json write
+it out; cli.py is `headroom report` and the store's weekly job.
+"""

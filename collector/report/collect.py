@@ -1,0 +1,91 @@
+"""Read what the review needs from a RequestStore: traffic columns for two windows and estimates.
+
+The only impure part of the report: SQL with parameters, results as numpy arrays keyed by column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import orjson
+
+from collector.store.db import RequestStore
+
+__all__ = ["ReportInputs", "collect_inputs", "empty_columns", "COLUMNS"]
+
+# name -> SQL; timestamps as POSIX seconds so the pure side needs no time zones.
+COLUMNS = {
+    "model": "coalesce(model, 'unknown')", "tenant": "coalesce(tenant, 'anonymous')",
+    "outcome": "coalesce(outcome, 'unknown')",
+    "admitted": "epoch(admitted_at)", "completed": "epoch(completed_at)",
+    "ttft_s": "ttft_s", "tpot_s": "tpot_s", "e2e_s": "e2e_s",
+    "prompt_tokens": "coalesce(prompt_tokens, 0)", "completion_tokens": "coalesce(completion_tokens, 0)",
+    "cached_prompt_tokens": "coalesce(cached_prompt_tokens, 0)",
+    "inflight": "inflight_at_admit", "active_tokens": "active_tokens_at_admit",
+}
+_SELECT = ", ".join(f"{sql} AS {name}" for name, sql in COLUMNS.items())
+_TEXT = ("model", "tenant", "outcome")
+
+
+@dataclass
+class ReportInputs:
+    """Everything build_report needs; `current`/`previous` map a column name to a numpy array."""
+
+    since: datetime
+    until: datetime
+    current: dict[str, np.ndarray]
+    previous: dict[str, np.ndarray]
+    estimates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    previous_estimates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    slo_ttft_p95_s: float | None = None
+
+    @property
+    def previous_since(self) -> datetime:
+        """Start of the previous window, as long as the current one."""
+        return self.since - (self.until - self.since)
+
+
+def _columns(store: RequestStore, since: datetime, until: datetime) -> dict[str, np.ndarray]:
+    # store.query (tuples) rather than store.arrow: RequestStore.arrow calls fetch_arrow_table,
+    # which DuckDB 2 no longer has.
+    rows = store.query(f"SELECT {_SELECT} FROM requests WHERE source = 'traffic' "
+                       "AND admitted_at >= ? AND admitted_at < ?", [since, until])
+    if not rows:
+        return empty_columns()
+    result = {}
+    for name, values in zip(COLUMNS, zip(*rows)):
+        if name in _TEXT:
+            result[name] = np.array(values, dtype=object)
+        else:
+            result[name] = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    return result
+
+
+def _estimates(store: RequestStore, rank: int) -> dict[str, dict[str, Any]]:
+    """The rank-th newest estimate per model (1 = latest) from analysis's capacity_estimates."""
+    exists = store.query("SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'")
+    if not exists[0][0]:
+        return {}
+    rows = store.query(
+        "SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
+        "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = ?", [rank])
+    found = [orjson.loads(row[0]) for row in rows]
+    return {item.get("model") or "unknown": item for item in found}
+
+
+def collect_inputs(store: RequestStore, since: datetime, until: datetime, *,
+                   slo_ttft_p95_s: float | None = None) -> ReportInputs:
+    """Rows of [since, until) and of the window before it, plus the two newest estimates per model."""
+    if until <= since:
+        raise ValueError(f"report window is empty: since {since.isoformat()} is not before until {until.isoformat()}")
+    previous_since = since - (until - since)
+    return ReportInputs(since, until, _columns(store, since, until), _columns(store, previous_since, since),
+                        _estimates(store, 1), _estimates(store, 2), slo_ttft_p95_s)
+
+
+def empty_columns() -> dict[str, np.ndarray]:
+    """No rows, every column present (for tests and empty windows)."""
+    return {name: np.array([], dtype=object if name in _TEXT else np.float64) for name in COLUMNS}
