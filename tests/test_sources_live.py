@@ -1,0 +1,177 @@
+"""End to end: engine sources inside a running sidecar, against the simulator and a broken engine.
+
+- each `headroom sim --flavor` behind a sidecar: headroom_engine_* track the simulator's own
+  state (GET /sim/state) under load and after it drains;
+- request rows carry engine_waiting_at_admit / kv_usage_at_admit with a source on, NULL with it off;
+- an engine /metrics that hangs or returns garbage never delays proxied requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import httpx
+import pytest
+
+from collector.serving import serve_in_thread
+from collector.sidecar.app import create_app
+from collector.sidecar.config import SidecarConfig
+from collector.sim.app import create_sim_app
+from collector.sim.config import SimConfig
+from collector.sources import build_engine_source
+from collector.sources.base import parse_exposition
+from test_sources_fake_engine import fake_engine  # noqa: F401  (fixture)
+
+PROMPT = "measure the knee of this deployment " * 50  # ~450 prompt tokens: visible KV use
+SLOTS = 4
+
+
+class Stack:
+    """A sidecar (with an engine source) in front of an upstream, both on loopback threads."""
+
+    def __init__(self, upstream_url: str, engine: str, metrics_url: str, *,
+                 poll_interval_s: float = 0.1, timeout_s: float | None = None) -> None:
+        self.rows: list[dict] = []
+        self.source = build_engine_source(engine, metrics_url, poll_interval_s, timeout_s=timeout_s)
+        config = SidecarConfig(upstream=upstream_url, db_path=None, instance="test", engine=engine,
+                               engine_metrics_url=metrics_url,
+                               engine_poll_interval_s=poll_interval_s)
+        self.handle = serve_in_thread(create_app(config, row_sinks=[self.rows.append],
+                                                 engine=self.source))
+        self.url = self.handle.url
+
+    async def exported(self, client: httpx.AsyncClient) -> dict[str, float]:
+        """The sidecar's headroom_engine_* values (summed over labels) from its /metrics."""
+        samples = parse_exposition((await client.get(f"{self.url}/metrics")).text)
+        return {name: sum(value for _, value in rows) for name, rows in samples.items()
+                if name.startswith("headroom_engine_")}
+
+    def stop(self) -> None:
+        self.handle.stop(timeout_s=15)
+
+
+async def wait_until(check, timeout_s: float = 20.0, what: str = "condition"):
+    """Await `check()` (async, returns truthy) until true, or fail naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.05)
+    pytest.fail(f"{what} not reached within {timeout_s} s (last: {last})")
+
+
+async def chat(client: httpx.AsyncClient, url: str, max_tokens: int) -> int:
+    """One streamed chat completion through the sidecar, read to the end; returns the status."""
+    body = {"model": "headroom-sim", "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+            "messages": [{"role": "user", "content": PROMPT}]}
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        async for _ in response.aiter_bytes():
+            pass
+        return response.status_code
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang", "llamacpp"])
+async def test_engine_gauges_track_the_simulator_under_load(flavor):
+    sim = serve_in_thread(create_sim_app(SimConfig(
+        flavor=flavor, max_num_seqs=SLOTS, kv_cache_tokens=8192, max_waiting=64, speed=2.0)))
+    stack = Stack(sim.url, flavor, f"{sim.url}/metrics")
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def truth():
+                return (await client.get(f"{sim.url}/sim/state")).json()
+
+            async def tracking(expect_busy: bool):
+                """Sidecar and simulator agree on running/waiting (and KV within 0.03)."""
+                got, state = await stack.exported(client), await truth()
+                if expect_busy and state["waiting"] == 0:
+                    return None
+                same = (got.get("headroom_engine_requests_running") == state["running"]
+                        and got.get("headroom_engine_requests_waiting") == state["waiting"]
+                        and abs(got.get("headroom_engine_kv_cache_usage_ratio", -1)
+                                - state["kv_usage_ratio"]) < 0.03)
+                return (got, state) if same else None
+
+            load = [asyncio.create_task(chat(client, stack.url, 200)) for _ in range(SLOTS + 3)]
+            got, state = await wait_until(lambda: tracking(True), what=f"{flavor} busy tracking")
+            assert (state["running"], state["waiting"]) == (SLOTS, 3)
+            assert got["headroom_engine_up"] == 1.0
+            assert got["headroom_engine_kv_cache_usage_ratio"] > 0.1  # ~4 x 450 tokens of 8192
+            assert got["headroom_engine_kv_cache_capacity_tokens"] == pytest.approx(
+                state["kv_capacity_tokens"], rel=0.01)
+            # admitted while the engine queue holds 3: the row carries the last poll's view
+            late = asyncio.create_task(chat(client, stack.url, 5))
+            assert all(status == 200 for status in await asyncio.gather(*load, late))
+            await wait_until(lambda: tracking(False), what=f"{flavor} idle tracking")
+            await wait_until(lambda: _async(len(stack.rows) == SLOTS + 4), what="all rows")
+        assert all(row["engine_waiting_at_admit"] is not None for row in stack.rows)
+        assert all(row["kv_usage_at_admit"] is not None for row in stack.rows)
+        late_row = max(stack.rows, key=lambda row: row["admitted_at"])
+        assert late_row["engine_waiting_at_admit"] >= 1
+        assert late_row["kv_usage_at_admit"] > 0.1
+    finally:
+        stack.stop()
+        sim.stop(timeout_s=15)
+
+
+async def _async(value):
+    return value
+
+
+async def test_rows_carry_null_engine_fields_when_the_source_is_off(fake_engine):
+    _, url = fake_engine
+    rows: list[dict] = []
+    config = SidecarConfig(upstream=url, db_path=None, instance="test", engine="none")
+    handle = serve_in_thread(create_app(config, row_sinks=[rows.append], engine=None))
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(f"{handle.url}/v1/chat/completions",
+                                         json={"model": "fake", "messages": [
+                                             {"role": "user", "content": "hi"}]})
+            assert response.status_code == 200
+            await wait_until(lambda: _async(len(rows) == 1), what="the row")
+            assert "headroom_engine_up" not in (await client.get(f"{handle.url}/metrics")).text
+    finally:
+        handle.stop(timeout_s=15)
+    assert rows[0]["engine_waiting_at_admit"] is None and rows[0]["kv_usage_at_admit"] is None
+
+
+async def _latencies(client: httpx.AsyncClient, url: str, count: int) -> list[float]:
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+    took = []
+    for _ in range(count):
+        began = time.perf_counter()
+        response = await client.post(f"{url}/v1/chat/completions", json=body)
+        took.append(time.perf_counter() - began)
+        assert response.status_code == 200
+    return took
+
+
+async def test_hanging_or_garbage_engine_metrics_never_delay_proxied_requests(fake_engine):
+    engine, url = fake_engine
+    # Each hung poll holds for 2 s; a proxy that waited on the poller would show it at once.
+    stack = Stack(url, "vllm", f"{url}/metrics", poll_interval_s=0.05, timeout_s=2.0)
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def up_is(expected: float):
+                return (await stack.exported(client)).get("headroom_engine_up") == expected
+
+            await wait_until(lambda: up_is(1.0), what="engine up")
+            baseline = await _latencies(client, stack.url, 30)
+            for mode in ("hang", "garbage"):
+                engine.mode = mode
+                await wait_until(lambda: up_is(0.0), what=f"engine down ({mode})")
+                hits = engine.metrics_hits
+                broken = await _latencies(client, stack.url, 30)
+                assert engine.metrics_hits > hits or mode == "hang"  # polls kept going
+                assert max(broken) < 1.0, f"{mode}: a request took {max(broken):.2f} s"
+                assert statistics.median(broken) < 3 * statistics.median(baseline) + 0.05, \
+                    (mode, statistics.median(broken), statistics.median(baseline))
+                engine.mode = "ok"
+                await wait_until(lambda: up_is(1.0), what=f"engine back up after {mode}")
+    finally:
+        engine.release.set()
+        stack.stop()
