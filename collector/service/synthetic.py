@@ -10,7 +10,7 @@ import random
 from datetime import datetime, timedelta
 from typing import Any
 
-__all__ = ["synthetic_rows"]
+__all__ = ["synthetic_rows", "synthetic_probe_run"]
 
 _OUTCOMES = (("ok", 200), ("ok", 200), ("ok", 200), ("ok", 200), ("ok", 200), ("ok", 200),
              ("ok", 200), ("ok", 200), ("rate_limited", 429), ("upstream_error", 502))
@@ -52,3 +52,30 @@ def synthetic_rows(n: int, start: datetime, *, span: timedelta = timedelta(hours
     rng = random.Random(seed)
     step = span / max(n, 1)
     return [_row(rng, i, start + step * i, models[i % len(models)], prefix, ttft_scale) for i in range(n)]
+
+
+def synthetic_probe_run(start: datetime, *, model: str = "model-a", run_id: str = "run-1",
+                        knee: int = 8, levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+                        rounds: int = 8) -> list[dict[str, Any]]:
+    """A closed-loop probe whose throughput stops rising at concurrency `knee` (source='probe').
+
+    Each level runs `rounds` rounds of c requests of 200 + 100 tokens; a request takes 1 s up to
+    the knee and c/knee s above it, so tokens/s plateaus there and TTFT stretches.
+    """
+    rows, level_start = [], start
+    for c in levels:
+        duration = 1.0 if c <= knee else c / knee
+        ttft = 0.1 * max(1.0, c / knee)
+        for r in range(rounds):
+            for i in range(c):
+                admitted = level_start + timedelta(seconds=r * duration + i * 1e-3)
+                rows.append({
+                    "request_id": f"probe-{run_id}-c{c}-{r * c + i}", "source": "probe", "run_id": run_id,
+                    "model": model, "tenant": "probe", "admitted_at": admitted,
+                    "first_token_at": admitted + timedelta(seconds=ttft),
+                    "completed_at": admitted + timedelta(seconds=duration), "status_code": 200,
+                    "outcome": "ok", "prompt_tokens": 200, "completion_tokens": 100, "ttft_s": ttft,
+                    "tpot_s": (duration - ttft) / 99, "e2e_s": duration, "inflight_at_admit": c,
+                    "active_tokens_at_admit": c * 250})
+        level_start += timedelta(seconds=rounds * duration + 1)
+    return rows
