@@ -1,0 +1,126 @@
+"""`headroom dashboards generate|push` and `headroom alerts generate`: thin shells over the generators."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+__all__ = ["dashboards", "alerts", "stale_files"]
+
+
+def stale_files(files: dict[str, str], directory: Path) -> list[str]:
+    """Names in `files` whose committed copy in `directory` is missing or differs byte for byte."""
+    stale = []
+    for name, text in sorted(files.items()):
+        path = directory / name
+        if not path.is_file() or path.read_bytes() != text.encode("utf-8"):
+            stale.append(name)
+    return stale
+
+
+def _write_or_check(files: dict[str, str], out: Path, check: bool, command: str) -> None:
+    from collector.rules.render import write_files
+
+    if check:
+        stale = stale_files(files, out)
+        if stale:
+            click.echo(f"stale in {out}: {', '.join(stale)}; run `headroom {command}` and commit", err=True)
+            sys.exit(1)
+        click.echo(f"{len(files)} files in {out} are up to date")
+        return
+    for path in write_files(files, out):
+        click.echo(f"wrote {path}")
+
+
+@click.group()
+def dashboards() -> None:
+    """Generate Grafana dashboards or push them to a Grafana.
+
+    \b
+    Examples:
+      headroom dashboards generate                     # writes dashboards/*.json
+      headroom dashboards generate --check             # exit 1 when dashboards/ is stale
+      headroom dashboards push --grafana-url http://grafana:3000 --token "$GRAFANA_TOKEN"
+    """
+
+
+@dashboards.command("generate")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("dashboards"),
+              show_default=True, help="Directory to write the dashboard JSON into.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 when the files in --out differ.")
+def generate_dashboards(out: Path, check: bool) -> None:
+    """Write the capacity overview, tenants and capacity review dashboards (deterministic JSON).
+
+    \b
+    Examples:
+      headroom dashboards generate
+      headroom dashboards generate --out /var/lib/grafana/dashboards
+    """
+    from collector.rules.bundle import dashboard_files
+
+    _write_or_check(dashboard_files(), out, check, "dashboards generate")
+
+
+@dashboards.command("push")
+@click.option("--grafana-url", required=True, envvar="GRAFANA_URL", help="Base URL, e.g. http://grafana:3000.")
+@click.option("--token", required=True, envvar="GRAFANA_TOKEN", help="Service-account token with Editor rights.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              default=Path("dashboards"), show_default=True, help="Directory of generated dashboards.")
+@click.option("--folder", default="llm-headroom", show_default=True, help="Grafana folder (created if missing).")
+@click.option("--datasource-uid", default="headroom-prometheus", show_default=True,
+              help="uid of the Prometheus datasource the dashboards default to.")
+@click.option("--overwrite/--no-overwrite", default=True, show_default=True,
+              help="Replace dashboards with the same uid.")
+def push(grafana_url: str, token: str, directory: Path, folder: str, datasource_uid: str, overwrite: bool) -> None:
+    """Upload the generated dashboards with grafana-client.
+
+    \b
+    Examples:
+      headroom dashboards push --grafana-url http://127.0.0.1:3000 --token glsa_xxx
+      GRAFANA_URL=https://grafana.example GRAFANA_TOKEN=glsa_xxx headroom dashboards push --folder capacity
+    """
+    from rich.progress import Progress
+
+    from collector.rules.push import PushError, load_dashboards, push_dashboards
+
+    try:
+        boards = load_dashboards(directory)
+        with Progress(transient=True) as progress:
+            task = progress.add_task("uploading dashboards", total=len(boards))
+            answers = push_dashboards(grafana_url, token, boards, folder=folder, datasource_uid=datasource_uid,
+                                      overwrite=overwrite, progress=lambda title: progress.advance(task))
+    except PushError as exc:
+        raise click.ClickException(str(exc)) from exc
+    for board, answer in zip(boards, answers):
+        click.echo(f"pushed {board.get('title')}: {(answer or {}).get('url', '')}")
+
+
+@click.group()
+def alerts() -> None:
+    """Generate Prometheus recording and alerting rules, their promtool tests and the Alertmanager config.
+
+    \b
+    Examples:
+      headroom alerts generate                          # writes alerts/
+      headroom alerts generate --check                  # exit 1 when alerts/ is stale
+      promtool test rules alerts/headroom.test.yaml     # then run the generated unit tests
+    """
+
+
+@alerts.command("generate")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("alerts"),
+              show_default=True, help="Directory to write the rules into.")
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 when the files in --out differ.")
+def generate_alerts(out: Path, check: bool) -> None:
+    """Write *.rules.yaml, the promtool test file and alertmanager.yml (deterministic YAML).
+
+    \b
+    Examples:
+      headroom alerts generate && promtool check rules alerts/*.rules.yaml
+      headroom alerts generate --out /etc/prometheus/alerts
+    """
+    from collector.rules.bundle import alert_files
+
+    _write_or_check(alert_files(), out, check, "alerts generate")
