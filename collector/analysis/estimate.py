@@ -1,0 +1,184 @@
+"""CapacityEstimate: the answer an SRE decides with, its JSON schema, and where it is kept.
+
+An estimate comes from a probe run (measured levels) or from traffic (passive buckets). It holds
+the levels, the knee in both calibers, the SLO maximum and the recommended pool for a profile.
+`to_dict()` is the stable JSON schema documented in docs/capacity.md (schema_version 1).
+Estimates are saved in the store's DuckDB, table `capacity_estimates` (created here on first use),
+and `latest_estimates()` returns the newest per model, which the sidecar exports as
+headroom_capacity_* (publish_estimates).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from collector.analysis.knee import KneeResult, detect_knee
+from collector.analysis.levels import LevelStats, summarize_level
+from collector.analysis.passive import passive_curve, traffic_rows
+from collector.analysis.recommend import recommended_pool
+from collector.analysis.slo import Slo, slo_max
+
+__all__ = ["CapacityEstimate", "build_estimate", "estimate_capacity", "probe_levels",
+           "save_estimate", "latest_estimates", "publish_estimates", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+_LEVEL_IN_ID = re.compile(r"-c(\d+)-\d+(-w)?$")
+_DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
+    estimate_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, model VARCHAR,
+    source VARCHAR, run_id VARCHAR, profile VARCHAR, knee_requests INTEGER, knee_tokens BIGINT,
+    knee_reached BOOLEAN, slo_max INTEGER, recommended_pool INTEGER, confidence VARCHAR,
+    estimate_json VARCHAR NOT NULL)"""
+
+
+@dataclass
+class CapacityEstimate:
+    """Knee, SLO max and recommended pool of one model, with the levels they came from."""
+
+    model: str | None
+    source: str  # "probe" | "traffic"
+    run_id: str | None
+    profile: str
+    levels: list[LevelStats]
+    knee: KneeResult
+    slo: Slo
+    slo_max: int | None
+    slo_max_tokens: int | None
+    recommended_pool: int
+    confidence: str = "measured"
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    stopped_early: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The documented JSON schema (docs/capacity.md); flat *_requests/*_tokens for gauges."""
+        return {
+            "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "model": self.model,
+            "source": self.source, "created_at": self.created_at.isoformat(),
+            "profile": self.profile, "levels": [level.to_dict() for level in self.levels],
+            "knee": self.knee.to_dict(),
+            "slo": {"ttft_p95_s": self.slo.ttft_p95_s, "tpot_p95_s": self.slo.tpot_p95_s,
+                    "max_error_ratio": self.slo.max_error_ratio},
+            "slo_max": self.slo_max, "recommended_pool": self.recommended_pool,
+            "confidence": self.confidence, "stopped_early": self.stopped_early,
+            # flat values the capacity gauges read; a knee not reached is a lower bound: not exported
+            "knee_requests": self.knee.requests if self.knee.reached else None,
+            "knee_tokens": self.knee.tokens if self.knee.reached else None,
+            "slo_max_requests": self.slo_max, "slo_max_tokens": self.slo_max_tokens,
+        } | self.extra
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CapacityEstimate:
+        """Rebuild from to_dict() output (as read back from the store)."""
+        levels = [LevelStats(**({k: v for k, v in level.items() if k != "windows"}
+                                | {"littles_law": None})) for level in data["levels"]]
+        known = {"schema_version", "run_id", "model", "source", "created_at", "profile", "levels",
+                 "knee", "slo", "slo_max", "recommended_pool", "confidence", "stopped_early",
+                 "knee_requests", "knee_tokens", "slo_max_requests", "slo_max_tokens"}
+        return cls(data["model"], data["source"], data["run_id"], data["profile"], levels,
+                   KneeResult(**data["knee"]), Slo(**data["slo"]), data["slo_max"],
+                   data.get("slo_max_tokens"), data["recommended_pool"], data["confidence"],
+                   datetime.fromisoformat(data["created_at"]), data.get("stopped_early"),
+                   {k: v for k, v in data.items() if k not in known})
+
+
+def build_estimate(levels: Sequence[LevelStats], *, slo: Slo = Slo(), profile: str = "interactive",
+                   model: str | None = None, source: str = "probe", run_id: str | None = None,
+                   confidence: str = "measured", knee: KneeResult | None = None,
+                   stopped_early: str | None = None) -> CapacityEstimate:
+    """Knee, SLO max and pool from a list of levels."""
+    ordered = sorted(levels, key=lambda s: s.concurrency)
+    knee = knee or detect_knee(ordered)
+    best = slo_max(ordered, slo)
+    at_best = next((s for s in ordered if s.concurrency == best), None)
+    tokens = int(round(at_best.mean_active_tokens)) if at_best and at_best.mean_active_tokens else None
+    return CapacityEstimate(model, source, run_id, profile, ordered, knee, slo, best, tokens,
+                            recommended_pool(knee, best, profile), confidence,
+                            stopped_early=stopped_early)
+
+
+def probe_levels(rows: Sequence[dict]) -> list[LevelStats]:
+    """Levels of one stored probe run: level from the request id, warm-up rows left out."""
+    grouped: dict[int, list[dict]] = defaultdict(list)
+    for row in rows:
+        match = _LEVEL_IN_ID.search(row["request_id"])
+        if match and not match.group(2):
+            grouped[int(match.group(1))].append(row)
+    return [summarize_level(group, level) for level, group in sorted(grouped.items())]
+
+
+def _latest_run(store: Any, model: str | None, since: datetime | None, until: datetime | None) -> str | None:
+    rows = traffic_rows(store, since, until, model, source="probe")
+    return max(rows, key=lambda r: r["admitted_at"])["run_id"] if rows else None
+
+
+def estimate_capacity(store: Any, model: str | None = None, since: datetime | None = None,
+                      until: datetime | None = None, slo_ttft_p95_s: float | None = None,
+                      profile: str = "interactive", *, source: str = "auto") -> CapacityEstimate:
+    """Estimate from the latest probe run in the window ('auto' prefers it), else from traffic."""
+    slo = Slo(ttft_p95_s=slo_ttft_p95_s)
+    run_id = _latest_run(store, model, since, until) if source in ("auto", "probe") else None
+    if run_id is not None:
+        rows = store.query_dicts("SELECT * FROM requests WHERE run_id = ? ORDER BY admitted_at", [run_id])
+        levels = probe_levels(rows)
+        if levels:
+            return build_estimate(levels, slo=slo, profile=profile, model=model or rows[0]["model"],
+                                  source="probe", run_id=run_id)
+    if source == "probe":
+        raise ValueError(f"no probe run in the store between {since} and {until}; run headroom probe")
+    curve = passive_curve(store, "requests", since, until, model)
+    if curve.knee is None:
+        raise ValueError(f"too little traffic between {since} and {until} for a capacity curve "
+                         f"({curve.rows} rows); widen the window")
+    tokens = passive_curve(store, "tokens", since, until, model)
+    estimate = build_estimate(curve.usable_buckets(), slo=slo, profile=profile, model=model, source="traffic",
+                              confidence=curve.confidence, knee=curve.knee)
+    estimate.extra = {"confidence_reason": curve.confidence_reason, "window_s": curve.window_s,
+                      "token_curve": tokens.to_dict()}
+    return estimate
+
+
+def _ensure_table(store: Any) -> None:
+    store.execute(_DDL)
+
+
+def save_estimate(store: Any, estimate: CapacityEstimate) -> str:
+    """Insert the estimate into capacity_estimates; returns its estimate_id."""
+    _ensure_table(store)
+    estimate_id = f"est-{estimate.created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+    knee = estimate.knee
+    store.execute(
+        "INSERT INTO capacity_estimates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [estimate_id, estimate.created_at, estimate.model, estimate.source, estimate.run_id,
+         estimate.profile, knee.requests, knee.tokens, knee.reached, estimate.slo_max,
+         estimate.recommended_pool, estimate.confidence,
+         orjson.dumps(estimate.to_dict()).decode()])
+    return estimate_id
+
+
+def latest_estimates(store: Any) -> list[CapacityEstimate]:
+    """The newest saved estimate per model (empty when none were saved yet)."""
+    _ensure_table(store)
+    rows = store.query(
+        "SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
+        "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = 1 "
+        "ORDER BY model")
+    return [CapacityEstimate.from_dict(orjson.loads(row[0])) for row in rows]
+
+
+def publish_estimates(gauges: Any, estimates: Sequence[CapacityEstimate]) -> None:
+    """Replace the headroom_capacity_* gauges with these estimates (both calibers)."""
+    gauges.clear()
+    for estimate in estimates:
+        data = estimate.to_dict()
+        model = estimate.model or "unknown"
+        gauges.set(model, "requests", knee=data["knee_requests"], slo_max=estimate.slo_max,
+                   recommended_pool=estimate.recommended_pool)
+        gauges.set(model, "tokens", knee=data["knee_tokens"], slo_max=estimate.slo_max_tokens)

@@ -1,0 +1,110 @@
+"""Per-level summary of a concurrency gradient: one LevelStats per concurrency level.
+
+Throughput comes from a time window (completions inside it / its length), never from single
+requests; latency percentiles and error ratios come from the requests admitted inside it. A probe
+passes its own measurement window (after warm-up); without one, the window runs from the first to
+the last admission among the rows, which in a closed loop spans whole waves of requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from collector.analysis.littles_law import LittlesLaw, littles_law_check
+from collector.analysis.stats import mean, percentiles, seconds
+
+__all__ = ["LevelStats", "summarize_level", "default_window"]
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    """What one concurrency level measured. Rates per second; latencies in seconds."""
+
+    concurrency: int
+    samples: int
+    window_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    tpot_p99_s: float | None
+    e2e_p50_s: float | None
+    e2e_p95_s: float | None
+    e2e_p99_s: float | None
+    rate_limited_ratio: float
+    timeout_ratio: float
+    error_ratio: float  # every outcome other than ok, 429 and timeouts included
+    mean_active_tokens: float | None  # token caliber: mean active_tokens_at_admit
+    littles_law: LittlesLaw | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON (floats rounded to microseconds / 0.001 tokens)."""
+        data = asdict(self)
+        data["littles_law"] = self.littles_law.to_dict() if self.littles_law else None
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in data.items()}
+
+
+def default_window(rows: Sequence[Row]) -> tuple[float, float]:
+    """[first admission, last admission], or to the last completion when that span is empty."""
+    admitted = [t for r in rows if (t := seconds(r.get("admitted_at"))) is not None]
+    completed = [t for r in rows if (t := seconds(r.get("completed_at"))) is not None]
+    if not admitted:
+        raise ValueError("no row has admitted_at; cannot place the level in time")
+    start, end = min(admitted), max(admitted)
+    if end - start <= 0 or not any(start < t <= end for t in completed):
+        end = max(completed, default=start)
+    return start, end
+
+
+def _ratio(rows: Sequence[Row], *outcomes: str) -> float:
+    if not rows:
+        return 0.0
+    return sum(1 for r in rows if r.get("outcome") in outcomes) / len(rows)
+
+
+def summarize_level(rows: Sequence[Row], concurrency: int, *,
+                    window: tuple[float, float] | None = None,
+                    mean_inflight: float | None = None) -> LevelStats:
+    """Summarise the rows of one level: rates, p50/p95/p99 TTFT/TPOT/e2e, error ratios, Little.
+
+    `window` is (start, end) in POSIX seconds; `mean_inflight` a live measurement for Little's
+    law (otherwise it is computed from the rows' time stamps).
+    """
+    if not rows:
+        raise ValueError(f"level {concurrency} has no rows; measure it before summarising")
+    start, end = window or default_window(rows)
+    span = max(end - start, 1e-9)
+    inside = [r for r in rows
+              if (t := seconds(r.get("admitted_at"))) is not None and start <= t <= end] or list(rows)
+    finished = [r for r in rows
+                if (t := seconds(r.get("completed_at"))) is not None and start < t <= end]
+    ok = [r for r in finished if r.get("outcome") == "ok"]
+    output_tokens = sum(r.get("completion_tokens") or 0 for r in ok)
+    prompt_tokens = sum(r.get("prompt_tokens") or 0 for r in ok)
+    ttft = percentiles([r.get("ttft_s") for r in inside if r.get("outcome") == "ok"])
+    tpot = percentiles([r.get("tpot_s") for r in inside if r.get("outcome") == "ok"])
+    e2e = percentiles([r.get("e2e_s") for r in inside if r.get("outcome") == "ok"])
+    littles = littles_law_check(rows, start, end, measured_inflight=mean_inflight) \
+        if end > start and finished else None
+    return LevelStats(
+        concurrency=int(concurrency), samples=len(inside), window_s=end - start,
+        requests_per_s=len(finished) / span,
+        output_tokens_per_s=output_tokens / span,
+        total_tokens_per_s=(output_tokens + prompt_tokens) / span,
+        ttft_p50_s=ttft[0], ttft_p95_s=ttft[1], ttft_p99_s=ttft[2],
+        tpot_p50_s=tpot[0], tpot_p95_s=tpot[1], tpot_p99_s=tpot[2],
+        e2e_p50_s=e2e[0], e2e_p95_s=e2e[1], e2e_p99_s=e2e[2],
+        rate_limited_ratio=_ratio(inside, "rate_limited"),
+        timeout_ratio=_ratio(inside, "timeout"),
+        error_ratio=1.0 - _ratio(inside, "ok"),
+        mean_active_tokens=mean(r.get("active_tokens_at_admit") for r in inside),
+        littles_law=littles,
+    )

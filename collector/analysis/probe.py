@@ -1,0 +1,272 @@
+"""The concurrency-gradient probe: closed-loop load at 1, 2, 4, ... concurrent requests.
+
+Per level: `level` workers each send a request, and a new one as soon as theirs ends. The first
+`warmup_per_worker x level` completions are warm-up (caches, batch ramp) and are not measured.
+Then the probe measures until p95 TTFT stops drifting: every window of max(level, 4) completions
+it recomputes p95 TTFT over all measured requests, and stops when it moved less than 5 % since
+the last window; or a per-level cap (samples, seconds) is hit. A 429 is a failure and is never
+retried. After each level the probe stops early, with the reason, once the level is clearly
+saturated (error ratio, or p95 TTFT far beyond the SLO or the low-load value), and inside a level
+it gives up as soon as half the answers are failures, so it never hammers a service that is down.
+An unreachable URL fails before any load with a message naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from collector.analysis.levels import LevelStats, summarize_level
+from collector.analysis.probe_request import InflightMeter, RequestSpec, estimate_tokens, send_one
+from collector.analysis.prompts import PromptPicker, load_prompts
+from collector.analysis.slo import Slo
+from collector.analysis.stats import percentile, seconds
+
+__all__ = ["ProbeSettings", "LevelRun", "ProbeResult", "ProbeError", "run_probe",
+           "DEFAULT_LEVELS", "new_run_id", "saturation_reason"]
+
+DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class ProbeError(RuntimeError):
+    """The probe cannot run (unreachable URL, bad settings); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """Everything a probe run needs; defaults suit a real engine, tests shrink the caps."""
+
+    url: str
+    model: str | None = None
+    levels: tuple[int, ...] = DEFAULT_LEVELS
+    max_tokens: int = 128
+    ignore_eos: bool = True
+    prompts: str = "short"
+    endpoint: str = "/v1/chat/completions"
+    slo: Slo = field(default_factory=Slo)
+    warmup_per_worker: int = 1
+    min_samples: int = 16
+    max_samples: int = 400
+    max_level_s: float = 120.0
+    drift_tolerance: float = 0.05
+    request_timeout_s: float = 300.0
+    connect_timeout_s: float = 5.0
+    saturation_error_ratio: float = 0.25
+    saturation_ttft_factor: float = 10.0  # x low-load p95 TTFT, or x SLO / 3 when an SLO is set
+    seed: int = 0
+    run_id: str | None = None
+
+
+@dataclass
+class LevelRun:
+    """One measured level: its rows (warm-up included), window, stats and why it ended."""
+
+    concurrency: int
+    rows: list[dict[str, Any]]
+    stats: LevelStats
+    ended_by: str
+
+
+@dataclass
+class ProbeResult:
+    """A whole run: the levels measured and, when it stopped before the last, why."""
+
+    run_id: str
+    model: str
+    url: str
+    levels: list[LevelRun]
+    stopped_early: str | None = None
+
+
+def new_run_id() -> str:
+    """probe-20261130T120000Z-3f2a: sortable by time, unique by suffix."""
+    return f"probe-{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+def _base_url(url: str) -> str:
+    base = url.rstrip("/")
+    return base[:-3] if base.endswith("/v1") else base
+
+
+async def _resolve_model(session: aiohttp.ClientSession, base: str, model: str | None,
+                         timeout_s: float) -> str:
+    """Fail fast on a dead URL; ask /v1/models for the model when none was given."""
+    try:
+        async with session.get(f"{base}/v1/models",
+                               timeout=aiohttp.ClientTimeout(total=timeout_s * 2,
+                                                             sock_connect=timeout_s)) as resp:
+            listing = await resp.json(content_type=None) if resp.status == 200 else {}
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        raise ProbeError(f"cannot reach {base} ({type(exc).__name__}: {exc or 'timed out'}); "
+                         "check --url and that the server is running") from None
+    except ValueError:
+        listing = {}
+    if model:
+        return model
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict) and data[0].get("id"):
+        return str(data[0]["id"])
+    raise ProbeError(f"{base}/v1/models did not name a model; pass --model")
+
+
+def saturation_reason(stats: LevelStats, baseline_ttft_s: float | None, settings: ProbeSettings
+                      ) -> str | None:
+    """Why this level counts as clearly saturated, or None: error ratio, or p95 TTFT far off."""
+    if stats.error_ratio >= settings.saturation_error_ratio:
+        return (f"error ratio {stats.error_ratio:.0%} at concurrency {stats.concurrency} "
+                f">= {settings.saturation_error_ratio:.0%}")
+    ttft = stats.ttft_p95_s
+    if ttft is None:
+        return None
+    if settings.slo.ttft_p95_s is not None:
+        limit, what = settings.slo.ttft_p95_s * settings.saturation_ttft_factor / 3, "the SLO"
+    elif baseline_ttft_s:
+        limit, what = max(baseline_ttft_s * settings.saturation_ttft_factor, 0.05), "low-load p95"
+    else:
+        return None
+    if ttft > limit:
+        return f"p95 TTFT {ttft:.3f} s at concurrency {stats.concurrency} is far beyond {what} (limit {limit:.3f} s)"
+    return None
+
+
+class _Level:
+    """State of one level while it runs; `check()` decides when measuring may stop."""
+
+    def __init__(self, concurrency: int, settings: ProbeSettings, meter: InflightMeter) -> None:
+        self.concurrency, self.settings, self.meter = concurrency, settings, meter
+        self.rows: list[dict[str, Any]] = []
+        self.measuring_since: float | None = None
+        self.area_at_start = 0.0
+        self.started = time.time()
+        self.next_check = max(settings.min_samples, concurrency)
+        self.last_p95: float | None = None
+        self.done = asyncio.Event()
+        self.ended_by = ""
+
+    def measured(self) -> list[dict[str, Any]]:
+        start = self.measuring_since
+        return [] if start is None else [r for r in self.rows if seconds(r["admitted_at"]) >= start]
+
+    def _stop(self, why: str) -> None:
+        if not self.done.is_set():
+            self.ended_by, self.stop_time, self.area_at_stop = why, time.time(), self.meter.area()
+            self.done.set()
+
+    def check(self) -> None:
+        settings, n_all = self.settings, len(self.rows)
+        failed = sum(1 for r in self.rows if r["outcome"] != "ok")
+        if n_all >= max(self.concurrency, 4) and failed / n_all >= 0.5:
+            return self._stop(f"failing: {failed} of {n_all} requests failed")
+        if self.measuring_since is None:
+            if n_all >= settings.warmup_per_worker * self.concurrency:
+                self.measuring_since, self.area_at_start = time.time(), self.meter.area()
+            return None
+        measured = [r for r in self.measured() if r["completed_at"] is not None]
+        if len(measured) >= settings.max_samples:
+            return self._stop(f"sample cap {settings.max_samples}")
+        if time.time() - self.started >= settings.max_level_s:
+            return self._stop(f"time cap {settings.max_level_s:g} s")
+        if len(measured) >= self.next_check:
+            p95 = percentile([r["ttft_s"] for r in measured], 0.95)
+            previous, self.last_p95 = self.last_p95, p95
+            self.next_check = len(measured) + max(self.concurrency, 4)
+            if previous and p95 is not None and abs(p95 - previous) / previous < settings.drift_tolerance:
+                return self._stop(f"p95 TTFT stable (moved {abs(p95 - previous) / previous:.1%} "
+                                  f"over the last window)")
+        return None
+
+
+ProgressFn = Callable[[int, int, int], None]
+
+
+class _Runner:
+    def __init__(self, settings: ProbeSettings, session: aiohttp.ClientSession, model: str,
+                 run_id: str, progress: ProgressFn | None) -> None:
+        self.settings, self.session, self.model, self.run_id = settings, session, model, run_id
+        self.progress = progress or (lambda level, done, cap: None)
+        self.picker = PromptPicker(load_prompts(settings.prompts), settings.seed)
+        self.meter = InflightMeter()
+        self.url = _base_url(settings.url) + settings.endpoint
+        self.sequence = 0
+
+    def _spec(self, level: _Level) -> RequestSpec:
+        self.sequence += 1
+        warm = "-w" if level.measuring_since is None else ""
+        prompt = self.picker.next()
+        payload: dict[str, Any] = {"model": self.model, "max_tokens": self.settings.max_tokens,
+                                   "stream": True, "stream_options": {"include_usage": True},
+                                   "temperature": 0}
+        if self.settings.endpoint.endswith("/chat/completions"):
+            payload["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            payload["prompt"] = prompt
+        if self.settings.ignore_eos:
+            payload["ignore_eos"] = True
+        request_id = f"{self.run_id}-c{level.concurrency:04d}-{self.sequence:06d}{warm}"
+        return RequestSpec(request_id, self.run_id, self.url, self.settings.endpoint, self.model,
+                           self.settings.max_tokens, payload, estimate_tokens(prompt))
+
+    async def _worker(self, level: _Level) -> None:
+        while not level.done.is_set():
+            row = await send_one(self.session, self._spec(level), self.meter)
+            level.rows.append(row)
+            level.check()
+            self.progress(level.concurrency, len(level.measured()), self.settings.max_samples)
+
+    async def run_level(self, concurrency: int) -> LevelRun:
+        level = _Level(concurrency, self.settings, self.meter)
+        workers = [asyncio.create_task(self._worker(level)) for _ in range(concurrency)]
+        try:
+            await asyncio.wait_for(level.done.wait(), self.settings.max_level_s + 5)
+        except asyncio.TimeoutError:
+            level._stop(f"time cap {self.settings.max_level_s:g} s")
+        await asyncio.gather(*workers)  # drain: in-flight requests finish (bounded by timeout)
+        return self._finish(level)
+
+    def _finish(self, level: _Level) -> LevelRun:
+        window, inflight = None, None
+        start = level.measuring_since
+        if start is not None and level.stop_time > start:
+            window = (start, level.stop_time)
+            inflight = (level.area_at_stop - level.area_at_start) / (level.stop_time - start)
+        stats = summarize_level(level.rows, level.concurrency, window=window, mean_inflight=inflight)
+        return LevelRun(level.concurrency, level.rows, stats, level.ended_by)
+
+
+async def run_probe(settings: ProbeSettings, *, store: Any = None,
+                    progress: ProgressFn | None = None,
+                    on_level: Callable[[LevelRun], None] | None = None) -> ProbeResult:
+    """Run the gradient; rows go to `store.insert_rows` after each level. Raises ProbeError."""
+    levels = sorted(set(settings.levels))
+    if not levels or levels[0] < 1:
+        raise ProbeError(f"levels {settings.levels!r} must be positive integers, e.g. 1,2,4,8")
+    run_id = settings.run_id or new_run_id()
+    timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s,
+                                    sock_connect=settings.connect_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        base = _base_url(settings.url)
+        model = await _resolve_model(session, base, settings.model, settings.connect_timeout_s)
+        runner = _Runner(settings, session, model, run_id, progress)
+        result = ProbeResult(run_id, model, settings.url, [])
+        baseline: float | None = None
+        for concurrency in levels:
+            level = await runner.run_level(concurrency)
+            result.levels.append(level)
+            if store is not None:
+                store.insert_rows(level.rows)
+            if on_level:
+                on_level(level)
+            baseline = baseline if baseline is not None else level.stats.ttft_p95_s
+            why = saturation_reason(level.stats, baseline, settings)
+            if why and concurrency != levels[-1]:
+                result.stopped_early = f"stopped after concurrency {concurrency}: saturated, {why}"
+                break
+    return result
