@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import httpx
+import aiohttp
 from prometheus_client.core import GaugeMetricFamily
 
 from collector.catalog import spec
@@ -52,7 +52,7 @@ class EngineSource:
         self.polls = 0
         self._scrape = scrape
         self._attached: list = []
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
         self._stopping: asyncio.Event | None = None
 
@@ -60,8 +60,9 @@ class EngineSource:
         """Start polling in the background; returns at once (the first poll runs in the task)."""
         if self._task is not None:
             return
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
-                                         limits=httpx.Limits(max_connections=2))
+        self._client = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            connector=aiohttp.TCPConnector(limit=2))
         self._stopping = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name=f"headroom-engine-{self.engine}")
 
@@ -76,7 +77,7 @@ class EngineSource:
                 pass
             self._task = None
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
             self._client = None
 
     async def _run(self) -> None:
@@ -113,11 +114,11 @@ class EngineSource:
         """GET url as text, refusing non-200 answers and pages over MAX_EXPOSITION_BYTES."""
         if self._client is None:
             raise ScrapeError("engine source is not started; call start() first")
-        async with self._client.stream("GET", url) as response:
-            if response.status_code != 200:
-                raise ScrapeError(f"{url} answered HTTP {response.status_code}")
+        async with self._client.get(url) as response:
+            if response.status != 200:
+                raise ScrapeError(f"{url} answered HTTP {response.status}")
             chunks, size = [], 0
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.content.iter_chunked(65536):
                 size += len(chunk)
                 if size > MAX_EXPOSITION_BYTES:
                     raise ScrapeError(f"{url} sent more than {MAX_EXPOSITION_BYTES} bytes")

@@ -40,9 +40,7 @@ async def _fetch_slots(fetch: Fetch, url: str) -> object:
     """The /slots JSON, or None when the server has it disabled or answers with junk."""
     try:
         return json.loads(await fetch(url))
-    except (ValueError, RuntimeError, OSError):
-        return None
-    except Exception:  # httpx transport errors: /slots is optional, /metrics decides up/down
+    except Exception:  # any failure: /slots is optional, /metrics alone decides up or down
         return None
 
 
@@ -51,8 +49,13 @@ def llamacpp_scraper(metrics_url: str) -> Scrape:
     slots_at = slots_url(metrics_url)
 
     async def scrape(fetch: Fetch) -> EngineSnapshot:
-        text, slots = await asyncio.gather(fetch(metrics_url), _fetch_slots(fetch, slots_at))
-        return await asyncio.to_thread(parse_llamacpp, text, slots)
+        slots_task = asyncio.ensure_future(_fetch_slots(fetch, slots_at))  # both in flight at once
+        try:
+            text = await fetch(metrics_url)
+        except BaseException:
+            slots_task.cancel()
+            raise
+        return await asyncio.to_thread(parse_llamacpp, text, await slots_task)
     return scrape
 
 
