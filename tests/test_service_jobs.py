@@ -50,6 +50,9 @@ def test_jobs_fire_on_their_triggers_with_an_injected_clock(store, tmp_path):
     assert gauges.get("model-a", "requests")["knee"] == 8.0
     assert (tmp_path / "reports" / "latest.html").read_text().startswith("<!doctype html>")
     assert (tmp_path / "reports" / "capacity-review-2026-11-30.md").exists()
+    with TestClient(create_store_app(store, "t", report_dir=tmp_path / "reports")) as client:
+        served = client.get("/reports/latest", headers={"Authorization": "Bearer t"})
+    assert served.status_code == 200 and "model-b" in served.text and "data:image/png;base64," in served.text
 
 
 def test_weekly_report_schedule_is_configurable():
