@@ -223,3 +223,11 @@ def test_engine_with_attached_gpu_is_valid_exposition_for_promtool():
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
                             timeout=30)
     assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
+
+
+def test_public_names_are_pinned():
+    import collector.sources as sources
+
+    assert sorted(sources.__all__) == ["ENGINES", "EngineSnapshot", "EngineSource",
+                                       "build_engine_source", "default_metrics_url"]
+    assert sources.ENGINES == ("vllm", "sglang", "tgi", "llamacpp", "generic", "auto", "none")
