@@ -16,7 +16,7 @@ from prometheus_client.utils import floatToGoString
 
 from collector.catalog import spec
 
-__all__ = ["record", "sample", "le_label", "DERIVED_METRICS", "RECORD_NAME", "is_record_name"]
+__all__ = ["record", "sample", "le_label", "DERIVED_METRICS", "RECORD_NAME", "is_record_name", "metric_names"]
 
 # Record-name middles that are not one catalog metric but a documented combination of several.
 DERIVED_METRICS = {
@@ -64,3 +64,19 @@ def le_label(bound_seconds: float) -> str:
 def is_record_name(name: str) -> bool:
     """True for names that look like recording rules (contain a colon)."""
     return ":" in name
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+_MATCHERS_AND_RANGES = re.compile(r"\{[^}]*\}|\[[^\]]*\]")
+_LABEL_LISTS = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_IDENTIFIER = re.compile(r"(?<![\w.:])([a-zA-Z_:][\w:]*)(?![\w:])(\s*\()?")
+_KEYWORDS = {"and", "or", "unless", "offset", "bool", "inf", "nan", "Inf", "NaN"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names a PromQL expression reads (functions, keywords, label lists excluded).
+
+    'sum by (model) (rate(headroom_requests_total{outcome="ok"}[5m])) / up' -> {"headroom_requests_total", "up"}
+    """
+    text = _LABEL_LISTS.sub(" ", _MATCHERS_AND_RANGES.sub(" ", _STRINGS.sub('""', expr)))
+    return {name for name, call in _IDENTIFIER.findall(text) if not call and name not in _KEYWORDS}

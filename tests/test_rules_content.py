@@ -1,0 +1,169 @@
+"""What the generated rules and dashboards say: names, labels, annotations, runbooks, panels."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from collector.catalog import BY_NAME, CATALOG
+from collector.rules.alerting import SIGNALS, alerts
+from collector.rules.alertmanager import alertmanager_config
+from collector.rules.bundle import ALERTS_FILE, RECORDING_FILE, alert_files, dashboard_files
+from collector.rules.config import DEFAULT, ConfigError, RulesConfig
+from collector.rules.naming import RECORD_NAME, metric_names, record
+from collector.rules.promtool_tests import CASES
+from collector.rules.push import with_datasource
+from collector.rules.templating import to_go, to_text
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILTINS = {"ALERTS", "up"}
+
+
+def _groups(name: str) -> list[dict]:
+    return yaml.safe_load(alert_files()[name])["groups"]
+
+
+def _records() -> set[str]:
+    return {rule["record"] for group in _groups(RECORDING_FILE) for rule in group["rules"]}
+
+
+def _alert_rules() -> list[dict]:
+    return [rule for group in _groups(ALERTS_FILE) for rule in group["rules"]]
+
+
+def _catalog_series() -> set[str]:
+    names = set()
+    for metric in CATALOG:
+        names |= {metric.name + s for s in ("_bucket", "_sum", "_count")} if metric.type == "histogram" else {metric.name}
+    return names
+
+
+def _panel_exprs() -> list[tuple[str, str, str]]:
+    return [(name, panel["title"], t["expr"]) for name, text in dashboard_files().items()
+            for panel in json.loads(text)["panels"] for t in panel["targets"]]
+
+
+def test_record_names_follow_level_metric_operations():
+    records = _records()
+    assert len(records) >= 20
+    for name in records:
+        match = RECORD_NAME.match(name)
+        assert match, name
+        assert match["level"].split("_")[0] in ("instance", "model"), name
+    with pytest.raises(KeyError, match="not in collector.catalog"):
+        record("model", "headroom_made_up_total", "rate5m")
+
+
+def test_every_expression_reads_only_catalog_metrics_records_or_builtins():
+    known = _catalog_series() | _records() | BUILTINS
+    expressions = [r["expr"] for g in _groups(RECORDING_FILE) + _groups(ALERTS_FILE) for r in g["rules"]]
+    expressions += [expr for _, _, expr in _panel_exprs()]
+    for expr in expressions:
+        assert metric_names(expr), expr
+        assert metric_names(expr) <= known, f"unknown names {metric_names(expr) - known} in {expr}"
+
+
+def test_every_alert_has_severity_summary_templated_description_and_runbook_anchor():
+    runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+    anchors = {heading.strip().lower() for heading in re.findall(r"^## (.+)$", runbooks, re.M)}
+    rules = _alert_rules()
+    assert len(rules) == len(alerts(DEFAULT)) == 15
+    for rule in rules:
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+        notes = rule["annotations"]
+        assert notes["summary"] and "{{ $labels." in notes["description"], rule["alert"]
+        assert notes["runbook_url"] == f"docs/runbooks.md#{rule['alert'].lower()}"
+        assert rule["alert"].lower() in anchors, f"docs/runbooks.md has no section for {rule['alert']}"
+        section = runbooks.split(f"## {rule['alert']}\n", 1)[1].split("\n## ", 1)[0]
+        for part in ("**Meaning.**", "**Confirm.**", "**Act.**"):
+            assert part in section, f"{rule['alert']} runbook lacks {part}"
+
+
+def test_capacity_alerts_compare_with_capacity_gauges_not_numbers():
+    by_name = {rule["alert"]: rule for rule in _alert_rules()}
+    knee = by_name["HeadroomConcurrencyNearKnee"]["expr"]
+    recording = {r["record"]: r["expr"] for g in _groups(RECORDING_FILE) for r in g["rules"]}
+    ratio_record = next(iter(metric_names(knee)))
+    assert "headroom_capacity_knee" in recording[ratio_record]
+    assert re.fullmatch(r"\S+ > 0\.85", knee), "only the configured ratio, never a concurrency"
+
+
+def test_four_signals_and_the_composite_that_counts_them():
+    rules = _alert_rules()
+    signals = sorted(r["labels"]["signal"] for r in rules if "signal" in r["labels"])
+    assert signals == sorted(SIGNALS)
+    composite = next(r for r in rules if r["alert"] == "HeadroomNearCapacityLimit")
+    assert "ALERTS" in composite["expr"] and ">= 2" in composite["expr"]
+    assert composite["labels"]["severity"] == "critical"
+
+
+def test_kv_cache_alerts_have_hysteresis_through_their_own_alerts_series():
+    for rule in _alert_rules():
+        if rule["alert"].startswith("HeadroomKVCache"):
+            assert f'ALERTS{{alertname="{rule["alert"]}", alertstate="firing"}}' in rule["expr"]
+
+
+def test_every_alert_has_promtool_cases_on_both_sides_of_for():
+    for alert in alerts(DEFAULT):
+        cases = [c for c in CASES if c.alert == alert.name]
+        firing = [c for c in cases if any(expected for _, expected in c.checks)]
+        assert firing, f"{alert.name}: no firing case"
+        assert any(not c.checks[0][1] for c in firing), f"{alert.name}: no not-yet-firing check before for:"
+        assert any(all(not e for _, e in c.checks) for c in cases), f"{alert.name}: no quiet case"
+
+
+def test_alertmanager_routes_page_and_ticket_and_inhibits():
+    config = alertmanager_config()
+    routes = {tuple(r["matchers"]): r["receiver"] for r in config["route"]["routes"]}
+    assert routes == {('severity="critical"',): "page", ('severity="warning"',): "ticket"}
+    assert config["route"]["group_by"] == ["alertname", "model"]
+    sources = [rule["source_matchers"] for rule in config["inhibit_rules"]]
+    assert ['alertname="HeadroomNearCapacityLimit"'] in sources
+    assert any('severity="critical"' in s for s in sources)
+    families = {r["alert"]: r["labels"].get("family") for r in _alert_rules()}
+    assert families["HeadroomKVCacheFull"] == families["HeadroomKVCacheNearFull"] == "kv_cache"
+
+
+def test_dashboards_have_variables_units_and_descriptions():
+    boards = {name: json.loads(text) for name, text in dashboard_files().items()}
+    assert set(boards) == {"headroom-capacity-overview.json", "headroom-tenants.json", "headroom-capacity-review.json"}
+    for name, board in boards.items():
+        variables = {v["name"] for v in board["templating"]["list"]}
+        assert {"datasource", "model", "instance"} <= variables, name
+        for panel in board["panels"]:
+            assert panel["fieldConfig"]["defaults"]["unit"], f"{name}: {panel['title']} has no unit"
+            assert len(panel["description"]) > 40, f"{name}: {panel['title']} has no description"
+            assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
+    assert "tenant" in {v["name"] for v in boards["headroom-tenants.json"]["templating"]["list"]}
+    assert boards["headroom-capacity-review.json"]["time"]["from"] == "now-7d"
+
+
+def test_push_points_the_datasource_variable_at_the_given_uid():
+    board = json.loads(dashboard_files()["headroom-tenants.json"]) | {"id": 7}
+    pushed = with_datasource(board, "my-prom")
+    assert "id" not in pushed
+    assert next(v for v in pushed["templating"]["list"] if v["type"] == "datasource")["current"]["value"] == "my-prom"
+    assert next(v for v in board["templating"]["list"] if v["type"] == "datasource")["current"]["value"] \
+        == "headroom-prometheus", "the input must not be modified"
+
+
+def test_annotation_notation_renders_to_go_and_to_text():
+    text = "KV at <value:humanizePercentage> on <model>"
+    assert to_go(text) == "KV at {{ $value | humanizePercentage }} on {{ $labels.model }}"
+    assert to_text(text, {"model": "m"}, "97%") == "KV at 97% on m"
+    with pytest.raises(KeyError, match="model"):
+        to_text(text, {}, "1")
+
+
+def test_config_rejects_values_that_cannot_give_correct_rules():
+    with pytest.raises(ConfigError, match="not a TTFT histogram bucket"):
+        RulesConfig(ttft_slo_seconds=1.7).validate()
+    with pytest.raises(ConfigError, match="clear ratio"):
+        RulesConfig(kv_warning_clear_ratio=0.95).validate()
+    assert DEFAULT.error_budget == 0.01
+    assert set(DEFAULT.for_durations) == {a.name for a in alerts(DEFAULT)}
+    assert BY_NAME  # the catalog is importable (names come from it)
