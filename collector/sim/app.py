@@ -33,8 +33,10 @@ def _error(status: int, message: str, kind: str, headers: dict | None = None) ->
 
 
 async def _stream_events(engine: Engine, stream: Stream, req: ParsedRequest, model: str):
-    """SSE body: role chunk with the first tokens, content chunks, finish, usage, [DONE]."""
+    """SSE body: role chunk with the first tokens, content every stream_interval tokens, finish,
+    usage, [DONE]."""
     tokens, sent, started = req.plan.tokens, 0, False
+    interval = engine.config.stream_interval
     try:
         while True:
             await stream.changed.wait()
@@ -44,7 +46,7 @@ async def _stream_events(engine: Engine, stream: Stream, req: ParsedRequest, mod
             if req.chat and not started and (upto > sent or stream.finished):
                 parts.append(sse(chunk(req, model, None, role=True)))
                 started = True
-            if upto > sent:
+            if upto > sent and (sent == 0 or upto - sent >= interval or stream.finished):
                 parts.append(sse(chunk(req, model, "".join(tokens[sent:upto]))))
                 sent = upto
             if stream.finished:

@@ -35,11 +35,14 @@ def _listen(value: str) -> tuple[str, int]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for output lengths.")
 @click.option("--mean-output-tokens", type=int, default=128, show_default=True,
               help="Mean output length when EOS is not ignored.")
+@click.option("--stream-interval", type=int, default=1, show_default=True,
+              help="Tokens per streamed chunk after the first, like vLLM/SGLang --stream-interval.")
 @click.option("--legacy-vllm-kv-metric", is_flag=True,
               help="Expose vllm:gpu_cache_usage_perc (vLLM before 0.10) instead of kv_cache_usage_perc.")
 def sim(listen: str, flavor: str, model: str, max_num_seqs: int, max_num_batched_tokens: int,
         kv_cache_tokens: int, block_size: int, max_waiting: int, speed: float, seed: int,
-        mean_output_tokens: int, legacy_vllm_kv_metric: bool) -> None:
+        mean_output_tokens: int, stream_interval: int,
+        legacy_vllm_kv_metric: bool) -> None:
     """Built-in continuous-batching engine simulator with an OpenAI-compatible API.
 
     Serves /v1/chat/completions, /v1/completions, /v1/models, the engine's /metrics in the
@@ -64,7 +67,7 @@ def sim(listen: str, flavor: str, model: str, max_num_seqs: int, max_num_batched
                            max_num_batched_tokens=max_num_batched_tokens,
                            kv_cache_tokens=kv_cache_tokens, block_size=block_size,
                            max_waiting=max_waiting, speed=speed, seed=seed,
-                           mean_output_tokens=mean_output_tokens,
+                           mean_output_tokens=mean_output_tokens, stream_interval=stream_interval,
                            vllm_legacy_kv_metric=legacy_vllm_kv_metric)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -24,13 +24,14 @@ class SimConfig:
     seed: int = 0
     mean_output_tokens: int = 128
     max_model_len: int = 32768
+    stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM/SGLang --stream-interval)
     vllm_legacy_kv_metric: bool = False  # expose vllm:gpu_cache_usage_perc (vLLM < 0.10) instead
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
             raise ValueError(f"flavor {self.flavor!r} is not one of {', '.join(FLAVORS)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size",
-                     "mean_output_tokens", "max_model_len"):
+                     "mean_output_tokens", "max_model_len", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.max_waiting < 0:

@@ -18,7 +18,7 @@ from collector.sim.scheduler import Scheduler, SimRequest
 
 __all__ = ["Engine", "Stream"]
 
-MAX_DEBT_S = 0.25
+MAX_DEBT_S = 0.05
 
 
 @dataclass(eq=False)

@@ -4,7 +4,8 @@ It follows vLLM V1's iteration-level scheduler: every step, running requests are
 (one decode token each, or the next chunk of an unfinished prefill), then waiting requests are
 admitted first-come-first-served while the batch has a free slot (max_num_seqs), the step has token
 budget left (max_num_batched_tokens, so long prompts are chunked) and the KV cache has free blocks
-for the tokens being scheduled. When a running request needs a block and none is free, the most
+for the request's whole prompt (reserved at admission, like vLLM's can_allocate check, so a chunk
+never sneaks in a request whose prompt cannot fit). When a running request needs a block and none is free, the most
 recently admitted running request is preempted (its blocks freed, recomputed later from the front
 of the queue). `plan_step()` returns what the step computed and how long it took per the cost
 model; the engine sleeps that long (scaled) and then delivers the tokens.
@@ -127,7 +128,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             tokens = min(request.num_tokens - request.computed, budget)
-            if not self._grow(request, request.computed + tokens):
+            if not self._grow(request, request.num_tokens):
                 return                                # head-of-line waits for blocks (FCFS)
             self.waiting.popleft()
             self.running.append(request)
