@@ -19,7 +19,9 @@ import orjson
 from collector.service.spool import Spool
 from collector.store.writer import RowsDropped
 
-__all__ = ["StoreShipper"]
+__all__ = ["StoreShipper", "DEFAULT_SPOOL_DIR"]
+
+DEFAULT_SPOOL_DIR = "headroom-spool"  # beside the working directory, like the default headroom.duckdb
 
 log = logging.getLogger(__name__)
 _RETRYABLE = {408, 425, 429, 500, 502, 503, 504}
@@ -33,14 +35,19 @@ class _Rejected(Exception):
 class StoreShipper:
     """POST batches to `<url>/v1/ingest` with a bearer token; spool to `spool_dir` when it fails."""
 
-    def __init__(self, url: str, token: str, spool_dir, *, max_spool_bytes: int = 256 * 2**20,
+    def __init__(self, url: str, token: str | None, spool_dir=None, *, max_spool_bytes: int = 256 * 2**20,
                  max_attempts: int = 3, backoff_initial_s: float = 0.2, backoff_max_s: float = 10.0,
                  timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"store url {url!r} must start with http:// or https://, e.g. http://127.0.0.1:9200")
+        if not token:
+            log.warning("no store token given (--store-token or HEADROOM_TOKEN); the store will answer 401 "
+                        "and rows will wait in the spool")
         self.ingest_url = url.rstrip("/") + "/v1/ingest"
-        self.spool = Spool(spool_dir, max_spool_bytes)
+        self.spool = Spool(spool_dir if spool_dir is not None else DEFAULT_SPOOL_DIR, max_spool_bytes)
         self.max_attempts, self.backoff_initial_s, self.backoff_max_s = max_attempts, backoff_initial_s, backoff_max_s
         self._client = httpx.Client(timeout=timeout_s, transport=transport,
-                                    headers={"Authorization": f"Bearer {token}",
+                                    headers={"Authorization": f"Bearer {token or ''}",
                                              "Content-Type": "application/json"})
         self.sent_rows = self.spooled_rows = self.replayed_rows = 0
         self._replay_lock = threading.Lock()
