@@ -26,7 +26,7 @@ from collector.analysis.passive import passive_curve, traffic_rows
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import Slo, slo_max
 
-__all__ = ["CapacityEstimate", "build_estimate", "estimate_capacity", "probe_levels",
+__all__ = ["CapacityEstimate", "build_estimate", "estimate_capacity", "estimate_from_probe", "probe_levels",
            "save_estimate", "latest_estimates", "publish_estimates", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
@@ -182,3 +182,11 @@ def publish_estimates(gauges: Any, estimates: Sequence[CapacityEstimate]) -> Non
         gauges.set(model, "requests", knee=data["knee_requests"], slo_max=estimate.slo_max,
                    recommended_pool=estimate.recommended_pool)
         gauges.set(model, "tokens", knee=data["knee_tokens"], slo_max=estimate.slo_max_tokens)
+
+
+def estimate_from_probe(result: Any, *, slo: Slo = Slo(), profile: str = "interactive"
+                        ) -> CapacityEstimate:
+    """The estimate of a finished probe run (collector.analysis.probe.ProbeResult)."""
+    return build_estimate([level.stats for level in result.levels], slo=slo, profile=profile,
+                          model=result.model, source="probe", run_id=result.run_id,
+                          stopped_early=result.stopped_early)

@@ -149,6 +149,7 @@ class _Level:
         self.last_p95: float | None = None
         self.done = asyncio.Event()
         self.ended_by = ""
+        self.stop_time = self.area_at_stop = 0.0
 
     def measured(self) -> list[dict[str, Any]]:
         start = self.measuring_since
@@ -240,10 +241,14 @@ class _Runner:
         return LevelRun(level.concurrency, level.rows, stats, level.ended_by)
 
 
-async def run_probe(settings: ProbeSettings, *, store: Any = None,
+async def run_probe(settings: ProbeSettings, *,
+                    write_rows: Callable[[list[dict[str, Any]]], Any] | None = None,
                     progress: ProgressFn | None = None,
                     on_level: Callable[[LevelRun], None] | None = None) -> ProbeResult:
-    """Run the gradient; rows go to `store.insert_rows` after each level. Raises ProbeError."""
+    """Run the gradient; each level's rows go to `write_rows` (e.g. RequestStore.insert_rows).
+
+    Raises ProbeError when the URL is unreachable or the settings are wrong.
+    """
     levels = sorted(set(settings.levels))
     if not levels or levels[0] < 1:
         raise ProbeError(f"levels {settings.levels!r} must be positive integers, e.g. 1,2,4,8")
@@ -260,8 +265,8 @@ async def run_probe(settings: ProbeSettings, *, store: Any = None,
         for concurrency in levels:
             level = await runner.run_level(concurrency)
             result.levels.append(level)
-            if store is not None:
-                store.insert_rows(level.rows)
+            if write_rows is not None:
+                write_rows(level.rows)
             if on_level:
                 on_level(level)
             baseline = baseline if baseline is not None else level.stats.ttft_p95_s

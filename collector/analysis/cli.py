@@ -1,0 +1,146 @@
+"""`headroom probe` and `headroom capacity kv|quota|curve`: thin shells over the analysis core."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+import orjson
+
+__all__ = ["probe", "capacity"]
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8")
+    if not levels or levels[0] < 1:
+        raise click.BadParameter(f"{text!r}: levels must be positive integers, e.g. 1,2,4,8")
+    return levels
+
+
+def _row_writer(db: str | None, store_url: str | None, store_token: str | None):
+    """Where probe rows go: a DuckDB file, a store service, or nowhere. Returns (write, close, store)."""
+    if db:
+        from collector.store.db import RequestStore
+
+        store = RequestStore(db)
+        return store.insert_rows, store.close, store
+    if store_url:
+        import tempfile
+
+        from collector.service.shipper import StoreShipper
+
+        shipper = StoreShipper(store_url, store_token or "", Path(tempfile.mkdtemp(prefix="probe-spool-")))
+        return shipper.write_batch, shipper.close, None
+    return None, (lambda: None), None
+
+
+def _write_json(path: str, data: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+@click.command("probe", epilog="""\b
+Examples:
+  headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16,32
+  headroom probe --url http://127.0.0.1:8000 --model llama-3-8b --max-tokens 256 \\
+      --slo-ttft-p95 2.0 --profile interactive --json cap.json --plot cap.png --db headroom.duckdb
+  headroom probe --url http://gpu-1:8000 --prompts mixed --profile batch
+""")
+@click.option("--url", required=True, help="Base URL of the sidecar or the engine (OpenAI API).")
+@click.option("--model", default=None, help="Model name to send; default: the first of /v1/models.")
+@click.option("--levels", default="1,2,4,8,16,32,64", show_default=True, help="Concurrency ladder.")
+@click.option("--max-tokens", default=128, show_default=True, help="Output length per request.")
+@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
+              help="Lock the output length (vLLM / llama.cpp accept ignore_eos).")
+@click.option("--prompts", default="short", show_default=True,
+              help="short, long, mixed, or a file with one prompt per line.")
+@click.option("--slo-ttft-p95", type=float, default=None, help="p95 TTFT target in seconds.")
+@click.option("--slo-tpot-p95", type=float, default=None, help="p95 TPOT target in seconds.")
+@click.option("--profile", type=click.Choice(["interactive", "semi", "batch"]),
+              default="interactive", show_default=True, help="Pool recommendation profile.")
+@click.option("--json", "json_path", default=None, help="Write the estimate as JSON here.")
+@click.option("--plot", "plot_path", default=None, help="Write a PNG here (and an .html beside it).")
+@click.option("--db", default=None, help="DuckDB request log to append rows (source='probe') and the estimate to.")
+@click.option("--store-url", default=None, help="Ship rows to a `headroom store` service instead.")
+@click.option("--store-token", envvar="HEADROOM_STORE_TOKEN", default=None, help="Bearer token for --store-url.")
+@click.option("--max-samples", default=400, show_default=True, help="Per-level cap on measured requests.")
+@click.option("--max-level-seconds", default=120.0, show_default=True, help="Per-level time cap.")
+@click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Per-request timeout (s).")
+@click.option("--endpoint", type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
+              default="/v1/chat/completions", show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the prompt order.")
+def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo_tpot_p95, profile,
+          json_path, plot_path, db, store_url, store_token, max_samples, max_level_seconds,
+          timeout_s, endpoint, seed) -> None:
+    """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
+
+    Each level warms up, then measures until p95 TTFT moves less than 5 % between windows (or a
+    cap). 429s count as failures and are not retried; the probe stops early once a level is
+    clearly saturated and says why.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from collector.analysis.estimate import estimate_from_probe, save_estimate
+    from collector.analysis.probe import ProbeError, ProbeSettings, run_probe
+    from collector.analysis.render import print_estimate
+    from collector.analysis.slo import Slo
+
+    slo = Slo(ttft_p95_s=slo_ttft_p95, tpot_p95_s=slo_tpot_p95)
+    try:
+        settings = ProbeSettings(url=url, model=model, levels=_levels(levels), max_tokens=max_tokens,
+                                 ignore_eos=ignore_eos, prompts=prompts, endpoint=endpoint, slo=slo,
+                                 max_samples=max_samples, max_level_s=max_level_seconds,
+                                 request_timeout_s=timeout_s, seed=seed)
+        from collector.analysis.prompts import load_prompts
+
+        load_prompts(prompts)  # a bad --prompts fails before any load
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    write, close, store = _row_writer(db, store_url, store_token)
+    console = Console(stderr=True)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} measured"),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("connecting", total=max_samples)
+
+            def progress(level: int, measured: int, cap: int) -> None:
+                bar.update(task, description=f"concurrency {level}", completed=measured, total=cap)
+
+            result = asyncio.run(run_probe(settings, write_rows=write, progress=progress))
+        estimate = estimate_from_probe(result, slo=slo, profile=profile)
+        print_estimate(estimate)
+        if store is not None:
+            save_estimate(store, estimate)
+    except ProbeError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        close()
+    if json_path:
+        _write_json(json_path, estimate.to_dict())
+        click.echo(f"wrote {json_path}")
+    if plot_path:
+        from collector.analysis.plot import write_plot
+
+        png, html = write_plot(estimate, plot_path)
+        click.echo(f"wrote {png} and {html}")
+
+
+@click.group("capacity", epilog="""\b
+Examples:
+  headroom capacity kv --gpu-memory-gb 96 --weights-gb 20 --layers 80 --kv-heads 8 --head-dim 128 --max-context 8192
+  headroom capacity kv --usable-gb 57 --kv-per-request-gb 3
+  headroom capacity quota --rpm 600 --tpm 1000000 --mean-e2e-s 10 --mean-tokens-per-request 4000
+  headroom capacity curve --db headroom.duckdb --since 2026-11-30T00:00:00+00:00 --caliber requests
+""")
+def capacity() -> None:
+    """Capacity formulas (KV-cache and quota ceilings) and passive curves from the request log."""
+
+
+from collector.analysis import cli_capacity as _cli_capacity  # noqa: E402  (registers subcommands)
+
+_cli_capacity.register(capacity)

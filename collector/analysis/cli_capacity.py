@@ -1,0 +1,156 @@
+"""`headroom capacity kv|quota|curve`: the formula commands and the passive curve."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import click
+import orjson
+
+__all__ = ["register"]
+
+_GB = 1e9
+
+
+def _emit(data: dict, as_json: bool, lines: list[str]) -> None:
+    if as_json:
+        click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
+    else:
+        click.echo("\n".join(lines))
+
+
+@click.command("kv")
+@click.option("--usable-gb", type=float, default=None, help="Usable KV memory, if known (GB).")
+@click.option("--gpu-memory-gb", type=float, default=None, help="GPU memory, nominal (GB).")
+@click.option("--weights-gb", type=float, default=0.0, show_default=True, help="Model weights (GB).")
+@click.option("--usable-fraction", type=float, default=0.8, show_default=True,
+              help="Share of GPU memory the engine may use (vLLM gpu_memory_utilization).")
+@click.option("--reserve-gb", type=float, default=0.0, show_default=True, help="Activation/framework reserve (GB).")
+@click.option("--kv-per-request-gb", type=float, default=None, help="KV per request at max context (GB).")
+@click.option("--layers", type=int, default=None)
+@click.option("--kv-heads", type=int, default=None, help="Key/value heads (GQA groups).")
+@click.option("--head-dim", type=int, default=None)
+@click.option("--bytes-per-element", type=float, default=2.0, show_default=True, help="2 fp16/bf16, 1 fp8.")
+@click.option("--max-context", type=int, default=None, help="Maximum context in tokens (never the mean).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def kv(usable_gb, gpu_memory_gb, weights_gb, usable_fraction, reserve_gb, kv_per_request_gb, layers,
+       kv_heads, head_dim, bytes_per_element, max_context, as_json) -> None:
+    """KV-cache ceiling: how many max-context requests fit, and ~70 % of that to configure.
+
+    \b
+    Examples:
+      headroom capacity kv --usable-gb 57 --kv-per-request-gb 3           # -> ceiling 19, configure 13
+      headroom capacity kv --gpu-memory-gb 80 --weights-gb 16 --layers 32 --kv-heads 8 --head-dim 128 --max-context 8192
+    """
+    from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
+
+    try:
+        if usable_gb is not None:
+            usable = usable_gb * _GB
+        elif gpu_memory_gb is not None:
+            usable = usable_memory_bytes(gpu_memory_bytes=gpu_memory_gb * _GB, weights_bytes=weights_gb * _GB,
+                                         usable_fraction=usable_fraction, reserve_bytes=reserve_gb * _GB)
+        else:
+            raise click.UsageError("give --usable-gb, or --gpu-memory-gb with --weights-gb")
+        if kv_per_request_gb is not None:
+            per_request, per_token = kv_per_request_gb * _GB, None
+        elif None not in (layers, kv_heads, head_dim, max_context):
+            per_token = kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                                           bytes_per_element=bytes_per_element)
+            per_request = per_token * max_context
+        else:
+            raise click.UsageError("give --kv-per-request-gb, or --layers, --kv-heads, --head-dim and --max-context")
+        result = kv_ceiling(usable_bytes=usable, kv_bytes_per_request=per_request)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    data = result.to_dict() | {"kv_bytes_per_token": per_token}
+    lines = [f"usable memory:       {usable / _GB:.1f} GB"]
+    if per_token:
+        lines.append(f"KV per token:        {per_token / 1024:.0f} KiB")
+    lines += [f"KV per request:      {per_request / _GB:.2f} GB (at max context)",
+              f"memory ceiling:      {result.ceiling} concurrent requests",
+              f"configure (~70 %):   {result.configure}",
+              "then validate: if the configured value already breaks the TTFT target, the limit is "
+              "memory bandwidth (more cards), not memory."]
+    _emit(data, as_json, lines)
+
+
+@click.command("quota")
+@click.option("--rpm", type=float, default=None, help="Requests per minute quota.")
+@click.option("--tpm", type=float, default=None, help="Tokens per minute quota (input + output).")
+@click.option("--mean-e2e-s", type=float, required=True, help="Mean end-to-end request time (s).")
+@click.option("--mean-tokens-per-request", type=float, default=None, help="Mean input+output tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def quota(rpm, tpm, mean_e2e_s, mean_tokens_per_request, as_json) -> None:
+    """Concurrency ceilings from an RPM and/or TPM quota (Little's law); the smaller binds.
+
+    \b
+    Examples:
+      headroom capacity quota --rpm 600 --mean-e2e-s 10                   # -> 100
+      headroom capacity quota --rpm 600 --tpm 1000000 --mean-e2e-s 10 --mean-tokens-per-request 4000
+    """
+    from collector.analysis.quota import quota_ceiling
+
+    if rpm is None and tpm is None:
+        raise click.UsageError("give --rpm and/or --tpm")
+    try:
+        result = quota_ceiling(mean_e2e_s=mean_e2e_s, rpm=rpm, tpm=tpm,
+                               mean_tokens_per_request=mean_tokens_per_request)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    lines = [f"by RPM: {result.by_rpm:.1f}" if result.by_rpm is not None else "by RPM: -",
+             f"by TPM: {result.by_tpm:.1f}" if result.by_tpm is not None else "by TPM: -",
+             f"ceiling: {result.ceiling} concurrent requests ({result.binding.upper()} binds)"]
+    _emit(result.to_dict(), as_json, lines)
+
+
+def _when(text: str | None) -> datetime | None:
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO time such as 2026-11-30T12:00:00+00:00") from None
+
+
+@click.command("curve")
+@click.option("--db", required=True, help="DuckDB request log (not one a running sidecar holds open).")
+@click.option("--since", default=None, help="ISO start time (inclusive).")
+@click.option("--until", default=None, help="ISO end time (exclusive).")
+@click.option("--model", default=None)
+@click.option("--caliber", type=click.Choice(["requests", "tokens"]), default="requests", show_default=True)
+@click.option("--window-seconds", type=float, default=None, help="Throughput window; default 3 x median e2e.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
+    """Passive capacity curve from live traffic (source='traffic'), bucketed by concurrency at admission.
+
+    \b
+    Examples:
+      headroom capacity curve --db headroom.duckdb --caliber requests
+      headroom capacity curve --db headroom.duckdb --caliber tokens --since 2026-11-30T09:00:00+00:00 --json
+    """
+    from collector.analysis.passive import passive_curve
+    from collector.store.db import RequestStore
+
+    store = RequestStore(db, read_only=True)
+    try:
+        result = passive_curve(store, caliber, _when(since), _when(until), model, window_s=window_seconds)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        store.close()
+    lines = [f"{'bucket':>8} {'n':>6} {'windows':>7} {'tok/s':>9} {'TTFT p95':>9} {'errors':>6}"]
+    for b in result.buckets:
+        ttft = "-" if b.ttft_p95_s is None else f"{b.ttft_p95_s:.3f}"
+        lines.append(f"{b.concurrency:>8} {b.samples:>6} {result.windows_per_bucket.get(b.concurrency, 0):>7} "
+                     f"{b.total_tokens_per_s:>9.1f} {ttft:>9} {b.error_ratio:>6.0%}")
+    knee = result.knee
+    lines.append(f"knee: {knee.requests if knee else '-'} ({caliber}), confidence {result.confidence}: "
+                 f"{result.confidence_reason}")
+    _emit(result.to_dict(), as_json, lines)
+
+
+def register(group: click.Group) -> None:
+    """Attach kv, quota and curve to the `capacity` group."""
+    for command in (kv, quota, curve):
+        group.add_command(command)

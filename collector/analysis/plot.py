@@ -1,0 +1,102 @@
+"""The capacity plot: tokens/s and p95 TTFT against concurrency, knee, SLO and pool marked.
+
+`render_png()` returns PNG bytes of a fixed pixel size (no tight bounding box, so the size is
+exactly width x height); `write_plot()` writes the PNG and a self-contained HTML page that embeds
+it as base64 beside a table of the levels, so the page can be mailed or attached to a ticket.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+__all__ = ["render_png", "render_html", "write_plot", "DEFAULT_SIZE_PX"]
+
+DEFAULT_SIZE_PX = (1200, 800)
+_DPI = 100
+
+
+def _mark(ax: Any, x: int | None, label: str, color: str, style: str) -> None:
+    if x:
+        ax.axvline(x, color=color, linestyle=style, linewidth=1.5, label=label)
+
+
+def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> bytes:
+    """PNG bytes of the two-panel plot for a CapacityEstimate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure  # no pyplot: no global state, safe in threads
+
+    levels = estimate.levels
+    xs = [s.concurrency for s in levels]
+    fig = Figure(figsize=(size_px[0] / _DPI, size_px[1] / _DPI), dpi=_DPI)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    top.plot(xs, [s.total_tokens_per_s for s in levels], "o-", color="tab:blue", label="tokens/s")
+    bottom.plot(xs, [s.ttft_p95_s for s in levels], "o-", color="tab:purple", label="p95 TTFT")
+    for ax in (top, bottom):
+        _mark(ax, estimate.knee.requests, f"knee {estimate.knee.requests}", "tab:red", "--")
+        _mark(ax, estimate.slo_max, f"SLO max {estimate.slo_max}", "tab:orange", ":")
+        _mark(ax, estimate.recommended_pool,
+              f"pool {estimate.recommended_pool} ({estimate.profile})", "tab:green", "-.")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+    if estimate.slo.ttft_p95_s is not None:
+        bottom.axhline(estimate.slo.ttft_p95_s, color="tab:orange", linewidth=1,
+                       label=f"SLO p95 TTFT {estimate.slo.ttft_p95_s:g} s")
+    top.set_ylabel("total tokens/s")
+    bottom.set_ylabel("p95 TTFT (s)")
+    bottom.set_xlabel("concurrency (requests in flight)")
+    bottom.set_xticks(xs, [str(x) for x in xs])
+    top.set_title(f"Capacity of {estimate.model or 'model'} ({estimate.source}, "
+                  f"run {estimate.run_id or '-'})")
+    top.legend(loc="lower right")
+    bottom.legend(loc="upper left")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=_DPI)
+    return buffer.getvalue()
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape("" if value is None else str(value))
+
+
+def render_html(estimate: Any, png: bytes) -> str:
+    """A self-contained HTML page: summary, the plot inlined as base64, and the levels table."""
+    columns = ("concurrency", "samples", "total_tokens_per_s", "ttft_p50_s", "ttft_p95_s",
+               "tpot_p95_s", "e2e_p95_s", "error_ratio")
+    rows = "".join("<tr>" + "".join(f"<td>{_cell(level.to_dict()[c])}</td>" for c in columns)
+                   + "</tr>" for level in estimate.levels)
+    knee = estimate.knee
+    summary = (f"knee {knee.requests} requests / {knee.tokens} tokens; SLO max "
+               f"{_cell(estimate.slo_max)}; recommended pool {estimate.recommended_pool} "
+               f"({_cell(estimate.profile)})")
+    encoded = base64.b64encode(png).decode("ascii")
+    return (
+        "<!doctype html>\n<html><head><meta charset='utf-8'><title>headroom capacity</title>"
+        "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
+        "</style></head><body>\n"
+        f"<h1>Capacity: {_cell(estimate.model)}</h1>\n<p>{summary}</p>\n"
+        f"<p>Knee rule: {_cell(knee.rule_reason)}. Kneedle: {_cell(knee.note)}</p>\n"
+        f"<img alt='capacity plot' src='data:image/png;base64,{encoded}'>\n"
+        "<table><tr>" + "".join(f"<th>{c}</th>" for c in columns) + f"</tr>{rows}</table>\n"
+        "</body></html>\n")
+
+
+def write_plot(estimate: Any, path: str | Path, size_px: tuple[int, int] = DEFAULT_SIZE_PX
+               ) -> tuple[Path, Path]:
+    """Write PATH (PNG) and PATH with .html (self-contained); returns both paths."""
+    png_path = Path(path)
+    if png_path.suffix.lower() == ".html":
+        png_path = png_path.with_suffix(".png")
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    png = render_png(estimate, size_px)
+    png_path.write_bytes(png)
+    html_path = png_path.with_suffix(".html")
+    html_path.write_text(render_html(estimate, png), encoding="utf-8")
+    return png_path, html_path
