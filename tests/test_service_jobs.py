@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from collector.service.app import create_store_app
+from collector.service.estimates import refresh_estimates
 from collector.service.jobs import JobSettings, build_scheduler, job_table, parse_weekly_cron, run_due
 from collector.service.retention import export_and_expire
 from collector.service.rollup import rollup_hours
@@ -64,10 +65,15 @@ def test_weekly_report_schedule_is_configurable():
         parse_weekly_cron("monday 9am")
 
 
-def test_store_lifespan_starts_and_stops_the_scheduler(store, tmp_path):
+def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_estimates(store, tmp_path):
+    store.insert_rows(synthetic_probe_run(SUNDAY_EVENING, model="model-z"))
+    refresh_estimates(store, None, SUNDAY_EVENING + timedelta(hours=1), window=timedelta(hours=2))
     settings = JobSettings(export_dir=tmp_path / "pq", report_dir=tmp_path / "reports")
-    app = create_store_app(store, "t", gauges=CapacityGauges(), job_settings=settings)
+    gauges = CapacityGauges()
+    app = create_store_app(store, "t", gauges=gauges, job_settings=settings)
     with TestClient(app) as client:
+        assert gauges.get("model-z", "requests")["knee"] == 8.0  # before the first 15-minute refresh
+        assert 'headroom_capacity_knee{caliber="requests",model="model-z"} 8.0' in client.get("/metrics").text
         scheduler = app.state.scheduler
         assert scheduler.running
         assert {job.id for job in scheduler.get_jobs()} == {"rollup", "retention", "capacity_estimates",

@@ -48,6 +48,10 @@ def _lifespan(store: RequestStore, gauges, job_settings):
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         scheduler = None
+        if gauges is not None:
+            from collector.service.estimates import publish_stored
+
+            await run_in_threadpool(publish_stored, store, gauges)
         if job_settings is not None:
             from collector.service.jobs import build_scheduler
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from collector.store.db import RequestStore
 
-__all__ = ["latest_estimate_dicts", "refresh_estimates", "as_dict"]
+__all__ = ["latest_estimate_dicts", "refresh_estimates", "publish_stored", "as_dict"]
 
 log = logging.getLogger(__name__)
 
@@ -66,3 +66,14 @@ def refresh_estimates(store: RequestStore, gauges, now: datetime, *, window: tim
     if gauges is not None:
         publish_estimates(gauges, latest_estimates(store))
     return results
+
+
+def publish_stored(store: RequestStore, gauges) -> int:
+    """At start-up: export the newest stored estimate per model right away; returns how many."""
+    try:
+        from collector.analysis.estimate import latest_estimates, publish_estimates
+    except ImportError:
+        return 0
+    estimates = latest_estimates(store)
+    publish_estimates(gauges, estimates)
+    return len(estimates)
