@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 ID, CREATED, MODEL = "chatcmpl-fake", 1796035172, "fake-model"
 
@@ -40,6 +41,11 @@ class FakeUpstream:
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
+        self._arrivals: dict[str, threading.Event] = {}
+
+    def expect(self, test_id: str) -> threading.Event:
+        """An event set when a request with header `x-test-id: test_id` reaches this upstream."""
+        return self._arrivals.setdefault(test_id, threading.Event())
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -63,6 +69,8 @@ class FakeUpstream:
             return await _send(send, 200, b"# no metrics\n", b"text/plain")
         payload = json.loads(body)
         self.requests.append({"payload": payload, "headers": headers})
+        if "x-test-id" in headers:
+            self.expect(headers["x-test-id"]).set()
         mode = headers.get("x-fake", "ok")
         tokens = int(headers.get("x-fake-tokens", "5"))
         delay = float(headers.get("x-fake-delay", "0"))

@@ -135,8 +135,9 @@ class LogWriter:
             try:
                 self.sink.write_batch(part)
             except RowsDropped as exc:
-                self.dropped.labels(exc.reason).inc(exc.count)
-                self.written.inc(len(part) - exc.count)
+                lost = min(exc.count, len(part))
+                self.dropped.labels(exc.reason).inc(lost)
+                self.written.inc(len(part) - lost)
             except Exception:  # a failing sink must never stop the writer
                 log.exception("request-log sink failed; %d rows dropped", len(part))
                 self.dropped.labels("db_error").inc(len(part))

@@ -1,0 +1,59 @@
+"""/metrics as Prometheus sees it, label caps under load, and privacy of what is stored."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import httpx
+import pytest
+
+from conftest import require_tool
+from sidecar_support import CHAT, sidecar_rig
+
+MARKER = "PRIVATE-MARKER-7f3a9c"
+
+
+def test_metrics_pass_promtool_check_metrics(tmp_path):
+    promtool = require_tool("promtool")
+    with sidecar_rig(tmp_path) as rig:
+        for mode in ("ok", "429", "500"):
+            httpx.post(rig.url + "/v1/chat/completions", json=CHAT, headers={"x-fake": mode})
+        text = httpx.get(rig.url + "/metrics").text
+    for name in ("headroom_inflight_requests", "headroom_active_tokens", "headroom_requests_total",
+                 "headroom_time_to_first_token_seconds_bucket", "headroom_log_queue_rows"):
+        assert name in text
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", \
+        result.stdout + result.stderr
+
+
+def test_500_tenants_with_max_tenants_20_give_at_most_21_label_values(tmp_path):
+    with sidecar_rig(tmp_path, max_tenants=20) as rig:
+        with httpx.Client() as client:
+            for i in range(500):
+                client.post(rig.url + "/v1/chat/completions", json={**CHAT, "stream": False},
+                            headers={"X-Tenant-ID": f"tenant-{i}"})
+        metrics = rig.metrics()
+        rows = rig.rows("SELECT count(DISTINCT tenant) AS n FROM requests")
+    tenants = {dict(labels)["tenant"] for (name, labels), _ in metrics.items()
+               if name == "headroom_requests_total"}
+    assert len(tenants) == 21 and "other" in tenants
+    assert rows[0]["n"] == 500  # the log keeps the real tenant; only labels are capped
+
+
+def test_no_text_or_authorization_reaches_the_database_or_logs(tmp_path, caplog):
+    secret_key = f"sk-{MARKER}"
+    body = {**CHAT, "messages": [{"role": "user", "content": f"my secret is {MARKER}"}]}
+    with caplog.at_level(logging.DEBUG):
+        with sidecar_rig(tmp_path) as rig:
+            for stream in (True, False):
+                httpx.post(rig.url + "/v1/chat/completions", json={**body, "stream": stream},
+                           headers={"Authorization": f"Bearer {secret_key}"})
+            httpx.post(rig.url + "/v1/chat/completions", json=body, headers={"x-fake": "malformed"})
+            rows = rig.rows()
+            metrics_text = httpx.get(rig.url + "/metrics").text
+    assert len(rows) == 3 and rows[0]["tenant"].startswith("key-")
+    assert MARKER not in repr(rows) and MARKER not in metrics_text and MARKER not in caplog.text
+    database = (tmp_path / "log.duckdb").read_bytes()
+    assert MARKER.encode() not in database

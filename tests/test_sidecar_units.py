@@ -1,0 +1,134 @@
+"""Pure pieces of the sidecar: SSE splitting, chunk reading, request parsing, tenants, tracker."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from collector.sidecar.requests import parse_request
+from collector.sidecar.sse import DONE, MALFORMED, EventSplitter, inspect_event
+from collector.sidecar.tenants import LabelCap, resolve_tenant
+from collector.sidecar.tracker import LiveRequest, Tracker
+
+
+def test_splitter_reassembles_the_real_llamacpp_stream_under_any_chunking(fixtures_dir):
+    data = (fixtures_dir / "llamacpp" / "chat_stream_with_usage.sse").read_bytes()
+    rng = random.Random(7)
+    for _ in range(20):
+        splitter, events, i = EventSplitter(), [], 0
+        while i < len(data):
+            step = rng.randint(1, 400)
+            events += splitter.feed(data[i:i + step])
+            i += step
+        assert b"".join(events) == data and splitter.remainder() == b""
+        assert len(events) == 304
+
+
+def test_splitter_handles_crlf_and_keeps_a_truncated_tail():
+    splitter = EventSplitter()
+    assert splitter.feed(b"data: a\r\n\r\ndata: b") == [b"data: a\r\n\r\n"]
+    assert splitter.remainder() == b"data: b"
+
+
+def test_real_stream_token_estimate_and_usage(fixtures_dir):
+    data = (fixtures_dir / "llamacpp" / "chat_stream_with_usage.sse").read_bytes()
+    infos = [inspect_event(e) for e in EventSplitter().feed(data)]
+    assert infos[0].has_token is False  # role-only first chunk is not a token
+    assert infos[1].has_token is True
+    assert infos[-1] is DONE
+    assert infos[-2].usage_only and infos[-2].usage["completion_tokens"] == 300
+    estimate = sum(i.tokens_estimate for i in infos if i not in (DONE, MALFORMED))
+    assert abs(estimate - 300) <= 3  # documented heuristic, checked on a real capture
+
+
+@pytest.mark.parametrize("event,tokens", [
+    (b'data: {"choices":[{"delta":{"tool_calls":[{"id":"x"}]}}]}\n\n', 1),
+    (b'data: {"choices":[{"text":"hello there friend"}]}\n\n', 4),
+    (b'data: {"choices":[{"delta":{"content":""}}]}\n\n', 0),
+    (b": keep-alive\n\n", None),
+])
+def test_chunk_token_estimates(event, tokens):
+    info = inspect_event(event)
+    assert (info.tokens_estimate if info is not None else None) == tokens
+
+
+def test_malformed_and_non_object_chunks():
+    assert inspect_event(b"data: {oops\n\n") is MALFORMED
+    assert inspect_event(b"data: [1,2]\n\n") is MALFORMED
+
+
+def test_parse_request_injects_usage_only_when_unset():
+    injected = parse_request(b'{"model":"m","stream":true,"messages":[{"role":"user","content":"abcdefgh"}]}')
+    assert injected.usage_injected and b'"include_usage":true' in injected.body
+    assert injected.prompt_tokens_estimate == 3 + 2
+    explicit = parse_request(b'{"model":"m","stream":true,"stream_options":{"include_usage":false}}')
+    assert not explicit.usage_injected and b"false" in explicit.body
+    plain = parse_request(b'{"model":"m","prompt":"abcd","max_tokens":7}')
+    assert (plain.stream, plain.max_tokens, plain.prompt_tokens_estimate) == (False, 7, 1)
+    garbage = parse_request(b"\xff\xfe not json")
+    assert garbage.model == "unknown" and garbage.body == b"\xff\xfe not json"
+
+
+def test_tenant_resolution_never_exposes_the_key():
+    assert resolve_tenant("team-a", "Bearer sk-secret") == "team-a"
+    key = resolve_tenant(None, "Bearer sk-secret")
+    assert key.startswith("key-") and len(key) == 12 and "secret" not in key
+    assert resolve_tenant(None, None) == "anonymous"
+
+
+def test_label_cap_admits_the_first_n_values():
+    cap = LabelCap(20)
+    labels = {cap(f"tenant-{i}") for i in range(500)}
+    assert len(labels) == 21 and "other" in labels and cap("tenant-3") == "tenant-3"
+
+
+def _request(prompt: int) -> LiveRequest:
+    return LiveRequest("m", "t", "/v1/chat/completions", True, None, prompt)
+
+
+def _gauges(registry):
+    return (registry.get_sample_value("headroom_inflight_requests", {"model": "m", "tenant": "t"}),
+            registry.get_sample_value("headroom_active_tokens", {"model": "m", "tenant": "t"}))
+
+
+def test_token_caliber_walk_with_flat_inflight_and_climbing_tokens():
+    registry = CollectorRegistry()
+    tracker = Tracker(registry, instance="unit")
+    short, long_a, long_b = _request(10), _request(1000), _request(4000)
+    tracker.admit(short)
+    assert _gauges(registry) == (1, 10) and short.active_tokens_at_admit == 10
+    tracker.admit(long_a)
+    tracker.admit(long_b)
+    assert _gauges(registry) == (3, 5010)
+    assert (long_b.inflight_at_admit, long_b.active_tokens_at_admit) == (3, 5010)
+    # the batch decodes: request count flat at 3, token caliber climbing every step
+    seen = []
+    for _ in range(5):
+        for request in (short, long_a, long_b):
+            tracker.generated(request, 2)
+        seen.append(_gauges(registry))
+    assert [s[0] for s in seen] == [3] * 5
+    assert [s[1] for s in seen] == [5016, 5022, 5028, 5034, 5040]
+    row = tracker.finish(long_a, "ok", status_code=200)
+    assert row["completion_tokens"] == 10 and row["usage_source"] == "estimated"
+    assert _gauges(registry) == (2, 5040 - 1010)
+    assert tracker.finish(long_a, "timeout") is None  # terminal exactly once
+    long_b.usage = {"prompt_tokens": 3900, "completion_tokens": 0}  # explicit zero is a value
+    row = tracker.finish(long_b, "ok")
+    assert (row["prompt_tokens"], row["completion_tokens"], row["tpot_s"]) == (3900, 0, None)
+    tracker.finish(short, "client_cancelled")
+    assert _gauges(registry) == (0, 0) and tracker.active_tokens_total == 0
+    assert registry.get_sample_value("headroom_requests_total",
+                                     {"model": "m", "tenant": "t", "outcome": "ok"}) == 2
+
+
+def test_tpot_uses_usage_tokens_not_chunks():
+    tracker = Tracker(CollectorRegistry(), instance="unit")
+    request = _request(5)
+    tracker.admit(request)
+    tracker.generated(request, 1)  # one chunk...
+    request.usage = {"prompt_tokens": 5, "completion_tokens": 11}  # ...carrying 11 tokens in all
+    row = tracker.finish(request, "ok")
+    assert row["tpot_s"] == pytest.approx((row["e2e_s"] - row["ttft_s"]) / 10)

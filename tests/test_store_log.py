@@ -1,0 +1,131 @@
+"""The request log: batching writer, drops counted not fatal, restart, schema migration."""
+
+from __future__ import annotations
+
+import threading
+
+import duckdb
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from collector.store.db import RequestStore
+from collector.store.schema import COLUMN_NAMES, SCHEMA_VERSION, V1_DDL
+from collector.store.writer import LogWriter, RowsDropped
+from sidecar_support import CHAT, sidecar_rig
+
+
+def _rows(n, prefix="r"):
+    return [{"request_id": f"{prefix}{i}", "model": "m", "outcome": "ok", "e2e_s": 0.1 * i}
+            for i in range(n)]
+
+
+class _Recording:
+    def __init__(self):
+        self.batches = []
+
+    def write_batch(self, rows):
+        self.batches.append(len(rows))
+
+
+def test_writer_batches_and_close_flushes_everything():
+    sink = _Recording()
+    writer = LogWriter(sink, CollectorRegistry(), batch_rows=100, flush_interval_s=5)
+    for row in _rows(1050):
+        writer.submit(row)
+    writer.close()
+    assert sum(sink.batches) == 1050 and max(sink.batches) <= 100
+    assert len(sink.batches) < 50  # batched, never a write per row
+
+
+class _Blocked:
+    def __init__(self):
+        self.gate = threading.Event()
+
+    def write_batch(self, rows):
+        self.gate.wait(10)
+
+
+def test_full_queue_drops_and_counts():
+    registry = CollectorRegistry()
+    sink = _Blocked()
+    writer = LogWriter(sink, registry, max_queue_rows=10, batch_rows=1)
+    for row in _rows(100):
+        writer.submit(row)
+    dropped = registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": "queue_full"})
+    assert 80 <= dropped <= 90
+    sink.gate.set()
+    writer.close()
+
+
+class _Failing:
+    def write_batch(self, rows):
+        if rows[0]["request_id"].startswith("spool"):
+            raise RowsDropped("spool_full", len(rows))
+        raise duckdb.IOException("disk full")
+
+
+def test_sink_failures_are_counted_by_reason():
+    registry = CollectorRegistry()
+    writer = LogWriter(_Failing(), registry)
+    for row in _rows(5) + _rows(3, prefix="spool"):
+        writer.submit(row)
+        writer.flush()
+    writer.close()
+    value = lambda reason: registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": reason})
+    assert value("db_error") == 5 and value("spool_full") == 3
+    assert registry.get_sample_value("headroom_log_rows_written_total") == 0
+
+
+def test_proxy_keeps_serving_when_the_database_fails(tmp_path):
+    with sidecar_rig(tmp_path) as rig:
+        rig.app.state.batch_sink.close()  # the database goes away under the writer
+        responses = [httpx.post(rig.url + "/v1/chat/completions", json=CHAT) for _ in range(5)]
+        rig.app.state.writer.flush()
+        metrics = rig.metrics()
+    assert {r.status_code for r in responses} == {200}
+    assert metrics[("headroom_log_rows_dropped_total", (("reason", "db_error"),))] == 5
+
+
+def test_restart_keeps_every_row_and_duplicates_are_ignored(tmp_path):
+    path = tmp_path / "log.duckdb"
+    with sidecar_rig(tmp_path) as rig:
+        for _ in range(7):
+            httpx.post(rig.url + "/v1/chat/completions", json=CHAT)
+    with sidecar_rig(tmp_path) as rig:  # same file, new process state
+        httpx.post(rig.url + "/v1/chat/completions", json=CHAT)
+        assert len(rig.rows()) == 8
+    store = RequestStore(path)
+    assert store.insert_rows(store.query_dicts("SELECT * FROM requests")) == 0
+    assert store.count() == 8
+    store.close()
+
+
+def test_version_1_database_is_migrated_without_losing_rows(tmp_path):
+    path = str(tmp_path / "old.duckdb")
+    con = duckdb.connect(path)
+    con.execute(V1_DDL)
+    con.execute("INSERT INTO requests (request_id, model, outcome, e2e_s) "
+                "SELECT 'old' || i, 'm', 'ok', i FROM range(1000) t(i)")
+    con.close()
+    store = RequestStore(path)
+    assert store.migrated_from == 1
+    assert store.count() == 1000
+    columns = [r[0] for r in store.query("SELECT column_name FROM information_schema.columns "
+                                          "WHERE table_name = 'requests'")]
+    assert set(columns) == set(COLUMN_NAMES)
+    assert store.query("SELECT version FROM headroom_schema") == [(SCHEMA_VERSION,)]
+    store.insert_rows([{"request_id": "new", "kv_usage_at_admit": 0.5, "cached_prompt_tokens": 3}])
+    assert store.query("SELECT sum(e2e_s), count(*) FROM requests") == [(499500.0, 1001)]
+    store.close()
+    assert RequestStore(path).migrated_from == SCHEMA_VERSION  # second open: nothing to do
+
+
+def test_newer_database_is_refused_with_a_clear_error(tmp_path):
+    path = str(tmp_path / "future.duckdb")
+    RequestStore(path).close()
+    con = duckdb.connect(path)
+    con.execute("UPDATE headroom_schema SET version = 99")
+    con.close()
+    with pytest.raises(RuntimeError, match="newer than this program"):
+        RequestStore(path)
