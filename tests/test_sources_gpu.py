@@ -82,7 +82,8 @@ def test_several_gpus_with_labels_units_and_ratios(monkeypatch):
     registry = registry_of(GpuCollector())
     assert sample(registry, "headroom_gpu_up", H100) == 1.0
     assert sample(registry, "headroom_gpu_utilization_ratio", H100) == pytest.approx(0.87)
-    assert sample(registry, "headroom_gpu_memory_bandwidth_utilization_ratio", H100) == pytest.approx(0.45)
+    assert sample(registry, "headroom_gpu_memory_bandwidth_utilization_ratio",
+                  H100) == pytest.approx(0.45)
     assert sample(registry, "headroom_gpu_memory_used_bytes", H100) == 60 * 2**30
     assert sample(registry, "headroom_gpu_memory_total_bytes", H100) == 80 * 2**30
     assert sample(registry, "headroom_gpu_power_watts", H100) == pytest.approx(512.25)

@@ -168,6 +168,18 @@ def test_garbage_is_an_exposition_error(parse):
         parse("<html><body>502 Bad Gateway</body></html>\n")
 
 
+def test_a_malformed_line_of_a_wanted_metric_is_an_exposition_error():
+    with pytest.raises(ExpositionError, match="not Prometheus text format"):
+        parse_vllm('vllm:num_requests_running{model_name="m" 3\n')
+
+
+def test_only_the_wanted_samples_are_parsed():
+    text = read("vllm/metrics_v0_11.txt")
+    kept = parse_exposition(text, frozenset({"vllm:num_requests_running"}))
+    assert list(kept) == ["vllm:num_requests_running"]
+    assert parse_exposition(text)["vllm:num_requests_running"] == kept["vllm:num_requests_running"]
+
+
 def test_another_engines_page_is_an_error_not_an_empty_snapshot():
     with pytest.raises(ExpositionError, match="check --engine"):
         parse_vllm(read("sglang/metrics_v0_5.txt"))

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from collector.sources.base import EngineSnapshot, FieldRule, parse_exposition, snapshot_from_rules
+from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
+                                    snapshot_from_rules)
 
 __all__ = ["GenericMapping", "MappingError", "load_mapping", "mapping_from_dict", "parse_generic"]
 
@@ -57,7 +58,8 @@ def _rule(value: object, where: str) -> FieldRule:
         return FieldRule(_names(value, where))
     unknown = set(value) - _RULE_KEYS
     if unknown:
-        raise MappingError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}")
+        raise MappingError(f"{where}: unknown keys {sorted(unknown)}; "
+                           f"allowed: {sorted(_RULE_KEYS)}")
     labels = value.get("labels") or {}
     if not isinstance(labels, dict):
         raise MappingError(f"{where}.labels: give a mapping of label: value, got {labels!r}")
@@ -103,5 +105,5 @@ def load_mapping(path: str | Path) -> GenericMapping:
 
 def parse_generic(text: str, mapping: GenericMapping) -> EngineSnapshot:
     """Parse any /metrics page with a mapping into an EngineSnapshot."""
-    return snapshot_from_rules(mapping.engine, parse_exposition(text),
+    return snapshot_from_rules(mapping.engine, parse_exposition(text, names_of(mapping.rules)),
                                model_label=mapping.model_label, **mapping.rules)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from collector.sources.base import EngineSnapshot, FieldRule, parse_exposition, snapshot_from_rules
+from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
+                                    snapshot_from_rules)
 
 __all__ = ["ENGINE", "RULES", "parse_llamacpp", "kv_from_slots", "slots_url"]
 
@@ -22,6 +23,7 @@ RULES = {
     "waiting": FieldRule(("llamacpp:requests_deferred",)),
     "kv_usage": FieldRule(("llamacpp:kv_cache_usage_ratio",)),
 }
+NAMES = names_of(RULES)
 
 
 def _slot_tokens(slot: dict) -> int:
@@ -62,7 +64,7 @@ def kv_from_slots(slots: object) -> tuple[float | None, int | None]:
 
 def parse_llamacpp(text: str, slots: object = None) -> EngineSnapshot:
     """Parse llama-server /metrics (and, if given, the /slots JSON) into an EngineSnapshot."""
-    snapshot = snapshot_from_rules(ENGINE, parse_exposition(text), **RULES)
+    snapshot = snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), **RULES)
     usage, capacity = kv_from_slots(slots)
     if capacity is None:
         return snapshot

@@ -22,7 +22,8 @@ from prometheus_client.core import GaugeMetricFamily
 from collector.catalog import spec
 from collector.sources.base import EngineSnapshot
 
-__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES", "merge_families"]
+__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES",
+           "merge_families"]
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ carry no model name.
 
 from __future__ import annotations
 
-from collector.sources.base import EngineSnapshot, FieldRule, parse_exposition, snapshot_from_rules
+from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
+                                    snapshot_from_rules)
 
 __all__ = ["ENGINE", "RULES", "parse_tgi"]
 
@@ -17,8 +18,9 @@ RULES = {
     "waiting": FieldRule(("tgi_queue_size",)),
     "kv_capacity": FieldRule(("tgi_batch_max_total_tokens",)),
 }
+NAMES = names_of(RULES)
 
 
 def parse_tgi(text: str) -> EngineSnapshot:
     """Parse a TGI /metrics page into an EngineSnapshot."""
-    return snapshot_from_rules(ENGINE, parse_exposition(text), **RULES)
+    return snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), **RULES)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from collector.sources.base import (EngineSnapshot, FieldRule, Samples, parse_exposition,
-                                    snapshot_from_rules)
+from collector.sources.base import (EngineSnapshot, FieldRule, Samples, names_of,
+                                    parse_exposition, snapshot_from_rules)
 
 __all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens"]
 
@@ -23,6 +23,7 @@ RULES = {
     "kv_usage": FieldRule(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
                           aggregate="max"),
 }
+NAMES = names_of(RULES, "vllm:cache_config_info")
 
 
 def kv_capacity_tokens(samples: Samples) -> int | None:
@@ -41,7 +42,7 @@ def kv_capacity_tokens(samples: Samples) -> int | None:
 
 def parse_vllm(text: str) -> EngineSnapshot:
     """Parse a vLLM /metrics page into an EngineSnapshot."""
-    samples = parse_exposition(text)
+    samples = parse_exposition(text, NAMES)
     snapshot = snapshot_from_rules(ENGINE, samples, model_label="model_name", **RULES)
     capacity = kv_capacity_tokens(samples)
     if capacity is None:
