@@ -119,7 +119,8 @@ async def test_background_loop_follows_the_engine_and_stops_promptly(fake_engine
     source = await started(build_engine_source("vllm", f"{url}/metrics", 0.05))
     try:
         await wait_for(lambda: source.latest.waiting == 3)
-        series = 'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+        series = ('vllm:num_requests_waiting'
+                  '{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}')
         engine.metrics_text = engine.metrics_text.replace(f"{series} 3.0", f"{series} 9.0")
         await wait_for(lambda: source.latest.waiting == 9)
     finally:
