@@ -74,6 +74,13 @@ def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_esti
     with TestClient(app) as client:
         assert gauges.get("model-z", "requests")["knee"] == 8.0  # before the first 15-minute refresh
         assert 'headroom_capacity_knee{caliber="requests",model="model-z"} 8.0' in client.get("/metrics").text
+        auth = {"Authorization": "Bearer t"}
+        estimate = client.get("/v1/query/estimate", params={"model": "model-z"}, headers=auth).json()["rows"]
+        assert [(e["knee_requests"], e["source"], e["run_id"]) for e in estimate] == [(8, "probe", "run-1")]
+        assert all("littles_law" in level for level in estimate[0]["levels"])
+        runs = client.get("/v1/query/probe-runs", headers=auth).json()["rows"]
+        assert [(r["run_id"], r["model"], r["requests"], r["max_inflight"]) for r in runs] == [
+            ("run-1", "model-z", store.count(), 32)]
         scheduler = app.state.scheduler
         assert scheduler.running
         assert {job.id for job in scheduler.get_jobs()} == {"rollup", "retention", "capacity_estimates",
