@@ -113,7 +113,7 @@ def test_percentiles_are_exact_and_grouped_by_the_whitelist(client, store):
     assert response.status_code == 200, response.text
     rows = response.json()["rows"]
     expected = store.query(
-        "SELECT model, CAST(pow(2, floor(log2(inflight_at_admit))) AS BIGINT) AS b, count(*), "
+        "SELECT model, CAST(pow(2, round(log2(inflight_at_admit))) AS BIGINT) AS b, count(*), "
         "quantile_cont(ttft_s, 0.5), quantile_cont(ttft_s, 0.95) FROM requests "
         "WHERE ttft_s IS NOT NULL AND tenant = 'team-a' GROUP BY model, b ORDER BY model, b")
     got = [(r["model"], r["inflight_bucket"], r["n"], r["p50"], r["p95"]) for r in rows]
