@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 
@@ -24,6 +25,9 @@ from collector.sources import build_engine_source
 from collector.sources.base import parse_exposition
 from test_sources_fake_engine import fake_engine  # noqa: F401  (fixture)
 
+# How long the engine stays broken per mode. The issue asks for a minute: run with
+# HEADROOM_TEST_BROKEN_ENGINE_S=60 to see it; the suite default keeps the test under 5 s.
+BROKEN_FOR_S = float(os.environ.get("HEADROOM_TEST_BROKEN_ENGINE_S", "1.0"))
 PROMPT = "measure the knee of this deployment " * 50  # ~450 prompt tokens: visible KV use
 SLOTS = 4
 
@@ -139,10 +143,13 @@ async def test_rows_carry_null_engine_fields_when_the_source_is_off(fake_engine)
     assert rows[0]["engine_waiting_at_admit"] is None and rows[0]["kv_usage_at_admit"] is None
 
 
-async def _latencies(client: httpx.AsyncClient, url: str, count: int) -> list[float]:
+async def _latencies(client: httpx.AsyncClient, url: str, count: int,
+                     for_s: float = 0.0) -> list[float]:
+    """Sequential proxied requests: at least `count`, and for at least `for_s` seconds."""
     body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
-    took = []
-    for _ in range(count):
+    took: list[float] = []
+    deadline = time.monotonic() + for_s
+    while len(took) < count or (time.monotonic() < deadline and len(took) < 100_000):
         began = time.perf_counter()
         response = await client.post(f"{url}/v1/chat/completions", json=body)
         took.append(time.perf_counter() - began)
@@ -165,7 +172,7 @@ async def test_hanging_or_garbage_engine_metrics_never_delay_proxied_requests(fa
                 engine.mode = mode
                 await wait_until(lambda: up_is(0.0), what=f"engine down ({mode})")
                 hits = engine.metrics_hits
-                broken = await _latencies(client, stack.url, 30)
+                broken = await _latencies(client, stack.url, 30, BROKEN_FOR_S)
                 assert engine.metrics_hits > hits or mode == "hang"  # polls kept going
                 assert max(broken) < 1.0, f"{mode}: a request took {max(broken):.2f} s"
                 assert statistics.median(broken) < 3 * statistics.median(baseline) + 0.05, \
