@@ -102,7 +102,8 @@ def test_same_batch_twice_creates_no_duplicate(client, store):
     second = client.post("/v1/ingest", content=body, headers=AUTH).json()
     assert first == {"received": 50, "inserted": 50, "duplicates": 0}
     assert second == {"received": 50, "inserted": 0, "duplicates": 50}
-    assert store.query("SELECT count(*), count(DISTINCT request_id) FROM requests WHERE request_id LIKE 'dup-%'") == [(50, 50)]
+    assert store.query("SELECT count(*), count(DISTINCT request_id) FROM requests "
+                       "WHERE request_id LIKE 'dup-%'") == [(50, 50)]
     assert "headroom_log_rows_written_total 50.0" in client.get("/metrics").text
 
 

@@ -42,7 +42,8 @@ def test_sidecar_ships_every_row_to_the_store_service(tmp_path):
         rows = store.query("SELECT count(*), count(DISTINCT request_id), count(ttft_s) FILTER (WHERE stream), "
                            "min(inflight_at_admit), "
                            "count(DISTINCT tenant), min(instance) FROM requests")[0]
-        percentiles = httpx.get(store_server.url + "/v1/query/percentiles", params={"group_by": "tenant", "metric": "e2e_s"},
+        percentiles = httpx.get(store_server.url + "/v1/query/percentiles",
+                                params={"group_by": "tenant", "metric": "e2e_s"},
                                 headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()["rows"]
     finally:
         sidecar.stop()

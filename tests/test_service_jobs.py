@@ -87,7 +87,8 @@ def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_esti
                                                             "weekly_report"}
         assert client.get("/reports/latest", headers={"Authorization": "Bearer t"}).status_code == 404
     assert not scheduler.running
-    assert {job.id for job in build_scheduler(store, None, JobSettings()).get_jobs()} == {"rollup", "capacity_estimates"}
+    default_jobs = build_scheduler(store, None, JobSettings()).get_jobs()
+    assert {job.id for job in default_jobs} == {"rollup", "capacity_estimates"}
 
 
 def test_parquet_export_reads_back_with_the_same_percentiles_and_retention_expires(store, tmp_path):

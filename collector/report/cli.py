@@ -103,7 +103,8 @@ def _from_db(db: str, since: str, fmt: str, slo: float | None) -> str:
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--since", default="7d", show_default=True, help="Window back from now: 7d, 24h, 2w.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="md", show_default=True)
-@click.option("--db", type=click.Path(dir_okay=False), default=None, help="Read this DuckDB file (not while it is served).")
+@click.option("--db", type=click.Path(dir_okay=False), default=None,
+              help="Read this DuckDB file (not while it is served).")
 @click.option("--store-url", default=None, help="Ask a running `headroom store` for the report.")
 @click.option("--token", envvar="HEADROOM_TOKEN", default=None, help="Store token (default: $HEADROOM_TOKEN).")
 @click.option("--slo-ttft-p95", type=float, default=None, help="p95 TTFT SLO in seconds to judge against.")

@@ -49,9 +49,11 @@ def _model(m: dict[str, Any]) -> list[str]:
     lines += _table(["latency (s)", "p50", "p95", "p99", "previous p95", "p95 change"], rows)
     lines += ["", f"SLO p95 TTFT: {fmt(slo['ttft_p95_s'])} s — met: {fmt(slo['met'])}", ""]
     lines += _table(["caliber", "peak", "knee", "headroom"], [
-        [cal, fmt(c[f"peak_{cal}"]), fmt(c[f"knee_{cal}"]), pct(c[f"headroom_{cal}"])] for cal in ("requests", "tokens")])
+        [cal, fmt(c[f"peak_{cal}"]), fmt(c[f"knee_{cal}"]), pct(c[f"headroom_{cal}"])]
+        for cal in ("requests", "tokens")])
     lines += ["", f"Little's law: measured in-flight {fmt(law['measured_inflight'])}, rate × e2e "
-                  f"{fmt(law['predicted_inflight'])}, ratio {fmt(law['ratio'])}, consistent: {fmt(law['consistent'])}", ""]
+                  f"{fmt(law['predicted_inflight'])}, ratio {fmt(law['ratio'])}, "
+                  f"consistent: {fmt(law['consistent'])}", ""]
     lines += _table(["top tenant", "tokens", "requests", "share"], [
         [x["tenant"], fmt(x["tokens"]), fmt(x["requests"]), fmt(x["share"])] for x in m["top_tenants"]]) + [""]
     lines += _table(["in-flight bucket", "n", "p95 TTFT (s)", "p95 TPOT (s)", "error ratio"], [

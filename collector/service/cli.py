@@ -63,7 +63,8 @@ def store(db_path: str, listen: str, token: str | None, export_dir: str | None, 
     base = Path(db_path).resolve().parent
     token_value, token_file = resolve_token(token, db_path)
     if token_file is not None:
-        console.print(f"[bold]store token[/] is in {token_file.resolve()} (mode 0600); shippers send it as a Bearer token")
+        console.print(f"[bold]store token[/] is in {token_file.resolve()} (mode 0600); "
+                      "shippers send it as a Bearer token")
     try:
         request_store = RequestStore(db_path)
     except Exception as exc:  # duckdb.IOException when another process holds the file
