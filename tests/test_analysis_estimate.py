@@ -1,0 +1,104 @@
+"""CapacityEstimate: the JSON schema, the capacity_estimates table, re-analysis from the store,
+and export to the sidecar's headroom_capacity_* gauges."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from collector.analysis.estimate import (CapacityEstimate, build_estimate, estimate_capacity,
+                                         latest_estimates, probe_levels, publish_estimates,
+                                         save_estimate)
+from collector.analysis.slo import Slo
+from collector.analysis.synthetic import closed_loop_rows
+from collector.store.db import RequestStore
+from test_analysis_knee import ladder
+
+REQUIRED_KEYS = {"run_id", "levels", "knee", "slo_max", "recommended_pool", "profile"}
+
+
+def _estimate(model="m", knee_at=8, slo_ttft=None, profile="interactive"):
+    throughputs = [100 * min(2 ** i, knee_at) for i in range(6)]
+    ttfts = [0.1 if 2 ** i <= knee_at else 1.0 for i in range(6)]
+    return build_estimate(ladder(throughputs, ttfts), slo=Slo(ttft_p95_s=slo_ttft),
+                          profile=profile, model=model, run_id="probe-1")
+
+
+def test_json_schema_has_the_documented_keys_and_types():
+    data = json.loads(json.dumps(_estimate(slo_ttft=0.5).to_dict()))
+    assert REQUIRED_KEYS <= data.keys()
+    assert data["knee"]["requests"] == 8 and isinstance(data["knee"]["tokens"], int)
+    assert data["slo_max"] == 8 and data["recommended_pool"] == 5 and data["profile"] == "interactive"
+    assert [lv["concurrency"] for lv in data["levels"]] == [1, 2, 4, 8, 16, 32]
+    assert {"ttft_p95_s", "tpot_p95_s", "e2e_p99_s", "total_tokens_per_s", "error_ratio",
+            "rate_limited_ratio", "littles_law"} <= data["levels"][0].keys()
+    assert data["schema_version"] == 1
+
+
+def test_no_slo_means_null_slo_max():
+    assert _estimate().to_dict()["slo_max"] is None
+
+
+def test_save_and_latest_per_model_round_trip(tmp_path):
+    store = RequestStore(tmp_path / "e.duckdb")
+    assert latest_estimates(store) == []
+    old = _estimate("a", knee_at=4)
+    new = _estimate("a", knee_at=8)
+    new.created_at = old.created_at + timedelta(minutes=5)
+    for estimate in (old, new, _estimate("b", knee_at=16)):
+        save_estimate(store, estimate)
+    latest = {e.model: e for e in latest_estimates(store)}
+    assert latest["a"].knee.requests == 8 and latest["b"].knee.requests == 16
+    assert latest["a"].to_dict() == new.to_dict()
+    store.close()
+    reopened = RequestStore(tmp_path / "e.duckdb")
+    assert len(latest_estimates(reopened)) == 2
+    reopened.close()
+
+
+def test_estimate_capacity_prefers_the_latest_probe_run(tmp_path):
+    store = RequestStore(tmp_path / "p.duckdb")
+    store.insert_rows(closed_loop_rows(slots=4, levels=(1, 2, 4, 8, 16), seconds_per_level=20,
+                                       source="probe", run_id="probe-a"))
+    levels = probe_levels(store.query_dicts("SELECT * FROM requests WHERE run_id = ?", ["probe-a"]))
+    assert [lv.concurrency for lv in levels] == [1, 2, 4, 8, 16]
+    estimate = estimate_capacity(store, slo_ttft_p95_s=0.5, profile="semi")
+    assert (estimate.source, estimate.run_id, estimate.knee.requests) == ("probe", "probe-a", 4)
+    assert estimate.slo_max == 4 and estimate.recommended_pool == 3
+    store.close()
+
+
+def test_estimate_capacity_falls_back_to_traffic(tmp_path):
+    store = RequestStore(tmp_path / "t.duckdb")
+    rows = closed_loop_rows(slots=8, levels=(1, 2, 4, 8, 16, 32), seconds_per_level=40)
+    store.insert_rows(rows)
+    estimate = estimate_capacity(store, model="synthetic")
+    data = estimate.to_dict()
+    assert data["source"] == "traffic" and data["knee"]["requests"] == 8
+    assert data["confidence"] in ("medium", "high") and data["token_curve"]["knee"]["reached"]
+    assert data["knee_requests"] == 8 and data["knee_tokens"] > 0
+    with pytest.raises(ValueError, match="run headroom probe"):
+        estimate_capacity(store, source="probe")
+    store.close()
+
+
+def test_publish_estimates_sets_capacity_gauges_in_both_calibers():
+    from collector.sidecar.capacity_gauges import CapacityGauges
+
+    gauges, registry = CapacityGauges(), CollectorRegistry()
+    registry.register(gauges)
+    publish_estimates(gauges, [_estimate("llama", slo_ttft=0.5)])
+    value = registry.get_sample_value
+    assert value("headroom_capacity_knee", {"model": "llama", "caliber": "requests"}) == 8
+    assert value("headroom_capacity_slo_max", {"model": "llama", "caliber": "requests"}) == 8
+    assert value("headroom_capacity_recommended_pool", {"model": "llama", "caliber": "requests"}) == 5
+    assert value("headroom_capacity_knee", {"model": "llama", "caliber": "tokens"}) == 8 * 150
+
+
+def test_an_unreached_knee_is_not_exported_as_a_knee():
+    estimate = build_estimate(ladder([100, 200, 400]), model="m")
+    assert not estimate.knee.reached and estimate.to_dict()["knee_requests"] is None
+    assert CapacityEstimate.from_dict(estimate.to_dict()).knee.requests == 4

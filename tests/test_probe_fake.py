@@ -1,0 +1,162 @@
+"""The probe against a tiny fake OpenAI server of our own: rows and their schema, TTFT on the
+first content chunk, 429s counted and never retried, early stop when saturated, dead-URL fail
+fast, and the CLI's JSON, plot (opened with Pillow) and request log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
+from PIL import Image
+
+from collector.analysis.probe import ProbeError, ProbeSettings, run_probe
+from collector.cli import main
+from collector.serving import serve_in_thread
+from collector.store.db import RequestStore
+from collector.store.schema import COLUMN_NAMES
+from conftest import free_port
+
+TOKEN_DELAY_S = 0.012
+TOKENS = 8
+
+
+def fake_app(slots: int = 4, reject_every: int = 0) -> FastAPI:
+    """OpenAI-ish server with `slots` concurrent streams; every `reject_every`-th request gets 429."""
+    app = FastAPI()
+    app.state.requests = 0
+    gate = asyncio.Semaphore(slots)
+
+    def sse(obj) -> bytes:
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    async def stream():
+        yield sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})  # not a token
+        async with gate:
+            for _ in range(TOKENS):
+                await asyncio.sleep(TOKEN_DELAY_S)
+                yield sse({"choices": [{"index": 0, "delta": {"content": "tok "}}]})
+        yield sse({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": TOKENS}})
+        yield b"data: [DONE]\n\n"
+
+    @app.get("/v1/models")
+    async def models():
+        return {"data": [{"id": "fake-model"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        app.state.requests += 1
+        if reject_every and app.state.requests % reject_every == 0:
+            return JSONResponse({"error": {"message": "slow down"}}, status_code=429)
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app
+
+
+@pytest.fixture
+def serve():
+    handles = []
+
+    def start(app):
+        handles.append(serve_in_thread(app))
+        return handles[-1]
+
+    yield start
+    for handle in handles:
+        handle.stop()
+
+
+def quick(url: str, **overrides) -> ProbeSettings:
+    options = dict(url=url, levels=(1, 2, 4, 8), max_tokens=TOKENS, min_samples=6,
+                   max_samples=40, max_level_s=10.0)
+    return ProbeSettings(**(options | overrides))
+
+
+async def test_rows_schema_concurrency_and_knee(serve):
+    server = serve(fake_app(slots=4))
+    written: list[dict] = []
+    result = await run_probe(quick(server.url), write_rows=written.extend)
+    assert result.model == "fake-model" and result.run_id.startswith("probe-")
+    assert [lv.concurrency for lv in result.levels] == [1, 2, 4, 8]
+    assert len(written) == sum(len(lv.rows) for lv in result.levels) == server.server.config.app.state.requests
+    for row in written:
+        assert set(row) == set(COLUMN_NAMES)
+        assert row["source"] == "probe" and row["run_id"] == result.run_id
+        assert row["usage_source"] == "upstream" and row["completion_tokens"] == TOKENS
+    for level in result.levels:
+        measured = [r for r in level.rows if not r["request_id"].endswith("-w")]
+        assert measured and all(r["inflight_at_admit"] == level.concurrency for r in measured)
+        assert level.stats.littles_law.consistent
+    # TTFT is stamped on the first content chunk, not on the role chunk sent at once
+    assert min(r["ttft_s"] for r in written) >= TOKEN_DELAY_S * 0.9
+    from collector.analysis.knee import detect_knee
+
+    assert detect_knee([lv.stats for lv in result.levels]).requests == 4
+
+
+async def test_429_is_a_failure_and_never_retried(serve):
+    server = serve(fake_app(slots=64, reject_every=3))
+    written: list[dict] = []
+    result = await run_probe(quick(server.url, levels=(1, 2)), write_rows=written.extend)
+    assert len(written) == server.server.config.app.state.requests  # one row per request sent
+    limited = [r for r in written if r["outcome"] == "rate_limited"]
+    assert limited and all(r["status_code"] == 429 and r["ttft_s"] is None for r in limited)
+    assert result.levels[0].stats.rate_limited_ratio == pytest.approx(1 / 3, abs=0.15)
+
+
+async def test_saturated_server_stops_early_and_says_why(serve):
+    server = serve(fake_app(reject_every=1))  # every request is refused
+    result = await run_probe(quick(server.url))
+    assert [lv.concurrency for lv in result.levels] == [1]
+    assert "saturated" in result.stopped_early and "error ratio 100%" in result.stopped_early
+    assert server.server.config.app.state.requests <= 8  # gave up after a handful
+
+
+async def test_dead_url_fails_fast_with_a_clear_message():
+    url = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    with pytest.raises(ProbeError, match=rf"cannot reach {url}.*check --url"):
+        await run_probe(quick(url))
+    assert time.monotonic() - started < 5
+
+
+def test_cli_dead_url_exits_non_zero():
+    result = CliRunner().invoke(main, ["probe", "--url", f"http://127.0.0.1:{free_port()}"])
+    assert result.exit_code == 1 and "cannot reach" in result.output
+
+
+def test_cli_writes_json_plot_and_request_log(serve, tmp_path):
+    server = serve(fake_app(slots=4))
+    paths = {name: tmp_path / name for name in ("cap.json", "cap.png", "log.duckdb")}
+    result = CliRunner().invoke(main, [
+        "probe", "--url", server.url, "--levels", "1,2,4,8", "--max-tokens", str(TOKENS),
+        "--max-samples", "30", "--slo-ttft-p95", "0.05", "--profile", "interactive",
+        "--json", str(paths["cap.json"]), "--plot", str(paths["cap.png"]),
+        "--db", str(paths["log.duckdb"])])
+    assert result.exit_code == 0, result.output
+    assert "knee: 4 requests" in result.output and "recommended pool (interactive): 2" in result.output
+    data = json.loads(paths["cap.json"].read_text())
+    assert data["knee"]["requests"] == 4 and data["slo_max"] == 4 and data["recommended_pool"] == 2
+    with Image.open(paths["cap.png"]) as image:
+        image.load()
+        assert (image.format, image.size) == ("PNG", (1200, 800))
+    page = (tmp_path / "cap.html").read_text()
+    assert "data:image/png;base64," in page and "<table>" in page
+    store = RequestStore(paths["log.duckdb"])
+    assert store.query("SELECT count(*), min(source), max(source), count(DISTINCT run_id) "
+                       "FROM requests")[0][1:] == ("probe", "probe", 1)
+    assert store.query("SELECT knee_requests FROM capacity_estimates")[0][0] == 4
+    store.close()
+
+
+def test_cli_rejects_bad_levels_and_prompts():
+    runner = CliRunner()
+    bad = runner.invoke(main, ["probe", "--url", "http://x", "--levels", "1,two"])
+    assert bad.exit_code == 2 and "comma-separated" in bad.output
+    missing = runner.invoke(main, ["probe", "--url", "http://x", "--prompts", "/no/such/file"])
+    assert missing.exit_code == 2 and "one prompt per line" in missing.output
