@@ -148,3 +148,18 @@ def test_real_store_process_stopped_and_restarted_under_load_loses_no_row(tmp_pa
     assert shipper.spooled_rows >= 150, "the outage should have sent rows to the spool"
     assert health["rows"] == len(rows) == sum(row["n"] for row in outcomes)
     assert os.listdir(tmp_path / "spool") == []
+
+
+def test_spool_survives_a_restart_of_the_shipper(tmp_path):
+    fake = FakeStore()
+    fake.up = False
+    first = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    first.write_batch(synthetic_rows(40, T0))
+    first.close()
+    assert first.spool.rows() == 40  # the sidecar stopped while the store was down
+    fake.up = True
+    second = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    assert second.spool.size_bytes() > 0
+    _wait_for(lambda: not second.spool.files(), 20, "the spool left by the previous run to drain")
+    second.close()
+    assert len(fake.ids) == 40 and second.spool.size_bytes() == 0

@@ -27,6 +27,8 @@ class Spool:
         self._seq = 0
         for leftover in self.directory.glob("*.tmp"):  # a crash mid-write left half a file
             leftover.unlink(missing_ok=True)
+        # kept in memory so put() stays O(1) with thousands of small spooled batches
+        self._used = sum(path.stat().st_size for path in self.directory.glob("*.json"))
 
     def files(self) -> list[Path]:
         """Spooled payloads, oldest first."""
@@ -34,8 +36,9 @@ class Spool:
             return sorted(self.directory.glob("*.json"))
 
     def size_bytes(self) -> int:
-        """Bytes on disk now."""
-        return sum(path.stat().st_size for path in self.files())
+        """Bytes spooled now."""
+        with self._lock:
+            return self._used
 
     def rows(self) -> int:
         """Rows waiting (from the file names, no parsing)."""
@@ -49,17 +52,22 @@ class Spool:
     def put(self, payload: bytes, rows: int) -> bool:
         """Store one payload; False (nothing written) when it would exceed max_bytes."""
         with self._lock:
-            used = sum(path.stat().st_size for path in self.directory.glob("*.json"))
-            if used + len(payload) > self.max_bytes:
+            if self._used + len(payload) > self.max_bytes:
                 return False
             self._seq += 1
             final = self.directory / f"{time.time_ns():020d}-{self._seq:06d}-{rows}.json"
             temporary = final.with_suffix(".tmp")
             temporary.write_bytes(payload)
             os.replace(temporary, final)
+            self._used += len(payload)
             return True
 
     def remove(self, path: Path) -> None:
         """Forget a payload the store has accepted."""
         with self._lock:
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                return
             path.unlink(missing_ok=True)
+            self._used -= size
