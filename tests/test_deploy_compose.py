@@ -147,21 +147,28 @@ def test_sidecar_points_at_the_engine_and_ships_to_the_store():
 
 
 def _dashboard_datasource_uids() -> set[str]:
+    """Datasource uids the dashboards select: literal uids, and the default of `${var}` variables."""
     uids: set[str] = set()
 
-    def walk(node) -> None:
+    def walk(node, variables: dict[str, str]) -> None:
         if isinstance(node, dict):
             source = node.get("datasource")
             if isinstance(source, dict) and isinstance(source.get("uid"), str):
-                uids.add(source["uid"])
+                uid = source["uid"]
+                name = uid.strip("${}") if uid.startswith("$") else None
+                assert name is None or name in variables, f"datasource variable {uid} is not defined"
+                uids.add(variables[name] if name else uid)
             for value in node.values():
-                walk(value)
+                walk(value, variables)
         elif isinstance(node, list):
             for value in node:
-                walk(value)
+                walk(value, variables)
 
     for path in sorted((ROOT / "dashboards").glob("*.json")):
-        walk(json.loads(path.read_text()))
+        board = json.loads(path.read_text())
+        variables = {v["name"]: v["current"]["value"] for v in board.get("templating", {}).get("list", [])
+                     if v.get("type") == "datasource"}
+        walk(board, variables)
     return uids
 
 
@@ -169,9 +176,9 @@ def test_grafana_datasource_has_the_fixed_uid_the_dashboards_use():
     (datasource,) = DATASOURCES
     assert datasource["uid"] == DATASOURCE_UID
     assert datasource["url"] == "http://prometheus:9090"
-    used = {uid for uid in _dashboard_datasource_uids() if not uid.startswith("$")}
-    assert used, "no generated dashboard in dashboards/ refers to a datasource uid"
-    assert used <= {DATASOURCE_UID}, f"dashboards use datasource uids {used}"
+    used = _dashboard_datasource_uids()
+    assert used, "no generated dashboard in dashboards/ selects a datasource"
+    assert used == {DATASOURCE_UID}, f"dashboards select datasource uids {used}"
 
 
 def test_dashboards_provider_points_at_the_mounted_dashboards():
