@@ -154,6 +154,10 @@ def _capacity(c: RulesConfig) -> list[Alert]:
     ]
 
 
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
 def _slo(c: RulesConfig) -> list[Alert]:
     budget, slo = c.error_budget, f"{c.ttft_slo_seconds:g}s"
 
@@ -163,7 +167,7 @@ def _slo(c: RulesConfig) -> list[Alert]:
 
     return [
         Alert("HeadroomTTFTBudgetBurnFast", "headroom-slo",
-              f"(\n{burn('1h', '5m', 14.4)}\n)\nor\n(\n{burn('6h', '30m', 6)}\n)",
+              f"(\n{_indent(burn('1h', '5m', 14.4))}\n)\nor\n(\n{_indent(burn('6h', '30m', 6))}\n)",
               "critical", "<model> is burning its TTFT error budget fast",
               f"<value:humanizePercentage> of requests to <model> missed the {slo} TTFT SLO over the "
               f"long window; at this burn rate the 30-day budget of {budget:.2%} is gone within days.",
