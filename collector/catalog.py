@@ -125,7 +125,7 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Request-log rows durably written (or accepted by the store service).",
                (), "short", group="pipeline"),
     MetricSpec("headroom_log_rows_dropped_total", "counter",
-               "Request-log rows dropped, by reason (queue_full, db_error, spool_full).",
+               "Request-log rows dropped, by reason (queue_full, db_error, spool_full, store_rejected).",
                ("reason",), "short", group="pipeline"),
     MetricSpec("headroom_source_scrape_success", "gauge",
                "1 when the last collection from this source (engine, gpu) succeeded.",

@@ -88,3 +88,7 @@ def main() -> None:
       headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16
       headroom report --db headroom.duckdb --since 7d --format md
     """
+
+
+if __name__ == "__main__":
+    main()

@@ -129,3 +129,22 @@ def test_newer_database_is_refused_with_a_clear_error(tmp_path):
     con.close()
     with pytest.raises(RuntimeError, match="newer than this program"):
         RequestStore(path)
+
+
+def test_headroom_run_starts_the_scheduled_jobs_on_the_in_process_store(tmp_path):
+    from collector.serving import serve_in_thread
+    from collector.sidecar.cli import build_sidecar
+    from collector.sidecar.config import SidecarConfig
+
+    config = SidecarConfig(upstream="http://127.0.0.1:9", db_path=str(tmp_path / "h.duckdb"),
+                           engine="none")
+    app = build_sidecar(config)
+    handle = serve_in_thread(app)
+    try:
+        scheduler = app.state.scheduler
+        assert scheduler.running
+        names = {job.id for job in scheduler.get_jobs()}
+        assert names == {"rollup", "retention", "capacity_estimates", "weekly_report"}
+    finally:
+        handle.stop()
+    assert not scheduler.running

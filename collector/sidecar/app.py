@@ -69,8 +69,13 @@ def _open_batch_sink(config: SidecarConfig) -> BatchSink | None:
 def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], None] | object] = (),
                engine=None, collectors: Iterable[object] = (),
                capacity: CapacityGauges | None = None,
-               batch_sink: BatchSink | None = None) -> FastAPI:
-    """Build the sidecar. `batch_sink` defaults to an in-process RequestStore at config.db_path."""
+               batch_sink: BatchSink | None = None,
+               jobs: Callable[[object, CapacityGauges], object] | None = None) -> FastAPI:
+    """Build the sidecar. `batch_sink` defaults to an in-process RequestStore at config.db_path.
+
+    `jobs(store, capacity)` returns an APScheduler scheduler (not started) for the in-process
+    store; the lifespan starts it and shuts it down. It is ignored when rows go elsewhere.
+    """
     registry = CollectorRegistry()
     tracker = Tracker(registry, instance=config.instance, source=config.source, run_id=config.run_id)
     capacity = capacity or CapacityGauges()
@@ -89,15 +94,20 @@ def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], No
     for extra_sink in row_sinks:
         tracker.add_row_sink(getattr(extra_sink, "submit", extra_sink))
     session = _Session(config)
+    scheduler = jobs(sink, capacity) if jobs is not None and batch_sink is None and sink else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await session.open()
         if engine is not None:
             await engine.start()
+        if scheduler is not None:
+            scheduler.start()
         try:
             yield
         finally:
+            if scheduler is not None:
+                scheduler.shutdown(wait=False)
             if engine is not None:
                 await engine.stop()
             await session.close()
@@ -133,4 +143,5 @@ def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], No
                                    methods=["GET", "POST", "PUT", "PATCH", "DELETE"]))
     app.state.tracker, app.state.registry, app.state.writer = tracker, registry, writer
     app.state.capacity, app.state.batch_sink, app.state.config = capacity, sink, config
+    app.state.scheduler = scheduler
     return app

@@ -25,7 +25,19 @@ def _optional(module: str, attribute: str, feature: str):
         raise click.UsageError(f"{feature} is not available in this build ({exc})") from None
 
 
-def build_sidecar(config: SidecarConfig, *, scheduler: bool = True):
+def _job_factory(config: SidecarConfig, retention_days: int):
+    """Scheduled jobs for the in-process store: rollups, retention to Parquet, estimates, report."""
+    from pathlib import Path
+
+    from collector.service.jobs import JobSettings, build_scheduler
+
+    base = Path(config.db_path or "headroom.duckdb")
+    settings = JobSettings(export_dir=base.with_suffix(".parquet"),
+                           report_dir=base.with_suffix(".reports"), retention_days=retention_days)
+    return lambda store, capacity: build_scheduler(store, capacity, settings)
+
+
+def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: int = 30):
     """Create the sidecar app with every source and sink the config asks for."""
     from collector.sidecar.app import create_app
     from collector.sidecar.capacity_gauges import CapacityGauges
@@ -51,9 +63,9 @@ def build_sidecar(config: SidecarConfig, *, scheduler: bool = True):
         shipper = _optional("collector.service.shipper", "StoreShipper", "--store-url")
         batch_sink = shipper(config.store_url, config.store_token, config.spool_dir)
     capacity = CapacityGauges()
-    app = create_app(config, row_sinks=row_sinks, engine=engine, collectors=collectors,
-                     capacity=capacity, batch_sink=batch_sink)
-    return app
+    job_factory = _job_factory(config, retention_days) if jobs and batch_sink is None else None
+    return create_app(config, row_sinks=row_sinks, engine=engine, collectors=collectors,
+                      capacity=capacity, batch_sink=batch_sink, jobs=job_factory)
 
 
 @click.command("run")
@@ -81,11 +93,16 @@ def build_sidecar(config: SidecarConfig, *, scheduler: bool = True):
               help="Emit one OpenTelemetry span per request [env: OTEL_EXPORTER_OTLP_ENDPOINT].")
 @click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(1),
               help="Seconds to wait for the next upstream bytes before giving up (outcome timeout).")
+@click.option("--jobs/--no-jobs", default=True, show_default=True,
+              help="Run the scheduled jobs (rollups, retention, capacity refresh, weekly report) "
+                   "on the in-process store.")
+@click.option("--retention-days", default=30, show_default=True, type=click.IntRange(1),
+              help="Raw rows older than this are exported to Parquet beside --db, then deleted.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_metrics_url,
         engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, read_timeout,
-        log_level) -> None:
+        jobs, retention_days, log_level) -> None:
     """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
 
     \b
@@ -111,7 +128,7 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
             read_timeout_s=read_timeout)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    app = build_sidecar(config)
+    app = build_sidecar(config, jobs=jobs, retention_days=retention_days)
     click.echo(f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
                f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,

@@ -9,6 +9,7 @@ method `generated` is two integer additions.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -20,6 +21,11 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from collector.catalog import spec
 
 __all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
+
+# Request IDs: one random 64-bit prefix per process plus a counter. Unique across sidecars and
+# restarts like uuid4, without an os.urandom call per request (slow in some sandboxes).
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_ID_COUNTER = itertools.count()
 
 OUTCOMES = ("ok", "rate_limited", "client_cancelled", "upstream_error", "timeout", "bad_request")
 
@@ -37,7 +43,7 @@ class LiveRequest:
     def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
                  max_tokens: int | None, prompt_tokens_estimate: int, *,
                  model_label: str | None = None, tenant_label: str | None = None) -> None:
-        self.request_id = uuid.uuid4().hex
+        self.request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
         self.model, self.tenant = model, tenant
         self.model_label = model_label or model  # capped label values; the row keeps the real ones
         self.tenant_label = tenant_label or tenant

@@ -89,7 +89,7 @@ class RequestStore:
     def arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
         """Run a parameterised query and return an Arrow table (for analysis and export)."""
         with self._lock:
-            return self._con.execute(sql, params).fetch_arrow_table()
+            return self._con.sql(sql, params=list(params) or None).to_arrow_table()
 
     def count(self) -> int:
         """Number of rows in `requests`."""

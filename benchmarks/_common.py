@@ -1,0 +1,86 @@
+"""Shared benchmark plumbing: start processes on loopback, wait for them, drive streaming load."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BODY = {"model": "bench", "stream": True, "max_tokens": 100,
+        "messages": [{"role": "user", "content": "benchmark prompt " * 10}]}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(args: list[str], url: str, timeout_s: float = 30.0) -> subprocess.Popen:
+    """Start a process and return once `url` answers (any status)."""
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return proc
+        except httpx.HTTPError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{args} exited with {proc.returncode}")
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{args} did not answer at {url} within {timeout_s} s")
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def drive(url: str, requests: int, concurrency: int, chunks: int) -> dict:
+    """Closed-loop streaming load (aiohttp: the cheapest client, see client_choice.py).
+
+    Returns wall time, requests/s, p50/p95 latency and bytes received.
+    """
+    latencies: list[float] = []
+    received = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        todo = iter(range(requests))
+
+        async def worker() -> None:
+            nonlocal received
+            for _ in todo:
+                start_t = time.perf_counter()
+                async with session.post(url, json=BODY, headers={"x-chunks": str(chunks)}) as resp:
+                    async for data in resp.content.iter_any():
+                        received += len(data)
+                latencies.append(time.perf_counter() - start_t)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    latencies.sort()
+    return {"wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 1), "bytes": received,
+            "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2),
+            "p95_ms": round(latencies[int(len(latencies) * 0.95)] * 1000, 2)}
+
+
+PYTHON = sys.executable
