@@ -122,7 +122,7 @@ CATALOG: tuple[MetricSpec, ...] = (
                _CAPACITY, "short", group="capacity"),
     # --- pipeline health ----------------------------------------------------------------------
     MetricSpec("headroom_log_rows_written_total", "counter",
-               "Request-log rows durably written (or accepted by the store service).",
+               "Request-log rows handed off: written to DuckDB, or taken by the store shipper (sent or spooled on disk).",
                (), "short", group="pipeline"),
     MetricSpec("headroom_log_rows_dropped_total", "counter",
                "Request-log rows dropped, by reason (queue_full, db_error, spool_full, store_rejected).",
