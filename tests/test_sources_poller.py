@@ -234,3 +234,21 @@ def test_public_names_are_pinned():
     assert sorted(sources.__all__) == ["ENGINES", "EngineSnapshot", "EngineSource",
                                        "build_engine_source", "default_metrics_url"]
     assert sources.ENGINES == ("vllm", "sglang", "tgi", "llamacpp", "generic", "auto", "none")
+
+
+@pytest.mark.parametrize("fixture, engine, running, waiting", [
+    ("vllm/metrics_v0_11.txt", "vllm", 7, 3),
+    ("vllm/metrics_v0_6.txt", "vllm", 12, 0),
+    ("sglang/metrics_v0_5.txt", "sglang", 9, 4),
+    ("tgi/metrics_v3.txt", "tgi", 5, 2),
+    ("llamacpp/metrics_busy.txt", "llamacpp", 4, 2),
+])
+async def test_auto_over_http_on_every_engine_fixture(fake_engine, fixture, engine, running, waiting):
+    fake, url = fake_engine
+    fake.metrics_text = (FIXTURES / fixture).read_text()
+    source = await started(build_engine_source("auto", f"{url}/metrics", 60, timeout_s=5))
+    try:
+        snapshot = await source.poll_once()
+        assert (snapshot.engine, snapshot.running, snapshot.waiting) == (engine, running, waiting)
+    finally:
+        await source.stop()
