@@ -243,7 +243,8 @@ def test_public_names_are_pinned():
     ("tgi/metrics_v3.txt", "tgi", 5, 2),
     ("llamacpp/metrics_busy.txt", "llamacpp", 4, 2),
 ])
-async def test_auto_over_http_on_every_engine_fixture(fake_engine, fixture, engine, running, waiting):
+async def test_auto_over_http_on_every_engine_fixture(fake_engine, fixture, engine, running,
+                                                     waiting):
     fake, url = fake_engine
     fake.metrics_text = (FIXTURES / fixture).read_text()
     source = await started(build_engine_source("auto", f"{url}/metrics", 60, timeout_s=5))
