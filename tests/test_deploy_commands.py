@@ -82,6 +82,15 @@ def _resolve(words: list[str]) -> tuple[list[str], click.Command]:
     return path, command
 
 
+def _unknown_flags(words: list[str]) -> list[str]:
+    """The `--flags` on a command line that its (sub)command does not define."""
+    path, command = _resolve(words)
+    params = command.get_params(click.Context(command, info_name=path[-1]))  # includes -h/--help
+    options = {opt for param in params for opt in (*param.opts, *param.secondary_opts)}
+    return [flag for word in words if word.startswith("--")
+            if (flag := word.split("=", 1)[0]) not in options]
+
+
 @pytest.fixture(scope="module")
 def listed_subcommands() -> set[str]:
     """Subcommand names as `headroom --help` (the installed program) lists them."""
@@ -109,10 +118,13 @@ def test_command_line_is_a_real_headroom_command(where, words, listed_subcommand
     result = CliRunner().invoke(main, [*path, "--help"])
     assert result.exit_code == 0, f"{where}: `headroom {' '.join(path)} --help` failed:\n{result.output}"
     assert "not built yet" not in " ".join(result.output.split()), f"{where}: `headroom {path[0]}` is not built yet"
-    options = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
-    unknown = [flag for word in words if word.startswith("--")
-               if (flag := word.split("=", 1)[0]) not in options]
+    unknown = _unknown_flags(words)
     assert not unknown, f"{where}: `headroom {' '.join(path)}` has no option {unknown}"
+
+
+def test_unknown_flags_are_caught():
+    assert _unknown_flags(["run", "--upstream", "http://e:8000", "--no-such-flag"]) == ["--no-such-flag"]
+    assert _unknown_flags(["store", "--listen=0.0.0.0:9200", "--help"]) == []
 
 
 def test_the_extractor_finds_continued_and_inline_commands():
