@@ -1,0 +1,182 @@
+"""`headroom demo`: the simulator, the sidecar and a load that crosses the knee, in one command.
+
+Starts the simulator and the sidecar (with its in-process DuckDB store) on free loopback ports,
+drives a mixed short/long workload at rising concurrency through the sidecar while sampling both
+calibers from its /metrics, then prints per-level latency percentiles read back from the DuckDB
+log, the caliber time course, the knee and recommended pool, and where everything lives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import click
+
+__all__ = ["demo", "run_demo"]
+
+
+def _levels(value: str) -> list[int]:
+    try:
+        levels = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
+    if not levels or any(level < 1 for level in levels):
+        raise click.BadParameter(f"{value!r}: every level must be a positive integer")
+    return levels
+
+
+async def _drive(url: str, levels: list[int], level_s: float, payload, progress) -> tuple[list, list]:
+    """Run each level through the sidecar; return (LevelWindow list, caliber samples)."""
+    from collector.sim.demo_summary import LevelWindow
+    from collector.sim.load import run_level
+    from collector.sim.workload import CaliberSampler
+
+    sampler = CaliberSampler(f"{url}/metrics")
+    sampling = asyncio.create_task(sampler.run())
+    task = progress.add_task("starting", total=len(levels) * level_s)
+    windows = []
+    try:
+        for index, concurrency in enumerate(levels):
+            sampler.level = concurrency
+            wall, mono = datetime.now(UTC), time.monotonic()
+            warmup = min(0.5, level_s / 4)
+            running = asyncio.create_task(run_level(url, concurrency, level_s - warmup, payload,
+                                                    warmup_s=warmup))
+            while not running.done():
+                await asyncio.wait({running}, timeout=0.25)
+                live = sampler.latest()
+                progress.update(task, completed=index * level_s + min(level_s, time.monotonic() - mono),
+                                description=f"concurrency {concurrency:>3}: in-flight "
+                                            f"{live.get('inflight', 0):>4.0f}, active tokens "
+                                            f"{live.get('active_tokens', 0):>7.0f}")
+            start, stop = running.result().window
+            at = lambda t: wall + timedelta(seconds=t - mono)  # noqa: E731
+            windows.append(LevelWindow(concurrency, wall, at(start), at(stop), datetime.now(UTC)))
+    finally:
+        sampler.stop()
+        await sampling
+    return windows, sampler.samples
+
+
+def run_demo(*, speed: float, levels: list[int], level_s: float, max_num_seqs: int,
+             kv_cache_tokens: int, db_path: str, seed: int, slo_ttft_p95_s: float | None,
+             console, progress_console, keep_serving: bool = False) -> dict:
+    """Run the whole demo and return the summary dict (also what --json writes)."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from collector.serving import serve_in_thread
+    from collector.sidecar.cli import build_sidecar
+    from collector.sidecar.config import SidecarConfig
+    from collector.sim.app import create_sim_app
+    from collector.sim.config import SimConfig
+    from collector.sim.demo_summary import caliber_course, capacity_estimate, level_table
+    from collector.sim.workload import mixed_payload
+
+    sim_config = SimConfig(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, speed=speed,
+                           seed=seed, max_waiting=4 * max(levels), stream_interval=4,
+                           mean_output_tokens=96)
+    sim = serve_in_thread(create_sim_app(sim_config))
+    try:
+        app = build_sidecar(SidecarConfig(upstream=sim.url, listen_port=0, db_path=db_path,
+                                          instance="demo", engine="vllm",
+                                          engine_metrics_url=f"{sim.url}/metrics",
+                                          engine_poll_interval_s=0.25))
+        sidecar = serve_in_thread(app)
+        try:
+            columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+            with Progress(*columns, console=progress_console) as progress:
+                windows, samples = asyncio.run(_drive(sidecar.url, levels, level_s,
+                                                      mixed_payload(seed), progress))
+            app.state.writer.flush()
+            store = app.state.batch_sink
+            summary = {
+                "db": os.path.abspath(db_path), "sidecar_url": sidecar.url, "sim_url": sim.url,
+                "sim": {"max_num_seqs": max_num_seqs, "kv_cache_tokens": kv_cache_tokens,
+                        "speed": speed, "seed": seed},
+                "levels": level_table(store, windows),
+                "calibers": caliber_course(samples, levels),
+                "capacity": capacity_estimate(store, windows, sim_config.model, slo_ttft_p95_s,
+                                              gauges=app.state.capacity),
+            }
+            if keep_serving:
+                _serve_until_interrupted(summary, console)
+            return summary
+        finally:
+            sidecar.stop()
+    finally:
+        sim.stop()
+
+
+def _serve_until_interrupted(summary: dict, console) -> None:
+    console.print(f"serving: sidecar {summary['sidecar_url']}  engine {summary['sim_url']}  (Ctrl-C to stop)")
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+
+
+@click.command("demo")
+@click.option("--speed", type=float, default=4.0, show_default=True,
+              help="Simulated seconds per real second.")
+@click.option("--levels", "levels_text", default="1,2,4,8,16,32,64", show_default=True,
+              help="Concurrency levels, comma-separated.")
+@click.option("--level-seconds", type=float, default=3.0, show_default=True,
+              help="Seconds of load per level (the first quarter, at most 0.5 s, is warm-up).")
+@click.option("--duration", type=float, default=None,
+              help="Total seconds of load, split evenly over the levels (overrides --level-seconds).")
+@click.option("--max-num-seqs", type=int, default=16, show_default=True,
+              help="The simulator's batch size limit: where the knee should appear.")
+@click.option("--kv-cache-tokens", type=int, default=32768, show_default=True,
+              help="The simulator's KV cache in tokens.")
+@click.option("--db", "db_path", default=None, metavar="PATH",
+              help="DuckDB file for the request log [default: a new temporary directory].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of prompts and output lengths.")
+@click.option("--slo-ttft-p95", type=float, default=None, metavar="SECONDS",
+              help="p95 TTFT target for the SLO-bounded pool (real seconds at this --speed).")
+@click.option("--json", "json_path", default=None, metavar="PATH", help="Also write the summary as JSON.")
+@click.option("--keep-serving", is_flag=True, help="Keep simulator and sidecar up after the summary.")
+def demo(speed, levels_text, level_seconds, duration, max_num_seqs, kv_cache_tokens, db_path, seed,
+         slo_ttft_p95, json_path, keep_serving) -> None:
+    """Simulator + sidecar + a load that crosses the knee + a capacity summary; ends by itself.
+
+    No arguments needed. Everything runs in this process on free loopback ports; the request log
+    is a DuckDB file you can query afterwards.
+
+    \b
+    Examples:
+      headroom demo
+      headroom demo --speed 8 --levels 1,4,16,32 --level-seconds 1.5 --json demo.json
+      headroom demo --db ./headroom-demo/headroom.duckdb --keep-serving
+    """
+    from rich.console import Console
+
+    from collector.sim.demo_render import render_summary
+
+    levels = _levels(levels_text)
+    level_s = duration / len(levels) if duration else level_seconds
+    if speed <= 0 or level_s <= 0.2:
+        raise click.BadParameter(f"--speed {speed} must be positive and each level must last over "
+                                 f"0.2 s (got {level_s:.2f} s); raise --level-seconds or --duration")
+    db_path = db_path or str(Path(tempfile.mkdtemp(prefix="headroom-demo-")) / "headroom.duckdb")
+    # a pipe or file gets the full-width table (rich would cut it to 80 columns)
+    console = Console() if sys.stdout.isatty() else Console(width=130)
+    try:
+        summary = run_demo(speed=speed, levels=levels, level_s=level_s, max_num_seqs=max_num_seqs,
+                           kv_cache_tokens=kv_cache_tokens, db_path=db_path, seed=seed,
+                           slo_ttft_p95_s=slo_ttft_p95, console=console,
+                           progress_console=Console(stderr=True), keep_serving=keep_serving)
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: stopped cleanly; rows so far are in {db_path}", err=True)
+        sys.exit(130)
+    if json_path:
+        summary["json"] = os.path.abspath(json_path)
+        Path(json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    render_summary(summary, console)

@@ -1,0 +1,129 @@
+"""What `headroom demo` reports, computed from the DuckDB log the sidecar wrote.
+
+Per concurrency level: request counts, 429s, output tokens/s and exact p50/p95/p99 TTFT and TPOT
+(`quantile_cont`, DOMAIN §11: the request log is the ground truth); the time course of both
+calibers from the sidecar's /metrics; and, where the capacity analysis is built, the knee in both
+calibers and the recommended pool (collector.analysis), else the raw table alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from collector.sim.workload import CaliberSample
+
+__all__ = ["LevelWindow", "level_table", "caliber_course", "capacity_estimate", "sparkline",
+           "LEVEL_SQL", "TOKENS_SQL"]
+
+# One level = requests admitted while its workers were sending: [start, stop).
+LEVEL_SQL = """
+SELECT count(*) AS requests,
+       count(*) FILTER (WHERE outcome = 'ok') AS ok,
+       count(*) FILTER (WHERE outcome = 'rate_limited') AS rate_limited,
+       quantile_cont(ttft_s, [0.5, 0.95, 0.99]) FILTER (WHERE outcome = 'ok') AS ttft,
+       quantile_cont(tpot_s, [0.5, 0.95, 0.99]) FILTER (WHERE outcome = 'ok') AS tpot,
+       max(inflight_at_admit) AS inflight_at_admit_max,
+       max(active_tokens_at_admit) AS active_tokens_at_admit_max
+FROM requests WHERE admitted_at >= ? AND admitted_at < ?
+"""
+# Throughput = output tokens of requests completing inside the measurement window / its length.
+TOKENS_SQL = """
+SELECT coalesce(sum(completion_tokens), 0) FROM requests
+WHERE outcome = 'ok' AND completed_at >= ? AND completed_at < ?
+"""
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+@dataclass(frozen=True)
+class LevelWindow:
+    """When one level ran: start, end of warm-up, workers stopped sending, last request done."""
+
+    concurrency: int
+    start: datetime
+    measure_from: datetime
+    stop: datetime
+    end: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        """ISO-8601 times for JSON."""
+        return {"concurrency": self.concurrency, "start": self.start.isoformat(),
+                "measure_from": self.measure_from.isoformat(), "stop": self.stop.isoformat(),
+                "end": self.end.isoformat()}
+
+
+def _quantiles(values: Sequence[float] | None) -> tuple[float | None, float | None, float | None]:
+    return tuple(values) if values else (None, None, None)  # type: ignore[return-value]
+
+
+def level_table(store, windows: Sequence[LevelWindow]) -> list[dict]:
+    """One dict per level, every number straight from the requests table."""
+    table = []
+    for window in windows:
+        row = store.query_dicts(LEVEL_SQL, [window.start, window.stop])[0]
+        tokens = store.query(TOKENS_SQL, [window.measure_from, window.stop])[0][0]
+        span_s = (window.stop - window.measure_from).total_seconds()
+        ttft, tpot = _quantiles(row.pop("ttft")), _quantiles(row.pop("tpot"))
+        table.append(window.to_dict() | row | {
+            "ttft_p50_s": ttft[0], "ttft_p95_s": ttft[1], "ttft_p99_s": ttft[2],
+            "tpot_p50_s": tpot[0], "tpot_p95_s": tpot[1], "tpot_p99_s": tpot[2],
+            "output_tokens_per_s": float(tokens) / span_s if span_s > 0 else None,
+        })
+    return table
+
+
+def sparkline(values: Sequence[float], width: int = 60) -> str:
+    """Unicode bars scaled to the maximum, at most `width` wide. Example: [0, 5, 10] -> '▁▄█'."""
+    if not values:
+        return ""
+    step = max(1, -(-len(values) // width))
+    points = [max(values[i:i + step]) for i in range(0, len(values), step)]
+    top = max(points) or 1.0
+    return "".join(_BARS[min(len(_BARS) - 1, int(v / top * (len(_BARS) - 1) + 0.5))] for v in points)
+
+
+def caliber_course(samples: Sequence[CaliberSample], levels: Sequence[int]) -> dict:
+    """Peaks overall and per level, plus the sampled time course of both calibers."""
+    def series(key: str, chosen=samples) -> list[float]:
+        return [s.values.get(key, 0.0) for s in chosen]
+    per_level = {}
+    for level in levels:
+        chosen = [s for s in samples if s.level == level]
+        per_level[level] = {key: max(series(key, chosen), default=0.0)
+                            for key in ("inflight", "active_tokens", "engine_waiting", "kv_usage")}
+    return {
+        "peak_inflight": max(series("inflight"), default=0.0),
+        "peak_active_tokens": max(series("active_tokens"), default=0.0),
+        "per_level_peaks": per_level,
+        "time_course": [{"t_s": round(s.t_s, 3), "level": s.level} | s.values for s in samples],
+    }
+
+
+def capacity_estimate(store, windows: Sequence[LevelWindow], model: str,
+                      slo_ttft_p95_s: float | None, gauges=None) -> dict | None:
+    """Knee and recommended pool from collector.analysis (saved and published); None without it."""
+    try:
+        from collector.analysis.estimate import build_estimate, publish_estimates, save_estimate
+        from collector.analysis.levels import summarize_level
+        from collector.analysis.slo import Slo
+    except ImportError:
+        return None
+    levels = []
+    for w in windows:
+        rows = store.query_dicts("SELECT * FROM requests WHERE admitted_at >= ? AND admitted_at < ? "
+                                 "ORDER BY admitted_at", [w.start, w.end])
+        if rows:
+            levels.append(summarize_level(rows, w.concurrency,
+                                          window=(w.measure_from.timestamp(), w.stop.timestamp())))
+    if len(levels) < 2:
+        return None
+    estimate = build_estimate(levels, slo=Slo(ttft_p95_s=slo_ttft_p95_s), model=model,
+                              source="traffic", run_id=None)
+    save_estimate(store, estimate)
+    if gauges is not None:
+        publish_estimates(gauges, [estimate])
+    data = estimate.to_dict()
+    return {"knee": data["knee"], "slo_max": data["slo_max"],
+            "recommended_pool": data["recommended_pool"], "profile": data["profile"]}
