@@ -57,3 +57,30 @@ def test_no_text_or_authorization_reaches_the_database_or_logs(tmp_path, caplog)
     assert MARKER not in repr(rows) and MARKER not in metrics_text and MARKER not in caplog.text
     database = (tmp_path / "log.duckdb").read_bytes()
     assert MARKER.encode() not in database
+
+
+def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
+    """The app `headroom run` builds: engine source (auto), GPU, capacity gauges, request log."""
+    from collector.serving import serve_in_thread
+    from collector.sidecar.cli import build_sidecar
+    from collector.sidecar.config import SidecarConfig
+    from fake_upstream import FakeUpstream
+
+    promtool = require_tool("promtool")
+    upstream = serve_in_thread(FakeUpstream())
+    config = SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "h.duckdb"), engine="auto",
+                           engine_poll_interval_s=0.1)
+    app = build_sidecar(config, jobs=False)
+    app.state.capacity.set("m1", "requests", knee=8, slo_max=6, recommended_pool=5)
+    sidecar = serve_in_thread(app)
+    try:
+        httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT)
+        text = httpx.get(sidecar.url + "/metrics").text
+    finally:
+        sidecar.stop()
+        upstream.stop()
+    for name in ("headroom_engine_up", "headroom_gpu_up", "headroom_source_scrape_success",
+                 'headroom_capacity_knee{caliber="requests",model="m1"} 8.0'):
+        assert name in text
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr

@@ -12,7 +12,6 @@ from collector.sidecar.config import SidecarConfig, parse_listen
 
 __all__ = ["run", "build_sidecar"]
 
-ENGINES = ("auto", "none", "vllm", "sglang", "tgi", "llamacpp", "generic")
 
 
 def _optional(module: str, attribute: str, feature: str):
@@ -37,23 +36,29 @@ def _job_factory(config: SidecarConfig, retention_days: int):
     return lambda store, capacity: build_scheduler(store, capacity, settings)
 
 
-def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: int = 30):
-    """Create the sidecar app with every source and sink the config asks for."""
+def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: int = 30,
+                  engine_mapping: str | None = None):
+    """Create the sidecar app with every source and sink the config asks for.
+
+    Raises ValueError naming the bad setting (e.g. an unknown engine or a broken mapping file).
+    """
     from collector.sidecar.app import create_app
     from collector.sidecar.capacity_gauges import CapacityGauges
 
+    from collector.sources import build_engine_source, default_metrics_url
+    from collector.sources.gpu import GpuCollector
+
     engine = None
     if config.engine != "none":
-        build_engine_source = _optional("collector.sources", "build_engine_source", "--engine")
-        metrics_url = config.engine_metrics_url or config.upstream + "/metrics"
-        engine = build_engine_source(config.engine, metrics_url, config.engine_poll_interval_s)
+        metrics_url = config.engine_metrics_url or default_metrics_url(config.upstream)
+        engine = build_engine_source(config.engine, metrics_url, config.engine_poll_interval_s,
+                                     mapping_path=engine_mapping)
     collectors = []
-    try:
-        from collector.sources.gpu import GpuCollector
-    except ImportError:
-        GpuCollector = None  # noqa: N806
-    if GpuCollector is not None:
-        collectors.append(GpuCollector())
+    gpu = GpuCollector()
+    if engine is not None:
+        engine.attach(gpu)  # one headroom_source_scrape_* family for both sources
+    else:
+        collectors.append(gpu)
     row_sinks = []
     otlp = config.otlp_endpoint
     if otlp:
@@ -81,8 +86,11 @@ def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: i
               help="Request header naming the tenant.")
 @click.option("--max-tenants", default=50, show_default=True, type=click.IntRange(1),
               help="Distinct tenant label values before the rest become 'other'.")
-@click.option("--engine", type=click.Choice(ENGINES), default="auto", show_default=True,
-              help="Which engine's /metrics to read (auto recognises it; none turns it off).")
+@click.option("--engine", default="auto", show_default=True, metavar="NAME",
+              help="Which engine's /metrics to read: auto|none|vllm|sglang|tgi|llamacpp|generic "
+                   "(auto recognises it; none turns it off; generic needs --engine-mapping).")
+@click.option("--engine-mapping", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
+              help="YAML mapping for --engine generic (format in docs/engines.md).")
 @click.option("--engine-metrics-url", metavar="URL", help="Engine metrics URL [default: UPSTREAM/metrics].")
 @click.option("--engine-poll-interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
               help="Seconds between engine metric polls.")
@@ -100,7 +108,8 @@ def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: i
               help="Raw rows older than this are exported to Parquet beside --db, then deleted.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_metrics_url,
+def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_mapping,
+        engine_metrics_url,
         engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, read_timeout,
         jobs, retention_days, log_level) -> None:
     """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
@@ -110,6 +119,7 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
       headroom run --upstream http://127.0.0.1:8000
       headroom run --upstream http://vllm:8000 --listen 0.0.0.0:9100 --engine vllm
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
+      headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
@@ -126,9 +136,10 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
             spool_dir=spool_dir, engine=engine, engine_metrics_url=engine_metrics_url,
             engine_poll_interval_s=engine_poll_interval, otlp_endpoint=otlp_endpoint,
             read_timeout_s=read_timeout)
+        app = build_sidecar(config, jobs=jobs, retention_days=retention_days,
+                            engine_mapping=engine_mapping)
     except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    app = build_sidecar(config, jobs=jobs, retention_days=retention_days)
+        raise click.UsageError(str(exc)) from None
     click.echo(f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
                f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
