@@ -1,0 +1,108 @@
+"""`headroom demo` end to end at a high --speed: exits 0, prints per-level percentiles that equal a
+direct query of the DuckDB file it wrote, reports both calibers and a knee, and stops cleanly on
+Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import duckdb
+import pytest
+from click.testing import CliRunner
+
+from collector.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    db, summary_path = out / "demo.duckdb", out / "summary.json"
+    started = time.monotonic()
+    result = CliRunner().invoke(main, ["demo", "--speed", "8", "--levels", "1,4,16,32",
+                                       "--level-seconds", "1.2", "--db", str(db),
+                                       "--json", str(summary_path)])
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output, json.loads(summary_path.read_text()), db, elapsed
+
+
+def _direct(db: Path, level: dict) -> dict:
+    start, stop = datetime.fromisoformat(level["start"]), datetime.fromisoformat(level["stop"])
+    with duckdb.connect(str(db), read_only=True) as con:
+        count, limited, p50, p95, p99, tpot95 = con.execute(
+            "SELECT count(*), count(*) FILTER (WHERE outcome = 'rate_limited'), "
+            "quantile_cont(ttft_s, 0.5) FILTER (WHERE outcome = 'ok'), "
+            "quantile_cont(ttft_s, 0.95) FILTER (WHERE outcome = 'ok'), "
+            "quantile_cont(ttft_s, 0.99) FILTER (WHERE outcome = 'ok'), "
+            "quantile_cont(tpot_s, 0.95) FILTER (WHERE outcome = 'ok') "
+            "FROM requests WHERE admitted_at >= ? AND admitted_at < ?", [start, stop]).fetchone()
+    return {"requests": count, "rate_limited": limited, "ttft_p50_s": p50, "ttft_p95_s": p95,
+            "ttft_p99_s": p99, "tpot_p95_s": tpot95}
+
+
+def test_demo_numbers_equal_a_direct_query_of_its_database(demo_run):
+    output, summary, db, elapsed = demo_run
+    assert elapsed < 60
+    assert [level["concurrency"] for level in summary["levels"]] == [1, 4, 16, 32]
+    for level in summary["levels"]:
+        direct = _direct(db, level)
+        assert direct["requests"] == level["requests"] > 0
+        assert direct["rate_limited"] == level["rate_limited"]
+        for key in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "tpot_p95_s"):
+            assert direct[key] == pytest.approx(level[key], rel=1e-9), key
+        printed = " / ".join(f"{direct[k] * 1000:.1f}" for k in ("ttft_p50_s", "ttft_p95_s", "ttft_p99_s"))
+        assert printed in output, f"level {level['concurrency']}: {printed} not printed"
+    assert str(db) in output and summary["db"] == str(db)
+
+
+def test_demo_crosses_the_knee_and_reports_both_calibers(demo_run):
+    output, summary, db, _ = demo_run
+    levels = {level["concurrency"]: level for level in summary["levels"]}
+    assert levels[32]["ttft_p95_s"] > 2 * levels[1]["ttft_p95_s"]     # past max_num_seqs=16
+    calibers = summary["calibers"]
+    assert calibers["peak_inflight"] >= 16
+    assert calibers["peak_active_tokens"] > 10 * calibers["peak_inflight"]   # tokens >> requests
+    assert calibers["per_level_peaks"]["32"]["engine_waiting"] > 0         # engine scrape reached us
+    assert "active tokens" in output and "in-flight requests" in output
+    capacity = summary["capacity"]
+    assert capacity is not None and 1 <= capacity["knee"]["requests"] <= 32
+    assert f"knee at {capacity['knee']['requests']} requests" in output
+    with duckdb.connect(str(db), read_only=True) as con:
+        saved = con.execute("SELECT knee_requests, recommended_pool FROM capacity_estimates").fetchall()
+    assert saved == [(capacity["knee"]["requests"], capacity["recommended_pool"])]
+
+
+def test_demo_rejects_bad_levels_with_a_clear_message():
+    result = CliRunner().invoke(main, ["demo", "--levels", "1,x"])
+    assert result.exit_code == 2 and "comma-separated list of integers" in result.output
+
+
+def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
+    headroom = Path(sys.executable).parent / "headroom"
+    db = tmp_path / "interrupted.duckdb"
+    process = subprocess.Popen([str(headroom), "demo", "--speed", "8", "--level-seconds", "20",
+                                "--db", str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not db.exists() and time.monotonic() < deadline:   # the sidecar opened its store
+            time.sleep(0.1)
+        time.sleep(1.0)                                          # some load is in flight
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr.decode()
+    assert b"interrupted: stopped cleanly" in stderr and b"Traceback" not in stderr
+    with duckdb.connect(str(db), read_only=True) as con:   # the file is closed and readable
+        assert con.execute("SELECT count(*) FROM requests").fetchone()[0] >= 0
