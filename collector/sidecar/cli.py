@@ -14,16 +14,6 @@ __all__ = ["run", "build_sidecar"]
 
 
 
-def _optional(module: str, attribute: str, feature: str):
-    """Import a component owned by another part; a clear error when that part is not built."""
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise click.UsageError(f"{feature} is not available in this build ({exc})") from None
-
-
 def _job_factory(config: SidecarConfig, retention_days: int):
     """Scheduled jobs for the in-process store: rollups, retention to Parquet, estimates, report."""
     from pathlib import Path
@@ -62,11 +52,14 @@ def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: i
     row_sinks = []
     otlp = config.otlp_endpoint
     if otlp:
-        row_sinks.append(_optional("collector.otel", "OtelSink", "--otlp-endpoint")(endpoint=otlp))
+        from collector.otel import OtelSink
+
+        row_sinks.append(OtelSink(endpoint=otlp, upstream=config.upstream))
     batch_sink = None
     if config.store_url:
-        shipper = _optional("collector.service.shipper", "StoreShipper", "--store-url")
-        batch_sink = shipper(config.store_url, config.store_token, config.spool_dir)
+        from collector.service.shipper import StoreShipper
+
+        batch_sink = StoreShipper(config.store_url, config.store_token, config.spool_dir)
     capacity = CapacityGauges()
     job_factory = _job_factory(config, retention_days) if jobs and batch_sink is None else None
     return create_app(config, row_sinks=row_sinks, engine=engine, collectors=collectors,
