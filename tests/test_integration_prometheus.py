@@ -169,6 +169,7 @@ def stack(tmp_path):
 
     handles, processes, closers = [], [], []
     try:
+        # Short prompts knee at max_num_seqs (tests/test_sim_knee.py): the estimate the test exports.
         sim = serve_in_thread(create_sim_app(SimConfig(model=MODEL, max_num_seqs=KNEE_REQUESTS, max_waiting=8,
                                                        speed=4.0, stream_interval=4)))
         handles.append(sim)
@@ -225,6 +226,13 @@ def _empty(prometheus: str, queries: dict) -> dict:
 def test_rules_and_dashboards_on_a_real_prometheus_and_alert_delivery(stack):
     prometheus, webhook = stack["prometheus"], stack["webhook"]
     _wait(lambda: _query(prometheus, f'up{{job="{DEFAULT.sidecar_job}"}} == 1'), 30, "the sidecar scrape")
+    light = Load(stack["sidecar"], concurrency=1)
+    try:
+        below = _wait(lambda: _query(prometheus, f'{R.KNEE_RATIO}{{caliber="requests"}}'), 30, "the knee ratio")
+        assert float(below[0]["value"][1]) < DEFAULT.knee_warning_ratio
+        assert not _query(prometheus, 'ALERTS{alertname="HeadroomConcurrencyNearKnee"}'), "fired below the knee"
+    finally:
+        light.close()
     load = Load(stack["sidecar"], concurrency=16)
     try:
         firing = _wait(lambda: _query(prometheus, 'ALERTS{alertname="HeadroomConcurrencyNearKnee",'
