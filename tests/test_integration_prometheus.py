@@ -219,6 +219,13 @@ def stack(tmp_path):
             close()
 
 
+def _recorded_series() -> list[str]:
+    """One selector per recording rule: its name plus the labels it sets (quantile="0.95", ...)."""
+    groups = yaml.safe_load(rule_files()["headroom-recording.rules.yaml"])["groups"]
+    return [rule["record"] + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(rule.get("labels", {}).items())) + "}"
+            for group in groups for rule in group["rules"]]
+
+
 def _empty(prometheus: str, queries: dict) -> dict:
     return {key: expr for key, expr in queries.items() if not _query(prometheus, expr)}
 
@@ -241,11 +248,9 @@ def test_rules_and_dashboards_on_a_real_prometheus_and_alert_delivery(stack):
         assert firing[0]["metric"]["model"] == MODEL and firing[0]["metric"]["severity"] == "warning"
         assert webhook.delivered.wait(60), f"Alertmanager delivered nothing; got {webhook.notifications}"
 
-        records = {rule["record"] for group in yaml.safe_load(rule_files()["headroom-recording.rules.yaml"])["groups"]
-                   for rule in group["rules"]}
-        queries = {("record", name, ""): name for name in records}
+        queries = {("record", selector, ""): selector for selector in _recorded_series()}
         queries |= {(uid, title, ref): expr for uid, title, ref, expr in dashboard_queries()}
-        allowed = {("record", name, "") for name in MAY_BE_EMPTY_RECORDS} | set(MAY_BE_EMPTY_PANELS)
+        allowed = {("record", name + "{}", "") for name in MAY_BE_EMPTY_RECORDS} | set(MAY_BE_EMPTY_PANELS)
         deadline = time.monotonic() + 60
         while (left := set(_empty(prometheus, queries)) - allowed) and time.monotonic() < deadline:
             time.sleep(2)
