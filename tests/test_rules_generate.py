@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_committed_alerts_are_not_stale(tmp_path):
     result = CliRunner().invoke(main, ["alerts", "generate", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (ROOT / "alerts").iterdir())
     for path in sorted(tmp_path.iterdir()):
         committed = ROOT / "alerts" / path.name
         assert committed.read_bytes() == path.read_bytes(), \
