@@ -179,8 +179,9 @@ def stack(tmp_path):
         store = RequestStore(str(tmp_path / "log.duckdb"))
         closers.append(store.close)
         config = SidecarConfig(upstream=sim.url, db_path=None, instance="sidecar-it", engine="vllm")
-        app = create_app(config, engine=build_engine_source("vllm", f"{sim.url}/metrics", 0.5),
-                         collectors=(GpuCollector(),), capacity=gauges, batch_sink=store)
+        engine = build_engine_source("vllm", f"{sim.url}/metrics", 0.5)
+        engine.attach(GpuCollector())  # wired as `headroom run` does: one scrape-health family
+        app = create_app(config, engine=engine, capacity=gauges, batch_sink=store)
         sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
         handles.append(sidecar)
         webhook = Webhook("HeadroomConcurrencyNearKnee")
