@@ -3,6 +3,8 @@
 The rule (DOMAIN §7): walk the levels upward; the knee is the last level before one where
   * total tokens/s < 1.05 x the previous level's (throughput stopped rising), or
   * p95 TTFT > 2 x its low-load value and at least 50 ms above it (queueing began), or
+    (both read as LevelStats.ttft_p95_persistent_s when known: the rise must show in both halves
+    of the level's requests, so one scheduling stall on a busy host is not a knee)
   * the error ratio (429s, timeouts, failures) exceeds 5 %.
 If no level trips the rule the knee is the highest level measured and `reached` is False.
 
@@ -62,12 +64,17 @@ def _tripped(prev: LevelStats, cur: LevelStats, baseline_ttft: float | None,
         return (f"throughput at {cur.concurrency} ({cur.total_tokens_per_s:.1f} tok/s) < "
                 f"{rule.min_throughput_gain} x level {prev.concurrency} "
                 f"({prev.total_tokens_per_s:.1f} tok/s)")
-    ttft = cur.ttft_p95_s
+    ttft = _ttft(cur)
     if baseline_ttft is not None and ttft is not None and ttft > rule.ttft_factor * baseline_ttft \
             and ttft - baseline_ttft >= rule.min_ttft_rise_s:
         return (f"p95 TTFT at {cur.concurrency} ({ttft:.3f} s) > {rule.ttft_factor} x "
                 f"low-load p95 ({baseline_ttft:.3f} s)")
     return None
+
+
+def _ttft(level: LevelStats) -> float | None:
+    """The p95 TTFT the rule reads: the persistent one when the level had enough samples."""
+    return level.ttft_p95_s if level.ttft_p95_persistent_s is None else level.ttft_p95_persistent_s
 
 
 def _nearest_level(x: float, levels: Sequence[int]) -> int:
@@ -110,7 +117,7 @@ def detect_knee(levels: Sequence[LevelStats], rule: KneeRule = KneeRule()) -> Kn
     if not levels:
         raise ValueError("no levels to analyse; run at least one concurrency level")
     ordered = sorted(levels, key=lambda s: s.concurrency)
-    baseline = ordered[0].ttft_p95_s
+    baseline = _ttft(ordered[0])
     knee, reason, reached = ordered[-1], f"no level tripped the rule up to {ordered[-1].concurrency}", False
     if ordered[0].error_ratio > rule.max_error_ratio:
         knee, reason, reached = ordered[0], "the lowest level already failed", True

@@ -4,6 +4,11 @@ Throughput comes from a time window (completions inside it / its length), never 
 requests; latency percentiles and error ratios come from the requests admitted inside it. A probe
 passes its own measurement window (after warm-up); without one, the window runs from the first to
 the last admission among the rows, which in a closed loop spans whole waves of requests.
+
+`ttft_p95_persistent_s` is the lower of the p95 TTFTs of the first and the second half of the
+level's requests (in admission order). Queueing past the knee raises both halves; one scheduling
+stall on a busy host raises one half only. The knee rule reads this value so that a blip of a
+few requests is not taken for a knee.
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from collector.analysis.littles_law import LittlesLaw, littles_law_check
-from collector.analysis.stats import mean, percentiles, seconds
+from collector.analysis.stats import mean, percentile, percentiles, seconds
 
-__all__ = ["LevelStats", "summarize_level", "default_window"]
+__all__ = ["LevelStats", "summarize_level", "default_window", "persistent_p95"]
 
 Row = Mapping[str, Any]
 
@@ -44,6 +49,7 @@ class LevelStats:
     error_ratio: float  # every outcome other than ok, 429 and timeouts included
     mean_active_tokens: float | None  # token caliber: mean active_tokens_at_admit
     littles_law: LittlesLaw | None
+    ttft_p95_persistent_s: float | None = None  # min of the two halves' p95 (module docstring)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON (floats rounded to microseconds / 0.001 tokens)."""
@@ -62,6 +68,20 @@ def default_window(rows: Sequence[Row]) -> tuple[float, float]:
     if end - start <= 0 or not any(start < t <= end for t in completed):
         end = max(completed, default=start)
     return start, end
+
+
+def persistent_p95(values_in_order: Sequence[float | None]) -> float | None:
+    """min(p95 of the first half, p95 of the second half); None below 4 values.
+
+    Examples: [0.1] * 19 + [0.9] -> 0.1 (one stall, in the second half only);
+    [0.5] * 20 -> 0.5 (a queue lifts both halves).
+    """
+    data = [v for v in values_in_order if v is not None]
+    if len(data) < 4:
+        return None
+    middle = len(data) // 2
+    halves = (percentile(data[:middle], 0.95), percentile(data[middle:], 0.95))
+    return min(h for h in halves if h is not None)
 
 
 def _ratio(rows: Sequence[Row], *outcomes: str) -> float:
@@ -107,4 +127,7 @@ def summarize_level(rows: Sequence[Row], concurrency: int, *,
         error_ratio=1.0 - _ratio(inside, "ok"),
         mean_active_tokens=mean(r.get("active_tokens_at_admit") for r in inside),
         littles_law=littles,
+        ttft_p95_persistent_s=persistent_p95(
+            [r.get("ttft_s") for r in sorted(inside, key=lambda r: seconds(r["admitted_at"]))
+             if r.get("outcome") == "ok"]),
     )

@@ -1,6 +1,9 @@
 """The concurrency-gradient probe: closed-loop load at 1, 2, 4, ... concurrent requests.
 
-Per level: `level` workers each send a request, and a new one as soon as theirs ends. The first
+Per level: `level` workers each send a request, and a new one as soon as theirs ends. Workers
+start staggered over one request duration (the previous level's median e2e), so arrivals are
+spread as in real traffic instead of arriving in lockstep, where every prompt would be prefilled
+in the same engine step and TTFT would grow with the level for that reason alone. The first
 `warmup_per_worker x level` completions are warm-up (caches, batch ramp) and are not measured.
 Then the probe measures until p95 TTFT stops drifting: every window of max(level, 4) completions
 it recomputes p95 TTFT over all measured requests, and stops when it moved less than 5 % since
@@ -56,6 +59,7 @@ class ProbeSettings:
     max_samples: int = 400
     max_level_s: float = 120.0
     drift_tolerance: float = 0.05
+    drift_window: int = 4  # completions per drift check at least (at least `level` too)
     request_timeout_s: float = 300.0
     connect_timeout_s: float = 5.0
     saturation_error_ratio: float = 0.25
@@ -122,7 +126,7 @@ def saturation_reason(stats: LevelStats, baseline_ttft_s: float | None, settings
     if stats.error_ratio >= settings.saturation_error_ratio:
         return (f"error ratio {stats.error_ratio:.0%} at concurrency {stats.concurrency} "
                 f">= {settings.saturation_error_ratio:.0%}")
-    ttft = stats.ttft_p95_s
+    ttft = stats.ttft_p95_s if stats.ttft_p95_persistent_s is None else stats.ttft_p95_persistent_s
     if ttft is None:
         return None
     if settings.slo.ttft_p95_s is not None:
@@ -163,7 +167,7 @@ class _Level:
     def check(self) -> None:
         settings, n_all = self.settings, len(self.rows)
         failed = sum(1 for r in self.rows if r["outcome"] != "ok")
-        if n_all >= max(self.concurrency, 4) and failed / n_all >= 0.5:
+        if n_all >= max(self.concurrency, settings.drift_window) and failed / n_all >= 0.5:
             return self._stop(f"failing: {failed} of {n_all} requests failed")
         if self.measuring_since is None:
             if n_all >= settings.warmup_per_worker * self.concurrency:
@@ -177,7 +181,7 @@ class _Level:
         if len(measured) >= self.next_check:
             p95 = percentile([r["ttft_s"] for r in measured], 0.95)
             previous, self.last_p95 = self.last_p95, p95
-            self.next_check = len(measured) + max(self.concurrency, 4)
+            self.next_check = len(measured) + max(self.concurrency, settings.drift_window)
             if previous and p95 is not None and abs(p95 - previous) / previous < settings.drift_tolerance:
                 return self._stop(f"p95 TTFT stable (moved {abs(p95 - previous) / previous:.1%} "
                                   f"over the last window)")
@@ -214,16 +218,19 @@ class _Runner:
         return RequestSpec(request_id, self.run_id, self.url, self.settings.endpoint, self.model,
                            self.settings.max_tokens, payload, estimate_tokens(prompt))
 
-    async def _worker(self, level: _Level) -> None:
+    async def _worker(self, level: _Level, delay_s: float) -> None:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         while not level.done.is_set():
             row = await send_one(self.session, self._spec(level), self.meter)
             level.rows.append(row)
             level.check()
             self.progress(level.concurrency, len(level.measured()), self.settings.max_samples)
 
-    async def run_level(self, concurrency: int) -> LevelRun:
+    async def run_level(self, concurrency: int, stagger_s: float = 0.0) -> LevelRun:
         level = _Level(concurrency, self.settings, self.meter)
-        workers = [asyncio.create_task(self._worker(level)) for _ in range(concurrency)]
+        workers = [asyncio.create_task(self._worker(level, i * stagger_s / concurrency))
+                   for i in range(concurrency)]
         try:
             await asyncio.wait_for(level.done.wait(), self.settings.max_level_s + 5)
         except asyncio.TimeoutError:
@@ -262,14 +269,17 @@ async def run_probe(settings: ProbeSettings, *,
         runner = _Runner(settings, session, model, run_id, progress)
         result = ProbeResult(run_id, model, settings.url, [])
         baseline: float | None = None
+        stagger_s = 0.0
         for concurrency in levels:
-            level = await runner.run_level(concurrency)
+            level = await runner.run_level(concurrency, stagger_s)
+            stagger_s = min(level.stats.e2e_p50_s or 0.0, settings.max_level_s / 4)
             result.levels.append(level)
             if write_rows is not None:
                 write_rows(level.rows)
             if on_level:
                 on_level(level)
-            baseline = baseline if baseline is not None else level.stats.ttft_p95_s
+            baseline = baseline if baseline is not None else (
+                level.stats.ttft_p95_persistent_s or level.stats.ttft_p95_s)
             why = saturation_reason(level.stats, baseline, settings)
             if why and concurrency != levels[-1]:
                 result.stopped_early = f"stopped after concurrency {concurrency}: saturated, {why}"
