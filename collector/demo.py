@@ -87,7 +87,7 @@ def run_demo(*, speed: float, levels: list[int], level_s: float, max_num_seqs: i
         app = build_sidecar(SidecarConfig(upstream=sim.url, listen_port=0, db_path=db_path,
                                           instance="demo", engine="vllm",
                                           engine_metrics_url=f"{sim.url}/metrics",
-                                          engine_poll_interval_s=0.25))
+                                          engine_poll_interval_s=0.25), jobs=False)
         sidecar = serve_in_thread(app)
         try:
             columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())

@@ -91,7 +91,9 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     db = tmp_path / "interrupted.duckdb"
     process = subprocess.Popen([str(headroom), "demo", "--speed", "8", "--level-seconds", "20",
                                 "--db", str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
+                               env=os.environ | {"PYTHONUNBUFFERED": "1"},
+                               # a background job inherits SIGINT ignored; Ctrl-C must reach it
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 30
         while not db.exists() and time.monotonic() < deadline:   # the sidecar opened its store
