@@ -80,3 +80,22 @@ def test_littles_law_holds_on_a_closed_loop_and_flags_lost_rows():
     # a counter that saw 8 in flight while half the rows never reached the log
     lost = littles_law_check(rows[::2], start, end, measured_inflight=8.0)
     assert not lost.consistent and lost.ratio == pytest.approx(2.0, rel=0.1)
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([0.1] * 19 + [0.9], 0.1),               # one stall, second half only: ignored
+    ([0.9] + [0.1] * 19, 0.1),               # ... or first half only
+    ([0.5] * 20, 0.5),                       # a queue lifts both halves
+    ([0.1, 0.2, 0.3], None),                 # too few to split
+])
+def test_persistent_p95_needs_both_halves(values, expected):
+    from collector.analysis.levels import persistent_p95
+
+    assert persistent_p95(values) == (None if expected is None else pytest.approx(expected))
+
+
+def test_summarize_level_reports_persistent_p95_in_admission_order():
+    rows = [_row(i, i * 0.5, 1.0, ttft_s=0.1) for i in range(20)]
+    rows[15]["ttft_s"] = 2.0  # one stalled request late in the level
+    stats = summarize_level(rows, 2)
+    assert stats.ttft_p95_s > 0.1 and stats.ttft_p95_persistent_s == pytest.approx(0.1)

@@ -78,3 +78,14 @@ def test_kneedle_edge_result_means_no_knee():
 def test_no_levels_is_an_error_naming_what_to_do():
     with pytest.raises(ValueError, match="run at least one"):
         detect_knee([])
+
+
+def test_a_stall_in_one_half_of_a_level_is_not_a_knee():
+    from dataclasses import replace
+
+    levels = ladder([100, 200, 400, 800, 1600, 1610], [0.02] * 6)
+    # level 8: p95 0.4 s from one stalled burst, but the other half of its requests was fine
+    levels[3] = replace(levels[3], ttft_p95_s=0.4, ttft_p95_persistent_s=0.02)
+    assert detect_knee(levels).requests == 16
+    levels[3] = replace(levels[3], ttft_p95_persistent_s=0.3)  # both halves slow: queueing
+    assert detect_knee(levels).requests == 4

@@ -24,16 +24,24 @@ def _levels(text: str) -> tuple[int, ...]:
 def _row_writer(db: str | None, store_url: str | None, store_token: str | None):
     """Where probe rows go: a DuckDB file, a store service, or nowhere. Returns (write, close, store)."""
     if db:
+        import duckdb
+
         from collector.store.db import RequestStore
 
-        store = RequestStore(db)
+        try:
+            store = RequestStore(db)
+        except duckdb.IOException as exc:
+            raise click.ClickException(
+                f"cannot open --db {db}: {exc}; a running sidecar owns that file, so pass "
+                "--store-url to ship rows to the store service, or another --db file") from None
         return store.insert_rows, store.close, store
     if store_url:
         import tempfile
 
         from collector.service.shipper import StoreShipper
 
-        shipper = StoreShipper(store_url, store_token or "", Path(tempfile.mkdtemp(prefix="probe-spool-")))
+        spool = Path(tempfile.mkdtemp(prefix="probe-spool-"))
+        shipper = StoreShipper(store_url, store_token or "", spool)
         return shipper.write_batch, shipper.close, None
     return None, (lambda: None), None
 
@@ -64,9 +72,11 @@ Examples:
               default="interactive", show_default=True, help="Pool recommendation profile.")
 @click.option("--json", "json_path", default=None, help="Write the estimate as JSON here.")
 @click.option("--plot", "plot_path", default=None, help="Write a PNG here (and an .html beside it).")
-@click.option("--db", default=None, help="DuckDB request log to append rows (source='probe') and the estimate to.")
+@click.option("--db", default=None,
+              help="DuckDB request log to append rows (source='probe') and the estimate to.")
 @click.option("--store-url", default=None, help="Ship rows to a `headroom store` service instead.")
-@click.option("--store-token", envvar="HEADROOM_STORE_TOKEN", default=None, help="Bearer token for --store-url.")
+@click.option("--store-token", envvar="HEADROOM_TOKEN", default=None,
+              help="Bearer token for --store-url [env: HEADROOM_TOKEN].")
 @click.option("--max-samples", default=400, show_default=True, help="Per-level cap on measured requests.")
 @click.option("--max-level-seconds", default=120.0, show_default=True, help="Per-level time cap.")
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Per-request timeout (s).")
@@ -82,36 +92,19 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
     cap). 429s count as failures and are not retried; the probe stops early once a level is
     clearly saturated and says why.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn
-
     from collector.analysis.estimate import estimate_from_probe, save_estimate
-    from collector.analysis.probe import ProbeError, ProbeSettings, run_probe
+    from collector.analysis.probe import ProbeError
     from collector.analysis.render import print_estimate
     from collector.analysis.slo import Slo
 
     slo = Slo(ttft_p95_s=slo_ttft_p95, tpot_p95_s=slo_tpot_p95)
-    try:
-        settings = ProbeSettings(url=url, model=model, levels=_levels(levels), max_tokens=max_tokens,
-                                 ignore_eos=ignore_eos, prompts=prompts, endpoint=endpoint, slo=slo,
-                                 max_samples=max_samples, max_level_s=max_level_seconds,
-                                 request_timeout_s=timeout_s, seed=seed)
-        from collector.analysis.prompts import load_prompts
-
-        load_prompts(prompts)  # a bad --prompts fails before any load
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    settings = _settings(url=url, model=model, levels=_levels(levels), max_tokens=max_tokens,
+                         ignore_eos=ignore_eos, prompts=prompts, endpoint=endpoint, slo=slo,
+                         max_samples=max_samples, max_level_s=max_level_seconds,
+                         request_timeout_s=timeout_s, seed=seed)
     write, close, store = _row_writer(db, store_url, store_token)
-    console = Console(stderr=True)
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} measured"),
-                      console=console, transient=True) as bar:
-            task = bar.add_task("connecting", total=max_samples)
-
-            def progress(level: int, measured: int, cap: int) -> None:
-                bar.update(task, description=f"concurrency {level}", completed=measured, total=cap)
-
-            result = asyncio.run(run_probe(settings, write_rows=write, progress=progress))
+        result = _run_with_progress(settings, write)
         estimate = estimate_from_probe(result, slo=slo, profile=profile)
         print_estimate(estimate)
         if store is not None:
@@ -130,9 +123,39 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
         click.echo(f"wrote {png} and {html}")
 
 
+def _settings(**values):
+    """ProbeSettings, with bad values (such as an unreadable --prompts file) as usage errors."""
+    from collector.analysis.probe import ProbeSettings
+    from collector.analysis.prompts import load_prompts
+
+    try:
+        load_prompts(values["prompts"])  # fails before any load is sent
+        return ProbeSettings(**values)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _run_with_progress(settings, write):
+    """Run the probe under a rich progress bar on stderr (level and measured requests)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from collector.analysis.probe import run_probe
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} measured"))
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("connecting", total=settings.max_samples)
+
+        def progress(level: int, measured: int, cap: int) -> None:
+            bar.update(task, description=f"concurrency {level}", completed=measured, total=cap)
+
+        return asyncio.run(run_probe(settings, write_rows=write, progress=progress))
+
+
 @click.group("capacity", epilog="""\b
 Examples:
-  headroom capacity kv --gpu-memory-gb 96 --weights-gb 20 --layers 80 --kv-heads 8 --head-dim 128 --max-context 8192
+  headroom capacity kv --gpu-memory-gb 96 --weights-gb 20 \\
+      --layers 80 --kv-heads 8 --head-dim 128 --max-context 8192
   headroom capacity kv --usable-gb 57 --kv-per-request-gb 3
   headroom capacity quota --rpm 600 --tpm 1000000 --mean-e2e-s 10 --mean-tokens-per-request 4000
   headroom capacity curve --db headroom.duckdb --since 2026-11-30T00:00:00+00:00 --caliber requests

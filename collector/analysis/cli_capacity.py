@@ -25,7 +25,8 @@ def _emit(data: dict, as_json: bool, lines: list[str]) -> None:
 @click.option("--weights-gb", type=float, default=0.0, show_default=True, help="Model weights (GB).")
 @click.option("--usable-fraction", type=float, default=0.8, show_default=True,
               help="Share of GPU memory the engine may use (vLLM gpu_memory_utilization).")
-@click.option("--reserve-gb", type=float, default=0.0, show_default=True, help="Activation/framework reserve (GB).")
+@click.option("--reserve-gb", type=float, default=0.0, show_default=True,
+              help="Activation/framework reserve (GB).")
 @click.option("--kv-per-request-gb", type=float, default=None, help="KV per request at max context (GB).")
 @click.option("--layers", type=int, default=None)
 @click.option("--kv-heads", type=int, default=None, help="Key/value heads (GQA groups).")
@@ -40,7 +41,8 @@ def kv(usable_gb, gpu_memory_gb, weights_gb, usable_fraction, reserve_gb, kv_per
     \b
     Examples:
       headroom capacity kv --usable-gb 57 --kv-per-request-gb 3           # -> ceiling 19, configure 13
-      headroom capacity kv --gpu-memory-gb 80 --weights-gb 16 --layers 32 --kv-heads 8 --head-dim 128 --max-context 8192
+      headroom capacity kv --gpu-memory-gb 80 --weights-gb 16 \\
+          --layers 32 --kv-heads 8 --head-dim 128 --max-context 8192
     """
     from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 
@@ -48,8 +50,10 @@ def kv(usable_gb, gpu_memory_gb, weights_gb, usable_fraction, reserve_gb, kv_per
         if usable_gb is not None:
             usable = usable_gb * _GB
         elif gpu_memory_gb is not None:
-            usable = usable_memory_bytes(gpu_memory_bytes=gpu_memory_gb * _GB, weights_bytes=weights_gb * _GB,
-                                         usable_fraction=usable_fraction, reserve_bytes=reserve_gb * _GB)
+            usable = usable_memory_bytes(gpu_memory_bytes=gpu_memory_gb * _GB,
+                                         weights_bytes=weights_gb * _GB,
+                                         usable_fraction=usable_fraction,
+                                         reserve_bytes=reserve_gb * _GB)
         else:
             raise click.UsageError("give --usable-gb, or --gpu-memory-gb with --weights-gb")
         if kv_per_request_gb is not None:
@@ -59,7 +63,8 @@ def kv(usable_gb, gpu_memory_gb, weights_gb, usable_fraction, reserve_gb, kv_per
                                            bytes_per_element=bytes_per_element)
             per_request = per_token * max_context
         else:
-            raise click.UsageError("give --kv-per-request-gb, or --layers, --kv-heads, --head-dim and --max-context")
+            raise click.UsageError("give --kv-per-request-gb, or --layers, --kv-heads, --head-dim "
+                                   "and --max-context")
         result = kv_ceiling(usable_bytes=usable, kv_bytes_per_request=per_request)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -142,7 +147,8 @@ def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
     lines = [f"{'bucket':>8} {'n':>6} {'windows':>7} {'tok/s':>9} {'TTFT p95':>9} {'errors':>6}"]
     for b in result.buckets:
         ttft = "-" if b.ttft_p95_s is None else f"{b.ttft_p95_s:.3f}"
-        lines.append(f"{b.concurrency:>8} {b.samples:>6} {result.windows_per_bucket.get(b.concurrency, 0):>7} "
+        windows = result.windows_per_bucket.get(b.concurrency, 0)
+        lines.append(f"{b.concurrency:>8} {b.samples:>6} {windows:>7} "
                      f"{b.total_tokens_per_s:>9.1f} {ttft:>9} {b.error_ratio:>6.0%}")
     knee = result.knee
     lines.append(f"knee: {knee.requests if knee else '-'} ({caliber}), confidence {result.confidence}: "

@@ -136,7 +136,8 @@ def saturation_reason(stats: LevelStats, baseline_ttft_s: float | None, settings
     else:
         return None
     if ttft > limit:
-        return f"p95 TTFT {ttft:.3f} s at concurrency {stats.concurrency} is far beyond {what} (limit {limit:.3f} s)"
+        return (f"p95 TTFT {ttft:.3f} s at concurrency {stats.concurrency} is far beyond {what} "
+                f"(limit {limit:.3f} s)")
     return None
 
 
