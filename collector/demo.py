@@ -67,8 +67,12 @@ async def _drive(url: str, levels: list[int], level_s: float, payload, progress)
 
 def run_demo(*, speed: float, levels: list[int], level_s: float, max_num_seqs: int,
              kv_cache_tokens: int, db_path: str, seed: int, slo_ttft_p95_s: float | None,
-             console, progress_console, keep_serving: bool = False) -> dict:
-    """Run the whole demo and return the summary dict (also what --json writes)."""
+             progress_console, report=None, keep_serving: bool = False) -> dict:
+    """Run the whole demo and return the summary dict (also what --json writes).
+
+    `report(summary)` runs while both servers are still up; with keep_serving they then stay up
+    until Ctrl-C.
+    """
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from collector.serving import serve_in_thread
@@ -104,9 +108,12 @@ def run_demo(*, speed: float, levels: list[int], level_s: float, max_num_seqs: i
                 "calibers": caliber_course(samples, levels),
                 "capacity": capacity_estimate(store, windows, sim_config.model, slo_ttft_p95_s,
                                               gauges=app.state.capacity),
+                "serving": keep_serving,
             }
+            if report is not None:
+                report(summary)
             if keep_serving:
-                _serve_until_interrupted(summary, console)
+                _serve_until_interrupted()
             return summary
         finally:
             sidecar.stop()
@@ -114,8 +121,7 @@ def run_demo(*, speed: float, levels: list[int], level_s: float, max_num_seqs: i
         sim.stop()
 
 
-def _serve_until_interrupted(summary: dict, console) -> None:
-    console.print(f"serving: sidecar {summary['sidecar_url']}  engine {summary['sim_url']}  (Ctrl-C to stop)")
+def _serve_until_interrupted() -> None:
     try:
         while True:
             time.sleep(1.0)
@@ -168,15 +174,17 @@ def demo(speed, levels_text, level_seconds, duration, max_num_seqs, kv_cache_tok
     db_path = db_path or str(Path(tempfile.mkdtemp(prefix="headroom-demo-")) / "headroom.duckdb")
     # a pipe or file gets the full-width table (rich would cut it to 80 columns)
     console = Console() if sys.stdout.isatty() else Console(width=130)
+    def report(summary: dict) -> None:
+        if json_path:
+            summary["json"] = os.path.abspath(json_path)
+            Path(json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        render_summary(summary, console)
+
     try:
-        summary = run_demo(speed=speed, levels=levels, level_s=level_s, max_num_seqs=max_num_seqs,
-                           kv_cache_tokens=kv_cache_tokens, db_path=db_path, seed=seed,
-                           slo_ttft_p95_s=slo_ttft_p95, console=console,
-                           progress_console=Console(stderr=True), keep_serving=keep_serving)
+        run_demo(speed=speed, levels=levels, level_s=level_s, max_num_seqs=max_num_seqs,
+                 kv_cache_tokens=kv_cache_tokens, db_path=db_path, seed=seed,
+                 slo_ttft_p95_s=slo_ttft_p95, progress_console=Console(stderr=True),
+                 report=report, keep_serving=keep_serving)
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: stopped cleanly; rows so far are in {db_path}", err=True)
         sys.exit(130)
-    if json_path:
-        summary["json"] = os.path.abspath(json_path)
-        Path(json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    render_summary(summary, console)

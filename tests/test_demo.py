@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import duckdb
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -108,3 +109,29 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     assert b"interrupted: stopped cleanly" in stderr and b"Traceback" not in stderr
     with duckdb.connect(str(db), read_only=True) as con:   # the file is closed and readable
         assert con.execute("SELECT count(*) FROM requests").fetchone()[0] >= 0
+
+
+@pytest.mark.timeout(90)
+def test_keep_serving_exposes_the_capacity_gauges_until_ctrl_c(tmp_path):
+    headroom = Path(sys.executable).parent / "headroom"
+    process = subprocess.Popen([str(headroom), "demo", "--speed", "8", "--levels", "1,8,32",
+                                "--level-seconds", "0.8", "--db", str(tmp_path / "k.duckdb"),
+                                "--keep-serving"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               env=os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        lines = []
+        for raw in process.stdout:                      # bounded: the demo ends its load by itself
+            lines.append(raw.decode())
+            if "keep serving until Ctrl-C" in lines[-1]:
+                break
+        sidecar = next(line.split()[1] for line in lines if line.strip().startswith("sidecar"))
+        metrics = httpx.get(sidecar, timeout=10).text
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert 'headroom_capacity_knee{caliber="requests",model="headroom-sim"}' in metrics
+    assert "headroom_capacity_recommended_pool" in metrics
+    assert process.returncode == 0

@@ -55,9 +55,13 @@ def render_summary(summary: dict, console: Console) -> None:
                       f"simulator max_num_seqs={summary['sim']['max_num_seqs']}")
     else:
         console.print("\n[bold]Capacity[/]: analysis not available in this build; the table above is the raw data")
-    console.print(f"\n[bold]Where things live[/]\n  request log  {summary['db']}  "
-                  f"(duckdb {summary['db']} \"SELECT * FROM requests LIMIT 5\")\n"
-                  f"  sidecar      {summary['sidecar_url']}/metrics (headroom_*)\n"
+    console.print(f"\n[bold]Where things live[/]\n  request log  {summary['db']}\n"
+                  f"  review       headroom report --db {summary['db']} --since 1d\n"
+                  f"  sidecar      {summary['sidecar_url']}/metrics (headroom_*, incl. headroom_capacity_*)\n"
                   f"  engine       {summary['sim_url']}/metrics (vllm:*) and /sim/state")
+    if summary.get("serving"):
+        console.print("  both keep serving until Ctrl-C")
+    else:
+        console.print("  both stopped with the demo; --keep-serving keeps them up to explore")
     if summary.get("json"):
         console.print(f"  summary      {summary['json']}")
