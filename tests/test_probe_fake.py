@@ -11,7 +11,7 @@ import time
 import orjson
 import pytest
 from click.testing import CliRunner
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from PIL import Image
 
@@ -26,8 +26,9 @@ TOKEN_DELAY_S = 0.012
 TOKENS = 8
 
 
-def fake_app(slots: int = 4, reject_every: int = 0) -> FastAPI:
-    """OpenAI-ish server with `slots` concurrent streams; every `reject_every`-th request gets 429."""
+def fake_app(slots: int = 4, reject_every: int = 0, api_key: str | None = None) -> FastAPI:
+    """OpenAI-ish server with `slots` concurrent streams; every `reject_every`-th request gets 429;
+    with `api_key`, requests without that bearer token get 401."""
     app = FastAPI()
     app.state.requests = 0
     gate = asyncio.Semaphore(slots)
@@ -49,8 +50,10 @@ def fake_app(slots: int = 4, reject_every: int = 0) -> FastAPI:
         return {"data": [{"id": "fake-model"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat():
+    async def chat(request: Request):
         app.state.requests += 1
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
         if reject_every and app.state.requests % reject_every == 0:
             return JSONResponse({"error": {"message": "slow down"}}, status_code=429)
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -115,6 +118,17 @@ async def test_saturated_server_stops_early_and_says_why(serve):
     assert [lv.concurrency for lv in result.levels] == [1]
     assert "saturated" in result.stopped_early and "error ratio 100%" in result.stopped_early
     assert server.server.config.app.state.requests <= 8  # gave up after a handful
+
+
+async def test_api_key_is_sent_and_never_stored(serve):
+    server = serve(fake_app(slots=8, api_key="sk-secret"))
+    written: list[dict] = []
+    result = await run_probe(quick(server.url, levels=(1,), api_key="sk-secret"),
+                             write_rows=written.extend)
+    assert result.levels[0].stats.error_ratio == 0
+    assert "sk-secret" not in repr(written) and "sk-secret" not in repr(quick(server.url, api_key="sk-secret"))
+    refused = await run_probe(quick(server.url, levels=(1, 2)))
+    assert refused.levels[0].rows[0]["outcome"] == "bad_request" and "saturated" in refused.stopped_early
 
 
 async def test_dead_url_fails_fast_with_a_clear_message():

@@ -83,9 +83,11 @@ Examples:
 @click.option("--endpoint", type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
               default="/v1/chat/completions", show_default=True)
 @click.option("--seed", default=0, show_default=True, help="Seed of the prompt order.")
+@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
+              help="Bearer token for the server under test [env: OPENAI_API_KEY]; never stored.")
 def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo_tpot_p95, profile,
           json_path, plot_path, db, store_url, store_token, max_samples, max_level_seconds,
-          timeout_s, endpoint, seed) -> None:
+          timeout_s, endpoint, seed, api_key) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
     Each level warms up, then measures until p95 TTFT moves less than 5 % between windows (or a
@@ -101,7 +103,7 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
     settings = _settings(url=url, model=model, levels=_levels(levels), max_tokens=max_tokens,
                          ignore_eos=ignore_eos, prompts=prompts, endpoint=endpoint, slo=slo,
                          max_samples=max_samples, max_level_s=max_level_seconds,
-                         request_timeout_s=timeout_s, seed=seed)
+                         request_timeout_s=timeout_s, seed=seed, api_key=api_key)
     write, close, store = _row_writer(db, store_url, store_token)
     try:
         result = _run_with_progress(settings, write)

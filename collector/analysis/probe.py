@@ -66,6 +66,7 @@ class ProbeSettings:
     saturation_ttft_factor: float = 10.0  # x low-load p95 TTFT, or x SLO / 3 when an SLO is set
     seed: int = 0
     run_id: str | None = None
+    api_key: str | None = field(default=None, repr=False)  # sent as a bearer token, never stored
 
 
 @dataclass
@@ -264,7 +265,8 @@ async def run_probe(settings: ProbeSettings, *,
     timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s,
                                     sock_connect=settings.connect_timeout_s)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else None
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
         base = _base_url(settings.url)
         model = await _resolve_model(session, base, settings.model, settings.connect_timeout_s)
         runner = _Runner(settings, session, model, run_id, progress)
