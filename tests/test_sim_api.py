@@ -132,3 +132,12 @@ def test_full_queue_gives_429_with_retry_after_and_disconnect_frees_the_slot():
                 assert queued.status_code == 200 and running.status_code == 200
         state = _wait_for(url, lambda s: s["running"] == 0 and s["waiting"] == 0)
         assert state["kv_used_blocks"] == 0  # aborted requests gave their KV blocks back
+
+
+def test_non_streaming_client_that_leaves_frees_its_slot():
+    with running_sim(speed=0.2) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", timeout=httpx.Timeout(10, read=0.3),
+                       json=_chat("wait", max_tokens=2000, ignore_eos=True))
+        state = _wait_for(url, lambda s: s["running"] == 0 and s["waiting"] == 0)
+        assert state["kv_used_blocks"] == 0 and state["generation_tokens_total"] < 2000

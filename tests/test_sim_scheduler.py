@@ -131,3 +131,12 @@ def test_config_errors_name_the_bad_value():
         SimConfig(flavor="tgi")
     with pytest.raises(ValueError, match="max_num_seqs=0"):
         SimConfig(max_num_seqs=0)
+
+
+def test_max_waiting_counts_only_requests_beyond_free_slots():
+    sched = Scheduler(SimConfig(max_num_seqs=2, max_waiting=0))
+    first, second, third = _requests(3, 10, 5)
+    sched.add(first)
+    sched.add(second)              # both fit in free slots: nothing waits for a slot
+    with pytest.raises(QueueFull):
+        sched.add(third)

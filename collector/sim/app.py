@@ -6,6 +6,7 @@ with uvicorn (`headroom sim`) or `collector.serving.serve_in_thread` (tests, `he
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 
 import orjson
@@ -25,6 +26,7 @@ from collector.sim.slots import slots_view
 __all__ = ["create_sim_app"]
 
 RETRY_AFTER_S = 1
+DISCONNECT_POLL_S = 0.5
 
 
 def _error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
@@ -83,7 +85,12 @@ async def _complete(engine: Engine, request: Request, chat: bool) -> Response:
         return StreamingResponse(_stream_events(engine, stream, parsed, model),
                                  media_type="text/event-stream")
     while not stream.finished:
-        await stream.changed.wait()
+        try:
+            await asyncio.wait_for(stream.changed.wait(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                engine.abort(stream)     # like vLLM: a client that left frees its slot
+                return Response(status_code=499)
         stream.changed.clear()
     return JSONResponse(full_response(parsed, model, sim_request.generated))
 

@@ -75,8 +75,13 @@ class Scheduler:
 
     # --- queue -------------------------------------------------------------------------------
     def add(self, request: SimRequest) -> None:
-        """Queue a request; raises QueueFull when max_waiting requests already wait."""
-        if len(self.waiting) >= self.config.max_waiting:
+        """Queue a request; raises QueueFull when max_waiting requests already wait for a slot.
+
+        Requests that free slots will take at the next step do not count as waiting, so
+        max_waiting=0 means "no queue": accept only what the batch has room for.
+        """
+        free_slots = max(0, self.config.max_num_seqs - len(self.running))
+        if len(self.waiting) - free_slots >= self.config.max_waiting:
             raise QueueFull(f"{len(self.waiting)} requests waiting (max_waiting={self.config.max_waiting})")
         self.waiting.append(request)
 
