@@ -22,7 +22,7 @@ import orjson
 
 from collector.analysis.knee import KneeResult, detect_knee
 from collector.analysis.levels import LevelStats, summarize_level
-from collector.analysis.passive import passive_curve, traffic_rows
+from collector.analysis.passive import passive_curve
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import Slo, slo_max
 
@@ -114,35 +114,58 @@ def probe_levels(rows: Sequence[dict]) -> list[LevelStats]:
     return [summarize_level(group, level) for level, group in sorted(grouped.items())]
 
 
-def _latest_run(store: Any, model: str | None, since: datetime | None, until: datetime | None) -> str | None:
-    rows = traffic_rows(store, since, until, model, source="probe")
-    return max(rows, key=lambda r: r["admitted_at"])["run_id"] if rows else None
+def _latest_run(store: Any, model: str | None, since: datetime | None,
+                until: datetime | None) -> str | None:
+    sql, params = "SELECT run_id FROM requests WHERE source = 'probe' AND run_id IS NOT NULL", []
+    for clause, value in (("admitted_at >= ?", since), ("admitted_at < ?", until), ("model = ?", model)):
+        if value is not None:
+            sql += f" AND {clause}"
+            params.append(value)
+    found = store.query(sql + " ORDER BY admitted_at DESC LIMIT 1", params)
+    return found[0][0] if found else None
 
 
-def estimate_capacity(store: Any, model: str | None = None, since: datetime | None = None,
-                      until: datetime | None = None, slo_ttft_p95_s: float | None = None,
-                      profile: str = "interactive", *, source: str = "auto") -> CapacityEstimate:
-    """Estimate from the latest probe run in the window ('auto' prefers it), else from traffic."""
-    slo = Slo(ttft_p95_s=slo_ttft_p95_s)
-    run_id = _latest_run(store, model, since, until) if source in ("auto", "probe") else None
-    if run_id is not None:
-        rows = store.query_dicts("SELECT * FROM requests WHERE run_id = ? ORDER BY admitted_at", [run_id])
-        levels = probe_levels(rows)
-        if levels:
-            return build_estimate(levels, slo=slo, profile=profile, model=model or rows[0]["model"],
-                                  source="probe", run_id=run_id)
-    if source == "probe":
-        raise ValueError(f"no probe run in the store between {since} and {until}; run headroom probe")
+def _from_probe_run(store: Any, run_id: str, model: str | None, slo: Slo,
+                    profile: str) -> CapacityEstimate | None:
+    rows = store.query_dicts("SELECT * FROM requests WHERE run_id = ? ORDER BY admitted_at", [run_id])
+    levels = probe_levels(rows)
+    if not levels:
+        return None
+    return build_estimate(levels, slo=slo, profile=profile, model=model or rows[0]["model"],
+                          source="probe", run_id=run_id)
+
+
+def _from_traffic(store: Any, model: str | None, since: datetime | None, until: datetime | None,
+                  slo: Slo, profile: str) -> CapacityEstimate:
     curve = passive_curve(store, "requests", since, until, model)
     if curve.knee is None:
         raise ValueError(f"too little traffic between {since} and {until} for a capacity curve "
                          f"({curve.rows} rows); widen the window")
     tokens = passive_curve(store, "tokens", since, until, model)
-    estimate = build_estimate(curve.usable_buckets(), slo=slo, profile=profile, model=model, source="traffic",
-                              confidence=curve.confidence, knee=curve.knee)
+    estimate = build_estimate(curve.usable_buckets(), slo=slo, profile=profile, model=model,
+                              source="traffic", confidence=curve.confidence, knee=curve.knee)
     estimate.extra = {"confidence_reason": curve.confidence_reason, "window_s": curve.window_s,
                       "token_curve": tokens.to_dict()}
     return estimate
+
+
+def estimate_capacity(store: Any, model: str | None = None, since: datetime | None = None,
+                      until: datetime | None = None, slo_ttft_p95_s: float | None = None,
+                      profile: str = "interactive", *, source: str = "auto") -> CapacityEstimate:
+    """Estimate from the newest probe run in the window ('auto' prefers it), else from traffic.
+
+    Raises ValueError naming the window when there is too little data for either.
+    """
+    if source not in ("auto", "probe", "traffic"):
+        raise ValueError(f"source {source!r} is not one of auto, probe, traffic")
+    slo = Slo(ttft_p95_s=slo_ttft_p95_s)
+    run_id = _latest_run(store, model, since, until) if source != "traffic" else None
+    estimate = _from_probe_run(store, run_id, model, slo, profile) if run_id else None
+    if estimate is not None:
+        return estimate
+    if source == "probe":
+        raise ValueError(f"no probe run in the store between {since} and {until}; run headroom probe")
+    return _from_traffic(store, model, since, until, slo, profile)
 
 
 def _ensure_table(store: Any) -> None:

@@ -167,26 +167,32 @@ class _Level:
             self.done.set()
 
     def check(self) -> None:
+        """After each completion: start measuring once warm, stop when a reason appears."""
+        why = self._reason_to_stop()
+        if why:
+            self._stop(why)
+
+    def _reason_to_stop(self) -> str | None:
         settings, n_all = self.settings, len(self.rows)
         failed = sum(1 for r in self.rows if r["outcome"] != "ok")
         if n_all >= max(self.concurrency, settings.drift_window) and failed / n_all >= 0.5:
-            return self._stop(f"failing: {failed} of {n_all} requests failed")
+            return f"failing: {failed} of {n_all} requests failed"
         if self.measuring_since is None:
             if n_all >= settings.warmup_per_worker * self.concurrency:
                 self.measuring_since, self.area_at_start = time.time(), self.meter.area()
             return None
-        measured = [r for r in self.measured() if r["completed_at"] is not None]
+        measured = self.measured()
         if len(measured) >= settings.max_samples:
-            return self._stop(f"sample cap {settings.max_samples}")
+            return f"sample cap {settings.max_samples}"
         if time.time() - self.started >= settings.max_level_s:
-            return self._stop(f"time cap {settings.max_level_s:g} s")
-        if len(measured) >= self.next_check:
-            p95 = percentile([r["ttft_s"] for r in measured], 0.95)
-            previous, self.last_p95 = self.last_p95, p95
-            self.next_check = len(measured) + max(self.concurrency, settings.drift_window)
-            if previous and p95 is not None and abs(p95 - previous) / previous < settings.drift_tolerance:
-                return self._stop(f"p95 TTFT stable (moved {abs(p95 - previous) / previous:.1%} "
-                                  f"over the last window)")
+            return f"time cap {settings.max_level_s:g} s"
+        if len(measured) < self.next_check:
+            return None
+        p95 = percentile([r["ttft_s"] for r in measured], 0.95)
+        previous, self.last_p95 = self.last_p95, p95
+        self.next_check = len(measured) + max(self.concurrency, settings.drift_window)
+        if previous and p95 is not None and abs(p95 - previous) / previous < settings.drift_tolerance:
+            return f"p95 TTFT stable (moved {abs(p95 - previous) / previous:.1%} over the last window)"
         return None
 
 
