@@ -84,15 +84,26 @@ async def _complete(engine: Engine, request: Request, chat: bool) -> Response:
     if parsed.stream:
         return StreamingResponse(_stream_events(engine, stream, parsed, model),
                                  media_type="text/event-stream")
+    return await _wait_whole(engine, stream, request, parsed, model)
+
+
+async def _wait_whole(engine: Engine, stream: Stream, request: Request, parsed: ParsedRequest,
+                      model: str) -> Response:
+    """Non-streaming: wait for the last token, checking every DISCONNECT_POLL_S for a client gone."""
+    loop = asyncio.get_running_loop()
+    next_check = loop.time() + DISCONNECT_POLL_S
     while not stream.finished:
         try:
             await asyncio.wait_for(stream.changed.wait(), DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
+            pass
+        stream.changed.clear()
+        if not stream.finished and loop.time() >= next_check:
+            next_check = loop.time() + DISCONNECT_POLL_S
             if await request.is_disconnected():
                 engine.abort(stream)     # like vLLM: a client that left frees its slot
                 return Response(status_code=499)
-        stream.changed.clear()
-    return JSONResponse(full_response(parsed, model, sim_request.generated))
+    return JSONResponse(full_response(parsed, model, stream.request.generated))
 
 
 def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = None) -> FastAPI:
