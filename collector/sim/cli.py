@@ -9,13 +9,6 @@ from collector.sim.config import FLAVORS
 __all__ = ["sim"]
 
 
-def _listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise click.BadParameter(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:8000)")
-    return host.strip("[]"), int(port)
-
-
 @click.command("sim")
 @click.option("--listen", default="127.0.0.1:8000", show_default=True, help="HOST:PORT to serve on.")
 @click.option("--flavor", type=click.Choice(FLAVORS), default="vllm", show_default=True,
@@ -59,10 +52,11 @@ def sim(listen: str, flavor: str, model: str, max_num_seqs: int, max_num_batched
     import uvicorn
 
     from collector.sim.app import create_sim_app
+    from collector.sidecar.config import parse_listen
     from collector.sim.config import SimConfig
 
-    host, port = _listen(listen)
     try:
+        host, port = parse_listen(listen)
         config = SimConfig(flavor=flavor, model=model, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens,
                            kv_cache_tokens=kv_cache_tokens, block_size=block_size,
