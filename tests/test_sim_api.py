@@ -141,3 +141,13 @@ def test_non_streaming_client_that_leaves_frees_its_slot():
                        json=_chat("wait", max_tokens=2000, ignore_eos=True))
         state = _wait_for(url, lambda s: s["running"] == 0 and s["waiting"] == 0)
         assert state["kv_used_blocks"] == 0 and state["generation_tokens_total"] < 2000
+
+
+def test_stop_sequence_ends_the_output_before_it(fast_sim):
+    body = {"model": "sim", "prompt": "tell me", "max_tokens": 30, "ignore_eos": True}
+    full = httpx.post(f"{fast_sim}/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+    stop = full.split(" ")[6]
+    cut = httpx.post(f"{fast_sim}/v1/completions", json=body | {"stop": [stop]}, timeout=30).json()
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["choices"][0]["text"] == full[: full.index(stop)]
+    assert cut["usage"]["completion_tokens"] < 30
