@@ -26,7 +26,8 @@ TOKEN_DELAY_S = 0.012
 TOKENS = 8
 
 
-def fake_app(slots: int = 4, reject_every: int = 0, api_key: str | None = None) -> FastAPI:
+def fake_app(slots: int = 4, reject_every: int = 0, api_key: str | None = None,
+             stall_s: float = 0.0) -> FastAPI:
     """OpenAI-ish server with `slots` concurrent streams; every `reject_every`-th request gets 429;
     with `api_key`, requests without that bearer token get 401."""
     app = FastAPI()
@@ -36,12 +37,16 @@ def fake_app(slots: int = 4, reject_every: int = 0, api_key: str | None = None) 
     def sse(obj) -> bytes:
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
-    async def stream():
-        yield sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})  # not a token
+    async def stream(chat: bool = True):
+        if stall_s:
+            await asyncio.sleep(stall_s)
+        if chat:
+            yield sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})  # not a token
         async with gate:
             for _ in range(TOKENS):
                 await asyncio.sleep(TOKEN_DELAY_S)
-                yield sse({"choices": [{"index": 0, "delta": {"content": "tok "}}]})
+                choice = {"delta": {"content": "tok "}} if chat else {"text": "tok "}
+                yield sse({"choices": [{"index": 0} | choice]})
         yield sse({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": TOKENS}})
         yield b"data: [DONE]\n\n"
 
@@ -57,6 +62,13 @@ def fake_app(slots: int = 4, reject_every: int = 0, api_key: str | None = None) 
         if reject_every and app.state.requests % reject_every == 0:
             return JSONResponse({"error": {"message": "slow down"}}, status_code=429)
         return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        app.state.requests += 1
+        body = await request.json()
+        assert "prompt" in body and "messages" not in body
+        return StreamingResponse(stream(chat=False), media_type="text/event-stream")
 
     return app
 
@@ -135,6 +147,17 @@ async def test_api_key_is_sent_and_never_stored(serve):
     assert "sk-secret" not in repr(quick(server.url, api_key="sk-secret"))
     refused = await run_probe(quick(server.url, levels=(1, 2)))
     assert refused.levels[0].rows[0]["outcome"] == "bad_request" and "saturated" in refused.stopped_early
+
+
+async def test_completions_endpoint_and_timeouts(serve):
+    server = serve(fake_app(slots=8))
+    result = await run_probe(quick(server.url, levels=(2,), endpoint="/v1/completions"))
+    rows = result.levels[0].rows
+    assert all(r["endpoint"] == "/v1/completions" and r["ttft_s"] > 0 for r in rows)
+    stalled = serve(fake_app(slots=8, stall_s=5.0))
+    result = await run_probe(quick(stalled.url, levels=(1, 2), request_timeout_s=0.3))
+    assert {r["outcome"] for r in result.levels[0].rows} == {"timeout"}
+    assert result.stopped_early and "saturated" in result.stopped_early
 
 
 async def test_dead_url_fails_fast_with_a_clear_message():
