@@ -203,3 +203,18 @@ def test_cli_rejects_bad_levels_and_prompts():
     assert bad.exit_code == 2 and "comma-separated" in bad.output
     missing = runner.invoke(main, ["probe", "--url", "http://x", "--prompts", "/no/such/file"])
     assert missing.exit_code == 2 and "one prompt per line" in missing.output
+
+
+def test_cli_ships_rows_to_a_store_service(serve, tmp_path):
+    from collector.service.app import create_store_app
+
+    store = RequestStore(tmp_path / "service.duckdb")
+    store_server = serve(create_store_app(store, "probe-token"))
+    server = serve(fake_app(slots=8))
+    result = CliRunner().invoke(main, [
+        "probe", "--url", server.url, "--levels", "1,2", "--max-tokens", str(TOKENS),
+        "--max-samples", "12", "--store-url", store_server.url, "--store-token", "probe-token"])
+    assert result.exit_code == 0, result.output
+    shipped = store.query("SELECT count(*), min(source), count(DISTINCT run_id) FROM requests")[0]
+    assert shipped == (requests_sent(server), "probe", 1)
+    store.close()
