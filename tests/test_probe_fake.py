@@ -57,6 +57,7 @@ def fake_app(slots: int = 4, reject_every: int = 0, api_key: str | None = None,
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         app.state.requests += 1
+        app.state.last_headers = dict(request.headers)
         if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
             return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
         if reject_every and app.state.requests % reject_every == 0:
@@ -143,6 +144,8 @@ async def test_api_key_is_sent_and_never_stored(serve):
     result = await run_probe(quick(server.url, levels=(1,), api_key="sk-secret"),
                              write_rows=written.extend)
     assert result.levels[0].stats.error_ratio == 0
+    headers = server.server.config.app.state.last_headers
+    assert headers["x-tenant-id"] == "headroom-probe" and headers["x-headroom-run-id"] == result.run_id
     assert "sk-secret" not in repr(written)
     assert "sk-secret" not in repr(quick(server.url, api_key="sk-secret"))
     refused = await run_probe(quick(server.url, levels=(1, 2)))

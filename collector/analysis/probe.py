@@ -271,7 +271,12 @@ async def run_probe(settings: ProbeSettings, *,
     timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s,
                                     sock_connect=settings.connect_timeout_s)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else None
+    # Through a sidecar, these mark the load as the probe's: tenant label and (where the sidecar
+    # reads them) the row's source and run id, so passive curves can leave probe load out.
+    headers = {"X-Tenant-ID": "headroom-probe", "X-Headroom-Source": "probe",
+               "X-Headroom-Run-Id": run_id}
+    if settings.api_key:
+        headers["Authorization"] = f"Bearer {settings.api_key}"
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
         base = _base_url(settings.url)
         model = await _resolve_model(session, base, settings.model, settings.connect_timeout_s)
