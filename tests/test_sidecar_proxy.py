@@ -154,3 +154,10 @@ def test_bad_json_body_is_forwarded_and_logged(rig):
     assert response.status_code >= 400
     row = _only_row(rig, model="unknown")
     assert row["outcome"] in ("bad_request", "upstream_error")
+
+
+def test_probe_load_through_the_sidecar_is_logged_as_probe_not_traffic(rig):
+    _post(rig, **{"X-Headroom-Source": "probe", "X-Headroom-Run-Id": "run-42"})
+    _post(rig, **{"X-Headroom-Source": "something-else"})
+    rows = rig.rows()
+    assert [(r["source"], r["run_id"]) for r in rows] == [("probe", "run-42"), ("traffic", None)]

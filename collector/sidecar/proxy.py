@@ -123,6 +123,9 @@ class CompletionsProxy:
         request = LiveRequest(parsed.model, tenant, scope["path"], parsed.stream, parsed.max_tokens,
                               parsed.prompt_tokens_estimate, model_label=self._model_cap(parsed.model),
                               tenant_label=self._tenant_cap(tenant))
+        if _header(scope, b"x-headroom-source") == "probe":  # `headroom probe` marks its load
+            request.source = "probe"
+            request.run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None
         snapshot = getattr(self._engine, "latest", None)
         if snapshot is not None:
             request.engine_waiting = getattr(snapshot, "waiting", None)

@@ -38,6 +38,7 @@ class LiveRequest:
         "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
         "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
         "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
+        "source", "run_id",
     )
 
     def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
@@ -63,6 +64,8 @@ class LiveRequest:
         self.engine_waiting: int | None = None
         self.kv_usage: float | None = None
         self.done = False
+        self.source: str | None = None  # None: the tracker's own (traffic); 'probe' for probe load
+        self.run_id: str | None = None
 
     @property
     def active_tokens(self) -> int:
@@ -158,7 +161,8 @@ class Tracker:
         ttft = None if request.first_token_mono is None else request.first_token_mono - request.admitted_mono
         tpot = (e2e - ttft) / (completion - 1) if ttft is not None and completion > 1 else None
         return {
-            "request_id": request.request_id, "source": self.source, "run_id": self.run_id,
+            "request_id": request.request_id, "source": request.source or self.source,
+            "run_id": request.run_id or self.run_id,
             "instance": self.instance, "model": request.model, "tenant": request.tenant,
             "endpoint": request.endpoint, "stream": request.stream,
             "admitted_at": _wall(request, request.admitted_mono),
