@@ -17,26 +17,30 @@ def test_splitter_reassembles_the_real_llamacpp_stream_under_any_chunking(fixtur
     data = (fixtures_dir / "llamacpp" / "chat_stream_with_usage.sse").read_bytes()
     rng = random.Random(7)
     for _ in range(20):
-        splitter, events, i = EventSplitter(), [], 0
+        splitter, forwarded, events, i = EventSplitter(), [], [], 0
         while i < len(data):
             step = rng.randint(1, 400)
-            events += splitter.feed(data[i:i + step])
+            complete, completed = splitter.feed(data[i:i + step])
+            forwarded.append(complete)
+            events += completed
+            assert splitter.join(completed) == complete
             i += step
-        assert b"".join(events) == data and splitter.remainder() == b""
+        assert b"".join(forwarded) == data and splitter.remainder() == b""
         assert len(events) == 304
 
 
 def test_splitter_handles_crlf_and_keeps_a_truncated_tail():
     splitter = EventSplitter()
-    assert splitter.feed(b"data: a\r\n\r\ndata: b") == [b"data: a\r\n\r\n"]
+    assert splitter.feed(b"data: a\r\n\r\ndata: b") == (b"data: a\r\n\r\n", [b"data: a"])
     assert splitter.remainder() == b"data: b"
+    assert splitter.feed(b"\r\n\r\n") == (b"data: b\r\n\r\n", [b"data: b"])
 
 
 def test_real_stream_token_estimate_and_usage(fixtures_dir):
     data = (fixtures_dir / "llamacpp" / "chat_stream_with_usage.sse").read_bytes()
-    infos = [inspect_event(e) for e in EventSplitter().feed(data)]
-    assert infos[0].has_token is False  # role-only first chunk is not a token
-    assert infos[1].has_token is True
+    infos = [inspect_event(e) for e in EventSplitter().feed(data)[1]]
+    assert infos[0].tokens_estimate == 0  # role-only first chunk is not a token
+    assert infos[1].tokens_estimate == 1
     assert infos[-1] is DONE
     assert infos[-2].usage_only and infos[-2].usage["completion_tokens"] == 300
     estimate = sum(i.tokens_estimate for i in infos if i not in (DONE, MALFORMED))
@@ -44,10 +48,11 @@ def test_real_stream_token_estimate_and_usage(fixtures_dir):
 
 
 @pytest.mark.parametrize("event,tokens", [
-    (b'data: {"choices":[{"delta":{"tool_calls":[{"id":"x"}]}}]}\n\n', 1),
-    (b'data: {"choices":[{"text":"hello there friend"}]}\n\n', 4),
-    (b'data: {"choices":[{"delta":{"content":""}}]}\n\n', 0),
-    (b": keep-alive\n\n", None),
+    (b'data: {"choices":[{"delta":{"tool_calls":[{"id":"x"}]}}]}', 1),
+    (b'data: {"choices":[{"text":"hello there friend"}]}', 4),
+    (b'data: {"choices":[{"delta":{"content":""}}]}', 0),
+    (b": keep-alive", None),
+    (b'event: message\ndata: {"choices":[{"delta":{"content":"abcd"}}]}', 1),
 ])
 def test_chunk_token_estimates(event, tokens):
     info = inspect_event(event)
@@ -55,8 +60,9 @@ def test_chunk_token_estimates(event, tokens):
 
 
 def test_malformed_and_non_object_chunks():
-    assert inspect_event(b"data: {oops\n\n") is MALFORMED
-    assert inspect_event(b"data: [1,2]\n\n") is MALFORMED
+    assert inspect_event(b"data: {oops") is MALFORMED
+    assert inspect_event(b"data: [1,2]") is MALFORMED
+    assert inspect_event(b"data: [DONE]") is DONE
 
 
 def test_parse_request_injects_usage_only_when_unset():

@@ -93,7 +93,7 @@ def _stamp(t: float | None) -> datetime | None:
 async def _read_stream(response: aiohttp.ClientResponse, meter: InflightMeter, state: dict) -> None:
     splitter = EventSplitter()
     async for data in response.content.iter_any():
-        for event in splitter.feed(data):
+        for event in splitter.feed(data)[1]:
             info = inspect_event(event)
             if info is None or info is DONE:
                 continue
@@ -101,7 +101,7 @@ async def _read_stream(response: aiohttp.ClientResponse, meter: InflightMeter, s
                 raise ValueError("malformed SSE event")
             if info.usage is not None:
                 state["usage"] = info.usage
-            if info.has_token:
+            if info.tokens_estimate:
                 state.setdefault("first_token", time.time())
                 state["chunk_tokens"] += info.tokens_estimate
                 meter.generated(info.tokens_estimate)

@@ -205,24 +205,30 @@ class CompletionsProxy:
         tracker, strip = self._tracker, parsed.usage_injected
         malformed = False
         async for data in resp.content.iter_any():
-            out = []
-            for event in splitter.feed(data):
+            complete, events = splitter.feed(data)
+            kept = None  # None: forward `complete` exactly as received
+            for index, event in enumerate(events):
                 info = inspect_event(event)
-                if info is not None and info is not DONE:
-                    if info is MALFORMED:
-                        malformed = True
-                    else:
-                        if info.tokens_estimate:
-                            tracker.generated(request, info.tokens_estimate)
-                        if info.usage is not None:
-                            request.usage = info.usage  # cumulative: replace, never sum
-                            if strip and info.usage_only:
-                                continue  # the usage chunk we asked for: not the client's
-                        if strip and _USAGE_NULL in event:
-                            event = event.replace(_USAGE_NULL, b"")
-                out.append(event)
-            if out:
-                await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+                if info is None or info is DONE:
+                    pass
+                elif info is MALFORMED:
+                    malformed = True
+                else:
+                    if info.tokens_estimate:
+                        tracker.generated(request, info.tokens_estimate)
+                    if info.usage is not None:
+                        request.usage = info.usage  # cumulative: replace, never sum
+                        if strip and info.usage_only:  # the usage chunk we asked for
+                            kept = events[:index] if kept is None else kept
+                            continue
+                    if strip and _USAGE_NULL in event:
+                        kept = events[:index] if kept is None else kept
+                        event = event.replace(_USAGE_NULL, b"")
+                if kept is not None:
+                    kept.append(event)
+            body = complete if kept is None else splitter.join(kept)
+            if body:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
         rest = splitter.remainder()
         if rest:
             await send({"type": "http.response.body", "body": rest, "more_body": True})

@@ -19,32 +19,44 @@ _CHARS_PER_TOKEN = 4
 
 
 class EventSplitter:
-    """Feed raw bytes, get back complete events (each with its terminator), in order.
+    """Feed raw bytes; get back the complete events they finish, and the exact bytes of those.
+
+    The bytes are returned so that the proxy can forward what it received without rebuilding it
+    (no copy in the common case of whole events per read); the events, without their blank-line
+    terminators, are for reading.
 
     >>> s = EventSplitter(); s.feed(b"data: a\\n\\nda"); s.feed(b"ta: b\\n\\n")
-    [b'data: a\\n\\n']
-    [b'data: b\\n\\n']
+    (b'data: a\\n\\n', [b'data: a'])
+    (b'data: b\\n\\n', [b'data: b'])
     """
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_buffer", "separator")
 
     def __init__(self) -> None:
         self._buffer = b""
+        self.separator = b"\n\n"
 
-    def feed(self, data: bytes) -> list[bytes]:
-        """Append `data`; return the events it completed (possibly none)."""
+    def feed(self, data: bytes) -> tuple[bytes, list[bytes]]:
+        """Append `data`; return (bytes of the completed events, the events), possibly empty."""
         buffer = self._buffer + data if self._buffer else data
-        separator = b"\n\n" if b"\r\n\r\n" not in buffer else b"\r\n\r\n"
+        separator = b"\r\n\r\n" if b"\r\n\r\n" in buffer else b"\n\n"
         end = buffer.rfind(separator)
         if end < 0:
             self._buffer = buffer
-            return []
+            return b"", []
         end += len(separator)
-        self._buffer = buffer[end:]
-        complete = buffer[:end]
-        parts = complete.split(separator)
-        parts.pop()  # the empty string after the last separator
-        return [part + separator for part in parts]
+        if end == len(buffer):
+            complete, self._buffer = buffer, b""
+        else:
+            complete, self._buffer = buffer[:end], buffer[end:]
+        self.separator = separator
+        events = complete.split(separator)
+        events.pop()  # the empty string after the last terminator
+        return complete, events
+
+    def join(self, events: list[bytes]) -> bytes:
+        """Bytes of `events` with their terminators, as they would have been received."""
+        return self.separator.join(events) + self.separator if events else b""
 
     def remainder(self) -> bytes:
         """Bytes received after the last complete event (a truncated stream leaves some)."""
@@ -55,7 +67,6 @@ class EventSplitter:
 class ChunkInfo:
     """What one event says: tokens it carries (estimated) and the usage object, if any."""
 
-    has_token: bool = False
     tokens_estimate: int = 0
     usage: dict | None = None
     usage_only: bool = False  # `choices: []` with usage: the include_usage chunk
@@ -88,14 +99,17 @@ def inspect_event(event: bytes) -> ChunkInfo | None:
     tests/fixtures this gives 302 for a true 300. A role-only chunk carries no token (it must not
     stamp TTFT). The row's completion_tokens come from upstream usage whenever it is sent.
     """
-    start = event.find(b"data:")
-    if start < 0:
-        return None
-    payload = event[start + 5:].strip()
-    if payload == b"[DONE]":
+    if event.startswith(b"data:"):
+        start = 0
+    else:  # "event:" / "id:" lines first, or a comment-only keep-alive
+        start = event.find(b"\ndata:") + 1
+        if start == 0:
+            return None
+    payload = event[start + 5:]
+    if payload.strip() == b"[DONE]":
         return DONE
     try:
-        chunk = orjson.loads(payload)
+        chunk = orjson.loads(payload)  # JSON allows the surrounding whitespace
     except orjson.JSONDecodeError:
         return MALFORMED
     if not isinstance(chunk, dict):
@@ -108,4 +122,4 @@ def inspect_event(event: bytes) -> ChunkInfo | None:
                 tokens += _delta_tokens(choice)
     usage = chunk.get("usage")
     usage = usage if isinstance(usage, dict) else None
-    return ChunkInfo(tokens > 0, tokens, usage, usage is not None and not choices)
+    return ChunkInfo(tokens, usage, usage is not None and not choices)
