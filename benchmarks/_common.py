@@ -54,12 +54,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def drive(url: str, requests: int, concurrency: int, chunks: int) -> dict:
+async def drive(url: str, requests: int, concurrency: int, chunks: int, pace_ms: int = 0) -> dict:
     """Closed-loop streaming load (aiohttp: the cheapest client, see client_choice.py).
 
-    Returns wall time, requests/s, p50/p95 latency and bytes received.
+    Returns wall time, requests/s, p50/p95 of latency and of time to first token, bytes received.
     """
     latencies: list[float] = []
+    first_token: list[float] = []
+    headers = {"x-chunks": str(chunks), "x-pace-ms": str(pace_ms)}
     received = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
@@ -69,18 +71,24 @@ async def drive(url: str, requests: int, concurrency: int, chunks: int) -> dict:
             nonlocal received
             for _ in todo:
                 start_t = time.perf_counter()
-                async with session.post(url, json=BODY, headers={"x-chunks": str(chunks)}) as resp:
+                first = None
+                async with session.post(url, json=BODY, headers=headers) as resp:
                     async for data in resp.content.iter_any():
                         received += len(data)
+                        if first is None and b'"content":"' in data:
+                            first = time.perf_counter() - start_t
+                first_token.append(first if first is not None else float("nan"))
                 latencies.append(time.perf_counter() - start_t)
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - started
     latencies.sort()
+    first_token.sort()
+    pick = lambda values, q: round(values[int(len(values) * q)] * 1000, 2)  # noqa: E731
     return {"wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 1), "bytes": received,
-            "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2),
-            "p95_ms": round(latencies[int(len(latencies) * 0.95)] * 1000, 2)}
+            "p50_ms": pick(latencies, 0.5), "p95_ms": pick(latencies, 0.95),
+            "ttft_p50_ms": pick(first_token, 0.5), "ttft_p95_ms": pick(first_token, 0.95)}
 
 
 PYTHON = sys.executable

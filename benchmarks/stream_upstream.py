@@ -1,11 +1,12 @@
 """A fast streaming OpenAI-style upstream for benchmarks: N chunks per request, no model.
 
-Run: python benchmarks/stream_upstream.py PORT. `x-chunks` header sets chunks per request.
+Run: python benchmarks/stream_upstream.py PORT. `x-chunks` sets chunks per request, `x-pace-ms` the gap between chunks.
 It is deliberately cheap so that the benchmarks measure the proxy, not the engine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 _ROLE = (b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench","choices":'
@@ -27,11 +28,15 @@ async def app(scope, receive, send):
         body += message.get("body", b"")
         if not message.get("more_body"):
             break
-    chunks = int(dict(scope["headers"]).get(b"x-chunks", b"100"))
+    headers = dict(scope["headers"])
+    chunks = int(headers.get(b"x-chunks", b"100"))
+    pace_s = int(headers.get(b"x-pace-ms", b"0")) / 1000
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream")]})
     await send({"type": "http.response.body", "body": _ROLE, "more_body": True})
     for _ in range(chunks):
+        if pace_s:
+            await asyncio.sleep(pace_s)
         await send({"type": "http.response.body", "body": _TOKEN, "more_body": True})
     if b'"include_usage":true' in body:
         usage = _USAGE % (chunks, chunks + 20)
