@@ -138,3 +138,19 @@ def test_tpot_uses_usage_tokens_not_chunks():
     request.usage = {"prompt_tokens": 5, "completion_tokens": 11}  # ...carrying 11 tokens in all
     row = tracker.finish(request, "ok")
     assert row["tpot_s"] == pytest.approx((row["e2e_s"] - row["ttft_s"]) / 10)
+
+
+@pytest.mark.parametrize("event", [
+    # SSE allows a field after `data:` (an `id:` line) and splits data across lines (WHATWG §9.2.6)
+    b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\nid: 7',
+    b'data: {"choices":[{"delta":\ndata: {"content":"abcdefgh"}}]}',
+    b'event: message\r\ndata:{"choices":[{"delta":\r\ndata: {"content":"abcdefgh"}}]}\r\n: note',
+])
+def test_valid_multi_line_events_are_read_not_marked_malformed(event):
+    info = inspect_event(event)
+    assert info is not MALFORMED and info.tokens_estimate == 2
+
+
+def test_multi_line_done_is_done():
+    assert inspect_event(b"data: [DONE]\nid: 9") is DONE
+

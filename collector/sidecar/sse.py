@@ -91,6 +91,21 @@ def _delta_tokens(choice: dict) -> int:
     return max(1, len(text) // _CHARS_PER_TOKEN) if isinstance(text, str) and text else 0
 
 
+def _data_field(event: bytes) -> bytes:
+    """The event's data: its `data:` lines without the field name, joined by newlines.
+
+    The SSE grammar (WHATWG HTML §9.2.6): one optional space after the colon is dropped, lines
+    starting with ':' are comments, other fields (`id:`, `event:`, `retry:`) are not data.
+    """
+    lines = []
+    for line in event.split(b"\n"):
+        line = line.removesuffix(b"\r")
+        if line.startswith(b"data:"):
+            value = line[5:]
+            lines.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(lines)
+
+
 def inspect_event(event: bytes) -> ChunkInfo | None:
     """Read one event; None for comments/keep-alives, DONE for `[DONE]`, MALFORMED for bad JSON.
 
@@ -106,6 +121,8 @@ def inspect_event(event: bytes) -> ChunkInfo | None:
         if start == 0:
             return None
     payload = event[start + 5:]
+    if b"\n" in payload:  # rare: more lines after `data:` (another field, or multi-line data)
+        payload = _data_field(event)
     if payload.strip() == b"[DONE]":
         return DONE
     try:
