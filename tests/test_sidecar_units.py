@@ -154,3 +154,18 @@ def test_valid_multi_line_events_are_read_not_marked_malformed(event):
 def test_multi_line_done_is_done():
     assert inspect_event(b"data: [DONE]\nid: 9") is DONE
 
+
+def test_a_raising_row_sink_neither_breaks_finish_nor_starves_the_others(caplog):
+    tracker = Tracker(CollectorRegistry(), instance="unit")
+    received = []
+
+    def broken(row):
+        raise RuntimeError("exporter down")
+
+    tracker.add_row_sink(broken)
+    tracker.add_row_sink(received.append)
+    request = _request(5)
+    tracker.admit(request)
+    row = tracker.finish(request, "ok")  # must not raise into the proxy (it would cut the stream)
+    assert received == [row] and not tracker.live
+    assert "exporter down" in caplog.text

@@ -10,6 +10,7 @@ method `generated` is two integer additions.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -26,6 +27,8 @@ __all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
 # restarts like uuid4, without an os.urandom call per request (slow in some sandboxes).
 _ID_PREFIX = uuid.uuid4().hex[:16]
 _ID_COUNTER = itertools.count()
+
+log = logging.getLogger(__name__)
 
 OUTCOMES = ("ok", "rate_limited", "client_cancelled", "upstream_error", "timeout", "bad_request")
 
@@ -142,7 +145,10 @@ class Tracker:
         row = self._row(request, completed_mono)
         self._observe(request, row)
         for sink in self._row_sinks:
-            sink(row)
+            try:
+                sink(row)
+            except Exception:  # an exporter's bug must not cut the client's stream or starve others
+                log.exception("request-log row sink %r failed", sink)
         return row
 
     # --- internals ----------------------------------------------------------------------------
