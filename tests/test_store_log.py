@@ -148,3 +148,45 @@ def test_headroom_run_starts_the_scheduled_jobs_on_the_in_process_store(tmp_path
     finally:
         handle.stop()
     assert not scheduler.running
+
+
+class _Fatal(BaseException):
+    """Not an Exception: what a KeyboardInterrupt-like error from a sink's C extension looks like."""
+
+
+class _FatalOnce:
+    def __init__(self):
+        self.rows = []
+        self.raised = False
+
+    def write_batch(self, rows):
+        if not self.raised:
+            self.raised = True
+            raise _Fatal("sink died")
+        self.rows += rows
+
+
+def test_a_sink_raising_baseexception_does_not_kill_the_writer():
+    registry = CollectorRegistry()
+    sink = _FatalOnce()
+    writer = LogWriter(sink, registry, batch_rows=10)
+    writer.submit(_rows(1)[0])
+    assert writer.flush(5)
+    for row in _rows(20, prefix="later"):
+        writer.submit(row)
+    writer.close()
+    assert len(sink.rows) == 20  # the thread survived and wrote everything after the failure
+    assert registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": "db_error"}) == 1
+
+
+def test_close_and_flush_are_bounded_when_the_sink_is_stuck_and_the_queue_full():
+    sink = _Blocked()
+    writer = LogWriter(sink, CollectorRegistry(), max_queue_rows=5, batch_rows=1)
+    for row in _rows(20):
+        writer.submit(row)
+    assert writer.flush(0.2) is False  # a full queue answers "not flushed", it does not raise
+    done = threading.Event()
+    closer = threading.Thread(target=lambda: (writer.close(timeout_s=0.5), done.set()), daemon=True)
+    closer.start()
+    assert done.wait(5), "close() blocked past its timeout on a full queue"
+    sink.gate.set()

@@ -4,7 +4,8 @@
 thread drains the queue in batches (up to `batch_rows`, or whatever arrived within
 `flush_interval_s`) into a BatchSink: the in-process RequestStore, or the store service's shipper.
 A full queue or a failing sink never stops the proxy: the rows are counted in
-`headroom_log_rows_dropped_total{reason}`. `close()` flushes every queued row before returning.
+`headroom_log_rows_dropped_total{reason}`. `close()` flushes every queued row before returning
+(bounded by its timeout, so a stuck database cannot hang shutdown).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -74,18 +76,39 @@ class LogWriter:
             self.dropped.labels("queue_full").inc()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Block until every row submitted before this call has been handed to the sink."""
+        """Block until every row submitted before this call has been handed to the sink.
+
+        Returns False when that did not happen within `timeout_s` (a stuck sink, a full queue,
+        or a closed writer with rows left), never raises.
+        """
+        if not self._thread.is_alive():
+            return self._queue.empty()
+        deadline = time.monotonic() + timeout_s
         marker = _Flush()
-        self._queue.put(marker, timeout=timeout_s)
-        return marker.event.wait(timeout_s)
+        try:
+            self._queue.put(marker, timeout=timeout_s)
+        except queue.Full:
+            return False
+        return marker.event.wait(max(0.0, deadline - time.monotonic()))
 
     def close(self, timeout_s: float = 60.0) -> None:
-        """Write every queued row, then stop the thread. Safe to call twice."""
+        """Write every queued row, then stop the thread; never blocks past `timeout_s`.
+
+        Rows still queued when the time is up (a stuck sink) are lost and logged. Safe to call twice.
+        """
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
-        self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        try:
+            self._queue.put(_STOP, timeout=timeout_s)
+        except queue.Full:
+            pass
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            log.error("request-log writer did not finish within %.0f s; about %d queued rows are "
+                      "lost (is the database locked or its disk stuck?)", timeout_s,
+                      self._queue.qsize())
 
     def _run(self) -> None:
         stopping = False
@@ -138,7 +161,7 @@ class LogWriter:
                 lost = min(exc.count, len(part))
                 self.dropped.labels(exc.reason).inc(lost)
                 self.written.inc(len(part) - lost)
-            except Exception:  # a failing sink must never stop the writer
+            except BaseException:  # a failing sink, whatever it raises, must never stop the writer
                 log.exception("request-log sink failed; %d rows dropped", len(part))
                 self.dropped.labels("db_error").inc(len(part))
             else:
