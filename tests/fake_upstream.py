@@ -37,10 +37,12 @@ def prompt_tokens(payload: dict) -> int:
 
 
 class FakeUpstream:
-    """ASGI app; `requests` records every body received (for checking what the proxy sent)."""
+    """ASGI app; `requests` records every completions body received, `targets` every request's
+    raw path and query string (for checking what the proxy sent)."""
 
     def __init__(self) -> None:
         self.requests: list[dict] = []
+        self.targets: list[tuple[bytes, bytes]] = []  # (raw path, query string) of every request
         self._arrivals: dict[str, threading.Event] = {}
 
     def expect(self, test_id: str) -> threading.Event:
@@ -56,6 +58,7 @@ class FakeUpstream:
                 elif message["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
+        self.targets.append((scope.get("raw_path") or scope["path"].encode(), scope["query_string"]))
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         body = b""
         while True:
@@ -63,7 +66,7 @@ class FakeUpstream:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        if scope["path"] == "/v1/models":
+        if scope["path"].startswith("/v1/models"):
             return await _json(send, 200, {"object": "list", "data": [{"id": MODEL}]})
         if scope["path"] == "/metrics":
             return await _send(send, 200, b"# no metrics\n", b"text/plain")

@@ -161,3 +161,16 @@ def test_probe_load_through_the_sidecar_is_logged_as_probe_not_traffic(rig):
     _post(rig, **{"X-Headroom-Source": "something-else"})
     rows = rig.rows()
     assert [(r["source"], r["run_id"]) for r in rows] == [("probe", "run-42"), ("traffic", None)]
+
+
+def test_query_string_on_an_accounted_path_reaches_the_upstream(rig):
+    response = httpx.post(rig.url + PATH + "?api-version=2024-06-01", json=CHAT, timeout=10)
+    assert response.status_code == 200
+    assert rig.fake.targets[-1] == (PATH.encode(), b"api-version=2024-06-01")
+    _only_row(rig, outcome="ok", endpoint=PATH)
+
+
+def test_pass_through_keeps_the_percent_encoded_path(rig):
+    response = httpx.get(rig.url + "/v1/models/org%2Fmodel?x=a%26b")
+    assert response.status_code == 200
+    assert rig.fake.targets[-1] == (b"/v1/models/org%2Fmodel", b"x=a%26b")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.sse import DONE, MALFORMED, EventSplitter, inspect_event
@@ -56,6 +57,20 @@ def _request_headers(scope: dict, *, identity: bool) -> list[tuple[str, str]]:
 def _response_headers(raw: tuple[tuple[bytes, bytes], ...], *, keep_length: bool) -> list:
     return [(k, v) for k, v in raw
             if (k.lower() not in _HOP_BY_HOP) or (keep_length and k.lower() == b"content-length")]
+
+
+def _target(upstream: str, scope: dict) -> URL:
+    """Upstream URL for this request: the path as the client encoded it, and its query string.
+
+    `scope["path"]` is percent-decoded (a model id `org%2Fname` would become two segments), so the
+    raw path is forwarded, unquoted by nobody.
+    """
+    raw = scope.get("raw_path")
+    query = scope.get("query_string")
+    tail = ("?" + query.decode("latin-1")) if query else ""
+    if raw:
+        return URL(upstream + raw.decode("latin-1") + tail, encoded=True)
+    return URL(upstream + scope["path"] + tail)
 
 
 def _header(scope: dict, name: bytes) -> str | None:
@@ -137,7 +152,7 @@ class CompletionsProxy:
         started = False
         outcome, error = "upstream_error", None
         try:
-            url = self._upstream + scope["path"]
+            url = _target(self._upstream, scope)
             headers = _request_headers(scope, identity=True)
             async with self._session().post(url, data=parsed.body, headers=headers) as resp:
                 self._tracker.first_byte(request)
@@ -248,8 +263,7 @@ class PassThrough:
         body = await _read_body(receive)
         if body is None:
             return
-        query = scope.get("query_string", b"")
-        url = self._upstream + scope["path"] + (("?" + query.decode("latin-1")) if query else "")
+        url = _target(self._upstream, scope)
         started = False
         try:
             async with self._session().request(scope["method"], url, data=body or None,
