@@ -2,8 +2,9 @@
 
 Behaviour is chosen per request by the `x-fake` header, so request bodies stay untouched:
 ok (default), usage-null (vLLM style: every chunk carries "usage":null when usage is on), 429,
-500, 400, reset (connection dies mid-stream), malformed (a chunk that is not JSON), hang (never
-answers), stall (one token, then silence). `x-fake-tokens` sets the completion length and
+500, 400, reset (connection dies mid-stream), malformed (a chunk that is not JSON), error-event
+(vLLM's `data: {"error": ...}` then [DONE] after two tokens), error-field (llama.cpp's `error: {...}`
+line instead), hang (never answers), stall (one token, then silence). `x-fake-tokens` sets the completion length and
 `x-fake-delay` the seconds between chunks. Output depends only on the request, so the same request
 sent directly and through the proxy yields the same bytes.
 """
@@ -100,6 +101,12 @@ class FakeUpstream:
             if mode == "malformed" and i == 1:
                 await _body(send, b"data: {not json\n\n")
                 continue
+            if mode in ("error-event", "error-field") and i == 2:  # the engine fails mid-stream
+                await _body(send, b'data: {"error":{"object":"error","message":"engine died",'
+                                  b'"type":"InternalServerError","code":500}}\n\n'
+                            if mode == "error-event" else b'error: {"code":500,"message":"x"}\n\n')
+                await _body(send, b"data: [DONE]\n\n")
+                return await send({"type": "http.response.body", "body": b"", "more_body": False})
             if mode == "reset" and i == 2:
                 raise ConnectionResetError("fake upstream dies mid-stream")
             if mode == "stall" and i == 1:

@@ -174,3 +174,11 @@ def test_pass_through_keeps_the_percent_encoded_path(rig):
     response = httpx.get(rig.url + "/v1/models/org%2Fmodel?x=a%26b")
     assert response.status_code == 200
     assert rig.fake.targets[-1] == (b"/v1/models/org%2Fmodel", b"x=a%26b")
+
+
+@pytest.mark.parametrize("mode", ["error-event", "error-field"])
+def test_an_error_sent_inside_a_200_stream_is_an_upstream_error(rig, mode):
+    response = _post(rig, mode=mode)
+    assert response.status_code == 200 and b"error" in response.content  # forwarded as sent
+    row = _only_row(rig, outcome="upstream_error", status_code=200, error="error event in stream")
+    assert row["completion_tokens"] == 2

@@ -169,3 +169,11 @@ def test_a_raising_row_sink_neither_breaks_finish_nor_starves_the_others(caplog)
     row = tracker.finish(request, "ok")  # must not raise into the proxy (it would cut the stream)
     assert received == [row] and not tracker.live
     assert "exporter down" in caplog.text
+
+
+def test_error_events_are_recognised():
+    from collector.sidecar.sse import ERROR
+    assert inspect_event(b'data: {"error":{"message":"boom","code":500}}') is ERROR  # vLLM, SGLang
+    assert inspect_event(b'error: {"code":500,"message":"boom"}') is ERROR  # llama.cpp server
+    assert inspect_event(b'event: error\ndata: {"message":"boom"}') is ERROR
+    assert inspect_event(b'data: {"choices":[{"delta":{"content":"ab"}}],"error":null}') is not ERROR

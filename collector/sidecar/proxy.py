@@ -19,7 +19,7 @@ import orjson
 from yarl import URL
 
 from collector.sidecar.requests import ParsedRequest, parse_request
-from collector.sidecar.sse import DONE, MALFORMED, EventSplitter, inspect_event
+from collector.sidecar.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.sidecar.tenants import resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
 
@@ -218,7 +218,7 @@ class CompletionsProxy:
         """Forward events as they complete; finish the request just before the final send."""
         splitter = EventSplitter()
         tracker, strip = self._tracker, parsed.usage_injected
-        malformed = False
+        malformed = errored = False
         async for data in resp.content.iter_any():
             complete, events = splitter.feed(data)
             kept = None  # None: forward `complete` exactly as received
@@ -228,6 +228,8 @@ class CompletionsProxy:
                     pass
                 elif info is MALFORMED:
                     malformed = True
+                elif info is ERROR:  # the engine failed mid-stream and said so
+                    errored = True
                 else:
                     if info.tokens_estimate:
                         tracker.generated(request, info.tokens_estimate)
@@ -247,8 +249,8 @@ class CompletionsProxy:
         rest = splitter.remainder()
         if rest:
             await send({"type": "http.response.body", "body": rest, "more_body": True})
-        error = "malformed event in stream" if malformed else (
-            "stream ended inside an event" if rest.strip() else None)
+        error = "malformed event in stream" if malformed else "error event in stream" if errored \
+            else "stream ended inside an event" if rest.strip() else None
         self._tracker.finish(request, "upstream_error" if error else outcome, error=error)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

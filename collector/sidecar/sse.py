@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["EventSplitter", "ChunkInfo", "inspect_event", "DONE", "MALFORMED"]
+__all__ = ["EventSplitter", "ChunkInfo", "inspect_event", "DONE", "MALFORMED", "ERROR"]
 
 _CHARS_PER_TOKEN = 4
 
@@ -74,6 +74,7 @@ class ChunkInfo:
 
 DONE = ChunkInfo()
 MALFORMED = ChunkInfo()
+ERROR = ChunkInfo()
 
 
 def _delta_tokens(choice: dict) -> int:
@@ -91,44 +92,40 @@ def _delta_tokens(choice: dict) -> int:
     return max(1, len(text) // _CHARS_PER_TOKEN) if isinstance(text, str) and text else 0
 
 
-def _data_field(event: bytes) -> bytes:
-    """The event's data: its `data:` lines without the field name, joined by newlines.
+def _fields(event: bytes) -> tuple[bytes | None, bool]:
+    """Slow path for events that are not one `data:` line: (their data, whether they are errors).
 
-    The SSE grammar (WHATWG HTML §9.2.6): one optional space after the colon is dropped, lines
-    starting with ':' are comments, other fields (`id:`, `event:`, `retry:`) are not data.
+    The SSE grammar (WHATWG HTML §9.2.6): data is every `data:` line without the field name (one
+    optional space after the colon dropped), joined by newlines; None when there is none (a comment
+    or keep-alive). An `event: error` field, or llama.cpp's non-standard `error:` line, marks an
+    error the engine sent inside a 200 stream.
     """
-    lines = []
+    lines, error = [], False
     for line in event.split(b"\n"):
         line = line.removesuffix(b"\r")
         if line.startswith(b"data:"):
             value = line[5:]
             lines.append(value[1:] if value.startswith(b" ") else value)
-    return b"\n".join(lines)
+        elif line.startswith(b"error:") or (line.startswith(b"event:") and line[6:].strip() == b"error"):
+            error = True
+    return (b"\n".join(lines) if lines else None), error
 
 
-def inspect_event(event: bytes) -> ChunkInfo | None:
-    """Read one event; None for comments/keep-alives, DONE for `[DONE]`, MALFORMED for bad JSON.
-
-    A chunk's token estimate is floor(characters / 4), at least 1 for non-empty content or a tool
-    call: engines stream about one token per chunk, and on the llama.cpp capture in
-    tests/fixtures this gives 302 for a true 300. A role-only chunk carries no token (it must not
-    stamp TTFT). The row's completion_tokens come from upstream usage whenever it is sent.
-    """
-    if event.startswith(b"data:"):
-        start = 0
-    else:  # "event:" / "id:" lines first, or a comment-only keep-alive
-        start = event.find(b"\ndata:") + 1
-        if start == 0:
-            return None
-    payload = event[start + 5:]
-    if b"\n" in payload:  # rare: more lines after `data:` (another field, or multi-line data)
-        payload = _data_field(event)
+def _inspect_fields(event: bytes) -> ChunkInfo | None:
+    payload, error = _fields(event)
+    if error:
+        return ERROR
+    if payload is None:
+        return None
     if payload.strip() == b"[DONE]":
         return DONE
     try:
-        chunk = orjson.loads(payload)  # JSON allows the surrounding whitespace
+        return _read_chunk(orjson.loads(payload))
     except orjson.JSONDecodeError:
         return MALFORMED
+
+
+def _read_chunk(chunk: object) -> ChunkInfo:
     if not isinstance(chunk, dict):
         return MALFORMED
     choices = chunk.get("choices")
@@ -137,6 +134,32 @@ def inspect_event(event: bytes) -> ChunkInfo | None:
         for choice in choices:
             if isinstance(choice, dict):
                 tokens += _delta_tokens(choice)
+    elif chunk.get("error") or chunk.get("object") == "error":  # vLLM/SGLang: error mid-stream
+        return ERROR
     usage = chunk.get("usage")
     usage = usage if isinstance(usage, dict) else None
     return ChunkInfo(tokens, usage, usage is not None and not choices)
+
+
+def inspect_event(event: bytes) -> ChunkInfo | None:
+    """Read one event; None for comments/keep-alives, DONE for `[DONE]`, MALFORMED for bad JSON,
+    ERROR for an error the engine reported inside the stream.
+
+    A chunk's token estimate is floor(characters / 4), at least 1 for non-empty content or a tool
+    call: engines stream about one token per chunk, and on the llama.cpp capture in
+    tests/fixtures this gives 302 for a true 300. A role-only chunk carries no token (it must not
+    stamp TTFT). The row's completion_tokens come from upstream usage whenever it is sent.
+    """
+    if event.startswith(b"data:"):  # the common case: one data line
+        payload = event[5:]
+    else:  # "event:"/"id:" fields first, or a comment-only keep-alive
+        return _inspect_fields(event)
+    if payload.strip() == b"[DONE]":
+        return DONE
+    try:
+        chunk = orjson.loads(payload)  # JSON allows the surrounding whitespace
+    except orjson.JSONDecodeError:
+        # more lines after `data:` (another field, multi-line data) fail here: re-read them slowly,
+        # so the hot path never scans an event for newlines
+        return _inspect_fields(event) if b"\n" in payload else MALFORMED
+    return _read_chunk(chunk)
