@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import httpx
 import pytest
 
+from collector.store.db import RequestStore
 from sidecar_support import CHAT, gauge_values, sidecar_rig, wait_until
 
 PATH = "/v1/chat/completions"
@@ -182,3 +186,29 @@ def test_an_error_sent_inside_a_200_stream_is_an_upstream_error(rig, mode):
     assert response.status_code == 200 and b"error" in response.content  # forwarded as sent
     row = _only_row(rig, outcome="upstream_error", status_code=200, error="error event in stream")
     assert row["completion_tokens"] == 2
+
+
+def test_shutdown_with_a_stream_in_flight_logs_its_row_as_a_shutdown(tmp_path):
+    with sidecar_rig(tmp_path) as rig:
+        arrived = rig.fake.expect("long")
+
+        def client():
+            with contextlib.suppress(httpx.HTTPError):
+                with httpx.stream("POST", rig.url + PATH, json=CHAT, timeout=30,
+                                  headers={"x-fake-tokens": "100000", "x-fake-delay": "0.01",
+                                           "x-test-id": "long"}) as response:
+                    for _ in response.iter_raw():
+                        pass
+
+        thread = threading.Thread(target=client, daemon=True)
+        thread.start()
+        assert arrived.wait(10)
+        wait_until(lambda: any(r.first_token_mono for r in rig.app.state.tracker.live.values()))
+        rig.sidecar.server.config.timeout_graceful_shutdown = 0.2  # cancel what is in flight
+        rig.sidecar.stop()
+        thread.join(10)
+        path = rig.app.state.config.db_path
+    store = RequestStore(path)  # the row was flushed by the shutdown itself
+    rows = store.query_dicts("SELECT outcome, error, status_code FROM requests")
+    store.close()
+    assert rows == [{"outcome": "client_cancelled", "error": "sidecar shut down", "status_code": 200}]

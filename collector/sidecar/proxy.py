@@ -128,10 +128,14 @@ class CompletionsProxy:
         try:
             await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            # the watcher only ends on the client's disconnect; otherwise this task was cancelled
+            # (the server's graceful-shutdown timeout), which the row must not blame on the client
+            gone = watcher.done() and not watcher.cancelled()
             watcher.cancel()
             if not work.done():
                 work.cancel()  # client gone (or server shutdown): stop the upstream exchange
-            self._tracker.finish(request, "client_cancelled", error="client disconnected")
+            self._tracker.finish(request, "client_cancelled",
+                                 error="client disconnected" if gone else "sidecar shut down")
 
     def _admit(self, scope: dict, parsed: ParsedRequest) -> LiveRequest:
         tenant = resolve_tenant(_header(scope, self._tenant_header), _header(scope, b"authorization"))
