@@ -45,6 +45,7 @@ class FakeUpstream:
         self.requests: list[dict] = []
         self.targets: list[tuple[bytes, bytes]] = []  # (raw path, query string) of every request
         self._arrivals: dict[str, threading.Event] = {}
+        self.slow_client_left = threading.Event()  # /v1/slow saw its client (the proxy) disconnect
 
     def expect(self, test_id: str) -> threading.Event:
         """An event set when a request with header `x-test-id: test_id` reaches this upstream."""
@@ -69,6 +70,8 @@ class FakeUpstream:
                 break
         if scope["path"].startswith("/v1/models"):
             return await _json(send, 200, {"object": "list", "data": [{"id": MODEL}]})
+        if scope["path"] == "/v1/slow":  # an unaccounted stream that runs until its client leaves
+            return await self._slow(receive, send)
         if scope["path"] == "/metrics":
             return await _send(send, 200, b"# no metrics\n", b"text/plain")
         payload = json.loads(body)
@@ -88,6 +91,21 @@ class FakeUpstream:
         if not payload.get("stream"):
             return await _json(send, 200, _completion(payload, tokens))
         await self._stream(send, payload, mode, tokens, delay)
+
+    async def _slow(self, receive, send):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+
+        async def tick():
+            for i in range(1000):
+                await _body(send, b"data: %d\n\n" % i)
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.ensure_future(tick())
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        ticker.cancel()
+        self.slow_client_left.set()
 
     async def _stream(self, send, payload, mode, tokens, delay):
         usage_on = (payload.get("stream_options") or {}).get("include_usage") is True

@@ -212,3 +212,13 @@ def test_shutdown_with_a_stream_in_flight_logs_its_row_as_a_shutdown(tmp_path):
     rows = store.query_dicts("SELECT outcome, error, status_code FROM requests")
     store.close()
     assert rows == [{"outcome": "client_cancelled", "error": "sidecar shut down", "status_code": 200}]
+
+
+def test_pass_through_stream_is_cancelled_upstream_when_the_client_leaves(rig):
+    with httpx.Client(timeout=10) as client:
+        with client.stream("GET", rig.url + "/v1/slow") as response:
+            chunks = response.iter_raw()
+            assert next(chunks).startswith(b"data: 0")
+    # the client hung up after one chunk: the sidecar must drop its upstream request too, or an
+    # unaccounted generation keeps running on the engine for nobody
+    assert rig.fake.slow_client_left.wait(5)

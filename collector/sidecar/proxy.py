@@ -269,6 +269,16 @@ class PassThrough:
         body = await _read_body(receive)
         if body is None:
             return
+        work = asyncio.ensure_future(self._forward(scope, body, send))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not work.done():
+                work.cancel()  # client gone: drop the upstream request (a stream would run on)
+
+    async def _forward(self, scope, body: bytes, send) -> None:
         url = _target(self._upstream, scope)
         started = False
         try:
@@ -283,3 +293,7 @@ class PassThrough:
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             if not started:
                 await _send_error(send, 502, f"upstream failed: {type(exc).__name__}", "upstream_error")
+        except Exception as exc:  # never let client or upstream input crash the request unanswered
+            log.exception("unexpected pass-through error")
+            if not started:
+                await _send_error(send, 502, f"proxy error: {type(exc).__name__}", "upstream_error")
