@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 import click
 import orjson
@@ -137,7 +138,17 @@ def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
     from collector.analysis.passive import passive_curve
     from collector.store.db import RequestStore
 
-    store = RequestStore(db, read_only=True)
+    import duckdb
+
+    if not Path(db).is_file():
+        raise click.ClickException(f"--db {db} does not exist; pass the request log a sidecar or store wrote "
+                                   "(e.g. --db headroom.duckdb)")
+    try:
+        store = RequestStore(db, read_only=True)
+    except duckdb.Error as exc:
+        hint = ("a running sidecar or store holds it; stop it, or query the store's /v1/query/curve"
+                if "lock" in str(exc).lower() else "pass a DuckDB file written by headroom")
+        raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
     try:
         result = passive_curve(store, caliber, _when(since), _when(until), model, window_s=window_seconds)
     except ValueError as exc:
