@@ -162,6 +162,7 @@ def demo(speed, levels_text, level_seconds, duration, max_num_seqs, kv_cache_tok
       headroom demo --speed 8 --levels 1,4,16,32 --level-seconds 1.5 --json demo.json
       headroom demo --db ./headroom-demo/headroom.duckdb --keep-serving
     """
+    import duckdb
     from rich.console import Console
 
     from collector.sim.demo_render import render_summary
@@ -188,3 +189,7 @@ def demo(speed, levels_text, level_seconds, duration, max_num_seqs, kv_cache_tok
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: stopped cleanly; rows so far are in {db_path}", err=True)
         sys.exit(130)
+    except duckdb.Error as exc:
+        raise click.ClickException(
+            f"cannot use --db {db_path} ({str(exc).splitlines()[0]}); pass a new path, or a DuckDB file "
+            "headroom wrote that no other process holds open") from None
