@@ -31,9 +31,10 @@ def _row_writer(db: str | None, store_url: str | None, store_token: str | None):
         try:
             store = RequestStore(db)
         except duckdb.IOException as exc:
-            raise click.ClickException(
-                f"cannot open --db {db}: {exc}; a running sidecar owns that file, so pass "
-                "--store-url to ship rows to the store service, or another --db file") from None
+            hint = ("a running sidecar or store owns that file, so pass --store-url to ship rows to the "
+                    "store service, or another --db file" if "lock" in str(exc).lower()
+                    else "pass a DuckDB file headroom wrote, or a new path")
+            raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
         return store.insert_rows, store.close, store
     if store_url:
         import tempfile
@@ -99,6 +100,11 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
     from collector.analysis.render import print_estimate
     from collector.analysis.slo import Slo
 
+    for name, value, example in (("--url", url, "http://127.0.0.1:9100"),
+                                 ("--store-url", store_url, "http://127.0.0.1:9200")):
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise click.BadParameter(f"{value!r} is not an http(s) URL; expected e.g. {example}",
+                                     param_hint=name)
     slo = Slo(ttft_p95_s=slo_ttft_p95, tpot_p95_s=slo_tpot_p95)
     settings = _settings(url=url, model=model, levels=_levels(levels), max_tokens=max_tokens,
                          ignore_eos=ignore_eos, prompts=prompts, endpoint=endpoint, slo=slo,
