@@ -67,9 +67,11 @@ def store(db_path: str, listen: str, token: str | None, export_dir: str | None, 
                       "shippers send it as a Bearer token")
     try:
         request_store = RequestStore(db_path)
-    except Exception as exc:  # duckdb.IOException when another process holds the file
-        console.print(f"[red]cannot open {db_path}: {exc}[/]\nOnly one process may own it; stop the other one "
-                      "or point readers at the store's API.")
+    except Exception as exc:  # duckdb.IOException when another process holds the file, or not a DuckDB file
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = ("only one process may own it; stop the other one or point readers at the store's API"
+                if "lock" in first.lower() else "pass a DuckDB file headroom wrote, or a new path")
+        click.echo(f"Error: cannot open --db {db_path} ({first}); {hint}", err=True)
         sys.exit(1)
     settings = None if no_jobs else JobSettings(
         export_dir=Path(export_dir) if export_dir else base / "parquet", retention_days=retention_days,
