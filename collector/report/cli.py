@@ -73,7 +73,8 @@ def _from_store_url(url: str, token: str | None, since: str, fmt: str, slo: floa
         response = httpx.get(url.rstrip("/") + "/v1/report", params=params, timeout=300,
                              headers={"Authorization": f"Bearer {token or ''}"})
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"cannot reach the store at {url}: {exc}") from None
+        raise click.ClickException(f"cannot reach the store at {url} ({exc}); check --store-url (e.g. "
+                                   "http://127.0.0.1:9200) and that `headroom store` is running") from None
     if response.status_code == 401:
         raise click.ClickException("the store refused the token: pass --token or set HEADROOM_TOKEN")
     if response.status_code != 200:
@@ -91,8 +92,10 @@ def _from_db(db: str, since: str, fmt: str, slo: float | None) -> str:
     try:
         store = RequestStore(db, read_only=True)
     except Exception as exc:
-        raise click.ClickException(f"cannot open {db} ({exc}); while a store or sidecar owns it, "
-                                   "use --store-url instead") from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = ("while a store or sidecar owns it, use --store-url instead" if "lock" in first.lower()
+                else "pass the request log a sidecar or store wrote")
+        raise click.ClickException(f"cannot open {db} ({first}); {hint}") from None
     try:
         with Console(stderr=True).status(f"building the {since} review from {db}"):
             return render_report_from_store(store, since, fmt, slo_ttft_p95_s=slo)
