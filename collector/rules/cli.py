@@ -64,8 +64,10 @@ def generate_dashboards(out: Path, check: bool) -> None:
 
 
 @dashboards.command("push")
-@click.option("--grafana-url", required=True, envvar="GRAFANA_URL", help="Base URL, e.g. http://grafana:3000.")
-@click.option("--token", required=True, envvar="GRAFANA_TOKEN", help="Service-account token with Editor rights.")
+@click.option("--grafana-url", required=True, envvar="GRAFANA_URL",
+              help="Base URL, e.g. http://grafana:3000 [env: GRAFANA_URL].")
+@click.option("--token", required=True, envvar="GRAFANA_TOKEN",
+              help="Service-account token with Editor rights [env: GRAFANA_TOKEN].")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, exists=True, path_type=Path),
               default=Path("dashboards"), show_default=True, help="Directory of generated dashboards.")
 @click.option("--folder", default="llm-headroom", show_default=True, help="Grafana folder (created if missing).")
@@ -85,6 +87,9 @@ def push(grafana_url: str, token: str, directory: Path, folder: str, datasource_
 
     from collector.rules.push import PushError, load_dashboards, push_dashboards
 
+    if not grafana_url.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{grafana_url!r} is not an http(s) URL; expected e.g. http://grafana:3000",
+                                 param_hint="--grafana-url")
     try:
         boards = load_dashboards(directory)
         with Progress(transient=True) as progress:
