@@ -1,0 +1,136 @@
+"""A newcomer's obvious mistakes get one clear line naming the input and what to do, not a traceback.
+
+Each case runs the real command (click's runner over `collector.cli.main`) against real files: a
+path that does not exist, a file that is not a DuckDB database, a database another process holds
+open (a real second process takes DuckDB's lock), a URL without a scheme, an unreachable service.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from collector.cli import main
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def _one_clear_error(result, *expected: str, code: int = 1) -> None:
+    """Exit `code`, no traceback, an `Error:` line that contains every `expected` fragment."""
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("Error:"))
+    for fragment in expected:
+        assert fragment in line, line
+
+
+@pytest.fixture
+def not_duckdb(tmp_path):
+    path = tmp_path / "notes.duckdb"
+    path.write_text("this is not a database\n" * 100)
+    return path
+
+
+@pytest.fixture
+def locked_db(tmp_path):
+    """A DuckDB file a second process holds open read-write, as a running sidecar would."""
+    path = tmp_path / "held.duckdb"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
+         "print('ready', flush=True); sys.stdin.read()", str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        yield path
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_capacity_curve_missing_db_says_which_file(tmp_path):
+    missing = tmp_path / "nope.duckdb"
+    _one_clear_error(run("capacity", "curve", "--db", str(missing)), str(missing), "does not exist")
+    assert not missing.exists()  # a read-only command creates nothing
+
+
+def test_capacity_curve_not_a_duckdb_file(not_duckdb):
+    _one_clear_error(run("capacity", "curve", "--db", str(not_duckdb)), str(not_duckdb),
+                     "not a valid DuckDB", "pass a DuckDB file")
+
+
+def test_capacity_curve_on_a_held_db_says_who_to_ask(locked_db):
+    _one_clear_error(run("capacity", "curve", "--db", str(locked_db)), str(locked_db), "holds it",
+                     "/v1/query/curve")
+
+
+def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
+    _one_clear_error(run("report", "--db", str(not_duckdb)), str(not_duckdb), "sidecar or store wrote")
+
+
+def test_report_on_a_held_db_points_at_the_store(locked_db):
+    _one_clear_error(run("report", "--db", str(locked_db)), str(locked_db), "--store-url")
+
+
+def test_report_unreachable_store_names_the_url_and_what_to_check():
+    url = f"http://127.0.0.1:{_closed_port()}"
+    _one_clear_error(run("report", "--store-url", url, "--token", "t"), url, "headroom store` is running")
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["--url", "127.0.0.1:9100"], "--url"),
+    (["--url", "http://127.0.0.1:9100", "--store-url", "store:9200"], "--store-url"),
+])
+def test_probe_url_without_scheme_is_a_usage_error(args, hint):
+    _one_clear_error(run("probe", *args), hint, "is not an http(s) URL", "http://127.0.0.1:", code=2)
+
+
+def test_probe_db_that_is_not_duckdb_is_not_blamed_on_a_sidecar(not_duckdb):
+    result = run("probe", "--url", f"http://127.0.0.1:{_closed_port()}", "--db", str(not_duckdb))
+    _one_clear_error(result, str(not_duckdb), "pass a DuckDB file")
+    assert "sidecar owns" not in result.output
+
+
+def test_probe_db_held_by_a_sidecar_suggests_the_store(locked_db):
+    result = run("probe", "--url", f"http://127.0.0.1:{_closed_port()}", "--db", str(locked_db))
+    _one_clear_error(result, str(locked_db), "--store-url")
+
+
+def test_demo_with_a_db_that_is_not_duckdb(not_duckdb):
+    result = run("demo", "--db", str(not_duckdb), "--levels", "1", "--level-seconds", "0.5")
+    _one_clear_error(result, str(not_duckdb), "pass a new path")
+    assert not_duckdb.read_text().startswith("this is not a database")  # nothing overwritten
+
+
+def test_store_with_a_db_that_is_not_duckdb(tmp_path, not_duckdb):
+    result = run("store", "--db", str(not_duckdb), "--listen", f"127.0.0.1:{_closed_port()}", "--token", "t")
+    _one_clear_error(result, str(not_duckdb), "pass a DuckDB file")
+    assert "Only one process" not in result.output and "only one process" not in result.output
+
+
+def test_store_with_a_held_db_says_only_one_process(locked_db):
+    result = run("store", "--db", str(locked_db), "--listen", f"127.0.0.1:{_closed_port()}", "--token", "t")
+    _one_clear_error(result, str(locked_db), "only one process may own it")
+
+
+def test_dashboards_push_url_without_scheme(tmp_path):
+    result = run("dashboards", "push", "--grafana-url", "grafana:3000", "--token", "t", "--dir", str(tmp_path))
+    _one_clear_error(result, "--grafana-url", "'grafana:3000'", "http://grafana:3000", code=2)
+
+
+def test_dashboards_push_help_names_its_environment_variables():
+    result = run("dashboards", "push", "--help")
+    assert result.exit_code == 0
+    assert "[env:" in result.output and "GRAFANA_URL]" in result.output and "GRAFANA_TOKEN]" in result.output
