@@ -70,6 +70,8 @@ class FakeUpstream:
                 break
         if scope["path"].startswith("/v1/models"):
             return await _json(send, 200, {"object": "list", "data": [{"id": MODEL}]})
+        if scope["path"] == "/v1/moved":  # a redirect is the client's to follow, not the proxy's
+            return await _send(send, 307, b"", b"text/plain", [(b"location", b"/v1/models")])
         if scope["path"] == "/v1/slow":  # an unaccounted stream that runs until its client leaves
             return await self._slow(receive, send)
         if scope["path"] == "/metrics":

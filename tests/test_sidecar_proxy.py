@@ -222,3 +222,9 @@ def test_pass_through_stream_is_cancelled_upstream_when_the_client_leaves(rig):
     # the client hung up after one chunk: the sidecar must drop its upstream request too, or an
     # unaccounted generation keeps running on the engine for nobody
     assert rig.fake.slow_client_left.wait(5)
+
+
+def test_a_redirect_reaches_the_client_as_sent(rig):
+    response = httpx.get(rig.url + "/v1/moved")  # httpx does not follow redirects by default
+    assert response.status_code == 307 and response.headers["location"] == "/v1/models"
+    assert rig.fake.targets[-1][0] == b"/v1/moved"  # the proxy did not follow it either

@@ -158,7 +158,8 @@ class CompletionsProxy:
         try:
             url = _target(self._upstream, scope)
             headers = _request_headers(scope, identity=True)
-            async with self._session().post(url, data=parsed.body, headers=headers) as resp:
+            async with self._session().post(url, data=parsed.body, headers=headers,
+                                            allow_redirects=False) as resp:
                 self._tracker.first_byte(request)
                 request.status_code = resp.status
                 outcome = outcome_for_status(resp.status)
@@ -283,7 +284,8 @@ class PassThrough:
         started = False
         try:
             async with self._session().request(scope["method"], url, data=body or None,
-                                               headers=_request_headers(scope, identity=False)) as resp:
+                                               headers=_request_headers(scope, identity=False),
+                                               allow_redirects=False) as resp:
                 await send({"type": "http.response.start", "status": resp.status,
                             "headers": _response_headers(resp.raw_headers, keep_length=True)})
                 started = True
