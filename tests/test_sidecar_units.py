@@ -177,3 +177,22 @@ def test_error_events_are_recognised():
     assert inspect_event(b'error: {"code":500,"message":"boom"}') is ERROR  # llama.cpp server
     assert inspect_event(b'event: error\ndata: {"message":"boom"}') is ERROR
     assert inspect_event(b'data: {"choices":[{"delta":{"content":"ab"}}],"error":null}') is not ERROR
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model":"m","stream":true,"stream_options":[1]}',
+    b'{"model":"m","stream":true,"stream_options":"yes"}',
+    b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}',
+    b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":["a"]}]}]}',
+    b'{"model":"m","prompt":[{"text":7}]}',
+])
+def test_hostile_request_bodies_parse_without_raising(body):
+    parsed = parse_request(body)  # an exception here is a 500 with no row for the request
+    assert parsed.model == "m" and parsed.prompt_tokens_estimate >= 0
+    if b"stream_options" in body:  # not ours to fix: forwarded untouched, the engine answers it
+        assert parsed.body == body and not parsed.usage_injected
+
+
+def test_token_id_prompts_count_their_tokens():
+    assert parse_request(b'{"model":"m","prompt":[1,2,3,4,5]}').prompt_tokens_estimate == 5
+    assert parse_request(b'{"model":"m","prompt":[[1,2],[3,4,5]]}').prompt_tokens_estimate == 5

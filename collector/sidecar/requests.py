@@ -1,7 +1,8 @@
 """Reading an OpenAI request body: model, stream flags, max_tokens, and a prompt-token estimate.
 
 Prompt-token estimate (no tokenizer in the sidecar, by design: it must work for any model):
-ceil(characters / 4) over every text part, plus 3 tokens of framing per chat message. "About four
+ceil(characters / 4) over every text part, plus 3 tokens of framing per chat message (a
+/v1/completions prompt of token IDs counts one per ID). "About four
 characters per token" is OpenAI's published rule of thumb for English with BPE tokenizers; the
 per-message framing matches the chat templates' role markers. It feeds the live token caliber at
 admission; the row's `prompt_tokens` is replaced by upstream `usage` when the engine reports it
@@ -43,9 +44,19 @@ def _content_tokens(content: object) -> int:
     if isinstance(content, str):
         return estimate_text_tokens(content)
     if isinstance(content, list):  # multi-part content: count the text parts
-        return sum(estimate_text_tokens(part.get("text") or "") for part in content
-                   if isinstance(part, dict))
+        return sum(estimate_text_tokens(part["text"]) for part in content
+                   if isinstance(part, dict) and isinstance(part.get("text"), str))
     return 0
+
+
+def _prompt_tokens(prompt: object) -> int:
+    """/v1/completions `prompt`: a string, a list of strings, token IDs, or lists of token IDs."""
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(p, int) for p in prompt):
+            return len(prompt)  # already tokens
+        return sum(len(p) if isinstance(p, list) and all(isinstance(i, int) for i in p)
+                   else _content_tokens(p) for p in prompt)
+    return _content_tokens(prompt)
 
 
 def _estimate_prompt(payload: dict) -> int:
@@ -53,10 +64,7 @@ def _estimate_prompt(payload: dict) -> int:
     if isinstance(messages, list):
         return sum(_TOKENS_PER_MESSAGE + _content_tokens(m.get("content"))
                    for m in messages if isinstance(m, dict))
-    prompt = payload.get("prompt")
-    if isinstance(prompt, list):
-        return sum(_content_tokens(p) if isinstance(p, (str, list)) else 0 for p in prompt)
-    return _content_tokens(prompt)
+    return _prompt_tokens(payload.get("prompt"))
 
 
 def _max_tokens(payload: dict) -> int | None:
@@ -83,7 +91,8 @@ def parse_request(body: bytes) -> ParsedRequest:
     injected = False
     if stream:
         options = payload.get("stream_options")
-        if not isinstance(options, dict) or "include_usage" not in options:
+        # a non-object stream_options is the client's error: forward it untouched for the engine
+        if options is None or (isinstance(options, dict) and "include_usage" not in options):
             payload["stream_options"] = {**(options or {}), "include_usage": True}
             body = orjson.dumps(payload)
             injected = True
