@@ -135,7 +135,11 @@ def report(since: str, fmt: str, db: str | None, store_url: str | None, token: s
     text = (_from_store_url(store_url, token, since, fmt, slo_ttft_p95) if store_url
             else _from_db(db, since, fmt, slo_ttft_p95))
     if out:
-        Path(out).write_text(text)
+        try:
+            Path(out).write_text(text)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write --out {out} ({exc.strerror}); pass a path in an existing, "
+                                       "writable directory") from None
         click.echo(f"wrote {out}", err=True)
     else:
         sys.stdout.write(text)
