@@ -30,7 +30,12 @@ def _write_or_check(files: dict[str, str], out: Path, check: bool, command: str)
             sys.exit(1)
         click.echo(f"{len(files)} files in {out} are up to date")
         return
-    for path in write_files(files, out):
+    try:
+        written = write_files(files, out)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write into --out {out} ({exc.strerror}: {exc.filename}); "
+                                   "pass a directory you can write to") from None
+    for path in written:
         click.echo(f"wrote {path}")
 
 
