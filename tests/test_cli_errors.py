@@ -134,3 +134,20 @@ def test_dashboards_push_help_names_its_environment_variables():
     result = run("dashboards", "push", "--help")
     assert result.exit_code == 0
     assert "[env:" in result.output and "GRAFANA_URL]" in result.output and "GRAFANA_TOKEN]" in result.output
+
+
+def test_report_out_in_a_missing_directory(tmp_path):
+    from collector.store.db import RequestStore
+
+    db = tmp_path / "log.duckdb"
+    RequestStore(db).close()
+    out = tmp_path / "no" / "such" / "review.md"
+    _one_clear_error(run("report", "--db", str(db), "--out", str(out)), str(out), "writable directory")
+
+
+@pytest.mark.parametrize("group", ["dashboards", "alerts"])
+def test_generate_into_an_unwritable_place(tmp_path, group):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    out = blocker / "sub"  # a directory below a regular file cannot be created
+    _one_clear_error(run(group, "generate", "--out", str(out)), str(out), "pass a directory you can write to")
