@@ -190,3 +190,25 @@ def test_close_and_flush_are_bounded_when_the_sink_is_stuck_and_the_queue_full()
     closer.start()
     assert done.wait(5), "close() blocked past its timeout on a full queue"
     sink.gate.set()
+
+
+@pytest.mark.parametrize("kind", ["newer", "not-duckdb"])
+def test_headroom_run_names_a_bad_db_and_what_to_do(tmp_path, kind):
+    from click.testing import CliRunner
+
+    from collector.sidecar.cli import run
+
+    path = tmp_path / "h.duckdb"
+    if kind == "newer":
+        RequestStore(path).close()
+        con = duckdb.connect(str(path))
+        con.execute("UPDATE headroom_schema SET version = 99")
+        con.close()
+    else:
+        path.write_text("these are not the rows you are looking for\n" * 100)
+    result = CliRunner().invoke(run, ["--upstream", "http://127.0.0.1:9", "--db", str(path),
+                                      "--engine", "none", "--no-jobs"])
+    assert result.exit_code == 1 and isinstance(result.exception, (SystemExit, type(None)))
+    assert "Traceback" not in result.output
+    assert f"cannot open --db {path}" in result.output
+    assert ("upgrade llm-headroom" if kind == "newer" else "a new path") in result.output

@@ -117,7 +117,10 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
     """
+    import duckdb
     import uvicorn
+
+    from collector.store.schema import SchemaTooNew
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -133,6 +136,14 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
                             engine_mapping=engine_mapping)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    except (duckdb.Error, SchemaTooNew) as exc:  # locked by another process, not DuckDB, too new
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        hint = ("only one process may own it: stop the other one, or run `headroom store` and pass "
+                "--store-url" if "lock" in first.lower()
+                else "" if isinstance(exc, SchemaTooNew)
+                else "pass a DuckDB file headroom wrote, or a new path")
+        raise click.ClickException(f"cannot open --db {db_path} ({first})"
+                                   + (f"; {hint}" if hint else "")) from None
     click.echo(f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
                f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,

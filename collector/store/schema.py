@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import duckdb
 
-__all__ = ["COLUMNS", "COLUMN_NAMES", "SCHEMA_VERSION", "MIGRATIONS", "migrate", "schema_version"]
+__all__ = ["COLUMNS", "COLUMN_NAMES", "SCHEMA_VERSION", "MIGRATIONS", "SchemaTooNew", "migrate",
+           "schema_version"]
 
 # (name, DuckDB type) in table order. The contract; other parts and external readers depend on it.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -69,6 +70,10 @@ SCHEMA_VERSION = len(MIGRATIONS)
 V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
 
 
+class SchemaTooNew(RuntimeError):
+    """The file was written by a newer program; we never downgrade it."""
+
+
 def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     """Version recorded in the file; 0 for a new file, 1 for a pre-versioning file with `requests`."""
     con.execute("CREATE TABLE IF NOT EXISTS headroom_schema (version INTEGER NOT NULL)")
@@ -84,11 +89,11 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
     """Bring the database to SCHEMA_VERSION; returns the version it started at.
 
-    Raises RuntimeError when the file was written by a newer program (we never downgrade).
+    Raises SchemaTooNew (a RuntimeError) when the file was written by a newer program.
     """
     start = schema_version(con)
     if start > SCHEMA_VERSION:
-        raise RuntimeError(
+        raise SchemaTooNew(
             f"database schema version {start} is newer than this program's {SCHEMA_VERSION}; "
             "upgrade llm-headroom before opening it"
         )
