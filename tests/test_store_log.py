@@ -212,3 +212,21 @@ def test_headroom_run_names_a_bad_db_and_what_to_do(tmp_path, kind):
     assert "Traceback" not in result.output
     assert f"cannot open --db {path}" in result.output
     assert ("upgrade llm-headroom" if kind == "newer" else "a new path") in result.output
+
+
+def test_one_out_of_range_value_does_not_lose_the_batch():
+    store = RequestStore()
+    rows = _rows(3) + [{"request_id": "huge", "max_tokens": 99_999_999_999, "prompt_tokens": -2**40,
+                        "e2e_s": "1.5", "stream": "yes"}]
+    assert store.insert_rows(rows) == 4  # the other rows of the batch are kept
+    assert store.query("SELECT max_tokens, prompt_tokens, e2e_s FROM requests "
+                       "WHERE request_id = 'huge'") == [(None, None, None)]  # NULL, not a lost batch
+    store.close()
+
+
+def test_client_max_tokens_beyond_the_column_is_not_recorded_as_garbage():
+    from collector.sidecar.requests import parse_request
+
+    assert parse_request(b'{"model":"m","max_tokens":99999999999}').max_tokens is None
+    assert parse_request(b'{"model":"m","max_tokens":-5}').max_tokens is None
+    assert parse_request(b'{"model":"m","max_completion_tokens":64}').max_tokens == 64

@@ -69,7 +69,8 @@ def _estimate_prompt(payload: dict) -> int:
 
 def _max_tokens(payload: dict) -> int | None:
     value = payload.get("max_completion_tokens", payload.get("max_tokens"))
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    return value if valid else None  # beyond the INTEGER column it is no useful limit anyway
 
 
 def parse_request(body: bytes) -> ParsedRequest:

@@ -38,7 +38,28 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     Example: [{"request_id": "a", "ttft_s": 0.2}] -> a 1-row table with 27 columns, 25 of them NULL.
     """
     columns = {name: [row.get(name) for row in rows] for name in COLUMN_NAMES}
-    return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
+    try:
+        return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        # one bad value (a client's max_tokens beyond INTEGER, a string where a number belongs)
+        # must not lose the whole batch: it alone becomes NULL
+        return pa.Table.from_arrays([_column(columns[f.name], f.type) for f in ARROW_SCHEMA],
+                                    schema=ARROW_SCHEMA)
+
+
+def _column(values: list, arrow_type: pa.DataType) -> pa.Array:
+    try:
+        return pa.array(values, type=arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        return pa.array([_value(v, arrow_type) for v in values], type=arrow_type)
+
+
+def _value(value: Any, arrow_type: pa.DataType) -> Any:
+    try:
+        pa.array([value], type=arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        return None
+    return value
 
 
 class RequestStore:
