@@ -121,14 +121,19 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
         raise click.ClickException(str(exc)) from None
     finally:
         close()
-    if json_path:
-        _write_json(json_path, estimate.to_dict())
-        click.echo(f"wrote {json_path}")
-    if plot_path:
-        from collector.analysis.plot import write_plot
+    try:
+        if json_path:
+            _write_json(json_path, estimate.to_dict())
+            click.echo(f"wrote {json_path}")
+        if plot_path:
+            from collector.analysis.plot import write_plot
 
-        png, html = write_plot(estimate, plot_path)
-        click.echo(f"wrote {png} and {html}")
+            png, html = write_plot(estimate, plot_path)
+            click.echo(f"wrote {png} and {html}")
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot write {exc.filename or json_path or plot_path} ({exc.strerror}); the estimate is printed "
+            "above, pass --json/--plot paths in a writable directory next time") from None
 
 
 def _settings(**values):
