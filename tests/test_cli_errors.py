@@ -151,3 +151,21 @@ def test_generate_into_an_unwritable_place(tmp_path, group):
     blocker.write_text("x")
     out = blocker / "sub"  # a directory below a regular file cannot be created
     _one_clear_error(run(group, "generate", "--out", str(out)), str(out), "pass a directory you can write to")
+
+
+def test_probe_unwritable_json_path_after_the_run(tmp_path):
+    """The run's estimate is printed, then one error line names the path it could not write."""
+    from collector.serving import serve_in_thread
+    from test_probe_fake import TOKENS, fake_app
+
+    server = serve_in_thread(fake_app(slots=2))
+    try:
+        blocker = tmp_path / "a-file"
+        blocker.write_text("x")
+        bad = blocker / "cap.json"
+        result = run("probe", "--url", server.url, "--levels", "1,2,4", "--max-tokens", str(TOKENS),
+                     "--max-samples", "12", "--json", str(bad))
+    finally:
+        server.stop()
+    _one_clear_error(result, str(blocker), "the estimate is printed above")
+    assert "knee: 2 requests" in result.output
