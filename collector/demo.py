@@ -176,10 +176,18 @@ def demo(speed, levels_text, level_seconds, duration, max_num_seqs, kv_cache_tok
     # a pipe or file gets the full-width table (rich would cut it to 80 columns)
     console = Console() if sys.stdout.isatty() else Console(width=130)
     def report(summary: dict) -> None:
+        failed = None
         if json_path:
             summary["json"] = os.path.abspath(json_path)
-            Path(json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+            try:
+                Path(json_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+            except OSError as exc:
+                failed = exc.strerror
+                del summary["json"]
         render_summary(summary, console)
+        if failed:
+            raise click.ClickException(f"cannot write --json {json_path} ({failed}); the summary is printed "
+                                       "above, pass a path in a writable directory")
 
     try:
         run_demo(speed=speed, levels=levels, level_s=level_s, max_num_seqs=max_num_seqs,
