@@ -169,3 +169,13 @@ def test_probe_unwritable_json_path_after_the_run(tmp_path):
         server.stop()
     _one_clear_error(result, str(blocker), "the estimate is printed above")
     assert "knee: 2 requests" in result.output
+
+
+def test_demo_unwritable_json_prints_the_summary_then_one_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    bad = blocker / "demo.json"
+    result = run("demo", "--levels", "1,2", "--level-seconds", "0.6", "--speed", "8",
+                 "--db", str(tmp_path / "demo.duckdb"), "--json", str(bad))
+    _one_clear_error(result, str(bad), "the summary is printed above")
+    assert "Where things live" in result.output and str(bad) not in result.output.split("Error:")[0]
