@@ -14,8 +14,8 @@ A failed request (outcome != "ok") gets `error.type` = its outcome and an ERROR 
 built with explicit timestamps after the request has ended, so the client never waits on it; export
 is batched on the SDK's BatchSpanProcessor thread. The sink owns its own TracerProvider (never the
 global one), so enabling it does not change anything else in the process. With OTLP off the sidecar
-never constructs an OtelSink and no OpenTelemetry object exists per request: `build_otel_sink`
-returns None and imports nothing from the SDK.
+never constructs an OtelSink (`headroom run` builds one only with --otlp-endpoint or an
+OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variable) and no OpenTelemetry object exists per request.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["OtelSink", "build_otel_sink", "traces_url", "span_name", "span_attributes",
+__all__ = ["OtelSink", "traces_url", "span_name", "span_attributes",
            "FIRST_TOKEN_EVENT"]
 
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
 _log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
 def traces_url(endpoint: str) -> str:
@@ -51,17 +50,6 @@ def traces_url(endpoint: str) -> str:
     if parts.path in ("", "/"):
         return endpoint.rstrip("/") + "/v1/traces"
     return endpoint
-
-
-def build_otel_sink(endpoint: str | None = None, *, environ: Mapping[str, str] | None = None,
-                    **options: Any) -> OtelSink | None:
-    """An OtelSink when an endpoint is given or OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set, else None."""
-    environ = os.environ if environ is None else environ
-    if not endpoint:
-        endpoint = next((environ[name] for name in _ENV_ENDPOINTS if environ.get(name)), None)
-    if not endpoint:
-        return None
-    return OtelSink(endpoint=endpoint, **options)
 
 
 def _ns(moment: datetime | None) -> int | None:

@@ -202,3 +202,52 @@ def test_otlp_endpoint_flag_exports_spans_over_otlp_http(upstream):
     attributes = {a.key: a.value for a in first.attributes}
     assert attributes["gen_ai.usage.output_tokens"].int_value == len(WORDS)
     assert [event.name for event in first.events] == [FIRST_TOKEN_EVENT]
+
+
+def test_headroom_run_without_otlp_creates_no_opentelemetry_object_per_request(
+        upstream, otel_object_counter, tmp_path, monkeypatch):
+    """The path `headroom run` takes (CLI -> build_sidecar), with no flag and no OTEL_* variable."""
+    from click.testing import CliRunner
+
+    from collector.sidecar import cli
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    built = {}
+
+    def serve(app, **_):  # stands in for uvicorn.run: serve in a thread and send requests
+        built["app"] = app
+        sidecar = serve_in_thread(app)
+        try:
+            with httpx.Client(base_url=sidecar.url, timeout=30) as client:
+                for _ in range(5):
+                    client.post("/v1/chat/completions", json={
+                        "model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+        finally:
+            sidecar.stop()
+
+    monkeypatch.setattr("uvicorn.run", serve)
+    result = CliRunner().invoke(cli.run, ["--upstream", upstream.url, "--engine", "none", "--no-jobs",
+                                          "--db", str(tmp_path / "h.duckdb")])
+    assert result.exit_code == 0, result.output
+    assert built["app"].state.config.otlp_endpoint is None
+    assert otel_object_counter == []
+    rows = RequestStore(tmp_path / "h.duckdb").count()
+    assert rows == 5
+
+
+def test_the_standard_otel_variable_turns_spans_on_through_the_cli(upstream, monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from collector.otel import OtelSink as RealSink
+    from collector.sidecar import cli
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    made = []
+    monkeypatch.setattr("collector.otel.OtelSink",
+                        lambda **kw: made.append(kw) or RealSink(exporter=InMemorySpanExporter()))
+    monkeypatch.setattr("uvicorn.run", lambda app, **_: None)
+    result = CliRunner().invoke(cli.run, ["--upstream", upstream.url, "--engine", "none", "--no-jobs",
+                                          "--db", str(tmp_path / "h.duckdb")])
+    assert result.exit_code == 0, result.output
+    assert made == [{"endpoint": "http://127.0.0.1:4318", "upstream": upstream.url}]

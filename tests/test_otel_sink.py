@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from collector.otel import FIRST_TOKEN_EVENT, OtelSink, build_otel_sink, span_attributes, traces_url
+from collector.otel import FIRST_TOKEN_EVENT, OtelSink, span_attributes, traces_url
 from collector.store.schema import COLUMN_NAMES
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, 123456, tzinfo=timezone.utc)
@@ -111,15 +111,3 @@ def test_traces_url(given, expected):
 def test_traces_url_rejects_a_bare_host_with_advice():
     with pytest.raises(ValueError, match="--otlp-endpoint http://"):
         traces_url("collector:4318")
-
-
-def test_build_otel_sink_is_off_without_flag_or_environment():
-    assert build_otel_sink(None, environ={}) is None
-
-
-def test_build_otel_sink_reads_the_standard_variable():
-    sink = build_otel_sink(None, environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
-    try:
-        assert isinstance(sink, OtelSink)
-    finally:
-        sink.close()

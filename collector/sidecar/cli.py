@@ -90,8 +90,10 @@ def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: i
 @click.option("--store-url", metavar="URL", help="Ship rows to a `headroom store` service instead of --db.")
 @click.option("--store-token", envvar="HEADROOM_TOKEN", help="Token for --store-url [env: HEADROOM_TOKEN].")
 @click.option("--spool-dir", metavar="PATH", help="On-disk spool for --store-url outages.")
-@click.option("--otlp-endpoint", envvar="OTEL_EXPORTER_OTLP_ENDPOINT", metavar="URL",
-              help="Emit one OpenTelemetry span per request [env: OTEL_EXPORTER_OTLP_ENDPOINT].")
+@click.option("--otlp-endpoint", metavar="URL",
+              envvar=["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
+              help="Emit one OpenTelemetry span per request over OTLP/HTTP "
+                   "[env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT].")
 @click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(1),
               help="Seconds to wait for the next upstream bytes before giving up (outcome timeout).")
 @click.option("--jobs/--no-jobs", default=True, show_default=True,
