@@ -221,3 +221,13 @@ def test_cli_ships_rows_to_a_store_service(serve, tmp_path):
     shipped = store.query("SELECT count(*), min(source), count(DISTINCT run_id) FROM requests")[0]
     assert shipped == (requests_sent(server), "probe", 1)
     store.close()
+
+
+async def test_a_level_ends_when_p95_ttft_stops_drifting_or_at_the_cap(serve):
+    """Stable latency ends a level early; a level that never settles runs to the sample cap."""
+    server = serve(fake_app(slots=64))
+    settled = await run_probe(quick(server.url, levels=(2,), max_samples=200, drift_tolerance=0.5))
+    level = settled.levels[0]
+    assert level.ended_by.startswith("p95 TTFT stable") and level.stats.samples < 200
+    never = await run_probe(quick(server.url, levels=(2,), max_samples=30, drift_tolerance=0.0))
+    assert never.levels[0].ended_by == "sample cap 30" and never.levels[0].stats.samples >= 30
