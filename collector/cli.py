@@ -8,7 +8,6 @@ stays fast.
 from __future__ import annotations
 
 import importlib
-import sys
 
 import click
 
@@ -53,27 +52,12 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attribute = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                return _not_built(name)
-            raise
-        return getattr(module, attribute)
+        return getattr(importlib.import_module(module_name), attribute)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, _SHORT_HELP.get(name, "")) for name in COMMANDS]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
-
-
-def _not_built(name: str) -> click.Command:
-    @click.command(name, help=f"{_SHORT_HELP.get(name, '')} (not built yet)")
-    def _missing() -> None:
-        click.echo(f"headroom {name}: this command is not built yet in this version.", err=True)
-        sys.exit(2)
-
-    return _missing
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
