@@ -26,9 +26,11 @@ def _levels(value: str) -> list[int]:
     try:
         levels = [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 1,2,4,8") from None
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 1,2,4,8",
+                                 param_hint="--levels") from None
     if not levels or any(level < 1 for level in levels):
-        raise click.BadParameter(f"{value!r}: every level must be a positive integer")
+        raise click.BadParameter(f"{value!r}: every level must be a positive integer, e.g. 1,2,4,8",
+                                 param_hint="--levels")
     return levels
 
 
@@ -169,9 +171,12 @@ def demo(speed, levels_text, level_seconds, duration, max_num_seqs, kv_cache_tok
 
     levels = _levels(levels_text)
     level_s = duration / len(levels) if duration else level_seconds
-    if speed <= 0 or level_s <= 0.2:
-        raise click.BadParameter(f"--speed {speed} must be positive and each level must last over "
-                                 f"0.2 s (got {level_s:.2f} s); raise --level-seconds or --duration")
+    if speed <= 0:
+        raise click.BadParameter(f"{speed} must be positive, e.g. 4 (simulated seconds per real second)",
+                                 param_hint="--speed")
+    if level_s <= 0.2:
+        raise click.BadParameter(f"each level must last over 0.2 s (got {level_s:.2f} s); raise --level-seconds "
+                                 "or --duration", param_hint="--level-seconds/--duration")
     db_path = db_path or str(Path(tempfile.mkdtemp(prefix="headroom-demo-")) / "headroom.duckdb")
     # a pipe or file gets the full-width table (rich would cut it to 80 columns)
     console = Console() if sys.stdout.isatty() else Console(width=130)

@@ -15,9 +15,10 @@ def _levels(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8")
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8",
+                                 param_hint="--levels") from None
     if not levels or levels[0] < 1:
-        raise click.BadParameter(f"{text!r}: levels must be positive integers, e.g. 1,2,4,8")
+        raise click.BadParameter(f"{text!r}: levels must be positive integers, e.g. 1,2,4,8", param_hint="--levels")
     return levels
 
 
