@@ -179,3 +179,13 @@ def test_demo_unwritable_json_prints_the_summary_then_one_error(tmp_path):
                  "--db", str(tmp_path / "demo.duckdb"), "--json", str(bad))
     _one_clear_error(result, str(bad), "the summary is printed above")
     assert "Where things live" in result.output and str(bad) not in result.output.split("Error:")[0]
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["demo", "--levels", "1,x"], ["--levels", "'1,x'", "e.g. 1,2,4,8"]),
+    (["demo", "--speed", "0"], ["--speed", "must be positive"]),
+    (["demo", "--level-seconds", "0.1"], ["--level-seconds", "0.10 s"]),
+    (["probe", "--url", "http://127.0.0.1:9100", "--levels", "0"], ["--levels", "'0'", "positive"]),
+])
+def test_bad_option_values_name_the_option(args, fragments):
+    _one_clear_error(run(*args), *fragments, code=2)
