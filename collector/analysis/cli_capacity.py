@@ -110,13 +110,14 @@ def quota(rpm, tpm, mean_e2e_s, mean_tokens_per_request, as_json) -> None:
     _emit(result.to_dict(), as_json, lines)
 
 
-def _when(text: str | None) -> datetime | None:
+def _when(text: str | None, option: str = "--since") -> datetime | None:
     if text is None:
         return None
     try:
         return datetime.fromisoformat(text)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not an ISO time such as 2026-11-30T12:00:00+00:00") from None
+        raise click.BadParameter(f"{text!r} is not an ISO time such as 2026-11-30T12:00:00+00:00",
+                                 param_hint=option) from None
 
 
 @click.command("curve")
@@ -150,7 +151,7 @@ def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
                 if "lock" in str(exc).lower() else "pass a DuckDB file written by headroom")
         raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
     try:
-        result = passive_curve(store, caliber, _when(since), _when(until), model, window_s=window_seconds)
+        result = passive_curve(store, caliber, _when(since), _when(until, "--until"), model, window_s=window_seconds)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
