@@ -189,3 +189,12 @@ def test_demo_unwritable_json_prints_the_summary_then_one_error(tmp_path):
 ])
 def test_bad_option_values_name_the_option(args, fragments):
     _one_clear_error(run(*args), *fragments, code=2)
+
+
+def test_capacity_curve_bad_time_names_the_option(tmp_path):
+    from collector.store.db import RequestStore
+
+    db = tmp_path / "log.duckdb"
+    RequestStore(db).close()
+    _one_clear_error(run("capacity", "curve", "--db", str(db), "--until", "tomorrow"),
+                     "--until", "'tomorrow'", "ISO time", code=2)
