@@ -218,7 +218,10 @@ def test_one_out_of_range_value_does_not_lose_the_batch():
     store = RequestStore()
     rows = _rows(3) + [{"request_id": "huge", "max_tokens": 99_999_999_999, "prompt_tokens": -2**40,
                         "e2e_s": "1.5", "stream": "yes"}]
-    assert store.insert_rows(rows) == 4  # the other rows of the batch are kept
+    with pytest.raises(Exception):
+        store.insert_rows(rows)  # strict by default: the store's ingest answers such rows 400
+    store.write_batch(rows)  # the sidecar's writer path: the other rows of the batch are kept
+    assert store.count() == 4
     assert store.query("SELECT max_tokens, prompt_tokens, e2e_s FROM requests "
                        "WHERE request_id = 'huge'") == [(None, None, None)]  # NULL, not a lost batch
     store.close()

@@ -32,17 +32,19 @@ ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[sql.split()[0]]) for name, sql in 
 _COLUMN_LIST = ", ".join(COLUMN_NAMES)
 
 
-def rows_to_arrow(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+def rows_to_arrow(rows: Sequence[Mapping[str, Any]], *, lenient: bool = False) -> pa.Table:
     """Turn row dicts (missing keys are NULL) into one Arrow table in contract column order.
 
     Example: [{"request_id": "a", "ttft_s": 0.2}] -> a 1-row table with 27 columns, 25 of them NULL.
+    A value of the wrong type or out of its column's range raises (the store's ingest answers
+    400), or with `lenient` becomes NULL so that it alone is lost, not its batch.
     """
     columns = {name: [row.get(name) for row in rows] for name in COLUMN_NAMES}
     try:
         return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-        # one bad value (a client's max_tokens beyond INTEGER, a string where a number belongs)
-        # must not lose the whole batch: it alone becomes NULL
+        if not lenient:
+            raise
         return pa.Table.from_arrays([_column(columns[f.name], f.type) for f in ARROW_SCHEMA],
                                     schema=ARROW_SCHEMA)
 
@@ -73,11 +75,14 @@ class RequestStore:
         self._lock = threading.Lock()
         self.migrated_from = None if read_only else migrate(self._con)
 
-    def insert_rows(self, rows: Sequence[Mapping[str, Any]]) -> int:
-        """Insert a batch; rows whose request_id already exists are ignored. Returns rows added."""
+    def insert_rows(self, rows: Sequence[Mapping[str, Any]], *, lenient: bool = False) -> int:
+        """Insert a batch; rows whose request_id already exists are ignored. Returns rows added.
+
+        A value that does not fit its column raises, or with `lenient` is stored as NULL.
+        """
         if not rows:
             return 0
-        batch = rows_to_arrow(rows)  # noqa: F841 -- referenced by name in the SQL below
+        batch = rows_to_arrow(rows, lenient=lenient)  # noqa: F841 -- referenced by name in the SQL
         with self._lock:
             before = self._con.execute("SELECT count(*) FROM requests").fetchone()[0]
             self._con.execute(
@@ -87,8 +92,12 @@ class RequestStore:
         return int(after - before)
 
     def write_batch(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """BatchSink interface for the LogWriter: insert the batch (duplicates ignored)."""
-        self.insert_rows(rows)
+        """BatchSink interface for the LogWriter: insert the batch (duplicates ignored).
+
+        Lenient: one bad value (say a client's max_tokens beyond INTEGER) must not cost the other
+        rows of the batch their place in the log.
+        """
+        self.insert_rows(rows, lenient=True)
 
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple]:
         """Run a parameterised query and return all rows. Never format values into `sql`."""
