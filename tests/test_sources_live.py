@@ -3,7 +3,9 @@
 - each `headroom sim --flavor` behind a sidecar: headroom_engine_* track the simulator's own
   state (GET /sim/state) under load and after it drains;
 - request rows carry engine_waiting_at_admit / kv_usage_at_admit with a source on, NULL with it off;
-- an engine /metrics that hangs or returns garbage never delays proxied requests.
+- an engine /metrics that hangs (for the issue's full minute: a slow test), returns garbage or
+  answers HTTP 500 (a few seconds each) never delays proxied requests, judged against a
+  baseline of the same requests measured in the same run.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from collector.sources import build_engine_source
 from collector.sources.base import parse_exposition
 from test_sources_fake_engine import fake_engine  # noqa: F401  (fixture)
 
-# How long the engine stays broken per mode. The issue asks for a minute: run with
-# HEADROOM_TEST_BROKEN_ENGINE_S=60 to see it; the suite default keeps the test under 5 s.
-BROKEN_FOR_S = float(os.environ.get("HEADROOM_TEST_BROKEN_ENGINE_S", "1.0"))
+# How long the engine stays broken. The issue asks for a minute of hanging: the slow test holds
+# it that long (HEADROOM_TEST_HANG_ENGINE_S shortens it for a quick local run); garbage and HTTP 500
+# run a few seconds each in the regular test (HEADROOM_TEST_BROKEN_ENGINE_S).
+HANG_FOR_S = float(os.environ.get("HEADROOM_TEST_HANG_ENGINE_S", "60"))
+BROKEN_FOR_S = float(os.environ.get("HEADROOM_TEST_BROKEN_ENGINE_S", "3"))
 PROMPT = "measure the knee of this deployment " * 50  # ~450 prompt tokens: visible KV use
 SLOTS = 4
 
@@ -157,28 +161,86 @@ async def _latencies(client: httpx.AsyncClient, url: str, count: int,
     return took
 
 
-async def test_hanging_or_garbage_engine_metrics_never_delay_proxied_requests(fake_engine):
+def _never_delayed(mode: str, baseline: list[float], broken: list[float], poll_timeout_s: float) -> None:
+    """Every proxied request while the engine is broken is fast relative to the baseline.
+
+    A proxy that waited on the poller (or an event loop blocked by it) would show delays up to
+    the poll timeout, so the limit stays below half of it; above that it scales with what this
+    machine measured just before (20x the baseline median, twice its slowest request), so a loaded
+    machine slows both sides alike instead of failing the test.
+    """
+    base_median = statistics.median(baseline)
+    limit = min(max(20 * base_median, 2 * max(baseline), 0.5), poll_timeout_s / 2)
+    slowest = max(broken)
+    assert slowest < limit, (f"{mode}: a request took {slowest:.3f} s (limit {limit:.3f} s; baseline "
+                             f"median {base_median * 1000:.1f} ms, max {max(baseline) * 1000:.1f} ms)")
+    assert statistics.median(broken) < 3 * base_median + 0.05, (mode, statistics.median(broken), base_median)
+
+
+async def _broken_for(engine, stack: Stack, client: httpx.AsyncClient, mode: str, for_s: float,
+                      baseline: list[float]) -> dict:
+    """Break the engine in `mode` for `for_s` seconds of sequential proxied requests; check them.
+
+    The requests start the moment the engine breaks, so the window includes the polls in flight
+    while the source has not yet noticed (where a proxy waiting on the poller would stall first).
+    """
+    engine.mode = mode
+    hits = engine.metrics_hits
+    broken = await _latencies(client, stack.url, 30, for_s)
+    polls = engine.metrics_hits - hits
+    assert not await _up(stack, client), f"{mode}: headroom_engine_up must be 0 while the engine is broken"
+    engine.mode = "ok"
+    await wait_until(lambda: _up(stack, client), what=f"engine back up after {mode}")
+    _never_delayed(mode, baseline, broken, stack.source.timeout_s)
+    return {"mode": mode, "requests": len(broken), "polls": polls,
+            "median_ms": round(statistics.median(broken) * 1000, 2),
+            "p99_ms": round(statistics.quantiles(broken, n=100)[98] * 1000, 2),
+            "max_ms": round(max(broken) * 1000, 2)}
+
+
+async def _baseline(stack: Stack, client: httpx.AsyncClient) -> list[float]:
+    """Latencies of the same proxied requests with a healthy engine (after a warm-up)."""
+    await wait_until(lambda: _up(stack, client), what="engine up")
+    await _latencies(client, stack.url, 20)  # warm-up: connections, first-call paths
+    baseline = await _latencies(client, stack.url, 100, 1.0)
+    print(f"\nbaseline: {len(baseline)} requests, median {statistics.median(baseline) * 1000:.2f} ms, "
+          f"max {max(baseline) * 1000:.2f} ms")
+    return baseline
+
+
+async def _up(stack: Stack, client: httpx.AsyncClient) -> bool:
+    return (await stack.exported(client)).get("headroom_engine_up") == 1.0
+
+
+async def test_garbage_or_failing_engine_metrics_never_delay_proxied_requests(fake_engine):
     engine, url = fake_engine
-    # Each hung poll holds for 2 s; a proxy that waited on the poller would show it at once.
     stack = Stack(url, "vllm", f"{url}/metrics", poll_interval_s=0.05, timeout_s=2.0)
     try:
         async with httpx.AsyncClient(timeout=30) as client:
-            async def up_is(expected: float):
-                return (await stack.exported(client)).get("headroom_engine_up") == expected
+            baseline = await _baseline(stack, client)
+            for mode in ("garbage", "error"):
+                report = await _broken_for(engine, stack, client, mode, BROKEN_FOR_S, baseline)
+                print(report)
+                # garbage is ~80 kB a poll, parsed off the event loop; 500s answer at once
+                assert report["polls"] >= BROKEN_FOR_S / 0.5, f"{mode}: the poller must keep polling"
+    finally:
+        engine.release.set()
+        stack.stop()
 
-            await wait_until(lambda: up_is(1.0), what="engine up")
-            baseline = await _latencies(client, stack.url, 30)
-            for mode in ("hang", "garbage"):
-                engine.mode = mode
-                await wait_until(lambda: up_is(0.0), what=f"engine down ({mode})")
-                hits = engine.metrics_hits
-                broken = await _latencies(client, stack.url, 30, BROKEN_FOR_S)
-                assert engine.metrics_hits > hits or mode == "hang"  # polls kept going
-                assert max(broken) < 1.0, f"{mode}: a request took {max(broken):.2f} s"
-                assert statistics.median(broken) < 3 * statistics.median(baseline) + 0.05, \
-                    (mode, statistics.median(broken), statistics.median(baseline))
-                engine.mode = "ok"
-                await wait_until(lambda: up_is(1.0), what=f"engine back up after {mode}")
+
+@pytest.mark.slow
+async def test_engine_metrics_hanging_for_a_minute_never_delay_proxied_requests(fake_engine):
+    engine, url = fake_engine
+    # Each hung poll holds until its 5 s timeout: a proxy that waited on it would show seconds.
+    poll_timeout_s = min(5.0, HANG_FOR_S / 3)  # a shortened local run still sees the engine go down
+    stack = Stack(url, "vllm", f"{url}/metrics", poll_interval_s=0.05, timeout_s=poll_timeout_s)
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            baseline = await _baseline(stack, client)
+            report = await _broken_for(engine, stack, client, "hang", HANG_FOR_S, baseline)
+            print(report)
+            # one poll per timeout, all minute long (less one for the poll in flight at the switch)
+            assert report["polls"] >= HANG_FOR_S // (poll_timeout_s + 0.05) - 1, "the poller gave up"
     finally:
         engine.release.set()
         stack.stop()
