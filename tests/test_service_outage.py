@@ -196,9 +196,10 @@ def test_store_process_down_under_load_then_back_every_answered_request_arrives(
         store.stop()
     with duckdb.connect(str(db), read_only=True) as con:
         total, distinct, tenants, instances = con.execute(
-            "SELECT count(*), count(DISTINCT request_id), count(DISTINCT tenant), min(instance) FROM requests").fetchone()
-    print(f"\noutage test: {answered} answered, timeline {timeline}, "
-          f"spooled {shipper.spooled_rows}, replayed {shipper.replayed_rows}, total {time.monotonic() - began:.1f} s")
+            "SELECT count(*), count(DISTINCT request_id), count(DISTINCT tenant), min(instance) "
+            "FROM requests").fetchone()
+    print(f"\noutage test: {answered} answered, timeline {timeline}, spooled {shipper.spooled_rows}, "
+          f"replayed {shipper.replayed_rows}, total {time.monotonic() - began:.1f} s")
     assert load.statuses == [200] * answered, "the sidecar must keep answering while the store is down"
     assert dropped == dict.fromkeys(DROP_REASONS, 0.0) | {"<written>": float(answered)}
     assert shipper.spooled_rows >= 100 and shipper.replayed_rows == shipper.spooled_rows
