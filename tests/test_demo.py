@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from collector.cli import main
+from collector.sim.cost import predicted_knee
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +77,16 @@ def test_demo_crosses_the_knee_and_reports_both_calibers(demo_run):
     assert calibers["per_level_peaks"]["32"]["engine_waiting"] > 0         # engine scrape reached us
     assert "active tokens" in output and "in-flight requests" in output
     capacity = summary["capacity"]
-    assert capacity is not None and 1 <= capacity["knee"]["requests"] <= 32
+    with duckdb.connect(str(db), read_only=True) as con:
+        longest, output_tokens = con.execute(
+            "SELECT max(prompt_tokens), max(completion_tokens) FROM requests WHERE outcome = 'ok'"
+        ).fetchone()
+    sim = summary["sim"]   # the simulator's own model, for the longest request the demo sent
+    predicted = predicted_knee(sim["max_num_seqs"], sim["kv_cache_tokens"], 16, longest, output_tokens)
+    assert predicted == sim["max_num_seqs"] == 16          # the demo's KV cache never binds first
+    ladder = max(level for level in levels if level <= predicted)
+    assert capacity is not None and capacity["knee"]["requests"] == ladder, (predicted, capacity)
+    assert 1 <= capacity["recommended_pool"] <= capacity["knee"]["requests"]
     assert f"knee at {capacity['knee']['requests']} requests" in output
     with duckdb.connect(str(db), read_only=True) as con:
         saved = con.execute("SELECT knee_requests, recommended_pool FROM capacity_estimates").fetchall()
@@ -90,16 +101,19 @@ def test_demo_rejects_bad_levels_with_a_clear_message():
 def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     headroom = Path(sys.executable).parent / "headroom"
     db = tmp_path / "interrupted.duckdb"
+    # TTY_* make rich draw its live progress into the pipe, as it would on a terminal
     process = subprocess.Popen([str(headroom), "demo", "--speed", "8", "--level-seconds", "20",
-                                "--db", str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1"},
+                                "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env=os.environ | {"PYTHONUNBUFFERED": "1", "TTY_COMPATIBLE": "1",
+                                                 "TTY_INTERACTIVE": "1"},
                                # a background job inherits SIGINT ignored; Ctrl-C must reach it
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        deadline = time.monotonic() + 30
-        while not db.exists() and time.monotonic() < deadline:   # the sidecar opened its store
-            time.sleep(0.1)
-        time.sleep(1.0)                                          # some load is in flight
+        seen = b""
+        while not re.search(rb"in-flight +[1-9]", seen):      # progress: load is in flight
+            chunk = os.read(process.stderr.fileno(), 4096)   # bounded by the pytest timeout
+            assert chunk, f"demo ended before showing load in flight: {seen[-500:]!r}"
+            seen += chunk
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=30)
     finally:
@@ -108,7 +122,8 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     assert process.returncode == 130, stderr.decode()
     assert b"interrupted: stopped cleanly" in stderr and b"Traceback" not in stderr
     with duckdb.connect(str(db), read_only=True) as con:   # the file is closed and readable
-        assert con.execute("SELECT count(*) FROM requests").fetchone()[0] >= 0
+        rows = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    assert rows > 0, "requests sent before Ctrl-C must be in the log"
 
 
 @pytest.mark.timeout(90)
@@ -135,3 +150,17 @@ def test_keep_serving_exposes_the_capacity_gauges_until_ctrl_c(tmp_path):
     assert 'headroom_capacity_knee{caliber="requests",model="headroom-sim"}' in metrics
     assert "headroom_capacity_recommended_pool" in metrics
     assert process.returncode == 0
+
+
+@pytest.mark.timeout(150)
+def test_default_demo_finishes_within_90_seconds(tmp_path):
+    """`headroom demo` with no tuning flags (all seven levels at the default speed) is the
+    one-command promise: it must end by itself, exit 0 and print its summary within 90 s."""
+    headroom = Path(sys.executable).parent / "headroom"
+    started = time.monotonic()
+    result = subprocess.run([str(headroom), "demo", "--db", str(tmp_path / "default.duckdb")],
+                            capture_output=True, timeout=140, env=os.environ | {"COLUMNS": "200"})
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert elapsed < 90, f"default demo took {elapsed:.1f} s"
+    assert b"knee at 16 requests" in result.stdout, result.stdout.decode()[-2000:]
