@@ -196,3 +196,14 @@ def test_hostile_request_bodies_parse_without_raising(body):
 def test_token_id_prompts_count_their_tokens():
     assert parse_request(b'{"model":"m","prompt":[1,2,3,4,5]}').prompt_tokens_estimate == 5
     assert parse_request(b'{"model":"m","prompt":[[1,2],[3,4,5]]}').prompt_tokens_estimate == 5
+
+
+def test_absurd_upstream_usage_falls_back_to_the_estimate():
+    tracker = Tracker(CollectorRegistry(), instance="unit")
+    request = _request(7)
+    tracker.admit(request)
+    tracker.generated(request, 3)
+    # a value beyond the INTEGER column would get the row rejected by the store service (400)
+    request.usage = {"prompt_tokens": 2**40, "completion_tokens": -1}
+    row = tracker.finish(request, "ok")
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (7, 3)

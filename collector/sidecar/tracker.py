@@ -198,8 +198,9 @@ class Tracker:
 
 
 def _int(value: object, default: int | None) -> int | None:
-    """An explicit 0 in usage is a value, not a missing field."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
+    """An explicit 0 in usage is a value, not a missing field; a count no INTEGER column holds is not."""
+    valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    return value if valid else default
 
 
 def _metric(cls, name: str, registry: CollectorRegistry):
