@@ -228,3 +228,12 @@ def test_a_redirect_reaches_the_client_as_sent(rig):
     response = httpx.get(rig.url + "/v1/moved")  # httpx does not follow redirects by default
     assert response.status_code == 307 and response.headers["location"] == "/v1/models"
     assert rig.fake.targets[-1][0] == b"/v1/moved"  # the proxy did not follow it either
+
+
+@pytest.mark.parametrize("path", ["/v1/models", PATH])
+def test_cors_preflight_is_passed_through(rig, path):
+    response = httpx.options(rig.url + path, headers={"Origin": "http://ui.example",
+                                                      "Access-Control-Request-Method": "POST"})
+    assert response.status_code != 405  # the sidecar has no opinion on OPTIONS; the engine answers
+    assert rig.fake.targets[-1][0] == path.encode()
+    assert rig.rows() == []  # and it is not an accounted request

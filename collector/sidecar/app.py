@@ -140,7 +140,7 @@ def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], No
                              "upstream": config.upstream, "instance": config.instance})
 
     app.router.routes.append(Route("/v1/{path:path}", passthrough,
-                                   methods=["GET", "POST", "PUT", "PATCH", "DELETE"]))
+                                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]))
     app.state.tracker, app.state.registry, app.state.writer = tracker, registry, writer
     app.state.capacity, app.state.batch_sink, app.state.config = capacity, sink, config
     app.state.scheduler = scheduler
