@@ -53,6 +53,9 @@ def test_real_stream_token_estimate_and_usage(fixtures_dir):
     (b'data: {"choices":[{"delta":{"content":""}}]}', 0),
     (b": keep-alive", None),
     (b'event: message\ndata: {"choices":[{"delta":{"content":"abcd"}}]}', 1),
+    (b'data: {"choices":[{"delta":{"reasoning_content":"abcdefgh"}}]}', 2),  # DeepSeek, old vLLM
+    (b'data: {"choices":[{"delta":{"reasoning":"abcdefgh"}}]}', 2),  # vLLM >= 0.9: thinking is tokens
+    (b'data: {"choices":[{"delta":{"reasoning":"abcdefgh","reasoning_content":"abcdefgh"}}]}', 2),
 ])
 def test_chunk_token_estimates(event, tokens):
     info = inspect_event(event)

@@ -82,7 +82,8 @@ def _delta_tokens(choice: dict) -> int:
     if isinstance(delta, dict):
         content = delta.get("content")
         text_len = len(content) if isinstance(content, str) else 0
-        reasoning = delta.get("reasoning_content")
+        # vLLM >= 0.9 names it `reasoning` (and may send both, synced): count it once
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(reasoning, str):
             text_len += len(reasoning)
         if text_len:
