@@ -210,3 +210,22 @@ def test_absurd_upstream_usage_falls_back_to_the_estimate():
     request.usage = {"prompt_tokens": 2**40, "completion_tokens": -1}
     row = tracker.finish(request, "ok")
     assert (row["prompt_tokens"], row["completion_tokens"]) == (7, 3)
+
+
+def test_config_rejects_bad_urls_and_ports_with_the_option_name():
+    from collector.sidecar.config import SidecarConfig, parse_listen
+
+    with pytest.raises(ValueError, match="--listen"):
+        parse_listen("127.0.0.1:99999")
+    with pytest.raises(ValueError, match="--engine-metrics-url 'metrics'"):
+        SidecarConfig(upstream="http://x:1", engine_metrics_url="metrics")
+    with pytest.raises(ValueError, match="--store-url"):
+        SidecarConfig(upstream="http://x:1", store_url="store:9200")
+    assert parse_listen("[::1]:9100") == ("::1", 9100)
+
+
+def test_healthz_never_shows_upstream_credentials():
+    from collector.sidecar.app import _without_credentials
+
+    assert _without_credentials("http://user:secret@engine:8000") == "http://engine:8000"
+    assert _without_credentials("https://engine:8000/base") == "https://engine:8000/base"

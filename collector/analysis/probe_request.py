@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from collector.sidecar.sse import DONE, MALFORMED, EventSplitter, inspect_event
+from collector.sidecar.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 
 __all__ = ["InflightMeter", "RequestSpec", "send_one", "outcome_for_status", "estimate_tokens"]
 
@@ -99,6 +99,8 @@ async def _read_stream(response: aiohttp.ClientResponse, meter: InflightMeter, s
                 continue
             if info is MALFORMED:
                 raise ValueError("malformed SSE event")
+            if info is ERROR:
+                raise ValueError("error event in stream")
             if info.usage is not None:
                 state["usage"] = info.usage
             if info.tokens_estimate:

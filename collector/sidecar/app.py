@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from fastapi import FastAPI
@@ -58,6 +59,12 @@ class _Session:
         return self.session
 
 
+def _without_credentials(url: str) -> str:
+    """'http://user:secret@engine:8000' -> 'http://engine:8000' (never show credentials)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def _open_batch_sink(config: SidecarConfig) -> BatchSink | None:
     if config.db_path is None:
         return None
@@ -70,11 +77,14 @@ def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], No
                engine=None, collectors: Iterable[object] = (),
                capacity: CapacityGauges | None = None,
                batch_sink: BatchSink | None = None,
-               jobs: Callable[[object, CapacityGauges], object] | None = None) -> FastAPI:
+               jobs: Callable[[object, CapacityGauges], object] | None = None,
+               close_batch_sink: bool | None = None) -> FastAPI:
     """Build the sidecar. `batch_sink` defaults to an in-process RequestStore at config.db_path.
 
     `jobs(store, capacity)` returns an APScheduler scheduler (not started) for the in-process
     store; the lifespan starts it and shuts it down. It is ignored when rows go elsewhere.
+    `close_batch_sink` (default: only when the app opened the sink itself) closes the sink at
+    shutdown, after the last rows were written.
     """
     registry = CollectorRegistry()
     tracker = Tracker(registry, instance=config.instance, source=config.source, run_id=config.run_id)
@@ -118,7 +128,8 @@ def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], No
                 if close is not None:
                     close()
             sink_close = getattr(sink, "close", None)
-            if sink_close is not None and batch_sink is None:
+            if sink_close is not None and (batch_sink is None if close_batch_sink is None
+                                           else close_batch_sink):
                 sink_close()
 
     app = FastAPI(title="llm-headroom sidecar", version=__version__, lifespan=lifespan,
@@ -137,7 +148,8 @@ def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], No
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
         return JSONResponse({"status": "ok", "inflight_requests": len(tracker.live),
-                             "upstream": config.upstream, "instance": config.instance})
+                             "upstream": _without_credentials(config.upstream),
+                             "instance": config.instance})
 
     app.router.routes.append(Route("/v1/{path:path}", passthrough,
                                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]))

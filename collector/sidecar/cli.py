@@ -63,7 +63,8 @@ def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: i
     capacity = CapacityGauges()
     job_factory = _job_factory(config, retention_days) if jobs and batch_sink is None else None
     return create_app(config, row_sinks=row_sinks, engine=engine, collectors=collectors,
-                      capacity=capacity, batch_sink=batch_sink, jobs=job_factory)
+                      capacity=capacity, batch_sink=batch_sink, jobs=job_factory,
+                      close_batch_sink=True)
 
 
 @click.command("run")
@@ -125,6 +126,8 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
     from collector.store.schema import SchemaTooNew
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # APScheduler narrates every job it adds and runs at INFO; its warnings still show.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLevelName(log_level.upper())))
     try:
         host, port = parse_listen(listen)
         config = SidecarConfig(

@@ -44,6 +44,11 @@ class SidecarConfig:
                 f"--upstream {self.upstream!r} is not an http(s) URL; "
                 "expected e.g. http://127.0.0.1:8000 (the engine's OpenAI-compatible base URL)"
             )
+        for name, url in (("--engine-metrics-url", self.engine_metrics_url),
+                          ("--store-url", self.store_url)):
+            if url is not None and not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name} {url!r} is not an http(s) URL; "
+                                 "expected e.g. http://127.0.0.1:8000/metrics")
         if self.max_tenants < 1:
             raise ValueError(f"--max-tenants must be at least 1, got {self.max_tenants}")
 
@@ -51,6 +56,7 @@ class SidecarConfig:
 def parse_listen(value: str) -> tuple[str, int]:
     """'HOST:PORT' -> (host, port); '[::1]:9100' works too. Raises ValueError naming the input."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"--listen {value!r} is not HOST:PORT (e.g. 127.0.0.1:9100)")
+    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
+        raise ValueError(f"--listen {value!r} is not HOST:PORT with a port 1-65535 "
+                         "(e.g. 127.0.0.1:9100)")
     return host.strip("[]"), int(port)
