@@ -63,7 +63,8 @@ Examples:
 @click.option("--url", required=True, help="Base URL of the sidecar or the engine (OpenAI API).")
 @click.option("--model", default=None, help="Model name to send; default: the first of /v1/models.")
 @click.option("--levels", default="1,2,4,8,16,32,64", show_default=True, help="Concurrency ladder.")
-@click.option("--max-tokens", default=128, show_default=True, help="Output length per request.")
+@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1),
+              help="Output length per request.")
 @click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
               help="Lock the output length (vLLM / llama.cpp accept ignore_eos).")
 @click.option("--prompts", default="short", show_default=True,

@@ -157,8 +157,10 @@ def passive_curve(store_or_rows: Any, caliber: str, since: datetime | None = Non
     rows = [r for r in traffic_rows(store_or_rows, since, until, model)
             if r.get(CALIBER_COLUMNS[caliber]) is not None and r.get("completed_at") is not None]
     if not rows:
-        raise ValueError(f"no traffic rows with {CALIBER_COLUMNS[caliber]} between {since} and "
-                         f"{until}{f' for model {model!r}' if model else ''}; widen the window")
+        window = f" between {since or 'the first row'} and {until or 'now'}" if since or until else ""
+        raise ValueError(f"no traffic rows with {CALIBER_COLUMNS[caliber]}{window}"
+                         f"{f' for model {model!r}' if model else ''}; widen the window or send "
+                         "traffic through the sidecar first")
     span = (seconds(since) or min(seconds(r["admitted_at"]) for r in rows),
             seconds(until) or max(seconds(r["completed_at"]) for r in rows))
     window_s = window_s or max(1.0, 3 * (percentiles([r.get("e2e_s") for r in rows], (0.5,))[0] or 1))

@@ -90,7 +90,8 @@ def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: i
               help="Seconds between engine metric polls.")
 @click.option("--store-url", metavar="URL", help="Ship rows to a `headroom store` service instead of --db.")
 @click.option("--store-token", envvar="HEADROOM_TOKEN", help="Token for --store-url [env: HEADROOM_TOKEN].")
-@click.option("--spool-dir", metavar="PATH", help="On-disk spool for --store-url outages.")
+@click.option("--spool-dir", metavar="PATH", show_default="./headroom-spool",
+              help="On-disk spool for --store-url outages (bounded; replayed when the store is back).")
 @click.option("--otlp-endpoint", metavar="URL",
               envvar=["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
               help="Emit one OpenTelemetry span per request over OTLP/HTTP "
