@@ -1,98 +1,126 @@
 """The simulator's capacity behaviour, measured over loopback HTTP with a closed-loop ladder:
 the knee sits at --max-num-seqs for short prompts (tokens/s rises to it and stays within 5 % past
 it while p95 TTFT jumps), falls below it where the documented KV model predicts for long prompts,
-and a full queue answers 429."""
+and a full queue answers 429.
+
+The simulator runs as `headroom sim` in its own process, so the load client and the engine loop do
+not share a GIL. Throughput is the engine's own output: the slope of generated tokens over
+simulated seconds, sampled from /sim/state every 50 ms through each level's window. Simulated time
+advances by the cost model's step times whatever the host's load (idle time does not count), so a
+busy CPU cannot bend the plateau; TTFT is what the client saw, in real seconds.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import time
 from collections import Counter
 
 import httpx
 import pytest
 
-from collector.serving import serve_in_thread
-from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel, predicted_knee
 from collector.sim.load import run_level, summarize
 from collector.sim.output import count_chat_tokens
+from test_probe_sim import sim_process
 
 pytestmark = pytest.mark.slow
-SPEED = 4.0          # 64 output tokens take ~0.25 s of real time: ladders run in seconds
-OUTPUT_TOKENS = 64
+SPEED = 4.0
+# 128 output tokens (~0.4 s of real time at SPEED): long next to the few steps a batch runs short
+# while a closed-loop client's next requests arrive, so at concurrency == max_num_seqs that gap
+# costs ~1-3 % of throughput, not the 5 % the plateau allows.
+SHORT_OUTPUT = 128
+LONG_OUTPUT = 64     # the KV knee below is computed for 1000 prompt + 64 output tokens
+WARMUP_S, WINDOW_S = 0.4, 1.2
 
 
-def _payload(content: str):
+def _payload(content: str, output_tokens: int):
     def make(worker: int, index: int) -> dict:
         return {"model": "sim", "messages": [{"role": "user", "content": content}],
-                "max_tokens": OUTPUT_TOKENS, "ignore_eos": True}
+                "max_tokens": output_tokens, "ignore_eos": True}
     return make
 
 
-def _ladder(config: SimConfig, levels: list[int], content: str, watch_level: int | None = None):
-    """Run the ladder; optionally sample /sim/state while `watch_level` runs (ground truth)."""
-    handle = serve_in_thread(create_sim_app(config))
-    seen: list[dict] = []
-    try:
-        summaries = {}
+async def _level(url: str, concurrency: int, payload) -> tuple[dict, list[dict]]:
+    """One closed-loop level: the client's summary plus the engine's tokens/s in simulated time,
+    and the /sim/state samples (every 50 ms) of its measurement window."""
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async def sample() -> list[dict]:
+            await asyncio.sleep(WARMUP_S)
+            states = [(await client.get("/sim/state")).json()]
+            end = time.monotonic() + WINDOW_S
+            while (left := end - time.monotonic()) > 0:
+                await asyncio.sleep(min(0.05, left))
+                states.append((await client.get("/sim/state")).json())
+            return states
+
+        level, states = await asyncio.gather(
+            run_level(url, concurrency, WINDOW_S, payload, warmup_s=WARMUP_S), sample())
+    return summarize(level) | {"sim_tokens_per_s": _slope(states)}, states
+
+
+def _slope(states: list[dict]) -> float:
+    """Least-squares slope of generated tokens over simulated seconds. Tokens arrive in bursts
+    (a batch admitted together prefills for a step or two without decoding), so the two ends of
+    a window alone would swing by a burst; a fit over every sample averages the phase out."""
+    points = [(s["sim_time_s"], s["generation_tokens_total"]) for s in states]
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_n = sum(n for _, n in points) / len(points)
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (n - mean_n) for t, n in points) / var if var > 0 else 0.0
+
+
+def _ladder(levels: list[int], payload, watch_level: int | None = None, **flags):
+    """Run the ladder against a fresh `headroom sim`; optionally sample /sim/state while
+    `watch_level` runs (ground truth)."""
+    summaries, seen = {}, []
+    with sim_process(speed=SPEED, max_waiting=1000, stream_interval=8, **flags) as url:
         for concurrency in levels:
-            stop = threading.Event()
-            watcher = None
+            summaries[concurrency], states = asyncio.run(_level(url, concurrency, payload))
             if concurrency == watch_level:
-                watcher = threading.Thread(target=_watch, args=(handle.url, stop, seen))
-                watcher.start()
-            level = asyncio.run(run_level(handle.url, concurrency, 1.2, _payload(content),
-                                          warmup_s=0.3))
-            stop.set()
-            if watcher:
-                watcher.join()
-            summaries[concurrency] = summarize(level)
-        return summaries, seen
-    finally:
-        handle.stop()
-
-
-def _watch(url: str, stop: threading.Event, seen: list) -> None:
-    with httpx.Client() as client:
-        while not stop.wait(0.05):
-            seen.append(client.get(f"{url}/sim/state").json())
+                seen = states
+    return summaries, seen
 
 
 def _throughput(summaries: dict) -> dict[int, float]:
-    return {c: s["output_tokens_per_s"] for c, s in summaries.items()}
+    return {c: round(s["sim_tokens_per_s"], 1) for c, s in summaries.items()}
 
 
 @pytest.mark.parametrize("max_num_seqs", [8, 16])
 def test_short_prompt_ladder_knees_at_max_num_seqs(max_num_seqs):
     levels = [1, 2, 4, 8, 16, 32] if max_num_seqs == 8 else [2, 4, 8, 16, 32, 64]
-    config = SimConfig(max_num_seqs=max_num_seqs, speed=SPEED, max_waiting=1000, stream_interval=8)
-    summaries, _ = _ladder(config, levels, "a short question")
+    payload = _payload("a short question", SHORT_OUTPUT)
+    summaries, _ = _ladder(levels, payload, max_num_seqs=max_num_seqs)
     tput = _throughput(summaries)
+    client = {c: round(s["output_tokens_per_s"]) for c, s in summaries.items()}
     below = [c for c in levels if c <= max_num_seqs]
     for low, high in zip(below, below[1:]):
-        assert tput[high] > 1.5 * tput[low], f"tokens/s should rise to the knee: {tput}"
+        assert tput[high] > 1.5 * tput[low], f"tokens/s should rise to the knee: {tput} (client {client})"
     for beyond in (c for c in levels if c > max_num_seqs):
-        assert abs(tput[beyond] / tput[max_num_seqs] - 1) <= 0.05, f"plateau within 5 %: {tput}"
+        assert abs(tput[beyond] / tput[max_num_seqs] - 1) <= 0.05, \
+            f"plateau within 5 %: {tput} (client {client})"
     ttft = {c: s["ttft_p95_s"] for c, s in summaries.items()}
     # past the knee a request waits for a slot: about one request duration per batch-full queued
-    duration_s = OUTPUT_TOKENS * CostModel().step_seconds(max_num_seqs, max_num_seqs * 40) / SPEED
+    duration_s = SHORT_OUTPUT * CostModel().step_seconds(max_num_seqs, max_num_seqs * 80) / SPEED
     jump = ttft[2 * max_num_seqs] - ttft[max_num_seqs]
     assert jump > 0.5 * duration_s and ttft[2 * max_num_seqs] > 3 * ttft[max_num_seqs], \
         f"p95 TTFT jumps past the knee (request duration {duration_s:.3f} s): {ttft}"
-    assert ttft[max_num_seqs] < 3 * ttft[below[0]] + 0.05, f"p95 TTFT flat before the knee: {ttft}"
+    # up to the knee nobody waits for a slot (which would cost up to a whole request duration);
+    # the allowance absorbs a stalled scheduler tick on a busy host, not a queue
+    assert ttft[max_num_seqs] < ttft[below[0]] + 0.25 * duration_s, \
+        f"p95 TTFT flat before the knee (request duration {duration_s:.3f} s): {ttft}"
 
 
 def test_long_prompts_knee_where_the_kv_model_predicts():
     content = "x" * 3988                        # 1000 prompt tokens with the chat template
     prompt_tokens = count_chat_tokens([{"role": "user", "content": content}])
-    config = SimConfig(max_num_seqs=8, kv_cache_tokens=4400, speed=SPEED, max_waiting=1000,
-                       stream_interval=8)
+    config = SimConfig(max_num_seqs=8, kv_cache_tokens=4400)
     knee = predicted_knee(config.max_num_seqs, config.kv_cache_tokens, config.block_size,
-                          prompt_tokens, OUTPUT_TOKENS)
+                          prompt_tokens, LONG_OUTPUT)
     assert knee == 4 < config.max_num_seqs
-    summaries, seen = _ladder(config, [1, 2, 4, 8, 16], content, watch_level=8)
+    summaries, seen = _ladder([1, 2, 4, 8, 16], _payload(content, LONG_OUTPUT), watch_level=8,
+                              max_num_seqs=config.max_num_seqs, kv_cache_tokens=config.kv_cache_tokens)
     tput = _throughput(summaries)
     assert tput[2] > 1.4 * tput[1] and tput[4] > 1.4 * tput[2], f"rises to the KV knee: {tput}"
     for beyond in (8, 16):
@@ -104,12 +132,8 @@ def test_long_prompts_knee_where_the_kv_model_predicts():
 
 
 def test_full_queue_answers_429():
-    config = SimConfig(max_num_seqs=4, max_waiting=4, speed=SPEED)
-    handle = serve_in_thread(create_sim_app(config))
-    try:
-        level = asyncio.run(run_level(handle.url, 16, 1.0, _payload("q"), warmup_s=0.2))
-    finally:
-        handle.stop()
+    with sim_process(speed=SPEED, max_num_seqs=4, max_waiting=4) as url:
+        level = asyncio.run(run_level(url, 16, 1.0, _payload("q", LONG_OUTPUT), warmup_s=0.2))
     summary = summarize(level)
     statuses = {r.status for r in level.results}
     assert statuses == {200, 429}
