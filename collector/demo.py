@@ -59,6 +59,9 @@ async def _drive(url: str, levels: list[int], level_s: float, payload, progress)
                                             f"{live.get('inflight', 0):>4.0f}, active tokens "
                                             f"{live.get('active_tokens', 0):>7.0f}")
             start, stop = running.result().window
+            if not progress.console.is_terminal:  # no live bar in a log or pipe: one line a level
+                progress.console.print(f"concurrency {concurrency:>3} done "
+                                       f"({index + 1}/{len(levels)} levels)")
             at = lambda t: wall + timedelta(seconds=t - mono)  # noqa: E731
             windows.append(LevelWindow(concurrency, wall, at(start), at(stop), datetime.now(UTC)))
     finally:

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+HEADROOM = Path(sys.executable).parent / "headroom"  # the installed console script
 
 
 def require_tool(name: str) -> str:
@@ -38,3 +44,29 @@ def free_port() -> int:
 @pytest.fixture
 def fixtures_dir() -> Path:
     return FIXTURES
+
+
+@contextlib.contextmanager
+def sim_process(**flags):
+    """Run `headroom sim` with --flag value pairs on a free port; yields its base URL."""
+    port = free_port()
+    args = [str(HEADROOM), "sim", "--listen", f"127.0.0.1:{port}"]
+    for name, value in flags.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"headroom sim did not start: {process.stderr.read().decode()[-500:]}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -164,3 +164,7 @@ def test_default_demo_finishes_within_90_seconds(tmp_path):
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     assert elapsed < 90, f"default demo took {elapsed:.1f} s"
     assert b"knee at 16 requests" in result.stdout, result.stdout.decode()[-2000:]
+    # no terminal: progress still shows, one line per level, in the order the ladder runs
+    progress = [line.split()[1] for line in result.stderr.decode().splitlines()
+                if line.startswith("concurrency") and "done (" in line]
+    assert progress == ["1", "2", "4", "8", "16", "32", "64"], result.stderr.decode()[-2000:]

@@ -26,7 +26,8 @@ from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.store.db import RequestStore
 from conftest import free_port
-from test_probe_sim import HEADROOM, OUTPUT_TOKENS, probe_sim, sim_process
+from conftest import HEADROOM, sim_process
+from test_probe_sim import OUTPUT_TOKENS, probe_sim
 
 STAGES = (2, 4, 8, 16, 32)
 STAGE_S = 2.5

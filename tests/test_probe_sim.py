@@ -12,51 +12,19 @@ knee adds a wait well above the rule's 50 ms noise floor while the sweep stays q
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.analysis.slo import Slo
 from collector.sim.cost import predicted_knee
-from conftest import free_port
+from conftest import sim_process
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 OUTPUT_TOKENS = 16
 BLOCK = 16
-HEADROOM = Path(sys.executable).parent / "headroom"
-
-
-@contextlib.contextmanager
-def sim_process(**flags):
-    """Run `headroom sim` with --flag value pairs on a free port; yields its base URL."""
-    port = free_port()
-    args = [str(HEADROOM), "sim", "--listen", f"127.0.0.1:{port}"]
-    for name, value in flags.items():
-        args += [f"--{name.replace('_', '-')}", str(value)]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"headroom sim did not start: {process.stderr.read().decode()[-500:]}")
-            time.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def medium_prompts(path: Path) -> str:

@@ -6,7 +6,6 @@ import logging
 import subprocess
 
 import httpx
-import pytest
 
 from conftest import require_tool
 from sidecar_support import CHAT, sidecar_rig

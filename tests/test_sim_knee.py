@@ -23,7 +23,7 @@ from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel, predicted_knee
 from collector.sim.load import run_level, summarize
 from collector.sim.output import count_chat_tokens
-from test_probe_sim import sim_process
+from conftest import sim_process
 
 pytestmark = pytest.mark.slow
 SPEED = 4.0

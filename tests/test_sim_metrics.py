@@ -5,7 +5,6 @@ has the shape of a real capture."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
