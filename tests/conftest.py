@@ -47,26 +47,37 @@ def fixtures_dir() -> Path:
 
 
 @contextlib.contextmanager
-def sim_process(**flags):
-    """Run `headroom sim` with --flag value pairs on a free port; yields its base URL."""
-    port = free_port()
-    args = [str(HEADROOM), "sim", "--listen", f"127.0.0.1:{port}"]
-    for name, value in flags.items():
-        args += [f"--{name.replace('_', '-')}", str(value)]
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def headroom_process(*args: str, health: str, port: int | None = None):
+    """Run `headroom ARGS --listen 127.0.0.1:PORT` and yield its URL once `health` answers 200.
+
+    Stopped with SIGTERM at exit (graceful: a sidecar flushes its log). A process that dies or
+    does not answer within 30 s fails with the tail of its stderr.
+    """
+    port = port or free_port()
+    process = subprocess.Popen([str(HEADROOM), *args, "--listen", f"127.0.0.1:{port}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                if httpx.get(url + health, timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"headroom sim did not start: {process.stderr.read().decode()[-500:]}")
+                raise RuntimeError(f"headroom {args[0]} did not start: "
+                                   f"{process.stderr.read().decode()[-800:]}")
             time.sleep(0.05)
         yield url
     finally:
         process.terminate()
-        process.wait(10)
+        process.wait(30)
+
+
+def sim_process(**flags):
+    """Run `headroom sim` with --flag value pairs on a free port; yields its base URL."""
+    args = ["sim"]
+    for name, value in flags.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    return headroom_process(*args, health="/health")

@@ -11,52 +11,28 @@ are then analysed by passive_curve.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
-import subprocess
 import time
 from datetime import UTC, datetime
 
 import aiohttp
-import httpx
 import pytest
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.store.db import RequestStore
-from conftest import free_port
-from conftest import HEADROOM, sim_process
+from conftest import headroom_process, sim_process
 from test_probe_sim import OUTPUT_TOKENS, probe_sim
 
 STAGES = (2, 4, 8, 16, 32)
 STAGE_S = 2.5
 
 
-@contextlib.contextmanager
 def sidecar_process(upstream: str, db_path):
     """`headroom run` in front of `upstream`, writing rows to db_path; stopped with SIGTERM."""
-    port = free_port()
-    process = subprocess.Popen(
-        [str(HEADROOM), "run", "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
-         "--db", str(db_path), "--engine", "none", "--no-jobs", "--instance", "test"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"headroom run did not start: {process.stderr.read().decode()[-800:]}")
-            time.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(30)
+    return headroom_process("run", "--upstream", upstream, "--db", str(db_path), "--engine", "none",
+                            "--no-jobs", "--instance", "test", health="/healthz")
 
 
 async def _user(session, url, stop_at, rng):
