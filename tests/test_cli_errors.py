@@ -120,6 +120,13 @@ def test_store_with_a_db_that_is_not_duckdb(tmp_path, not_duckdb):
     assert "Only one process" not in result.output and "only one process" not in result.output
 
 
+def test_store_with_a_bad_db_leaves_no_token_file_behind(tmp_path, not_duckdb, monkeypatch):
+    monkeypatch.delenv("HEADROOM_TOKEN", raising=False)
+    result = run("store", "--db", str(not_duckdb), "--listen", f"127.0.0.1:{_closed_port()}")
+    _one_clear_error(result, str(not_duckdb), "pass a DuckDB file")
+    assert not list(not_duckdb.parent.glob("*.token"))
+
+
 def test_store_with_a_held_db_says_only_one_process(locked_db):
     result = run("store", "--db", str(locked_db), "--listen", f"127.0.0.1:{_closed_port()}", "--token", "t")
     _one_clear_error(result, str(locked_db), "only one process may own it")

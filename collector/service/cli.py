@@ -61,10 +61,6 @@ def store(db_path: str, listen: str, token: str | None, export_dir: str | None, 
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--report-cron") from None
     base = Path(db_path).resolve().parent
-    token_value, token_file = resolve_token(token, db_path)
-    if token_file is not None:
-        console.print(f"[bold]store token[/] is in {token_file.resolve()} (mode 0600); "
-                      "shippers send it as a Bearer token")
     try:
         request_store = RequestStore(db_path)
     except Exception as exc:  # duckdb.IOException when another process holds the file, or not a DuckDB file
@@ -73,6 +69,10 @@ def store(db_path: str, listen: str, token: str | None, export_dir: str | None, 
                 if "lock" in first.lower() else "pass a DuckDB file headroom wrote, or a new path")
         click.echo(f"Error: cannot open --db {db_path} ({first}); {hint}", err=True)
         sys.exit(1)
+    token_value, token_file = resolve_token(token, db_path)
+    if token_file is not None:
+        console.print(f"[bold]store token[/] is in {token_file.resolve()} (mode 0600); "
+                      "shippers send it as a Bearer token")
     settings = None if no_jobs else JobSettings(
         export_dir=Path(export_dir) if export_dir else base / "parquet", retention_days=retention_days,
         report_dir=Path(report_dir) if report_dir else base / "reports", report_cron=report_cron,
