@@ -79,6 +79,10 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("headroom_request_duration_seconds", "histogram",
                "End-to-end request duration from admission to the terminal transition.",
                ("model", "outcome"), "s", DURATION_BUCKETS_SECONDS, group="sidecar"),
+    MetricSpec("headroom_upstream_retries_total", "counter",
+               "Requests sent to the engine a second time, on a new connection, because a reused "
+               "pooled connection failed before any response byte (the engine never saw them).",
+               ("reason",), "short", group="sidecar"),
     # --- engine, normalised -------------------------------------------------------------------
     MetricSpec("headroom_engine_up", "gauge",
                "1 when the last scrape of the engine's /metrics succeeded, else 0.",

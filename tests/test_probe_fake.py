@@ -134,7 +134,7 @@ async def test_saturated_server_stops_early_and_says_why(serve):
     server = serve(fake_app(reject_every=1))  # every request is refused
     result = await run_probe(quick(server.url))
     assert [lv.concurrency for lv in result.levels] == [1]
-    assert "saturated" in result.stopped_early and "error ratio 100%" in result.stopped_early
+    assert "saturated" in result.stopped_early and "3 capacity errors (429/503/timeouts) in 3" in result.stopped_early
     assert requests_sent(server) <= 8  # gave up after a handful
 
 
@@ -149,7 +149,8 @@ async def test_api_key_is_sent_and_never_stored(serve):
     assert "sk-secret" not in repr(written)
     assert "sk-secret" not in repr(quick(server.url, api_key="sk-secret"))
     refused = await run_probe(quick(server.url, levels=(1, 2)))
-    assert refused.levels[0].rows[0]["outcome"] == "bad_request" and "saturated" in refused.stopped_early
+    assert refused.levels[0].rows[0]["outcome"] == "bad_request"
+    assert "failing" in refused.stopped_early and "HTTP 401" in refused.stopped_early
 
 
 async def test_completions_endpoint_and_timeouts(serve):

@@ -1,4 +1,9 @@
-"""The probe's early-stop rule, table-driven: when is a level 'clearly saturated', and why."""
+"""The probe's early-stop rule, table-driven: when is a level 'clearly saturated', and why.
+
+Latency growth alone never stops the probe (a compute-bound engine slows with every request it
+batches and still gains throughput); capacity errors, queueing past the knee, or a p95 far
+beyond an explicit SLO do.
+"""
 
 from __future__ import annotations
 
@@ -9,37 +14,42 @@ from collector.analysis.probe import ProbeSettings, saturation_reason
 from collector.analysis.slo import Slo
 
 
-def _stats(ttft_p95_s=None, error_ratio=0.0, persistent=None, concurrency=8) -> LevelStats:
-    return LevelStats(concurrency, 100, 10.0, 10.0, 100.0, 200.0, None, ttft_p95_s, None,
-                      None, None, None, None, None, None, 0.0, 0.0, error_ratio, None, None,
-                      persistent)
+def _stats(concurrency, tokens_per_s, *, ttft_p50=0.05, ttft_p95=None, e2e_p50=1.0,
+           capacity_errors=0, samples=100, persistent=None, waiting=None) -> LevelStats:
+    return LevelStats(concurrency, samples, 10.0, 1.0, tokens_per_s / 2, tokens_per_s, ttft_p50,
+                      ttft_p95 if ttft_p95 is not None else ttft_p50 * 1.5, None, None, None,
+                      None, e2e_p50, None, None, 0.0, 0.0, capacity_errors / samples, None, None,
+                      persistent, capacity_errors, waiting)
+
+
+def _ladder(*last: LevelStats) -> list[LevelStats]:
+    return [_stats(1, 100), _stats(2, 190), _stats(4, 380), *last]
 
 
 NO_SLO = ProbeSettings(url="http://x")
 SLO_2S = ProbeSettings(url="http://x", slo=Slo(ttft_p95_s=2.0))
 
 
-@pytest.mark.parametrize("stats,baseline,settings,expected", [
-    # error ratio at the threshold stops, whatever the latency
-    (_stats(0.1, error_ratio=0.25), 0.1, NO_SLO, "error ratio 25% at concurrency 8"),
-    (_stats(0.1, error_ratio=0.24), 0.1, NO_SLO, None),
-    # no SLO: 10 x the low-load p95 (0.1 s -> 1.0 s) is the limit
-    (_stats(1.01), 0.1, NO_SLO, "far beyond low-load p95 (limit 1.000 s)"),
-    (_stats(0.99), 0.1, NO_SLO, None),
-    # a tiny baseline is floored at 50 ms so scheduler noise does not stop a healthy probe
-    (_stats(0.04), 0.001, NO_SLO, None),
-    (_stats(0.06), 0.001, NO_SLO, "limit 0.050 s"),
-    # with an SLO: 10 x SLO / 3 (2 s -> 6.667 s), whatever the baseline
-    (_stats(6.7), 0.1, SLO_2S, "far beyond the SLO (limit 6.667 s)"),
-    (_stats(6.6), 0.1, SLO_2S, None),
-    # one stall in half a level does not count: the persistent p95 is used when present
-    (_stats(5.0, persistent=0.5), 0.1, NO_SLO, None),
-    # nothing to compare with: no baseline, no SLO, or no TTFT at all
-    (_stats(100.0), None, NO_SLO, None),
-    (_stats(None), 0.1, SLO_2S, None),
+@pytest.mark.parametrize("levels,settings,expected", [
+    # capacity errors: a quarter of the level, and at least a handful
+    (_ladder(_stats(8, 700, capacity_errors=25)), NO_SLO, "25 capacity errors"),
+    (_ladder(_stats(8, 700, capacity_errors=24)), NO_SLO, None),
+    (_ladder(_stats(8, 700, capacity_errors=2, samples=4)), NO_SLO, None),  # 50 %, but only 2
+    # plateau and queueing above it: more load only waits
+    (_ladder(_stats(8, 390, ttft_p50=0.8, e2e_p50=1.6)), NO_SLO, "stopped rising at 4"),
+    (_ladder(_stats(8, 390, waiting=0.9)), NO_SLO, "engine had requests waiting"),
+    # a plateau without queueing, or queueing while throughput still rises: keep measuring
+    (_ladder(_stats(8, 390)), NO_SLO, None),
+    (_ladder(_stats(8, 700, ttft_p50=0.8, e2e_p50=1.6)), NO_SLO, None),
+    # TTFT 20x the low-load value, no queueing, no SLO: batching cost, not saturation
+    (_ladder(_stats(8, 700, ttft_p50=0.3, ttft_p95=1.0, e2e_p50=3.0)), NO_SLO, None),
+    # with an SLO: 10 x SLO / 3 (2 s -> 6.667 s) on the persistent p95 when known
+    (_ladder(_stats(8, 700, ttft_p95=6.7)), SLO_2S, "far beyond the SLO (limit 6.667 s)"),
+    (_ladder(_stats(8, 700, ttft_p95=6.6)), SLO_2S, None),
+    (_ladder(_stats(8, 700, ttft_p95=9.0, persistent=0.5)), SLO_2S, None),
 ])
-def test_saturation_reason(stats, baseline, settings, expected):
-    reason = saturation_reason(stats, baseline, settings)
+def test_saturation_reason(levels, settings, expected):
+    reason = saturation_reason(levels, settings)
     if expected is None:
         assert reason is None
     else:

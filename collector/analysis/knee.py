@@ -1,17 +1,45 @@
-"""Knee of a concurrency gradient: a documented rule, cross-checked with Kneedle.
+"""Knee of a concurrency gradient: where throughput reaches its plateau, confirmed by queueing.
 
-The rule (DOMAIN §7): walk the levels upward; the knee is the last level before one where
-  * total tokens/s < 1.05 x the previous level's (throughput stopped rising), or
-  * p95 TTFT > 2 x its low-load value and at least 50 ms above it (queueing began), or
-    (both read as LevelStats.ttft_p95_persistent_s when known: the rise must show in both halves
-    of the level's requests, so one scheduling stall on a busy host is not a knee)
-  * the error ratio (429s, timeouts, failures) exceeds 5 %.
-If no level trips the rule the knee is the highest level measured and `reached` is False.
+Engines show two regimes (docs/domain.md §7). Memory-bound (a GPU at small batch, the simulator's
+default profile): adding a request to the batch is nearly free, TTFT stays flat until the batch
+is full, then requests wait and TTFT jumps. Compute-bound (llama.cpp on a CPU, long prompts on a
+GPU): every prefill shares the compute with the running decodes, so TTFT and TPOT grow with the
+batch *before* anything waits. A latency-ratio rule ("p95 TTFT > 2 x low load") reads the second
+regime's batching cost as a knee and reports half the real one; this rule does not look at
+latency growth at all, which is the SLO's business (collector.analysis.slo).
 
-Kneedle (the `kneed` package) runs on x = log2(concurrency): tokens/s as a concave increasing
-curve, p95 TTFT as a convex increasing one. It judges the shape of the whole curve, so it shifts
-with the range of levels and ignores latency; the rule judges each step. Both are reported, and
-`note` says why they differ when they do. The rule's answer is the knee.
+The rule, walking the levels upward (thresholds in KneeRule):
+
+  1. Capacity errors cut the ladder. A level *fails* when its 429/503 answers and timeouts are
+     more than a handful (>= min_capacity_errors) and more than max_capacity_error_ratio of its
+     requests. Other failures (a reset, a stale keep-alive connection, a 400) never count, and
+     one capacity error never does either. Levels from the first failing one up are left out.
+  2. Queueing, where it shows, places the knee. A level *queues* when the engine reports waiting
+     requests at most of its admissions (engine_waiting_ratio), or when its median TTFT grew over
+     the lowest level's by a large share of a request's duration (queue_share of the level's
+     median e2e; a closed loop at twice the slots waits about half of it). Below the first level
+     that queues strongly, the knee is the highest level whose throughput is within
+     plateau_tolerance of the best below the queue: the engine serves that many at once, at full
+     throughput, and more requests only wait. A closed loop with a queue keeps the batch fuller
+     than one without, so throughput may still creep up at the queueing level; a queueing level
+     that gains max_queued_gain or more is prefill contention, not a full batch, and is ignored.
+  3. Without queueing, the plateau places it: the first level whose throughput (total tokens/s)
+     is within plateau_tolerance of the best measured; no level after it gains meaningfully.
+  4. Evidence. The knee is `reached` when a measured level above it shows the plateau, queueing
+     or capacity errors; a knee at the highest healthy level with nothing above it is a lower
+     bound (`reached` False: measure higher levels).
+
+TTFT and TPOT growth that is not queueing is the SLO's business (collector.analysis.slo): a
+compute-bound engine slows every request it batches, and still serves them all at once.
+
+Worked example (llama.cpp, 4 slots, docs/capacity.md): output tok/s 107, 116, 154, 150 and p95
+TTFT 0.08, 0.11, 0.18, 2.5 s at 1, 2, 4, 8 -> 8 queues (median TTFT +2.3 s, ~40 % of a request's
+duration); below it the best is 154 at 4: knee 4, reached. The old "2 x low-load TTFT" clause
+would have tripped at 4 (0.18 > 2 x 0.08) and said 2.
+
+Kneedle (the `kneed` package) runs on x = log2(concurrency) as a cross-check: tokens/s as a concave
+increasing curve, p95 TTFT as a convex one. It judges the shape of the whole curve, so it shifts
+with the range of levels; both answers are reported and `note` says why they differ.
 """
 
 from __future__ import annotations
@@ -19,22 +47,40 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from collector.analysis.levels import LevelStats
 
-__all__ = ["KneeRule", "KneeResult", "detect_knee", "kneedle_knee"]
+__all__ = ["KneeRule", "KneeResult", "LevelVerdict", "judge_level", "detect_knee",
+           "kneedle_knee"]
 
 
 @dataclass(frozen=True)
 class KneeRule:
-    """Thresholds of the knee rule; the defaults are DOMAIN §7's."""
+    """Thresholds of the knee rule (module docstring); each one is a documented default."""
 
-    min_throughput_gain: float = 1.05
-    ttft_factor: float = 2.0
-    min_ttft_rise_s: float = 0.05  # a rise under 50 ms is scheduling noise no user notices
-    max_error_ratio: float = 0.05
+    plateau_tolerance: float = 0.05        # within 5 % of the best throughput: on the plateau
+    min_capacity_errors: int = 3           # fewer 429/503/timeouts than this are never a knee
+    max_capacity_error_ratio: float = 0.05
+    # In a closed loop at twice the slots, half the requests wait about one service time: TTFT
+    # grows by ~50 % of e2e. Batching cost on a compute-bound engine stays near 2-5 %.
+    queue_share: float = 0.15              # median TTFT grew by >= 15 % of a request's duration
+    strong_queue_share: float = 0.3        # ... by 30 %: requests wait for a slot
+    engine_waiting_ratio: float = 0.5      # most admissions saw the engine's queue non-empty
+    # A queueing level that still gains this much is not past the knee: long prompts contend
+    # for prefill (TTFT grows) while decode throughput still rises with the batch.
+    max_queued_gain: float = 0.25
+
+
+@dataclass(frozen=True)
+class LevelVerdict:
+    """What the rule reads off one level: capacity failure and queueing, each with its reason."""
+
+    concurrency: int
+    capacity_failure: str | None = None
+    queueing: str | None = None            # the evidence, when the level queues at all
+    strong_queueing: bool = False
 
 
 @dataclass(frozen=True)
@@ -49,32 +95,117 @@ class KneeResult:
     kneedle_latency: int | None
     agree: bool
     note: str
+    evidence: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
         return asdict(self)
 
 
-def _tripped(prev: LevelStats, cur: LevelStats, baseline_ttft: float | None,
-             rule: KneeRule) -> str | None:
-    if cur.error_ratio > rule.max_error_ratio:
-        return (f"error ratio {cur.error_ratio:.0%} at concurrency {cur.concurrency} "
-                f"> {rule.max_error_ratio:.0%}")
-    if cur.total_tokens_per_s < rule.min_throughput_gain * prev.total_tokens_per_s:
-        return (f"throughput at {cur.concurrency} ({cur.total_tokens_per_s:.1f} tok/s) < "
-                f"{rule.min_throughput_gain} x level {prev.concurrency} "
-                f"({prev.total_tokens_per_s:.1f} tok/s)")
-    ttft = _ttft(cur)
-    if baseline_ttft is not None and ttft is not None and ttft > rule.ttft_factor * baseline_ttft \
-            and ttft - baseline_ttft >= rule.min_ttft_rise_s:
-        return (f"p95 TTFT at {cur.concurrency} ({ttft:.3f} s) > {rule.ttft_factor} x "
-                f"low-load p95 ({baseline_ttft:.3f} s)")
+def _capacity_failure(level: LevelStats, rule: KneeRule) -> str | None:
+    errors, samples = level.capacity_errors, max(level.samples, 1)
+    if errors >= rule.min_capacity_errors and errors / samples > rule.max_capacity_error_ratio:
+        return (f"{errors} capacity errors (429/503/timeout) in {level.samples} requests at "
+                f"concurrency {level.concurrency}")
     return None
 
 
-def _ttft(level: LevelStats) -> float | None:
-    """The p95 TTFT the rule reads: the persistent one when the level had enough samples."""
-    return level.ttft_p95_s if level.ttft_p95_persistent_s is None else level.ttft_p95_persistent_s
+def _queue_share(level: LevelStats, baseline: LevelStats) -> float | None:
+    """How much longer the median request waited for its first token, per second it lasted."""
+    if level.ttft_p50_s is None or baseline.ttft_p50_s is None or not level.e2e_p50_s:
+        return None
+    return (level.ttft_p50_s - baseline.ttft_p50_s) / level.e2e_p50_s
+
+
+def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRule()
+                ) -> LevelVerdict:
+    """Capacity failure and queueing of one level, judged against the lowest level.
+
+    Example: TTFT p50 0.04 -> 2.4 s with e2e p50 3.4 s is a share of 0.69: strong queueing.
+    """
+    failure = _capacity_failure(level, rule)
+    waiting = level.engine_waiting_ratio
+    if waiting is not None and waiting >= rule.engine_waiting_ratio:
+        return LevelVerdict(level.concurrency, failure,
+                            f"the engine had requests waiting at {waiting:.0%} of admissions "
+                            f"at concurrency {level.concurrency}", True)
+    share = _queue_share(level, baseline) if level is not baseline else None
+    if share is not None and share >= rule.queue_share:
+        return LevelVerdict(level.concurrency, failure,
+                            f"median TTFT at concurrency {level.concurrency} grew by "
+                            f"{share:.0%} of a request's duration (queueing)",
+                            share >= rule.strong_queue_share)
+    return LevelVerdict(level.concurrency, failure)
+
+
+def _plateau(healthy: Sequence[LevelStats], rule: KneeRule) -> tuple[LevelStats, LevelStats]:
+    """(first level on the plateau, the level with the best throughput)."""
+    best = max(healthy, key=lambda s: s.total_tokens_per_s)
+    floor = (1.0 - rule.plateau_tolerance) * best.total_tokens_per_s
+    return next(s for s in healthy if s.total_tokens_per_s >= floor), best
+
+
+def _creeps(healthy: Sequence[LevelStats], index: int, rule: KneeRule) -> bool:
+    """Level `index` gained less than max_queued_gain over the level below it."""
+    if index == 0 or not healthy[index - 1].total_tokens_per_s:
+        return index == 0
+    gain = healthy[index].total_tokens_per_s / healthy[index - 1].total_tokens_per_s - 1
+    return gain < rule.max_queued_gain
+
+
+def _place(ordered: Sequence[LevelStats], verdicts: Sequence[LevelVerdict], rule: KneeRule
+           ) -> tuple[LevelStats, str]:
+    """The knee level and the reason the rule put it there (steps 1-3 of the docstring)."""
+    first_failed = next((i for i, v in enumerate(verdicts) if v.capacity_failure), len(ordered))
+    if first_failed == 0:
+        return ordered[0], f"the lowest level already fails: {verdicts[0].capacity_failure}"
+    healthy = ordered[:first_failed]
+    queued = next((i for i in range(len(healthy))
+                   if verdicts[i].strong_queueing and _creeps(healthy, i, rule)), None)
+    if queued == 0:
+        return healthy[0], f"requests queue already at the lowest level ({verdicts[0].queueing})"
+    if queued is not None:
+        below = healthy[:queued]
+        best = max(below, key=lambda s: s.total_tokens_per_s)
+        floor = (1.0 - rule.plateau_tolerance) * best.total_tokens_per_s
+        knee = max((s for s in below if s.total_tokens_per_s >= floor), key=lambda s: s.concurrency)
+        return knee, (f"the engine serves {knee.concurrency} at once without queueing, at "
+                      f"{knee.total_tokens_per_s:.1f} tok/s (within {rule.plateau_tolerance:.0%} "
+                      f"of the best below the queue, {best.total_tokens_per_s:.1f}); requests "
+                      f"queue from concurrency {healthy[queued].concurrency}: "
+                      f"{verdicts[queued].queueing}")
+    plateau, best = _plateau(healthy, rule)
+    if plateau is healthy[-1] and first_failed < len(ordered):
+        return plateau, (f"throughput still rose up to {plateau.concurrency}, then "
+                         f"{verdicts[first_failed].capacity_failure}")
+    if plateau is healthy[-1]:
+        return plateau, (f"throughput still rising at the highest level measured "
+                         f"({plateau.concurrency}: {plateau.total_tokens_per_s:.1f} tok/s); "
+                         "measure higher levels")
+    return plateau, (f"throughput reached its plateau at {plateau.concurrency} "
+                     f"({plateau.total_tokens_per_s:.1f} tok/s, within "
+                     f"{rule.plateau_tolerance:.0%} of the best, {best.total_tokens_per_s:.1f} "
+                     f"at {best.concurrency})")
+
+
+def _evidence(knee: LevelStats, ordered: Sequence[LevelStats],
+              verdicts: Sequence[LevelVerdict], rule: KneeRule) -> list[str]:
+    """What the levels above the knee showed: the plateau, queueing, capacity errors."""
+    found = []
+    for level, verdict in zip(ordered, verdicts):
+        if level.concurrency <= knee.concurrency:
+            continue
+        if verdict.capacity_failure:
+            found.append(verdict.capacity_failure)
+            continue
+        gain = level.total_tokens_per_s / knee.total_tokens_per_s - 1 \
+            if knee.total_tokens_per_s else math.inf
+        if gain < rule.plateau_tolerance / (1 - rule.plateau_tolerance):
+            found.append(f"concurrency {level.concurrency} gained {gain:+.0%} throughput "
+                         f"over {knee.concurrency}")
+        if verdict.queueing:
+            found.append(verdict.queueing)
+    return found
 
 
 def _nearest_level(x: float, levels: Sequence[int]) -> int:
@@ -98,7 +229,7 @@ def kneedle_knee(concurrency: Sequence[int], values: Sequence[float | None], *,
     return _nearest_level(float(knee), list(concurrency))
 
 
-def _explain(rule_knee: int, reason: str, kneedle: int | None, levels: Sequence[int]) -> str:
+def _explain(rule_knee: int, kneedle: int | None, levels: Sequence[int]) -> str:
     if kneedle is None:
         return "Kneedle found no bend in tokens/s over these levels; the rule's answer stands."
     if kneedle == rule_knee:
@@ -106,10 +237,10 @@ def _explain(rule_knee: int, reason: str, kneedle: int | None, levels: Sequence[
     span = f"{levels[0]}-{levels[-1]}"
     if kneedle < rule_knee:
         return (f"Kneedle puts the knee at {kneedle}: it normalises the whole curve over levels "
-                f"{span} and sees gains shrinking there, while each step up to {rule_knee} still "
-                f"gained at least 5 %, so the rule kept going.")
-    return (f"the rule stopped at {rule_knee} ({reason}); Kneedle looks only at the shape of "
-            f"tokens/s over levels {span} and places the bend at {kneedle}.")
+                f"{span} and sees gains shrinking there, while throughput kept rising to "
+                f"{rule_knee} by more than the rule's tolerance.")
+    return (f"the rule stopped at {rule_knee}; Kneedle looks only at the shape of tokens/s over "
+            f"levels {span} and places the bend at {kneedle}.")
 
 
 def detect_knee(levels: Sequence[LevelStats], rule: KneeRule = KneeRule()) -> KneeResult:
@@ -117,22 +248,17 @@ def detect_knee(levels: Sequence[LevelStats], rule: KneeRule = KneeRule()) -> Kn
     if not levels:
         raise ValueError("no levels to analyse; run at least one concurrency level")
     ordered = sorted(levels, key=lambda s: s.concurrency)
-    baseline = _ttft(ordered[0])
-    knee, reason, reached = ordered[-1], f"no level tripped the rule up to {ordered[-1].concurrency}", False
-    if ordered[0].error_ratio > rule.max_error_ratio:
-        knee, reason, reached = ordered[0], "the lowest level already failed", True
-    else:
-        for prev, cur in zip(ordered, ordered[1:]):
-            why = _tripped(prev, cur, baseline, rule)
-            if why:
-                knee, reason, reached = prev, why, True
-                break
+    verdicts = [judge_level(level, ordered[0], rule) for level in ordered]
+    knee, reason = _place(ordered, verdicts, rule)
+    evidence = _evidence(knee, ordered, verdicts, rule)
+    if verdicts[0].capacity_failure and knee is ordered[0]:
+        evidence.insert(0, verdicts[0].capacity_failure)
     conc = [s.concurrency for s in ordered]
     by_throughput = kneedle_knee(conc, [s.total_tokens_per_s for s in ordered], curve="concave")
     by_latency = kneedle_knee(conc, [s.ttft_p95_s for s in ordered], curve="convex")
     return KneeResult(
         requests=knee.concurrency, tokens=int(round(knee.mean_active_tokens or 0)),
-        reached=reached, rule_reason=reason, kneedle_throughput=by_throughput,
+        reached=bool(evidence), rule_reason=reason, kneedle_throughput=by_throughput,
         kneedle_latency=by_latency, agree=by_throughput in (None, knee.concurrency),
-        note=_explain(knee.concurrency, reason, by_throughput, conc),
+        note=_explain(knee.concurrency, by_throughput, conc), evidence=evidence,
     )

@@ -20,7 +20,10 @@ from typing import Any
 from collector.analysis.littles_law import LittlesLaw, littles_law_check
 from collector.analysis.stats import mean, percentile, percentiles, seconds
 
-__all__ = ["LevelStats", "summarize_level", "default_window", "persistent_p95"]
+__all__ = ["LevelStats", "summarize_level", "default_window", "persistent_p95",
+           "is_capacity_error", "CAPACITY_STATUSES"]
+
+CAPACITY_STATUSES = (429, 503)  # the engine (or a gateway) refusing work it has no room for
 
 Row = Mapping[str, Any]
 
@@ -50,6 +53,8 @@ class LevelStats:
     mean_active_tokens: float | None  # token caliber: mean active_tokens_at_admit
     littles_law: LittlesLaw | None
     ttft_p95_persistent_s: float | None = None  # min of the two halves' p95 (module docstring)
+    capacity_errors: int = 0  # 429 and 503 answers and timeouts: the only errors the knee reads
+    engine_waiting_ratio: float | None = None  # share of admissions that saw the engine queueing
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON (floats rounded to microseconds / 0.001 tokens)."""
@@ -82,6 +87,18 @@ def persistent_p95(values_in_order: Sequence[float | None]) -> float | None:
     middle = len(data) // 2
     halves = (percentile(data[:middle], 0.95), percentile(data[middle:], 0.95))
     return min(h for h in halves if h is not None)
+
+
+def is_capacity_error(row: Row) -> bool:
+    """A 429 or 503 answer, or a timeout: the service ran out of room, not a broken connection."""
+    return row.get("outcome") in ("rate_limited", "timeout") or \
+        row.get("status_code") in CAPACITY_STATUSES
+
+
+def _waiting_ratio(rows: Sequence[Row]) -> float | None:
+    """Share of rows admitted while the engine had requests waiting; None when never known."""
+    known = [r["engine_waiting_at_admit"] for r in rows if r.get("engine_waiting_at_admit") is not None]
+    return sum(1 for w in known if w > 0) / len(known) if known else None
 
 
 def _ratio(rows: Sequence[Row], *outcomes: str) -> float:
@@ -130,4 +147,6 @@ def summarize_level(rows: Sequence[Row], concurrency: int, *,
         ttft_p95_persistent_s=persistent_p95(
             [r.get("ttft_s") for r in sorted(inside, key=lambda r: seconds(r["admitted_at"]))
              if r.get("outcome") == "ok"]),
+        capacity_errors=sum(1 for r in inside if is_capacity_error(r)),
+        engine_waiting_ratio=_waiting_ratio(inside),
     )

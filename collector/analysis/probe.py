@@ -19,18 +19,22 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 
+from collector.analysis.knee import KneeRule, detect_knee, judge_level
 from collector.analysis.levels import LevelStats, summarize_level
 from collector.analysis.probe_request import InflightMeter, RequestSpec, estimate_tokens, send_one
 from collector.analysis.prompts import PromptPicker, load_prompts
 from collector.analysis.slo import Slo
 from collector.analysis.stats import percentile, seconds
+from collector.sidecar.upstream import UpstreamClient
+from collector.sources import EngineSource, build_engine_source, default_metrics_url
 
 __all__ = ["ProbeSettings", "LevelRun", "ProbeResult", "ProbeError", "run_probe",
            "DEFAULT_LEVELS", "new_run_id", "saturation_reason"]
@@ -62,8 +66,9 @@ class ProbeSettings:
     drift_window: int = 4  # completions per drift check at least (at least `level` too)
     request_timeout_s: float = 300.0
     connect_timeout_s: float = 5.0
-    saturation_error_ratio: float = 0.25
-    saturation_ttft_factor: float = 10.0  # x low-load p95 TTFT, or x SLO / 3 when an SLO is set
+    saturation_error_ratio: float = 0.25  # of capacity errors (429/503/timeouts) at one level
+    saturation_ttft_factor: float = 10.0  # x SLO / 3, when an SLO is set
+    engine_metrics: str = "auto"  # "auto": URL/metrics if it names an engine; "none"; or a URL
     seed: int = 0
     run_id: str | None = None
     api_key: str | None = field(default=None, repr=False)  # sent as a bearer token, never stored
@@ -121,24 +126,31 @@ async def _resolve_model(session: aiohttp.ClientSession, base: str, model: str |
     raise ProbeError(f"{base}/v1/models did not name a model; pass --model")
 
 
-def saturation_reason(stats: LevelStats, baseline_ttft_s: float | None, settings: ProbeSettings
-                      ) -> str | None:
-    """Why this level counts as clearly saturated, or None: error ratio, or p95 TTFT far off."""
-    if stats.error_ratio >= settings.saturation_error_ratio:
-        return (f"error ratio {stats.error_ratio:.0%} at concurrency {stats.concurrency} "
-                f">= {settings.saturation_error_ratio:.0%}")
-    ttft = stats.ttft_p95_s if stats.ttft_p95_persistent_s is None else stats.ttft_p95_persistent_s
-    if ttft is None:
-        return None
-    if settings.slo.ttft_p95_s is not None:
-        limit, what = settings.slo.ttft_p95_s * settings.saturation_ttft_factor / 3, "the SLO"
-    elif baseline_ttft_s:
-        limit, what = max(baseline_ttft_s * settings.saturation_ttft_factor, 0.05), "low-load p95"
-    else:
-        return None
-    if ttft > limit:
-        return (f"p95 TTFT {ttft:.3f} s at concurrency {stats.concurrency} is far beyond {what} "
-                f"(limit {limit:.3f} s)")
+def saturation_reason(levels: Sequence[LevelStats], settings: ProbeSettings) -> str | None:
+    """Why the last of `levels` (measured so far, in order) is clearly saturated, or None.
+
+    Saturated: capacity errors (429/503/timeouts) at saturation_error_ratio or more, or the knee
+    rule finds the knee below this level and this level queues (more load only waits), or p95
+    TTFT is far beyond the SLO. Latency growth alone is not saturation: a compute-bound engine
+    slows down with every request it batches and still gains throughput.
+    """
+    current = levels[-1]
+    errors = current.capacity_errors
+    if errors >= KneeRule().min_capacity_errors and \
+            errors / max(current.samples, 1) >= settings.saturation_error_ratio:
+        return (f"{errors} capacity errors (429/503/timeouts) in {current.samples} requests at "
+                f"concurrency {current.concurrency}")
+    knee = detect_knee(levels)
+    verdict = judge_level(current, min(levels, key=lambda s: s.concurrency))
+    if knee.reached and knee.requests < current.concurrency and verdict.queueing:
+        return f"throughput stopped rising at {knee.requests} and {verdict.queueing}"
+    ttft = current.ttft_p95_s if current.ttft_p95_persistent_s is None \
+        else current.ttft_p95_persistent_s
+    if settings.slo.ttft_p95_s is not None and ttft is not None:
+        limit = settings.slo.ttft_p95_s * settings.saturation_ttft_factor / 3
+        if ttft > limit:
+            return (f"p95 TTFT {ttft:.3f} s at concurrency {current.concurrency} is far beyond "
+                    f"the SLO (limit {limit:.3f} s)")
     return None
 
 
@@ -174,9 +186,10 @@ class _Level:
 
     def _reason_to_stop(self) -> str | None:
         settings, n_all = self.settings, len(self.rows)
-        failed = sum(1 for r in self.rows if r["outcome"] != "ok")
-        if n_all >= max(self.concurrency, settings.drift_window) and failed / n_all >= 0.5:
-            return f"failing: {failed} of {n_all} requests failed"
+        failed = [r for r in self.rows if r["outcome"] != "ok"]
+        if n_all >= max(self.concurrency, settings.drift_window) and len(failed) / n_all >= 0.5:
+            errors = Counter(r["error"] or r["outcome"] for r in failed).most_common(1)[0][0]
+            return f"failing: {len(failed)} of {n_all} requests failed (most often: {errors})"
         if self.measuring_since is None:
             if n_all >= settings.warmup_per_worker * self.concurrency:
                 self.measuring_since, self.area_at_start = time.time(), self.meter.area()
@@ -200,9 +213,10 @@ ProgressFn = Callable[[int, int, int], None]
 
 
 class _Runner:
-    def __init__(self, settings: ProbeSettings, session: aiohttp.ClientSession, model: str,
-                 run_id: str, progress: ProgressFn | None) -> None:
-        self.settings, self.session, self.model, self.run_id = settings, session, model, run_id
+    def __init__(self, settings: ProbeSettings, client: UpstreamClient, model: str,
+                 run_id: str, progress: ProgressFn | None, engine: EngineSource | None) -> None:
+        self.settings, self.client, self.model, self.run_id = settings, client, model, run_id
+        self.engine = engine
         self.progress = progress or (lambda level, done, cap: None)
         self.picker = PromptPicker(load_prompts(settings.prompts), settings.seed)
         self.meter = InflightMeter()
@@ -230,10 +244,14 @@ class _Runner:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         while not level.done.is_set():
-            row = await send_one(self.session, self._spec(level), self.meter)
+            row = await send_one(self.client, self._spec(level), self.meter, self._waiting)
             level.rows.append(row)
             level.check()
             self.progress(level.concurrency, len(level.measured()), self.settings.max_samples)
+
+    def _waiting(self) -> int | None:
+        """The engine's queue as last polled; None without a source or when it is down."""
+        return None if self.engine is None else self.engine.latest.waiting
 
     async def run_level(self, concurrency: int, stagger_s: float = 0.0) -> LevelRun:
         level = _Level(concurrency, self.settings, self.meter)
@@ -270,19 +288,24 @@ async def run_probe(settings: ProbeSettings, *,
     run_id = settings.run_id or new_run_id()
     timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s,
                                     sock_connect=settings.connect_timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
     # Through a sidecar, these mark the load as the probe's: tenant label and (where the sidecar
     # reads them) the row's source and run id, so passive curves can leave probe load out.
     headers = {"X-Tenant-ID": "headroom-probe", "X-Headroom-Source": "probe",
                "X-Headroom-Run-Id": run_id}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
+    client = UpstreamClient(max_connections=0, timeout=timeout, headers=headers)
+    engine = _engine_source(settings)
+    await client.open()
+    try:
         base = _base_url(settings.url)
-        model = await _resolve_model(session, base, settings.model, settings.connect_timeout_s)
-        runner = _Runner(settings, session, model, run_id, progress)
+        assert client.session is not None
+        model = await _resolve_model(client.session, base, settings.model,
+                                     settings.connect_timeout_s)
+        if engine is not None:
+            await engine.start()
+        runner = _Runner(settings, client, model, run_id, progress, engine)
         result = ProbeResult(run_id, model, settings.url, [])
-        baseline: float | None = None
         stagger_s = 0.0
         for concurrency in levels:
             level = await runner.run_level(concurrency, stagger_s)
@@ -292,10 +315,25 @@ async def run_probe(settings: ProbeSettings, *,
                 write_rows(level.rows)
             if on_level:
                 on_level(level)
-            baseline = baseline if baseline is not None else (
-                level.stats.ttft_p95_persistent_s or level.stats.ttft_p95_s)
-            why = saturation_reason(level.stats, baseline, settings)
+            why = saturation_reason([lv.stats for lv in result.levels], settings)
+            if why is not None:
+                why = f"saturated, {why}"
+            elif level.ended_by.startswith("failing"):  # down or refusing us: never hammer it
+                why = level.ended_by
             if why and concurrency != levels[-1]:
-                result.stopped_early = f"stopped after concurrency {concurrency}: saturated, {why}"
+                result.stopped_early = f"stopped after concurrency {concurrency}: {why}"
                 break
+    finally:
+        if engine is not None:
+            await engine.stop()
+        await client.close()
     return result
+
+
+def _engine_source(settings: ProbeSettings) -> EngineSource | None:
+    """A poller of the engine's queue for the knee's evidence (also through a sidecar)."""
+    choice = settings.engine_metrics
+    if choice == "none":
+        return None
+    url = default_metrics_url(_base_url(settings.url)) if choice == "auto" else choice
+    return build_engine_source("auto", url, 0.5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from collector.sidecar.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
+from collector.sidecar.upstream import UpstreamClient
 
 __all__ = ["InflightMeter", "RequestSpec", "send_one", "outcome_for_status", "estimate_tokens"]
 
@@ -109,14 +111,21 @@ async def _read_stream(response: aiohttp.ClientResponse, meter: InflightMeter, s
                 meter.generated(info.tokens_estimate)
 
 
-async def send_one(session: aiohttp.ClientSession, spec: RequestSpec, meter: InflightMeter
-                   ) -> dict[str, Any]:
-    """Send one streaming request and return its row (never raises for HTTP or network errors)."""
+async def send_one(client: UpstreamClient, spec: RequestSpec, meter: InflightMeter,
+                   waiting: Callable[[], int | None] = lambda: None) -> dict[str, Any]:
+    """Send one streaming request and return its row (never raises for HTTP or network errors).
+
+    `waiting()` is the engine's queue length as last read (None when unknown); it becomes the
+    row's engine_waiting_at_admit, the knee rule's direct evidence of queueing.
+    """
     admitted = time.time()
     inflight, active = meter.admit(spec.prompt_estimate)
-    state: dict[str, Any] = {"chunk_tokens": 0, "status": None, "outcome": "ok", "error": None}
+    state: dict[str, Any] = {"chunk_tokens": 0, "status": None, "outcome": "ok", "error": None,
+                             "retries": 0, "waiting": waiting()}
     try:
-        async with session.post(spec.url, json=spec.payload) as response:
+        upstream = await client.request("POST", spec.url, json=spec.payload)
+        state["retries"] = upstream.retries
+        async with upstream.response as response:
             state["first_byte"] = time.time()
             state["status"] = response.status
             if response.status != 200:
@@ -157,5 +166,6 @@ def _row(spec: RequestSpec, state: dict, admitted: float, completed: float, infl
         "usage_source": "upstream" if upstream else "estimated",
         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
         "inflight_at_admit": inflight, "active_tokens_at_admit": active,
-        "engine_waiting_at_admit": None, "kv_usage_at_admit": None,
+        "engine_waiting_at_admit": state["waiting"], "kv_usage_at_admit": None,
+        "upstream_retries": state["retries"],
     }

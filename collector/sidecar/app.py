@@ -24,6 +24,7 @@ from collector.sidecar.config import SidecarConfig
 from collector.sidecar.proxy import CompletionsProxy, PassThrough
 from collector.sidecar.tenants import LabelCap
 from collector.sidecar.tracker import Tracker
+from collector.sidecar.upstream import UpstreamClient
 from collector.store.writer import BatchSink, LogWriter
 
 __all__ = ["create_app", "ACCOUNTED_PATHS"]
@@ -32,31 +33,14 @@ log = logging.getLogger(__name__)
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 
 
-class _Session:
-    """Holds the one pooled aiohttp session; created inside the running loop at startup."""
-
-    def __init__(self, config: SidecarConfig) -> None:
-        self.config = config
-        self.session: aiohttp.ClientSession | None = None
-
-    async def open(self) -> None:
-        cfg = self.config
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0,
-                                           ttl_dns_cache=300, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
-                                          sock_read=cfg.read_timeout_s),
-            auto_decompress=False,  # bytes reach the client exactly as the upstream sent them
-            skip_auto_headers=("User-Agent",),
-        )
-
-    async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-
-    def __call__(self) -> aiohttp.ClientSession:
-        assert self.session is not None, "upstream session used before startup"
-        return self.session
+def _upstream_client(config: SidecarConfig) -> UpstreamClient:
+    """The pooled upstream client: connect fast or fail; between chunks a prefill may take minutes."""
+    return UpstreamClient(
+        max_connections=config.max_connections,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s,
+                                      sock_read=config.read_timeout_s),
+        auto_decompress=False,  # bytes reach the client exactly as the upstream sent them
+        skip_auto_headers=("User-Agent",))
 
 
 def _without_credentials(url: str) -> str:
@@ -103,7 +87,7 @@ def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], No
         tracker.add_row_sink(writer.submit)
     for extra_sink in row_sinks:
         tracker.add_row_sink(getattr(extra_sink, "submit", extra_sink))
-    session = _Session(config)
+    session = _upstream_client(config)
     scheduler = jobs(sink, capacity) if jobs is not None and batch_sink is None and sink else None
 
     @contextlib.asynccontextmanager

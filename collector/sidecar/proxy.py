@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -22,6 +21,7 @@ from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.sidecar.tenants import resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.upstream import UpstreamClient
 
 __all__ = ["CompletionsProxy", "PassThrough", "outcome_for_status"]
 
@@ -107,10 +107,10 @@ async def _send_error(send, status: int, message: str, kind: str) -> None:
 class CompletionsProxy:
     """ASGI app for POST /v1/chat/completions and /v1/completions: proxied and accounted."""
 
-    def __init__(self, session_factory: Callable[[], aiohttp.ClientSession], upstream: str,
+    def __init__(self, client: UpstreamClient, upstream: str,
                  tracker: Tracker, *, tenant_header: str, tenant_cap, model_cap,
                  engine=None) -> None:
-        self._session = session_factory
+        self._client = client
         self._upstream = upstream
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
@@ -158,8 +158,11 @@ class CompletionsProxy:
         try:
             url = _target(self._upstream, scope)
             headers = _request_headers(scope, identity=True)
-            async with self._session().post(url, data=parsed.body, headers=headers,
-                                            allow_redirects=False) as resp:
+            upstream = await self._client.request("POST", url, data=parsed.body, headers=headers,
+                                                  allow_redirects=False)
+            if upstream.retries:
+                self._tracker.retried(request, upstream.retry_reason or "stale_connection")
+            async with upstream.response as resp:
                 self._tracker.first_byte(request)
                 request.status_code = resp.status
                 outcome = outcome_for_status(resp.status)
@@ -263,8 +266,8 @@ class CompletionsProxy:
 class PassThrough:
     """ASGI app for every other /v1/* path: forwarded as-is, streamed back, not accounted."""
 
-    def __init__(self, session_factory: Callable[[], aiohttp.ClientSession], upstream: str) -> None:
-        self._session, self._upstream = session_factory, upstream
+    def __init__(self, client: UpstreamClient, upstream: str) -> None:
+        self._client, self._upstream = client, upstream
 
     async def __call__(self, scope, receive, send) -> None:
         body = await _read_body(receive)
@@ -283,9 +286,10 @@ class PassThrough:
         url = _target(self._upstream, scope)
         started = False
         try:
-            async with self._session().request(scope["method"], url, data=body or None,
-                                               headers=_request_headers(scope, identity=False),
-                                               allow_redirects=False) as resp:
+            upstream = await self._client.request(scope["method"], url, data=body or None,
+                                                  headers=_request_headers(scope, identity=False),
+                                                  allow_redirects=False)
+            async with upstream.response as resp:
                 await send({"type": "http.response.start", "status": resp.status,
                             "headers": _response_headers(resp.raw_headers, keep_length=True)})
                 started = True

@@ -41,7 +41,7 @@ class LiveRequest:
         "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
         "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
         "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
-        "source", "run_id",
+        "source", "run_id", "upstream_retries",
     )
 
     def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
@@ -69,6 +69,7 @@ class LiveRequest:
         self.done = False
         self.source: str | None = None  # None: the tracker's own (traffic); 'probe' for probe load
         self.run_id: str | None = None
+        self.upstream_retries = 0
 
     @property
     def active_tokens(self) -> int:
@@ -99,6 +100,7 @@ class Tracker:
         self.ttft = _metric(Histogram, "headroom_time_to_first_token_seconds", registry)
         self.tpot = _metric(Histogram, "headroom_time_per_output_token_seconds", registry)
         self.duration = _metric(Histogram, "headroom_request_duration_seconds", registry)
+        self.retries = _metric(Counter, "headroom_upstream_retries_total", registry)
         registry.register(_LiveGauges(self))
 
     def add_row_sink(self, sink: Callable[[dict], None]) -> None:
@@ -118,6 +120,11 @@ class Tracker:
         """First bytes (response headers) arrived from upstream."""
         if request.first_byte_mono is None:
             request.first_byte_mono = time.monotonic()
+
+    def retried(self, request: LiveRequest, reason: str) -> None:
+        """The request was sent again on a fresh connection after a stale pooled one failed."""
+        request.upstream_retries += 1
+        self.retries.labels(reason).inc()
 
     def generated(self, request: LiveRequest, tokens: int) -> None:
         """A streamed chunk carried `tokens` (> 0) tokens; the first one stamps TTFT."""
@@ -183,6 +190,7 @@ class Tracker:
             "active_tokens_at_admit": request.active_tokens_at_admit,
             "engine_waiting_at_admit": request.engine_waiting,
             "kv_usage_at_admit": request.kv_usage,
+            "upstream_retries": request.upstream_retries,
         }
 
     def _observe(self, request: LiveRequest, row: dict) -> None:

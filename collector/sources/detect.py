@@ -1,7 +1,7 @@
 """`--engine auto`: recognise the engine from the names on its /metrics page.
 
-Each engine prefixes its metrics (`vllm:`, `sglang:`, `tgi_`, `llamacpp:`); the prefix with the
-most samples wins. A page with none of them is not recognised (None), and the poller keeps trying.
+Each engine prefixes its metrics (`vllm:`, `sglang:`, `tgi_`, `llamacpp:`; a headroom sidecar
+relays its engine's as `headroom_engine_`); the prefix with the most samples wins. A page with none of them is not recognised (None), and the poller keeps trying.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from collector.sources.base import Samples
 
 __all__ = ["PREFIXES", "detect_engine"]
 
-PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_", "llamacpp": "llamacpp:"}
+PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_", "llamacpp": "llamacpp:",
+            "headroom": "headroom_engine_"}
 
 
 def detect_engine(samples: Samples) -> str | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from collector.sources.base import EngineSnapshot, ExpositionError, parse_exposition
 from collector.sources.detect import detect_engine
 from collector.sources.generic import GenericMapping, parse_generic
+from collector.sources.headroom import parse_headroom
 from collector.sources.llamacpp import parse_llamacpp, slots_url
 from collector.sources.poller import Fetch, Scrape
 from collector.sources.sglang import parse_sglang
@@ -26,6 +27,7 @@ PARSERS: dict[str, Callable[[str], EngineSnapshot]] = {
     "sglang": parse_sglang,
     "tgi": parse_tgi,
     "llamacpp": parse_llamacpp,
+    "headroom": parse_headroom,  # a sidecar's relayed engine figures (the probe through a sidecar)
 }
 
 

@@ -41,12 +41,15 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("active_tokens_at_admit", "BIGINT"),
     ("engine_waiting_at_admit", "INTEGER"),
     ("kv_usage_at_admit", "DOUBLE"),
+    ("upstream_retries", "INTEGER"),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 
 # Version 1 shipped without the engine snapshot and prefix-cache columns; version 2 added them.
+# Version 3 added upstream_retries (a request re-sent after a stale pooled connection).
 _V1_COLUMNS = tuple(c for c in COLUMNS if c[0] not in
-                    ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit"))
+                    ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit",
+                     "upstream_retries"))
 
 
 def _ddl(columns: tuple[tuple[str, str], ...]) -> str:
@@ -64,8 +67,12 @@ def _v2(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS kv_usage_at_admit DOUBLE")
 
 
+def _v3(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS upstream_retries INTEGER")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2)
+MIGRATIONS = (_v1, _v2, _v3)
 SCHEMA_VERSION = len(MIGRATIONS)
 V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
 

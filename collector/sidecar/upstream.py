@@ -1,0 +1,92 @@
+"""The upstream HTTP client: one pooled aiohttp session, retrying once on a fresh connection when
+a *reused* pooled connection fails before any response byte arrived.
+
+Why: llama.cpp's llama-server closes a keep-alive connection after a streamed answer without
+saying `Connection: close`. The next request that the pool puts on that connection fails while
+writing its body (`ClientOSError: Can not write request body`) or before the status line
+(`ServerDisconnectedError`). The engine never saw that request, so sending it again is safe (RFC
+9112 §9.3.1; aiohttp itself does this, but only for idempotent methods, and completions are
+POSTs). The retry goes over a separate connector that never pools, so it cannot pick a second
+stale connection.
+
+Nothing else is retried: a failure on a new connection (the engine may have read the request), a
+connect error, a timeout, and every HTTP answer — a 429 above all — reach the caller as they are.
+Each retry is counted by the caller (metric and row), never hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+
+__all__ = ["UpstreamClient", "UpstreamResponse", "is_stale_connection_error"]
+
+
+def is_stale_connection_error(exc: BaseException) -> bool:
+    """A write or read failure of an open connection (not connecting, not a timeout)."""
+    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError,
+                        aiohttp.ConnectionTimeoutError)):
+        return False
+    return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
+
+
+async def _on_reuse(session: aiohttp.ClientSession, context: SimpleNamespace, params: Any) -> None:
+    if context.trace_request_ctx is not None:
+        context.trace_request_ctx.reused = True
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    """The response and how many retries it took (0, or 1 after a stale pooled connection)."""
+
+    response: aiohttp.ClientResponse
+    retries: int
+    retry_reason: str | None
+
+
+class UpstreamClient:
+    """A pooled session plus a non-pooling one for the single retry; open() inside the loop."""
+
+    def __init__(self, *, max_connections: int = 1024, timeout: aiohttp.ClientTimeout,
+                 headers: dict[str, str] | None = None, auto_decompress: bool = True,
+                 skip_auto_headers: tuple[str, ...] = ()) -> None:
+        self.max_connections = max_connections
+        self._options = dict(timeout=timeout, headers=headers, auto_decompress=auto_decompress,
+                             skip_auto_headers=skip_auto_headers)
+        self.session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        """Create both sessions (they bind to the running event loop)."""
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_reuseconn.append(_on_reuse)
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
+                                           ttl_dns_cache=300, keepalive_timeout=60),
+            trace_configs=[tracing], **self._options)
+        self._fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True, ttl_dns_cache=300),
+            **self._options)
+
+    async def close(self) -> None:
+        """Close both sessions; safe before open()."""
+        for session in (self.session, self._fresh):
+            if session is not None:
+                await session.close()
+
+    async def request(self, method: str, url: Any, **kwargs: Any) -> UpstreamResponse:
+        """Send; on a stale reused connection, send once more on a new one. Raises as aiohttp."""
+        assert self.session is not None and self._fresh is not None, "UpstreamClient not open"
+        marker = SimpleNamespace(reused=False)
+        try:
+            response = await self.session.request(method, url, trace_request_ctx=marker, **kwargs)
+            return UpstreamResponse(response, 0, None)
+        except aiohttp.ClientError as exc:
+            if not (marker.reused and is_stale_connection_error(exc)):
+                raise
+            reason = type(exc).__name__
+        response = await self._fresh.request(method, url, **kwargs)
+        return UpstreamResponse(response, 1, reason)
