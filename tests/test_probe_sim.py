@@ -59,6 +59,15 @@ SWEEP = [
     ("kv6", dict(max_num_seqs=16, kv_cache_tokens=84 * BLOCK, seed=8), "medium"),
     ("kv3", dict(max_num_seqs=16, kv_cache_tokens=42 * BLOCK, seed=9), "medium"),
     ("kv10", dict(max_num_seqs=16, kv_cache_tokens=140 * BLOCK, seed=10), "medium"),
+    # the compute-bound profile: TTFT and TPOT grow with the batch before anything waits
+    ("cpu-seqs2", dict(max_num_seqs=2, seed=21, cost_profile="cpu"), "short"),
+    ("cpu-seqs3", dict(max_num_seqs=3, seed=22, cost_profile="cpu"), "short"),
+    ("cpu-seqs4", dict(max_num_seqs=4, seed=23, cost_profile="cpu"), "short"),
+    ("cpu-seqs6-llamacpp", dict(max_num_seqs=6, seed=24, cost_profile="cpu", flavor="llamacpp"),
+     "short"),
+    ("cpu-seqs8", dict(max_num_seqs=8, seed=25, cost_profile="cpu"), "short"),
+    ("cpu-kv3", dict(max_num_seqs=8, kv_cache_tokens=42 * BLOCK, seed=26, cost_profile="cpu"),
+     "medium"),
 ]
 
 
@@ -87,13 +96,13 @@ def test_knee_matches_the_simulators_model(name, flags, prompts, tmp_path):
 
 @pytest.mark.slow
 def test_saturated_sim_stops_early_and_says_why():
-    # 4 running + 4 waiting fit; at 16 the engine answers 429. A lax SLO keeps TTFT from
+    # 4 running and no queue: at 8 half the requests get 429. A lax SLO keeps TTFT from
     # stopping the probe first, so the 429 path is the one exercised.
-    with sim_process(speed=1, max_num_seqs=4, max_waiting=4, seed=12) as url:
+    with sim_process(speed=1, max_num_seqs=4, max_waiting=0, seed=12) as url:
         result = asyncio.run(probe_sim(url, levels=(1, 2, 4, 8, 16, 32, 64), slo=Slo(ttft_p95_s=1.0)))
     measured = [level.concurrency for level in result.levels]
-    assert measured == [1, 2, 4, 8, 16], result.stopped_early
-    assert "saturated" in result.stopped_early and "error ratio" in result.stopped_early
+    assert measured == [1, 2, 4, 8], result.stopped_early
+    assert "saturated" in result.stopped_early and "capacity errors" in result.stopped_early
     last = result.levels[-1]
     assert last.stats.rate_limited_ratio > 0.25
     assert len(last.rows) < 200  # gave up on the level instead of hammering it

@@ -14,15 +14,20 @@ The rule, walking the levels upward (thresholds in KneeRule):
      more than a handful (>= min_capacity_errors) and more than max_capacity_error_ratio of its
      requests. Other failures (a reset, a stale keep-alive connection, a 400) never count, and
      one capacity error never does either. Levels from the first failing one up are left out.
-  2. Queueing, where it shows, places the knee. A level *queues* when the engine reports waiting
-     requests at most of its admissions (engine_waiting_ratio), or when its median TTFT grew over
-     the lowest level's by a large share of a request's duration (queue_share of the level's
-     median e2e; a closed loop at twice the slots waits about half of it). Below the first level
-     that queues strongly, the knee is the highest level whose throughput is within
-     plateau_tolerance of the best below the queue: the engine serves that many at once, at full
-     throughput, and more requests only wait. A closed loop with a queue keeps the batch fuller
-     than one without, so throughput may still creep up at the queueing level; a queueing level
-     that gains max_queued_gain or more is prefill contention, not a full batch, and is ignored.
+  2. Queueing, where it shows, places the knee. A level *queues* when the engine's waiting count
+     averaged over its admissions is a real queue (most of a request, min_engine_queue, and
+     engine_queue_share of the concurrency: a request that arrived between two scheduler steps
+     waits one step and is no queue). Only when the engine's count is unknown is TTFT read: a
+     level queues when its median TTFT grew over the lowest level's by a large share of a
+     request's duration (queue_share of the level's median e2e; a closed loop at twice the
+     slots waits about half of it). Below the first level that queues strongly, the knee is the
+     highest level whose throughput is within retrograde_tolerance of the best below the queue:
+     the engine serves that many at once, and more requests only wait. (A flat compute-bound
+     curve wobbles by several percent; a level far below the best is a collapse, not a knee.) A closed loop with a queue keeps the batch fuller
+     than one without, so throughput may still creep up at the queueing level. A level whose
+     only evidence is TTFT and that gains max_queued_gain or more is prefill contention, not a
+     full batch, and is ignored; the engine's own waiting count is believed whatever the gain
+     (a knee between two levels: 12 slots queue at 16, which still gains 50 % over 8).
   3. Without queueing, the plateau places it: the first level whose throughput (total tokens/s)
      is within plateau_tolerance of the best measured; no level after it gains meaningfully.
   4. Evidence. The knee is `reached` when a measured level above it shows the plateau, queueing
@@ -67,7 +72,9 @@ class KneeRule:
     # grows by ~50 % of e2e. Batching cost on a compute-bound engine stays near 2-5 %.
     queue_share: float = 0.15              # median TTFT grew by >= 15 % of a request's duration
     strong_queue_share: float = 0.3        # ... by 30 %: requests wait for a slot
-    engine_waiting_ratio: float = 0.5      # most admissions saw the engine's queue non-empty
+    engine_queue_share: float = 0.2        # mean engine queue >= 20 % of the concurrency ...
+    min_engine_queue: float = 0.75         # ... and most of a request: not an arrival between steps
+    retrograde_tolerance: float = 0.15     # below a queue: within 15 % of the best throughput
     # A queueing level that still gains this much is not past the knee: long prompts contend
     # for prefill (TTFT grows) while decode throughput still rises with the batch.
     max_queued_gain: float = 0.25
@@ -81,6 +88,7 @@ class LevelVerdict:
     capacity_failure: str | None = None
     queueing: str | None = None            # the evidence, when the level queues at all
     strong_queueing: bool = False
+    engine_said_so: bool = False           # the engine's own waiting count, not inferred from TTFT
 
 
 @dataclass(frozen=True)
@@ -121,14 +129,19 @@ def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRu
                 ) -> LevelVerdict:
     """Capacity failure and queueing of one level, judged against the lowest level.
 
-    Example: TTFT p50 0.04 -> 2.4 s with e2e p50 3.4 s is a share of 0.69: strong queueing.
+    The engine's own waiting count, when known, is the evidence; TTFT growth is read only when
+    it is not (prefill contention also grows TTFT, and the engine can tell the two apart).
+    Examples: a mean engine queue of 3.8 at concurrency 8 is queueing, 0.4 at 4 is not; with no
+    engine figures, TTFT p50 0.04 -> 2.4 s at an e2e p50 of 3.4 s is a share of 0.69: queueing.
     """
     failure = _capacity_failure(level, rule)
-    waiting = level.engine_waiting_ratio
-    if waiting is not None and waiting >= rule.engine_waiting_ratio:
-        return LevelVerdict(level.concurrency, failure,
-                            f"the engine had requests waiting at {waiting:.0%} of admissions "
-                            f"at concurrency {level.concurrency}", True)
+    waiting = level.engine_waiting_mean
+    if waiting is not None:
+        if waiting >= max(rule.min_engine_queue, rule.engine_queue_share * level.concurrency):
+            return LevelVerdict(level.concurrency, failure,
+                                f"the engine queued {waiting:.1f} requests on average at "
+                                f"concurrency {level.concurrency}", True, True)
+        return LevelVerdict(level.concurrency, failure)
     share = _queue_share(level, baseline) if level is not baseline else None
     if share is not None and share >= rule.queue_share:
         return LevelVerdict(level.concurrency, failure,
@@ -160,17 +173,17 @@ def _place(ordered: Sequence[LevelStats], verdicts: Sequence[LevelVerdict], rule
     if first_failed == 0:
         return ordered[0], f"the lowest level already fails: {verdicts[0].capacity_failure}"
     healthy = ordered[:first_failed]
-    queued = next((i for i in range(len(healthy))
-                   if verdicts[i].strong_queueing and _creeps(healthy, i, rule)), None)
+    queued = next((i for i in range(len(healthy)) if verdicts[i].strong_queueing
+                   and (verdicts[i].engine_said_so or _creeps(healthy, i, rule))), None)
     if queued == 0:
         return healthy[0], f"requests queue already at the lowest level ({verdicts[0].queueing})"
     if queued is not None:
         below = healthy[:queued]
         best = max(below, key=lambda s: s.total_tokens_per_s)
-        floor = (1.0 - rule.plateau_tolerance) * best.total_tokens_per_s
+        floor = (1.0 - rule.retrograde_tolerance) * best.total_tokens_per_s
         knee = max((s for s in below if s.total_tokens_per_s >= floor), key=lambda s: s.concurrency)
         return knee, (f"the engine serves {knee.concurrency} at once without queueing, at "
-                      f"{knee.total_tokens_per_s:.1f} tok/s (within {rule.plateau_tolerance:.0%} "
+                      f"{knee.total_tokens_per_s:.1f} tok/s (within {rule.retrograde_tolerance:.0%} "
                       f"of the best below the queue, {best.total_tokens_per_s:.1f}); requests "
                       f"queue from concurrency {healthy[queued].concurrency}: "
                       f"{verdicts[queued].queueing}")

@@ -54,7 +54,7 @@ class LevelStats:
     littles_law: LittlesLaw | None
     ttft_p95_persistent_s: float | None = None  # min of the two halves' p95 (module docstring)
     capacity_errors: int = 0  # 429 and 503 answers and timeouts: the only errors the knee reads
-    engine_waiting_ratio: float | None = None  # share of admissions that saw the engine queueing
+    engine_waiting_mean: float | None = None  # the engine's queue length, mean over admissions
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON (floats rounded to microseconds / 0.001 tokens)."""
@@ -95,10 +95,9 @@ def is_capacity_error(row: Row) -> bool:
         row.get("status_code") in CAPACITY_STATUSES
 
 
-def _waiting_ratio(rows: Sequence[Row]) -> float | None:
-    """Share of rows admitted while the engine had requests waiting; None when never known."""
-    known = [r["engine_waiting_at_admit"] for r in rows if r.get("engine_waiting_at_admit") is not None]
-    return sum(1 for w in known if w > 0) / len(known) if known else None
+def _waiting_mean(rows: Sequence[Row]) -> float | None:
+    """Mean engine queue length the rows saw at admission; None when it was never known."""
+    return mean(r.get("engine_waiting_at_admit") for r in rows)
 
 
 def _ratio(rows: Sequence[Row], *outcomes: str) -> float:
@@ -148,5 +147,5 @@ def summarize_level(rows: Sequence[Row], concurrency: int, *,
             [r.get("ttft_s") for r in sorted(inside, key=lambda r: seconds(r["admitted_at"]))
              if r.get("outcome") == "ok"]),
         capacity_errors=sum(1 for r in inside if is_capacity_error(r)),
-        engine_waiting_ratio=_waiting_ratio(inside),
+        engine_waiting_mean=_waiting_mean(inside),
     )

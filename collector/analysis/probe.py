@@ -336,4 +336,4 @@ def _engine_source(settings: ProbeSettings) -> EngineSource | None:
     if choice == "none":
         return None
     url = default_metrics_url(_base_url(settings.url)) if choice == "auto" else choice
-    return build_engine_source("auto", url, 0.5)
+    return build_engine_source("auto", url, 0.2)  # levels are short: sample the queue often

@@ -30,11 +30,15 @@ __all__ = ["sim"]
               help="Mean output length when EOS is not ignored.")
 @click.option("--stream-interval", type=int, default=1, show_default=True,
               help="Tokens per streamed chunk after the first, like vLLM/SGLang --stream-interval.")
+@click.option("--cost-profile", type=click.Choice(["gpu", "cpu"]), default="gpu", show_default=True,
+              help="Step-time model: gpu (memory-bound: batching is nearly free, TTFT flat until "
+                   "the batch is full) or cpu (compute-bound: TTFT and TPOT grow with the batch "
+                   "before anything waits, like llama.cpp on a CPU). See docs/simulator.md.")
 @click.option("--legacy-vllm-kv-metric", is_flag=True,
               help="Expose vllm:gpu_cache_usage_perc (vLLM before 0.10) instead of kv_cache_usage_perc.")
 def sim(listen: str, flavor: str, model: str, max_num_seqs: int, max_num_batched_tokens: int,
         kv_cache_tokens: int, block_size: int, max_waiting: int, speed: float, seed: int,
-        mean_output_tokens: int, stream_interval: int,
+        mean_output_tokens: int, stream_interval: int, cost_profile: str,
         legacy_vllm_kv_metric: bool) -> None:
     """Built-in continuous-batching engine simulator with an OpenAI-compatible API.
 
@@ -47,6 +51,7 @@ def sim(listen: str, flavor: str, model: str, max_num_seqs: int, max_num_batched
       headroom sim                                        # vLLM-style on 127.0.0.1:8000
       headroom sim --flavor sglang --max-num-seqs 8 --speed 10
       headroom sim --flavor llamacpp --listen 127.0.0.1:8080 --kv-cache-tokens 8192
+      headroom sim --cost-profile cpu --max-num-seqs 4    # compute-bound, like llama.cpp on a CPU
       curl -N localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}],"stream":true}'
     """
     import uvicorn
@@ -62,9 +67,11 @@ def sim(listen: str, flavor: str, model: str, max_num_seqs: int, max_num_batched
                            kv_cache_tokens=kv_cache_tokens, block_size=block_size,
                            max_waiting=max_waiting, speed=speed, seed=seed,
                            mean_output_tokens=mean_output_tokens, stream_interval=stream_interval,
-                           vllm_legacy_kv_metric=legacy_vllm_kv_metric)
+                           vllm_legacy_kv_metric=legacy_vllm_kv_metric,
+                           cost_profile=cost_profile)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    click.echo(f"headroom sim ({flavor}) on http://{host}:{port}  max_num_seqs={max_num_seqs} "
-               f"kv_cache_tokens={kv_cache_tokens} speed={speed}", err=True)
+    click.echo(f"headroom sim ({flavor}, {cost_profile} cost profile) on http://{host}:{port}  "
+               f"max_num_seqs={max_num_seqs} kv_cache_tokens={kv_cache_tokens} speed={speed}",
+               err=True)
     uvicorn.run(create_sim_app(config), host=host, port=port, log_level="warning", access_log=False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collector.sim.cost import COST_PROFILES
+
 __all__ = ["SimConfig", "FLAVORS"]
 
 FLAVORS = ("vllm", "sglang", "llamacpp")
@@ -26,6 +28,7 @@ class SimConfig:
     max_model_len: int = 32768
     stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM/SGLang --stream-interval)
     vllm_legacy_kv_metric: bool = False  # expose vllm:gpu_cache_usage_perc (vLLM < 0.10) instead
+    cost_profile: str = "gpu"  # step-time model: gpu (memory-bound) or cpu (compute-bound)
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -34,6 +37,9 @@ class SimConfig:
                      "mean_output_tokens", "max_model_len", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.cost_profile not in COST_PROFILES:
+            raise ValueError(f"cost_profile {self.cost_profile!r} is not one of "
+                             f"{', '.join(COST_PROFILES)}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting={self.max_waiting} must be 0 or more")
         if not self.speed > 0:

@@ -10,7 +10,17 @@ length), plus a fixed per-step scheduling overhead. Decode is memory-bound, so s
 amortise the weight read and tokens/s rises almost linearly with the batch until the scheduler's
 max_num_seqs (or the KV cache) stops the batch from growing: that is the knee.
 
-Defaults describe an 8B-parameter fp16 model (Llama-3-8B shape) on one A100-80GB-class GPU.
+Two profiles (`headroom sim --cost-profile`):
+
+  gpu  (default) an 8B-parameter fp16 model (Llama-3-8B shape) on one A100-80GB-class GPU. Memory
+       and compute overlap (a pass costs the larger), so decode is memory-bound: batching is
+       nearly free, TTFT stays flat until the batch is full (the memory-bound regime).
+  cpu  a Gemma-3-270M-class model, 4-bit weights, on two CPU cores. Memory and compute do not
+       overlap (a pass costs their sum), and the output head (262k vocabulary x 640) is computed
+       for every sampled token, so step time grows with the tokens in the batch from the first
+       request on: TTFT and TPOT grow with the batch before anything waits (the compute-bound
+       regime of llama.cpp on a CPU, or long prompts on a GPU). One request decodes ~54 tok/s,
+       four ~89, eight ~99, as measured on llama-server with 2 threads (~55 at one request).
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["CostModel", "blocks_for", "predicted_knee"]
+__all__ = ["CostModel", "COST_PROFILES", "blocks_for", "predicted_knee"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,8 @@ class CostModel:
     memory_bandwidth: float = 1.5e12    # bytes/s actually achieved (~75 % of 2 TB/s)
     compute_flops: float = 2.0e14       # FLOP/s actually achieved (~60 % of 312 TFLOPS)
     step_overhead_s: float = 0.002      # scheduler, sampling and kernel launches per step
+    head_params: float = 0.0            # output-head parameters, computed for sampled tokens only
+    overlap: bool = True                # memory and compute overlap (GPU) or add up (CPU)
 
     def step_seconds(self, decode_seqs: int, kv_tokens_read: int,
                      prefill_chunks: tuple[tuple[int, int], ...] = ()) -> float:
@@ -45,18 +57,29 @@ class CostModel:
         if decode_seqs == 0 and not prefill_chunks:
             return 0.0
         tokens = decode_seqs + sum(chunk for chunk, _ in prefill_chunks)
-        weight_bytes = self.params * self.bytes_per_param
+        sampled = decode_seqs + len(prefill_chunks)  # logits only at each sequence's last position
+        weight_bytes = (self.params + self.head_params) * self.bytes_per_param
         memory_s = (weight_bytes + self.kv_bytes_per_token * kv_tokens_read) / self.memory_bandwidth
-        linear_flops = 2.0 * self.params * tokens
+        linear_flops = 2.0 * self.params * tokens + 2.0 * self.head_params * sampled
         # attention scores + weighted sum: 4 * layers * hidden per (query token, key token) pair
         attention_flops = 4.0 * self.layers * self.hidden_size * sum(
             chunk * (context + chunk / 2.0) for chunk, context in prefill_chunks)
         compute_s = (linear_flops + attention_flops) / self.compute_flops
-        return max(memory_s, compute_s) + self.step_overhead_s
+        busy_s = max(memory_s, compute_s) if self.overlap else memory_s + compute_s
+        return busy_s + self.step_overhead_s
 
     def decode_tokens_per_second(self, batch: int, context_tokens: int) -> float:
         """Steady decode throughput of `batch` sequences of `context_tokens` each (no prefill)."""
         return batch / self.step_seconds(batch, batch * context_tokens)
+
+
+COST_PROFILES: dict[str, CostModel] = {
+    "gpu": CostModel(),
+    # Gemma-3-270M: 100M body + 168M tied output head, Q4_K_M (~4.5 bits), 2 CPU cores
+    "cpu": CostModel(params=1.0e8, head_params=1.68e8, bytes_per_param=0.56, layers=18,
+                     hidden_size=640, kv_bytes_per_token=18432, memory_bandwidth=2.0e10,
+                     compute_flops=6.0e10, step_overhead_s=0.002, overlap=False),
+}
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from collector.sim.config import SimConfig
-from collector.sim.cost import CostModel, blocks_for
+from collector.sim.cost import COST_PROFILES, CostModel, blocks_for
 
 __all__ = ["SimRequest", "StepPlan", "Scheduler", "QueueFull"]
 
@@ -65,7 +65,7 @@ class Scheduler:
 
     def __init__(self, config: SimConfig, cost: CostModel | None = None) -> None:
         self.config = config
-        self.cost = cost or CostModel()
+        self.cost = cost or COST_PROFILES[config.cost_profile]
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
         self.free_blocks = config.num_blocks
