@@ -19,9 +19,9 @@ import orjson
 from yarl import URL
 
 from collector.sidecar.requests import ParsedRequest, parse_request
-from collector.sidecar.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.sidecar.tenants import resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 
 __all__ = ["CompletionsProxy", "PassThrough", "outcome_for_status"]
 

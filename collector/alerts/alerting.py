@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from collector.alerts.templating import to_go
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
-from collector.rules.recording import R
-from collector.rules.templating import to_go
+from collector.rules.records import R
 
 __all__ = ["Alert", "alerts", "alerting_groups", "SIGNALS"]
 
