@@ -17,7 +17,7 @@ from collector.rules.records import R
 
 __all__ = ["Alert", "alerts", "alerting_groups", "SIGNALS"]
 
-# label `signal` of the four scale-out signals (DOMAIN §5); the composite counts distinct values.
+# label `signal` of the four scale-out signals (docs/domain.md §5); the composite counts distinct values.
 SIGNALS = ("ttft_rising", "queue_not_draining", "gpu_saturated_flat", "tail_latency")
 
 

@@ -1,6 +1,6 @@
 """Knee of a concurrency gradient: a documented rule, cross-checked with Kneedle.
 
-The rule (DOMAIN §7): walk the levels upward; the knee is the last level before one where
+The rule (method and caveats: docs/domain.md §7): walk the levels upward; the knee is the last level before one where
   * total tokens/s < 1.05 x the previous level's (throughput stopped rising), or
   * p95 TTFT > 2 x its low-load value and at least 50 ms above it (queueing began), or
     (both read as LevelStats.ttft_p95_persistent_s when known: the rise must show in both halves
@@ -29,7 +29,7 @@ __all__ = ["KneeRule", "KneeResult", "detect_knee", "kneedle_knee"]
 
 @dataclass(frozen=True)
 class KneeRule:
-    """Thresholds of the knee rule; the defaults are DOMAIN §7's."""
+    """Thresholds of the knee rule; docs/domain.md §7 discusses the defaults."""
 
     min_throughput_gain: float = 1.05
     ttft_factor: float = 2.0

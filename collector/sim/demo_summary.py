@@ -1,7 +1,7 @@
 """What `headroom demo` reports, computed from the DuckDB log the sidecar wrote.
 
 Per concurrency level: request counts, 429s, output tokens/s and exact p50/p95/p99 TTFT and TPOT
-(`quantile_cont`, DOMAIN §11: the request log is the ground truth); the time course of both
+(`quantile_cont`, docs/domain.md §11: the request log is the ground truth); the time course of both
 calibers from the sidecar's /metrics; and, where the capacity analysis is built, the knee in both
 calibers and the recommended pool (collector.analysis), else the raw table alone.
 """
