@@ -1,7 +1,7 @@
 """The one metric catalog: every metric llm-headroom exports is declared here, once.
 
 Sources, the tracker, dashboards, alert rules and tests import these specs and never retype a
-name. The names are a contract (shared/DESIGN.md, "Metric catalog"): alert rules and dashboards in
+name. The names are a contract (docs/design.md §4.4): alert rules and dashboards in
 other deployments depend on them.
 """
 

@@ -24,8 +24,8 @@ COMMANDS: dict[str, str] = {
     "capacity": "collector.analysis.cli:capacity",
     "store": "collector.service.cli:store",
     "report": "collector.report.cli:report",
-    "dashboards": "collector.rules.cli:dashboards",
-    "alerts": "collector.rules.cli:alerts",
+    "dashboards": "collector.dashboards.cli:dashboards",
+    "alerts": "collector.alerts.cli:alerts",
 }
 
 _SHORT_HELP = {

@@ -18,6 +18,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
+import duckdb
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from collector.serving import serve_in_thread
+from collector.sidecar.config import SidecarConfig
+from collector.sidecar.wiring import build_sidecar
+from collector.sim.app import create_sim_app
+from collector.sim.config import SimConfig
+from collector.sim.demo_render import render_summary
+from collector.sim.demo_summary import LevelWindow, caliber_course, capacity_estimate, level_table
+from collector.sim.load import run_level
+from collector.sim.workload import CaliberSampler, mixed_payload
 
 __all__ = ["demo", "run_demo"]
 
@@ -36,10 +49,6 @@ def _levels(value: str) -> list[int]:
 
 async def _drive(url: str, levels: list[int], level_s: float, payload, progress) -> tuple[list, list]:
     """Run each level through the sidecar; return (LevelWindow list, caliber samples)."""
-    from collector.sim.demo_summary import LevelWindow
-    from collector.sim.load import run_level
-    from collector.sim.workload import CaliberSampler
-
     sampler = CaliberSampler(f"{url}/metrics")
     sampling = asyncio.create_task(sampler.run())
     task = progress.add_task("starting", total=len(levels) * level_s)
@@ -78,16 +87,6 @@ def run_demo(*, speed: float, levels: list[int], level_s: float, max_num_seqs: i
     `report(summary)` runs while both servers are still up; with keep_serving they then stay up
     until Ctrl-C.
     """
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from collector.serving import serve_in_thread
-    from collector.sidecar.cli import build_sidecar
-    from collector.sidecar.config import SidecarConfig
-    from collector.sim.app import create_sim_app
-    from collector.sim.config import SimConfig
-    from collector.sim.demo_summary import caliber_course, capacity_estimate, level_table
-    from collector.sim.workload import mixed_payload
-
     sim_config = SimConfig(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, speed=speed,
                            seed=seed, max_waiting=4 * max(levels), stream_interval=4,
                            mean_output_tokens=96)
@@ -96,7 +95,7 @@ def run_demo(*, speed: float, levels: list[int], level_s: float, max_num_seqs: i
         app = build_sidecar(SidecarConfig(upstream=sim.url, listen_port=0, db_path=db_path,
                                           instance="demo", engine="vllm",
                                           engine_metrics_url=f"{sim.url}/metrics",
-                                          engine_poll_interval_s=0.25), jobs=False)
+                                          engine_poll_interval_s=0.25, jobs=False))
         sidecar = serve_in_thread(app)
         try:
             columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
@@ -167,11 +166,6 @@ def demo(speed, levels_text, level_seconds, duration, max_num_seqs, kv_cache_tok
       headroom demo --speed 8 --levels 1,4,16,32 --level-seconds 1.5 --json demo.json
       headroom demo --db ./headroom-demo/headroom.duckdb --keep-serving
     """
-    import duckdb
-    from rich.console import Console
-
-    from collector.sim.demo_render import render_summary
-
     levels = _levels(levels_text)
     level_s = duration / len(levels) if duration else level_seconds
     if speed <= 0:

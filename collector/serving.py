@@ -1,7 +1,9 @@
-"""Run an ASGI app under uvicorn in a background thread: for the demo, tests and benchmarks.
+"""Serving ASGI apps: read a HOST:PORT listen address, run an app under uvicorn in a thread.
 
-`serve_in_thread(app, port=0)` returns once the socket is listening, with the real port, and
-`handle.stop()` shuts uvicorn down gracefully (lifespan shutdown runs, so request logs flush).
+`parse_listen("127.0.0.1:9100")` -> ("127.0.0.1", 9100) for every command's --listen.
+`serve_in_thread(app, port=0)` (the demo, tests and benchmarks) returns once the socket is
+listening, with the real port, and `handle.stop()` shuts uvicorn down gracefully (lifespan
+shutdown runs, so request logs flush).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-__all__ = ["ServerHandle", "serve_in_thread"]
+__all__ = ["ServerHandle", "serve_in_thread", "parse_listen"]
 
 
 @dataclass
@@ -58,3 +60,12 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, *,
         server.should_exit = True
         raise RuntimeError(f"server on {host}:{bound_port} did not start within {startup_timeout_s} s")
     return ServerHandle(server, thread, host, bound_port)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port); '[::1]:9100' works too. Raises ValueError naming the input."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
+        raise ValueError(f"--listen {value!r} is not HOST:PORT with a port 1-65535 "
+                         "(e.g. 127.0.0.1:9100)")
+    return host.strip("[]"), int(port)

@@ -10,8 +10,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.serving import ServerHandle, serve_in_thread
-from collector.sidecar.app import create_app
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.wiring import build_sidecar
 from fake_upstream import FakeUpstream
 
 
@@ -44,8 +44,8 @@ def sidecar_rig(tmp_path, **config):
     fake = FakeUpstream()
     upstream = serve_in_thread(fake, timeout_graceful_shutdown=1)
     cfg = SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "log.duckdb"),
-                        instance="test", **config)
-    app = create_app(cfg)
+                        instance="test", jobs=False, **config)
+    app = build_sidecar(cfg)
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=5)
     try:
         yield Rig(fake, upstream, sidecar, app)

@@ -86,7 +86,7 @@ def test_estimate_capacity_falls_back_to_traffic(tmp_path):
 
 
 def test_publish_estimates_sets_capacity_gauges_in_both_calibers():
-    from collector.sidecar.capacity_gauges import CapacityGauges
+    from collector.store.capacity_gauges import CapacityGauges
 
     gauges, registry = CapacityGauges(), CollectorRegistry()
     registry.register(gauges)

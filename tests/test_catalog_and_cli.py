@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from collector.catalog import BY_NAME, CATALOG, DURATION_BUCKETS_SECONDS, TTFT_BUCKETS_SECONDS
 from collector.cli import COMMANDS, main
 
-# The names shared/DESIGN.md's metric catalog promises; alerts and dashboards elsewhere use them.
+# The names the metric catalog in docs/design.md §4.4 promises; alerts and dashboards elsewhere use them.
 CONTRACT = {
     "headroom_inflight_requests", "headroom_active_tokens", "headroom_requests_total",
     "headroom_prompt_tokens_total", "headroom_generated_tokens_total",

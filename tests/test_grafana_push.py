@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from collector.cli import main
-from collector.rules.push import PushError, push_dashboards
+from collector.dashboards.push import PushError, push_dashboards
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "glsa_test_token"

@@ -24,10 +24,10 @@ import yaml
 from conftest import free_port, require_tool
 from test_rules_promtool import dashboard_queries
 
-from collector.rules.alertmanager import Receivers, alertmanager_config
-from collector.rules.bundle import rule_files
+from collector.alerts.alertmanager import Receivers, alertmanager_config
+from collector.alerts.files import rule_files
 from collector.rules.config import DEFAULT
-from collector.rules.recording import R
+from collector.rules.records import R
 from collector.rules.render import render_yaml, write_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,13 +158,10 @@ def stack(tmp_path):
     """Sim, sidecar (engine source, GPU collector, capacity gauges), Prometheus, Alertmanager, webhook."""
     prometheus_bin, alertmanager_bin = require_tool("prometheus"), require_tool("prometheus-alertmanager")
     from collector.serving import serve_in_thread
-    from collector.sidecar.app import create_app
-    from collector.sidecar.capacity_gauges import CapacityGauges
     from collector.sidecar.config import SidecarConfig
+    from collector.sidecar.wiring import build_sidecar
     from collector.sim.app import create_sim_app
     from collector.sim.config import SimConfig
-    from collector.sources import build_engine_source
-    from collector.sources.gpu import GpuCollector
     from collector.store.db import RequestStore
 
     handles, processes, closers = [], [], []
@@ -173,15 +170,15 @@ def stack(tmp_path):
         sim = serve_in_thread(create_sim_app(SimConfig(model=MODEL, max_num_seqs=KNEE_REQUESTS, max_waiting=8,
                                                        speed=4.0, stream_interval=4)))
         handles.append(sim)
-        gauges = CapacityGauges()
-        gauges.set(MODEL, "requests", knee=KNEE_REQUESTS, slo_max=3, recommended_pool=3)
-        gauges.set(MODEL, "tokens", knee=2000, slo_max=1500)
         store = RequestStore(str(tmp_path / "log.duckdb"))
         closers.append(store.close)
-        config = SidecarConfig(upstream=sim.url, db_path=None, instance="sidecar-it", engine="vllm")
-        engine = build_engine_source("vllm", f"{sim.url}/metrics", 0.5)
-        engine.attach(GpuCollector())  # wired as `headroom run` does: one scrape-health family
-        app = create_app(config, engine=engine, capacity=gauges, batch_sink=store)
+        # wired as `headroom run` does: engine source and GPU behind one scrape-health collector
+        config = SidecarConfig(upstream=sim.url, db_path=None, instance="sidecar-it", engine="vllm",
+                               engine_metrics_url=f"{sim.url}/metrics", engine_poll_interval_s=0.5)
+        app = build_sidecar(config, log_sink=store)
+        gauges = app.state.capacity
+        gauges.set(MODEL, "requests", knee=KNEE_REQUESTS, slo_max=3, recommended_pool=3)
+        gauges.set(MODEL, "tokens", knee=2000, slo_max=1500)
         sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
         handles.append(sidecar)
         webhook = Webhook("HeadroomConcurrencyNearKnee")

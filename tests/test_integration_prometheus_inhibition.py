@@ -15,7 +15,7 @@ import pytest
 from conftest import free_port, require_tool
 from test_integration_prometheus import Webhook, _start, _wait
 
-from collector.rules.alertmanager import Receivers, alertmanager_config
+from collector.alerts.alertmanager import Receivers, alertmanager_config
 from collector.rules.render import render_yaml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -1,7 +1,7 @@
 """OtelSink through the real sidecar: one GenAI span per streamed request, matching the logged row.
 
 The upstream is a tiny fake OpenAI server of our own (deterministic chunks and usage); the sidecar is
-the real create_app with a real DuckDB request log, served by uvicorn on loopback.
+the real build_sidecar with a real DuckDB request log, served by uvicorn on loopback.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from collector.otel import FIRST_TOKEN_EVENT, OtelSink
 from collector.serving import serve_in_thread
-from collector.sidecar.app import create_app
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.otel import FIRST_TOKEN_EVENT, OtelSink
+from collector.sidecar.wiring import build_sidecar
 from collector.store.db import RequestStore
 
 MODEL = "fake-llm"
@@ -70,7 +70,7 @@ def upstream():
 def _run_requests(upstream_url: str, row_sinks, store: RequestStore | None, models: list[str]) -> None:
     """Serve a sidecar with these sinks, send one streamed chat request per model, shut it down."""
     config = SidecarConfig(upstream=upstream_url, db_path=None, instance="otel-test")
-    sidecar = serve_in_thread(create_app(config, row_sinks=row_sinks, batch_sink=store))
+    sidecar = serve_in_thread(build_sidecar(config, sinks=row_sinks, log_sink=store))
     try:
         with httpx.Client(base_url=sidecar.url, timeout=30) as client:
             for model in models:
@@ -178,8 +178,6 @@ def _fake_otlp_collector(received: list, arrived: threading.Event) -> FastAPI:
 
 def test_otlp_endpoint_flag_exports_spans_over_otlp_http(upstream):
     """`headroom run --otlp-endpoint URL` (build_sidecar) sends the spans to a Collector, batched."""
-    from collector.sidecar.cli import build_sidecar
-
     received, arrived = [], threading.Event()
     collector = serve_in_thread(_fake_otlp_collector(received, arrived))
     try:
@@ -239,12 +237,12 @@ def test_headroom_run_without_otlp_creates_no_opentelemetry_object_per_request(
 def test_the_standard_otel_variable_turns_spans_on_through_the_cli(upstream, monkeypatch, tmp_path):
     from click.testing import CliRunner
 
-    from collector.otel import OtelSink as RealSink
     from collector.sidecar import cli
+    from collector.sidecar.otel import OtelSink as RealSink
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
     made = []
-    monkeypatch.setattr("collector.otel.OtelSink",
+    monkeypatch.setattr("collector.sidecar.wiring.OtelSink",
                         lambda **kw: made.append(kw) or RealSink(exporter=InMemorySpanExporter()))
     monkeypatch.setattr("uvicorn.run", lambda app, **_: None)
     result = CliRunner().invoke(cli.run, ["--upstream", upstream.url, "--engine", "none", "--no-jobs",

@@ -8,7 +8,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from collector.otel import FIRST_TOKEN_EVENT, OtelSink, span_attributes, traces_url
+from collector.sidecar.otel import FIRST_TOKEN_EVENT, OtelSink, span_attributes, traces_url
 from collector.store.schema import COLUMN_NAMES
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, 123456, tzinfo=timezone.utc)

@@ -9,8 +9,8 @@ import pytest
 from collector.analysis.estimate import estimate_capacity, save_estimate
 from collector.report.build import build_report
 from collector.report.collect import collect_inputs
-from collector.service.synthetic import synthetic_probe_run, synthetic_rows
 from collector.store.db import RequestStore
+from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 
 UTC = timezone.utc
 WEEK = timedelta(days=7)

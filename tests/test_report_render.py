@@ -13,12 +13,12 @@ from click.testing import CliRunner
 from PIL import Image
 
 from collector.cli import main
-from collector.report.cli import build_from_store, render_report
+from collector.report.review import build_from_store, render_report
 from collector.service.app import create_store_app
-from collector.service.synthetic import synthetic_rows
-from collector.service.timewin import utc_now
 from collector.serving import serve_in_thread
 from collector.store.db import RequestStore
+from collector.store.synthetic import synthetic_rows
+from collector.timewin import utc_now
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from collector.alerts.alerting import SIGNALS, alerts
+from collector.alerts.alertmanager import alertmanager_config
+from collector.alerts.files import ALERTS_FILE, RECORDING_FILE, alert_files
+from collector.alerts.promtool_tests import CASES
+from collector.alerts.templating import to_go, to_text
 from collector.catalog import BY_NAME, CATALOG
-from collector.rules.alerting import SIGNALS, alerts
-from collector.rules.alertmanager import alertmanager_config
-from collector.rules.bundle import ALERTS_FILE, RECORDING_FILE, alert_files, dashboard_files
+from collector.dashboards.files import dashboard_files
+from collector.dashboards.push import with_datasource
 from collector.rules.config import DEFAULT, ConfigError, RulesConfig
 from collector.rules.naming import RECORD_NAME, metric_names, record
-from collector.rules.promtool_tests import CASES
-from collector.rules.push import with_datasource
-from collector.rules.templating import to_go, to_text
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTINS = {"ALERTS", "up"}

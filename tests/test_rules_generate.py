@@ -8,9 +8,10 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
+from collector.alerts.files import alert_files
 from collector.cli import main
-from collector.rules.bundle import alert_files, dashboard_files
-from collector.rules.cli import stale_files
+from collector.dashboards.files import dashboard_files
+from collector.rules.files import stale_files
 
 ROOT = Path(__file__).resolve().parent.parent
 

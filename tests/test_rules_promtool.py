@@ -11,7 +11,8 @@ import pytest
 import yaml
 from conftest import require_tool
 
-from collector.rules.bundle import TEST_FILE, alert_files, dashboard_files
+from collector.alerts.files import TEST_FILE, alert_files
+from collector.dashboards.files import dashboard_files
 from collector.rules.config import DEFAULT
 from collector.rules.render import write_files
 

@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from collector.service.app import create_store_app
 from collector.service.auth import resolve_token
-from collector.service.synthetic import synthetic_rows
 from collector.store.db import RequestStore
+from collector.store.synthetic import synthetic_rows
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

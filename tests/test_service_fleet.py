@@ -7,13 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from collector.service.app import create_store_app
-from collector.service.shipper import StoreShipper
 from collector.serving import serve_in_thread
-from collector.sidecar.app import create_app
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.wiring import build_sidecar
 from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 from collector.store.db import RequestStore
+from collector.store.shipper import StoreShipper
 
 TOKEN = "fleet-token"
 
@@ -33,7 +33,7 @@ def test_sidecar_ships_every_row_to_the_store_service(tmp_path):
     shipper = StoreShipper(store_server.url, TOKEN, tmp_path / "spool")
     config = SidecarConfig(upstream=sim_server.url, db_path=None, instance="edge-1", store_url=store_server.url,
                            store_token=TOKEN, log_flush_interval_s=0.1)
-    sidecar = serve_in_thread(create_app(config, batch_sink=shipper))
+    sidecar = serve_in_thread(build_sidecar(config, log_sink=shipper))
     try:
         with ThreadPoolExecutor(4) as pool:
             statuses = list(pool.map(lambda i: _ask(sidecar.url, i), range(24)))

@@ -7,14 +7,18 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from fastapi.testclient import TestClient
 
+from collector.analysis.refresh import refresh_estimates
+from collector.report.review import write_report_files
 from collector.service.app import create_store_app
-from collector.service.estimates import refresh_estimates
-from collector.service.jobs import JobSettings, build_scheduler, job_table, parse_weekly_cron, run_due
-from collector.service.retention import export_and_expire
-from collector.service.rollup import rollup_hours
-from collector.service.synthetic import synthetic_probe_run, synthetic_rows
-from collector.sidecar.capacity_gauges import CapacityGauges
+from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.jobs import JobSettings, build_scheduler, job_table, parse_weekly_cron, run_due
+from collector.store.retention import export_and_expire
+from collector.store.rollup import rollup_hours
+from collector.store.synthetic import synthetic_probe_run, synthetic_rows
+
+# The work the store service and `headroom run` hand to the store's jobs.
+WORK = {"refresh": refresh_estimates, "review": write_report_files}
 
 UTC = timezone.utc
 SUNDAY_EVENING = datetime(2026, 11, 29, 22, 30, tzinfo=UTC)  # 2026-11-30 is a Monday
@@ -37,7 +41,7 @@ def test_jobs_fire_on_their_triggers_with_an_injected_clock(store, tmp_path):
     gauges = CapacityGauges()
     settings = JobSettings(export_dir=tmp_path / "parquet", report_dir=tmp_path / "reports",
                            estimate_interval_s=6 * 3600, retention_days=30, clock=lambda: SUNDAY_EVENING)
-    fired = run_due(job_table(store, gauges, settings), SUNDAY_EVENING, MONDAY_MORNING)
+    fired = run_due(job_table(store, gauges, settings, **WORK), SUNDAY_EVENING, MONDAY_MORNING)
     names = [name for _, name in fired]
     assert names.count("rollup") == 11  # 23:05 ... 09:05
     assert [when for when, name in fired if name == "retention"] == [datetime(2026, 11, 30, 0, 15, tzinfo=UTC)]
@@ -87,7 +91,7 @@ def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_esti
                                                             "weekly_report"}
         assert client.get("/reports/latest", headers={"Authorization": "Bearer t"}).status_code == 404
     assert not scheduler.running
-    default_jobs = build_scheduler(store, None, JobSettings()).get_jobs()
+    default_jobs = build_scheduler(store, None, JobSettings(), **WORK).get_jobs()
     assert {job.id for job in default_jobs} == {"rollup", "capacity_estimates"}
 
 

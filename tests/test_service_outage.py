@@ -19,9 +19,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.serving import serve_in_thread
-from collector.service.shipper import StoreShipper
-from collector.sidecar.cli import build_sidecar
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.wiring import build_sidecar
+from collector.store.shipper import StoreShipper
 from conftest import free_port
 from fake_upstream import FakeUpstream
 
@@ -153,8 +153,8 @@ def test_store_process_down_under_load_then_back_every_answered_request_arrives(
     store.start()
     upstream = serve_in_thread(FakeUpstream(), timeout_graceful_shutdown=1)
     config = SidecarConfig(upstream=upstream.url, db_path=None, instance="edge-1", store_url=store.url,
-                           store_token=TOKEN, spool_dir=str(spool))
-    app = build_sidecar(config, jobs=False)
+                           store_token=TOKEN, spool_dir=str(spool), jobs=False)
+    app = build_sidecar(config)
     shipper = app.state.batch_sink
     assert isinstance(shipper, StoreShipper)
     # the shipper's defaults are what `headroom run --store-url` uses; nothing is tuned here

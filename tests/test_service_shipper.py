@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from collector.service.shipper import StoreShipper
-from collector.service.synthetic import synthetic_rows
+from collector.store.shipper import StoreShipper
+from collector.store.synthetic import synthetic_rows
 from collector.store.writer import RowsDropped
 from conftest import free_port
 

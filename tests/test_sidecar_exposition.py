@@ -61,15 +61,15 @@ def test_no_text_or_authorization_reaches_the_database_or_logs(tmp_path, caplog)
 def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
     """The app `headroom run` builds: engine source (auto), GPU, capacity gauges, request log."""
     from collector.serving import serve_in_thread
-    from collector.sidecar.cli import build_sidecar
     from collector.sidecar.config import SidecarConfig
+    from collector.sidecar.wiring import build_sidecar
     from fake_upstream import FakeUpstream
 
     promtool = require_tool("promtool")
     upstream = serve_in_thread(FakeUpstream())
     config = SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "h.duckdb"), engine="auto",
-                           engine_poll_interval_s=0.1)
-    app = build_sidecar(config, jobs=False)
+                           engine_poll_interval_s=0.1, jobs=False)
+    app = build_sidecar(config)
     app.state.capacity.set("m1", "requests", knee=8, slo_max=6, recommended_pool=5)
     sidecar = serve_in_thread(app)
     try:

@@ -8,9 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from collector.sidecar.requests import parse_request
-from collector.sidecar.sse import DONE, MALFORMED, EventSplitter, inspect_event
 from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sse import DONE, MALFORMED, EventSplitter, inspect_event
 
 
 def test_splitter_reassembles_the_real_llamacpp_stream_under_any_chunking(fixtures_dir):
@@ -175,7 +175,7 @@ def test_a_raising_row_sink_neither_breaks_finish_nor_starves_the_others(caplog)
 
 
 def test_error_events_are_recognised():
-    from collector.sidecar.sse import ERROR
+    from collector.sse import ERROR
     assert inspect_event(b'data: {"error":{"message":"boom","code":500}}') is ERROR  # vLLM, SGLang
     assert inspect_event(b'error: {"code":500,"message":"boom"}') is ERROR  # llama.cpp server
     assert inspect_event(b'event: error\ndata: {"message":"boom"}') is ERROR
@@ -213,7 +213,8 @@ def test_absurd_upstream_usage_falls_back_to_the_estimate():
 
 
 def test_config_rejects_bad_urls_and_ports_with_the_option_name():
-    from collector.sidecar.config import SidecarConfig, parse_listen
+    from collector.serving import parse_listen
+    from collector.sidecar.config import SidecarConfig
 
     with pytest.raises(ValueError, match="--listen"):
         parse_listen("127.0.0.1:99999")

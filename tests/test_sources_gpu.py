@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from collector.sources import gpu as gpu_module
 from collector.sources.gpu import GpuCollector
+from collector.sources.health import SourceHealth
 
 H100 = ["0", "GPU-aaaa", "NVIDIA H100 80GB HBM3"]
 A10G = ["1", "GPU-bbbb", "NVIDIA A10G"]
@@ -100,7 +101,7 @@ def test_not_supported_field_is_left_out_not_zeroed(monkeypatch):
 
 def test_lost_gpu_is_down_alone_and_the_others_still_report(monkeypatch):
     FakeNvml().install(monkeypatch)
-    registry = registry_of(GpuCollector())
+    registry = registry_of(SourceHealth([GpuCollector()]))  # the scrape-health families come from it
     assert sample(registry, "headroom_gpu_up", LOST) == 0.0
     for name in ("headroom_gpu_utilization_ratio", "headroom_gpu_memory_used_bytes",
                  "headroom_gpu_power_watts"):

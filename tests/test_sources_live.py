@@ -18,9 +18,10 @@ import time
 import httpx
 import pytest
 
+from collector.record import MemorySink
 from collector.serving import serve_in_thread
-from collector.sidecar.app import create_app
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.wiring import build_sidecar
 from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 from collector.sources import build_engine_source
@@ -41,13 +42,13 @@ class Stack:
 
     def __init__(self, upstream_url: str, engine: str, metrics_url: str, *,
                  poll_interval_s: float = 0.1, timeout_s: float | None = None) -> None:
-        self.rows: list[dict] = []
+        sink = MemorySink()
+        self.rows: list[dict] = sink.rows
         self.source = build_engine_source(engine, metrics_url, poll_interval_s, timeout_s=timeout_s)
         config = SidecarConfig(upstream=upstream_url, db_path=None, instance="test", engine=engine,
                                engine_metrics_url=metrics_url,
                                engine_poll_interval_s=poll_interval_s)
-        self.handle = serve_in_thread(create_app(config, row_sinks=[self.rows.append],
-                                                 engine=self.source))
+        self.handle = serve_in_thread(build_sidecar(config, sinks=[sink], engine=self.source))
         self.url = self.handle.url
 
     async def exported(self, client: httpx.AsyncClient) -> dict[str, float]:
@@ -131,9 +132,10 @@ async def _async(value):
 
 async def test_rows_carry_null_engine_fields_when_the_source_is_off(fake_engine):
     _, url = fake_engine
-    rows: list[dict] = []
+    sink = MemorySink()
+    rows: list[dict] = sink.rows
     config = SidecarConfig(upstream=url, db_path=None, instance="test", engine="none")
-    handle = serve_in_thread(create_app(config, row_sinks=[rows.append], engine=None))
+    handle = serve_in_thread(build_sidecar(config, sinks=[sink]))
     try:
         async with httpx.AsyncClient(timeout=30) as client:
             response = await client.post(f"{handle.url}/v1/chat/completions",

@@ -13,14 +13,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from collector.catalog import spec
 from collector.sources import build_engine_source, default_metrics_url
 from collector.sources.gpu import GpuCollector
+from collector.sources.health import SourceHealth
 from collector.sources.poller import EngineSource
 from conftest import require_tool
 from test_sources_fake_engine import FIXTURES, fake_engine  # noqa: F401  (fixture)
 
 
 def value(collector, name: str, **labels) -> float | None:
+    """One sample of a source as the sidecar exports it: behind SourceHealth (scrape health too)."""
     registry = CollectorRegistry()
-    registry.register(collector)
+    registry.register(SourceHealth([collector]))
     return registry.get_sample_value(name, labels)
 
 
@@ -219,8 +221,7 @@ def test_engine_with_attached_gpu_is_valid_exposition_for_promtool():
     source = build_engine_source("vllm", "http://127.0.0.1:9/metrics", 1.0)
     source.latest = source.latest.__class__(engine="vllm", up=True, model="m", running=2,
                                             waiting=1, kv_usage_ratio=0.5, kv_capacity_tokens=64)
-    source.attach(GpuCollector())
-    text = generate_latest(_registry(source))
+    text = generate_latest(_registry(SourceHealth([source, GpuCollector()])))
     assert text.count(b"# HELP headroom_source_scrape_success ") == 1
     assert b'headroom_source_scrape_success{source="gpu"}' in text
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,

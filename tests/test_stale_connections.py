@@ -11,8 +11,8 @@ import pytest
 
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.serving import serve_in_thread
-from collector.sidecar.app import create_app
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.wiring import build_sidecar
 from one_shot_upstream import OneShotUpstream
 from sidecar_support import CHAT
 
@@ -24,8 +24,8 @@ def sidecar(tmp_path):
     started = []
 
     def start(upstream: OneShotUpstream):
-        app = create_app(SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "log.duckdb"),
-                                       instance="test", read_timeout_s=5))
+        app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "log.duckdb"),
+                                          instance="test", read_timeout_s=5))
         handle = serve_in_thread(app, timeout_graceful_shutdown=2)
         started.append(handle)
         return app, handle

@@ -133,8 +133,8 @@ def test_newer_database_is_refused_with_a_clear_error(tmp_path):
 
 def test_headroom_run_starts_the_scheduled_jobs_on_the_in_process_store(tmp_path):
     from collector.serving import serve_in_thread
-    from collector.sidecar.cli import build_sidecar
     from collector.sidecar.config import SidecarConfig
+    from collector.sidecar.wiring import build_sidecar
 
     config = SidecarConfig(upstream="http://127.0.0.1:9", db_path=str(tmp_path / "h.duckdb"),
                            engine="none")

@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from pathlib import Path
 
 import click
+import duckdb
 import orjson
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+
+from collector.analysis.cli_capacity import register
+from collector.analysis.estimate import estimate_from_probe, save_estimate
+from collector.analysis.plot import write_plot
+from collector.analysis.probe import ProbeError, ProbeSettings, run_probe
+from collector.analysis.prompts import load_prompts
+from collector.analysis.render import print_estimate
+from collector.analysis.slo import Slo
+from collector.store.db import RequestStore
+from collector.store.shipper import StoreShipper
 
 __all__ = ["probe", "capacity"]
 
@@ -25,10 +39,6 @@ def _levels(text: str) -> tuple[int, ...]:
 def _row_writer(db: str | None, store_url: str | None, store_token: str | None):
     """Where probe rows go: a DuckDB file, a store service, or nowhere. Returns (write, close, store)."""
     if db:
-        import duckdb
-
-        from collector.store.db import RequestStore
-
         try:
             store = RequestStore(db)
         except duckdb.IOException as exc:
@@ -38,10 +48,6 @@ def _row_writer(db: str | None, store_url: str | None, store_token: str | None):
             raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
         return store.insert_rows, store.close, store
     if store_url:
-        import tempfile
-
-        from collector.service.shipper import StoreShipper
-
         spool = Path(tempfile.mkdtemp(prefix="probe-spool-"))
         shipper = StoreShipper(store_url, store_token or "", spool)
         return shipper.write_batch, shipper.close, None
@@ -97,11 +103,6 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
     cap). 429s count as failures and are not retried; the probe stops early once a level is
     clearly saturated and says why.
     """
-    from collector.analysis.estimate import estimate_from_probe, save_estimate
-    from collector.analysis.probe import ProbeError
-    from collector.analysis.render import print_estimate
-    from collector.analysis.slo import Slo
-
     for name, value, example in (("--url", url, "http://127.0.0.1:9100"),
                                  ("--store-url", store_url, "http://127.0.0.1:9200")):
         if value is not None and not value.startswith(("http://", "https://")):
@@ -128,8 +129,6 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
             _write_json(json_path, estimate.to_dict())
             click.echo(f"wrote {json_path}")
         if plot_path:
-            from collector.analysis.plot import write_plot
-
             png, html = write_plot(estimate, plot_path)
             click.echo(f"wrote {png} and {html}")
     except OSError as exc:
@@ -140,9 +139,6 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
 
 def _settings(**values):
     """ProbeSettings, with bad values (such as an unreadable --prompts file) as usage errors."""
-    from collector.analysis.probe import ProbeSettings
-    from collector.analysis.prompts import load_prompts
-
     try:
         load_prompts(values["prompts"])  # fails before any load is sent
         return ProbeSettings(**values)
@@ -152,11 +148,6 @@ def _settings(**values):
 
 def _run_with_progress(settings, write):
     """Run the probe under a rich progress bar on stderr (level and measured requests)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn
-
-    from collector.analysis.probe import run_probe
-
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} measured"))
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("connecting", total=settings.max_samples)
@@ -179,6 +170,4 @@ def capacity() -> None:
     """Capacity formulas (KV-cache and quota ceilings) and passive curves from the request log."""
 
 
-from collector.analysis import cli_capacity as _cli_capacity  # noqa: E402  (registers subcommands)
-
-_cli_capacity.register(capacity)
+register(capacity)

@@ -6,7 +6,13 @@ from datetime import datetime
 from pathlib import Path
 
 import click
+import duckdb
 import orjson
+
+from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
+from collector.analysis.passive import passive_curve
+from collector.analysis.quota import quota_ceiling
+from collector.store.db import RequestStore
 
 __all__ = ["register"]
 
@@ -45,8 +51,6 @@ def kv(usable_gb, gpu_memory_gb, weights_gb, usable_fraction, reserve_gb, kv_per
       headroom capacity kv --gpu-memory-gb 80 --weights-gb 16 \\
           --layers 32 --kv-heads 8 --head-dim 128 --max-context 8192
     """
-    from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
-
     try:
         if usable_gb is not None:
             usable = usable_gb * _GB
@@ -95,8 +99,6 @@ def quota(rpm, tpm, mean_e2e_s, mean_tokens_per_request, as_json) -> None:
       headroom capacity quota --rpm 600 --mean-e2e-s 10                   # -> 100
       headroom capacity quota --rpm 600 --tpm 1000000 --mean-e2e-s 10 --mean-tokens-per-request 4000
     """
-    from collector.analysis.quota import quota_ceiling
-
     if rpm is None and tpm is None:
         raise click.UsageError("give --rpm and/or --tpm")
     try:
@@ -136,11 +138,6 @@ def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
       headroom capacity curve --db headroom.duckdb --caliber requests
       headroom capacity curve --db headroom.duckdb --caliber tokens --since 2026-11-30T09:00:00+00:00 --json
     """
-    from collector.analysis.passive import passive_curve
-    from collector.store.db import RequestStore
-
-    import duckdb
-
     if not Path(db).is_file():
         raise click.ClickException(f"--db {db} does not exist; pass the request log a sidecar or store wrote "
                                    "(e.g. --db headroom.duckdb)")

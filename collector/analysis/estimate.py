@@ -3,39 +3,34 @@
 An estimate comes from a probe run (measured levels) or from traffic (passive buckets). It holds
 the levels, the knee in both calibers, the SLO maximum and the recommended pool for a profile.
 `to_dict()` is the stable JSON schema documented in docs/capacity.md (schema_version 1).
-Estimates are saved in the store's DuckDB, table `capacity_estimates` (created here on first use),
-and `latest_estimates()` returns the newest per model, which the sidecar exports as
-headroom_capacity_* (publish_estimates).
+Estimates are kept by the store (collector.store.estimates, table `capacity_estimates`) as that
+JSON; `save_estimate`, `latest_estimates` and `publish_estimates` here are the typed side of it,
+and the newest estimate per model is what the sidecar and the store export as headroom_capacity_*.
 """
 
 from __future__ import annotations
 
 import re
-import secrets
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
 from collector.analysis.knee import KneeResult, detect_knee
 from collector.analysis.levels import LevelStats, summarize_level
 from collector.analysis.passive import passive_curve
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import Slo, slo_max
+from collector.store import estimates as saved
+from collector.store.capacity_gauges import CapacityGauges
+from collector.store.db import RequestStore
 
 __all__ = ["CapacityEstimate", "build_estimate", "estimate_capacity", "estimate_from_probe", "probe_levels",
            "save_estimate", "latest_estimates", "publish_estimates", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 _LEVEL_IN_ID = re.compile(r"-c(\d+)-\d+(-w)?$")
-_DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
-    estimate_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, model VARCHAR,
-    source VARCHAR, run_id VARCHAR, profile VARCHAR, knee_requests INTEGER, knee_tokens BIGINT,
-    knee_reached BOOLEAN, slo_max INTEGER, recommended_pool INTEGER, confidence VARCHAR,
-    estimate_json VARCHAR NOT NULL)"""
 
 
 @dataclass
@@ -168,43 +163,19 @@ def estimate_capacity(store: Any, model: str | None = None, since: datetime | No
     return _from_traffic(store, model, since, until, slo, profile)
 
 
-def _ensure_table(store: Any) -> None:
-    store.execute(_DDL)
+def save_estimate(store: RequestStore, estimate: CapacityEstimate) -> str:
+    """Save the estimate in the store's capacity_estimates; returns its estimate_id."""
+    return saved.save_estimate(store, estimate.to_dict())
 
 
-def save_estimate(store: Any, estimate: CapacityEstimate) -> str:
-    """Insert the estimate into capacity_estimates; returns its estimate_id."""
-    _ensure_table(store)
-    estimate_id = f"est-{estimate.created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
-    knee = estimate.knee
-    store.execute(
-        "INSERT INTO capacity_estimates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [estimate_id, estimate.created_at, estimate.model, estimate.source, estimate.run_id,
-         estimate.profile, knee.requests, knee.tokens, knee.reached, estimate.slo_max,
-         estimate.recommended_pool, estimate.confidence,
-         orjson.dumps(estimate.to_dict()).decode()])
-    return estimate_id
-
-
-def latest_estimates(store: Any) -> list[CapacityEstimate]:
+def latest_estimates(store: RequestStore) -> list[CapacityEstimate]:
     """The newest saved estimate per model (empty when none were saved yet)."""
-    _ensure_table(store)
-    rows = store.query(
-        "SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
-        "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = 1 "
-        "ORDER BY model")
-    return [CapacityEstimate.from_dict(orjson.loads(row[0])) for row in rows]
+    return [CapacityEstimate.from_dict(data) for data in saved.latest_estimates(store)]
 
 
-def publish_estimates(gauges: Any, estimates: Sequence[CapacityEstimate]) -> None:
+def publish_estimates(gauges: CapacityGauges, estimates: Sequence[CapacityEstimate]) -> None:
     """Replace the headroom_capacity_* gauges with these estimates (both calibers)."""
-    gauges.clear()
-    for estimate in estimates:
-        data = estimate.to_dict()
-        model = estimate.model or "unknown"
-        gauges.set(model, "requests", knee=data["knee_requests"], slo_max=estimate.slo_max,
-                   recommended_pool=estimate.recommended_pool)
-        gauges.set(model, "tokens", knee=data["knee_tokens"], slo_max=estimate.slo_max_tokens)
+    saved.publish_estimates(gauges, [estimate.to_dict() for estimate in estimates])
 
 
 def estimate_from_probe(result: Any, *, slo: Slo = Slo(), profile: str = "interactive"

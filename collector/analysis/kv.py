@@ -1,4 +1,4 @@
-"""KV-cache ceiling from model shape and GPU memory, before measuring anything (DOMAIN §4).
+"""KV-cache ceiling from model shape and GPU memory, before measuring anything (docs/domain.md §4).
 
   usable bytes      = GPU memory x usable fraction - weights - activation reserve
   KV bytes / token  = 2 (K and V) x layers x kv_heads x head_dim x bytes per element

@@ -1,4 +1,4 @@
-"""Little's law as a consistency check on the request log: L = lambda * W (DOMAIN §1).
+"""Little's law as a consistency check on the request log: L = lambda * W (docs/domain.md §1).
 
 Measured L is the time-weighted mean number of requests in flight over a window, from each row's
 admitted_at/completed_at (or from a live counter such as the probe's). Predicted L is the

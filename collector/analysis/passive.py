@@ -1,4 +1,4 @@
-"""Passive capacity curves from live traffic: no load test, just the request log (DOMAIN §7).
+"""Passive capacity curves from live traffic: no load test, just the request log (docs/domain.md §7).
 
 Every `source='traffic'` row carries the concurrency it saw at admission, in both calibers
 (`inflight_at_admit`, `active_tokens_at_admit`). Method:

@@ -26,6 +26,7 @@ def _mark(ax: Any, x: int | None, label: str, color: str, style: str) -> None:
 
 def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> bytes:
     """PNG bytes of the two-panel plot for a CapacityEstimate."""
+    # lazy: matplotlib loads only when a plot is drawn, never on the probe's or the sidecar's path
     import matplotlib
 
     matplotlib.use("Agg")

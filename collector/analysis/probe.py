@@ -33,7 +33,7 @@ from collector.analysis.probe_request import InflightMeter, RequestSpec, estimat
 from collector.analysis.prompts import PromptPicker, load_prompts
 from collector.analysis.slo import Slo
 from collector.analysis.stats import percentile, seconds
-from collector.sidecar.upstream import UpstreamClient
+from collector.upstream import UpstreamClient
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
 
 __all__ = ["ProbeSettings", "LevelRun", "ProbeResult", "ProbeError", "run_probe",

@@ -4,8 +4,8 @@ The probe is its own client, so it measures what a client sees: TTFT to the firs
 content or a tool call (a role-only chunk is not a token), TPOT = (e2e - TTFT) / (n - 1) with n
 from the upstream `usage` chunk. It also keeps the probe's own dual-caliber concurrency
 (InflightMeter), which becomes each row's inflight_at_admit / active_tokens_at_admit, and its
-time integral, which feeds the Little's-law check. The stream is parsed with the sidecar's
-collector.sidecar.sse, the same reader the proxy uses.
+time integral, which feeds the Little's-law check. The stream is parsed with
+collector.sse, the same reader the proxy uses.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from collector.sidecar.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
-from collector.sidecar.upstream import UpstreamClient
+from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
+from collector.upstream import UpstreamClient
 
 __all__ = ["InflightMeter", "RequestSpec", "send_one", "outcome_for_status", "estimate_tokens"]
 

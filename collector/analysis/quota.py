@@ -1,4 +1,4 @@
-"""Quota ceilings: the concurrency an account's RPM and TPM allow (DOMAIN §2.1).
+"""Quota ceilings: the concurrency an account's RPM and TPM allow (docs/domain.md §2.1).
 
   by RPM: RPM x mean_e2e_s / 60
   by TPM: TPM x mean_e2e_s / (60 x mean_tokens_per_request)     (tokens = input + output)

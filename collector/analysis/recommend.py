@@ -1,4 +1,4 @@
-"""The recommended production pool, by profile (DOMAIN §2, issue 5).
+"""The recommended production pool, by profile (docs/domain.md §2.4).
 
   interactive  min(SLO max, floor(0.7 x knee))   largest concurrency meeting p95, with headroom
   semi         floor(0.8 x knee)                 throughput first, p95 relaxed

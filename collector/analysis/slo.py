@@ -1,4 +1,4 @@
-"""The SLO maximum: the largest measured concurrency whose latency meets the SLO (DOMAIN §2.4).
+"""The SLO maximum: the largest measured concurrency whose latency meets the SLO (docs/domain.md §2.4).
 
 A level meets the SLO when its p95 TTFT and p95 TPOT are within the targets given and its error
 ratio is within `max_error_ratio`. The SLO maximum is the top of the run of passing levels that

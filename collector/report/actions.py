@@ -4,7 +4,7 @@ Thresholds are conventions, kept here with their reasons:
 - KNEE_MOVE 10 %: below that, a re-measured knee is within run-to-run noise; above, the pool
   (70-80 % of the knee) should follow it.
 - PEAK_SHARE 80 %: a pool is 70-80 % of the knee, so a peak above 80 % of the knee is past the
-  pool and into the region where TTFT stretches (DOMAIN §2).
+  pool and into the region where TTFT stretches (docs/domain.md §2.2).
 - TTFT_RISE 20 %: week-over-week p95 TTFT growth worth a look even inside the SLO (TTFT rises first).
 - RATE_LIMITED and ERRORS 1 %: one request in a hundred failing is visible to users.
 """

@@ -1,73 +1,26 @@
-"""`headroom report`, and the two entry points the store uses: on-demand and weekly reports."""
+"""`headroom report`: the weekly capacity review on the command line, from a DuckDB file or a store.
+
+The review itself is collector.report.review; this module only reads the options, opens the
+database (or asks a running `headroom store`) and writes the text.
+"""
 
 from __future__ import annotations
 
-import os
 import sys
-from datetime import datetime
 from pathlib import Path
 
 import click
+import httpx
+from rich.console import Console
 
-__all__ = ["report", "render_report", "render_report_from_store", "write_report_files", "FORMATS"]
+from collector.report.review import FORMATS, render_report_from_store
+from collector.store.db import RequestStore
+from collector.timewin import parse_duration
 
-FORMATS = ("md", "html", "json")
-
-
-def render_report(report: dict, fmt: str) -> str:
-    """One of md | html | json from a build_report dict."""
-    if fmt == "md":
-        from collector.report.render_md import render_md
-        return render_md(report)
-    if fmt == "html":
-        from collector.report.render_html import render_html
-        return render_html(report)
-    if fmt == "json":
-        from collector.report.render_json import render_json
-        return render_json(report)
-    raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
-
-
-def build_from_store(store, since: str, now: datetime | None = None, slo_ttft_p95_s: float | None = None) -> dict:
-    """The report dict for the window `since` (e.g. '7d') back from `now`."""
-    from collector.report.build import build_report
-    from collector.report.collect import collect_inputs
-    from collector.service.timewin import parse_duration, utc_now
-
-    now = now or utc_now()
-    return build_report(collect_inputs(store, now - parse_duration(since), now, slo_ttft_p95_s=slo_ttft_p95_s))
-
-
-def render_report_from_store(store, since: str, fmt: str, now: datetime | None = None,
-                             slo_ttft_p95_s: float | None = None) -> str:
-    """Build and render in one call (the store's /v1/report)."""
-    return render_report(build_from_store(store, since, now, slo_ttft_p95_s), fmt)
-
-
-def write_report_files(store, report_dir: Path, since: str, now: datetime,
-                       slo_ttft_p95_s: float | None = None) -> list[Path]:
-    """The weekly job: capacity-review-<date>.{md,html,json} plus latest.html, written atomically."""
-    report = build_from_store(store, since, now, slo_ttft_p95_s)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for fmt in FORMATS:
-        path = report_dir / f"capacity-review-{now:%Y-%m-%d}.{fmt}"
-        _write_atomic(path, render_report(report, fmt))
-        written.append(path)
-    latest = report_dir / "latest.html"
-    _write_atomic(latest, written[1].read_text())
-    return written + [latest]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+__all__ = ["report"]
 
 
 def _from_store_url(url: str, token: str | None, since: str, fmt: str, slo: float | None) -> str:
-    import httpx
-
     params = {"since": since, "format": fmt} | ({"slo_ttft_p95_s": slo} if slo is not None else {})
     try:
         response = httpx.get(url.rstrip("/") + "/v1/report", params=params, timeout=300,
@@ -83,10 +36,6 @@ def _from_store_url(url: str, token: str | None, since: str, fmt: str, slo: floa
 
 
 def _from_db(db: str, since: str, fmt: str, slo: float | None) -> str:
-    from rich.console import Console
-
-    from collector.store.db import RequestStore
-
     if not Path(db).exists():
         raise click.ClickException(f"database {db} does not exist; pass the sidecar's or store's --db file")
     try:
@@ -124,8 +73,6 @@ def report(since: str, fmt: str, db: str | None, store_url: str | None, token: s
       headroom report --store-url http://127.0.0.1:9200 --token "$(cat fleet.duckdb.token)" \\
                       --format html --out review.html
     """
-    from collector.service.timewin import parse_duration
-
     try:
         parse_duration(since)
     except ValueError as exc:

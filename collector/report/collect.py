@@ -10,9 +10,9 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
-import orjson
 
 from collector.store.db import RequestStore
+from collector.store.estimates import latest_estimates
 
 __all__ = ["ReportInputs", "collect_inputs", "empty_columns", "COLUMNS"]
 
@@ -65,15 +65,8 @@ def _columns(store: RequestStore, since: datetime, until: datetime) -> dict[str,
 
 
 def _estimates(store: RequestStore, rank: int) -> dict[str, dict[str, Any]]:
-    """The rank-th newest estimate per model (1 = latest) from analysis's capacity_estimates."""
-    exists = store.query("SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'")
-    if not exists[0][0]:
-        return {}
-    rows = store.query(
-        "SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
-        "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = ?", [rank])
-    found = [orjson.loads(row[0]) for row in rows]
-    return {item.get("model") or "unknown": item for item in found}
+    """The rank-th newest estimate per model (1 = latest), keyed by model."""
+    return {item.get("model") or "unknown": item for item in latest_estimates(store, rank)}
 
 
 def collect_inputs(store: RequestStore, since: datetime, until: datetime, *,

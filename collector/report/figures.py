@@ -52,7 +52,7 @@ def nearest_power_of_two(values: np.ndarray) -> np.ndarray:
 
 def littles_law(admitted: np.ndarray, completed: np.ndarray, e2e: np.ndarray, start: float, end: float,
                 tolerance: float) -> dict[str, float | bool | None]:
-    """Time-weighted mean in-flight over [start, end] vs completion rate x mean e2e (DOMAIN §1),
+    """Time-weighted mean in-flight over [start, end] vs completion rate x mean e2e (docs/domain.md §1),
     as collector.analysis.littles_law defines it, on arrays of POSIX seconds."""
     span = end - start
     known = ~np.isnan(admitted) & ~np.isnan(completed)

@@ -18,10 +18,11 @@ _CSS = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}table{b
 
 def curve_png(model: dict[str, Any]) -> bytes:
     """PNG of the passive capacity curve (p95 TTFT by concurrency bucket), both calibers side by side."""
+    # lazy: matplotlib loads only when an HTML review is drawn
     import matplotlib
 
     matplotlib.use("Agg")
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # no pyplot: no global state, safe in threads
 
     figure = Figure(figsize=(9, 3.2), dpi=90)
     slo = model["slo"]["ttft_p95_s"]

@@ -1,10 +1,10 @@
-"""Dashboards and alert rules as code, generated from the metric catalog.
+"""What the generated dashboards and alerts share, so the two never disagree.
 
-    config.py        thresholds, SLOs, `for:` durations (one place, a sentence each)
-    naming.py        `level:metric:operations` record names, catalog sample names
-    recording.py     recording rules            alerting.py     alerting rules
-    alertmanager.py  on-call routes/inhibition  dashboards.py   Grafana dashboards (panels.py builders)
-    promtool_tests.py, recording_tests.py       promtool unit tests rendered beside the rules
-    render.py        deterministic YAML/JSON    bundle.py       file name -> rendered text
-    push.py          grafana-client upload      cli.py          `headroom dashboards|alerts ...`
+    config.py    thresholds, SLOs, `for:` durations (one place, a sentence each)
+    naming.py    `level:metric:operations` conventions, catalog sample names
+    records.py   the recording-rule names (`R`), read by panels and alerts alike
+    render.py    deterministic YAML/JSON and the do-not-edit notice
+    files.py     writing generated files, or checking the committed copies
+
+The generators themselves are the sibling packages collector.dashboards and collector.alerts.
 """

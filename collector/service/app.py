@@ -18,15 +18,18 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel, ConfigDict, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from collector.analysis.refresh import refresh_estimates
 from collector.catalog import spec
+from collector.report.review import LATEST_REPORT_NAME, render_report_from_store, write_report_files
 from collector.service.auth import require_token
 from collector.service.ingest import build_ingest_router
 from collector.service.queries import build_query_router
+from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.estimates import publish_stored
+from collector.store.jobs import JobSettings, build_scheduler
 
 __all__ = ["create_store_app", "LATEST_REPORT_NAME"]
-
-LATEST_REPORT_NAME = "latest.html"
 _WRITTEN = spec("headroom_log_rows_written_total")
 
 
@@ -36,7 +39,7 @@ def _validation_as_400(request: Request, exc: RequestValidationError) -> JSONRes
     return JSONResponse(status_code=400, content={"detail": problems})
 
 
-def _registry(gauges) -> tuple[CollectorRegistry, Counter]:
+def _registry(gauges: CapacityGauges | None) -> tuple[CollectorRegistry, Counter]:
     registry = CollectorRegistry()
     written = Counter(_WRITTEN.name, _WRITTEN.help, registry=registry)
     if gauges is not None:
@@ -44,18 +47,15 @@ def _registry(gauges) -> tuple[CollectorRegistry, Counter]:
     return registry, written
 
 
-def _lifespan(store: RequestStore, gauges, job_settings):
+def _lifespan(store: RequestStore, gauges: CapacityGauges | None, job_settings: JobSettings | None):
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         scheduler = None
         if gauges is not None:
-            from collector.service.estimates import publish_stored
-
             await run_in_threadpool(publish_stored, store, gauges)
         if job_settings is not None:
-            from collector.service.jobs import build_scheduler
-
-            scheduler = build_scheduler(store, gauges, job_settings)
+            scheduler = build_scheduler(store, gauges, job_settings, refresh=refresh_estimates,
+                                        review=write_report_files)
             scheduler.start()
         app.state.scheduler = scheduler
         try:
@@ -80,8 +80,6 @@ def _add_report_routes(app: FastAPI, store: RequestStore, report_dir: Path | Non
     @app.get("/v1/report", dependencies=[auth], tags=["report"],
              summary="Build the capacity review for a window now (md, html or json)")
     async def report(q: Annotated[ReportQuery, Query()]) -> Response:
-        from collector.report.cli import render_report_from_store
-
         text = await run_in_threadpool(render_report_from_store, store, q.since, q.format,
                                       None, q.slo_ttft_p95_s)
         media = {"md": "text/markdown", "html": "text/html", "json": "application/json"}[q.format]
@@ -97,13 +95,14 @@ def _add_report_routes(app: FastAPI, store: RequestStore, report_dir: Path | Non
         return HTMLResponse(path.read_text())
 
 
-def create_store_app(store: RequestStore, token: str, *, gauges=None, job_settings=None,
+def create_store_app(store: RequestStore, token: str, *, gauges: CapacityGauges | None = None,
+                     job_settings: JobSettings | None = None,
                      report_dir: str | Path | None = None) -> FastAPI:
     """The store service around an open RequestStore; `token` guards everything but health/metrics."""
     if not token:
         raise ValueError("create_store_app needs a non-empty token (see collector.service.auth.resolve_token)")
     if report_dir is None and job_settings is not None:
-        report_dir = getattr(job_settings, "report_dir", None)
+        report_dir = job_settings.report_dir
     registry, written = _registry(gauges)
     auth = Depends(require_token(token))
     app = FastAPI(title="llm-headroom store", lifespan=_lifespan(store, gauges, job_settings),

@@ -45,14 +45,15 @@ def store(db_path: str, listen: str, token: str | None, export_dir: str | None, 
       curl -H "Authorization: Bearer $(cat fleet.duckdb.token)" \\
            'http://127.0.0.1:9200/v1/query/percentiles?metric=ttft_s&group_by=model,hour&since=24h'
     """
+    # lazy: `headroom store --help` must not load uvicorn, FastAPI, DuckDB and the analysis
     import uvicorn
     from rich.console import Console
 
     from collector.service.app import create_store_app
     from collector.service.auth import resolve_token
-    from collector.service.jobs import JobSettings, parse_weekly_cron
-    from collector.sidecar.capacity_gauges import CapacityGauges
+    from collector.store.capacity_gauges import CapacityGauges
     from collector.store.db import RequestStore
+    from collector.store.jobs import JobSettings, parse_weekly_cron
 
     console = Console(stderr=True)
     host, port = parse_listen(listen)

@@ -14,10 +14,11 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from collector.analysis.estimate import latest_estimates
 from collector.service import querysql
 from collector.service.querysql import Where
-from collector.service.timewin import parse_instant, utc_now
 from collector.store.db import RequestStore
+from collector.timewin import parse_instant, utc_now
 
 __all__ = ["FILTER_VALUE_PATTERN", "WindowQuery", "PercentilesQuery", "build_query_router"]
 
@@ -120,6 +121,11 @@ def _curve_rows(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def _latest_estimate_dicts(store: RequestStore) -> list[dict]:
+    """The newest estimate per model in its documented JSON form (CapacityEstimate.to_dict())."""
+    return [estimate.to_dict() for estimate in latest_estimates(store)]
+
+
 def build_query_router(store: RequestStore, dependencies=()) -> APIRouter:
     """The /v1/query/* routes, each behind `dependencies` (the token check)."""
     router = APIRouter(prefix="/v1/query", tags=["query"], dependencies=list(dependencies))
@@ -153,9 +159,7 @@ def build_query_router(store: RequestStore, dependencies=()) -> APIRouter:
 
     @router.get("/estimate", summary="Latest capacity estimate per model (knee, SLO max, pool, Little's law)")
     async def estimate(q: Annotated[WindowQuery, Query()]) -> dict:
-        from collector.service.estimates import latest_estimate_dicts
-
-        rows = await run_in_threadpool(latest_estimate_dicts, store)
+        rows = await run_in_threadpool(_latest_estimate_dicts, store)
         if q.model is not None:
             rows = [row for row in rows if row.get("model") == q.model]
         return {"rows": rows}

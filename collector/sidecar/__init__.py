@@ -1,6 +1,15 @@
 """The sidecar: a streaming OpenAI-API proxy that tracks every request's lifecycle.
 
-Modules: `config` (settings), `requests` (parsing a request body), `sse` (splitting and reading an
-event stream), `tracker` (live state, dual-caliber gauges, counters, histograms, rows),
-`tenants` (label capping), `proxy` (the ASGI handlers), `app` (wiring), `cli` (`headroom run`).
+    config.py    SidecarConfig: everything `headroom run` can be told
+    wiring.py    build_sidecar: the one place that decides the sources, sinks and jobs from a config
+    app.py       create_app: the HTTP surface (proxy routes, /metrics, /healthz) and its lifespan
+    proxy.py     the ASGI handlers: accounted completions and the untouched pass-through
+    requests.py  reading a request body: model, stream flags, a prompt-token estimate
+    tracker.py   live state, the dual-caliber gauges, counters, histograms, one row per request
+    tenants.py   tenant resolution and label capping
+    otel.py      OtelSink: one OpenTelemetry GenAI span per finished row
+    cli.py       `headroom run`
+
+Rows leave through RowSinks (collector.record); the request log's writer and shipper are in
+collector.store, the engine and GPU sources in collector.sources.
 """

@@ -1,36 +1,53 @@
-"""create_app: wire the proxy, the tracker, the request log and the sources into one ASGI app.
+"""create_app: the sidecar's HTTP surface, serving and running the parts it is given.
 
 Routes: POST /v1/chat/completions and /v1/completions (accounted), any other /v1/* (passed
 through), GET /metrics (Prometheus text format), GET /healthz. The lifespan opens the pooled
-upstream client, starts the engine poller, and on shutdown flushes every request-log row.
+upstream client, starts the engine poller and the in-process store's jobs, and on shutdown stops
+them and closes every sink, which writes every request-log row that is still queued.
+
+Which parts a sidecar has (sources, sinks, jobs) is decided in one place, collector.sidecar.wiring;
+this module never looks at the config to choose them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
+from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.routing import Route
 
 from collector import __version__
-from collector.sidecar.capacity_gauges import CapacityGauges
+from collector.record import RowSink
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.proxy import CompletionsProxy, PassThrough
 from collector.sidecar.tenants import LabelCap
 from collector.sidecar.tracker import Tracker
-from collector.sidecar.upstream import UpstreamClient
-from collector.store.writer import BatchSink, LogWriter
+from collector.sources import EngineSource
+from collector.upstream import UpstreamClient
 
-__all__ = ["create_app", "ACCOUNTED_PATHS"]
+__all__ = ["create_app", "SidecarParts", "ACCOUNTED_PATHS"]
 
 log = logging.getLogger(__name__)
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+@dataclass
+class SidecarParts:
+    """What a sidecar runs besides its proxy; collector.sidecar.wiring builds them from a config."""
+
+    registry: CollectorRegistry  # what /metrics exports: the tracker's metrics, sources, gauges, sinks'
+    tracker: Tracker  # live requests and per-request metrics; every finished row goes to the sinks
+    sinks: Sequence[RowSink] = ()  # each finished row goes to every sink; closed in order at shutdown
+    engine: EngineSource | None = None  # polled while serving; its latest snapshot goes into each row
+    scheduler: BackgroundScheduler | None = None  # the in-process store's jobs, run while serving
 
 
 def _upstream_client(config: SidecarConfig) -> UpstreamClient:
@@ -49,85 +66,47 @@ def _without_credentials(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
-def _open_batch_sink(config: SidecarConfig) -> BatchSink | None:
-    if config.db_path is None:
-        return None
-    from collector.store.db import RequestStore
-
-    return RequestStore(config.db_path)
-
-
-def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], None] | object] = (),
-               engine=None, collectors: Iterable[object] = (),
-               capacity: CapacityGauges | None = None,
-               batch_sink: BatchSink | None = None,
-               jobs: Callable[[object, CapacityGauges], object] | None = None,
-               close_batch_sink: bool | None = None) -> FastAPI:
-    """Build the sidecar. `batch_sink` defaults to an in-process RequestStore at config.db_path.
-
-    `jobs(store, capacity)` returns an APScheduler scheduler (not started) for the in-process
-    store; the lifespan starts it and shuts it down. It is ignored when rows go elsewhere.
-    `close_batch_sink` (default: only when the app opened the sink itself) closes the sink at
-    shutdown, after the last rows were written.
-    """
-    registry = CollectorRegistry()
-    tracker = Tracker(registry, instance=config.instance, source=config.source, run_id=config.run_id)
-    capacity = capacity or CapacityGauges()
-    registry.register(capacity)
-    for extra in collectors:
-        registry.register(extra)
-    if engine is not None:
-        registry.register(engine)
-    sink = batch_sink if batch_sink is not None else _open_batch_sink(config)
-    writer = None
-    if sink is not None:
-        writer = LogWriter(sink, registry, max_queue_rows=config.log_queue_rows,
-                           batch_rows=config.log_batch_rows,
-                           flush_interval_s=config.log_flush_interval_s)
-        tracker.add_row_sink(writer.submit)
-    for extra_sink in row_sinks:
-        tracker.add_row_sink(getattr(extra_sink, "submit", extra_sink))
-    session = _upstream_client(config)
-    scheduler = jobs(sink, capacity) if jobs is not None and batch_sink is None and sink else None
+def _lifespan(parts: SidecarParts, session: UpstreamClient):
+    """Start the upstream client, the engine poller and the jobs; stop them, then close the sinks."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await session.open()
-        if engine is not None:
-            await engine.start()
-        if scheduler is not None:
-            scheduler.start()
+        if parts.engine is not None:
+            await parts.engine.start()
+        if parts.scheduler is not None:
+            parts.scheduler.start()
         try:
             yield
         finally:
-            if scheduler is not None:
-                scheduler.shutdown(wait=False)
-            if engine is not None:
-                await engine.stop()
+            if parts.scheduler is not None:
+                parts.scheduler.shutdown(wait=False)
+            if parts.engine is not None:
+                await parts.engine.stop()
             await session.close()
-            if writer is not None:
-                writer.close()
-            for extra_sink in row_sinks:
-                close = getattr(extra_sink, "close", None)
-                if close is not None:
-                    close()
-            sink_close = getattr(sink, "close", None)
-            if sink_close is not None and (batch_sink is None if close_batch_sink is None
-                                           else close_batch_sink):
-                sink_close()
+            for sink in parts.sinks:
+                sink.close()
 
-    app = FastAPI(title="llm-headroom sidecar", version=__version__, lifespan=lifespan,
+    return lifespan
+
+
+def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
+    """The sidecar's ASGI app around `parts`: it starts and stops them, and closes every sink."""
+    tracker = parts.tracker
+    for sink in parts.sinks:
+        tracker.add_row_sink(sink.submit)
+    session = _upstream_client(config)
+    app = FastAPI(title="llm-headroom sidecar", version=__version__, lifespan=_lifespan(parts, session),
                   docs_url=None, redoc_url=None, openapi_url=None)
     proxy = CompletionsProxy(session, config.upstream, tracker, tenant_header=config.tenant_header,
                              tenant_cap=LabelCap(config.max_tenants),
-                             model_cap=LabelCap(config.max_models), engine=engine)
-    passthrough = PassThrough(session, config.upstream)
+                             model_cap=LabelCap(config.max_models), engine=parts.engine)
     for path in ACCOUNTED_PATHS:
         app.router.routes.append(Route(path, proxy, methods=["POST"]))
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(parts.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
@@ -135,9 +114,8 @@ def create_app(config: SidecarConfig, *, row_sinks: Sequence[Callable[[dict], No
                              "upstream": _without_credentials(config.upstream),
                              "instance": config.instance})
 
-    app.router.routes.append(Route("/v1/{path:path}", passthrough,
+    app.router.routes.append(Route("/v1/{path:path}", PassThrough(session, config.upstream),
                                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]))
-    app.state.tracker, app.state.registry, app.state.writer = tracker, registry, writer
-    app.state.capacity, app.state.batch_sink, app.state.config = capacity, sink, config
-    app.state.scheduler = scheduler
+    app.state.config, app.state.tracker, app.state.registry = config, tracker, parts.registry
+    app.state.scheduler = parts.scheduler
     return app

@@ -1,4 +1,4 @@
-"""`headroom run`: the sidecar command line (thin shell over create_app and uvicorn)."""
+"""`headroom run`: the sidecar command line (thin shell over build_sidecar and uvicorn)."""
 
 from __future__ import annotations
 
@@ -7,64 +7,12 @@ import os
 import socket
 
 import click
+import uvicorn
 
-from collector.sidecar.config import SidecarConfig, parse_listen
+from collector.serving import parse_listen
+from collector.sidecar.config import SidecarConfig
 
-__all__ = ["run", "build_sidecar"]
-
-
-
-def _job_factory(config: SidecarConfig, retention_days: int):
-    """Scheduled jobs for the in-process store: rollups, retention to Parquet, estimates, report."""
-    from pathlib import Path
-
-    from collector.service.jobs import JobSettings, build_scheduler
-
-    base = Path(config.db_path or "headroom.duckdb")
-    settings = JobSettings(export_dir=base.with_suffix(".parquet"),
-                           report_dir=base.with_suffix(".reports"), retention_days=retention_days)
-    return lambda store, capacity: build_scheduler(store, capacity, settings)
-
-
-def build_sidecar(config: SidecarConfig, *, jobs: bool = True, retention_days: int = 30,
-                  engine_mapping: str | None = None):
-    """Create the sidecar app with every source and sink the config asks for.
-
-    Raises ValueError naming the bad setting (e.g. an unknown engine or a broken mapping file).
-    """
-    from collector.sidecar.app import create_app
-    from collector.sidecar.capacity_gauges import CapacityGauges
-
-    from collector.sources import build_engine_source, default_metrics_url
-    from collector.sources.gpu import GpuCollector
-
-    engine = None
-    if config.engine != "none":
-        metrics_url = config.engine_metrics_url or default_metrics_url(config.upstream)
-        engine = build_engine_source(config.engine, metrics_url, config.engine_poll_interval_s,
-                                     mapping_path=engine_mapping)
-    collectors = []
-    gpu = GpuCollector()
-    if engine is not None:
-        engine.attach(gpu)  # one headroom_source_scrape_* family for both sources
-    else:
-        collectors.append(gpu)
-    row_sinks = []
-    otlp = config.otlp_endpoint
-    if otlp:
-        from collector.otel import OtelSink
-
-        row_sinks.append(OtelSink(endpoint=otlp, upstream=config.upstream))
-    batch_sink = None
-    if config.store_url:
-        from collector.service.shipper import StoreShipper
-
-        batch_sink = StoreShipper(config.store_url, config.store_token, config.spool_dir)
-    capacity = CapacityGauges()
-    job_factory = _job_factory(config, retention_days) if jobs and batch_sink is None else None
-    return create_app(config, row_sinks=row_sinks, engine=engine, collectors=collectors,
-                      capacity=capacity, batch_sink=batch_sink, jobs=job_factory,
-                      close_batch_sink=True)
+__all__ = ["run"]
 
 
 @click.command("run")
@@ -121,9 +69,10 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
     """
+    # lazy: `headroom run --help` must not load DuckDB and the whole sidecar
     import duckdb
-    import uvicorn
 
+    from collector.sidecar.wiring import build_sidecar
     from collector.store.schema import SchemaTooNew
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -136,10 +85,10 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
             db_path=None if store_url else db_path, instance=instance, tenant_header=tenant_header,
             max_tenants=max_tenants, store_url=store_url, store_token=store_token,
             spool_dir=spool_dir, engine=engine, engine_metrics_url=engine_metrics_url,
-            engine_poll_interval_s=engine_poll_interval, otlp_endpoint=otlp_endpoint,
-            read_timeout_s=read_timeout)
-        app = build_sidecar(config, jobs=jobs, retention_days=retention_days,
-                            engine_mapping=engine_mapping)
+            engine_poll_interval_s=engine_poll_interval, engine_mapping=engine_mapping,
+            otlp_endpoint=otlp_endpoint, read_timeout_s=read_timeout, jobs=jobs,
+            retention_days=retention_days)
+        app = build_sidecar(config)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     except (duckdb.Error, SchemaTooNew) as exc:  # locked by another process, not DuckDB, too new

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-__all__ = ["SidecarConfig", "parse_listen"]
+__all__ = ["SidecarConfig"]
 
 
 @dataclass
@@ -25,8 +25,12 @@ class SidecarConfig:
     spool_dir: str | None = None
     engine: str = "none"
     engine_metrics_url: str | None = None
+    engine_mapping: str | None = None  # YAML mapping file for engine "generic"
     engine_poll_interval_s: float = 1.0
     otlp_endpoint: str | None = None
+    # The store's scheduled jobs run only where this sidecar owns its database (db_path, no store_url).
+    jobs: bool = True
+    retention_days: int = 30
     source: str = "traffic"
     run_id: str | None = None
     # Upstream client: connect fast or fail; between two chunks a long prefill may take minutes.
@@ -52,11 +56,3 @@ class SidecarConfig:
         if self.max_tenants < 1:
             raise ValueError(f"--max-tenants must be at least 1, got {self.max_tenants}")
 
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """'HOST:PORT' -> (host, port); '[::1]:9100' works too. Raises ValueError naming the input."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
-        raise ValueError(f"--listen {value!r} is not HOST:PORT with a port 1-65535 "
-                         "(e.g. 127.0.0.1:9100)")
-    return host.strip("[]"), int(port)

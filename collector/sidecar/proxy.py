@@ -5,7 +5,7 @@ before it starts the client's response, yet (2) keep the upstream wait cancellab
 goes away. Each accounted request runs its upstream exchange in a task while a watcher awaits the
 client's `http.disconnect`; whichever ends first decides. The terminal transition is synchronous
 and idempotent, so the `finally` blocks here can always complete it, even under cancellation
-(the gauge leak peers had, shared/DOMAIN.md §9).
+(the gauge leak peers had, docs/domain.md §9).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import orjson
 from yarl import URL
 
 from collector.sidecar.requests import ParsedRequest, parse_request
-from collector.sidecar.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.sidecar.tenants import resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
-from collector.sidecar.upstream import UpstreamClient
+from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
+from collector.upstream import UpstreamClient
 
 __all__ = ["CompletionsProxy", "PassThrough", "outcome_for_status"]
 

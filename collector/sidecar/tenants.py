@@ -1,6 +1,6 @@
 """Tenant and model label values, capped so a hostile or careless client cannot grow series.
 
-Tenant (shared/DESIGN.md): the configured header's value, else `key-` + the first 8 hex digits
+Tenant (docs/design.md §4.2): the configured header's value, else `key-` + the first 8 hex digits
 of sha256(bearer token), else `anonymous`. At most `limit` distinct values become label values;
 every later newcomer is labelled `other`. Request IDs are never labels.
 """

@@ -1,6 +1,6 @@
 """The lifecycle tracker: live request state, the dual-caliber gauges, counters, histograms, rows.
 
-Lifecycle (shared/DESIGN.md): admit -> first byte -> first token -> generated chunks -> exactly one
+Lifecycle (docs/design.md §4.2): admit -> first byte -> first token -> generated chunks -> exactly one
 terminal transition. The gauges are not incremented and decremented: they are *computed* at scrape
 time from the set of live requests, so a request that leaves the set (by its one idempotent
 `finish`) can never leak a gauge. Everything here runs on the event loop thread; the per-chunk

@@ -54,10 +54,11 @@ def sim(listen: str, flavor: str, model: str, max_num_seqs: int, max_num_batched
       headroom sim --cost-profile cpu --max-num-seqs 4    # compute-bound, like llama.cpp on a CPU
       curl -N localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}],"stream":true}'
     """
+    # lazy: `headroom sim --help` must not load uvicorn and the simulator's FastAPI app
     import uvicorn
 
+    from collector.serving import parse_listen
     from collector.sim.app import create_sim_app
-    from collector.sidecar.config import parse_listen
     from collector.sim.config import SimConfig
 
     try:

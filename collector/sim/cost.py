@@ -92,7 +92,7 @@ def predicted_knee(max_num_seqs: int, kv_cache_tokens: int, block_size: int,
     """Largest batch the engine can run for fixed-length requests: the throughput knee.
 
     min(max_num_seqs, floor(num_blocks / blocks per request at full length)); the KV term is the
-    memory ceiling of shared/DOMAIN.md §4 in blocks. Example: (8, 4400, 16, 1000, 64) -> 4.
+    memory ceiling of docs/domain.md §4 in blocks. Example: (8, 4400, 16, 1000, 64) -> 4.
     """
     num_blocks = kv_cache_tokens // block_size
     per_request = blocks_for(prompt_tokens + output_tokens, block_size)

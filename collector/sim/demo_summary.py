@@ -1,7 +1,7 @@
 """What `headroom demo` reports, computed from the DuckDB log the sidecar wrote.
 
 Per concurrency level: request counts, 429s, output tokens/s and exact p50/p95/p99 TTFT and TPOT
-(`quantile_cont`, DOMAIN §11: the request log is the ground truth); the time course of both
+(`quantile_cont`, docs/domain.md §11: the request log is the ground truth); the time course of both
 calibers from the sidecar's /metrics; and, where the capacity analysis is built, the knee in both
 calibers and the recommended pool (collector.analysis), else the raw table alone.
 """
@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from collector.analysis.estimate import build_estimate, publish_estimates, save_estimate
+from collector.analysis.levels import summarize_level
+from collector.analysis.slo import Slo
 from collector.sim.workload import CaliberSample
 
 __all__ = ["LevelWindow", "level_table", "caliber_course", "capacity_estimate", "sparkline",
@@ -103,13 +106,7 @@ def caliber_course(samples: Sequence[CaliberSample], levels: Sequence[int]) -> d
 
 def capacity_estimate(store, windows: Sequence[LevelWindow], model: str,
                       slo_ttft_p95_s: float | None, gauges=None) -> dict | None:
-    """Knee and recommended pool from collector.analysis (saved and published); None without it."""
-    try:
-        from collector.analysis.estimate import build_estimate, publish_estimates, save_estimate
-        from collector.analysis.levels import summarize_level
-        from collector.analysis.slo import Slo
-    except ImportError:
-        return None
+    """Knee and recommended pool from collector.analysis (saved and published); None under 2 levels."""
     levels = []
     for w in windows:
         rows = store.query_dicts("SELECT * FROM requests WHERE admitted_at >= ? AND admitted_at < ? "

@@ -1,7 +1,7 @@
 """The simulator's engine `/metrics`, in the real metric names of the chosen flavor.
 
 One collector builds fresh families per scrape from Engine.state(), so an engine source under test
-sees exactly what vLLM, SGLang or llama.cpp (`--metrics`) would expose (shared/DOMAIN.md §8):
+sees exactly what vLLM, SGLang or llama.cpp (`--metrics`) would expose (docs/domain.md §8):
 
   vllm      vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc
             (or the pre-0.10 vllm:gpu_cache_usage_perc), vllm:cache_config_info{num_gpu_blocks,

@@ -1,7 +1,7 @@
 """The demo's mixed workload and its live view of both calibers.
 
 `mixed_payload(seed)` yields chat bodies: mostly short questions, every `long_every`-th a long
-document (shared/DOMAIN.md §3: mixed loads expose token-caliber shortfalls that single-length tests
+document (docs/domain.md §3: mixed loads expose token-caliber shortfalls that single-length tests
 hide). `CaliberSampler` polls the sidecar's /metrics and keeps a time course of in-flight requests
 (request caliber), active tokens (token caliber) and the engine's queue and KV usage.
 """
@@ -33,7 +33,7 @@ SAMPLED = {
 def mixed_payload(seed: int, long_every: int = 10, long_words: int = 300, max_tokens: int = 64):
     """A payload(worker, index) for collector.sim.load.run_level: short and long prompts, seeded.
 
-    Output length is locked (max_tokens + ignore_eos, DOMAIN §7) so levels compare like for like.
+    Output length is locked (max_tokens + ignore_eos, docs/domain.md §7) so levels compare like for like.
     Example: a short body asks one question (~20 tokens); a long one carries ~600 tokens.
     """
     def make(worker: int, index: int) -> dict:

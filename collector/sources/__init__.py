@@ -3,17 +3,21 @@
     source = build_engine_source("vllm", "http://127.0.0.1:8000/metrics", 1.0)
     await source.start()          # background polling; source.latest is the last snapshot
     source.latest.waiting, source.latest.kv_usage_ratio
-    registry.register(source)     # exports headroom_engine_* and headroom_source_scrape_*
+    registry.register(SourceHealth([source, GpuCollector()]))
+                                  # headroom_engine_*, headroom_gpu_*, headroom_source_scrape_*{source}
 
 One module per engine (vllm, sglang, tgi, llamacpp, generic), each with a pure parse function;
-`detect` for `--engine auto`, `poller` for the background loop, `gpu` for NVML.
+`detect` for `--engine auto`, `poller` for the background loop, `gpu` for NVML, `health` for the
+one collector that adds every source's scrape success and duration.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from collector.sources import scrapers
 from collector.sources.base import EngineSnapshot
+from collector.sources.generic import load_mapping
 from collector.sources.poller import EngineSource
 
 __all__ = ["ENGINES", "EngineSnapshot", "EngineSource", "build_engine_source",
@@ -49,9 +53,6 @@ def build_engine_source(engine: str, metrics_url: str | None, poll_interval_s: f
     `timeout_s` bounds each poll (default: the poll interval, at least 0.5 s and at most 2 s).
     `engine` may be `generic:MAPPING.yaml`, or `generic` with `mapping_path`.
     """
-    from collector.sources import scrapers
-    from collector.sources.generic import load_mapping
-
     name, mapping_path = _split_engine(engine, mapping_path)
     if name == "none":
         return None

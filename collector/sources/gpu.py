@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from collector.catalog import spec
-from collector.sources.poller import scrape_families
+from collector.sources.health import ScrapeHealth
 
 try:  # nvidia-ml-py; absent or broken installs must not stop the sidecar
     import pynvml
@@ -73,6 +73,7 @@ class GpuCollector:
         self._devices: list[_Device] | None = None
         self._next_init_at = 0.0
         self._lock = threading.Lock()
+        self.last_scrape = ScrapeHealth(False, None)  # how the latest collect() went
 
     def _init(self) -> list[_Device] | None:
         """Initialise NVML once and cache the devices; None (with a reason) when unavailable."""
@@ -111,13 +112,12 @@ class GpuCollector:
         return [_read_device(device) for device in devices]
 
     def collect(self):
-        """Fresh headroom_gpu_* families plus the gpu source's scrape success and duration."""
+        """Fresh headroom_gpu_* families; `last_scrape` says whether every GPU read, and how long."""
         started = time.perf_counter()
         readings = self.read()
-        families = gpu_families(readings)
         success = readings is not None and all(reading.up for reading in readings)
-        families.extend(scrape_families(self.source, success, time.perf_counter() - started))
-        return families
+        self.last_scrape = ScrapeHealth(success, time.perf_counter() - started)
+        return gpu_families(readings)
 
 
 def _utilization(handle) -> dict[str, float]:

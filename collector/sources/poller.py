@@ -6,7 +6,8 @@ trickles bytes or returns megabytes of garbage never holds the loop that proxies
 only turns `headroom_engine_up` to 0 and the snapshot's values to None (unknown).
 
 `collect()` builds fresh metric families per scrape from the last snapshot, with HELP text from
-the catalog ("as of the last poll").
+the catalog ("as of the last poll"); `last_scrape` is how that poll went, which
+collector.sources.health.SourceHealth exports as headroom_source_scrape_*{source="engine"}.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 from collector.catalog import spec
 from collector.sources.base import EngineSnapshot
+from collector.sources.health import ScrapeHealth
 
-__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES",
-           "merge_families"]
+__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,6 @@ class EngineSource:
         self.last_duration_s: float | None = None
         self.polls = 0
         self._scrape = scrape
-        self._attached: list = []
         self._client: aiohttp.ClientSession | None = None
         self._task: asyncio.Task | None = None
         self._stopping: asyncio.Event | None = None
@@ -134,31 +134,14 @@ class EngineSource:
         elif self.polls == 1 and not snapshot.up:
             log.warning("engine %s is not answering: %s", self.engine, snapshot.error)
 
-    def attach(self, *collectors) -> None:
-        """Export other sources (e.g. GpuCollector) through this one, with families merged.
-
-        Two collectors registered side by side would each print a `headroom_source_scrape_*`
-        family, and a repeated HELP line is invalid exposition (promtool rejects it).
-        """
-        self._attached.extend(collectors)
+    @property
+    def last_scrape(self) -> ScrapeHealth:
+        """How the latest poll went: the engine answered usably, and how long it took."""
+        return ScrapeHealth(self.latest.up, self.last_duration_s)
 
     def collect(self):
-        """Fresh metric families from the last snapshot (prometheus-client custom collector)."""
-        families = engine_families(self.latest, self.source, self.last_duration_s)
-        for other in self._attached:
-            families.extend(other.collect())
-        return merge_families(families)
-
-
-def merge_families(families: list) -> list:
-    """Merge families that share a name into one (samples concatenated), keeping first order."""
-    merged: dict[str, object] = {}
-    for family in families:
-        if family.name in merged:
-            merged[family.name].samples.extend(family.samples)
-        else:
-            merged[family.name] = family
-    return list(merged.values())
+        """Fresh headroom_engine_* families from the last snapshot (prometheus-client custom collector)."""
+        return engine_families(self.latest)
 
 
 def _short(exc: BaseException) -> str:
@@ -171,8 +154,8 @@ def _gauge(name: str, labels: tuple[str, ...] | None = None) -> GaugeMetricFamil
     return GaugeMetricFamily(name, entry.help, labels=list(labels or entry.labels))
 
 
-def engine_families(snapshot: EngineSnapshot, source: str, duration_s: float | None) -> list:
-    """The headroom_engine_* and per-source scrape families for one snapshot."""
+def engine_families(snapshot: EngineSnapshot) -> list:
+    """The headroom_engine_* families for one snapshot."""
     up = _gauge("headroom_engine_up")
     up.add_metric([snapshot.engine], 1.0 if snapshot.up else 0.0)
     families = [up]
@@ -185,17 +168,4 @@ def engine_families(snapshot: EngineSnapshot, source: str, duration_s: float | N
             family = _gauge(name)
             family.add_metric(labels, float(value))
             families.append(family)
-    families.extend(scrape_families(source, snapshot.up, duration_s))
-    return families
-
-
-def scrape_families(source: str, success: bool, duration_s: float | None) -> list:
-    """headroom_source_scrape_success / _duration_seconds for one source."""
-    ok = _gauge("headroom_source_scrape_success")
-    ok.add_metric([source], 1.0 if success else 0.0)
-    families = [ok]
-    if duration_s is not None:
-        took = _gauge("headroom_source_scrape_duration_seconds")
-        took.add_metric([source], duration_s)
-        families.append(took)
     return families

@@ -1,9 +1,9 @@
 """RequestStore: the one read-write owner of a DuckDB request-log file.
 
-Only one process may open a DuckDB file read-write (shared/DESIGN.md, "Process model"). The
+Only one process may open a DuckDB file read-write (docs/design.md §2, process model). The
 sidecar's in-process store and the `headroom store` service both hold one RequestStore; everything
 else reads through them. Rows arrive in batches and are inserted once per batch through Arrow,
-never with a per-row `executemany` (shared/DOMAIN.md §11).
+never with a per-row `executemany` (docs/domain.md §11).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `requests` table (contract in shared/DESIGN.md) and its versioned migrations.
+"""The `requests` table (contract in docs/design.md §4.5) and its versioned migrations.
 
 The schema version lives in a one-row table `headroom_schema`. Opening a file written by an older
 program runs each migration in order inside one transaction, so rows are never lost: a migration

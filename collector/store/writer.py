@@ -1,12 +1,12 @@
-"""LogWriter: the request log's background writer. The proxy only enqueues; I/O happens here.
+"""LogWriter: the request log's RowSink. The proxy only enqueues; I/O happens in the writer's thread.
 
 `submit(row)` is a non-blocking put into a bounded queue (called on the event loop). A daemon
 thread drains the queue in batches (up to `batch_rows`, or whatever arrived within
-`flush_interval_s`) into a BatchSink: the in-process RequestStore, or the store service's shipper.
-A full queue or a failing sink never stops the proxy: the rows are counted in
+`flush_interval_s`) into a BatchSink: the in-process RequestStore, or the StoreShipper to the
+store service. A full queue or a failing sink never stops the proxy: the rows are counted in
 `headroom_log_rows_dropped_total{reason}`. `close()` flushes every queued row before returning
-(bounded by its timeout, so a stuck database cannot hang shutdown).
-"""
+(bounded by its timeout, so a stuck database cannot hang shutdown), then closes the BatchSink
+when the writer owns it (`owns_sink`: whoever opened the sink handed it over)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from collector.catalog import spec
+from collector.record import Row
 
 __all__ = ["BatchSink", "LogWriter", "RowsDropped"]
 
@@ -30,7 +31,9 @@ _STOP = object()
 class BatchSink(Protocol):
     """Where batches of rows go. Raising means the batch (or `RowsDropped.count` of it) is lost."""
 
-    def write_batch(self, rows: Sequence[dict]) -> None: ...
+    def write_batch(self, rows: Sequence[Row]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class RowsDropped(Exception):
@@ -49,12 +52,12 @@ class _Flush:
 
 
 class LogWriter:
-    """Bounded queue + one writer thread + pipeline-health metrics."""
+    """RowSink: bounded queue + one writer thread + pipeline-health metrics, in front of a BatchSink."""
 
     def __init__(self, sink: BatchSink, registry: CollectorRegistry | None = None, *,
                  max_queue_rows: int = 50_000, batch_rows: int = 1_000,
-                 flush_interval_s: float = 0.5) -> None:
-        self.sink = sink
+                 flush_interval_s: float = 0.5, owns_sink: bool = False) -> None:
+        self.sink, self.owns_sink = sink, owns_sink
         self.batch_rows, self.flush_interval_s = batch_rows, flush_interval_s
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue_rows)
         self.written = Counter(_name("headroom_log_rows_written_total"),
@@ -68,7 +71,7 @@ class LogWriter:
         self._closed = False
         self._thread.start()
 
-    def submit(self, row: dict) -> None:
+    def submit(self, row: Row) -> None:
         """Enqueue one row without blocking; a full queue drops it (counted, reason queue_full)."""
         try:
             self._queue.put_nowait(row)
@@ -94,7 +97,8 @@ class LogWriter:
     def close(self, timeout_s: float = 60.0) -> None:
         """Write every queued row, then stop the thread; never blocks past `timeout_s`.
 
-        Rows still queued when the time is up (a stuck sink) are lost and logged. Safe to call twice.
+        Rows still queued when the time is up (a stuck sink) are lost and logged. Then an owned
+        sink is closed. Safe to call twice.
         """
         if self._closed:
             return
@@ -109,6 +113,8 @@ class LogWriter:
             log.error("request-log writer did not finish within %.0f s; about %d queued rows are "
                       "lost (is the database locked or its disk stuck?)", timeout_s,
                       self._queue.qsize())
+        if self.owns_sink:
+            self.sink.close()
 
     def _run(self) -> None:
         stopping = False

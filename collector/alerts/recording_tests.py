@@ -8,7 +8,7 @@ Concurrency: tenants of 3 and 5 requests -> 8 in flight; a knee of 10 -> knee ra
 
 from __future__ import annotations
 
-from collector.rules.recording import R
+from collector.rules.records import R
 
 __all__ = ["RECORDING_TEST_GROUPS"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collector.rules.alerting import Alert, alerts
+from collector.alerts.alerting import Alert, alerts
+from collector.alerts.templating import to_text
 from collector.rules.config import RulesConfig
-from collector.rules.templating import to_text
 
 __all__ = ["Case", "unit_test_document", "CASES", "steps"]
 

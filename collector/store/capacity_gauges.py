@@ -1,5 +1,7 @@
 """CapacityGauges: the latest capacity estimate per model, exported as headroom_capacity_*.
 
+The sidecar and the store service both export it from their own /metrics.
+
 The store's capacity-refresh job (or a probe) calls `set`; alert rules compare live concurrency
 with these values instead of hard-coded numbers. A model with no estimate exports nothing, so
 those alerts stay silent until there is evidence.

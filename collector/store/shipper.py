@@ -5,6 +5,10 @@ batch goes to a bounded on-disk spool; while anything is spooled, new batches jo
 waiting in the writer thread) and a background thread replays it, oldest first, with backoff,
 once the store answers again. Ingest is idempotent by request_id, so a batch resent after a lost
 reply creates no duplicates. A full spool raises RowsDropped("spool_full", n).
+
+It lives with the store, not the sidecar, because both the sidecar (`headroom run --store-url`,
+behind its LogWriter) and the probe (`headroom probe --store-url`) ship rows through it, and the
+sidecar depends on the analysis package the probe is part of.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Sequence
 import httpx
 import orjson
 
-from collector.service.spool import Spool
+from collector.store.spool import Spool
 from collector.store.writer import RowsDropped
 
 __all__ = ["StoreShipper", "DEFAULT_SPOOL_DIR"]

@@ -1,4 +1,4 @@
-"""Server-sent events on the proxy's hot path: split a byte stream into events, read each chunk.
+"""Server-sent events on the hot path: split a byte stream into events, read each chunk (proxy and probe).
 
 Why not an SSE library: the proxy must forward the upstream's bytes unchanged (re-serialising an
 event would change them), and the per-chunk path must stay allocation-light. The SSE grammar we

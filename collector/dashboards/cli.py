@@ -1,42 +1,17 @@
-"""`headroom dashboards generate|push` and `headroom alerts generate`: thin shells over the generators."""
+"""`headroom dashboards generate|push`: thin shell over the dashboard generator and the Grafana upload."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
+from rich.progress import Progress
 
-__all__ = ["dashboards", "alerts", "stale_files"]
+from collector.dashboards.files import dashboard_files
+from collector.dashboards.push import PushError, load_dashboards, push_dashboards
+from collector.rules.files import write_or_check
 
-
-def stale_files(files: dict[str, str], directory: Path) -> list[str]:
-    """Names in `files` whose committed copy in `directory` is missing or differs byte for byte."""
-    stale = []
-    for name, text in sorted(files.items()):
-        path = directory / name
-        if not path.is_file() or path.read_bytes() != text.encode("utf-8"):
-            stale.append(name)
-    return stale
-
-
-def _write_or_check(files: dict[str, str], out: Path, check: bool, command: str) -> None:
-    from collector.rules.render import write_files
-
-    if check:
-        stale = stale_files(files, out)
-        if stale:
-            click.echo(f"stale in {out}: {', '.join(stale)}; run `headroom {command}` and commit", err=True)
-            sys.exit(1)
-        click.echo(f"{len(files)} files in {out} are up to date")
-        return
-    try:
-        written = write_files(files, out)
-    except OSError as exc:
-        raise click.ClickException(f"cannot write into --out {out} ({exc.strerror}: {exc.filename}); "
-                                   "pass a directory you can write to") from None
-    for path in written:
-        click.echo(f"wrote {path}")
+__all__ = ["dashboards"]
 
 
 @click.group()
@@ -63,9 +38,7 @@ def generate_dashboards(out: Path, check: bool) -> None:
       headroom dashboards generate
       headroom dashboards generate --out /var/lib/grafana/dashboards
     """
-    from collector.rules.bundle import dashboard_files
-
-    _write_or_check(dashboard_files(), out, check, "dashboards generate")
+    write_or_check(dashboard_files(), out, check, "dashboards generate")
 
 
 @dashboards.command("push")
@@ -88,10 +61,6 @@ def push(grafana_url: str, token: str, directory: Path, folder: str, datasource_
       headroom dashboards push --grafana-url http://127.0.0.1:3000 --token glsa_xxx
       GRAFANA_URL=https://grafana.example GRAFANA_TOKEN=glsa_xxx headroom dashboards push --folder capacity
     """
-    from rich.progress import Progress
-
-    from collector.rules.push import PushError, load_dashboards, push_dashboards
-
     if not grafana_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"{grafana_url!r} is not an http(s) URL; expected e.g. http://grafana:3000",
                                  param_hint="--grafana-url")
@@ -105,32 +74,3 @@ def push(grafana_url: str, token: str, directory: Path, folder: str, datasource_
         raise click.ClickException(str(exc)) from exc
     for board, answer in zip(boards, answers):
         click.echo(f"pushed {board.get('title')}: {(answer or {}).get('url', '')}")
-
-
-@click.group()
-def alerts() -> None:
-    """Generate Prometheus recording and alerting rules, their promtool tests and the Alertmanager config.
-
-    \b
-    Examples:
-      headroom alerts generate                          # writes alerts/
-      headroom alerts generate --check                  # exit 1 when alerts/ is stale
-      promtool test rules alerts/headroom.test.yaml     # then run the generated unit tests
-    """
-
-
-@alerts.command("generate")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("alerts"),
-              show_default=True, help="Directory to write the rules into.")
-@click.option("--check", is_flag=True, help="Write nothing; exit 1 when the files in --out differ.")
-def generate_alerts(out: Path, check: bool) -> None:
-    """Write *.rules.yaml, the promtool test file and alertmanager.yml (deterministic YAML).
-
-    \b
-    Examples:
-      headroom alerts generate && promtool check rules alerts/*.rules.yaml
-      headroom alerts generate --out /etc/prometheus/alerts
-    """
-    from collector.rules.bundle import alert_files
-
-    _write_or_check(alert_files(), out, check, "alerts generate")

@@ -1,4 +1,4 @@
-"""The generated files, by name: what `headroom alerts generate` and `dashboards generate` write.
+"""The generated alert files, by name: what `headroom alerts generate` writes.
 
     alert_files(DEFAULT) -> {"headroom-recording.rules.yaml": "...", "headroom-alerts.rules.yaml": ...,
                              "headroom.test.yaml": ..., "alertmanager.yml": ...}
@@ -9,16 +9,16 @@ up the promtool test file beside them.
 
 from __future__ import annotations
 
-from collector.rules.alerting import alerting_groups
-from collector.rules.alertmanager import PRODUCTION_RECEIVERS, Receivers, alertmanager_config
+from collector.alerts.alerting import alerting_groups
+from collector.alerts.alertmanager import PRODUCTION_RECEIVERS, Receivers, alertmanager_config
+from collector.alerts.promtool_tests import unit_test_document
+from collector.alerts.recording import recording_groups
+from collector.alerts.recording_tests import RECORDING_TEST_GROUPS
 from collector.rules.config import DEFAULT, RulesConfig
-from collector.rules.promtool_tests import unit_test_document
-from collector.rules.recording import recording_groups
-from collector.rules.recording_tests import RECORDING_TEST_GROUPS
-from collector.rules.render import render_json, render_yaml
+from collector.rules.render import render_yaml
 
 __all__ = ["RECORDING_FILE", "ALERTS_FILE", "TEST_FILE", "ALERTMANAGER_FILE", "rule_files",
-           "alert_files", "dashboard_files"]
+           "alert_files"]
 
 RECORDING_FILE = "headroom-recording.rules.yaml"
 ALERTS_FILE = "headroom-alerts.rules.yaml"
@@ -44,9 +44,3 @@ def alert_files(config: RulesConfig = DEFAULT, receivers: Receivers = PRODUCTION
         ALERTMANAGER_FILE: render_yaml(alertmanager_config(receivers), _ALERTS_COMMAND),
     }
 
-
-def dashboard_files(config: RulesConfig = DEFAULT) -> dict[str, str]:
-    """Grafana dashboard JSON by file name."""
-    from collector.rules.dashboards import dashboards
-
-    return {f"{board['uid']}.json": render_json(board) for board in dashboards(config)}

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from collector.alerts.templating import to_go
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
-from collector.rules.recording import R
-from collector.rules.templating import to_go
+from collector.rules.records import R
 
 __all__ = ["Alert", "alerts", "alerting_groups", "SIGNALS"]
 
-# label `signal` of the four scale-out signals (DOMAIN §5); the composite counts distinct values.
+# label `signal` of the four scale-out signals (docs/domain.md §5); the composite counts distinct values.
 SIGNALS = ("ttft_rising", "queue_not_draining", "gpu_saturated_flat", "tail_latency")
 
 

@@ -1,6 +1,11 @@
 """Scheduled jobs of the store: hourly rollup, daily Parquet export + retention, capacity-estimate
 refresh feeding the headroom_capacity_* gauges, and the weekly capacity review.
 
+The store owns the schedule and its own upkeep (rollup, retention). The work of the other two
+lives above the store and is handed in by whoever runs the jobs (the store service, or a sidecar
+with its in-process store): `refresh` is collector.analysis.refresh.refresh_estimates and
+`review` is collector.report.review.write_report_files. A job whose work is not given is left out.
+
 Each job is a function of `now`, so tests drive it with an injected clock: `job_table()` lists
 (name, trigger, run) and `run_due()` fires every trigger between two instants in order.
 `build_scheduler()` wraps the same table in an APScheduler BackgroundScheduler whose jobs read
@@ -15,17 +20,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from collector.service.timewin import parse_duration, utc_now
+from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.retention import export_and_expire
+from collector.store.rollup import rollup_recent
+from collector.timewin import parse_duration, utc_now
 
-__all__ = ["JobSettings", "ScheduledJob", "job_table", "build_scheduler", "run_due", "parse_weekly_cron"]
+__all__ = ["JobSettings", "ScheduledJob", "RefreshEstimates", "WriteReport", "job_table",
+           "build_scheduler", "run_due", "parse_weekly_cron"]
 
 log = logging.getLogger(__name__)
 _WEEKLY = re.compile(r"^(mon|tue|wed|thu|fri|sat|sun)\s+([01]?\d|2[0-3]):([0-5]\d)$")
@@ -48,6 +57,20 @@ class JobSettings:
     clock: Callable[[], datetime] = field(default=utc_now)
 
 
+class RefreshEstimates(Protocol):
+    """The capacity job's work: estimate each active model, save, publish to the gauges."""
+
+    def __call__(self, store: RequestStore, gauges: CapacityGauges | None, now: datetime, *,
+                 window: timedelta, slo_ttft_p95_s: float | None, profile: str) -> Any: ...
+
+
+class WriteReport(Protocol):
+    """The weekly job's work: write the capacity review for [now - since, now) into report_dir."""
+
+    def __call__(self, store: RequestStore, report_dir: Path, since: str, now: datetime, *,
+                 slo_ttft_p95_s: float | None) -> Any: ...
+
+
 @dataclass(frozen=True)
 class ScheduledJob:
     """One job: a name, an APScheduler trigger, and a function of the firing time."""
@@ -67,45 +90,43 @@ def parse_weekly_cron(text: str, timezone: str = "UTC") -> CronTrigger:
 
 
 def _rollup(store: RequestStore) -> Callable[[datetime], Any]:
-    from collector.service.rollup import rollup_recent
-
     return lambda now: rollup_recent(store, now)
 
 
 def _retention(store: RequestStore, settings: JobSettings) -> Callable[[datetime], Any]:
-    from collector.service.retention import export_and_expire
-
     return lambda now: export_and_expire(store, settings.export_dir, settings.retention_days, now)
 
 
-def _estimates(store: RequestStore, gauges, settings: JobSettings) -> Callable[[datetime], Any]:
-    from collector.service.estimates import refresh_estimates
-
+def _estimates(store: RequestStore, gauges: CapacityGauges | None, settings: JobSettings,
+               refresh: RefreshEstimates) -> Callable[[datetime], Any]:
     window = parse_duration(settings.estimate_window)
-    return lambda now: refresh_estimates(store, gauges, now, window=window,
-                                         slo_ttft_p95_s=settings.slo_ttft_p95_s, profile=settings.profile)
+    return lambda now: refresh(store, gauges, now, window=window,
+                               slo_ttft_p95_s=settings.slo_ttft_p95_s, profile=settings.profile)
 
 
-def _weekly_report(store: RequestStore, settings: JobSettings) -> Callable[[datetime], Any]:
-    from collector.report.cli import write_report_files
-
-    return lambda now: write_report_files(store, Path(settings.report_dir), settings.report_since, now,
-                                          slo_ttft_p95_s=settings.slo_ttft_p95_s)
+def _weekly_report(store: RequestStore, settings: JobSettings, review: WriteReport) -> Callable[[datetime], Any]:
+    return lambda now: review(store, Path(settings.report_dir), settings.report_since, now,
+                              slo_ttft_p95_s=settings.slo_ttft_p95_s)
 
 
-def job_table(store: RequestStore, gauges, settings: JobSettings) -> list[ScheduledJob]:
-    """The jobs these settings enable, with their triggers (interval ones start at clock())."""
+def job_table(store: RequestStore, gauges: CapacityGauges | None, settings: JobSettings, *,
+              refresh: RefreshEstimates | None = None,
+              review: WriteReport | None = None) -> list[ScheduledJob]:
+    """The jobs these settings (and the work given) enable, with their triggers.
+
+    Interval triggers start at settings.clock().
+    """
     tz = settings.timezone
     jobs = [ScheduledJob("rollup", CronTrigger(minute=5, timezone=tz), _rollup(store))]
     if settings.export_dir is not None:
         jobs.append(ScheduledJob("retention", CronTrigger(hour=0, minute=15, timezone=tz),
                                  _retention(store, settings)))
-    if settings.estimate_interval_s > 0:
+    if refresh is not None and settings.estimate_interval_s > 0:
         trigger = IntervalTrigger(seconds=settings.estimate_interval_s, start_date=settings.clock(), timezone=tz)
-        jobs.append(ScheduledJob("capacity_estimates", trigger, _estimates(store, gauges, settings)))
-    if settings.report_dir is not None:
+        jobs.append(ScheduledJob("capacity_estimates", trigger, _estimates(store, gauges, settings, refresh)))
+    if review is not None and settings.report_dir is not None:
         jobs.append(ScheduledJob("weekly_report", parse_weekly_cron(settings.report_cron, tz),
-                                 _weekly_report(store, settings)))
+                                 _weekly_report(store, settings, review)))
     return jobs
 
 
@@ -119,11 +140,13 @@ def _guarded(job: ScheduledJob, clock: Callable[[], datetime]) -> Callable[[], N
     return run
 
 
-def build_scheduler(store: RequestStore, gauges, settings: JobSettings | None = None) -> BackgroundScheduler:
+def build_scheduler(store: RequestStore, gauges: CapacityGauges | None, settings: JobSettings | None = None, *,
+                    refresh: RefreshEstimates | None = None,
+                    review: WriteReport | None = None) -> BackgroundScheduler:
     """An APScheduler BackgroundScheduler (not started) running job_table(); call .start()."""
     settings = settings or JobSettings()
     scheduler = BackgroundScheduler(timezone=settings.timezone)
-    for job in job_table(store, gauges, settings):
+    for job in job_table(store, gauges, settings, refresh=refresh, review=review):
         scheduler.add_job(_guarded(job, settings.clock), job.trigger, id=job.name, name=job.name,
                           coalesce=True, max_instances=1, misfire_grace_time=3600)
     return scheduler

@@ -1,16 +1,16 @@
 """The three Grafana dashboards: capacity overview, tenants, and the weekly capacity review.
 
-Queries read catalog metrics (through `naming.sample`) or recording rules (`recording.R`), never a
+Queries read catalog metrics (through `rules.naming.sample`) or recording rules (`rules.records.R`), never a
 retyped name. Variables: datasource, model, instance, tenant. Each panel says how to read it.
 """
 
 from __future__ import annotations
 
+from collector.dashboards.panels import (dashed, datasource_variable, layout, query_variable, right_axis,
+                                         selector, table, target, thresholds, timeseries)
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
-from collector.rules.panels import (dashed, datasource_variable, layout, query_variable, right_axis,
-                                    selector, table, target, thresholds, timeseries)
-from collector.rules.recording import R
+from collector.rules.records import R
 from collector.rules.render import GENERATED_NOTICE
 
 __all__ = ["dashboards", "overview", "tenants", "review", "TAG"]

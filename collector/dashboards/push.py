@@ -57,6 +57,7 @@ def push_dashboards(grafana_url: str, token: str, dashboards: Iterable[dict], *,
                     datasource_uid: str = "headroom-prometheus", overwrite: bool = True,
                     progress: Callable[[str], None] = lambda title: None) -> list[dict]:
     """Upload `dashboards` into `folder`; returns Grafana's answer per dashboard (uid, url, version)."""
+    # lazy: grafana-client (and its HTTP stack) loads only for `headroom dashboards push`
     from grafana_client import GrafanaApi
     from grafana_client.client import GrafanaException
 

@@ -1,7 +1,7 @@
 """OpenTelemetry export of finished requests: one GenAI span per request, off by default.
 
-`OtelSink` is a RowSink (shared/DESIGN.md): the sidecar hands it the finished row dict, the same one
-the request log stores, and it turns that row into one span that follows the OpenTelemetry GenAI
+`OtelSink` is a RowSink (collector.record): the sidecar hands it the finished row dict, the same
+one the request log stores, and it turns that row into one span that follows the OpenTelemetry GenAI
 semantic conventions:
 
     {"endpoint": "/v1/chat/completions", "model": "m", "admitted_at": t0, "first_token_at": t1,
@@ -133,6 +133,7 @@ class OtelSink:
 
     def __init__(self, endpoint: str | None = None, exporter: Any = None, *,
                  upstream: str | None = None, service_name: str = "headroom-sidecar") -> None:
+        # lazy: the OpenTelemetry SDK loads only when spans are turned on (--otlp-endpoint)
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -142,6 +143,7 @@ class OtelSink:
         if exporter is not None:
             self._provider.add_span_processor(SimpleSpanProcessor(exporter))
         else:
+            # lazy: the OTLP exporter's protobuf stack loads only when spans leave the process
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             url = traces_url(endpoint) if endpoint else None  # None: the SDK reads OTEL_* itself
@@ -160,7 +162,7 @@ class OtelSink:
             _log.exception("could not build the span of request %s", row.get("request_id"))
 
     def _emit(self, row: Mapping[str, Any]) -> None:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+        from opentelemetry.trace import SpanKind, Status, StatusCode  # lazy, as in __init__
 
         start_ns = _ns(row.get("admitted_at"))
         if start_ns is None:
@@ -181,6 +183,10 @@ class OtelSink:
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Export every span finished so far; True when the exporter confirmed in time."""
         return self._provider.force_flush(timeout_millis)
+
+    def flush(self) -> bool:
+        """RowSink flush: the same as force_flush() with its default timeout."""
+        return self.force_flush()
 
     def close(self) -> None:
         """Flush and shut the provider down (the sidecar calls this at exit)."""

@@ -1,0 +1,75 @@
+"""The `capacity_estimates` table: saved capacity estimates and the newest one per model.
+
+An estimate is saved as the JSON of `CapacityEstimate.to_dict()` (collector.analysis.estimate,
+schema in docs/capacity.md) plus the columns a person filters on. The table is created on the
+first save; readers on a read-only store see no estimates until then.
+
+    save_estimate(store, {"model": "m", "created_at": "2026-11-30T09:00:00+00:00",
+                          "knee": {"requests": 8, "tokens": 9000, "reached": True, ...}, ...})
+        -> "est-20261130T090000-1a2b3c"
+    latest_estimates(store)          -> [{...the newest dict per model...}]
+    latest_estimates(store, rank=2)  -> the one before it, per model (the weekly review compares)
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from collector.store.capacity_gauges import CapacityGauges
+from collector.store.db import RequestStore
+
+__all__ = ["save_estimate", "latest_estimates", "publish_estimates", "publish_stored"]
+
+_DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
+    estimate_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, model VARCHAR,
+    source VARCHAR, run_id VARCHAR, profile VARCHAR, knee_requests INTEGER, knee_tokens BIGINT,
+    knee_reached BOOLEAN, slo_max INTEGER, recommended_pool INTEGER, confidence VARCHAR,
+    estimate_json VARCHAR NOT NULL)"""
+_EXISTS = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
+_NEWEST = ("SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
+           "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = ? "
+           "ORDER BY model")
+
+
+def save_estimate(store: RequestStore, estimate: Mapping[str, Any]) -> str:
+    """Insert one estimate dict (CapacityEstimate.to_dict() form); returns its estimate_id."""
+    store.execute(_DDL)
+    created_at = datetime.fromisoformat(estimate["created_at"])
+    estimate_id = f"est-{created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+    knee = estimate["knee"]
+    store.execute(
+        "INSERT INTO capacity_estimates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [estimate_id, created_at, estimate["model"], estimate["source"], estimate["run_id"],
+         estimate["profile"], knee["requests"], knee["tokens"], knee["reached"],
+         estimate["slo_max"], estimate["recommended_pool"], estimate["confidence"],
+         orjson.dumps(estimate).decode()])
+    return estimate_id
+
+
+def latest_estimates(store: RequestStore, rank: int = 1) -> list[dict[str, Any]]:
+    """The rank-th newest saved estimate per model (1 = the latest), ordered by model."""
+    if not store.query(_EXISTS)[0][0]:
+        return []
+    return [orjson.loads(row[0]) for row in store.query(_NEWEST, [rank])]
+
+
+def publish_estimates(gauges: CapacityGauges, estimates: list[Mapping[str, Any]]) -> None:
+    """Replace the headroom_capacity_* gauges with these estimate dicts (both calibers)."""
+    gauges.clear()
+    for estimate in estimates:
+        model = estimate["model"] or "unknown"
+        gauges.set(model, "requests", knee=estimate["knee_requests"], slo_max=estimate["slo_max"],
+                   recommended_pool=estimate["recommended_pool"])
+        gauges.set(model, "tokens", knee=estimate["knee_tokens"], slo_max=estimate["slo_max_tokens"])
+
+
+def publish_stored(store: RequestStore, gauges: CapacityGauges) -> int:
+    """At start-up: export the newest stored estimate per model right away; returns how many."""
+    estimates = latest_estimates(store)
+    publish_estimates(gauges, estimates)
+    return len(estimates)
