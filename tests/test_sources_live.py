@@ -96,7 +96,9 @@ async def test_engine_gauges_track_the_simulator_under_load(flavor):
             async def tracking(expect_busy: bool):
                 """Sidecar and simulator agree on running/waiting (and KV within 0.03)."""
                 got, state = await stack.exported(client), await truth()
-                if expect_busy and state["waiting"] == 0:
+                # busy: all slots running and 3 queued (a poll between one request's end and
+                # the next admission sees 3 running and 4 queued; wait for the steady state)
+                if expect_busy and (state["running"], state["waiting"]) != (SLOTS, 3):
                     return None
                 same = (got.get("headroom_engine_requests_running") == state["running"]
                         and got.get("headroom_engine_requests_waiting") == state["waiting"]
@@ -106,7 +108,6 @@ async def test_engine_gauges_track_the_simulator_under_load(flavor):
 
             load = [asyncio.create_task(chat(client, stack.url, 200)) for _ in range(SLOTS + 3)]
             got, state = await wait_until(lambda: tracking(True), what=f"{flavor} busy tracking")
-            assert (state["running"], state["waiting"]) == (SLOTS, 3)
             assert got["headroom_engine_up"] == 1.0
             assert got["headroom_engine_kv_cache_usage_ratio"] > 0.1  # ~4 x 450 tokens of 8192
             assert got["headroom_engine_kv_cache_capacity_tokens"] == pytest.approx(
