@@ -91,7 +91,7 @@ def persistent_p95(values_in_order: Sequence[float | None]) -> float | None:
 
 def is_capacity_error(row: Row) -> bool:
     """A 429 or 503 answer, or a timeout: the service ran out of room, not a broken connection."""
-    return row.get("outcome") in ("rate_limited", "timeout") or \
+    return row.get("outcome") in ("rate_limited", "overloaded", "timeout") or \
         row.get("status_code") in CAPACITY_STATUSES
 
 

@@ -31,9 +31,12 @@ def estimate_tokens(text: str) -> int:
 
 
 def outcome_for_status(status: int) -> str:
-    """Request-log outcome of a non-200 answer: 429 rate_limited, 5xx upstream_error, else bad_request."""
+    """Request-log outcome of a non-200 answer: 429 rate_limited, 503 overloaded, 5xx
+    upstream_error, else bad_request."""
     if status == 429:
         return "rate_limited"
+    if status == 503:
+        return "overloaded"
     return "upstream_error" if status >= 500 else "bad_request"
 
 

@@ -35,9 +35,15 @@ _USAGE_NULL = b',"usage":null'
 
 
 def outcome_for_status(status: int) -> str:
-    """Outcome of a request the upstream answered with `status`, e.g. 429 -> 'rate_limited'."""
+    """Outcome of a request the upstream answered with `status`, e.g. 429 -> 'rate_limited'.
+
+    503 is `overloaded`: an engine shedding load (vLLM's --max-num-queued-reqs) or a gateway with
+    no healthy engine behind it. Both 429 and 503 count as load shedding and as errors.
+    """
     if status == 429:
         return "rate_limited"
+    if status == 503:
+        return "overloaded"
     if status >= 500:
         return "upstream_error"
     if status >= 400:

@@ -30,7 +30,8 @@ _ID_COUNTER = itertools.count()
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("ok", "rate_limited", "client_cancelled", "upstream_error", "timeout", "bad_request")
+OUTCOMES = ("ok", "rate_limited", "overloaded", "client_cancelled", "upstream_error", "timeout",
+            "bad_request")
 
 
 class LiveRequest:
