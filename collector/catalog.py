@@ -52,6 +52,7 @@ _PER_REQUEST = ("model", "tenant")
 _ENGINE = ("engine", "model")
 _GPU = ("gpu", "uuid", "gpu_name")
 _CAPACITY = ("model", "caliber")
+_PUBLISHED = ("model", "task_class", "source", "confidence")
 
 CATALOG: tuple[MetricSpec, ...] = (
     # --- sidecar, per request -----------------------------------------------------------------
@@ -99,6 +100,10 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("headroom_engine_kv_cache_capacity_tokens", "gauge",
                "KV-cache capacity in tokens when the engine tells it, as of the last poll.",
                _ENGINE, "short", group="engine"),
+    MetricSpec("headroom_engine_max_concurrency_requests", "gauge",
+               "The engine's own ceiling on concurrent requests, as it publishes it: llama.cpp's "
+               "slot count, vLLM's kv_cache_max_concurrency (a worst case at max_model_len).",
+               _ENGINE, "short", group="engine"),
     # --- GPU (NVML) ---------------------------------------------------------------------------
     MetricSpec("headroom_gpu_up", "gauge",
                "1 when NVML answered for this GPU; 0 (unlabelled) when no GPU or NVML is unavailable.",
@@ -114,15 +119,34 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Fraction of the sample period during which device memory was read or written (NVML .memory).",
                _GPU, "percentunit", group="gpu"),
     MetricSpec("headroom_gpu_power_watts", "gauge", "GPU power draw.", _GPU, "watt", group="gpu"),
-    # --- capacity, from the latest analysis ---------------------------------------------------
+    # --- capacity, the published estimate (collector.analysis.publish) ----------------------
+    MetricSpec("headroom_capacity_knee_requests", "gauge",
+               "Published knee of the concurrency gradient, in concurrent requests.",
+               _PUBLISHED, "short", group="capacity"),
+    MetricSpec("headroom_capacity_knee_tokens", "gauge",
+               "Published knee in active tokens (token caliber: prompt + generated of in-flight requests).",
+               _PUBLISHED, "short", group="capacity"),
+    MetricSpec("headroom_capacity_slo_max_requests", "gauge",
+               "Largest measured concurrency (requests) meeting the latency SLO.",
+               _PUBLISHED, "short", group="capacity"),
+    MetricSpec("headroom_capacity_slo_max_tokens", "gauge",
+               "Active tokens at the largest measured concurrency meeting the latency SLO.",
+               _PUBLISHED, "short", group="capacity"),
+    MetricSpec("headroom_capacity_recommended_pool_requests", "gauge",
+               "Recommended production concurrency pool, in requests.",
+               _PUBLISHED, "short", group="capacity"),
+    MetricSpec("headroom_capacity_estimate_timestamp_seconds", "gauge",
+               "When the published capacity estimate was made (POSIX seconds).",
+               _PUBLISHED, "dateTimeAsIso", group="capacity"),
+    # deprecated: one metric per quantity with a unit-changing caliber label; removed next release
     MetricSpec("headroom_capacity_knee", "gauge",
-               "Measured knee of the concurrency gradient, in requests or tokens (caliber label).",
+               "DEPRECATED (use headroom_capacity_knee_requests/_tokens): knee by caliber.",
                _CAPACITY, "short", group="capacity"),
     MetricSpec("headroom_capacity_slo_max", "gauge",
-               "Largest measured concurrency meeting the latency SLO (caliber label).",
+               "DEPRECATED (use headroom_capacity_slo_max_requests/_tokens): SLO max by caliber.",
                _CAPACITY, "short", group="capacity"),
     MetricSpec("headroom_capacity_recommended_pool", "gauge",
-               "Recommended production concurrency pool (caliber requests).",
+               "DEPRECATED (use headroom_capacity_recommended_pool_requests): pool, caliber requests.",
                _CAPACITY, "short", group="capacity"),
     # --- pipeline health ----------------------------------------------------------------------
     MetricSpec("headroom_log_rows_written_total", "counter",

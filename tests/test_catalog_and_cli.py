@@ -21,6 +21,10 @@ CONTRACT = {
     "headroom_gpu_memory_used_bytes", "headroom_gpu_memory_total_bytes",
     "headroom_gpu_memory_bandwidth_utilization_ratio", "headroom_gpu_power_watts",
     "headroom_capacity_knee", "headroom_capacity_slo_max", "headroom_capacity_recommended_pool",
+    "headroom_capacity_knee_requests", "headroom_capacity_knee_tokens",
+    "headroom_capacity_slo_max_requests", "headroom_capacity_slo_max_tokens",
+    "headroom_capacity_recommended_pool_requests", "headroom_capacity_estimate_timestamp_seconds",
+    "headroom_engine_max_concurrency_requests", "headroom_upstream_retries_total",
     "headroom_log_rows_written_total", "headroom_log_rows_dropped_total", "headroom_log_queue_rows",
 }
 

@@ -52,7 +52,7 @@ def test_jobs_fire_on_their_triggers_with_an_injected_clock(store, tmp_path):
     assert store.query("SELECT count(DISTINCT hour) FROM requests_hourly")[0][0] >= 2
     assert sorted(p.name for p in (tmp_path / "parquet").iterdir()) == [
         "day=2026-11-27", "day=2026-11-28", "day=2026-11-29"]
-    assert gauges.get("model-a", "requests")["knee"] == 8.0
+    assert gauges.get("model-a").knee_requests == 8.0
     assert (tmp_path / "reports" / "latest.html").read_text().startswith("<!doctype html>")
     assert (tmp_path / "reports" / "capacity-review-2026-11-30.md").exists()
     with TestClient(create_store_app(store, "t", report_dir=tmp_path / "reports")) as client:
@@ -76,7 +76,7 @@ def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_esti
     gauges = CapacityGauges()
     app = create_store_app(store, "t", gauges=gauges, job_settings=settings)
     with TestClient(app) as client:
-        assert gauges.get("model-z", "requests")["knee"] == 8.0  # before the first 15-minute refresh
+        assert gauges.get("model-z").knee_requests == 8.0  # before the first 15-minute refresh
         assert 'headroom_capacity_knee{caliber="requests",model="model-z"} 8.0' in client.get("/metrics").text
         auth = {"Authorization": "Bearer t"}
         estimate = client.get("/v1/query/estimate", params={"model": "model-z"}, headers=auth).json()["rows"]

@@ -63,6 +63,7 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
     from collector.serving import serve_in_thread
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import build_sidecar
+    from collector.store.capacity_gauges import PublishedCapacity
     from fake_upstream import FakeUpstream
 
     promtool = require_tool("promtool")
@@ -70,7 +71,8 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
     config = SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "h.duckdb"), engine="auto",
                            engine_poll_interval_s=0.1, jobs=False)
     app = build_sidecar(config)
-    app.state.capacity.set("m1", "requests", knee=8, slo_max=6, recommended_pool=5)
+    app.state.capacity.replace([PublishedCapacity("m1", knee_requests=8, slo_max_requests=6,
+                                                  recommended_pool=5, estimated_at=1.7e9)])
     sidecar = serve_in_thread(app)
     try:
         httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT)
@@ -79,7 +81,11 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
         sidecar.stop()
         upstream.stop()
     for name in ("headroom_engine_up", "headroom_gpu_up", "headroom_source_scrape_success",
-                 'headroom_capacity_knee{caliber="requests",model="m1"} 8.0'):
+                 'headroom_capacity_knee{caliber="requests",model="m1"} 8.0',
+                 'headroom_capacity_knee_requests{confidence="medium",model="m1",source="probe",'
+                 'task_class="all"} 8.0',
+                 'headroom_capacity_estimate_timestamp_seconds{confidence="medium",model="m1",'
+                 'source="probe",task_class="all"} 1.7e+09'):
         assert name in text
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr

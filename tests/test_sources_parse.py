@@ -33,6 +33,7 @@ def test_llamacpp_busy_capture_gives_running_4_waiting_2_and_kv_from_slots():
     assert snap.kv_capacity_tokens == 8192
     assert snap.kv_usage_ratio == pytest.approx((3 * (71 + 36) + 73 + 38) / 8192)
     assert snap.model is None  # llama.cpp labels carry no model
+    assert snap.max_concurrency == 4  # the engine's own ceiling: one request per slot
 
 
 def test_llamacpp_idle_capture_is_empty_and_idle_slots_count_as_free():
@@ -45,6 +46,7 @@ def test_llamacpp_without_slots_leaves_kv_unknown_not_zero():
     snap = parse_llamacpp(read("llamacpp/metrics_busy.txt"), None)
     assert (snap.running, snap.waiting) == (4, 2)
     assert snap.kv_usage_ratio is None and snap.kv_capacity_tokens is None
+    assert snap.max_concurrency is None
 
 
 @pytest.mark.parametrize("junk", [None, {}, [], {"error": "slots disabled"}, [{"id": 0}], "x"])
@@ -78,6 +80,25 @@ def test_vllm_new_kv_name_and_capacity_from_cache_config_info():
     assert snap.kv_usage_ratio == pytest.approx(0.6375)
     assert snap.kv_capacity_tokens == 27403 * 16
     assert snap.model == "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_vllm_kv_max_concurrency_is_the_engines_ceiling_when_published():
+    assert parse_vllm(read("vllm/metrics_v0_11.txt")).max_concurrency is None  # older page
+    text = read("vllm/metrics_v0_11.txt") + (
+        'vllm:cache_config_info{block_size="16",kv_cache_max_concurrency="46.3",'
+        'kv_cache_size_tokens="438448",num_gpu_blocks="27403"} 1.0\n')
+    assert parse_vllm(text).max_concurrency == 46
+
+
+def test_headroom_sidecar_page_relays_its_engine_figures():
+    from collector.sources.headroom import parse_headroom
+
+    text = ('headroom_engine_requests_running{engine="vllm",model="m"} 3\n'
+            'headroom_engine_requests_waiting{engine="vllm",model="m"} 2\n'
+            'headroom_inflight_requests{model="m",tenant="t"} 5\n')
+    snap = parse_headroom(text)
+    assert (snap.running, snap.waiting, snap.model) == (3, 2, "m")
+    assert detect_engine(parse_exposition(text)) == "headroom"
 
 
 def test_vllm_old_kv_name_is_read_as_0_to_1_despite_perc():

@@ -47,6 +47,7 @@ class EngineSnapshot:
     waiting: int | None = None
     kv_usage_ratio: float | None = None
     kv_capacity_tokens: int | None = None
+    max_concurrency: int | None = None  # the engine's own ceiling: slots, or KV at max context
     polled_at: float = field(default_factory=time.time)
     error: str | None = None
 

@@ -1,6 +1,7 @@
 """llama.cpp server: normalise `llamacpp:*` metrics, and estimate KV use from `/slots`.
 
-`llamacpp:requests_processing` is running, `llamacpp:requests_deferred` waiting. Recent servers no
+`llamacpp:requests_processing` is running, `llamacpp:requests_deferred` waiting, and the number
+of slots in `/slots` (`--parallel`) is the engine's ceiling on concurrent requests. Recent servers no
 longer export KV-cache usage, so it is estimated from `/slots`: tokens held by slots that are
 processing (prompt + decoded so far) over the sum of the slots' `n_ctx`. Idle slots keep their last
 prompt only as a reusable cache, so they count as free. Older servers that still export
@@ -68,6 +69,7 @@ def parse_llamacpp(text: str, slots: object = None) -> EngineSnapshot:
     usage, capacity = kv_from_slots(slots)
     if capacity is None:
         return snapshot
+    snapshot = replace(snapshot, max_concurrency=len(slots))  # one request per slot
     if snapshot.kv_usage_ratio is not None:  # the engine's own figure beats our estimate
         usage = snapshot.kv_usage_ratio
     return replace(snapshot, kv_usage_ratio=usage, kv_capacity_tokens=capacity)

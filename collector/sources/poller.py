@@ -163,7 +163,8 @@ def engine_families(snapshot: EngineSnapshot) -> list:
     for name, value in (("headroom_engine_requests_running", snapshot.running),
                         ("headroom_engine_requests_waiting", snapshot.waiting),
                         ("headroom_engine_kv_cache_usage_ratio", snapshot.kv_usage_ratio),
-                        ("headroom_engine_kv_cache_capacity_tokens", snapshot.kv_capacity_tokens)):
+                        ("headroom_engine_kv_cache_capacity_tokens", snapshot.kv_capacity_tokens),
+                        ("headroom_engine_max_concurrency_requests", snapshot.max_concurrency)):
         if value is not None:  # unknown is absent, never a fake zero
             family = _gauge(name)
             family.add_metric(labels, float(value))

@@ -4,7 +4,9 @@ vLLM renamed its KV metric (`vllm:gpu_cache_usage_perc` -> `vllm:kv_cache_usage_
 0.11) and broke public dashboards; both names are accepted, the new one first. Both are 0-1
 despite the `_perc` suffix. KV capacity in tokens is `num_gpu_blocks * block_size` from the labels
 of `vllm:cache_config_info`. With data parallelism vLLM exports one label set per `engine`:
-counts are summed, KV usage takes the fullest engine (it preempts first).
+counts are summed, KV usage takes the fullest engine (it preempts first). Newer vLLM also puts
+`kv_cache_max_concurrency` (the requests that fit at max_model_len) on cache_config_info: the
+engine's own ceiling.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import replace
 from collector.sources.base import (EngineSnapshot, FieldRule, Samples, names_of,
                                     parse_exposition, snapshot_from_rules)
 
-__all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens"]
+__all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens", "max_concurrency"]
 
 ENGINE = "vllm"
 RULES = {
@@ -40,11 +42,24 @@ def kv_capacity_tokens(samples: Samples) -> int | None:
     return total or None
 
 
+def max_concurrency(samples: Samples) -> int | None:
+    """`kv_cache_max_concurrency` from `vllm:cache_config_info` (newer vLLM), floored; else None.
+
+    vLLM computes it at max_model_len, so it is a worst case: shorter requests fit more. The
+    metric has no model_name label (never join on it). {"kv_cache_max_concurrency": "46.3"} -> 46
+    """
+    found = []
+    for labels, _ in samples.get("vllm:cache_config_info", ()):
+        try:
+            found.append(int(float(labels["kv_cache_max_concurrency"])))
+        except (KeyError, ValueError):
+            continue
+    return sum(found) if found else None
+
+
 def parse_vllm(text: str) -> EngineSnapshot:
     """Parse a vLLM /metrics page into an EngineSnapshot."""
     samples = parse_exposition(text, NAMES)
     snapshot = snapshot_from_rules(ENGINE, samples, model_label="model_name", **RULES)
-    capacity = kv_capacity_tokens(samples)
-    if capacity is None:
-        return snapshot
-    return replace(snapshot, kv_capacity_tokens=capacity)
+    return replace(snapshot, kv_capacity_tokens=kv_capacity_tokens(samples),
+                   max_concurrency=max_concurrency(samples))

@@ -1,64 +1,116 @@
-"""CapacityGauges: the latest capacity estimate per model, exported as headroom_capacity_*.
+"""CapacityGauges: the published capacity per model and task class, exported as headroom_capacity_*.
 
-The sidecar and the store service both export it from their own /metrics.
+The sidecar and the store service both export it from their own /metrics. Whatever decides the
+published estimate (collector.analysis.publish) hands it a list of PublishedCapacity; alert rules
+compare live concurrency with these values instead of hard-coded numbers. A model with no
+published estimate exports nothing, so those alerts stay silent until there is evidence.
 
-The store's capacity-refresh job (or a probe) calls `set`; alert rules compare live concurrency
-with these values instead of hard-coded numbers. A model with no estimate exports nothing, so
-those alerts stay silent until there is evidence.
+One unit per metric name, and every series says where its number came from:
+
+    headroom_capacity_knee_requests{model, task_class, source, confidence}            8
+    headroom_capacity_knee_tokens{...}                                             9000
+    headroom_capacity_slo_max_requests{...} / _tokens{...}
+    headroom_capacity_recommended_pool_requests{...}                                  5
+    headroom_capacity_estimate_timestamp_seconds{...}                      1796100000.0
+
+The names before this release (`headroom_capacity_knee{model, caliber}`, `_slo_max`,
+`_recommended_pool`) are exported too, for the `all` task class, and will be removed in the next
+release (docs/design.md, "Deprecated metrics").
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from collector.catalog import spec
 
-__all__ = ["CapacityGauges", "CALIBERS"]
+__all__ = ["CapacityGauges", "PublishedCapacity", "CALIBERS", "ALL_TASKS"]
 
 CALIBERS = ("requests", "tokens")
-_FIELDS = {
-    "knee": "headroom_capacity_knee",
-    "slo_max": "headroom_capacity_slo_max",
-    "recommended_pool": "headroom_capacity_recommended_pool",
+ALL_TASKS = "all"  # the task class of an estimate measured over every kind of request
+_CURRENT = {  # metric name -> PublishedCapacity field
+    "headroom_capacity_knee_requests": "knee_requests",
+    "headroom_capacity_knee_tokens": "knee_tokens",
+    "headroom_capacity_slo_max_requests": "slo_max_requests",
+    "headroom_capacity_slo_max_tokens": "slo_max_tokens",
+    "headroom_capacity_recommended_pool_requests": "recommended_pool",
+    "headroom_capacity_estimate_timestamp_seconds": "estimated_at",
+}
+_DEPRECATED = {  # old name -> {caliber: field}
+    "headroom_capacity_knee": {"requests": "knee_requests", "tokens": "knee_tokens"},
+    "headroom_capacity_slo_max": {"requests": "slo_max_requests", "tokens": "slo_max_tokens"},
+    "headroom_capacity_recommended_pool": {"requests": "recommended_pool"},
 }
 
 
+@dataclass(frozen=True)
+class PublishedCapacity:
+    """One published estimate: what the gauges say for a model and task class, and its origin."""
+
+    model: str
+    task_class: str = ALL_TASKS
+    source: str = "probe"          # probe | traffic
+    confidence: str = "medium"     # high | medium | low
+    estimated_at: float = 0.0      # POSIX seconds when the estimate was made
+    knee_requests: float | None = None
+    knee_tokens: float | None = None
+    slo_max_requests: float | None = None
+    slo_max_tokens: float | None = None
+    recommended_pool: float | None = None
+
+    @property
+    def labels(self) -> tuple[str, str, str, str]:
+        return (self.model, self.task_class, self.source, self.confidence)
+
+
 class CapacityGauges:
-    """Thread-safe holder of {(model, caliber): {field: value}}; a prometheus-client collector."""
+    """Thread-safe holder of the published estimates; a prometheus-client collector."""
 
     def __init__(self) -> None:
-        self._values: dict[tuple[str, str], dict[str, float]] = {}
+        self._published: dict[tuple[str, str], PublishedCapacity] = {}
         self._lock = threading.Lock()
 
-    def set(self, model: str, caliber: str, *, knee: float | None = None,
-            slo_max: float | None = None, recommended_pool: float | None = None) -> None:
-        """Replace the estimate for (model, caliber); None leaves that gauge out."""
-        if caliber not in CALIBERS:
-            raise ValueError(f"caliber {caliber!r} is not one of {CALIBERS}")
-        values = {"knee": knee, "slo_max": slo_max, "recommended_pool": recommended_pool}
+    def replace(self, published: Sequence[PublishedCapacity]) -> None:
+        """Publish exactly these estimates (one per model and task class), dropping the rest."""
         with self._lock:
-            self._values[(model, caliber)] = {k: float(v) for k, v in values.items() if v is not None}
+            self._published = {(p.model, p.task_class): p for p in published}
 
     def clear(self) -> None:
-        """Forget every estimate."""
-        with self._lock:
-            self._values.clear()
+        """Publish nothing (alerts that divide by capacity go silent)."""
+        self.replace(())
 
-    def get(self, model: str, caliber: str) -> dict[str, float]:
-        """The current values for (model, caliber), e.g. {'knee': 8.0, 'recommended_pool': 5.0}."""
+    def get(self, model: str, task_class: str = ALL_TASKS) -> PublishedCapacity | None:
+        """The published estimate for (model, task class), or None."""
         with self._lock:
-            return dict(self._values.get((model, caliber), {}))
+            return self._published.get((model, task_class))
+
+    def published(self) -> list[PublishedCapacity]:
+        """Every published estimate, ordered by model and task class."""
+        with self._lock:
+            return [self._published[key] for key in sorted(self._published)]
 
     def collect(self) -> Iterable[Metric]:
-        with self._lock:
-            items = sorted(self._values.items())
-        for field, name in _FIELDS.items():
+        items = self.published()
+        for name, field in _CURRENT.items():
             entry = spec(name)
             family = GaugeMetricFamily(name, entry.help, labels=entry.labels)
-            for (model, caliber), values in items:
-                if field in values:
-                    family.add_metric((model, caliber), values[field])
+            for item in items:
+                value = getattr(item, field)
+                if value is not None:
+                    family.add_metric(item.labels, float(value))
+            yield family
+        for name, fields in _DEPRECATED.items():
+            entry = spec(name)
+            family = GaugeMetricFamily(name, entry.help, labels=entry.labels)
+            for item in items:
+                if item.task_class != ALL_TASKS:
+                    continue
+                for caliber, field in fields.items():
+                    value = getattr(item, field)
+                    if value is not None:
+                        family.add_metric((item.model, caliber), float(value))
             yield family

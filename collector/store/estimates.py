@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from collector.store.capacity_gauges import CapacityGauges
+from collector.store.capacity_gauges import ALL_TASKS, CapacityGauges, PublishedCapacity
 from collector.store.db import RequestStore
 
-__all__ = ["save_estimate", "latest_estimates", "publish_estimates", "publish_stored"]
+__all__ = ["save_estimate", "latest_estimates", "published", "publish_estimates", "publish_stored"]
 
 _DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
     estimate_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, model VARCHAR,
@@ -58,14 +58,21 @@ def latest_estimates(store: RequestStore, rank: int = 1) -> list[dict[str, Any]]
     return [orjson.loads(row[0]) for row in store.query(_NEWEST, [rank])]
 
 
+def published(estimate: Mapping[str, Any]) -> PublishedCapacity:
+    """What the gauges say for one estimate dict (CapacityEstimate.to_dict() form)."""
+    confidence = estimate.get("confidence") or "medium"
+    return PublishedCapacity(
+        model=estimate["model"] or "unknown", task_class=estimate.get("task_class") or ALL_TASKS,
+        source=estimate["source"], confidence="high" if confidence == "measured" else confidence,
+        estimated_at=datetime.fromisoformat(estimate["created_at"]).timestamp(),
+        knee_requests=estimate["knee_requests"], knee_tokens=estimate["knee_tokens"],
+        slo_max_requests=estimate["slo_max"], slo_max_tokens=estimate["slo_max_tokens"],
+        recommended_pool=estimate["recommended_pool"])
+
+
 def publish_estimates(gauges: CapacityGauges, estimates: list[Mapping[str, Any]]) -> None:
     """Replace the headroom_capacity_* gauges with these estimate dicts (both calibers)."""
-    gauges.clear()
-    for estimate in estimates:
-        model = estimate["model"] or "unknown"
-        gauges.set(model, "requests", knee=estimate["knee_requests"], slo_max=estimate["slo_max"],
-                   recommended_pool=estimate["recommended_pool"])
-        gauges.set(model, "tokens", knee=estimate["knee_tokens"], slo_max=estimate["slo_max_tokens"])
+    gauges.replace([published(estimate) for estimate in estimates])
 
 
 def publish_stored(store: RequestStore, gauges: CapacityGauges) -> int:
