@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import aiohttp
 import orjson
@@ -32,6 +33,9 @@ _HOP_BY_HOP = frozenset({
     b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
 })
 _USAGE_NULL = b',"usage":null'
+
+
+_PROBE_ID = re.compile(r"probe-[A-Za-z0-9._:-]{1,120}")
 
 
 def outcome_for_status(status: int) -> str:
@@ -151,6 +155,11 @@ class CompletionsProxy:
         if _header(scope, b"x-headroom-source") == "probe":  # `headroom probe` marks its load
             request.source = "probe"
             request.run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None
+            # the probe's own id carries the level (probe-...-c0008-000123): the stored run is
+            # then estimated from this sidecar's rows; never an id already live (gauges key on it)
+            probe_id = _header(scope, b"x-headroom-request-id") or ""
+            if _PROBE_ID.fullmatch(probe_id) and probe_id not in self._tracker.live:
+                request.request_id = probe_id
         snapshot = getattr(self._engine, "latest", None)
         if snapshot is not None:
             request.engine_waiting = getattr(snapshot, "waiting", None)
