@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report"},
 }
-FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream"}
+FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream", "tasks"}
 ENTRY_POINTS = {"cli", "demo"}
 
 

@@ -19,7 +19,7 @@ import orjson
 from yarl import URL
 
 from collector.sidecar.requests import ParsedRequest, parse_request
-from collector.sidecar.tenants import resolve_tenant
+from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.upstream import UpstreamClient
@@ -36,6 +36,8 @@ _USAGE_NULL = b',"usage":null'
 
 
 _PROBE_ID = re.compile(r"probe-[A-Za-z0-9._:-]{1,120}")
+_TASK_CLASS = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+_MAX_TASK_CLASSES = 16
 
 
 def outcome_for_status(status: int) -> str:
@@ -125,6 +127,7 @@ class CompletionsProxy:
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
         self._tenant_cap, self._model_cap = tenant_cap, model_cap
+        self._task_cap = LabelCap(_MAX_TASK_CLASSES)  # named by probes: few, but a client could lie
         self._engine = engine
 
     async def __call__(self, scope, receive, send) -> None:
@@ -160,6 +163,9 @@ class CompletionsProxy:
             probe_id = _header(scope, b"x-headroom-request-id") or ""
             if _PROBE_ID.fullmatch(probe_id) and probe_id not in self._tracker.live:
                 request.request_id = probe_id
+            task = _header(scope, b"x-headroom-task-class") or ""
+            if _TASK_CLASS.fullmatch(task):  # the class of the probe's workload it measures
+                request.task_class, request.task_class_label = task, self._task_cap(task)
         snapshot = getattr(self._engine, "latest", None)
         if snapshot is not None:
             request.engine_waiting = getattr(snapshot, "waiting", None)
