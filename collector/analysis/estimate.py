@@ -158,14 +158,15 @@ def estimate_probe_run(store: Any, run_id: str, *, slo_ttft_p95_s: float | None 
 
 
 def _from_traffic(store: Any, model: str | None, since: datetime | None, until: datetime | None,
-                  slo: Slo, profile: str) -> CapacityEstimate:
-    curve = passive_curve(store, "requests", since, until, model)
+                  slo: Slo, profile: str, task_class: str | None = None) -> CapacityEstimate:
+    curve = passive_curve(store, "requests", since, until, model, task_class=task_class)
     if curve.knee is None:
         raise ValueError(f"too little traffic between {since} and {until} for a capacity curve "
                          f"({curve.rows} rows); widen the window")
-    tokens = passive_curve(store, "tokens", since, until, model)
+    tokens = passive_curve(store, "tokens", since, until, model, task_class=task_class)
     estimate = build_estimate(curve.usable_buckets(), slo=slo, profile=profile, model=model,
                               source="traffic", confidence=curve.confidence, knee=curve.knee)
+    estimate.task_class = task_class or "all"
     estimate.extra = {"confidence_reason": curve.confidence_reason, "window_s": curve.window_s,
                       "token_curve": tokens.to_dict()}
     return estimate
@@ -173,7 +174,8 @@ def _from_traffic(store: Any, model: str | None, since: datetime | None, until: 
 
 def estimate_capacity(store: Any, model: str | None = None, since: datetime | None = None,
                       until: datetime | None = None, slo_ttft_p95_s: float | None = None,
-                      profile: str = "interactive", *, source: str = "auto") -> CapacityEstimate:
+                      profile: str = "interactive", *, source: str = "auto",
+                      task_class: str | None = None) -> CapacityEstimate:
     """Estimate from the newest probe run in the window ('auto' prefers it), else from traffic.
 
     Raises ValueError naming the window when there is too little data for either.
@@ -187,7 +189,7 @@ def estimate_capacity(store: Any, model: str | None = None, since: datetime | No
         return estimate
     if source == "probe":
         raise ValueError(f"no probe run in the store between {since} and {until}; run headroom probe")
-    return _from_traffic(store, model, since, until, slo, profile)
+    return _from_traffic(store, model, since, until, slo, profile, task_class)
 
 
 def save_estimate(store: RequestStore, estimate: CapacityEstimate) -> str:

@@ -53,7 +53,7 @@ _ROWS = """SELECT *, epoch(admitted_at) AS a, epoch(coalesce(first_token_at, com
     epoch(completed_at) AS e FROM requests
     WHERE source = ? AND completed_at IS NOT NULL AND {column} IS NOT NULL
       AND (? IS NULL OR admitted_at >= ?) AND (? IS NULL OR admitted_at < ?)
-      AND (? IS NULL OR model = ?)"""
+      AND (? IS NULL OR model = ?) AND (? IS NULL OR task_class = ?)"""
 _BUCKETS = """WITH r AS ({rows})
 SELECT {bucket} AS bucket, count(*) AS n,
     quantile_cont(ttft_s, [0.5, 0.95, 0.99]) FILTER (WHERE outcome = 'ok') AS ttft,
@@ -180,33 +180,37 @@ def confidence_bar(knee: KneeResult | None, buckets: Sequence[LevelStats],
 
 def passive_curve(store_or_rows: Any, caliber: str, since: datetime | None = None,
                   until: datetime | None = None, model: str | None = None, *,
-                  window_s: float | None = None, source: str = "traffic") -> PassiveCurve:
+                  window_s: float | None = None, source: str = "traffic",
+                  task_class: str | None = None) -> PassiveCurve:
     """Capacity curve of `caliber` ('requests' or 'tokens') from rows admitted in [since, until).
 
-    `store_or_rows` is a RequestStore or a sequence of row dicts. Raises ValueError naming the
-    window when there are no rows to analyse.
+    `store_or_rows` is a RequestStore or a sequence of row dicts; `task_class` keeps one class
+    of requests (collector.tasks; None = all). Raises ValueError naming the window when there
+    are no rows to analyse.
     """
     if caliber not in CALIBER_COLUMNS:
         raise ValueError(f"caliber {caliber!r} is not one of {', '.join(CALIBER_COLUMNS)}")
     db = _Source(store_or_rows)
     try:
-        return _curve(db, caliber, since, until, model, window_s, source)
+        return _curve(db, caliber, since, until, model, window_s, source, task_class)
     finally:
         db.close()
 
 
 def _curve(db: _Source, caliber: str, since: datetime | None, until: datetime | None,
-           model: str | None, window_s: float | None, source: str) -> PassiveCurve:
+           model: str | None, window_s: float | None, source: str,
+           task_class: str | None) -> PassiveCurve:
     column = CALIBER_COLUMNS[caliber]
     rows_sql = _ROWS.format(column=column)
-    params = [source, since, since, until, until, model, model]
+    params = [source, since, since, until, until, model, model, task_class, task_class]
     n, first, last, median_e2e = db.query(
         f"SELECT count(*), min(a), max(e), median(e2e_s) FROM ({rows_sql})", params)[0]
     if not n:
         window = f" between {since or 'the first row'} and {until or 'now'}" if since or until else ""
         raise ValueError(f"no traffic rows with {column}{window}"
-                         f"{f' for model {model!r}' if model else ''}; widen the window or send "
-                         "traffic through the sidecar first")
+                         f"{f' for model {model!r}' if model else ''}"
+                         f"{f' of task class {task_class!r}' if task_class else ''}; widen the "
+                         "window or send traffic through the sidecar first")
     start, end = seconds(since) or first, seconds(until) or last
     window_s = window_s or max(1.0, 3 * (median_e2e or 1.0))
     count = max(int((end - start) // window_s), 0)

@@ -27,6 +27,7 @@ from typing import Any
 
 from collector.sim.config import SimConfig
 from collector.sim.scheduler import QueueFull, Scheduler, SimRequest
+from collector.tasks import classify
 
 __all__ = ["Mix", "poisson_rows", "closed_loop_rows", "START"]
 
@@ -87,7 +88,8 @@ class _Run:
                "prompt_tokens": prompt, "completion_tokens": 0, "max_tokens": output,
                "usage_source": "upstream", "inflight_at_admit": len(self.live) + 1,
                "active_tokens_at_admit": active,
-               "engine_waiting_at_admit": len(self.scheduler.waiting), "upstream_retries": 0}
+               "engine_waiting_at_admit": len(self.scheduler.waiting), "upstream_retries": 0,
+               "task_class": classify(output)}
         live = _Live(request, row, self.now, client=client)
         try:
             self.scheduler.add(request)
