@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ import httpx
 import pytest
 
 from collector.analysis.knee import detect_knee
+from collector.analysis.passive import passive_curve
 from collector.analysis.probe import ProbeSettings, run_probe
+from collector.store.db import RequestStore
 from conftest import headroom_process
 from real_engine import llama_server
 
@@ -41,10 +44,11 @@ class PlainLevel:
     deferred_mean: float  # the engine's requests_deferred, sampled every 100 ms
 
 
-async def _one(client: httpx.AsyncClient, url: str) -> tuple[float, float, float, int]:
+async def _one(client: httpx.AsyncClient, url: str, max_tokens: int = MAX_TOKENS
+               ) -> tuple[float, float, float, int]:
     """(admitted, first token, completed, completion tokens) of one streamed request."""
     body = {"model": "gemma", "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0, "stream": True,
+            "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     admitted, first, tokens = time.monotonic(), None, 0
     async with client.stream("POST", url + "/v1/chat/completions", json=body,
@@ -71,7 +75,8 @@ async def _deferred(client: httpx.AsyncClient, url: str, stop: asyncio.Event) ->
     return samples
 
 
-async def plain_level(url: str, concurrency: int, per_worker: int) -> PlainLevel:
+async def plain_level(url: str, concurrency: int, per_worker: int,
+                      max_tokens: int = MAX_TOKENS) -> PlainLevel:
     """A closed loop of `concurrency` workers, `per_worker` requests each, staggered starts."""
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         results: list[tuple[float, float, float, int]] = []
@@ -79,7 +84,7 @@ async def plain_level(url: str, concurrency: int, per_worker: int) -> PlainLevel
         async def worker(index: int) -> None:
             await asyncio.sleep(index * 0.2)
             for _ in range(per_worker):
-                results.append(await _one(client, url))
+                results.append(await _one(client, url, max_tokens))
 
         stop = asyncio.Event()
         sampler = asyncio.create_task(_deferred(client, url, stop))
@@ -103,9 +108,10 @@ def plain_knee(levels: list[PlainLevel]) -> int:
     return max(level.concurrency for level in levels if level.deferred_mean < 0.5)
 
 
-def _settings(url: str, levels: tuple[int, ...]) -> ProbeSettings:
-    return ProbeSettings(url=url, levels=levels, max_tokens=MAX_TOKENS, warmup_per_worker=1,
-                         min_samples=8, max_samples=20, drift_window=4, max_level_s=25.0)
+def _settings(url: str, levels: tuple[int, ...], **overrides) -> ProbeSettings:
+    return ProbeSettings(url=url, levels=levels, **({
+        "max_tokens": MAX_TOKENS, "warmup_per_worker": 1, "min_samples": 8, "max_samples": 20,
+        "drift_window": 4, "max_level_s": 25.0} | overrides))
 
 
 def _sidecar_upstream_errors(metrics: str) -> float:
@@ -154,3 +160,67 @@ def test_probe_finds_the_knee_a_plain_client_measures(parallel, levels, tmp_path
     retried = sum(float(line.rsplit(" ", 1)[1]) for line in sidecar_metrics.splitlines()
                   if line.startswith("headroom_upstream_retries_total{"))
     print(f"sidecar: {retried:g} requests re-sent after a stale pooled connection, 0 errors")
+
+
+def test_two_task_classes_get_the_knees_a_plain_client_measures_per_class():
+    """Short and long answers on 4 slots: llama.cpp's slots bind both, so both knees are 4
+    and their ratio is 1; a plain client sees requests wait past 4 in both classes."""
+    classes = {"short": 32, "long": 96}
+    with llama_server(4) as engine:
+        plain = {name: plain_knee([asyncio.run(plain_level(engine, c, 1, tokens)) for c in (4, 8)])
+                 for name, tokens in classes.items()}
+        runs = {name: asyncio.run(run_probe(_settings(engine, (2, 4, 8), max_tokens=tokens,
+                                                      task_class=name, min_samples=8,
+                                                      max_samples=12)))
+                for name, tokens in classes.items()}
+    probed = {name: detect_knee([lv.stats for lv in run.levels]) for name, run in runs.items()}
+    tables = {name: [(lv.concurrency, round(lv.stats.total_tokens_per_s, 1),
+                      lv.stats.engine_waiting_mean) for lv in run.levels]
+              for name, run in runs.items()}
+    print(f"\nplain knees {plain}; probe knees {({k: v.requests for k, v in probed.items()})}; "
+          f"levels {tables}")
+    assert plain == {"short": 4, "long": 4}
+    assert {name: knee.requests for name, knee in probed.items()} == plain, (tables, probed)
+    assert probed["short"].requests / probed["long"].requests == plain["short"] / plain["long"]
+
+
+async def _poisson(url: str, rate_at, duration_s: float, limit: int) -> int:
+    """Open-loop traffic: arrivals at rate_at(t) per second for duration_s, at most `limit`."""
+    import random
+
+    rng, tasks, started = random.Random(7), [], time.monotonic()
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+        while (elapsed := time.monotonic() - started) < duration_s and len(tasks) < limit:
+            await asyncio.sleep(rng.expovariate(rate_at(elapsed)))
+            tasks.append(asyncio.create_task(_one(client, url)))
+        await asyncio.gather(*tasks)
+    return len(tasks)
+
+
+def test_passive_knee_from_real_traffic_is_within_one_level_of_the_probe(tmp_path):
+    """Poisson traffic ramping past capacity through `headroom run` in front of llama-server:
+    the knee read off the sidecar's request log is within one ladder level of the probe's."""
+    db = tmp_path / "traffic.duckdb"
+    with llama_server(4) as engine:
+        probe = asyncio.run(run_probe(_settings(engine, (1, 2, 4, 8), min_samples=6,
+                                                max_samples=12)))
+        knee = detect_knee([lv.stats for lv in probe.levels])
+        capacity = next(lv.stats.requests_per_s for lv in probe.levels
+                        if lv.concurrency == knee.requests)
+        with headroom_process("run", "--upstream", engine, "--engine", "auto", "--no-jobs",
+                              "--engine-poll-interval", "0.25", "--db", str(db),
+                              health="/healthz") as sidecar:
+            sent = asyncio.run(_poisson(sidecar, lambda t: capacity * (0.3 + 1.4 * t / 150),
+                                        150.0, 400))
+    store = RequestStore(db, read_only=True)
+    try:
+        curve = passive_curve(store, "requests")
+    finally:
+        store.close()
+    table = [(b.concurrency, b.samples, curve.windows_per_bucket.get(b.concurrency),
+              round(b.total_tokens_per_s), b.engine_waiting_mean) for b in curve.buckets]
+    print(f"\nprobe knee {knee.requests}; {sent} requests of traffic; passive knee "
+          f"{curve.knee and curve.knee.requests} ({curve.confidence}): {table}")
+    assert knee.requests == 4
+    assert curve.knee is not None and curve.knee.reached, table
+    assert abs(math.log2(curve.knee.requests) - math.log2(knee.requests)) <= 1, table

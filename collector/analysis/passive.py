@@ -8,7 +8,8 @@ engine's queue (`engine_waiting_at_admit`). Method:
    of two (log scale, so 6..11 -> 8); each bucket gets n, p50/p95/p99 TTFT, TPOT and e2e, the
    capacity errors (429, 503, timeouts) and the mean engine queue its requests saw.
 2. Throughput per bucket, from time windows, never from single requests: [since, until) is cut
-   into windows of `window_s` (default 3 x the median e2e); each window gets its time-weighted
+   into windows of `window_s` (default 3 x the median generating time, e2e minus TTFT: queue
+   wait left out, so an overload leaves as many windows as calm traffic); each window gets its time-weighted
    mean concurrency and its token throughput (prompt tokens when the first token arrives,
    completion tokens spread over the decode), and is bucketed by that mean. A bucket's
    throughput is the mean over its windows, so a bucket that happened to get many windows (the
@@ -203,8 +204,11 @@ def _curve(db: _Source, caliber: str, since: datetime | None, until: datetime | 
     column = CALIBER_COLUMNS[caliber]
     rows_sql = _ROWS.format(column=column)
     params = [source, since, since, until, until, model, model, task_class, task_class]
+    # windows of 3 x the median time a request spends generating (queue wait excluded: under
+    # overload e2e balloons and would leave too few windows to read the knee from)
     n, first, last, median_e2e = db.query(
-        f"SELECT count(*), min(a), max(e), median(e2e_s) FROM ({rows_sql})", params)[0]
+        f"SELECT count(*), min(a), max(e), median(e2e_s - coalesce(ttft_s, 0)) "
+        f"FILTER (WHERE outcome = 'ok') FROM ({rows_sql})", params)[0]
     if not n:
         window = f" between {since or 'the first row'} and {until or 'now'}" if since or until else ""
         raise ValueError(f"no traffic rows with {column}{window}"
