@@ -92,7 +92,8 @@ Examples:
 @click.option("--store-token", envvar="HEADROOM_TOKEN", default=None,
               help="Bearer token for --store-url [env: HEADROOM_TOKEN].")
 @click.option("--max-samples", default=400, show_default=True, help="Per-level cap on measured requests.")
-@click.option("--max-level-seconds", default=120.0, show_default=True, help="Per-level time cap.")
+@click.option("--max-level-seconds", default=120.0, show_default=True,
+              help="Per-level cap on measuring time (after warm-up; a level ends by 2x this whatever).")
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Per-request timeout (s).")
 @click.option("--endpoint", type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
               default="/v1/chat/completions", show_default=True)

@@ -200,7 +200,8 @@ class _Level:
         measured = self.measured()
         if len(measured) >= settings.max_samples:
             return f"sample cap {settings.max_samples}"
-        if time.time() - self.started >= settings.max_level_s:
+        # the cap counts measuring time: a slow level's warm-up must not eat its window
+        if time.time() - self.measuring_since >= settings.max_level_s:
             return f"time cap {settings.max_level_s:g} s"
         if len(measured) < self.next_check:
             return None
@@ -262,9 +263,10 @@ class _Runner:
         workers = [asyncio.create_task(self._worker(level, i * stagger_s / concurrency))
                    for i in range(concurrency)]
         try:
-            await asyncio.wait_for(level.done.wait(), self.settings.max_level_s + 5)
+            # warm-up and measuring together; a level that never warms up ends here
+            await asyncio.wait_for(level.done.wait(), 2 * self.settings.max_level_s + 5)
         except asyncio.TimeoutError:
-            level._stop(f"time cap {self.settings.max_level_s:g} s")
+            level._stop(f"time cap {2 * self.settings.max_level_s:g} s (warm-up included)")
         await asyncio.gather(*workers)  # drain: in-flight requests finish (bounded by timeout)
         return self._finish(level)
 
