@@ -129,15 +129,19 @@ def _when(text: str | None, option: str = "--since") -> datetime | None:
 @click.option("--until", default=None, help="ISO end time (exclusive).")
 @click.option("--model", default=None)
 @click.option("--caliber", type=click.Choice(["requests", "tokens"]), default="requests", show_default=True)
-@click.option("--window-seconds", type=float, default=None, help="Throughput window; default 3 x median e2e.")
+@click.option("--window-seconds", type=float, default=None,
+              help="Throughput window; default 3 x the median generating time (e2e - TTFT).")
+@click.option("--task-class", default=None, metavar="NAME",
+              help="Only requests of this task class (short, medium, long, or a workload's name).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
+def curve(db, since, until, model, caliber, window_seconds, task_class, as_json) -> None:
     """Passive capacity curve from live traffic (source='traffic'), bucketed by concurrency at admission.
 
     \b
     Examples:
       headroom capacity curve --db headroom.duckdb --caliber requests
       headroom capacity curve --db headroom.duckdb --caliber tokens --since 2026-11-30T09:00:00+00:00 --json
+      headroom capacity curve --db headroom.duckdb --task-class long
     """
     if not Path(db).is_file():
         raise click.ClickException(f"--db {db} does not exist; pass the request log a sidecar or store wrote "
@@ -149,9 +153,11 @@ def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
                 if "lock" in str(exc).lower() else "pass a DuckDB file written by headroom")
         raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
     try:
-        result = passive_curve(store, caliber, _when(since), _when(until, "--until"), model, window_s=window_seconds)
+        result = passive_curve(store, caliber, _when(since), _when(until, "--until"), model,
+                               window_s=window_seconds, task_class=task_class)
         decisions = [d for d in published(store, datetime.now(UTC))
-                     if model is None or d.model == model]
+                     if (model is None or d.model == model)
+                     and (task_class is None or d.task_class == task_class)]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     finally:

@@ -214,4 +214,6 @@ def estimate_from_probe(result: Any, *, slo: Slo = Slo(), profile: str = "intera
                               model=result.model, source="probe", run_id=result.run_id,
                               stopped_early=result.stopped_early)
     estimate.task_class = result.task_class
+    if getattr(result, "engine_max_concurrency", None) is not None:
+        estimate.extra["engine_max_concurrency"] = result.engine_max_concurrency
     return estimate

@@ -95,6 +95,7 @@ class ProbeResult:
     levels: list[LevelRun]
     stopped_early: str | None = None
     task_class: str = "all"
+    engine_max_concurrency: int | None = None  # the engine's own ceiling, when it tells it
     queue_evidence: str = "TTFT growth (the engine's queue was not read)"
 
 
@@ -330,6 +331,7 @@ async def run_probe(settings: ProbeSettings, *,
                 result.stopped_early = f"stopped after concurrency {concurrency}: {why}"
                 break
         result.queue_evidence = _queue_evidence(engine)
+        result.engine_max_concurrency = engine.latest.max_concurrency if engine else None
     finally:
         if engine is not None:
             await engine.stop()

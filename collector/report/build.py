@@ -121,6 +121,7 @@ def _model_report(model: str, inputs: ReportInputs, current: dict, previous: dic
         "littles_law": littles_law(current["admitted"], current["completed"], current["e2e_s"],
                                    start, end, LITTLES_LAW_TOLERANCE),
         "estimate": _estimate_summary(estimate, inputs.previous_estimates.get(model, {})) if estimate else None,
+        "capacity_by_class": inputs.classes.get(model, []),
     }
     p95 = report["latency"]["ttft_s"]["p95"]
     report["slo"] = {"ttft_p95_s": slo, "met": None if slo is None or p95 is None else p95 <= slo}

@@ -42,6 +42,8 @@ class ReportInputs:
     estimates: dict[str, dict[str, Any]] = field(default_factory=dict)
     previous_estimates: dict[str, dict[str, Any]] = field(default_factory=dict)
     slo_ttft_p95_s: float | None = None
+    # model -> what is published per task class: {task_class, knee_requests, ..., reason}
+    classes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def previous_since(self) -> datetime:
@@ -70,11 +72,24 @@ def _estimates(store: RequestStore, rank: int) -> dict[str, dict[str, Any]]:
     return {item.get("model") or "unknown": item for item in latest_estimates(store, rank)}
 
 
-def _published(store: RequestStore, until: datetime) -> dict[str, dict[str, Any]]:
-    """What the gauges publish per model at `until` (collector.analysis.publish): the same
+def _published(decisions: list) -> dict[str, dict[str, Any]]:
+    """What the gauges publish per model (collector.analysis.publish), task class all: the same
     estimate the sidecar, the store and the other readers use."""
     return {d.model: dict(d.estimate) | {"published_because": d.reason}
-            for d in published(store, until) if d.estimate is not None and d.task_class == "all"}
+            for d in decisions if d.estimate is not None and d.task_class == "all"}
+
+
+def _classes(decisions: list) -> dict[str, list[dict[str, Any]]]:
+    """Per model, the decision for every task class, published or not, with its reason."""
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for d in decisions:
+        estimate = d.estimate or {}
+        by_model.setdefault(d.model, []).append({
+            "task_class": d.task_class, "knee_requests": estimate.get("knee_requests"),
+            "recommended_pool": estimate.get("recommended_pool") if estimate else None,
+            "slo_max": estimate.get("slo_max"), "source": estimate.get("source"),
+            "engine_max_concurrency": estimate.get("engine_max_concurrency"), "reason": d.reason})
+    return by_model
 
 
 def collect_inputs(store: RequestStore, since: datetime, until: datetime, *,
@@ -83,8 +98,10 @@ def collect_inputs(store: RequestStore, since: datetime, until: datetime, *,
     if until <= since:
         raise ValueError(f"report window is empty: since {since.isoformat()} is not before until {until.isoformat()}")
     previous_since = since - (until - since)
+    decisions = published(store, until)
     return ReportInputs(since, until, _columns(store, since, until), _columns(store, previous_since, since),
-                        _published(store, until), _estimates(store, 2), slo_ttft_p95_s)
+                        _published(decisions), _estimates(store, 2), slo_ttft_p95_s,
+                        _classes(decisions))
 
 
 def empty_columns() -> dict[str, np.ndarray]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render_md", "fmt", "pct", "LATENCY_NAMES"]
+__all__ = ["render_md", "fmt", "pct", "capacity_line", "LATENCY_NAMES"]
 
 LATENCY_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "e2e"}
 
@@ -51,6 +51,7 @@ def _model(m: dict[str, Any]) -> list[str]:
     lines += _table(["caliber", "peak", "knee", "headroom"], [
         [cal, fmt(c[f"peak_{cal}"]), fmt(c[f"knee_{cal}"]), pct(c[f"headroom_{cal}"])]
         for cal in ("requests", "tokens")])
+    lines += [""] + [f"- {capacity_line(item)}" for item in m.get("capacity_by_class", [])]
     lines += ["", f"Little's law: measured in-flight {fmt(law['measured_inflight'])}, rate × e2e "
                   f"{fmt(law['predicted_inflight'])}, ratio {fmt(law['ratio'])}, "
                   f"consistent: {fmt(law['consistent'])}", ""]
@@ -60,6 +61,17 @@ def _model(m: dict[str, Any]) -> list[str]:
         [fmt(b["bucket"]), fmt(b["n"]), fmt(b["ttft_p95_s"]), fmt(b["tpot_p95_s"]), fmt(b["error_ratio"], 4)]
         for b in m["curve"]]) + [""]
     return lines
+
+
+def capacity_line(item: dict[str, Any]) -> str:
+    """'all: engine ceiling 46, measured knee 16, SLO max 12, pool 11 (probe run x, 2.0 h old)'."""
+    if item.get("knee_requests") is None:
+        return f"{item['task_class']}: {item['reason']}"
+    ceiling = item.get("engine_max_concurrency")
+    parts = ([f"engine ceiling {fmt(ceiling)}"] if ceiling is not None else []) + [
+        f"measured knee {fmt(item['knee_requests'])}", f"SLO max {fmt(item.get('slo_max'))}",
+        f"pool {fmt(item.get('recommended_pool'))}"]
+    return f"{item['task_class']}: " + ", ".join(parts) + f" ({item['reason']})"
 
 
 def render_md(report: dict[str, Any]) -> str:
