@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["EventSplitter", "ChunkInfo", "inspect_event", "DONE", "MALFORMED", "ERROR"]
+from collector.tokens import tokens_for_characters
 
-_CHARS_PER_TOKEN = 4
+__all__ = ["EventSplitter", "ChunkInfo", "inspect_event", "DONE", "MALFORMED", "ERROR"]
 
 
 class EventSplitter:
@@ -87,10 +87,10 @@ def _delta_tokens(choice: dict) -> int:
         if isinstance(reasoning, str):
             text_len += len(reasoning)
         if text_len:
-            return max(1, text_len // _CHARS_PER_TOKEN)
+            return tokens_for_characters(text_len)
         return 1 if delta.get("tool_calls") or delta.get("function_call") else 0
     text = choice.get("text")  # /v1/completions
-    return max(1, len(text) // _CHARS_PER_TOKEN) if isinstance(text, str) and text else 0
+    return tokens_for_characters(len(text)) if isinstance(text, str) else 0
 
 
 def _fields(event: bytes) -> tuple[bytes | None, bool]:
@@ -146,9 +146,8 @@ def inspect_event(event: bytes) -> ChunkInfo | None:
     """Read one event; None for comments/keep-alives, DONE for `[DONE]`, MALFORMED for bad JSON,
     ERROR for an error the engine reported inside the stream.
 
-    A chunk's token estimate is floor(characters / 4), at least 1 for non-empty content or a tool
-    call: engines stream about one token per chunk, and on the llama.cpp capture in
-    tests/fixtures this gives 302 for a true 300. A role-only chunk carries no token (it must not
+    A chunk's token estimate is collector.tokens' rule (floor(characters / 4), at least 1 for
+    non-empty content), 1 for a tool call. A role-only chunk carries no token (it must not
     stamp TTFT). The row's completion_tokens come from upstream usage whenever it is sent.
     """
     if event.startswith(b"data:"):  # the common case: one data line

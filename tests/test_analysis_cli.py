@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from collector.analysis.plot import render_html, render_png, write_plot
-from collector.analysis.synthetic import closed_loop_rows
+from collector.store.synthetic import closed_loop_rows
 from collector.cli import main
 from collector.store.db import RequestStore
 from test_analysis_estimate import _estimate

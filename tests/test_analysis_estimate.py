@@ -13,7 +13,7 @@ from collector.analysis.estimate import (CapacityEstimate, build_estimate, estim
                                          latest_estimates, probe_levels, publish_estimates,
                                          save_estimate)
 from collector.analysis.slo import Slo
-from collector.analysis.synthetic import closed_loop_rows
+from collector.store.synthetic import closed_loop_rows
 from collector.store.db import RequestStore
 from test_analysis_knee import ladder
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from collector.analysis.passive import passive_curve
-from collector.analysis.synthetic import closed_loop_rows
+from collector.store.synthetic import closed_loop_rows
 from collector.store.db import RequestStore
 
 

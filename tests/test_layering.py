@@ -17,8 +17,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = ROOT / "collector"
 
-# package -> the packages it may import. Root modules that hold no wiring (catalog, record, sse,
-# timewin, serving, upstream, the version) are open to every package; entry points (cli, demo) to none.
+# package -> the packages it may import. Root modules that hold no wiring (catalog, record, tokens,
+# inflight, sse, timewin, serving, upstream, the version) are open to every package; entry points
+# (cli, demo) to none.
 ALLOWED: dict[str, set[str]] = {
     "sources": set(),
     "store": set(),
@@ -31,7 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report"},
 }
-FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream"}
+FOUNDATION = {"__init__", "catalog", "record", "tokens", "inflight", "sse", "timewin", "serving",
+              "upstream"}
 ENTRY_POINTS = {"cli", "demo"}
 
 
@@ -103,6 +105,11 @@ def test_the_allowed_table_itself_has_no_cycle():
 def test_every_package_is_in_the_table():
     packages = {path.parent.name for path in PACKAGE_DIR.glob("*/__init__.py")}
     assert packages == set(ALLOWED), "add the new package to ALLOWED here and in docs/design.md"
+
+
+def test_every_root_module_is_a_foundation_or_an_entry_point():
+    roots = {path.stem for path in PACKAGE_DIR.glob("*.py")}
+    assert roots == FOUNDATION | ENTRY_POINTS, "name the new root module in FOUNDATION or ENTRY_POINTS"
 
 
 def test_packages_import_only_what_the_table_allows():

@@ -1,4 +1,4 @@
-"""OtelSink on row dicts: span name, GenAI attributes, timestamps, error type, endpoint handling."""
+"""OtelSink on request records: span name, GenAI attributes, timestamps, error type, endpoint handling."""
 
 from __future__ import annotations
 
@@ -8,16 +8,15 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from collector.record import RequestRecord
 from collector.sidecar.otel import FIRST_TOKEN_EVENT, OtelSink, span_attributes, traces_url
-from collector.store.schema import COLUMN_NAMES
 
 T0 = datetime(2026, 3, 2, 10, 0, 0, 123456, tzinfo=timezone.utc)
 T0_NS = 1772445600_123456_000
 
 
-def _row(**overrides) -> dict:
-    row = dict.fromkeys(COLUMN_NAMES)
-    row.update(
+def _row(**overrides) -> RequestRecord:
+    row = dict(
         request_id="r-1", source="traffic", instance="sidecar-a", model="llama-3-8b", tenant="team-a",
         endpoint="/v1/chat/completions", stream=True, admitted_at=T0,
         first_byte_at=T0 + timedelta(milliseconds=100), first_token_at=T0 + timedelta(milliseconds=250),
@@ -27,7 +26,7 @@ def _row(**overrides) -> dict:
         inflight_at_admit=3, active_tokens_at_admit=300,
     )
     row.update(overrides)
-    return row
+    return RequestRecord(**row)
 
 
 @pytest.fixture

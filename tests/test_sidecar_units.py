@@ -121,12 +121,13 @@ def test_token_caliber_walk_with_flat_inflight_and_climbing_tokens():
     assert [s[0] for s in seen] == [3] * 5
     assert [s[1] for s in seen] == [5016, 5022, 5028, 5034, 5040]
     row = tracker.finish(long_a, "ok", status_code=200)
-    assert row["completion_tokens"] == 10 and row["usage_source"] == "estimated"
+    assert row.completion_tokens == 10 and row.usage_source == "estimated"
     assert _gauges(registry) == (2, 5040 - 1010)
     assert tracker.finish(long_a, "timeout") is None  # terminal exactly once
-    long_b.usage = {"prompt_tokens": 3900, "completion_tokens": 0}  # explicit zero is a value
+    tracker.reported_usage(long_b, {"prompt_tokens": 3900, "completion_tokens": 0})  # 0 is a value
     row = tracker.finish(long_b, "ok")
-    assert (row["prompt_tokens"], row["completion_tokens"], row["tpot_s"]) == (3900, 0, None)
+    assert (row.prompt_tokens, row.completion_tokens, row.tpot_s, row.usage_source) == \
+        (3900, 0, None, "upstream")
     tracker.finish(short, "client_cancelled")
     assert _gauges(registry) == (0, 0) and tracker.active_tokens_total == 0
     assert registry.get_sample_value("headroom_requests_total",
@@ -138,9 +139,9 @@ def test_tpot_uses_usage_tokens_not_chunks():
     request = _request(5)
     tracker.admit(request)
     tracker.generated(request, 1)  # one chunk...
-    request.usage = {"prompt_tokens": 5, "completion_tokens": 11}  # ...carrying 11 tokens in all
+    tracker.reported_usage(request, {"prompt_tokens": 5, "completion_tokens": 11})  # 11 in all
     row = tracker.finish(request, "ok")
-    assert row["tpot_s"] == pytest.approx((row["e2e_s"] - row["ttft_s"]) / 10)
+    assert row.tpot_s == pytest.approx((row.e2e_s - row.ttft_s) / 10)
 
 
 @pytest.mark.parametrize("event", [
@@ -207,9 +208,9 @@ def test_absurd_upstream_usage_falls_back_to_the_estimate():
     tracker.admit(request)
     tracker.generated(request, 3)
     # a value beyond the INTEGER column would get the row rejected by the store service (400)
-    request.usage = {"prompt_tokens": 2**40, "completion_tokens": -1}
+    tracker.reported_usage(request, {"prompt_tokens": 2**40, "completion_tokens": -1})
     row = tracker.finish(request, "ok")
-    assert (row["prompt_tokens"], row["completion_tokens"]) == (7, 3)
+    assert (row.prompt_tokens, row.completion_tokens, row.usage_source) == (7, 3, "estimated")
 
 
 def test_config_rejects_bad_urls_and_ports_with_the_option_name():

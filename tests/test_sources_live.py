@@ -43,7 +43,7 @@ class Stack:
     def __init__(self, upstream_url: str, engine: str, metrics_url: str, *,
                  poll_interval_s: float = 0.1, timeout_s: float | None = None) -> None:
         sink = MemorySink()
-        self.rows: list[dict] = sink.rows
+        self.rows = sink.rows
         self.source = build_engine_source(engine, metrics_url, poll_interval_s, timeout_s=timeout_s)
         config = SidecarConfig(upstream=upstream_url, db_path=None, instance="test", engine=engine,
                                engine_metrics_url=metrics_url,
@@ -117,11 +117,11 @@ async def test_engine_gauges_track_the_simulator_under_load(flavor):
             assert all(status == 200 for status in await asyncio.gather(*load, late))
             await wait_until(lambda: tracking(False), what=f"{flavor} idle tracking")
             await wait_until(lambda: _async(len(stack.rows) == SLOTS + 4), what="all rows")
-        assert all(row["engine_waiting_at_admit"] is not None for row in stack.rows)
-        assert all(row["kv_usage_at_admit"] is not None for row in stack.rows)
-        late_row = max(stack.rows, key=lambda row: row["admitted_at"])
-        assert late_row["engine_waiting_at_admit"] >= 1
-        assert late_row["kv_usage_at_admit"] > 0.1
+        assert all(row.engine_waiting_at_admit is not None for row in stack.rows)
+        assert all(row.kv_usage_at_admit is not None for row in stack.rows)
+        late_row = max(stack.rows, key=lambda row: row.admitted_at)
+        assert late_row.engine_waiting_at_admit >= 1
+        assert late_row.kv_usage_at_admit > 0.1
     finally:
         stack.stop()
         sim.stop(timeout_s=15)
@@ -134,7 +134,7 @@ async def _async(value):
 async def test_rows_carry_null_engine_fields_when_the_source_is_off(fake_engine):
     _, url = fake_engine
     sink = MemorySink()
-    rows: list[dict] = sink.rows
+    rows = sink.rows
     config = SidecarConfig(upstream=url, db_path=None, instance="test", engine="none")
     handle = serve_in_thread(build_sidecar(config, sinks=[sink]))
     try:
@@ -147,7 +147,7 @@ async def test_rows_carry_null_engine_fields_when_the_source_is_off(fake_engine)
             assert "headroom_engine_up" not in (await client.get(f"{handle.url}/metrics")).text
     finally:
         handle.stop(timeout_s=15)
-    assert rows[0]["engine_waiting_at_admit"] is None and rows[0]["kv_usage_at_admit"] is None
+    assert rows[0].engine_waiting_at_admit is None and rows[0].kv_usage_at_admit is None
 
 
 async def _latencies(client: httpx.AsyncClient, url: str, count: int,

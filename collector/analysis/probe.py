@@ -29,12 +29,14 @@ import aiohttp
 
 from collector.analysis.knee import KneeRule, detect_knee, judge_level
 from collector.analysis.levels import LevelStats, summarize_level
-from collector.analysis.probe_request import InflightMeter, RequestSpec, estimate_tokens, send_one
+from collector.analysis.probe_request import RequestSpec, send_one
 from collector.analysis.prompts import PromptPicker, load_prompts
 from collector.analysis.slo import Slo
 from collector.analysis.stats import percentile, seconds
-from collector.upstream import UpstreamClient
+from collector.inflight import Inflight
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
+from collector.tokens import estimate_tokens
+from collector.upstream import UpstreamClient
 
 __all__ = ["ProbeSettings", "LevelRun", "ProbeResult", "ProbeError", "run_probe",
            "DEFAULT_LEVELS", "new_run_id", "saturation_reason"]
@@ -157,7 +159,7 @@ def saturation_reason(levels: Sequence[LevelStats], settings: ProbeSettings) -> 
 class _Level:
     """State of one level while it runs; `check()` decides when measuring may stop."""
 
-    def __init__(self, concurrency: int, settings: ProbeSettings, meter: InflightMeter) -> None:
+    def __init__(self, concurrency: int, settings: ProbeSettings, meter: Inflight) -> None:
         self.concurrency, self.settings, self.meter = concurrency, settings, meter
         self.rows: list[dict[str, Any]] = []
         self.measuring_since: float | None = None
@@ -219,7 +221,7 @@ class _Runner:
         self.engine = engine
         self.progress = progress or (lambda level, done, cap: None)
         self.picker = PromptPicker(load_prompts(settings.prompts), settings.seed)
-        self.meter = InflightMeter()
+        self.meter = Inflight()
         self.url = _base_url(settings.url) + settings.endpoint
         self.sequence = 0
 
@@ -244,8 +246,8 @@ class _Runner:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         while not level.done.is_set():
-            row = await send_one(self.client, self._spec(level), self.meter, self._waiting)
-            level.rows.append(row)
+            record = await send_one(self.client, self._spec(level), self.meter, self._waiting)
+            level.rows.append(record.as_row())
             level.check()
             self.progress(level.concurrency, len(level.measured()), self.settings.max_samples)
 

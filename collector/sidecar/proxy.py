@@ -17,13 +17,14 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from collector.record import outcome_for_status
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.upstream import UpstreamClient
 
-__all__ = ["CompletionsProxy", "PassThrough", "outcome_for_status"]
+__all__ = ["CompletionsProxy", "PassThrough"]
 
 log = logging.getLogger(__name__)
 
@@ -32,23 +33,6 @@ _HOP_BY_HOP = frozenset({
     b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
 })
 _USAGE_NULL = b',"usage":null'
-
-
-def outcome_for_status(status: int) -> str:
-    """Outcome of a request the upstream answered with `status`, e.g. 429 -> 'rate_limited'.
-
-    503 is `overloaded`: an engine shedding load (vLLM's --max-num-queued-reqs) or a gateway with
-    no healthy engine behind it. Both 429 and 503 count as load shedding and as errors.
-    """
-    if status == 429:
-        return "rate_limited"
-    if status == 503:
-        return "overloaded"
-    if status >= 500:
-        return "upstream_error"
-    if status >= 400:
-        return "bad_request"
-    return "ok"
 
 
 def _request_headers(scope: dict, *, identity: bool) -> list[tuple[str, str]]:
@@ -145,16 +129,15 @@ class CompletionsProxy:
 
     def _admit(self, scope: dict, parsed: ParsedRequest) -> LiveRequest:
         tenant = resolve_tenant(_header(scope, self._tenant_header), _header(scope, b"authorization"))
+        probe = _header(scope, b"x-headroom-source") == "probe"  # `headroom probe` marks its load
+        snapshot = self._engine.latest if self._engine is not None else None
         request = LiveRequest(parsed.model, tenant, scope["path"], parsed.stream, parsed.max_tokens,
                               parsed.prompt_tokens_estimate, model_label=self._model_cap(parsed.model),
-                              tenant_label=self._tenant_cap(tenant))
-        if _header(scope, b"x-headroom-source") == "probe":  # `headroom probe` marks its load
-            request.source = "probe"
-            request.run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None
-        snapshot = getattr(self._engine, "latest", None)
-        if snapshot is not None:
-            request.engine_waiting = getattr(snapshot, "waiting", None)
-            request.kv_usage = getattr(snapshot, "kv_usage_ratio", None)
+                              tenant_label=self._tenant_cap(tenant),
+                              source="probe" if probe else None,
+                              run_id=(_header(scope, b"x-headroom-run-id") or "")[:64] or None if probe else None,
+                              engine_waiting=snapshot.waiting if snapshot is not None else None,
+                              kv_usage=snapshot.kv_usage_ratio if snapshot is not None else None)
         self._tracker.admit(request)
         return request
 
@@ -169,8 +152,7 @@ class CompletionsProxy:
             if upstream.retries:
                 self._tracker.retried(request, upstream.retry_reason or "stale_connection")
             async with upstream.response as resp:
-                self._tracker.first_byte(request)
-                request.status_code = resp.status
+                self._tracker.responded(request, resp.status)
                 outcome = outcome_for_status(resp.status)
                 streaming = parsed.stream and resp.status == 200 and \
                     resp.content_type == "text/event-stream"
@@ -222,7 +204,7 @@ class CompletionsProxy:
                 payload = None
             usage = payload.get("usage") if isinstance(payload, dict) else None
             if isinstance(usage, dict):
-                request.usage = usage
+                self._tracker.reported_usage(request, usage)
         # Finish before the last send: once the client has its answer, the row and counters exist.
         self._tracker.finish(request, outcome)
         await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -248,7 +230,7 @@ class CompletionsProxy:
                     if info.tokens_estimate:
                         tracker.generated(request, info.tokens_estimate)
                     if info.usage is not None:
-                        request.usage = info.usage  # cumulative: replace, never sum
+                        tracker.reported_usage(request, info.usage)  # cumulative: replace
                         if strip and info.usage_only:  # the usage chunk we asked for
                             kept = events[:index] if kept is None else kept
                             continue

@@ -1,10 +1,8 @@
 """Reading an OpenAI request body: model, stream flags, max_tokens, and a prompt-token estimate.
 
-Prompt-token estimate (no tokenizer in the sidecar, by design: it must work for any model):
-ceil(characters / 4) over every text part, plus 3 tokens of framing per chat message (a
-/v1/completions prompt of token IDs counts one per ID). "About four
-characters per token" is OpenAI's published rule of thumb for English with BPE tokenizers; the
-per-message framing matches the chat templates' role markers. It feeds the live token caliber at
+Prompt-token estimate: collector.tokens' rule (4 characters per token, rounded down, at least
+1) over every text part, plus 3 tokens of framing per chat message (a /v1/completions prompt of
+token IDs counts one per ID); the per-message framing matches the chat templates' role markers. It feeds the live token caliber at
 admission; the row's `prompt_tokens` is replaced by upstream `usage` when the engine reports it
 (`usage_source='upstream'`), so the estimate never reaches the request log when usage exists.
 """
@@ -15,9 +13,10 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["ParsedRequest", "parse_request", "estimate_text_tokens"]
+from collector.tokens import estimate_tokens, tokens_for_characters
 
-_CHARS_PER_TOKEN = 4
+__all__ = ["ParsedRequest", "parse_request"]
+
 _TOKENS_PER_MESSAGE = 3
 _MAX_MODEL_CHARS = 128
 
@@ -35,16 +34,11 @@ class ParsedRequest:
     valid_json: bool
 
 
-def estimate_text_tokens(text: str) -> int:
-    """Tokens in `text` by the 4-characters rule, e.g. 'hello world!' -> 3; '' -> 0."""
-    return -(-len(text) // _CHARS_PER_TOKEN)
-
-
 def _content_tokens(content: object) -> int:
     if isinstance(content, str):
-        return estimate_text_tokens(content)
+        return estimate_tokens(content)
     if isinstance(content, list):  # multi-part content: count the text parts
-        return sum(estimate_text_tokens(part["text"]) for part in content
+        return sum(estimate_tokens(part["text"]) for part in content
                    if isinstance(part, dict) and isinstance(part.get("text"), str))
     return 0
 
@@ -84,7 +78,7 @@ def parse_request(body: bytes) -> ParsedRequest:
     except orjson.JSONDecodeError:
         payload = None
     if not isinstance(payload, dict):
-        return ParsedRequest(body, "unknown", False, None, -(-len(body) // _CHARS_PER_TOKEN),
+        return ParsedRequest(body, "unknown", False, None, tokens_for_characters(len(body)),
                              False, False)
     model = payload.get("model")
     model = model[:_MAX_MODEL_CHARS] if isinstance(model, str) and model else "unknown"

@@ -16,6 +16,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from collector.record import RequestRecord
 from collector.store.schema import COLUMN_NAMES, COLUMNS, migrate
 
 __all__ = ["RequestStore", "ARROW_SCHEMA", "rows_to_arrow"]
@@ -32,14 +33,21 @@ ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[sql.split()[0]]) for name, sql in 
 _COLUMN_LIST = ", ".join(COLUMN_NAMES)
 
 
-def rows_to_arrow(rows: Sequence[Mapping[str, Any]], *, lenient: bool = False) -> pa.Table:
-    """Turn row dicts (missing keys are NULL) into one Arrow table in contract column order.
+Rows = Sequence[RequestRecord | Mapping[str, Any]]
 
-    Example: [{"request_id": "a", "ttft_s": 0.2}] -> a 1-row table with 27 columns, 25 of them NULL.
+
+def _column_values(rows: Rows, name: str) -> list[Any]:
+    return [row.get(name) if isinstance(row, Mapping) else getattr(row, name) for row in rows]
+
+
+def rows_to_arrow(rows: Rows, *, lenient: bool = False) -> pa.Table:
+    """Turn records or row dicts (missing keys are NULL) into one Arrow table in column order.
+
+    Example: [{"request_id": "a", "ttft_s": 0.2}] -> a 1-row table with 28 columns, 26 of them NULL.
     A value of the wrong type or out of its column's range raises (the store's ingest answers
     400), or with `lenient` becomes NULL so that it alone is lost, not its batch.
     """
-    columns = {name: [row.get(name) for row in rows] for name in COLUMN_NAMES}
+    columns = {name: _column_values(rows, name) for name in COLUMN_NAMES}
     try:
         return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
@@ -75,7 +83,7 @@ class RequestStore:
         self._lock = threading.Lock()
         self.migrated_from = None if read_only else migrate(self._con)
 
-    def insert_rows(self, rows: Sequence[Mapping[str, Any]], *, lenient: bool = False) -> int:
+    def insert_rows(self, rows: Rows, *, lenient: bool = False) -> int:
         """Insert a batch; rows whose request_id already exists are ignored. Returns rows added.
 
         A value that does not fit its column raises, or with `lenient` is stored as NULL.
@@ -91,7 +99,7 @@ class RequestStore:
             after = self._con.execute("SELECT count(*) FROM requests").fetchone()[0]
         return int(after - before)
 
-    def write_batch(self, rows: Sequence[Mapping[str, Any]]) -> None:
+    def write_batch(self, rows: Rows) -> None:
         """BatchSink interface for the LogWriter: insert the batch (duplicates ignored).
 
         Lenient: one bad value (say a client's max_tokens beyond INTEGER) must not cost the other

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import httpx
 import orjson
 
+from collector.record import RequestRecord
 from collector.store.spool import Spool
 from collector.store.writer import RowsDropped
 
@@ -61,11 +63,11 @@ class StoreShipper:
         self._thread.start()
 
     # --- BatchSink -----------------------------------------------------------------------------
-    def write_batch(self, rows: Sequence[dict]) -> None:
+    def write_batch(self, rows: Sequence[RequestRecord | Mapping[str, Any]]) -> None:
         """Send `rows` now, or spool them; raises RowsDropped when they can be neither."""
         if not rows:
             return
-        payload = orjson.dumps({"rows": list(rows)})
+        payload = orjson.dumps({"rows": list(rows)})  # records serialise field by field
         if not self.spool.files():
             try:
                 if self._send_with_retry(payload):

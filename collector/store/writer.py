@@ -20,7 +20,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from collector.catalog import spec
-from collector.record import Row
+from collector.record import RequestRecord
 
 __all__ = ["BatchSink", "LogWriter", "RowsDropped"]
 
@@ -31,7 +31,7 @@ _STOP = object()
 class BatchSink(Protocol):
     """Where batches of rows go. Raising means the batch (or `RowsDropped.count` of it) is lost."""
 
-    def write_batch(self, rows: Sequence[Row]) -> None: ...
+    def write_batch(self, rows: Sequence[RequestRecord]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -71,10 +71,10 @@ class LogWriter:
         self._closed = False
         self._thread.start()
 
-    def submit(self, row: Row) -> None:
-        """Enqueue one row without blocking; a full queue drops it (counted, reason queue_full)."""
+    def submit(self, record: RequestRecord) -> None:
+        """Enqueue one record without blocking; a full queue drops it (counted, reason queue_full)."""
         try:
-            self._queue.put_nowait(row)
+            self._queue.put_nowait(record)
         except queue.Full:
             self.dropped.labels("queue_full").inc()
 
@@ -124,9 +124,9 @@ class LogWriter:
             for marker in markers:
                 marker.event.set()
 
-    def _collect(self) -> tuple[list[dict], list[_Flush], bool]:
+    def _collect(self) -> tuple[list[RequestRecord], list[_Flush], bool]:
         """Wait for a first item, then take what else is queued up to the batch size."""
-        batch: list[dict] = []
+        batch: list[RequestRecord] = []
         markers: list[_Flush] = []
         try:
             item = self._queue.get(timeout=self.flush_interval_s)
@@ -146,8 +146,8 @@ class LogWriter:
             except queue.Empty:
                 return batch, markers, False
 
-    def _drain(self, markers: list[_Flush]) -> list[dict]:
-        rest: list[dict] = []
+    def _drain(self, markers: list[_Flush]) -> list[RequestRecord]:
+        rest: list[RequestRecord] = []
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -158,7 +158,7 @@ class LogWriter:
             elif item is not _STOP:
                 rest.append(item)
 
-    def _write(self, batch: list[dict]) -> None:
+    def _write(self, batch: list[RequestRecord]) -> None:
         for start in range(0, len(batch), self.batch_rows):
             part = batch[start:start + self.batch_rows]
             try:
