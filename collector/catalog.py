@@ -84,6 +84,10 @@ CATALOG: tuple[MetricSpec, ...] = (
                "Requests sent to the engine a second time, on a new connection, because a reused "
                "pooled connection failed before any response byte (the engine never saw them).",
                ("reason",), "short", group="sidecar"),
+    MetricSpec("headroom_connections_refused_total", "counter",
+               "Client connections the sidecar closed before a request: headers not complete within "
+               "--header-timeout (408), or over --max-client-connections (503).",
+               ("reason",), "short", group="sidecar"),
     # --- engine, normalised -------------------------------------------------------------------
     MetricSpec("headroom_engine_up", "gauge",
                "1 when the last scrape of the engine's /metrics succeeded, else 0.",
@@ -150,7 +154,28 @@ CATALOG: tuple[MetricSpec, ...] = (
                _CAPACITY, "short", group="capacity"),
     # --- pipeline health ----------------------------------------------------------------------
     MetricSpec("headroom_log_rows_written_total", "counter",
-               "Request-log rows handed off: written to DuckDB, or taken by the store shipper (sent or spooled on disk).",
+               "Request-log rows accepted by DuckDB or by the store service (never spooled ones: "
+               "a spooled row counts once the store accepts it).",
+               (), "short", group="pipeline"),
+    MetricSpec("headroom_log_rows_spooled_total", "counter",
+               "Request-log rows written to the on-disk spool because the store was unreachable.",
+               (), "short", group="pipeline"),
+    MetricSpec("headroom_log_spool_files", "gauge",
+               "Batches waiting in the shipper's on-disk spool.",
+               (), "short", group="pipeline"),
+    MetricSpec("headroom_log_spool_bytes", "gauge",
+               "Bytes waiting in the shipper's on-disk spool (bounded by its cap).",
+               (), "bytes", group="pipeline"),
+    MetricSpec("headroom_log_spool_oldest_age_seconds", "gauge",
+               "Age of the oldest batch in the spool; 0 when the spool is empty.",
+               (), "s", group="pipeline"),
+    MetricSpec("headroom_log_ship_lag_seconds", "gauge",
+               "Age of the oldest request-log row the store has not accepted yet (spooled or being "
+               "sent); 0 when caught up.",
+               (), "s", group="pipeline"),
+    MetricSpec("headroom_store_up", "gauge",
+               "1 when the shipper's last shipment reached the store service, 0 when it failed; "
+               "absent before the first shipment.",
                (), "short", group="pipeline"),
     MetricSpec("headroom_log_rows_dropped_total", "counter",
                "Request-log rows dropped, by reason (queue_full, db_error, spool_full, store_rejected).",

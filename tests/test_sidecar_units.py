@@ -77,7 +77,7 @@ def test_parse_request_injects_usage_only_when_unset():
     plain = parse_request(b'{"model":"m","prompt":"abcd","max_tokens":7}')
     assert (plain.stream, plain.max_tokens, plain.prompt_tokens_estimate) == (False, 7, 1)
     garbage = parse_request(b"\xff\xfe not json")
-    assert garbage.model == "unknown" and garbage.body == b"\xff\xfe not json"
+    assert garbage.model == "unknown" and "not valid JSON" in garbage.refusal
 
 
 def test_tenant_resolution_never_exposes_the_key():

@@ -46,6 +46,20 @@ __all__ = ["run"]
                    "[env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT].")
 @click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(1),
               help="Seconds to wait for the next upstream bytes before giving up (outcome timeout).")
+@click.option("--max-request-body-bytes", default=64 * 2**20, show_default=True, type=click.IntRange(1),
+              metavar="BYTES", help="Largest request body accepted; past it 413 JSON and a row.")
+@click.option("--max-buffered-response-bytes", default=16 * 2**20, show_default=True,
+              type=click.IntRange(1), metavar="BYTES",
+              help="Most of a non-streamed answer kept to read its usage (it always streams through; "
+                   "past this its tokens are estimated).")
+@click.option("--max-sse-event-bytes", default=2**20, show_default=True, type=click.IntRange(1),
+              metavar="BYTES", help="Largest SSE event; a longer one ends the stream as upstream_error.")
+@click.option("--header-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),
+              metavar="SECONDS", help="A connection must send its request headers within this (else 408).")
+@click.option("--idle-timeout", default=5.0, show_default=True, type=click.FloatRange(0.1),
+              metavar="SECONDS", help="Idle kept-alive client connections close after this.")
+@click.option("--max-client-connections", default=4096, show_default=True, type=click.IntRange(1),
+              help="Open client connections at most; a new one past it gets 503 and is closed.")
 @click.option("--jobs/--no-jobs", default=True, show_default=True,
               help="Run the scheduled jobs (rollups, retention, capacity refresh, weekly report) "
                    "on the in-process store.")
@@ -54,9 +68,10 @@ __all__ = ["run"]
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_mapping,
-        engine_metrics_url,
-        engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, read_timeout,
-        jobs, retention_days, log_level) -> None:
+        engine_metrics_url, engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint,
+        read_timeout, max_request_body_bytes, max_buffered_response_bytes, max_sse_event_bytes,
+        header_timeout, idle_timeout, max_client_connections, jobs, retention_days,
+        log_level) -> None:
     """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
 
     \b
@@ -72,9 +87,11 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
     # lazy: `headroom run --help` must not load DuckDB and the whole sidecar
     import duckdb
 
+    from collector.sidecar.server import raise_file_limit, uvicorn_options
     from collector.sidecar.wiring import build_sidecar
     from collector.store.schema import SchemaTooNew
 
+    os.umask(0o077)  # the request log, its WAL and the spool are readable by this user only
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # APScheduler narrates every job it adds and runs at INFO; its warnings still show.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLevelName(log_level.upper())))
@@ -87,7 +104,10 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
             spool_dir=spool_dir, engine=engine, engine_metrics_url=engine_metrics_url,
             engine_poll_interval_s=engine_poll_interval, engine_mapping=engine_mapping,
             otlp_endpoint=otlp_endpoint, read_timeout_s=read_timeout, jobs=jobs,
-            retention_days=retention_days)
+            retention_days=retention_days, max_request_body_bytes=max_request_body_bytes,
+            max_buffered_response_bytes=max_buffered_response_bytes,
+            max_sse_event_bytes=max_sse_event_bytes, header_timeout_s=header_timeout,
+            idle_timeout_s=idle_timeout, max_client_connections=max_client_connections)
         app = build_sidecar(config)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -101,5 +121,10 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
                                    + (f"; {hint}" if hint else "")) from None
     click.echo(f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
                f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})", err=True)
+    # descriptors for every allowed client, the upstream pool, and the files the sidecar opens
+    raise_file_limit(max_client_connections + config.max_connections + 256)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=30)
+                timeout_graceful_shutdown=30,
+                **uvicorn_options(app.state.registry, header_timeout_s=header_timeout,
+                                  idle_timeout_s=idle_timeout,
+                                  max_connections=max_client_connections))
