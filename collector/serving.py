@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -36,14 +37,14 @@ class ServerHandle:
         self.thread.join(timeout_s)
 
 
-def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, *,
-                    startup_timeout_s: float = 30.0, **uvicorn_options) -> ServerHandle:
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, *,
+                    startup_timeout_s: float = 30.0, **uvicorn_options: Any) -> ServerHandle:
     """Start `app` on host:port (0 = any free port) and block until it accepts connections."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]
-    options = {"log_level": "warning", "access_log": False, "lifespan": "on"} | uvicorn_options
+    options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "on"} | uvicorn_options
     server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                               name=f"uvicorn-{bound_port}", daemon=True)

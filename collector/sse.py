@@ -10,6 +10,7 @@ need is one rule: an event ends at a blank line (WHATWG HTML §9.2.6); engines u
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -99,7 +100,7 @@ class ChunkInfo:
     """What one event says: tokens it carries (estimated) and the usage object, if any."""
 
     tokens_estimate: int = 0
-    usage: dict | None = None
+    usage: dict[str, Any] | None = None
     usage_only: bool = False  # `choices: []` with usage: the include_usage chunk
 
 
@@ -108,7 +109,7 @@ MALFORMED = ChunkInfo()
 ERROR = ChunkInfo()
 
 
-def _delta_tokens(choice: dict) -> int:
+def _delta_tokens(choice: dict[str, Any]) -> int:
     delta = choice.get("delta")
     if isinstance(delta, dict):
         content = delta.get("content")

@@ -54,8 +54,8 @@ class UpstreamClient:
                  headers: dict[str, str] | None = None, auto_decompress: bool = True,
                  skip_auto_headers: tuple[str, ...] = ()) -> None:
         self.max_connections = max_connections
-        self._options = dict(timeout=timeout, headers=headers, auto_decompress=auto_decompress,
-                             skip_auto_headers=skip_auto_headers)
+        self._timeout, self._headers = timeout, headers
+        self._auto_decompress, self._skip_auto_headers = auto_decompress, skip_auto_headers
         self.session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
 
@@ -66,10 +66,14 @@ class UpstreamClient:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
                                            ttl_dns_cache=300, keepalive_timeout=60),
-            trace_configs=[tracing], **self._options)
+            trace_configs=[tracing], **self._session_options())
         self._fresh = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True, ttl_dns_cache=300),
-            **self._options)
+            **self._session_options())
+
+    def _session_options(self) -> dict[str, Any]:
+        return {"timeout": self._timeout, "headers": self._headers,
+                "auto_decompress": self._auto_decompress, "skip_auto_headers": self._skip_auto_headers}
 
     async def close(self) -> None:
         """Close both sessions; safe before open()."""

@@ -105,7 +105,10 @@ def create_store_app(store: RequestStore, token: str, *, gauges: CapacityGauges 
         report_dir = job_settings.report_dir
     registry, written = _registry(gauges)
     auth = Depends(require_token(token))
+    # No /docs or /redoc: FastAPI's pages load their scripts from a public CDN (blank when
+    # air-gapped, blocked by a strict CSP). /openapi.json describes the API for any local viewer.
     app = FastAPI(title="llm-headroom store", lifespan=_lifespan(store, gauges, job_settings),
+                  docs_url=None, redoc_url=None,
                   description="Ingest, query and review the fleet's request log. "
                               "Send `Authorization: Bearer <token>` to every /v1 route.")
     app.add_exception_handler(RequestValidationError, _validation_as_400)

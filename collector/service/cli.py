@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def store(db_path: str, listen: str, token: str | None, export_dir: str | None, 
     from collector.store.db import RequestStore
     from collector.store.jobs import JobSettings, parse_weekly_cron
 
+    os.umask(0o077)  # the database, its WAL, exports and reports: readable by this user only
     console = Console(stderr=True)
     host, port = parse_listen(listen)
     try:

@@ -7,6 +7,7 @@ shipper may resend a batch after a timeout without creating duplicates.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -128,7 +129,7 @@ def _too_large(size: int) -> HTTPException:
                          f"limit of {MAX_BODY_BYTES} bytes (MAX_BODY_BYTES); send smaller batches")
 
 
-def build_ingest_router(store: RequestStore, on_rows=None) -> APIRouter:
+def build_ingest_router(store: RequestStore, on_rows: Callable[[int], object] | None = None) -> APIRouter:
     """The ingest route; `on_rows(inserted)` is called after each batch (for the written counter)."""
     router = APIRouter(tags=["ingest"])
 

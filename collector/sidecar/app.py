@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -87,11 +87,12 @@ class _DeliberateBreak(logging.Filter):
 _QUIET_BREAKS = _DeliberateBreak()
 
 
-def _lifespan(parts: SidecarParts, session: UpstreamClient):
+def _lifespan(parts: SidecarParts, session: UpstreamClient
+              ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """Start the upstream client, the engine poller and the jobs; stop them, then close the sinks."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await session.open()
         if parts.engine is not None:
             await parts.engine.start()

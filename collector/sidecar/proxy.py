@@ -73,6 +73,7 @@ class CompletionsProxy:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         client = ClientChannel(send)
+        refusal: Ending | None
         try:
             body = await read_body(receive, scope, self._limits.max_request_body_bytes)
         except BodyTooLarge as exc:
@@ -161,6 +162,6 @@ class CompletionsProxy:
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
-            return value.decode("latin-1")
+            return bytes(value).decode("latin-1")
     return None
 

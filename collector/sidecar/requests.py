@@ -68,7 +68,7 @@ def _prompt_tokens(prompt: object) -> int:
     return _content_tokens(prompt)
 
 
-def _estimate_prompt(payload: dict) -> int:
+def _estimate_prompt(payload: dict[str, Any]) -> int:
     messages = payload.get("messages")
     if isinstance(messages, list):
         return sum(_TOKENS_PER_MESSAGE + _content_tokens(m.get("content"))
@@ -76,7 +76,7 @@ def _estimate_prompt(payload: dict) -> int:
     return _prompt_tokens(payload.get("prompt"))
 
 
-def _max_tokens(payload: dict) -> int | None:
+def _max_tokens(payload: dict[str, Any]) -> int | None:
     value = payload.get("max_completion_tokens", payload.get("max_tokens"))
     valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
     return value if valid else None  # beyond the INTEGER column it is no useful limit anyway

@@ -252,8 +252,8 @@ class _LiveGauges:
         sums = dict.fromkeys(self._tracker._label_sets, (0, 0))
         for request in list(self._tracker.live.values()):
             key = (request.model_label, request.tenant_label)
-            count, tokens = sums.get(key, (0, 0))
-            sums[key] = (count + 1, tokens + request.active_tokens)
+            count, weight = sums.get(key, (0, 0))
+            sums[key] = (count + 1, weight + request.active_tokens)
         inflight_spec, tokens_spec = spec("headroom_inflight_requests"), spec("headroom_active_tokens")
         inflight = GaugeMetricFamily(inflight_spec.name, inflight_spec.help, labels=inflight_spec.labels)
         tokens = GaugeMetricFamily(tokens_spec.name, tokens_spec.help, labels=tokens_spec.labels)

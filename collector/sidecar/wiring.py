@@ -58,10 +58,14 @@ def build_sidecar(config: SidecarConfig, *, sinks: Sequence[RowSink] = (), log_s
     registry.register(SourceHealth([source for source in (engine, GpuCollector()) if source is not None]))
     extra = [*_otel_sinks(config), *sinks]
     store = _own_store(config) if log_sink is None else None
-    batch_sink = log_sink if log_sink is not None else store or _shipper(config)
+    shipper = _shipper(config) if log_sink is None and store is None else None
+    batch_sink = log_sink if log_sink is not None else store or shipper
     log = None if batch_sink is None else LogWriter(
         batch_sink, registry, max_queue_rows=config.log_queue_rows, batch_rows=config.log_batch_rows,
         flush_interval_s=config.log_flush_interval_s, owns_sink=log_sink is None)
+    if shipper is not None and log is not None:
+        registry.register(shipper)  # spool depth, shipping lag, store up
+        shipper.on_replayed = log.written.inc  # spooled rows count as written once the store has them
     scheduler = _scheduler(config, store, capacity) if store is not None and config.jobs else None
     parts = SidecarParts(registry, tracker, sinks=[*([log] if log else []), *extra], engine=engine,
                          scheduler=scheduler)

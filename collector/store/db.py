@@ -8,6 +8,7 @@ never with a per-row `executemany` (docs/domain.md §11).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -77,9 +78,12 @@ class RequestStore:
 
     def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        new = self.path != ":memory:" and not Path(self.path).exists()
+        if new:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._con = duckdb.connect(self.path, read_only=read_only)
+        if new and Path(self.path).exists():
+            os.chmod(self.path, 0o600)  # rows carry tenants and timings: the owner's alone
         self._lock = threading.Lock()
         self.migrated_from = None if read_only else migrate(self._con)
 

@@ -77,9 +77,10 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     row = con.execute("SELECT max(version) FROM headroom_schema").fetchone()
     if row and row[0] is not None:
         return int(row[0])
-    has_requests = con.execute(
+    found = con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'requests'"
-    ).fetchone()[0]
+    ).fetchone()
+    has_requests = bool(found and found[0])
     return 1 if has_requests else 0
 
 

@@ -116,8 +116,8 @@ def _serve(slots: int, levels: Sequence[int], seconds_per_level: float, service_
     return requests
 
 
-def _concurrency_at_admit(requests, prompt: int, completion: int, ttft_s: float
-                          ) -> list[tuple[int, int]]:
+def _concurrency_at_admit(requests: list[tuple[float, float, float, int]], prompt: int,
+                          completion: int, ttft_s: float) -> list[tuple[int, int]]:
     """(in-flight incl. itself, active tokens) at each admission, by a sweep in time order."""
     order = sorted(range(len(requests)), key=lambda i: requests[i][0])
     ends: list[tuple[float, int]] = []
@@ -147,7 +147,7 @@ def closed_loop_rows(*, slots: int = 8, levels: Sequence[int] = (1, 2, 4, 8, 16,
     """
     requests = _serve(slots, levels, seconds_per_level, service_s, random.Random(seed))
     seen = _concurrency_at_admit(requests, prompt_tokens, completion_tokens, ttft_s)
-    rows, per_level = [], {}
+    rows, per_level = [], dict[int, int]()
     for n, ((admitted, started, completed, level), (inflight, active)) in enumerate(zip(requests, seen)):
         per_level[level] = per_level.get(level, 0) + 1
         warm = "-w" if per_level[level] <= level else ""

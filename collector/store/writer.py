@@ -29,9 +29,13 @@ _STOP = object()
 
 
 class BatchSink(Protocol):
-    """Where batches of rows go. Raising means the batch (or `RowsDropped.count` of it) is lost."""
+    """Where batches of rows go. Raising means the batch (or `RowsDropped.count` of it) is lost.
 
-    def write_batch(self, rows: Sequence[RequestRecord]) -> None: ...
+    `write_batch` returns how many rows its destination accepted now, None meaning all of them;
+    the StoreShipper returns 0 for a batch it spooled (those count once the store accepts them).
+    """
+
+    def write_batch(self, rows: Sequence[RequestRecord]) -> int | None: ...
 
     def close(self) -> None: ...
 
@@ -162,7 +166,7 @@ class LogWriter:
         for start in range(0, len(batch), self.batch_rows):
             part = batch[start:start + self.batch_rows]
             try:
-                self.sink.write_batch(part)
+                accepted = self.sink.write_batch(part)
             except RowsDropped as exc:
                 lost = min(exc.count, len(part))
                 self.dropped.labels(exc.reason).inc(lost)
@@ -171,7 +175,7 @@ class LogWriter:
                 log.exception("request-log sink failed; %d rows dropped", len(part))
                 self.dropped.labels("db_error").inc(len(part))
             else:
-                self.written.inc(len(part))
+                self.written.inc(len(part) if accepted is None else accepted)
 
 
 def _name(counter_name: str) -> str:
