@@ -71,6 +71,7 @@ def test_capacity_curve_not_a_duckdb_file(not_duckdb):
                      "not a valid DuckDB", "pass a DuckDB file")
 
 
+@pytest.mark.subprocess
 def test_capacity_curve_on_a_held_db_says_who_to_ask(locked_db):
     _one_clear_error(run("capacity", "curve", "--db", str(locked_db)), str(locked_db), "holds it",
                      "/v1/query/curve")
@@ -80,6 +81,7 @@ def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
     _one_clear_error(run("report", "--db", str(not_duckdb)), str(not_duckdb), "sidecar or store wrote")
 
 
+@pytest.mark.subprocess
 def test_report_on_a_held_db_points_at_the_store(locked_db):
     _one_clear_error(run("report", "--db", str(locked_db)), str(locked_db), "--store-url")
 
@@ -103,6 +105,7 @@ def test_probe_db_that_is_not_duckdb_is_not_blamed_on_a_sidecar(not_duckdb):
     assert "sidecar owns" not in result.output
 
 
+@pytest.mark.subprocess
 def test_probe_db_held_by_a_sidecar_suggests_the_store(locked_db):
     result = run("probe", "--url", f"http://127.0.0.1:{_closed_port()}", "--db", str(locked_db))
     _one_clear_error(result, str(locked_db), "--store-url")
@@ -127,6 +130,7 @@ def test_store_with_a_bad_db_leaves_no_token_file_behind(tmp_path, not_duckdb, m
     assert not list(not_duckdb.parent.glob("*.token"))
 
 
+@pytest.mark.subprocess
 def test_store_with_a_held_db_says_only_one_process(locked_db):
     result = run("store", "--db", str(locked_db), "--listen", f"127.0.0.1:{_closed_port()}", "--token", "t")
     _one_clear_error(result, str(locked_db), "only one process may own it")

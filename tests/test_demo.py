@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from collector.cli import main
 from collector.sim.cost import predicted_knee
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 
 @pytest.fixture(scope="module")

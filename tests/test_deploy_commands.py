@@ -22,6 +22,8 @@ from click.testing import CliRunner
 
 from collector.cli import main
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("docs/operations.md", "README.md")
 HEADROOM_IMAGE = "llm-headroom"

@@ -196,6 +196,7 @@ def _compose_plugin_works() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not _compose_plugin_works(),
                     reason="the Docker compose plugin is not installed here (only the docker client)")
 def test_docker_compose_config_accepts_the_file():

@@ -22,8 +22,10 @@ import pytest
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.store.db import RequestStore
-from conftest import headroom_process, sim_process
+from support.processes import headroom_process, sim_process
 from test_probe_sim import OUTPUT_TOKENS, probe_sim
+
+pytestmark = pytest.mark.subprocess
 
 STAGES = (2, 4, 8, 16, 32)
 STAGE_S = 2.5

@@ -20,7 +20,9 @@ from collector.analysis.knee import detect_knee
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.analysis.slo import Slo
 from collector.sim.cost import predicted_knee
-from conftest import sim_process
+from support.processes import sim_process
+
+pytestmark = pytest.mark.subprocess
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 OUTPUT_TOKENS = 16

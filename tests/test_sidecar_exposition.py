@@ -6,13 +6,15 @@ import logging
 import subprocess
 
 import httpx
+import pytest
 
 from conftest import require_tool
-from sidecar_support import CHAT, sidecar_rig
+from support.sidecar import CHAT, sidecar_rig
 
 MARKER = "PRIVATE-MARKER-7f3a9c"
 
 
+@pytest.mark.subprocess
 def test_metrics_pass_promtool_check_metrics(tmp_path):
     promtool = require_tool("promtool")
     with sidecar_rig(tmp_path) as rig:
@@ -58,16 +60,17 @@ def test_no_text_or_authorization_reaches_the_database_or_logs(tmp_path, caplog)
     assert MARKER.encode() not in database
 
 
+@pytest.mark.subprocess
 def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
     """The app `headroom run` builds: engine source (auto), GPU, capacity gauges, request log."""
     from collector.serving import serve_in_thread
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import build_sidecar
     from collector.store.capacity_gauges import PublishedCapacity
-    from fake_upstream import FakeUpstream
+    from support.upstream import FakeUpstream
 
     promtool = require_tool("promtool")
-    upstream = serve_in_thread(FakeUpstream())
+    upstream = FakeUpstream()
     config = SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "h.duckdb"), engine="auto",
                            engine_poll_interval_s=0.1, jobs=False)
     app = build_sidecar(config)

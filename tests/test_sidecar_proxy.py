@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from collector.store.db import RequestStore
-from sidecar_support import CHAT, gauge_values, sidecar_rig, wait_until
+from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
 PATH = "/v1/chat/completions"
 

@@ -9,7 +9,7 @@ import random
 import httpx
 import pytest
 
-from sidecar_support import CHAT, gauge_values, sidecar_rig, wait_until
+from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
 TOTAL, CONCURRENCY = 2000, 64
 # (mode, x-fake-tokens, stream, client cancels after N bytes or None)

@@ -5,13 +5,13 @@ on client disconnect, and seeded token counts."""
 from __future__ import annotations
 
 import json
-import time
 from contextlib import contextmanager
 
 import httpx
 import pytest
 
 from collector.serving import serve_in_thread
+from support.waiting import wait_until
 from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 
@@ -109,13 +109,10 @@ def test_same_seed_and_settings_give_the_same_token_counts():
 
 
 def _wait_for(url: str, predicate, timeout_s: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = httpx.get(f"{url}/sim/state").json()
-        if predicate(state):
-            return state
-        time.sleep(0.02)
-    raise AssertionError(f"condition not reached; last state {state}")
+    def state() -> dict | None:
+        current = httpx.get(f"{url}/sim/state").json()
+        return current if predicate(current) else None
+    return wait_until(state, timeout_s, what="the simulator state")
 
 
 def test_full_queue_gives_429_with_retry_after_and_disconnect_frees_the_slot():

@@ -10,10 +10,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from click.testing import CliRunner
 from conftest import free_port
 
 from collector.cli import main
+
+pytestmark = pytest.mark.subprocess
 
 
 def test_help_has_examples_and_every_knob():

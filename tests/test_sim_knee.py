@@ -23,9 +23,9 @@ from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel, predicted_knee
 from collector.sim.load import run_level, summarize
 from collector.sim.output import count_chat_tokens
-from conftest import sim_process
+from support.processes import sim_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 SPEED = 4.0
 # 128 output tokens (~0.4 s of real time at SPEED): long next to the few steps a batch runs short
 # while a closed-loop client's next requests arrive, so at concurrency == max_num_seqs that gap

@@ -26,7 +26,8 @@ from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 from collector.sources import build_engine_source
 from collector.sources.base import parse_exposition
-from test_sources_fake_engine import fake_engine  # noqa: F401  (fixture)
+from support.waiting import wait_until_async
+from support.engine import fake_engine  # noqa: F401  (fixture)
 
 # How long the engine stays broken. The issue asks for a minute of hanging: the slow test holds
 # it that long (HEADROOM_TEST_HANG_ENGINE_S shortens it for a quick local run); garbage and HTTP 500
@@ -59,18 +60,6 @@ class Stack:
 
     def stop(self) -> None:
         self.handle.stop(timeout_s=15)
-
-
-async def wait_until(check, timeout_s: float = 20.0, what: str = "condition"):
-    """Await `check()` (async, returns truthy) until true, or fail naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    pytest.fail(f"{what} not reached within {timeout_s} s (last: {last})")
 
 
 async def chat(client: httpx.AsyncClient, url: str, max_tokens: int) -> int:
@@ -107,7 +96,7 @@ async def test_engine_gauges_track_the_simulator_under_load(flavor):
                 return (got, state) if same else None
 
             load = [asyncio.create_task(chat(client, stack.url, 200)) for _ in range(SLOTS + 3)]
-            got, state = await wait_until(lambda: tracking(True), what=f"{flavor} busy tracking")
+            got, state = await wait_until_async(lambda: tracking(True), what=f"{flavor} busy tracking")
             assert got["headroom_engine_up"] == 1.0
             assert got["headroom_engine_kv_cache_usage_ratio"] > 0.1  # ~4 x 450 tokens of 8192
             assert got["headroom_engine_kv_cache_capacity_tokens"] == pytest.approx(
@@ -115,8 +104,8 @@ async def test_engine_gauges_track_the_simulator_under_load(flavor):
             # admitted while the engine queue holds 3: the row carries the last poll's view
             late = asyncio.create_task(chat(client, stack.url, 5))
             assert all(status == 200 for status in await asyncio.gather(*load, late))
-            await wait_until(lambda: tracking(False), what=f"{flavor} idle tracking")
-            await wait_until(lambda: _async(len(stack.rows) == SLOTS + 4), what="all rows")
+            await wait_until_async(lambda: tracking(False), what=f"{flavor} idle tracking")
+            await wait_until_async(lambda: _async(len(stack.rows) == SLOTS + 4), what="all rows")
         assert all(row.engine_waiting_at_admit is not None for row in stack.rows)
         assert all(row.kv_usage_at_admit is not None for row in stack.rows)
         late_row = max(stack.rows, key=lambda row: row.admitted_at)
@@ -143,7 +132,7 @@ async def test_rows_carry_null_engine_fields_when_the_source_is_off(fake_engine)
                                          json={"model": "fake", "messages": [
                                              {"role": "user", "content": "hi"}]})
             assert response.status_code == 200
-            await wait_until(lambda: _async(len(rows) == 1), what="the row")
+            await wait_until_async(lambda: _async(len(rows) == 1), what="the row")
             assert "headroom_engine_up" not in (await client.get(f"{handle.url}/metrics")).text
     finally:
         handle.stop(timeout_s=15)
@@ -193,7 +182,7 @@ async def _broken_for(engine, stack: Stack, client: httpx.AsyncClient, mode: str
     polls = engine.metrics_hits - hits
     assert not await _up(stack, client), f"{mode}: headroom_engine_up must be 0 while the engine is broken"
     engine.mode = "ok"
-    await wait_until(lambda: _up(stack, client), what=f"engine back up after {mode}")
+    await wait_until_async(lambda: _up(stack, client), what=f"engine back up after {mode}")
     _never_delayed(mode, baseline, broken, stack.source.timeout_s)
     return {"mode": mode, "requests": len(broken), "polls": polls,
             "median_ms": round(statistics.median(broken) * 1000, 2),
@@ -203,7 +192,7 @@ async def _broken_for(engine, stack: Stack, client: httpx.AsyncClient, mode: str
 
 async def _baseline(stack: Stack, client: httpx.AsyncClient) -> list[float]:
     """Latencies of the same proxied requests with a healthy engine (after a warm-up)."""
-    await wait_until(lambda: _up(stack, client), what="engine up")
+    await wait_until_async(lambda: _up(stack, client), what="engine up")
     await _latencies(client, stack.url, 20)  # warm-up: connections, first-call paths
     baseline = await _latencies(client, stack.url, 100, 1.0)
     print(f"\nbaseline: {len(baseline)} requests, median {statistics.median(baseline) * 1000:.2f} ms, "

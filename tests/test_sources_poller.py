@@ -16,7 +16,7 @@ from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
 from collector.sources.poller import EngineSource
 from conftest import require_tool
-from test_sources_fake_engine import FIXTURES, fake_engine  # noqa: F401  (fixture)
+from support.engine import FIXTURES, fake_engine  # noqa: F401  (fixture)
 
 
 def value(collector, name: str, **labels) -> float | None:

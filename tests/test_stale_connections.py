@@ -13,8 +13,8 @@ from collector.analysis.probe import ProbeSettings, run_probe
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar
-from one_shot_upstream import OneShotUpstream
-from sidecar_support import CHAT
+from support.upstream import FakeUpstream
+from support.sidecar import CHAT
 
 REQUESTS = 8
 
@@ -23,7 +23,7 @@ REQUESTS = 8
 def sidecar(tmp_path):
     started = []
 
-    def start(upstream: OneShotUpstream):
+    def start(upstream: FakeUpstream):
         app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "log.duckdb"),
                                           instance="test", read_timeout_s=5))
         handle = serve_in_thread(app, timeout_graceful_shutdown=2)
@@ -47,7 +47,7 @@ def _retries(url: str) -> float:
 
 
 def test_sidecar_turns_a_stale_pooled_connection_into_a_retry_not_a_502(sidecar):
-    upstream = OneShotUpstream()
+    upstream = FakeUpstream(one_request_per_connection=True)
     app, handle = sidecar(upstream)
     try:
         with httpx.Client(timeout=10) as client:
@@ -66,7 +66,7 @@ def test_sidecar_turns_a_stale_pooled_connection_into_a_retry_not_a_502(sidecar)
 
 
 def test_a_failure_on_a_new_connection_is_not_retried(sidecar):
-    upstream = OneShotUpstream(drop_fresh=True)  # reads each request, then hangs up
+    upstream = FakeUpstream(drop_fresh=True)  # reads each request, then hangs up
     app, handle = sidecar(upstream)
     try:
         answers = [httpx.post(handle.url + "/v1/chat/completions", json=CHAT, timeout=10)
@@ -81,7 +81,7 @@ def test_a_failure_on_a_new_connection_is_not_retried(sidecar):
 
 
 def test_a_429_is_never_retried(sidecar):
-    upstream = OneShotUpstream(status=429)
+    upstream = FakeUpstream(one_request_per_connection=True, status=429)
     app, handle = sidecar(upstream)
     try:
         with httpx.Client(timeout=10) as client:
@@ -95,7 +95,7 @@ def test_a_429_is_never_retried(sidecar):
 
 
 def test_probe_straight_at_a_one_shot_engine_fails_no_request():
-    upstream = OneShotUpstream()
+    upstream = FakeUpstream(one_request_per_connection=True)
     try:
         settings = ProbeSettings(url=upstream.url, levels=(1, 2), max_tokens=3, min_samples=6,
                                  max_samples=6, warmup_per_worker=0, engine_metrics="none")

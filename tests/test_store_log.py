@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from collector.store.db import RequestStore
 from collector.store.schema import COLUMN_NAMES, SCHEMA_VERSION, V1_DDL
 from collector.store.writer import LogWriter, RowsDropped
-from sidecar_support import CHAT, sidecar_rig
+from support.sidecar import CHAT, sidecar_rig
 
 
 def _rows(n, prefix="r"):

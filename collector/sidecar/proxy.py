@@ -110,16 +110,25 @@ class CompletionsProxy:
 
     async def _watched(self, request: LiveRequest, parsed: ParsedRequest, scope: Scope,
                        receive: Any, client: ClientChannel) -> Ending:
-        """The exchange, raced against the client's disconnect; the exchange wins a tie."""
+        """The exchange, raced against the client's disconnect.
+
+        A disconnect seen before the last byte is sent means the client never had the whole
+        answer: client_cancelled, even when the exchange finished in the same loop step (a
+        relay that finds every byte buffered runs to its end without yielding, so the watcher,
+        already woken, gets one more step before the decision).
+        """
         work = asyncio.ensure_future(self._exchange(request, parsed, scope, client))
         watcher = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if not watcher.done():
+                await asyncio.sleep(0)
         finally:
+            gone = watcher.done() and not watcher.cancelled()
             watcher.cancel()
             if not work.done():
                 work.cancel()  # client gone (or server shutdown): stop the upstream exchange
-        if work.done() and not work.cancelled():
+        if not gone and work.done() and not work.cancelled():
             return work.result()
         client.gone = True
         return _CLIENT_GONE

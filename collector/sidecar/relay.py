@@ -239,17 +239,22 @@ async def relay_body(tracker: Tracker, request: LiveRequest, response: aiohttp.C
                      client: ClientChannel, keep_limit: int) -> Ending:
     """Stream a non-SSE answer through; read the usage of a 200 from what was kept.
 
-    Bytes go to the client as they arrive, one chunk behind: the last chunk is held back and
-    becomes the Ending's `last`, so the request is finished before the client has all of it (a
-    Content-Length client would otherwise be done before the row exists). Up to `keep_limit`
-    bytes of a 200 are kept to read its `usage`; past it the answer still streams, estimated.
+    Bytes go to the client as they arrive, except the chunk that completes a declared
+    Content-Length: it is held back as the Ending's `last`, so the request is finished before
+    the client has all of it (a Content-Length client is done at its last byte; a chunked one
+    only at the end we send after finishing). Up to `keep_limit` bytes of a 200 are kept to read
+    its `usage`; past it the answer still streams through, its tokens estimated.
     """
     keep: list[bytes] | None = [] if response.status == 200 else None
-    kept, held = 0, b""
+    declared = response.content_length
+    kept = received = 0
+    held = b""
     async for data in response.content.iter_any():
-        if held:
-            await client.body(held)
-        held = data
+        received += len(data)
+        if declared is not None and received >= declared:
+            held += data  # the last piece of a known length: after the finish
+        else:
+            await client.body(data)
         if keep is not None:
             kept += len(data)
             if kept <= keep_limit:

@@ -122,7 +122,9 @@ class StoreShipper:
         return 0
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the replay thread after one last replay attempt; rows left stay on disk."""
+        """Stop the replay thread after one last replay attempt; rows left stay on disk. Idempotent."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)

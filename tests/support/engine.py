@@ -1,7 +1,5 @@
-"""A small fake engine for the source tests: /metrics that can hang, fail or send garbage.
-
-Imported by the other test_sources_* files; it has no tests of its own.
-"""
+"""A fake engine's monitoring side for the source tests: /metrics (and llama.cpp's /slots) that
+can hang, fail or send garbage. The OpenAI side of an engine is support.upstream."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from collector.serving import serve_in_thread
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 GARBAGE = ("\x00\x01 not metrics {{{ " * 4000).encode()  # ~80 kB of junk, like a broken proxy page
 
 
