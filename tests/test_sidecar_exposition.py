@@ -43,21 +43,43 @@ def test_500_tenants_with_max_tenants_20_give_at_most_21_label_values(tmp_path):
     assert rows[0]["n"] == 500  # the log keeps the real tenant; only labels are capped
 
 
-def test_no_text_or_authorization_reaches_the_database_or_logs(tmp_path, caplog):
-    secret_key = f"sk-{MARKER}"
+def _send_marked_traffic(url: str) -> None:
+    """Prompt, completion and bearer carry MARKER; so do the bytes two broken upstreams send."""
     body = {**CHAT, "messages": [{"role": "user", "content": f"my secret is {MARKER}"}]}
+    auth = {"Authorization": f"Bearer sk-{MARKER}", "x-fake-text": MARKER}
+    for stream in (True, False):
+        httpx.post(url + "/v1/chat/completions", json={**body, "stream": stream}, headers=auth)
+    for mode in ("malformed", "broken-framing", "garbage-head"):
+        try:
+            answer = httpx.post(url + "/v1/chat/completions", json=body, headers={**auth, "x-fake": mode})
+            assert MARKER not in answer.text or mode == "malformed"  # our own 502 never quotes it
+        except httpx.HTTPError:
+            pass  # the broken stream reaches the client broken
+
+
+def _files_written(root) -> dict[str, bytes]:
+    return {str(path): path.read_bytes() for path in root.rglob("*") if path.is_file()}
+
+
+def test_no_text_or_authorization_reaches_any_file_log_or_metric(tmp_path, caplog):
     with caplog.at_level(logging.DEBUG):
-        with sidecar_rig(tmp_path) as rig:
-            for stream in (True, False):
-                httpx.post(rig.url + "/v1/chat/completions", json={**body, "stream": stream},
-                           headers={"Authorization": f"Bearer {secret_key}"})
-            httpx.post(rig.url + "/v1/chat/completions", json=body, headers={"x-fake": "malformed"})
+        with sidecar_rig(tmp_path / "local") as rig:
+            _send_marked_traffic(rig.url)
             rows = rig.rows()
             metrics_text = httpx.get(rig.url + "/metrics").text
-    assert len(rows) == 3 and rows[0]["tenant"].startswith("key-")
+            written = _files_written(tmp_path / "local")  # the DuckDB file and its WAL, while open
+        spool = tmp_path / "fleet" / "spool"
+        with sidecar_rig(tmp_path / "fleet", db_path=None, store_url="http://127.0.0.1:9",
+                         store_token="t", spool_dir=str(spool)) as fleet:  # a store that is down
+            _send_marked_traffic(fleet.url)
+            assert fleet.app.state.writer.flush()
+            metrics_text += httpx.get(fleet.url + "/metrics").text
+        written |= _files_written(tmp_path)
+    assert len(rows) == 5 and rows[0]["tenant"].startswith("key-")
+    assert any(".wal" in name for name in written) and any("spool" in name for name in written)
     assert MARKER not in repr(rows) and MARKER not in metrics_text and MARKER not in caplog.text
-    database = (tmp_path / "log.duckdb").read_bytes()
-    assert MARKER.encode() not in database
+    leaked = [name for name, data in written.items() if MARKER.encode() in data]
+    assert not leaked, leaked
 
 
 @pytest.mark.subprocess

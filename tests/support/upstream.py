@@ -151,6 +151,9 @@ class FakeUpstream:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self._writers.add(writer)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # engines answer at once; Nagle would hold a chunk for a delayed ACK
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             for _ in range(10_000):  # requests per connection: bounded
                 request = await _read_request(reader)
@@ -345,17 +348,18 @@ async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
 
 
 def _head(writer: asyncio.StreamWriter, status: int, content_type: str,
-          extra: list[tuple[str, str]], *, chunked: bool = False, length: int | None = None) -> None:
+          extra: list[tuple[str, str]], *, chunked: bool = False, length: int | None = None,
+          body: bytes = b"") -> None:
+    """Write the status line and headers (and `body`) in one write: one segment, no Nagle wait."""
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"content-type: {content_type}"]
     lines += [f"{name}: {value}" for name, value in extra]
     lines.append("transfer-encoding: chunked" if chunked else f"content-length: {length or 0}")
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
 
 async def _send(writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str,
                 extra: list[tuple[str, str]] | None = None) -> bool:
-    _head(writer, status, content_type, extra or [], length=len(body))
-    writer.write(body)
+    _head(writer, status, content_type, extra or [], length=len(body), body=body)
     await writer.drain()
     return True
 
