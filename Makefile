@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint tools generate check-generated bench clean
+.PHONY: install demo test test-fast lint tools engine generate check-generated bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,10 @@ demo: $(STAMP)  ## simulator + sidecar + load past the knee + capacity summary
 tools:  ## Debian's prometheus (promtool) and alertmanager (amtool) when missing
 	@bash scripts/install-tools.sh
 
-test: install tools lint  ## lint and types, then the whole suite (real Prometheus/Alertmanager too)
+engine:  ## a real llama.cpp llama-server + Gemma 3 270M, built once into ~/.cache/llm-headroom
+	@bash scripts/build-llama-server.sh >/dev/null
+
+test: install tools engine lint  ## lint and types, then the whole suite: unit, integration, real engine
 	$(BIN)/pytest -q -p no:cacheprovider
 
 lint: install  ## ruff (lint + format check) and mypy (strict on collector/); any finding fails

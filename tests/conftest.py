@@ -41,9 +41,9 @@ def fixtures_dir() -> Path:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Integration tests run real binaries: they are subprocess tests too."""
+    """Integration and real-engine tests run real binaries: they are subprocess tests too."""
     for item in items:
-        if item.get_closest_marker("integration") is not None:
+        if item.get_closest_marker("integration") or item.get_closest_marker("real_engine"):
             item.add_marker(pytest.mark.subprocess)
 
 

@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "store": set(),
     "rules": set(),
     "analysis": {"store", "sources"},
-    "report": {"store"},
+    "report": {"store", "analysis"},
     "sim": {"analysis"},
     "dashboards": {"rules"},
     "alerts": {"rules"},

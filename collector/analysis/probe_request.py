@@ -76,7 +76,8 @@ async def send_one(client: UpstreamClient, spec: RequestSpec, meter: Inflight,
     state: dict[str, Any] = {"chunk_tokens": 0, "status": None, "outcome": "ok", "error": None,
                              "retries": 0, "waiting": waiting()}
     try:
-        upstream = await client.request("POST", spec.url, json=spec.payload)
+        upstream = await client.request("POST", spec.url, json=spec.payload,
+                                        headers={"X-Headroom-Request-Id": spec.request_id})
         state["retries"] = upstream.retries
         async with upstream.response as response:
             state["first_byte"] = time.time()

@@ -65,13 +65,19 @@ __all__ = ["run"]
                    "on the in-process store.")
 @click.option("--retention-days", default=30, show_default=True, type=click.IntRange(1),
               help="Raw rows older than this are exported to Parquet beside --db, then deleted.")
+@click.option("--probe-db", "probe_dbs", multiple=True, metavar="PATH",
+              type=click.Path(dir_okay=False),
+              help="A DuckDB file `headroom probe --db PATH` writes while this sidecar owns --db: "
+                   "its capacity estimates are copied in and published (repeatable).")
+@click.option("--probe-max-age", default="7d", show_default=True, metavar="DURATION",
+              help="A probe estimate beats traffic's for this long (e.g. 24h, 7d).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_mapping,
         engine_metrics_url, engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint,
         read_timeout, max_request_body_bytes, max_buffered_response_bytes, max_sse_event_bytes,
-        header_timeout, idle_timeout, max_client_connections, jobs, retention_days,
-        log_level) -> None:
+        header_timeout, idle_timeout, max_client_connections, jobs, retention_days, probe_dbs,
+        probe_max_age, log_level) -> None:
     """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
 
     \b
@@ -81,6 +87,7 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
+      headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
     """
@@ -107,7 +114,8 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
             retention_days=retention_days, max_request_body_bytes=max_request_body_bytes,
             max_buffered_response_bytes=max_buffered_response_bytes,
             max_sse_event_bytes=max_sse_event_bytes, header_timeout_s=header_timeout,
-            idle_timeout_s=idle_timeout, max_client_connections=max_client_connections)
+            idle_timeout_s=idle_timeout, max_client_connections=max_client_connections,
+            probe_dbs=tuple(probe_dbs), probe_max_age=probe_max_age)
         app = build_sidecar(config)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

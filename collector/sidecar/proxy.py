@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 
 from collector.sidecar.faults import FaultLog
@@ -50,6 +51,7 @@ class ProxyLimits:
         self.max_sse_event_bytes = max_sse_event_bytes
 
 
+_PROBE_ID = re.compile(r"probe-[A-Za-z0-9._:-]{1,120}")
 _SHUT_DOWN = Ending("client_cancelled", "sidecar shut down")
 _CLIENT_GONE = Ending("client_cancelled", "client disconnected")
 
@@ -98,11 +100,16 @@ class CompletionsProxy:
         tenant = resolve_tenant(_header(scope, self._tenant_header), _header(scope, b"authorization"))
         probe = _header(scope, b"x-headroom-source") == "probe"  # `headroom probe` marks its load
         run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None if probe else None
+        # the probe's own id carries the level (probe-...-c0008-000123): the stored run is then
+        # estimated from this sidecar's rows; never an id already live (gauges key on it)
+        probe_id = (_header(scope, b"x-headroom-request-id") or "") if probe else ""
+        keep_id = _PROBE_ID.fullmatch(probe_id) is not None and probe_id not in self._tracker.live
         snapshot = self._engine.latest if self._engine is not None else None
         request = LiveRequest(parsed.model, tenant, scope["path"], parsed.stream, parsed.max_tokens,
                               parsed.prompt_tokens_estimate, model_label=self._model_cap(parsed.model),
                               tenant_label=self._tenant_cap(tenant),
                               source="probe" if probe else None, run_id=run_id,
+                              request_id=probe_id if keep_id else None,
                               engine_waiting=snapshot.waiting if snapshot is not None else None,
                               kv_usage=snapshot.kv_usage_ratio if snapshot is not None else None)
         self._tracker.admit(request)

@@ -48,9 +48,9 @@ class LiveRequest:
     def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
                  max_tokens: int | None, prompt_tokens_estimate: int, *,
                  model_label: str | None = None, tenant_label: str | None = None,
-                 source: str | None = None, run_id: str | None = None,
+                 source: str | None = None, run_id: str | None = None, request_id: str | None = None,
                  engine_waiting: int | None = None, kv_usage: float | None = None) -> None:
-        self.request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+        self.request_id = request_id or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
         self.model, self.tenant = model, tenant
         self.model_label = model_label or model  # capped label values; the row keeps the real ones
         self.tenant_label = tenant_label or tenant
