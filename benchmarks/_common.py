@@ -34,7 +34,7 @@ def start(args: list[str], url: str, timeout_s: float = 30.0) -> subprocess.Pope
             return proc
         except httpx.HTTPError:
             if proc.poll() is not None:
-                raise RuntimeError(f"{args} exited with {proc.returncode}")
+                raise RuntimeError(f"{args} exited with {proc.returncode}") from None
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"{args} did not answer at {url} within {timeout_s} s")

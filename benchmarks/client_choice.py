@@ -16,7 +16,6 @@ import time
 
 import aiohttp
 import httpx
-
 from _common import BODY, PYTHON, free_port, start
 
 

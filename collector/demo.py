@@ -71,8 +71,8 @@ async def _drive(url: str, levels: list[int], level_s: float, payload, progress)
             if not progress.console.is_terminal:  # no live bar in a log or pipe: one line a level
                 progress.console.print(f"concurrency {concurrency:>3} done "
                                        f"({index + 1}/{len(levels)} levels)")
-            at = lambda t: wall + timedelta(seconds=t - mono)  # noqa: E731
-            windows.append(LevelWindow(concurrency, wall, at(start), at(stop), datetime.now(UTC)))
+            windows.append(LevelWindow(concurrency, wall, wall + timedelta(seconds=start - mono),
+                                       wall + timedelta(seconds=stop - mono), datetime.now(UTC)))
     finally:
         sampler.stop()
         await sampling

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # `import support` from any test
 from support.processes import free_port  # noqa: E402  (re-exported for the tests that import it)
 
 __all__ = ["require_tool", "free_port", "FIXTURES", "IN_CI"]
+pytest_plugins = ["support.engine"]  # the fake_engine fixture, for every test that names it
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

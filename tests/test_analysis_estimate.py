@@ -8,14 +8,20 @@ from datetime import timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
-
-from collector.analysis.estimate import (CapacityEstimate, build_estimate, estimate_capacity,
-                                         latest_estimates, probe_levels, publish_estimates,
-                                         save_estimate)
-from collector.analysis.slo import Slo
-from collector.store.synthetic import closed_loop_rows
-from collector.store.db import RequestStore
 from test_analysis_knee import ladder
+
+from collector.analysis.estimate import (
+    CapacityEstimate,
+    build_estimate,
+    estimate_capacity,
+    latest_estimates,
+    probe_levels,
+    publish_estimates,
+    save_estimate,
+)
+from collector.analysis.slo import Slo
+from collector.store.db import RequestStore
+from collector.store.synthetic import closed_loop_rows
 
 REQUIRED_KEYS = {"run_id", "levels", "knee", "slo_max", "recommended_pool", "profile"}
 

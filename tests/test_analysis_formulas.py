@@ -4,12 +4,12 @@ quota ceilings from RPM/TPM, SLO maximum and the recommended pool per profile.""
 from __future__ import annotations
 
 import pytest
+from test_analysis_knee import level
 
 from collector.analysis.kv import GB, kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.quota import quota_ceiling
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import Slo, slo_max
-from test_analysis_knee import level
 
 
 def test_domain_worked_example_57_gb_over_3_gb_is_19_configure_13():

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from collector.analysis.passive import passive_curve
-from collector.store.synthetic import closed_loop_rows
 from collector.store.db import RequestStore
+from collector.store.synthetic import closed_loop_rows
 
 
 @pytest.fixture(scope="module")

@@ -166,8 +166,9 @@ def test_generate_into_an_unwritable_place(tmp_path, group):
 
 def test_probe_unwritable_json_path_after_the_run(tmp_path):
     """The run's estimate is printed, then one error line names the path it could not write."""
-    from collector.serving import serve_in_thread
     from test_probe_fake import TOKENS, fake_app
+
+    from collector.serving import serve_in_thread
 
     server = serve_in_thread(fake_app(slots=2))
     try:

@@ -13,13 +13,13 @@ import time
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from support.processes import headroom_process
+from support.upstream import FakeUpstream
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.server import raise_file_limit, uvicorn_options
 from collector.sidecar.wiring import build_sidecar
-from support.processes import headroom_process
-from support.upstream import FakeUpstream
 
 IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,6 @@ import tracemalloc
 
 import httpx
 import pytest
-
 from support.sidecar import CHAT, Rig, live_gauges, sidecar_rig, wait_until
 
 READ_TIMEOUT_S = 3.0

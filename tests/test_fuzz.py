@@ -13,7 +13,6 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
-
 from support.sidecar import live_gauges, sidecar_rig, wait_until
 
 PATH = "/v1/chat/completions"

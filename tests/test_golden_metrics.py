@@ -15,10 +15,10 @@ import subprocess
 
 import httpx
 import pytest
-
-from collector.sources import gpu
 from conftest import FIXTURES, require_tool
 from support.sidecar import CHAT, sidecar_rig
+
+from collector.sources import gpu
 
 GOLDEN = FIXTURES / "golden" / "sidecar_metrics.txt"
 _CLOCKED = re.compile(r"^(\w*(seconds|_created)\w*?)(\{[^}]*\})? .*$")

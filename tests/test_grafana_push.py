@@ -38,7 +38,7 @@ class FakeGrafana:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def __enter__(self) -> "FakeGrafana":
+    def __enter__(self) -> FakeGrafana:
         self.thread.start()
         return self
 

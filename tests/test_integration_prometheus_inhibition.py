@@ -8,7 +8,7 @@ any-two composite mutes the signals it counts.
 from __future__ import annotations
 
 import subprocess
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -44,7 +44,7 @@ def alertmanager(tmp_path):
 
 
 def _alert(**labels: str) -> dict:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return {"labels": labels, "annotations": {"summary": labels["alertname"]},
             "startsAt": now.isoformat(), "endsAt": (now + timedelta(minutes=5)).isoformat()}
 

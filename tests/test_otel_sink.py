@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -11,7 +11,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from collector.record import RequestRecord
 from collector.sidecar.otel import FIRST_TOKEN_EVENT, OtelSink, span_attributes, traces_url
 
-T0 = datetime(2026, 3, 2, 10, 0, 0, 123456, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 10, 0, 0, 123456, tzinfo=UTC)
 T0_NS = 1772445600_123456_000
 
 

@@ -11,6 +11,7 @@ import time
 import orjson
 import pytest
 from click.testing import CliRunner
+from conftest import free_port
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from PIL import Image
@@ -20,7 +21,6 @@ from collector.cli import main
 from collector.serving import serve_in_thread
 from collector.store.db import RequestStore
 from collector.store.schema import COLUMN_NAMES
-from conftest import free_port
 
 TOKEN_DELAY_S = 0.012
 TOKENS = 8

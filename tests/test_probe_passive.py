@@ -18,12 +18,12 @@ from datetime import UTC, datetime
 
 import aiohttp
 import pytest
+from support.processes import headroom_process, sim_process
+from test_probe_sim import OUTPUT_TOKENS, probe_sim
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.store.db import RequestStore
-from support.processes import headroom_process, sim_process
-from test_probe_sim import OUTPUT_TOKENS, probe_sim
 
 pytestmark = pytest.mark.subprocess
 

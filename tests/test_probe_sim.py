@@ -15,12 +15,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from support.processes import sim_process
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.analysis.slo import Slo
 from collector.sim.cost import predicted_knee
-from support.processes import sim_process
 
 pytestmark = pytest.mark.subprocess
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+from support.processes import headroom_process
+from support.real_engine import llama_server
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.probe import ProbeSettings, run_probe
-from support.processes import headroom_process
-from support.real_engine import llama_server
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -12,7 +12,7 @@ from collector.report.collect import collect_inputs
 from collector.store.db import RequestStore
 from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 
-UTC = timezone.utc
+UTC = UTC
 WEEK = timedelta(days=7)
 WEEK2 = datetime(2026, 11, 23, tzinfo=UTC)
 WEEK1 = WEEK2 - WEEK

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
@@ -17,7 +17,7 @@ from collector.store.synthetic import synthetic_rows
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-T0 = datetime(2026, 11, 23, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 23, tzinfo=UTC)
 INJECTIONS = ("x'; DROP TABLE requests; --", "1 OR 1=1", "model) ; DELETE FROM requests; --",
               "ttft_s, (SELECT 1)", "' UNION SELECT * FROM headroom_schema --")
 QUERY_PARAMS = {

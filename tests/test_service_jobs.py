@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,7 +20,7 @@ from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 # The work the store service and `headroom run` hand to the store's jobs.
 WORK = {"refresh": refresh_estimates, "review": write_report_files}
 
-UTC = timezone.utc
+UTC = UTC
 SUNDAY_EVENING = datetime(2026, 11, 29, 22, 30, tzinfo=UTC)  # 2026-11-30 is a Monday
 MONDAY_MORNING = datetime(2026, 11, 30, 9, 30, tzinfo=UTC)
 DAY_P95 = ("SELECT {day} AS day, model, count(*), quantile_cont(ttft_s, 0.95), quantile_cont(e2e_s, 0.5) "

@@ -17,14 +17,14 @@ import duckdb
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.processes import HeadroomProcess
+from support.upstream import FakeUpstream
+from support.waiting import wait_until
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar
 from collector.store.shipper import StoreShipper
-from support.processes import HeadroomProcess
-from support.upstream import FakeUpstream
-from support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 

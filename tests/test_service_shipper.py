@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import stat
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
+from support.waiting import wait_until
 
 from collector.store.shipper import StoreShipper
 from collector.store.synthetic import synthetic_rows
 from collector.store.writer import RowsDropped
-from support.waiting import wait_until
 
-T0 = datetime(2026, 11, 23, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 23, tzinfo=UTC)
 FAST = {"max_attempts": 2, "backoff_initial_s": 0.02, "backoff_max_s": 0.2, "timeout_s": 5.0}
 
 

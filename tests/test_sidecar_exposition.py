@@ -7,7 +7,6 @@ import subprocess
 
 import httpx
 import pytest
-
 from conftest import require_tool
 from support.sidecar import CHAT, sidecar_rig
 
@@ -85,11 +84,12 @@ def test_no_text_or_authorization_reaches_any_file_log_or_metric(tmp_path, caplo
 @pytest.mark.subprocess
 def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
     """The app `headroom run` builds: engine source (auto), GPU, capacity gauges, request log."""
+    from support.upstream import FakeUpstream
+
     from collector.serving import serve_in_thread
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import build_sidecar
     from collector.store.capacity_gauges import PublishedCapacity
-    from support.upstream import FakeUpstream
 
     promtool = require_tool("promtool")
     upstream = FakeUpstream()

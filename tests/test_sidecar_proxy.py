@@ -7,9 +7,9 @@ import threading
 
 import httpx
 import pytest
+from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
 from collector.store.db import RequestStore
-from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
 PATH = "/v1/chat/completions"
 

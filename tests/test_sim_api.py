@@ -9,9 +9,9 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
+from support.waiting import wait_until
 
 from collector.serving import serve_in_thread
-from support.waiting import wait_until
 from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 

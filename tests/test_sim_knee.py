@@ -18,12 +18,12 @@ from collections import Counter
 
 import httpx
 import pytest
+from support.processes import sim_process
 
 from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel, predicted_knee
 from collector.sim.load import run_level, summarize
 from collector.sim.output import count_chat_tokens
-from support.processes import sim_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 SPEED = 4.0

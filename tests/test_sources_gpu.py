@@ -35,7 +35,7 @@ class FakeNvml:
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
 
-    def install(self, monkeypatch) -> "FakeNvml":
+    def install(self, monkeypatch) -> FakeNvml:
         def fn(name, body):
             def call(*args):
                 self._count(name)

@@ -17,6 +17,7 @@ import time
 
 import httpx
 import pytest
+from support.waiting import wait_until_async
 
 from collector.record import MemorySink
 from collector.serving import serve_in_thread
@@ -26,8 +27,6 @@ from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 from collector.sources import build_engine_source
 from collector.sources.base import parse_exposition
-from support.waiting import wait_until_async
-from support.engine import fake_engine  # noqa: F401  (fixture)
 
 # How long the engine stays broken. The issue asks for a minute of hanging: the slow test holds
 # it that long (HEADROOM_TEST_HANG_ENGINE_S shortens it for a quick local run); garbage and HTTP 500

@@ -8,15 +8,15 @@ import subprocess
 import time
 
 import pytest
+from conftest import require_tool
 from prometheus_client import CollectorRegistry, generate_latest
+from support.engine import FIXTURES
 
 from collector.catalog import spec
 from collector.sources import build_engine_source, default_metrics_url
 from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
 from collector.sources.poller import EngineSource
-from conftest import require_tool
-from support.engine import FIXTURES, fake_engine  # noqa: F401  (fixture)
 
 
 def value(collector, name: str, **labels) -> float | None:

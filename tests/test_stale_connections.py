@@ -8,13 +8,13 @@ import asyncio
 
 import httpx
 import pytest
+from support.sidecar import CHAT
+from support.upstream import FakeUpstream
 
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar
-from support.upstream import FakeUpstream
-from support.sidecar import CHAT
 
 REQUESTS = 8
 

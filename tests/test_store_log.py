@@ -6,13 +6,14 @@ import threading
 
 import duckdb
 import httpx
+import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry
+from support.sidecar import CHAT, sidecar_rig
 
 from collector.store.db import RequestStore
 from collector.store.schema import COLUMN_NAMES, SCHEMA_VERSION, V1_DDL
 from collector.store.writer import LogWriter, RowsDropped
-from support.sidecar import CHAT, sidecar_rig
 
 
 def _rows(n, prefix="r"):
@@ -72,7 +73,9 @@ def test_sink_failures_are_counted_by_reason():
         writer.submit(row)
         writer.flush()
     writer.close()
-    value = lambda reason: registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": reason})
+    def value(reason: str) -> float | None:
+        return registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": reason})
+
     assert value("db_error") == 5 and value("spool_full") == 3
     assert registry.get_sample_value("headroom_log_rows_written_total") == 0
 
@@ -218,7 +221,7 @@ def test_one_out_of_range_value_does_not_lose_the_batch():
     store = RequestStore()
     rows = _rows(3) + [{"request_id": "huge", "max_tokens": 99_999_999_999, "prompt_tokens": -2**40,
                         "e2e_s": "1.5", "stream": "yes"}]
-    with pytest.raises(Exception):
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError)):
         store.insert_rows(rows)  # strict by default: the store's ingest answers such rows 400
     store.write_batch(rows)  # the sidecar's writer path: the other rows of the batch are kept
     assert store.count() == 4

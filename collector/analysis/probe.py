@@ -116,7 +116,7 @@ async def _resolve_model(session: aiohttp.ClientSession, base: str, model: str |
                                timeout=aiohttp.ClientTimeout(total=timeout_s * 2,
                                                              sock_connect=timeout_s)) as resp:
             listing = await resp.json(content_type=None) if resp.status == 200 else {}
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         raise ProbeError(f"cannot reach {base} ({type(exc).__name__}: {exc or 'timed out'}); "
                          "check --url and that the server is running") from None
     except ValueError:
@@ -262,7 +262,7 @@ class _Runner:
                    for i in range(concurrency)]
         try:
             await asyncio.wait_for(level.done.wait(), self.settings.max_level_s + 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             level._stop(f"time cap {self.settings.max_level_s:g} s")
         await asyncio.gather(*workers)  # drain: in-flight requests finish (bounded by timeout)
         return self._finish(level)

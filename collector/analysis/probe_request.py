@@ -10,7 +10,6 @@ with collector.sse, the same reader the proxy uses.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -88,7 +87,7 @@ async def send_one(client: UpstreamClient, spec: RequestSpec, meter: Inflight,
                 await response.read()  # small error body; 429s are never retried
             else:
                 await _read_stream(response, meter, state)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         state.update(outcome="timeout", error="request timed out")
     except (aiohttp.ClientError, ValueError) as exc:
         state.update(outcome="upstream_error", error=type(exc).__name__)

@@ -28,8 +28,8 @@ from typing import Any
 from collector.analysis.estimate import estimate_capacity, estimate_probe_run, save_estimate
 from collector.analysis.publish import PublishPolicy, publish
 from collector.store.capacity_gauges import CapacityGauges
-from collector.store.estimates import import_estimates
 from collector.store.db import RequestStore
+from collector.store.estimates import import_estimates
 
 __all__ = ["refresh_estimates", "finished_probe_runs"]
 

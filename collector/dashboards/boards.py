@@ -6,8 +6,18 @@ retyped name. Variables: datasource, model, instance, tenant. Each panel says ho
 
 from __future__ import annotations
 
-from collector.dashboards.panels import (dashed, datasource_variable, layout, query_variable, right_axis,
-                                         selector, table, target, thresholds, timeseries)
+from collector.dashboards.panels import (
+    dashed,
+    datasource_variable,
+    layout,
+    query_variable,
+    right_axis,
+    selector,
+    table,
+    target,
+    thresholds,
+    timeseries,
+)
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
 from collector.rules.records import R

@@ -109,7 +109,7 @@ class RulesConfig:
         except KeyError:
             raise KeyError(f"no for: duration for alert {alert!r}; add it to RulesConfig.for_durations") from None
 
-    def validate(self) -> "RulesConfig":
+    def validate(self) -> RulesConfig:
         """Raise ConfigError when a value cannot give correct rules; return self otherwise."""
         if self.ttft_slo_seconds not in TTFT_BUCKETS_SECONDS:
             raise ConfigError(

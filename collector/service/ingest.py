@@ -8,7 +8,7 @@ shipper may resend a batch after a timeout without creating duplicates.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -47,7 +47,7 @@ def _parse_timestamp(value: str, where: str) -> datetime:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise _bad(f"{where}: {value[:40]!r} is not an ISO-8601 timestamp") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _parse_value(value: Any, column: str, where: str) -> Any:

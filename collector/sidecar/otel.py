@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,7 +33,7 @@ __all__ = ["OtelSink", "traces_url", "span_name", "span_attributes", "ROW_ATTRIB
 
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
 _log = logging.getLogger(__name__)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def traces_url(endpoint: str) -> str:
@@ -58,7 +58,7 @@ def _ns(moment: datetime | None) -> int | None:
     if moment is None:
         return None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     delta = moment - _EPOCH
     return ((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds) * 1_000
 

@@ -11,8 +11,16 @@ from typing import Any
 
 from collector.sidecar.faults import FaultLog
 from collector.sidecar.relay import (
-    BodyTooLarge, ClientChannel, describe_failure, read_body, request_headers, response_headers,
-    send_error, target_url, wait_disconnect)
+    BodyTooLarge,
+    ClientChannel,
+    describe_failure,
+    read_body,
+    request_headers,
+    response_headers,
+    send_error,
+    target_url,
+    wait_disconnect,
+)
 from collector.upstream import UpstreamClient
 
 __all__ = ["PassThrough"]

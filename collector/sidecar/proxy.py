@@ -23,8 +23,19 @@ from typing import Any
 
 from collector.sidecar.faults import FaultLog
 from collector.sidecar.relay import (
-    BodyTooLarge, ClientChannel, Ending, describe_failure, end_on_connection_loss, read_body,
-    relay_body, relay_stream, request_headers, response_headers, target_url, wait_disconnect)
+    BodyTooLarge,
+    ClientChannel,
+    Ending,
+    describe_failure,
+    end_on_connection_loss,
+    read_body,
+    relay_body,
+    relay_stream,
+    request_headers,
+    response_headers,
+    target_url,
+    wait_disconnect,
+)
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -82,7 +82,7 @@ class LiveRequest:
 def _wall(request: LiveRequest, mono: float | None) -> datetime | None:
     if mono is None:
         return None
-    return datetime.fromtimestamp(request.admitted_wall, timezone.utc) + timedelta(
+    return datetime.fromtimestamp(request.admitted_wall, UTC) + timedelta(
         seconds=mono - request.admitted_mono)
 
 

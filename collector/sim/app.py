@@ -18,8 +18,16 @@ from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel
 from collector.sim.engine import Engine, Stream
 from collector.sim.metrics import EngineMetricsCollector, render_metrics
-from collector.sim.openai import (DONE, BadRequest, ParsedRequest, chunk, full_response,
-                                  parse_request, sse, usage_chunk)
+from collector.sim.openai import (
+    DONE,
+    BadRequest,
+    ParsedRequest,
+    chunk,
+    full_response,
+    parse_request,
+    sse,
+    usage_chunk,
+)
 from collector.sim.scheduler import QueueFull, SimRequest
 from collector.sim.slots import slots_view
 
@@ -95,7 +103,7 @@ async def _wait_whole(engine: Engine, stream: Stream, request: Request, parsed: 
     while not stream.finished:
         try:
             await asyncio.wait_for(stream.changed.wait(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         stream.changed.clear()
         if not stream.finished and loop.time() >= next_check:

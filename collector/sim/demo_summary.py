@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from collector.analysis.estimate import build_estimate, save_estimate
-from collector.analysis.publish import publish
 from collector.analysis.levels import summarize_level
+from collector.analysis.publish import publish
 from collector.analysis.slo import Slo
 from collector.sim.workload import CaliberSample
 

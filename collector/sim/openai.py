@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from collector.sim.config import SimConfig
-from collector.sim.output import (OutputPlan, count_chat_tokens, count_text_tokens, message_text,
-                                  plan_output)
+from collector.sim.output import OutputPlan, count_chat_tokens, count_text_tokens, message_text, plan_output
 
 __all__ = ["BadRequest", "ParsedRequest", "parse_request", "chunk", "usage_chunk", "full_response",
            "sse", "DONE"]

@@ -90,11 +90,11 @@ class CaliberSampler:
                     async with session.get(self.metrics_url) as response:
                         values = parse_calibers(await response.text())
                     self.samples.append(CaliberSample(time.monotonic() - start, self.level, values))
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                except (TimeoutError, aiohttp.ClientError, ValueError):
                     pass
                 try:
                     await asyncio.wait_for(self._stop.wait(), self.interval_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     def stop(self) -> None:

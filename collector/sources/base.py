@@ -52,11 +52,11 @@ class EngineSnapshot:
     error: str | None = None
 
     @classmethod
-    def down(cls, engine: str, error: str) -> "EngineSnapshot":
+    def down(cls, engine: str, error: str) -> EngineSnapshot:
         """A snapshot for a failed poll: nothing is known, so every value is None."""
         return cls(engine=engine, up=False, error=error)
 
-    def with_engine(self, engine: str) -> "EngineSnapshot":
+    def with_engine(self, engine: str) -> EngineSnapshot:
         """The same snapshot under another engine label (used by `auto`)."""
         return replace(self, engine=engine)
 

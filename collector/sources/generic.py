@@ -22,8 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
-                                    snapshot_from_rules)
+from collector.sources.base import EngineSnapshot, FieldRule, names_of, parse_exposition, snapshot_from_rules
 
 __all__ = ["GenericMapping", "MappingError", "load_mapping", "mapping_from_dict", "parse_generic"]
 

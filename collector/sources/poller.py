@@ -88,7 +88,7 @@ class EngineSource:
             delay = max(0.0, self.poll_interval_s - (time.monotonic() - started))
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def poll_once(self) -> EngineSnapshot:

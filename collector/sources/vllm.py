@@ -13,8 +13,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from collector.sources.base import (EngineSnapshot, FieldRule, Samples, names_of,
-                                    parse_exposition, snapshot_from_rules)
+from collector.sources.base import (
+    EngineSnapshot,
+    FieldRule,
+    Samples,
+    names_of,
+    parse_exposition,
+    snapshot_from_rules,
+)
 
 __all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens", "max_concurrency"]
 

@@ -11,7 +11,7 @@ a day already expired are appended as extra files, then deleted.
 from __future__ import annotations
 
 import shutil
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 
 from collector.store.db import RequestStore
@@ -28,7 +28,7 @@ _DAY = "CAST(timezone('UTC', admitted_at) AS DATE)"
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
     """[00:00, next 00:00) of a UTC day, tz-aware."""
-    start = datetime.combine(day, time(0), tzinfo=timezone.utc)
+    start = datetime.combine(day, time(0), tzinfo=UTC)
     return start, start + timedelta(days=1)
 
 
@@ -80,7 +80,7 @@ def export_and_expire(store: RequestStore, export_dir: str | Path, retention_day
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
     store.execute(EXPORTS_DDL)
-    today = now.astimezone(timezone.utc).date()
+    today = now.astimezone(UTC).date()
     oldest_kept = today - timedelta(days=retention_days)
     records = _records(store)
     done: dict[str, list[date]] = {"exported": [], "expired": []}

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import IN_CI, free_port
 
 SCRIPTS = Path(__file__).resolve().parent.parent.parent / "scripts"
