@@ -14,8 +14,12 @@ import aiohttp
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-BODY = {"model": "bench", "stream": True, "max_tokens": 100,
-        "messages": [{"role": "user", "content": "benchmark prompt " * 10}]}
+BODY = {
+    "model": "bench",
+    "stream": True,
+    "max_tokens": 100,
+    "messages": [{"role": "user", "content": "benchmark prompt " * 10}],
+}
 
 
 def free_port() -> int:
@@ -86,9 +90,15 @@ async def drive(url: str, requests: int, concurrency: int, chunks: int, pace_ms:
     latencies.sort()
     first_token.sort()
     pick = lambda values, q: round(values[int(len(values) * q)] * 1000, 2)  # noqa: E731
-    return {"wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 1), "bytes": received,
-            "p50_ms": pick(latencies, 0.5), "p95_ms": pick(latencies, 0.95),
-            "ttft_p50_ms": pick(first_token, 0.5), "ttft_p95_ms": pick(first_token, 0.95)}
+    return {
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(requests / wall, 1),
+        "bytes": received,
+        "p50_ms": pick(latencies, 0.5),
+        "p95_ms": pick(latencies, 0.95),
+        "ttft_p50_ms": pick(first_token, 0.5),
+        "ttft_p95_ms": pick(first_token, 0.95),
+    }
 
 
 PYTHON = sys.executable

@@ -19,14 +19,31 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any, Protocol
 
-__all__ = ["RequestRecord", "FIELD_NAMES", "Row", "RowSink", "MemorySink", "OUTCOMES",
-           "LOAD_SHEDDING", "outcome_for_status", "time_per_output_token", "field_types",
-           "INT64_FIELDS"]
+__all__ = [
+    "RequestRecord",
+    "FIELD_NAMES",
+    "Row",
+    "RowSink",
+    "MemorySink",
+    "OUTCOMES",
+    "LOAD_SHEDDING",
+    "outcome_for_status",
+    "time_per_output_token",
+    "field_types",
+    "INT64_FIELDS",
+]
 
 Row = Mapping[str, Any]  # a record as column -> value, as DuckDB and the analysis read it
 
-OUTCOMES = ("ok", "rate_limited", "overloaded", "client_cancelled", "upstream_error", "timeout",
-            "bad_request")
+OUTCOMES = (
+    "ok",
+    "rate_limited",
+    "overloaded",
+    "client_cancelled",
+    "upstream_error",
+    "timeout",
+    "bad_request",
+)
 LOAD_SHEDDING = ("rate_limited", "overloaded")  # 429 and 503: errors, and capacity evidence
 
 _WIDE = {"bits": 64}  # field metadata: a count that may pass 2**31 (a BIGINT column)
@@ -82,8 +99,10 @@ INT64_FIELDS = frozenset(f.name for f in fields(RequestRecord) if f.metadata.get
 def field_types() -> dict[str, type]:
     """{field: its Python type without None}, e.g. {'request_id': str, 'stream': bool, ...}."""
     hints = typing.get_type_hints(RequestRecord)
-    return {name: next(t for t in typing.get_args(hints[name]) or (hints[name],) if t is not type(None))
-            for name in FIELD_NAMES}
+    return {
+        name: next(t for t in typing.get_args(hints[name]) or (hints[name],) if t is not type(None))
+        for name in FIELD_NAMES
+    }
 
 
 def outcome_for_status(status: int) -> str:

@@ -83,8 +83,9 @@ class EventSplitter:
         self._pending += len(data)
         self._tail = (self._tail + data)[-3:]
         if self._pending > self.max_event_bytes:
-            raise EventTooLarge(f"an SSE event passed {self.max_event_bytes} bytes without ending "
-                                "(--max-sse-event-bytes)")
+            raise EventTooLarge(
+                f"an SSE event passed {self.max_event_bytes} bytes without ending (--max-sse-event-bytes)"
+            )
 
     def join(self, events: list[bytes]) -> bytes:
         """Bytes of `events` with their terminators, as they would have been received."""

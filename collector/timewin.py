@@ -34,6 +34,7 @@ def parse_instant(text: str, now: datetime) -> datetime:
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ValueError(f"{text!r} is neither a duration (7d, 24h) nor an ISO-8601 time "
-                         "(2026-11-30T09:00:00Z)") from None
+        raise ValueError(
+            f"{text!r} is neither a duration (7d, 24h) nor an ISO-8601 time (2026-11-30T09:00:00Z)"
+        ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -30,7 +30,9 @@ def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path:
         return path
-    message = f"{name} not found; install with: make tools (apt-get install prometheus prometheus-alertmanager)"
+    message = (
+        f"{name} not found; install with: make tools (apt-get install prometheus prometheus-alertmanager)"
+    )
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)

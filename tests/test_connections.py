@@ -26,8 +26,10 @@ IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60
 
 def _guarded(tmp_path, fake: FakeUpstream, **bounds):
     app = build_sidecar(SidecarConfig(upstream=fake.url, db_path=str(tmp_path / "log.duckdb"), jobs=False))
-    options = uvicorn_options(app.state.registry, **{"header_timeout_s": 10.0, "idle_timeout_s": 5.0,
-                                                     "max_connections": 4096, **bounds})
+    options = uvicorn_options(
+        app.state.registry,
+        **{"header_timeout_s": 10.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds},
+    )
     return app, serve_in_thread(app, **options)
 
 
@@ -85,9 +87,21 @@ def _slowloris(port: int, stop: threading.Event, opened: list[socket.socket]) ->
 def test_canaries_answered_within_100_ms_p99_with_2000_idle_and_100_slowloris(tmp_path):
     raise_file_limit(IDLE + SLOWLORIS + 512)  # this process holds the other end of every socket
     db = tmp_path / "data" / "log.duckdb"
-    with FakeUpstream() as fake, headroom_process(
-            "run", "--upstream", fake.url, "--db", str(db), "--engine", "none", "--no-jobs",
-            health="/healthz", log=tmp_path / "sidecar.log") as url:
+    with (
+        FakeUpstream() as fake,
+        headroom_process(
+            "run",
+            "--upstream",
+            fake.url,
+            "--db",
+            str(db),
+            "--engine",
+            "none",
+            "--no-jobs",
+            health="/healthz",
+            log=tmp_path / "sidecar.log",
+        ) as url,
+    ):
         port = int(url.rsplit(":", 1)[1])
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(IDLE)]
         stop, slow = threading.Event(), []
@@ -100,8 +114,10 @@ def test_canaries_answered_within_100_ms_p99_with_2000_idle_and_100_slowloris(tm
             with httpx.Client(timeout=5, transport=nodelay) as client:
                 for index in range(CANARIES):
                     began = time.perf_counter()
-                    response = client.post(url + "/v1/chat/completions",
-                                           json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]})
+                    response = client.post(
+                        url + "/v1/chat/completions",
+                        json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]},
+                    )
                     took.append(time.perf_counter() - began)
                     assert response.status_code == 200, (index, response.text)
             modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in db.parent.iterdir()}
@@ -113,8 +129,10 @@ def test_canaries_answered_within_100_ms_p99_with_2000_idle_and_100_slowloris(tm
                 sock.close()
     took.sort()
     p99 = took[int(len(took) * 0.99) - 1]
-    print(f"\ncanaries: p50 {took[len(took) // 2] * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms "
-          f"with {IDLE} idle and {SLOWLORIS} slowloris connections")
+    print(
+        f"\ncanaries: p50 {took[len(took) // 2] * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms "
+        f"with {IDLE} idle and {SLOWLORIS} slowloris connections"
+    )
     assert p99 < 0.100
     assert len(slow) == SLOWLORIS and "headroom_connections_refused_total" in metrics
     assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700

@@ -28,8 +28,9 @@ def rig(tmp_path):
         yield rig
 
 
-def _post(rig: Rig, mode: str, body: dict | None = None, *, secret: bool = True,
-          **headers: str) -> tuple[httpx.Response | Exception, float]:
+def _post(
+    rig: Rig, mode: str, body: dict | None = None, *, secret: bool = True, **headers: str
+) -> tuple[httpx.Response | Exception, float]:
     """POST through the sidecar; (the response or the client's exception, seconds it took).
 
     With `secret`, the upstream puts SECRET in its completion text and in the bytes it breaks with.
@@ -37,8 +38,7 @@ def _post(rig: Rig, mode: str, body: dict | None = None, *, secret: bool = True,
     began = time.monotonic()
     headers = {"x-fake": mode, **({"x-fake-text": SECRET} if secret else {}), **headers}
     try:
-        response = httpx.post(rig.url + PATH, json=body or CHAT, timeout=READ_TIMEOUT_S + 2,
-                              headers=headers)
+        response = httpx.post(rig.url + PATH, json=body or CHAT, timeout=READ_TIMEOUT_S + 2, headers=headers)
     except httpx.HTTPError as exc:
         return exc, time.monotonic() - began
     return response, time.monotonic() - began
@@ -94,8 +94,13 @@ def test_expect_100_continue_is_not_forwarded(rig):
 
 def test_a_non_sse_answer_to_a_stream_is_streamed_through(rig):
     gate = rig.fake.gate("non-sse-1")
-    with httpx.stream("POST", rig.url + PATH, json=CHAT, timeout=READ_TIMEOUT_S,
-                      headers={"x-fake": "non-sse", "x-test-id": "non-sse-1"}) as response:
+    with httpx.stream(
+        "POST",
+        rig.url + PATH,
+        json=CHAT,
+        timeout=READ_TIMEOUT_S,
+        headers={"x-fake": "non-sse", "x-test-id": "non-sse-1"},
+    ) as response:
         parts = response.iter_bytes()
         first = next(parts)  # arrives while the upstream still holds the rest back
         gate.set()
@@ -114,8 +119,10 @@ def test_rejected_usage_numbers_make_the_row_estimated(rig, mode):
 
 def test_a_disconnect_at_the_headers_is_client_cancelled_without_a_runtime_error(rig, caplog):
     body = b'{"model":"m1","stream":true}'
-    raw = (f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-fake: gate-headers\r\n"
-           f"x-test-id: gone-1\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    raw = (
+        f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-fake: gate-headers\r\n"
+        f"x-test-id: gone-1\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     with socket.create_connection(("127.0.0.1", rig.sidecar.port)) as client:
         client.sendall(raw)
         assert rig.fake.expect("gone-1").wait(5)
@@ -154,8 +161,10 @@ def test_metrics_render_off_the_event_loop(rig):
 
 def _raw(rig: Rig, target: str, body: bytes = b'{"model":"m1","stream":false}') -> bytes:
     """One request with a path sent byte for byte (httpx would normalise it first)."""
-    head = (f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", rig.sidecar.port), timeout=5) as client:
         client.sendall(head + body)
         chunks = []
@@ -164,8 +173,10 @@ def _raw(rig: Rig, target: str, body: bytes = b'{"model":"m1","stream":false}') 
     return b"".join(chunks)
 
 
-@pytest.mark.parametrize("spelling", ["/v1/chat/completions/", "//v1//chat/completions",
-                                      "/v1/./chat/completions", "/v1/%2e/chat/completions"])
+@pytest.mark.parametrize(
+    "spelling",
+    ["/v1/chat/completions/", "//v1//chat/completions", "/v1/./chat/completions", "/v1/%2e/chat/completions"],
+)
 def test_every_spelling_of_the_completions_path_is_accounted(rig, spelling):
     answer = _raw(rig, spelling)
     assert answer.startswith(b"HTTP/1.1 200")
@@ -191,16 +202,22 @@ def test_a_body_over_the_limit_is_413_naming_the_flag_with_a_row(rig):
 
 @pytest.mark.parametrize(("depth", "status"), [(300, 200), (1100, 400)])
 def test_deep_json_is_forwarded_or_refused_never_a_500(rig, depth, status):
-    body = ('{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}],"meta":'
-            + "[" * depth + "]" * depth + "}").encode()
+    body = (
+        '{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}],"meta":'
+        + "[" * depth
+        + "]" * depth
+        + "}"
+    ).encode()
     answer = _raw(rig, PATH, body)
     assert answer.startswith(f"HTTP/1.1 {status}".encode())
     _settled_row(rig, outcome="ok" if status == 200 else "bad_request", status_code=status)
 
 
 def test_big_integers_reach_the_engine_exactly(rig):
-    body = (b'{"model":"m1","stream":true,"seed":18446744073709551617,'
-            b'"messages":[{"role":"user","content":"hi"}]}')
+    body = (
+        b'{"model":"m1","stream":true,"seed":18446744073709551617,'
+        b'"messages":[{"role":"user","content":"hi"}]}'
+    )
     assert _raw(rig, PATH, body).startswith(b"HTTP/1.1 200")
     sent = rig.fake.requests[-1]["payload"]
     assert sent["seed"] == 18446744073709551617 and sent["stream_options"] == {"include_usage": True}

@@ -38,8 +38,12 @@ def _exposition(tmp_path, monkeypatch) -> str:
     monkeypatch.setattr(gpu, "pynvml", None)  # the machine's GPUs are not part of the golden file
     with sidecar_rig(tmp_path, engine="none") as rig:
         for mode, stream in (("ok", True), ("ok", False), ("429", True), ("500", False)):
-            httpx.post(rig.url + "/v1/chat/completions", json={**CHAT, "stream": stream},
-                       headers={"x-fake": mode, "X-Tenant-ID": "team-a"}, timeout=10)
+            httpx.post(
+                rig.url + "/v1/chat/completions",
+                json={**CHAT, "stream": stream},
+                headers={"x-fake": mode, "X-Tenant-ID": "team-a"},
+                timeout=10,
+            )
         assert rig.app.state.writer.flush()
         return httpx.get(rig.url + "/metrics").text
 
@@ -55,6 +59,9 @@ def test_metrics_exposition_matches_the_golden_file(tmp_path, monkeypatch):
 @pytest.mark.subprocess
 def test_the_golden_file_passes_promtool_check_metrics():
     promtool = require_tool("promtool")
-    result = subprocess.run([promtool, "check", "metrics"], input=GOLDEN.read_text(), capture_output=True,
-                            text=True)
-    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=GOLDEN.read_text(), capture_output=True, text=True
+    )
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
+        result.stdout + result.stderr
+    )

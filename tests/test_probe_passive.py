@@ -33,13 +33,29 @@ STAGE_S = 2.5
 
 def sidecar_process(upstream: str, db_path):
     """`headroom run` in front of `upstream`, writing rows to db_path; stopped with SIGTERM."""
-    return headroom_process("run", "--upstream", upstream, "--db", str(db_path), "--engine", "none",
-                            "--no-jobs", "--instance", "test", health="/healthz")
+    return headroom_process(
+        "run",
+        "--upstream",
+        upstream,
+        "--db",
+        str(db_path),
+        "--engine",
+        "none",
+        "--no-jobs",
+        "--instance",
+        "test",
+        health="/healthz",
+    )
 
 
 async def _user(session, url, stop_at, rng):
-    body = {"model": "headroom-sim", "max_tokens": OUTPUT_TOKENS, "ignore_eos": True, "stream": True,
-            "messages": [{"role": "user", "content": "Count from one to five."}]}
+    body = {
+        "model": "headroom-sim",
+        "max_tokens": OUTPUT_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Count from one to five."}],
+    }
     while time.monotonic() < stop_at:
         async with session.post(f"{url}/v1/chat/completions", json=body) as response:
             await response.read()
@@ -79,8 +95,16 @@ def test_passive_knee_from_sidecar_traffic_agrees_with_the_probe(tmp_path):
         store.close()
     assert probe_knee.requests == 8
     knee = curve.knee
-    table = [(b.concurrency, b.samples, curve.windows_per_bucket.get(b.concurrency),
-              round(b.total_tokens_per_s), b.ttft_p95_s) for b in curve.buckets]
+    table = [
+        (
+            b.concurrency,
+            b.samples,
+            curve.windows_per_bucket.get(b.concurrency),
+            round(b.total_tokens_per_s),
+            b.ttft_p95_s,
+        )
+        for b in curve.buckets
+    ]
     assert knee is not None and knee.reached, table
     assert abs(math.log2(knee.requests) - math.log2(probe_knee.requests)) <= 1, (knee, table)
     assert curve.confidence in ("low", "medium", "high") and curve.confidence_reason

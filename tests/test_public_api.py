@@ -22,7 +22,13 @@ def _module_name(path: Path) -> str:
 def _declared(path: Path) -> list[str] | None:
     """The module's `__all__` as written (read with ast: no import), None when it has none."""
     for node in ast.parse(path.read_text()).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
         if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
             return sorted(ast.literal_eval(node.value))
     return None
@@ -42,8 +48,11 @@ def _public_api() -> dict[str, dict[str, list[str]]]:
 
 
 def test_every_module_declares_its_public_names():
-    missing = [str(p.relative_to(ROOT)) for p in (ROOT / "collector").rglob("*.py")
-               if p.name != "__init__.py" and _declared(p) is None]
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "collector").rglob("*.py")
+        if p.name != "__init__.py" and _declared(p) is None
+    ]
     assert not missing, f"give these modules an __all__: {missing}"
 
 
@@ -55,7 +64,11 @@ def test_each_packages_public_names_are_the_pinned_ones():
 
 
 def test_every_listed_name_exists():
-    absent = [f"{module}.{name}" for package in _public_api().values() for module in package
-              for name in importlib.import_module(module).__all__
-              if not hasattr(importlib.import_module(module), name)]
+    absent = [
+        f"{module}.{name}"
+        for package in _public_api().values()
+        for module in package
+        for name in importlib.import_module(module).__all__
+        if not hasattr(importlib.import_module(module), name)
+    ]
     assert absent == []

@@ -43,12 +43,19 @@ class PlainLevel:
 
 async def _one(client: httpx.AsyncClient, url: str) -> tuple[float, float, float, int]:
     """(admitted, first token, completed, completion tokens) of one streamed request."""
-    body = {"model": "gemma", "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "gemma",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     admitted, first, tokens = time.monotonic(), None, 0
-    async with client.stream("POST", url + "/v1/chat/completions", json=body,
-                             headers={"Connection": "close"}) as response:
+    async with client.stream(
+        "POST", url + "/v1/chat/completions", json=body, headers={"Connection": "close"}
+    ) as response:
         assert response.status_code == 200
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
@@ -65,8 +72,11 @@ async def _deferred(client: httpx.AsyncClient, url: str, stop: asyncio.Event) ->
     samples = []
     while not stop.is_set():
         text = (await client.get(url + "/metrics")).text
-        samples += [float(line.split()[-1]) for line in text.splitlines()
-                    if line.startswith("llamacpp:requests_deferred")]
+        samples += [
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("llamacpp:requests_deferred")
+        ]
         await asyncio.sleep(0.1)
     return samples
 
@@ -91,11 +101,16 @@ async def plain_level(url: str, concurrency: int, per_worker: int) -> PlainLevel
     # its first token: a request waiting for a slot generates nothing)
     start = sorted(r[0] for r in results)[concurrency - 1]
     end = sorted(r[2] for r in results)[-concurrency]
-    tokens = sum(n * max(0.0, min(done, end) - max(first, start)) / max(done - first, 1e-9)
-                 for _, first, done, n in results)
-    return PlainLevel(concurrency, tokens / (end - start),
-                      statistics.median(first - admitted for admitted, first, _, _ in results),
-                      statistics.fmean(deferred) if deferred else 0.0)
+    tokens = sum(
+        n * max(0.0, min(done, end) - max(first, start)) / max(done - first, 1e-9)
+        for _, first, done, n in results
+    )
+    return PlainLevel(
+        concurrency,
+        tokens / (end - start),
+        statistics.median(first - admitted for admitted, first, _, _ in results),
+        statistics.fmean(deferred) if deferred else 0.0,
+    )
 
 
 def plain_knee(levels: list[PlainLevel]) -> int:
@@ -104,38 +119,71 @@ def plain_knee(levels: list[PlainLevel]) -> int:
 
 
 def _settings(url: str, levels: tuple[int, ...]) -> ProbeSettings:
-    return ProbeSettings(url=url, levels=levels, max_tokens=MAX_TOKENS, warmup_per_worker=1,
-                         min_samples=8, max_samples=20, drift_window=4, max_level_s=25.0)
+    return ProbeSettings(
+        url=url,
+        levels=levels,
+        max_tokens=MAX_TOKENS,
+        warmup_per_worker=1,
+        min_samples=8,
+        max_samples=20,
+        drift_window=4,
+        max_level_s=25.0,
+    )
 
 
 def _sidecar_upstream_errors(metrics: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("headroom_requests_total{") and 'outcome="ok"' not in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("headroom_requests_total{") and 'outcome="ok"' not in line
+    )
 
 
-@pytest.mark.parametrize("parallel, levels", [(2, (1, 2, 4)), (4, (1, 2, 4, 8))],
-                         ids=["parallel2", "parallel4"])
+@pytest.mark.parametrize(
+    "parallel, levels", [(2, (1, 2, 4)), (4, (1, 2, 4, 8))], ids=["parallel2", "parallel4"]
+)
 def test_probe_finds_the_knee_a_plain_client_measures(parallel, levels, tmp_path):
     with llama_server(parallel) as engine:
         plain = [asyncio.run(plain_level(engine, c, max(2, 8 // c))) for c in levels]
         direct = asyncio.run(run_probe(_settings(engine, levels)))
-        with headroom_process("run", "--upstream", engine, "--engine", "auto", "--no-jobs",
-                              "--db", str(tmp_path / "sidecar.duckdb"), health="/healthz") as sidecar:
+        with headroom_process(
+            "run",
+            "--upstream",
+            engine,
+            "--engine",
+            "auto",
+            "--no-jobs",
+            "--db",
+            str(tmp_path / "sidecar.duckdb"),
+            health="/healthz",
+        ) as sidecar:
             through = asyncio.run(run_probe(_settings(sidecar, levels)))
             sidecar_metrics = httpx.get(sidecar + "/metrics").text
-    table = {p.concurrency: (round(p.output_tokens_per_s, 1), round(p.ttft_p50_s, 3),
-                             round(p.deferred_mean, 2)) for p in plain}
-    print(f"\nplain client, --parallel {parallel}: {{concurrency: (output tok/s, TTFT p50, "
-          f"deferred)}} = {table}")
+    table = {
+        p.concurrency: (round(p.output_tokens_per_s, 1), round(p.ttft_p50_s, 3), round(p.deferred_mean, 2))
+        for p in plain
+    }
+    print(
+        f"\nplain client, --parallel {parallel}: {{concurrency: (output tok/s, TTFT p50, "
+        f"deferred)}} = {table}"
+    )
     found = {}
     for name, result in (("direct", direct), ("through the sidecar", through)):
         rows = [row for level in result.levels for row in level.rows]
         found[name] = detect_knee([level.stats for level in result.levels])
-        summary = [(lv.concurrency, round(lv.stats.output_tokens_per_s, 1),
-                    round(lv.stats.ttft_p50_s or 0, 3), lv.stats.engine_waiting_mean)
-                   for lv in result.levels]
-        print(f"probe {name}: knee {found[name].requests} ({found[name].rule_reason}); "
-              f"levels {summary}; retries {sum(row['upstream_retries'] for row in rows)}")
+        summary = [
+            (
+                lv.concurrency,
+                round(lv.stats.output_tokens_per_s, 1),
+                round(lv.stats.ttft_p50_s or 0, 3),
+                lv.stats.engine_waiting_mean,
+            )
+            for lv in result.levels
+        ]
+        print(
+            f"probe {name}: knee {found[name].requests} ({found[name].rule_reason}); "
+            f"levels {summary}; retries {sum(row['upstream_retries'] for row in rows)}"
+        )
     # the plain measurement itself: nobody waits up to the slot count, requests wait past it,
     # and throughput past it does not rise meaningfully (it may creep: the queue keeps the batch full)
     knee = plain_knee(plain)
@@ -148,9 +196,15 @@ def test_probe_finds_the_knee_a_plain_client_measures(parallel, levels, tmp_path
         assert [row["outcome"] for row in rows] == ["ok"] * len(rows), name
         assert found[name].requests == knee and found[name].reached, (name, found[name], table)
         at_knee = next(lv.stats for lv in result.levels if lv.concurrency == knee)
-        assert at_knee.output_tokens_per_s == pytest.approx(by_level[knee].output_tokens_per_s,
-                                                            rel=0.35), (name, summary, table)
+        assert at_knee.output_tokens_per_s == pytest.approx(by_level[knee].output_tokens_per_s, rel=0.35), (
+            name,
+            summary,
+            table,
+        )
     assert _sidecar_upstream_errors(sidecar_metrics) == 0  # no 502 of the sidecar's own making
-    retried = sum(float(line.rsplit(" ", 1)[1]) for line in sidecar_metrics.splitlines()
-                  if line.startswith("headroom_upstream_retries_total{"))
+    retried = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in sidecar_metrics.splitlines()
+        if line.startswith("headroom_upstream_retries_total{")
+    )
     print(f"sidecar: {retried:g} requests re-sent after a stale pooled connection, 0 errors")

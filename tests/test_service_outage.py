@@ -50,10 +50,16 @@ class Load:
             with httpx.Client(timeout=30) as client:
                 while not self._stop.is_set() and len(self.statuses) < MAX_REQUESTS:
                     index = len(self.statuses)
-                    body = {"model": "m1", "stream": index % 2 == 0,
-                            "messages": [{"role": "user", "content": f"question {index}"}]}
-                    response = client.post(f"{self.url}/v1/chat/completions", json=body,
-                                           headers={"X-Tenant-ID": f"team-{index % 3}"})
+                    body = {
+                        "model": "m1",
+                        "stream": index % 2 == 0,
+                        "messages": [{"role": "user", "content": f"question {index}"}],
+                    }
+                    response = client.post(
+                        f"{self.url}/v1/chat/completions",
+                        json=body,
+                        headers={"X-Tenant-ID": f"team-{index % 3}"},
+                    )
                     response.read()
                     self.statuses.append(response.status_code)
                     self._stop.wait(0.01)  # pacing: about 50-100 requests a second, not a sync point
@@ -87,8 +93,9 @@ def _samples(sidecar_url: str) -> dict[str, float]:
 def _store_rows(store: HeadroomProcess) -> int | None:
     """Rows in the store, from the token-protected query API; None while it is unreachable."""
     try:
-        response = httpx.get(f"{store.url}/v1/query/outcomes", timeout=5,
-                             headers={"Authorization": f"Bearer {TOKEN}"})
+        response = httpx.get(
+            f"{store.url}/v1/query/outcomes", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
     except httpx.HTTPError:
         return None
     assert response.status_code == 200, response.text
@@ -97,11 +104,25 @@ def _store_rows(store: HeadroomProcess) -> int | None:
 
 def test_spool_drains_while_load_continues_after_a_30_s_outage(tmp_path):
     db, spool = tmp_path / "fleet.duckdb", tmp_path / "spool"
-    store = HeadroomProcess("store", "--db", str(db), "--no-jobs", health="/healthz",
-                            log=tmp_path / "store.log", env={"HEADROOM_TOKEN": TOKEN}).start()
+    store = HeadroomProcess(
+        "store",
+        "--db",
+        str(db),
+        "--no-jobs",
+        health="/healthz",
+        log=tmp_path / "store.log",
+        env={"HEADROOM_TOKEN": TOKEN},
+    ).start()
     upstream = FakeUpstream()
-    config = SidecarConfig(upstream=upstream.url, db_path=None, instance="edge-1", store_url=store.url,
-                           store_token=TOKEN, spool_dir=str(spool), jobs=False)
+    config = SidecarConfig(
+        upstream=upstream.url,
+        db_path=None,
+        instance="edge-1",
+        store_url=store.url,
+        store_token=TOKEN,
+        spool_dir=str(spool),
+        jobs=False,
+    )
     app = build_sidecar(config)
     shipper = app.state.batch_sink
     assert isinstance(shipper, StoreShipper)
@@ -112,8 +133,9 @@ def test_spool_drains_while_load_continues_after_a_30_s_outage(tmp_path):
 
     def sample() -> dict[str, float]:
         now = _samples(sidecar.url)
-        timeline.append((time.monotonic() - began, now["headroom_log_spool_files"],
-                         now["headroom_log_ship_lag_seconds"]))
+        timeline.append(
+            (time.monotonic() - began, now["headroom_log_spool_files"], now["headroom_log_ship_lag_seconds"])
+        )
         return now
 
     try:
@@ -131,8 +153,11 @@ def test_spool_drains_while_load_continues_after_a_30_s_outage(tmp_path):
         store.start()  # same port, same DuckDB file, load still running
         back = time.monotonic()
         answered_at_restart = load.answered
-        wait_until(lambda: sample()["headroom_log_spool_files"] == 0, DRAIN_LIMIT_S,
-                   what=f"the spool to empty within {DRAIN_LIMIT_S} s of the store's return")
+        wait_until(
+            lambda: sample()["headroom_log_spool_files"] == 0,
+            DRAIN_LIMIT_S,
+            what=f"the spool to empty within {DRAIN_LIMIT_S} s of the store's return",
+        )
         drain_s = time.monotonic() - back
         assert load.answered > answered_at_restart, "the load must go on while the spool drains"
         wait_until(lambda: load.answered >= answered_at_restart + 200, 30, what="more load after the drain")
@@ -140,8 +165,11 @@ def test_spool_drains_while_load_continues_after_a_30_s_outage(tmp_path):
         load.stop()
         assert not load.errors, load.errors
         answered = load.answered
-        wait_until(lambda: _store_rows(store) == answered, 30,
-                   what=f"the store holding all {answered} answered requests")
+        wait_until(
+            lambda: _store_rows(store) == answered,
+            30,
+            what=f"the store holding all {answered} answered requests",
+        )
         final = _samples(sidecar.url)
     finally:
         load.stop()
@@ -151,10 +179,13 @@ def test_spool_drains_while_load_continues_after_a_30_s_outage(tmp_path):
         store.stop()
     with duckdb.connect(str(db), read_only=True) as con:
         total, distinct, tenants = con.execute(
-            "SELECT count(*), count(DISTINCT request_id), count(DISTINCT tenant) FROM requests").fetchone()
+            "SELECT count(*), count(DISTINCT request_id), count(DISTINCT tenant) FROM requests"
+        ).fetchone()
     peak = max(files for _, files, _ in timeline)
-    print(f"\noutage: {answered} answered, spool peak {peak:.0f} files, drained in {drain_s:.1f} s, "
-          f"spooled {shipper.spooled_rows}, replayed {shipper.replayed_rows}")
+    print(
+        f"\noutage: {answered} answered, spool peak {peak:.0f} files, drained in {drain_s:.1f} s, "
+        f"spooled {shipper.spooled_rows}, replayed {shipper.replayed_rows}"
+    )
     assert load.statuses == [200] * answered, "the sidecar must keep answering while the store is down"
     assert all(final.get(f"headroom_log_rows_dropped_total{{{reason}}}", 0.0) == 0 for reason in DROP_REASONS)
     assert final["headroom_log_rows_written_total"] == answered  # spooled rows counted once accepted

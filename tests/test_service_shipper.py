@@ -46,7 +46,9 @@ class FakeStore:
 
 def test_outage_spools_then_replays_every_row(tmp_path):
     fake = FakeStore()
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     rows = synthetic_rows(300, T0)
     shipper.write_batch(rows[:100])
     fake.up = False
@@ -63,8 +65,14 @@ def test_outage_spools_then_replays_every_row(tmp_path):
 def test_full_spool_raises_rows_dropped_and_keeps_what_fits(tmp_path):
     fake = FakeStore()
     fake.up = False
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake),
-                           max_spool_bytes=60_000, **FAST)
+    shipper = StoreShipper(
+        "http://store",
+        "t",
+        tmp_path / "spool",
+        transport=httpx.MockTransport(fake),
+        max_spool_bytes=60_000,
+        **FAST,
+    )
     kept = dropped = 0
     for start in range(0, 400, 50):
         try:
@@ -81,7 +89,9 @@ def test_full_spool_raises_rows_dropped_and_keeps_what_fits(tmp_path):
 def test_rejected_batch_is_dropped_not_retried_forever(tmp_path):
     fake = FakeStore()
     fake.status = 400
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     with pytest.raises(RowsDropped) as caught:
         shipper.write_batch(synthetic_rows(5, T0))
     assert caught.value.reason == "store_rejected" and not shipper.spool.files()
@@ -96,7 +106,9 @@ def test_spool_survives_a_restart_of_the_shipper(tmp_path):
     first.close()
     assert first.spool.rows() == 40  # the sidecar stopped while the store was down
     fake.up = True
-    second = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    second = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     assert second.spool.size_bytes() > 0
     wait_until(lambda: not second.spool.files(), 20, what="the spool left by the previous run to drain")
     second.close()
@@ -110,15 +122,23 @@ def _sample(registry: CollectorRegistry, name: str) -> float | None:
 def test_backlog_replays_in_merged_batches_and_metrics_rise_and_fall(tmp_path):
     fake = FakeStore()
     fake.up = False
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake),
-                           replay_batch_rows=400, **FAST)
+    shipper = StoreShipper(
+        "http://store",
+        "t",
+        tmp_path / "spool",
+        transport=httpx.MockTransport(fake),
+        replay_batch_rows=400,
+        **FAST,
+    )
     registry = CollectorRegistry()
     registry.register(shipper)
     for start in range(0, 1000, 10):  # 100 small batches, as a LogWriter flushes them
         assert shipper.write_batch(synthetic_rows(10, T0, prefix=f"b{start}")) == 0  # spooled: not written
     assert _sample(registry, "headroom_log_spool_files") == 100
     assert _sample(registry, "headroom_log_rows_spooled_total") == 1000
-    assert _sample(registry, "headroom_store_up") == 0 and _sample(registry, "headroom_log_ship_lag_seconds") > 0
+    assert (
+        _sample(registry, "headroom_store_up") == 0 and _sample(registry, "headroom_log_ship_lag_seconds") > 0
+    )
     replayed = []
     shipper.on_replayed = replayed.append
     fake.up = True
@@ -134,7 +154,9 @@ def test_backlog_replays_in_merged_batches_and_metrics_rise_and_fall(tmp_path):
 def test_a_rejected_merged_batch_loses_only_its_bad_file(tmp_path):
     fake = FakeStore()
     fake.up = False
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     for start in range(0, 50, 10):
         shipper.write_batch(synthetic_rows(10, T0, prefix=f"b{start}"))
     fake.reject_marker = "b20-00000003"
@@ -147,7 +169,9 @@ def test_a_rejected_merged_batch_loses_only_its_bad_file(tmp_path):
 def test_while_the_store_is_down_batches_spool_without_waiting_on_it(tmp_path):
     fake = FakeStore()
     fake.up = False
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     shipper.write_batch(synthetic_rows(5, T0, prefix="first"))  # tries, fails: now known down
     attempts_before = shipper.store_up
     shipper.write_batch(synthetic_rows(5, T0, prefix="second"))
@@ -158,7 +182,9 @@ def test_while_the_store_is_down_batches_spool_without_waiting_on_it(tmp_path):
 def test_spool_directory_and_files_are_private(tmp_path):
     fake = FakeStore()
     fake.up = False
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     shipper.write_batch(synthetic_rows(5, T0))
     shipper.close()
     assert stat.S_IMODE((tmp_path / "spool").stat().st_mode) == 0o700

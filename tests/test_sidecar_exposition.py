@@ -20,24 +20,34 @@ def test_metrics_pass_promtool_check_metrics(tmp_path):
         for mode in ("ok", "429", "500"):
             httpx.post(rig.url + "/v1/chat/completions", json=CHAT, headers={"x-fake": mode})
         text = httpx.get(rig.url + "/metrics").text
-    for name in ("headroom_inflight_requests", "headroom_active_tokens", "headroom_requests_total",
-                 "headroom_time_to_first_token_seconds_bucket", "headroom_log_queue_rows"):
+    for name in (
+        "headroom_inflight_requests",
+        "headroom_active_tokens",
+        "headroom_requests_total",
+        "headroom_time_to_first_token_seconds_bucket",
+        "headroom_log_queue_rows",
+    ):
         assert name in text
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert result.returncode == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", \
+    assert result.returncode == 0 and result.stdout.strip() == "" and result.stderr.strip() == "", (
         result.stdout + result.stderr
+    )
 
 
 def test_500_tenants_with_max_tenants_20_give_at_most_21_label_values(tmp_path):
     with sidecar_rig(tmp_path, max_tenants=20) as rig:
         with httpx.Client() as client:
             for i in range(500):
-                client.post(rig.url + "/v1/chat/completions", json={**CHAT, "stream": False},
-                            headers={"X-Tenant-ID": f"tenant-{i}"})
+                client.post(
+                    rig.url + "/v1/chat/completions",
+                    json={**CHAT, "stream": False},
+                    headers={"X-Tenant-ID": f"tenant-{i}"},
+                )
         metrics = rig.metrics()
         rows = rig.rows("SELECT count(DISTINCT tenant) AS n FROM requests")
-    tenants = {dict(labels)["tenant"] for (name, labels), _ in metrics.items()
-               if name == "headroom_requests_total"}
+    tenants = {
+        dict(labels)["tenant"] for (name, labels), _ in metrics.items() if name == "headroom_requests_total"
+    }
     assert len(tenants) == 21 and "other" in tenants
     assert rows[0]["n"] == 500  # the log keeps the real tenant; only labels are capped
 
@@ -68,8 +78,13 @@ def test_no_text_or_authorization_reaches_any_file_log_or_metric(tmp_path, caplo
             metrics_text = httpx.get(rig.url + "/metrics").text
             written = _files_written(tmp_path / "local")  # the DuckDB file and its WAL, while open
         spool = tmp_path / "fleet" / "spool"
-        with sidecar_rig(tmp_path / "fleet", db_path=None, store_url="http://127.0.0.1:9",
-                         store_token="t", spool_dir=str(spool)) as fleet:  # a store that is down
+        with sidecar_rig(
+            tmp_path / "fleet",
+            db_path=None,
+            store_url="http://127.0.0.1:9",
+            store_token="t",
+            spool_dir=str(spool),
+        ) as fleet:  # a store that is down
             _send_marked_traffic(fleet.url)
             assert fleet.app.state.writer.flush()
             metrics_text += httpx.get(fleet.url + "/metrics").text
@@ -93,11 +108,17 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
 
     promtool = require_tool("promtool")
     upstream = FakeUpstream()
-    config = SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "h.duckdb"), engine="auto",
-                           engine_poll_interval_s=0.1, jobs=False)
+    config = SidecarConfig(
+        upstream=upstream.url,
+        db_path=str(tmp_path / "h.duckdb"),
+        engine="auto",
+        engine_poll_interval_s=0.1,
+        jobs=False,
+    )
     app = build_sidecar(config)
-    app.state.capacity.replace([PublishedCapacity("m1", knee_requests=8, slo_max_requests=6,
-                                                  recommended_pool=5, estimated_at=1.7e9)])
+    app.state.capacity.replace(
+        [PublishedCapacity("m1", knee_requests=8, slo_max_requests=6, recommended_pool=5, estimated_at=1.7e9)]
+    )
     sidecar = serve_in_thread(app)
     try:
         httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT)
@@ -105,12 +126,17 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
     finally:
         sidecar.stop()
         upstream.stop()
-    for name in ("headroom_engine_up", "headroom_gpu_up", "headroom_source_scrape_success",
-                 'headroom_capacity_knee{caliber="requests",model="m1"} 8.0',
-                 'headroom_capacity_knee_requests{confidence="medium",model="m1",source="probe",'
-                 'task_class="all"} 8.0',
-                 'headroom_capacity_estimate_timestamp_seconds{confidence="medium",model="m1",'
-                 'source="probe",task_class="all"} 1.7e+09'):
+    for name in (
+        "headroom_engine_up",
+        "headroom_gpu_up",
+        "headroom_source_scrape_success",
+        'headroom_capacity_knee{caliber="requests",model="m1"} 8.0',
+        'headroom_capacity_knee_requests{confidence="medium",model="m1",source="probe",task_class="all"} 8.0',
+        'headroom_capacity_estimate_timestamp_seconds{confidence="medium",model="m1",'
+        'source="probe",task_class="all"} 1.7e+09',
+    ):
         assert name in text
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
-    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
+    assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
+        result.stdout + result.stderr
+    )

@@ -30,10 +30,13 @@ def _levels(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8",
-                                 param_hint="--levels") from None
+        raise click.BadParameter(
+            f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8", param_hint="--levels"
+        ) from None
     if not levels or levels[0] < 1:
-        raise click.BadParameter(f"{text!r}: levels must be positive integers, e.g. 1,2,4,8", param_hint="--levels")
+        raise click.BadParameter(
+            f"{text!r}: levels must be positive integers, e.g. 1,2,4,8", param_hint="--levels"
+        )
     return levels
 
 
@@ -43,10 +46,15 @@ def _row_writer(db: str | None, store_url: str | None, store_token: str | None):
         try:
             store = RequestStore(db)
         except duckdb.IOException as exc:
-            hint = ("a running sidecar or store owns that file, so pass --store-url to ship rows to the "
-                    "store service, or another --db file" if "lock" in str(exc).lower()
-                    else "pass a DuckDB file headroom wrote, or a new path")
-            raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
+            hint = (
+                "a running sidecar or store owns that file, so pass --store-url to ship rows to the "
+                "store service, or another --db file"
+                if "lock" in str(exc).lower()
+                else "pass a DuckDB file headroom wrote, or a new path"
+            )
+            raise click.ClickException(
+                f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}"
+            ) from None
         return store.insert_rows, store.close, store
     if store_url:
         spool = Path(tempfile.mkdtemp(prefix="probe-spool-"))
@@ -60,48 +68,103 @@ def _write_json(path: str, data: dict) -> None:
     Path(path).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
-@click.command("probe", epilog="""\b
+@click.command(
+    "probe",
+    epilog="""\b
 Examples:
   headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16,32
   headroom probe --url http://127.0.0.1:8000 --model llama-3-8b --max-tokens 256 \\
       --slo-ttft-p95 2.0 --profile interactive --json cap.json --plot cap.png --db headroom.duckdb
   headroom probe --url http://gpu-1:8000 --prompts mixed --profile batch
-""")
+""",
+)
 @click.option("--url", required=True, help="Base URL of the sidecar or the engine (OpenAI API).")
 @click.option("--model", default=None, help="Model name to send; default: the first of /v1/models.")
 @click.option("--levels", default="1,2,4,8,16,32,64", show_default=True, help="Concurrency ladder.")
-@click.option("--max-tokens", default=128, show_default=True, type=click.IntRange(1),
-              help="Output length per request.")
-@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
-              help="Lock the output length (vLLM / llama.cpp accept ignore_eos).")
-@click.option("--prompts", default="short", show_default=True,
-              help="short, long, mixed, or a file with one prompt per line.")
+@click.option(
+    "--max-tokens", default=128, show_default=True, type=click.IntRange(1), help="Output length per request."
+)
+@click.option(
+    "--ignore-eos/--no-ignore-eos",
+    default=True,
+    show_default=True,
+    help="Lock the output length (vLLM / llama.cpp accept ignore_eos).",
+)
+@click.option(
+    "--prompts",
+    default="short",
+    show_default=True,
+    help="short, long, mixed, or a file with one prompt per line.",
+)
 @click.option("--slo-ttft-p95", type=float, default=None, help="p95 TTFT target in seconds.")
 @click.option("--slo-tpot-p95", type=float, default=None, help="p95 TPOT target in seconds.")
-@click.option("--profile", type=click.Choice(["interactive", "semi", "batch"]),
-              default="interactive", show_default=True, help="Pool recommendation profile.")
+@click.option(
+    "--profile",
+    type=click.Choice(["interactive", "semi", "batch"]),
+    default="interactive",
+    show_default=True,
+    help="Pool recommendation profile.",
+)
 @click.option("--json", "json_path", default=None, help="Write the estimate as JSON here.")
 @click.option("--plot", "plot_path", default=None, help="Write a PNG here (and an .html beside it).")
-@click.option("--db", default=None,
-              help="DuckDB request log to append rows (source='probe') and the estimate to.")
+@click.option(
+    "--db", default=None, help="DuckDB request log to append rows (source='probe') and the estimate to."
+)
 @click.option("--store-url", default=None, help="Ship rows to a `headroom store` service instead.")
-@click.option("--store-token", envvar="HEADROOM_TOKEN", default=None,
-              help="Bearer token for --store-url [env: HEADROOM_TOKEN].")
+@click.option(
+    "--store-token",
+    envvar="HEADROOM_TOKEN",
+    default=None,
+    help="Bearer token for --store-url [env: HEADROOM_TOKEN].",
+)
 @click.option("--max-samples", default=400, show_default=True, help="Per-level cap on measured requests.")
 @click.option("--max-level-seconds", default=120.0, show_default=True, help="Per-level time cap.")
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Per-request timeout (s).")
-@click.option("--endpoint", type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
-              default="/v1/chat/completions", show_default=True)
+@click.option(
+    "--endpoint",
+    type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
+    default="/v1/chat/completions",
+    show_default=True,
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the prompt order.")
-@click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
-              help="Bearer token for the server under test [env: OPENAI_API_KEY]; never stored.")
-@click.option("--engine-metrics", default="auto", show_default=True, metavar="auto|none|URL",
-              help="Where the probe reads the engine's queue, the knee's evidence: auto = "
-                   "URL/metrics when it names an engine (vLLM, SGLang, TGI, llama.cpp, or a "
-                   "headroom sidecar); none = judge queueing from TTFT alone.")
-def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo_tpot_p95, profile,
-          json_path, plot_path, db, store_url, store_token, max_samples, max_level_seconds,
-          timeout_s, endpoint, seed, api_key, engine_metrics) -> None:
+@click.option(
+    "--api-key",
+    envvar="OPENAI_API_KEY",
+    default=None,
+    help="Bearer token for the server under test [env: OPENAI_API_KEY]; never stored.",
+)
+@click.option(
+    "--engine-metrics",
+    default="auto",
+    show_default=True,
+    metavar="auto|none|URL",
+    help="Where the probe reads the engine's queue, the knee's evidence: auto = "
+    "URL/metrics when it names an engine (vLLM, SGLang, TGI, llama.cpp, or a "
+    "headroom sidecar); none = judge queueing from TTFT alone.",
+)
+def probe(
+    url,
+    model,
+    levels,
+    max_tokens,
+    ignore_eos,
+    prompts,
+    slo_ttft_p95,
+    slo_tpot_p95,
+    profile,
+    json_path,
+    plot_path,
+    db,
+    store_url,
+    store_token,
+    max_samples,
+    max_level_seconds,
+    timeout_s,
+    endpoint,
+    seed,
+    api_key,
+    engine_metrics,
+) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
     Each level warms up, then measures until p95 TTFT moves less than 5 % between windows (or a
@@ -112,18 +175,32 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
     clearly saturated and says why.
     """
     engine_url = None if engine_metrics in ("auto", "none") else engine_metrics
-    for name, value, example in (("--url", url, "http://127.0.0.1:9100"),
-                                 ("--store-url", store_url, "http://127.0.0.1:9200"),
-                                 ("--engine-metrics", engine_url, "http://127.0.0.1:8000/metrics")):
+    for name, value, example in (
+        ("--url", url, "http://127.0.0.1:9100"),
+        ("--store-url", store_url, "http://127.0.0.1:9200"),
+        ("--engine-metrics", engine_url, "http://127.0.0.1:8000/metrics"),
+    ):
         if value is not None and not value.startswith(("http://", "https://")):
-            raise click.BadParameter(f"{value!r} is not an http(s) URL; expected e.g. {example}",
-                                     param_hint=name)
+            raise click.BadParameter(
+                f"{value!r} is not an http(s) URL; expected e.g. {example}", param_hint=name
+            )
     slo = Slo(ttft_p95_s=slo_ttft_p95, tpot_p95_s=slo_tpot_p95)
-    settings = _settings(url=url, model=model, levels=_levels(levels), max_tokens=max_tokens,
-                         ignore_eos=ignore_eos, prompts=prompts, endpoint=endpoint, slo=slo,
-                         max_samples=max_samples, max_level_s=max_level_seconds,
-                         request_timeout_s=timeout_s, seed=seed, api_key=api_key,
-                         engine_metrics=engine_metrics)
+    settings = _settings(
+        url=url,
+        model=model,
+        levels=_levels(levels),
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+        prompts=prompts,
+        endpoint=endpoint,
+        slo=slo,
+        max_samples=max_samples,
+        max_level_s=max_level_seconds,
+        request_timeout_s=timeout_s,
+        seed=seed,
+        api_key=api_key,
+        engine_metrics=engine_metrics,
+    )
     write, close, store = _row_writer(db, store_url, store_token)
     try:
         result = _run_with_progress(settings, write)
@@ -146,7 +223,8 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
     except OSError as exc:
         raise click.ClickException(
             f"cannot write {exc.filename or json_path or plot_path} ({exc.strerror}); the estimate is printed "
-            "above, pass --json/--plot paths in a writable directory next time") from None
+            "above, pass --json/--plot paths in a writable directory next time"
+        ) from None
 
 
 def _settings(**values):
@@ -173,14 +251,17 @@ def _run_with_progress(settings, write):
         return asyncio.run(run_probe(settings, write_rows=write, progress=progress))
 
 
-@click.group("capacity", epilog="""\b
+@click.group(
+    "capacity",
+    epilog="""\b
 Examples:
   headroom capacity kv --gpu-memory-gb 96 --weights-gb 20 \\
       --layers 80 --kv-heads 8 --head-dim 128 --max-context 8192
   headroom capacity kv --usable-gb 57 --kv-per-request-gb 3
   headroom capacity quota --rpm 600 --tpm 1000000 --mean-e2e-s 10 --mean-tokens-per-request 4000
   headroom capacity curve --db headroom.duckdb --since 2026-11-30T00:00:00+00:00 --caliber requests
-""")
+""",
+)
 def capacity() -> None:
     """Capacity formulas (KV-cache and quota ceilings) and passive curves from the request log."""
 

@@ -38,8 +38,16 @@ from collector.sources import EngineSource, build_engine_source, default_metrics
 from collector.tokens import estimate_tokens
 from collector.upstream import UpstreamClient
 
-__all__ = ["ProbeSettings", "LevelRun", "ProbeResult", "ProbeError", "run_probe",
-           "DEFAULT_LEVELS", "new_run_id", "saturation_reason"]
+__all__ = [
+    "ProbeSettings",
+    "LevelRun",
+    "ProbeResult",
+    "ProbeError",
+    "run_probe",
+    "DEFAULT_LEVELS",
+    "new_run_id",
+    "saturation_reason",
+]
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -108,17 +116,20 @@ def _base_url(url: str) -> str:
     return base[:-3] if base.endswith("/v1") else base
 
 
-async def _resolve_model(session: aiohttp.ClientSession, base: str, model: str | None,
-                         timeout_s: float) -> str:
+async def _resolve_model(
+    session: aiohttp.ClientSession, base: str, model: str | None, timeout_s: float
+) -> str:
     """Fail fast on a dead URL; ask /v1/models for the model when none was given."""
     try:
-        async with session.get(f"{base}/v1/models",
-                               timeout=aiohttp.ClientTimeout(total=timeout_s * 2,
-                                                             sock_connect=timeout_s)) as resp:
+        async with session.get(
+            f"{base}/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s * 2, sock_connect=timeout_s)
+        ) as resp:
             listing = await resp.json(content_type=None) if resp.status == 200 else {}
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise ProbeError(f"cannot reach {base} ({type(exc).__name__}: {exc or 'timed out'}); "
-                         "check --url and that the server is running") from None
+        raise ProbeError(
+            f"cannot reach {base} ({type(exc).__name__}: {exc or 'timed out'}); "
+            "check --url and that the server is running"
+        ) from None
     except ValueError:
         listing = {}
     if model:
@@ -139,21 +150,26 @@ def saturation_reason(levels: Sequence[LevelStats], settings: ProbeSettings) -> 
     """
     current = levels[-1]
     errors = current.capacity_errors
-    if errors >= KneeRule().min_capacity_errors and \
-            errors / max(current.samples, 1) >= settings.saturation_error_ratio:
-        return (f"{errors} capacity errors (429/503/timeouts) in {current.samples} requests at "
-                f"concurrency {current.concurrency}")
+    if (
+        errors >= KneeRule().min_capacity_errors
+        and errors / max(current.samples, 1) >= settings.saturation_error_ratio
+    ):
+        return (
+            f"{errors} capacity errors (429/503/timeouts) in {current.samples} requests at "
+            f"concurrency {current.concurrency}"
+        )
     knee = detect_knee(levels)
     verdict = judge_level(current, min(levels, key=lambda s: s.concurrency))
     if knee.reached and knee.requests < current.concurrency and verdict.queueing:
         return f"throughput stopped rising at {knee.requests} and {verdict.queueing}"
-    ttft = current.ttft_p95_s if current.ttft_p95_persistent_s is None \
-        else current.ttft_p95_persistent_s
+    ttft = current.ttft_p95_s if current.ttft_p95_persistent_s is None else current.ttft_p95_persistent_s
     if settings.slo.ttft_p95_s is not None and ttft is not None:
         limit = settings.slo.ttft_p95_s * settings.saturation_ttft_factor / 3
         if ttft > limit:
-            return (f"p95 TTFT {ttft:.3f} s at concurrency {current.concurrency} is far beyond "
-                    f"the SLO (limit {limit:.3f} s)")
+            return (
+                f"p95 TTFT {ttft:.3f} s at concurrency {current.concurrency} is far beyond "
+                f"the SLO (limit {limit:.3f} s)"
+            )
     return None
 
 
@@ -216,8 +232,15 @@ ProgressFn = Callable[[int, int, int], None]
 
 
 class _Runner:
-    def __init__(self, settings: ProbeSettings, client: UpstreamClient, model: str,
-                 run_id: str, progress: ProgressFn | None, engine: EngineSource | None) -> None:
+    def __init__(
+        self,
+        settings: ProbeSettings,
+        client: UpstreamClient,
+        model: str,
+        run_id: str,
+        progress: ProgressFn | None,
+        engine: EngineSource | None,
+    ) -> None:
         self.settings, self.client, self.model, self.run_id = settings, client, model, run_id
         self.engine = engine
         self.progress = progress or (lambda level, done, cap: None)
@@ -230,9 +253,13 @@ class _Runner:
         self.sequence += 1
         warm = "-w" if level.measuring_since is None else ""
         prompt = self.picker.next()
-        payload: dict[str, Any] = {"model": self.model, "max_tokens": self.settings.max_tokens,
-                                   "stream": True, "stream_options": {"include_usage": True},
-                                   "temperature": 0}
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.settings.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+        }
         if self.settings.endpoint.endswith("/chat/completions"):
             payload["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -240,8 +267,16 @@ class _Runner:
         if self.settings.ignore_eos:
             payload["ignore_eos"] = True
         request_id = f"{self.run_id}-c{level.concurrency:04d}-{self.sequence:06d}{warm}"
-        return RequestSpec(request_id, self.run_id, self.url, self.settings.endpoint, self.model,
-                           self.settings.max_tokens, payload, estimate_tokens(prompt))
+        return RequestSpec(
+            request_id,
+            self.run_id,
+            self.url,
+            self.settings.endpoint,
+            self.model,
+            self.settings.max_tokens,
+            payload,
+            estimate_tokens(prompt),
+        )
 
     async def _worker(self, level: _Level, delay_s: float) -> None:
         if delay_s > 0:
@@ -258,8 +293,9 @@ class _Runner:
 
     async def run_level(self, concurrency: int, stagger_s: float = 0.0) -> LevelRun:
         level = _Level(concurrency, self.settings, self.meter)
-        workers = [asyncio.create_task(self._worker(level, i * stagger_s / concurrency))
-                   for i in range(concurrency)]
+        workers = [
+            asyncio.create_task(self._worker(level, i * stagger_s / concurrency)) for i in range(concurrency)
+        ]
         try:
             await asyncio.wait_for(level.done.wait(), self.settings.max_level_s + 5)
         except TimeoutError:
@@ -277,10 +313,13 @@ class _Runner:
         return LevelRun(level.concurrency, level.rows, stats, level.ended_by)
 
 
-async def run_probe(settings: ProbeSettings, *,
-                    write_rows: Callable[[list[dict[str, Any]]], Any] | None = None,
-                    progress: ProgressFn | None = None,
-                    on_level: Callable[[LevelRun], None] | None = None) -> ProbeResult:
+async def run_probe(
+    settings: ProbeSettings,
+    *,
+    write_rows: Callable[[list[dict[str, Any]]], Any] | None = None,
+    progress: ProgressFn | None = None,
+    on_level: Callable[[LevelRun], None] | None = None,
+) -> ProbeResult:
     """Run the gradient; each level's rows go to `write_rows` (e.g. RequestStore.insert_rows).
 
     Raises ProbeError when the URL is unreachable or the settings are wrong.
@@ -289,12 +328,10 @@ async def run_probe(settings: ProbeSettings, *,
     if not levels or levels[0] < 1:
         raise ProbeError(f"levels {settings.levels!r} must be positive integers, e.g. 1,2,4,8")
     run_id = settings.run_id or new_run_id()
-    timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s,
-                                    sock_connect=settings.connect_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
     # Through a sidecar, these mark the load as the probe's: tenant label and (where the sidecar
     # reads them) the row's source and run id, so passive curves can leave probe load out.
-    headers = {"X-Tenant-ID": "headroom-probe", "X-Headroom-Source": "probe",
-               "X-Headroom-Run-Id": run_id}
+    headers = {"X-Tenant-ID": "headroom-probe", "X-Headroom-Source": "probe", "X-Headroom-Run-Id": run_id}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
     client = UpstreamClient(max_connections=0, timeout=timeout, headers=headers)
@@ -303,8 +340,7 @@ async def run_probe(settings: ProbeSettings, *,
     try:
         base = _base_url(settings.url)
         assert client.session is not None
-        model = await _resolve_model(client.session, base, settings.model,
-                                     settings.connect_timeout_s)
+        model = await _resolve_model(client.session, base, settings.model, settings.connect_timeout_s)
         if engine is not None:
             await engine.start()
         runner = _Runner(settings, client, model, run_id, progress, engine)

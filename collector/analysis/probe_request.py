@@ -63,8 +63,12 @@ async def _read_stream(response: aiohttp.ClientResponse, meter: Inflight, state:
                 meter.generated(info.tokens_estimate)
 
 
-async def send_one(client: UpstreamClient, spec: RequestSpec, meter: Inflight,
-                   waiting: Callable[[], int | None] = lambda: None) -> RequestRecord:
+async def send_one(
+    client: UpstreamClient,
+    spec: RequestSpec,
+    meter: Inflight,
+    waiting: Callable[[], int | None] = lambda: None,
+) -> RequestRecord:
     """Send one streaming request and return its record (never raises for HTTP or network errors).
 
     `waiting()` is the engine's queue length as last read (None when unknown); it becomes the
@@ -72,11 +76,18 @@ async def send_one(client: UpstreamClient, spec: RequestSpec, meter: Inflight,
     """
     admitted = time.time()
     inflight, active = meter.admit(spec.prompt_estimate)
-    state: dict[str, Any] = {"chunk_tokens": 0, "status": None, "outcome": "ok", "error": None,
-                             "retries": 0, "waiting": waiting()}
+    state: dict[str, Any] = {
+        "chunk_tokens": 0,
+        "status": None,
+        "outcome": "ok",
+        "error": None,
+        "retries": 0,
+        "waiting": waiting(),
+    }
     try:
-        upstream = await client.request("POST", spec.url, json=spec.payload,
-                                        headers={"X-Headroom-Request-Id": spec.request_id})
+        upstream = await client.request(
+            "POST", spec.url, json=spec.payload, headers={"X-Headroom-Request-Id": spec.request_id}
+        )
         state["retries"] = upstream.retries
         async with upstream.response as response:
             state["first_byte"] = time.time()
@@ -96,8 +107,9 @@ async def send_one(client: UpstreamClient, spec: RequestSpec, meter: Inflight,
     return _record(spec, state, admitted, time.time(), inflight, active)
 
 
-def _record(spec: RequestSpec, state: dict[str, Any], admitted: float, completed: float,
-            inflight: int, active: int) -> RequestRecord:
+def _record(
+    spec: RequestSpec, state: dict[str, Any], admitted: float, completed: float, inflight: int, active: int
+) -> RequestRecord:
     usage = state.get("usage") or {}
     upstream = "completion_tokens" in usage
     completion = int(usage.get("completion_tokens") or 0) if upstream else state["chunk_tokens"]
@@ -108,16 +120,32 @@ def _record(spec: RequestSpec, state: dict[str, Any], admitted: float, completed
     e2e = completed - admitted
     details = usage.get("prompt_tokens_details") or {}
     return RequestRecord(
-        request_id=spec.request_id, source="probe", run_id=spec.run_id,
-        instance="probe", model=spec.model, tenant="probe", endpoint=spec.endpoint,
-        stream=True, admitted_at=_stamp(admitted), first_byte_at=_stamp(state.get("first_byte")),
-        first_token_at=_stamp(first_token), completed_at=_stamp(completed),
-        status_code=state["status"], outcome=state["outcome"], error=state["error"],
-        prompt_tokens=prompt, cached_prompt_tokens=details.get("cached_tokens"),
-        completion_tokens=completion, max_tokens=spec.max_tokens,
+        request_id=spec.request_id,
+        source="probe",
+        run_id=spec.run_id,
+        instance="probe",
+        model=spec.model,
+        tenant="probe",
+        endpoint=spec.endpoint,
+        stream=True,
+        admitted_at=_stamp(admitted),
+        first_byte_at=_stamp(state.get("first_byte")),
+        first_token_at=_stamp(first_token),
+        completed_at=_stamp(completed),
+        status_code=state["status"],
+        outcome=state["outcome"],
+        error=state["error"],
+        prompt_tokens=prompt,
+        cached_prompt_tokens=details.get("cached_tokens"),
+        completion_tokens=completion,
+        max_tokens=spec.max_tokens,
         usage_source="upstream" if upstream else "estimated",
-        ttft_s=ttft, tpot_s=time_per_output_token(e2e, ttft, completion), e2e_s=e2e,
-        inflight_at_admit=inflight, active_tokens_at_admit=active,
-        engine_waiting_at_admit=state["waiting"], kv_usage_at_admit=None,
+        ttft_s=ttft,
+        tpot_s=time_per_output_token(e2e, ttft, completion),
+        e2e_s=e2e,
+        inflight_at_admit=inflight,
+        active_tokens_at_admit=active,
+        engine_waiting_at_admit=state["waiting"],
+        kv_usage_at_admit=None,
         upstream_retries=state["retries"],
     )

@@ -53,14 +53,18 @@ def finished_probe_runs(store: RequestStore, now: datetime, quiet_s: float) -> l
 
 
 def _models(store: RequestStore, since: datetime, until: datetime) -> list[str]:
-    rows = store.query("SELECT DISTINCT model FROM requests WHERE source = 'traffic' "
-                       "AND admitted_at >= ? AND admitted_at < ? AND model IS NOT NULL "
-                       "ORDER BY model", [since, until])
+    rows = store.query(
+        "SELECT DISTINCT model FROM requests WHERE source = 'traffic' "
+        "AND admitted_at >= ? AND admitted_at < ? AND model IS NOT NULL "
+        "ORDER BY model",
+        [since, until],
+    )
     return [row[0] for row in rows]
 
 
-def _estimate_probes(store: RequestStore, now: datetime, quiet_s: float,
-                     slo_ttft_p95_s: float | None, profile: str) -> list[dict[str, Any]]:
+def _estimate_probes(
+    store: RequestStore, now: datetime, quiet_s: float, slo_ttft_p95_s: float | None, profile: str
+) -> list[dict[str, Any]]:
     saved = []
     for run_id in finished_probe_runs(store, now, quiet_s):
         estimate = estimate_probe_run(store, run_id, slo_ttft_p95_s=slo_ttft_p95_s, profile=profile)
@@ -73,14 +77,21 @@ def _estimate_probes(store: RequestStore, now: datetime, quiet_s: float,
     return saved
 
 
-def _estimate_traffic(store: RequestStore, now: datetime, window: timedelta,
-                      slo_ttft_p95_s: float | None, profile: str) -> list[dict[str, Any]]:
+def _estimate_traffic(
+    store: RequestStore, now: datetime, window: timedelta, slo_ttft_p95_s: float | None, profile: str
+) -> list[dict[str, Any]]:
     since, saved = now - window, []
     for model in _models(store, since, now):
         try:
-            estimate = estimate_capacity(store, model=model, since=since, until=now,
-                                         slo_ttft_p95_s=slo_ttft_p95_s, profile=profile,
-                                         source="traffic")
+            estimate = estimate_capacity(
+                store,
+                model=model,
+                since=since,
+                until=now,
+                slo_ttft_p95_s=slo_ttft_p95_s,
+                profile=profile,
+                source="traffic",
+            )
         except ValueError as exc:  # too little traffic for a curve: keep what was there
             log.info("no new traffic estimate for %s: %s", model, exc)
             continue
@@ -89,12 +100,19 @@ def _estimate_traffic(store: RequestStore, now: datetime, window: timedelta,
     return saved
 
 
-def refresh_estimates(store: RequestStore, gauges: CapacityGauges | None, now: datetime, *,
-                      window: timedelta, slo_ttft_p95_s: float | None = None,
-                      profile: str = "interactive", traffic: bool = True,
-                      probe_quiet_s: float = 10.0, estimate_files: Sequence[str] = (),
-                      probe_max_age: timedelta = PublishPolicy().probe_max_age
-                      ) -> list[dict[str, Any]]:
+def refresh_estimates(
+    store: RequestStore,
+    gauges: CapacityGauges | None,
+    now: datetime,
+    *,
+    window: timedelta,
+    slo_ttft_p95_s: float | None = None,
+    profile: str = "interactive",
+    traffic: bool = True,
+    probe_quiet_s: float = 10.0,
+    estimate_files: Sequence[str] = (),
+    probe_max_age: timedelta = PublishPolicy().probe_max_age,
+) -> list[dict[str, Any]]:
     """Import estimates saved in `estimate_files` (`headroom probe --db` files), estimate
     finished probe runs (and, with `traffic`, each active model's traffic), save them, then
     publish the decision per model to the gauges; returns what was saved here."""

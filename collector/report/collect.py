@@ -19,13 +19,19 @@ __all__ = ["ReportInputs", "collect_inputs", "empty_columns", "COLUMNS"]
 
 # name -> SQL; timestamps as POSIX seconds so the pure side needs no time zones.
 COLUMNS = {
-    "model": "coalesce(model, 'unknown')", "tenant": "coalesce(tenant, 'anonymous')",
+    "model": "coalesce(model, 'unknown')",
+    "tenant": "coalesce(tenant, 'anonymous')",
     "outcome": "coalesce(outcome, 'unknown')",
-    "admitted": "epoch(admitted_at)", "completed": "epoch(completed_at)",
-    "ttft_s": "ttft_s", "tpot_s": "tpot_s", "e2e_s": "e2e_s",
-    "prompt_tokens": "coalesce(prompt_tokens, 0)", "completion_tokens": "coalesce(completion_tokens, 0)",
+    "admitted": "epoch(admitted_at)",
+    "completed": "epoch(completed_at)",
+    "ttft_s": "ttft_s",
+    "tpot_s": "tpot_s",
+    "e2e_s": "e2e_s",
+    "prompt_tokens": "coalesce(prompt_tokens, 0)",
+    "completion_tokens": "coalesce(completion_tokens, 0)",
     "cached_prompt_tokens": "coalesce(cached_prompt_tokens, 0)",
-    "inflight": "inflight_at_admit", "active_tokens": "active_tokens_at_admit",
+    "inflight": "inflight_at_admit",
+    "active_tokens": "active_tokens_at_admit",
 }
 _SELECT = ", ".join(f"{sql} AS {name}" for name, sql in COLUMNS.items())
 _TEXT = ("model", "tenant", "outcome")
@@ -52,8 +58,10 @@ class ReportInputs:
 def _columns(store: RequestStore, since: datetime, until: datetime) -> dict[str, np.ndarray]:
     # store.query (tuples) rather than store.arrow: RequestStore.arrow calls fetch_arrow_table,
     # which DuckDB 2 no longer has.
-    rows = store.query(f"SELECT {_SELECT} FROM requests WHERE source = 'traffic' "
-                       "AND admitted_at >= ? AND admitted_at < ?", [since, until])
+    rows = store.query(
+        f"SELECT {_SELECT} FROM requests WHERE source = 'traffic' AND admitted_at >= ? AND admitted_at < ?",
+        [since, until],
+    )
     if not rows:
         return empty_columns()
     result = {}
@@ -73,18 +81,31 @@ def _estimates(store: RequestStore, rank: int) -> dict[str, dict[str, Any]]:
 def _published(store: RequestStore, until: datetime) -> dict[str, dict[str, Any]]:
     """What the gauges publish per model at `until` (collector.analysis.publish): the same
     estimate the sidecar, the store and the other readers use."""
-    return {d.model: dict(d.estimate) | {"published_because": d.reason}
-            for d in published(store, until) if d.estimate is not None and d.task_class == "all"}
+    return {
+        d.model: dict(d.estimate) | {"published_because": d.reason}
+        for d in published(store, until)
+        if d.estimate is not None and d.task_class == "all"
+    }
 
 
-def collect_inputs(store: RequestStore, since: datetime, until: datetime, *,
-                   slo_ttft_p95_s: float | None = None) -> ReportInputs:
+def collect_inputs(
+    store: RequestStore, since: datetime, until: datetime, *, slo_ttft_p95_s: float | None = None
+) -> ReportInputs:
     """Rows of [since, until) and of the window before it, plus the two newest estimates per model."""
     if until <= since:
-        raise ValueError(f"report window is empty: since {since.isoformat()} is not before until {until.isoformat()}")
+        raise ValueError(
+            f"report window is empty: since {since.isoformat()} is not before until {until.isoformat()}"
+        )
     previous_since = since - (until - since)
-    return ReportInputs(since, until, _columns(store, since, until), _columns(store, previous_since, since),
-                        _published(store, until), _estimates(store, 2), slo_ttft_p95_s)
+    return ReportInputs(
+        since,
+        until,
+        _columns(store, since, until),
+        _columns(store, previous_since, since),
+        _published(store, until),
+        _estimates(store, 2),
+        slo_ttft_p95_s,
+    )
 
 
 def empty_columns() -> dict[str, np.ndarray]:

@@ -20,8 +20,14 @@ from pydantic import BaseModel
 from collector.record import FIELD_NAMES, INT64_FIELDS, RequestRecord, field_types
 from collector.store.db import RequestStore
 
-__all__ = ["MAX_BATCH_ROWS", "MAX_BODY_BYTES", "MAX_TEXT_CHARS", "IngestResult", "parse_batch",
-           "build_ingest_router"]
+__all__ = [
+    "MAX_BATCH_ROWS",
+    "MAX_BODY_BYTES",
+    "MAX_TEXT_CHARS",
+    "IngestResult",
+    "parse_batch",
+    "build_ingest_router",
+]
 
 MAX_BATCH_ROWS = 50_000
 MAX_BODY_BYTES = 64 * 2**20  # a full batch of sidecar rows is about 40 MB
@@ -76,12 +82,15 @@ def _parse_row(row: Any, index: int) -> RequestRecord:
         raise _bad(f"rows[{index}]: expected an object of request-log columns")
     unknown = set(row) - _KNOWN
     if unknown:
-        raise _bad(f"rows[{index}]: unknown column(s) {sorted(unknown)[:5]}; "
-                   "send only the fields of collector.record.RequestRecord")
+        raise _bad(
+            f"rows[{index}]: unknown column(s) {sorted(unknown)[:5]}; "
+            "send only the fields of collector.record.RequestRecord"
+        )
     if not isinstance(row.get("request_id"), str) or not row["request_id"]:
         raise _bad(f"rows[{index}]: request_id is required and must be a non-empty string")
-    return RequestRecord(**{column: _parse_value(value, column, f"rows[{index}].{column}")
-                            for column, value in row.items()})
+    return RequestRecord(
+        **{column: _parse_value(value, column, f"rows[{index}].{column}") for column, value in row.items()}
+    )
 
 
 def parse_batch(body: bytes) -> list[RequestRecord]:
@@ -94,7 +103,7 @@ def parse_batch(body: bytes) -> list[RequestRecord]:
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _bad(f"body is not valid JSON ({exc}); send {{\"rows\": [...]}}") from None
+        raise _bad(f'body is not valid JSON ({exc}); send {{"rows": [...]}}') from None
     rows = payload.get("rows") if isinstance(payload, dict) else None
     if not isinstance(rows, list):
         raise _bad('body must be an object {"rows": [...]}')
@@ -125,16 +134,22 @@ async def _read_limited(request: Request) -> bytes:
 
 
 def _too_large(size: int) -> HTTPException:
-    return HTTPException(status_code=413, detail=f"body of {size} bytes or more is over the ingest "
-                         f"limit of {MAX_BODY_BYTES} bytes (MAX_BODY_BYTES); send smaller batches")
+    return HTTPException(
+        status_code=413,
+        detail=f"body of {size} bytes or more is over the ingest "
+        f"limit of {MAX_BODY_BYTES} bytes (MAX_BODY_BYTES); send smaller batches",
+    )
 
 
 def build_ingest_router(store: RequestStore, on_rows: Callable[[int], object] | None = None) -> APIRouter:
     """The ingest route; `on_rows(inserted)` is called after each batch (for the written counter)."""
     router = APIRouter(tags=["ingest"])
 
-    @router.post("/v1/ingest", response_model=IngestResult,
-                 summary="Store a batch of request-log rows (idempotent by request_id)")
+    @router.post(
+        "/v1/ingest",
+        response_model=IngestResult,
+        summary="Store a batch of request-log rows (idempotent by request_id)",
+    )
     async def ingest(request: Request) -> IngestResult:
         rows = parse_batch(await _read_limited(request))
         inserted = await run_in_threadpool(_insert, store, rows)

@@ -60,10 +60,12 @@ def _upstream_client(config: SidecarConfig) -> UpstreamClient:
     """The pooled upstream client: connect fast or fail; between chunks a prefill may take minutes."""
     return UpstreamClient(
         max_connections=config.max_connections,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s,
-                                      sock_read=config.read_timeout_s),
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
+        ),
         auto_decompress=False,  # bytes reach the client exactly as the upstream sent them
-        skip_auto_headers=("User-Agent",))
+        skip_auto_headers=("User-Agent",),
+    )
 
 
 def _without_credentials(url: str) -> str:
@@ -87,8 +89,9 @@ class _DeliberateBreak(logging.Filter):
 _QUIET_BREAKS = _DeliberateBreak()
 
 
-def _lifespan(parts: SidecarParts, session: UpstreamClient
-              ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+def _lifespan(
+    parts: SidecarParts, session: UpstreamClient
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """Start the upstream client, the engine poller and the jobs; stop them, then close the sinks."""
 
     @contextlib.asynccontextmanager
@@ -118,18 +121,34 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
     for sink in parts.sinks:
         tracker.add_row_sink(sink.submit)
     session = _upstream_client(config)
-    app = FastAPI(title="llm-headroom sidecar", version=__version__, lifespan=_lifespan(parts, session),
-                  docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="llm-headroom sidecar",
+        version=__version__,
+        lifespan=_lifespan(parts, session),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.add_middleware(PathNormaliser)
     logging.getLogger("uvicorn.error").addFilter(_QUIET_BREAKS)  # a set: adding twice is once
     faults = FaultLog(log)
-    limits = ProxyLimits(max_request_body_bytes=config.max_request_body_bytes,
-                         max_buffered_response_bytes=config.max_buffered_response_bytes,
-                         max_sse_event_bytes=config.max_sse_event_bytes)
-    proxy = CompletionsProxy(session, config.upstream, tracker, tenant_header=config.tenant_header,
-                             tenant_cap=LabelCap(config.max_tenants),
-                             model_cap=LabelCap(config.max_models), engine=parts.engine,
-                             limits=limits, faults=faults, read_timeout_s=config.read_timeout_s)
+    limits = ProxyLimits(
+        max_request_body_bytes=config.max_request_body_bytes,
+        max_buffered_response_bytes=config.max_buffered_response_bytes,
+        max_sse_event_bytes=config.max_sse_event_bytes,
+    )
+    proxy = CompletionsProxy(
+        session,
+        config.upstream,
+        tracker,
+        tenant_header=config.tenant_header,
+        tenant_cap=LabelCap(config.max_tenants),
+        model_cap=LabelCap(config.max_models),
+        engine=parts.engine,
+        limits=limits,
+        faults=faults,
+        read_timeout_s=config.read_timeout_s,
+    )
     for path in ACCOUNTED_PATHS:
         app.router.routes.append(Route(path, proxy, methods=["POST"]))
 
@@ -141,15 +160,25 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok", "inflight_requests": len(tracker.live),
-                             "upstream": _without_credentials(config.upstream),
-                             "instance": config.instance})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "inflight_requests": len(tracker.live),
+                "upstream": _without_credentials(config.upstream),
+                "instance": config.instance,
+            }
+        )
 
-    passthrough = PassThrough(session, config.upstream, faults=faults,
-                              max_request_body_bytes=config.max_request_body_bytes,
-                              read_timeout_s=config.read_timeout_s)
-    app.router.routes.append(Route("/v1/{path:path}", passthrough,
-                                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]))
+    passthrough = PassThrough(
+        session,
+        config.upstream,
+        faults=faults,
+        max_request_body_bytes=config.max_request_body_bytes,
+        read_timeout_s=config.read_timeout_s,
+    )
+    app.router.routes.append(
+        Route("/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    )
     app.state.config, app.state.tracker, app.state.registry = config, tracker, parts.registry
     app.state.scheduler = parts.scheduler
     return app

@@ -57,19 +57,20 @@ class SidecarConfig:
                 f"--upstream {self.upstream!r} is not an http(s) URL; "
                 "expected e.g. http://127.0.0.1:8000 (the engine's OpenAI-compatible base URL)"
             )
-        for name, url in (("--engine-metrics-url", self.engine_metrics_url),
-                          ("--store-url", self.store_url)):
+        for name, url in (("--engine-metrics-url", self.engine_metrics_url), ("--store-url", self.store_url)):
             if url is not None and not url.startswith(("http://", "https://")):
-                raise ValueError(f"{name} {url!r} is not an http(s) URL; "
-                                 "expected e.g. http://127.0.0.1:8000/metrics")
+                raise ValueError(
+                    f"{name} {url!r} is not an http(s) URL; expected e.g. http://127.0.0.1:8000/metrics"
+                )
         if self.max_tenants < 1:
             raise ValueError(f"--max-tenants must be at least 1, got {self.max_tenants}")
-        for flag, value in (("--max-request-body-bytes", self.max_request_body_bytes),
-                            ("--max-buffered-response-bytes", self.max_buffered_response_bytes),
-                            ("--max-sse-event-bytes", self.max_sse_event_bytes),
-                            ("--max-client-connections", self.max_client_connections),
-                            ("--header-timeout", self.header_timeout_s),
-                            ("--idle-timeout", self.idle_timeout_s)):
+        for flag, value in (
+            ("--max-request-body-bytes", self.max_request_body_bytes),
+            ("--max-buffered-response-bytes", self.max_buffered_response_bytes),
+            ("--max-sse-event-bytes", self.max_sse_event_bytes),
+            ("--max-client-connections", self.max_client_connections),
+            ("--header-timeout", self.header_timeout_s),
+            ("--idle-timeout", self.idle_timeout_s),
+        ):
             if value <= 0:
                 raise ValueError(f"{flag} must be positive, got {value}")
-

@@ -21,8 +21,9 @@ __all__ = ["FaultLog"]
 class FaultLog:
     """Rate-limited WARNINGs keyed by failure class; `warn` is cheap enough for every failure."""
 
-    def __init__(self, logger: logging.Logger, interval_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, logger: logging.Logger, interval_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._logger, self._interval_s, self._clock = logger, interval_s, clock
         self._last: dict[str, float] = {}
         self._folded: dict[str, int] = {}

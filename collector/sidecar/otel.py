@@ -28,8 +28,7 @@ from urllib.parse import urlsplit
 
 from collector.record import RequestRecord
 
-__all__ = ["OtelSink", "traces_url", "span_name", "span_attributes", "ROW_ATTRIBUTES",
-           "FIRST_TOKEN_EVENT"]
+__all__ = ["OtelSink", "traces_url", "span_name", "span_attributes", "ROW_ATTRIBUTES", "FIRST_TOKEN_EVENT"]
 
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
 _log = logging.getLogger(__name__)
@@ -133,8 +132,14 @@ class OtelSink:
     BatchSpanProcessor, so export never runs on the event loop.
     """
 
-    def __init__(self, endpoint: str | None = None, exporter: Any = None, *,
-                 upstream: str | None = None, service_name: str = "headroom-sidecar") -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        exporter: Any = None,
+        *,
+        upstream: str | None = None,
+        service_name: str = "headroom-sidecar",
+    ) -> None:
         # lazy: the OpenTelemetry SDK loads only when spans are turned on (--otlp-endpoint)
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -171,7 +176,9 @@ class OtelSink:
             return
         end_ns = _ns(record.completed_at) or start_ns
         span = self._tracer.start_span(
-            span_name(record), kind=SpanKind.CLIENT, start_time=start_ns,
+            span_name(record),
+            kind=SpanKind.CLIENT,
+            start_time=start_ns,
             attributes=span_attributes(record, self._server),
         )
         first_token_ns = _ns(record.first_token_at)

@@ -31,8 +31,15 @@ Scope = dict[str, Any]
 class PassThrough:
     """ASGI app for every other /v1/* path: forwarded as-is, streamed back, not accounted."""
 
-    def __init__(self, client: UpstreamClient, upstream: str, *, faults: FaultLog,
-                 max_request_body_bytes: int = 64 * 2**20, read_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        upstream: str,
+        *,
+        faults: FaultLog,
+        max_request_body_bytes: int = 64 * 2**20,
+        read_timeout_s: float = 600.0,
+    ) -> None:
         self._client, self._upstream, self._faults = client, upstream, faults
         self._max_body, self._read_timeout_s = max_request_body_bytes, read_timeout_s
 
@@ -55,10 +62,13 @@ class PassThrough:
 
     async def _forward(self, scope: Scope, body: bytes, client: ClientChannel) -> None:
         try:
-            upstream = await self._client.request(scope["method"], target_url(self._upstream, scope),
-                                                  data=body or None,
-                                                  headers=request_headers(scope, identity=False),
-                                                  allow_redirects=False)
+            upstream = await self._client.request(
+                scope["method"],
+                target_url(self._upstream, scope),
+                data=body or None,
+                headers=request_headers(scope, identity=False),
+                allow_redirects=False,
+            )
             async with upstream.response as resp:
                 await client.start(resp.status, response_headers(resp.raw_headers, keep_length=True))
                 async for data in resp.content.iter_any():

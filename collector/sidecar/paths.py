@@ -49,8 +49,9 @@ class PathNormaliser:
         raw = scope.get("raw_path") or scope["path"].encode("latin-1")
         normal = normalise_path(raw)
         if normal is None:
-            await send_error(send, 400, "bad_request",
-                             "the path has a '..' segment; send the path without it")
+            await send_error(
+                send, 400, "bad_request", "the path has a '..' segment; send the path without it"
+            )
             return
         if normal != raw:
             scope = {**scope, "raw_path": normal, "path": unquote(normal.decode("latin-1"))}

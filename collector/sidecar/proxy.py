@@ -54,9 +54,13 @@ class ProxyLimits:
 
     __slots__ = ("max_request_body_bytes", "max_buffered_response_bytes", "max_sse_event_bytes")
 
-    def __init__(self, *, max_request_body_bytes: int = 64 * 2**20,
-                 max_buffered_response_bytes: int = 16 * 2**20,
-                 max_sse_event_bytes: int = 2**20) -> None:
+    def __init__(
+        self,
+        *,
+        max_request_body_bytes: int = 64 * 2**20,
+        max_buffered_response_bytes: int = 16 * 2**20,
+        max_sse_event_bytes: int = 2**20,
+    ) -> None:
         self.max_request_body_bytes = max_request_body_bytes
         self.max_buffered_response_bytes = max_buffered_response_bytes
         self.max_sse_event_bytes = max_sse_event_bytes
@@ -70,10 +74,20 @@ _CLIENT_GONE = Ending("client_cancelled", "client disconnected")
 class CompletionsProxy:
     """ASGI app for POST /v1/chat/completions and /v1/completions: accounted, with usage injected."""
 
-    def __init__(self, client: UpstreamClient, upstream: str, tracker: Tracker, *,
-                 tenant_header: str, tenant_cap: LabelCap, model_cap: LabelCap,
-                 engine: EngineSource | None = None, limits: ProxyLimits | None = None,
-                 faults: FaultLog | None = None, read_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        upstream: str,
+        tracker: Tracker,
+        *,
+        tenant_header: str,
+        tenant_cap: LabelCap,
+        model_cap: LabelCap,
+        engine: EngineSource | None = None,
+        limits: ProxyLimits | None = None,
+        faults: FaultLog | None = None,
+        read_timeout_s: float = 600.0,
+    ) -> None:
         self._client = client
         self._upstream = upstream
         self._tracker = tracker
@@ -90,8 +104,10 @@ class CompletionsProxy:
         try:
             body = await read_body(receive, scope, self._limits.max_request_body_bytes)
         except BodyTooLarge as exc:
-            parsed, refusal = parse_request(b""), Ending("bad_request", str(exc), answer=413,
-                                                         limit="--max-request-body-bytes")
+            parsed, refusal = (
+                parse_request(b""),
+                Ending("bad_request", str(exc), answer=413, limit="--max-request-body-bytes"),
+            )
         else:
             if body is None:
                 return  # never admitted: the client left before its request was read
@@ -103,8 +119,12 @@ class CompletionsProxy:
             ending = refusal or await self._watched(request, parsed, scope, receive, client)
         finally:
             # our own answer's status only where it will be sent: a started response keeps the upstream's
-            self._tracker.finish(request, ending.outcome, error=ending.error,
-                                 status_code=None if client.started else ending.answer)
+            self._tracker.finish(
+                request,
+                ending.outcome,
+                error=ending.error,
+                status_code=None if client.started else ending.answer,
+            )
         await client.end(ending)
 
     def _admit(self, scope: Scope, parsed: ParsedRequest) -> LiveRequest:
@@ -116,18 +136,27 @@ class CompletionsProxy:
         probe_id = (_header(scope, b"x-headroom-request-id") or "") if probe else ""
         keep_id = _PROBE_ID.fullmatch(probe_id) is not None and probe_id not in self._tracker.live
         snapshot = self._engine.latest if self._engine is not None else None
-        request = LiveRequest(parsed.model, tenant, scope["path"], parsed.stream, parsed.max_tokens,
-                              parsed.prompt_tokens_estimate, model_label=self._model_cap(parsed.model),
-                              tenant_label=self._tenant_cap(tenant),
-                              source="probe" if probe else None, run_id=run_id,
-                              request_id=probe_id if keep_id else None,
-                              engine_waiting=snapshot.waiting if snapshot is not None else None,
-                              kv_usage=snapshot.kv_usage_ratio if snapshot is not None else None)
+        request = LiveRequest(
+            parsed.model,
+            tenant,
+            scope["path"],
+            parsed.stream,
+            parsed.max_tokens,
+            parsed.prompt_tokens_estimate,
+            model_label=self._model_cap(parsed.model),
+            tenant_label=self._tenant_cap(tenant),
+            source="probe" if probe else None,
+            run_id=run_id,
+            request_id=probe_id if keep_id else None,
+            engine_waiting=snapshot.waiting if snapshot is not None else None,
+            kv_usage=snapshot.kv_usage_ratio if snapshot is not None else None,
+        )
         self._tracker.admit(request)
         return request
 
-    async def _watched(self, request: LiveRequest, parsed: ParsedRequest, scope: Scope,
-                       receive: Any, client: ClientChannel) -> Ending:
+    async def _watched(
+        self, request: LiveRequest, parsed: ParsedRequest, scope: Scope, receive: Any, client: ClientChannel
+    ) -> Ending:
         """The exchange, raced against the client's disconnect.
 
         A disconnect seen before the last byte is sent means the client never had the whole
@@ -151,13 +180,18 @@ class CompletionsProxy:
         client.gone = True
         return _CLIENT_GONE
 
-    async def _exchange(self, request: LiveRequest, parsed: ParsedRequest, scope: Scope,
-                        client: ClientChannel) -> Ending:
+    async def _exchange(
+        self, request: LiveRequest, parsed: ParsedRequest, scope: Scope, client: ClientChannel
+    ) -> Ending:
         """Send upstream, relay the answer; returns how it ended and never raises (but cancels)."""
         try:
             upstream = await self._client.request(
-                "POST", target_url(self._upstream, scope), data=parsed.body,
-                headers=request_headers(scope, identity=True), allow_redirects=False)
+                "POST",
+                target_url(self._upstream, scope),
+                data=parsed.body,
+                headers=request_headers(scope, identity=True),
+                allow_redirects=False,
+            )
         except Exception as exc:
             return self._failed(exc)
         if upstream.retries:
@@ -168,11 +202,18 @@ class CompletionsProxy:
                 self._tracker.responded(request, resp.status)
                 if resp.status == 200 and resp.content_type == "text/event-stream":
                     await client.start(resp.status, response_headers(resp.raw_headers, keep_length=False))
-                    return await relay_stream(self._tracker, request, parsed.usage_injected, resp,
-                                              client, self._limits.max_sse_event_bytes)
+                    return await relay_stream(
+                        self._tracker,
+                        request,
+                        parsed.usage_injected,
+                        resp,
+                        client,
+                        self._limits.max_sse_event_bytes,
+                    )
                 await client.start(resp.status, response_headers(resp.raw_headers, keep_length=True))
-                return await relay_body(self._tracker, request, resp, client,
-                                        self._limits.max_buffered_response_bytes)
+                return await relay_body(
+                    self._tracker, request, resp, client, self._limits.max_buffered_response_bytes
+                )
         except Exception as exc:
             return self._failed(exc)
 
@@ -191,4 +232,3 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
-

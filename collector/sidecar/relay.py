@@ -25,19 +25,42 @@ from collector.record import outcome_for_status
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, EventTooLarge, inspect_event
 
-__all__ = ["Ending", "ClientChannel", "BodyTooLarge", "read_body", "wait_disconnect",
-           "request_headers", "response_headers", "target_url", "end_on_connection_loss",
-           "describe_failure", "relay_body", "relay_stream", "send_error"]
+__all__ = [
+    "Ending",
+    "ClientChannel",
+    "BodyTooLarge",
+    "read_body",
+    "wait_disconnect",
+    "request_headers",
+    "response_headers",
+    "target_url",
+    "end_on_connection_loss",
+    "describe_failure",
+    "relay_body",
+    "relay_stream",
+    "send_error",
+]
 
 Scope = dict[str, Any]
 
 # Not forwarded: hop-by-hop headers (RFC 9110 §7.6.1), the length we may change, and `Expect`:
 # uvicorn already answered the client's 100-continue, and an upstream that ignores it would
 # make the request wait for a 100 that never comes.
-_HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length", b"expect",
-})
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",
+    }
+)
 _USAGE_NULL = b',"usage":null'
 
 
@@ -89,8 +112,7 @@ class ClientChannel:
         if not self.started:
             if ending.answer is not None:
                 self.started = True
-                await send_error(self._send, ending.answer, ending.outcome, ending.error or "",
-                                 ending.limit)
+                await send_error(self._send, ending.answer, ending.outcome, ending.error or "", ending.limit)
             return
         if ending.complete:
             await self._send({"type": "http.response.body", "body": ending.last, "more_body": False})
@@ -101,10 +123,10 @@ async def send_error(send: Any, status: int, kind: str, message: str, limit: str
     error: dict[str, Any] = {"message": message, "type": kind, "code": status}
     if limit is not None:
         error["limit"] = limit
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": orjson.dumps({"error": error}),
-                "more_body": False})
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": orjson.dumps({"error": error}), "more_body": False})
 
 
 class BodyTooLarge(Exception):
@@ -135,8 +157,9 @@ async def read_body(receive: Any, scope: Scope, limit: int) -> bytes | None:
 
 
 def _too_large(size: int, limit: int) -> str:
-    return (f"request body of {size} bytes or more is over the limit of {limit} bytes "
-            "(--max-request-body-bytes)")
+    return (
+        f"request body of {size} bytes or more is over the limit of {limit} bytes (--max-request-body-bytes)"
+    )
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -154,8 +177,9 @@ async def wait_disconnect(receive: Any) -> None:
 
 def request_headers(scope: Scope, *, identity: bool) -> list[tuple[str, str]]:
     """The client's headers for the upstream, less hop-by-hop ones (and compression if `identity`)."""
-    headers = [(k.decode("latin-1"), v.decode("latin-1"))
-               for k, v in scope["headers"] if k not in _HOP_BY_HOP]
+    headers = [
+        (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP_BY_HOP
+    ]
     if identity:  # the proxy reads the stream, so it must arrive uncompressed
         headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"]
         headers.append(("Accept-Encoding", "identity"))
@@ -164,8 +188,11 @@ def request_headers(scope: Scope, *, identity: bool) -> list[tuple[str, str]]:
 
 def response_headers(raw: tuple[tuple[bytes, bytes], ...], *, keep_length: bool) -> list[tuple[bytes, bytes]]:
     """The upstream's headers for the client, less hop-by-hop ones (Content-Length if kept)."""
-    return [(k, v) for k, v in raw
-            if (k.lower() not in _HOP_BY_HOP) or (keep_length and k.lower() == b"content-length")]
+    return [
+        (k, v)
+        for k, v in raw
+        if (k.lower() not in _HOP_BY_HOP) or (keep_length and k.lower() == b"content-length")
+    ]
 
 
 def target_url(upstream: str, scope: Scope) -> URL:
@@ -225,8 +252,11 @@ def describe_failure(exc: BaseException, read_timeout_s: float) -> Ending:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return Ending("timeout", f"could not connect to the upstream in time ({name})", answer=504)
     if isinstance(exc, asyncio.TimeoutError):
-        return Ending("timeout", f"the upstream sent nothing for {read_timeout_s:g} s "
-                                 f"(--read-timeout; {name})", answer=504)
+        return Ending(
+            "timeout",
+            f"the upstream sent nothing for {read_timeout_s:g} s (--read-timeout; {name})",
+            answer=504,
+        )
     if isinstance(exc, EventTooLarge):
         return Ending("upstream_error", str(exc), answer=502, limit="--max-sse-event-bytes")
     for kind, words in _DESCRIPTIONS:
@@ -235,8 +265,13 @@ def describe_failure(exc: BaseException, read_timeout_s: float) -> Ending:
     return Ending("upstream_error", f"proxy error: {name}", answer=502)
 
 
-async def relay_body(tracker: Tracker, request: LiveRequest, response: aiohttp.ClientResponse,
-                     client: ClientChannel, keep_limit: int) -> Ending:
+async def relay_body(
+    tracker: Tracker,
+    request: LiveRequest,
+    response: aiohttp.ClientResponse,
+    client: ClientChannel,
+    keep_limit: int,
+) -> Ending:
     """Stream a non-SSE answer through; read the usage of a 200 from what was kept.
 
     Bytes go to the client as they arrive, except the chunk that completes a declared
@@ -277,9 +312,14 @@ def _usage(body: bytes) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-async def relay_stream(tracker: Tracker, request: LiveRequest, strip_usage: bool,
-                       response: aiohttp.ClientResponse, client: ClientChannel,
-                       max_event_bytes: int) -> Ending:
+async def relay_stream(
+    tracker: Tracker,
+    request: LiveRequest,
+    strip_usage: bool,
+    response: aiohttp.ClientResponse,
+    client: ClientChannel,
+    max_event_bytes: int,
+) -> Ending:
     """Forward SSE events as they complete, reading each; strip the usage chunk we asked for.
 
     An event over `max_event_bytes` that has not ended raises EventTooLarge (the stream ends as
@@ -315,7 +355,14 @@ async def relay_stream(tracker: Tracker, request: LiveRequest, strip_usage: bool
         if body:
             await client.body(body)
     rest = splitter.remainder()
-    error = "malformed event in stream" if malformed else "error event in stream" if errored \
-        else "stream ended inside an event" if rest.strip() else None
+    error = (
+        "malformed event in stream"
+        if malformed
+        else "error event in stream"
+        if errored
+        else "stream ended inside an event"
+        if rest.strip()
+        else None
+    )
     outcome = "upstream_error" if error else outcome_for_status(response.status)
     return Ending(outcome, error, complete=True, last=rest)

@@ -53,8 +53,11 @@ def _content_tokens(content: object) -> int:
     if isinstance(content, str):
         return estimate_tokens(content)
     if isinstance(content, list):  # multi-part content: count the text parts
-        return sum(estimate_tokens(part["text"]) for part in content
-                   if isinstance(part, dict) and isinstance(part.get("text"), str))
+        return sum(
+            estimate_tokens(part["text"])
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
     return 0
 
 
@@ -63,16 +66,19 @@ def _prompt_tokens(prompt: object) -> int:
     if isinstance(prompt, list):
         if prompt and all(isinstance(p, int) for p in prompt):
             return len(prompt)  # already tokens
-        return sum(len(p) if isinstance(p, list) and all(isinstance(i, int) for i in p)
-                   else _content_tokens(p) for p in prompt)
+        return sum(
+            len(p) if isinstance(p, list) and all(isinstance(i, int) for i in p) else _content_tokens(p)
+            for p in prompt
+        )
     return _content_tokens(prompt)
 
 
 def _estimate_prompt(payload: dict[str, Any]) -> int:
     messages = payload.get("messages")
     if isinstance(messages, list):
-        return sum(_TOKENS_PER_MESSAGE + _content_tokens(m.get("content"))
-                   for m in messages if isinstance(m, dict))
+        return sum(
+            _TOKENS_PER_MESSAGE + _content_tokens(m.get("content")) for m in messages if isinstance(m, dict)
+        )
     return _prompt_tokens(payload.get("prompt"))
 
 

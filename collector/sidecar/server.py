@@ -33,10 +33,20 @@ _REFUSED = spec("headroom_connections_refused_total")
 
 
 def _canned(status: int, reason: str, message: str, limit: str) -> bytes:
-    body = orjson.dumps({"error": {"message": message, "type": "bad_request" if status == 408
-                                   else "overloaded", "code": status, "limit": limit}})
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    body = orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": "bad_request" if status == 408 else "overloaded",
+                "code": status,
+                "limit": limit,
+            }
+        }
+    )
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
     return head.encode("ascii") + body
 
 
@@ -52,9 +62,13 @@ class ConnectionGuard(HttpToolsProtocol):
         super().connection_made(transport)
         self._timer = None
         if len(self.connections) > self.max_connections:
-            self._refuse(503, "Service Unavailable", "connection_cap",
-                         f"over {self.max_connections} open connections; retry shortly",
-                         "--max-client-connections")
+            self._refuse(
+                503,
+                "Service Unavailable",
+                "connection_cap",
+                f"over {self.max_connections} open connections; retry shortly",
+                "--max-client-connections",
+            )
             return
         self._arm()
 
@@ -81,9 +95,13 @@ class ConnectionGuard(HttpToolsProtocol):
 
     def _headers_late(self) -> None:
         self._timer = None
-        self._refuse(408, "Request Timeout", "header_timeout",
-                     f"request headers not complete within {self.header_timeout_s:g} s",
-                     "--header-timeout")
+        self._refuse(
+            408,
+            "Request Timeout",
+            "header_timeout",
+            f"request headers not complete within {self.header_timeout_s:g} s",
+            "--header-timeout",
+        )
 
     def _refuse(self, status: int, reason: str, label: str, message: str, limit: str) -> None:
         if self.refused is not None:
@@ -93,13 +111,16 @@ class ConnectionGuard(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded_protocol(registry: CollectorRegistry | None, *, header_timeout_s: float,
-                     max_connections: int) -> type[ConnectionGuard]:
+def guarded_protocol(
+    registry: CollectorRegistry | None, *, header_timeout_s: float, max_connections: int
+) -> type[ConnectionGuard]:
     """A ConnectionGuard class with these bounds, counting refusals in `registry`."""
-    refused = Counter(_REFUSED.name.removesuffix("_total"), _REFUSED.help, _REFUSED.labels,
-                      registry=registry)
-    attributes = {"header_timeout_s": header_timeout_s, "max_connections": max_connections,
-                  "refused": refused}
+    refused = Counter(_REFUSED.name.removesuffix("_total"), _REFUSED.help, _REFUSED.labels, registry=registry)
+    attributes = {
+        "header_timeout_s": header_timeout_s,
+        "max_connections": max_connections,
+        "refused": refused,
+    }
     return type("SidecarConnectionGuard", (ConnectionGuard,), attributes)
 
 
@@ -113,9 +134,17 @@ def raise_file_limit(wanted: int) -> int:
     return soft
 
 
-def uvicorn_options(registry: CollectorRegistry | None, *, header_timeout_s: float,
-                    idle_timeout_s: float, max_connections: int) -> dict[str, Any]:
+def uvicorn_options(
+    registry: CollectorRegistry | None,
+    *,
+    header_timeout_s: float,
+    idle_timeout_s: float,
+    max_connections: int,
+) -> dict[str, Any]:
     """uvicorn.run / uvicorn.Config keyword arguments for a guarded sidecar."""
-    return {"http": guarded_protocol(registry, header_timeout_s=header_timeout_s,
-                                     max_connections=max_connections),
-            "timeout_keep_alive": idle_timeout_s}
+    return {
+        "http": guarded_protocol(
+            registry, header_timeout_s=header_timeout_s, max_connections=max_connections
+        ),
+        "timeout_keep_alive": idle_timeout_s,
+    }

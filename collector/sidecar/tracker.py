@@ -38,18 +38,51 @@ class LiveRequest:
     """State of one in-flight request, changed only through its Tracker. Never any text."""
 
     __slots__ = (
-        "request_id", "model", "model_label", "tenant", "tenant_label", "endpoint", "stream", "max_tokens",
-        "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
-        "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
-        "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
-        "source", "run_id", "upstream_retries",
+        "request_id",
+        "model",
+        "model_label",
+        "tenant",
+        "tenant_label",
+        "endpoint",
+        "stream",
+        "max_tokens",
+        "admitted_mono",
+        "admitted_wall",
+        "first_byte_mono",
+        "first_token_mono",
+        "prompt_tokens",
+        "generated_tokens",
+        "usage",
+        "status_code",
+        "outcome",
+        "error",
+        "inflight_at_admit",
+        "active_tokens_at_admit",
+        "engine_waiting",
+        "kv_usage",
+        "done",
+        "source",
+        "run_id",
+        "upstream_retries",
     )
 
-    def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
-                 max_tokens: int | None, prompt_tokens_estimate: int, *,
-                 model_label: str | None = None, tenant_label: str | None = None,
-                 source: str | None = None, run_id: str | None = None, request_id: str | None = None,
-                 engine_waiting: int | None = None, kv_usage: float | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        tenant: str,
+        endpoint: str,
+        stream: bool,
+        max_tokens: int | None,
+        prompt_tokens_estimate: int,
+        *,
+        model_label: str | None = None,
+        tenant_label: str | None = None,
+        source: str | None = None,
+        run_id: str | None = None,
+        request_id: str | None = None,
+        engine_waiting: int | None = None,
+        kv_usage: float | None = None,
+    ) -> None:
         self.request_id = request_id or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
         self.model, self.tenant = model, tenant
         self.model_label = model_label or model  # capped label values; the row keeps the real ones
@@ -83,14 +116,21 @@ def _wall(request: LiveRequest, mono: float | None) -> datetime | None:
     if mono is None:
         return None
     return datetime.fromtimestamp(request.admitted_wall, UTC) + timedelta(
-        seconds=mono - request.admitted_mono)
+        seconds=mono - request.admitted_mono
+    )
 
 
 class Tracker:
     """Owns the live set and the per-request metrics; `finish` turns a request into one record."""
 
-    def __init__(self, registry: CollectorRegistry, *, instance: str, source: str = "traffic",
-                 run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        instance: str,
+        source: str = "traffic",
+        run_id: str | None = None,
+    ) -> None:
         self.instance, self.source, self.run_id = instance, source, run_id
         self.live: dict[str, LiveRequest] = {}
         self.load = Inflight()  # running sums, for the admission snapshot in O(1)
@@ -143,8 +183,9 @@ class Tracker:
         """The upstream's `usage` object (cumulative: the latest replaces any earlier one)."""
         request.usage = usage
 
-    def finish(self, request: LiveRequest, outcome: str, *, status_code: int | None = None,
-               error: str | None = None) -> RequestRecord | None:
+    def finish(
+        self, request: LiveRequest, outcome: str, *, status_code: int | None = None, error: str | None = None
+    ) -> RequestRecord | None:
         """Terminal transition, exactly once: leave the live set, count, observe, emit the record.
 
         Later calls return None and change nothing. Synchronous on purpose: it must complete
@@ -174,19 +215,29 @@ class Tracker:
         e2e = completed_mono - request.admitted_mono
         ttft = None if request.first_token_mono is None else request.first_token_mono - request.admitted_mono
         return RequestRecord(
-            request_id=request.request_id, source=request.source or self.source,
+            request_id=request.request_id,
+            source=request.source or self.source,
             run_id=request.run_id or self.run_id,
-            instance=self.instance, model=request.model, tenant=request.tenant,
-            endpoint=request.endpoint, stream=request.stream,
+            instance=self.instance,
+            model=request.model,
+            tenant=request.tenant,
+            endpoint=request.endpoint,
+            stream=request.stream,
             admitted_at=_wall(request, request.admitted_mono),
             first_byte_at=_wall(request, request.first_byte_mono),
             first_token_at=_wall(request, request.first_token_mono),
             completed_at=_wall(request, completed_mono),
-            status_code=request.status_code, outcome=request.outcome, error=request.error,
-            prompt_tokens=prompt, cached_prompt_tokens=cached,
-            completion_tokens=completion, max_tokens=request.max_tokens,
-            usage_source=usage_source, ttft_s=ttft,
-            tpot_s=time_per_output_token(e2e, ttft, completion), e2e_s=e2e,
+            status_code=request.status_code,
+            outcome=request.outcome,
+            error=request.error,
+            prompt_tokens=prompt,
+            cached_prompt_tokens=cached,
+            completion_tokens=completion,
+            max_tokens=request.max_tokens,
+            usage_source=usage_source,
+            ttft_s=ttft,
+            tpot_s=time_per_output_token(e2e, ttft, completion),
+            e2e_s=e2e,
             inflight_at_admit=request.inflight_at_admit,
             active_tokens_at_admit=request.active_tokens_at_admit,
             engine_waiting_at_admit=request.engine_waiting,
@@ -221,9 +272,12 @@ def _token_counts(request: LiveRequest) -> tuple[int, int, int | None, str]:
     details = usage.get("prompt_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
     trusted = upstream_prompt is not None and upstream_completion is not None
-    return (prompt if upstream_prompt is None else upstream_prompt,
-            completion if upstream_completion is None else upstream_completion,
-            cached, "upstream" if trusted else "estimated")
+    return (
+        prompt if upstream_prompt is None else upstream_prompt,
+        completion if upstream_completion is None else upstream_completion,
+        cached,
+        "upstream" if trusted else "estimated",
+    )
 
 
 def _count(value: object) -> int | None:

@@ -23,5 +23,4 @@ NAMES = names_of(RULES)
 
 def parse_sglang(text: str) -> EngineSnapshot:
     """Parse an SGLang /metrics page into an EngineSnapshot."""
-    return snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), model_label="model_name",
-                               **RULES)
+    return snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), model_label="model_name", **RULES)

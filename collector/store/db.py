@@ -54,8 +54,9 @@ def rows_to_arrow(rows: Rows, *, lenient: bool = False) -> pa.Table:
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
         if not lenient:
             raise
-        return pa.Table.from_arrays([_column(columns[f.name], f.type) for f in ARROW_SCHEMA],
-                                    schema=ARROW_SCHEMA)
+        return pa.Table.from_arrays(
+            [_column(columns[f.name], f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA
+        )
 
 
 def _column(values: list, arrow_type: pa.DataType) -> pa.Array:

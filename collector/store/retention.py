@@ -47,14 +47,18 @@ def export_day(store: RequestStore, export_dir: Path, day: date, *, append: bool
 
 
 def _raw_counts(store: RequestStore, before: date) -> dict[date, int]:
-    rows = store.query(f"SELECT {_DAY} AS day, count(*) FROM requests WHERE admitted_at < ? "
-                       "GROUP BY day ORDER BY day", [day_bounds(before)[0]])
+    rows = store.query(
+        f"SELECT {_DAY} AS day, count(*) FROM requests WHERE admitted_at < ? GROUP BY day ORDER BY day",
+        [day_bounds(before)[0]],
+    )
     return {day: int(n) for day, n in rows}
 
 
 def _records(store: RequestStore) -> dict[date, tuple[int, bool]]:
-    return {day: (int(rows), bool(expired)) for day, rows, expired in
-            store.query("SELECT day, rows, expired FROM parquet_exports")}
+    return {
+        day: (int(rows), bool(expired))
+        for day, rows, expired in store.query("SELECT day, rows, expired FROM parquet_exports")
+    }
 
 
 def _record(store: RequestStore, day: date, rows: int, expired: bool, now: datetime) -> None:
@@ -65,12 +69,16 @@ def _expire(store: RequestStore, export_dir: Path, day: date) -> None:
     """Delete the day's raw rows that its Parquet files hold (a row that arrived after the export
     stays, and is appended by the next run)."""
     files = str(export_dir / f"day={day.isoformat()}" / "*.parquet")
-    store.execute("DELETE FROM requests WHERE admitted_at >= ? AND admitted_at < ? AND request_id IN "
-                  "(SELECT request_id FROM read_parquet(?))", [*day_bounds(day), files])
+    store.execute(
+        "DELETE FROM requests WHERE admitted_at >= ? AND admitted_at < ? AND request_id IN "
+        "(SELECT request_id FROM read_parquet(?))",
+        [*day_bounds(day), files],
+    )
 
 
-def export_and_expire(store: RequestStore, export_dir: str | Path, retention_days: int,
-                      now: datetime) -> dict[str, list[date]]:
+def export_and_expire(
+    store: RequestStore, export_dir: str | Path, retention_days: int, now: datetime
+) -> dict[str, list[date]]:
     """The retention job: export sealed days (before today, UTC) and expire those past retention.
 
     Returns {"exported": [...], "expired": [...]} for logs and tests.

@@ -55,8 +55,9 @@ def rollup_hours(store: RequestStore, start: datetime, end: datetime) -> int:
     ensure_rollup_table(store)
     store.execute("DELETE FROM requests_hourly WHERE hour >= ? AND hour < ?", [start, end])
     store.execute(_INSERT, [start, end])
-    return int(store.query("SELECT count(*) FROM requests_hourly WHERE hour >= ? AND hour < ?",
-                           [start, end])[0][0])
+    return int(
+        store.query("SELECT count(*) FROM requests_hourly WHERE hour >= ? AND hour < ?", [start, end])[0][0]
+    )
 
 
 def rollup_recent(store: RequestStore, now: datetime, lookback: timedelta = timedelta(hours=3)) -> int:

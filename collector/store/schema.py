@@ -16,12 +16,24 @@ import duckdb
 
 from collector.record import INT64_FIELDS, field_types
 
-__all__ = ["COLUMNS", "COLUMN_NAMES", "SCHEMA_VERSION", "MIGRATIONS", "SchemaTooNew", "migrate",
-           "schema_version"]
+__all__ = [
+    "COLUMNS",
+    "COLUMN_NAMES",
+    "SCHEMA_VERSION",
+    "MIGRATIONS",
+    "SchemaTooNew",
+    "migrate",
+    "schema_version",
+]
 
 # The DuckDB type of each record field's Python type; INT64_FIELDS are BIGINT.
-_SQL_TYPES: dict[type, str] = {str: "VARCHAR", bool: "BOOLEAN", datetime: "TIMESTAMPTZ",
-                               int: "INTEGER", float: "DOUBLE"}
+_SQL_TYPES: dict[type, str] = {
+    str: "VARCHAR",
+    bool: "BOOLEAN",
+    datetime: "TIMESTAMPTZ",
+    int: "INTEGER",
+    float: "DOUBLE",
+}
 
 
 def _sql_type(name: str, python_type: type) -> str:
@@ -32,14 +44,18 @@ def _sql_type(name: str, python_type: type) -> str:
 # (name, DuckDB type) in table order, from collector.record.RequestRecord's fields. The contract;
 # other parts and external readers depend on it (e.g. ("request_id", "VARCHAR PRIMARY KEY")).
 COLUMNS: tuple[tuple[str, str], ...] = tuple(
-    (name, _sql_type(name, python_type)) for name, python_type in field_types().items())
+    (name, _sql_type(name, python_type)) for name, python_type in field_types().items()
+)
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 
 # Version 1 shipped without the engine snapshot and prefix-cache columns; version 2 added them.
 # Version 3 added upstream_retries (a request re-sent after a stale pooled connection).
-_V1_COLUMNS = tuple(c for c in COLUMNS if c[0] not in
-                    ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit",
-                     "upstream_retries"))
+_V1_COLUMNS = tuple(
+    c
+    for c in COLUMNS
+    if c[0]
+    not in ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit", "upstream_retries")
+)
 
 
 def _ddl(columns: tuple[tuple[str, str], ...]) -> str:

@@ -60,7 +60,7 @@ class _Rejected(Exception):
 
 def merge_payloads(payloads: Iterable[bytes]) -> bytes:
     """One ingest body from several, joined as bytes: {"rows":[a]} + {"rows":[b,c]} -> {"rows":[a,b,c]}."""
-    inner = [payload[len(_HEAD):-len(_TAIL)] for payload in payloads]
+    inner = [payload[len(_HEAD) : -len(_TAIL)] for payload in payloads]
     return _HEAD + b",".join(part for part in inner if part) + _TAIL
 
 
@@ -71,19 +71,37 @@ def _mergeable(payload: bytes) -> bool:
 class StoreShipper:
     """POST batches to `<url>/v1/ingest` with a bearer token; spool to `spool_dir` when it fails."""
 
-    def __init__(self, url: str, token: str | None, spool_dir: str | Path | None = None, *,
-                 max_spool_bytes: int = 256 * 2**20, max_attempts: int = 3,
-                 backoff_initial_s: float = 0.2, backoff_max_s: float = 10.0, timeout_s: float = 10.0,
-                 replay_batch_rows: int = 5_000, replay_batch_bytes: int = 8 * 2**20,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        spool_dir: str | Path | None = None,
+        *,
+        max_spool_bytes: int = 256 * 2**20,
+        max_attempts: int = 3,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 10.0,
+        timeout_s: float = 10.0,
+        replay_batch_rows: int = 5_000,
+        replay_batch_bytes: int = 8 * 2**20,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"store url {url!r} must start with http:// or https://, e.g. http://127.0.0.1:9200")
+            raise ValueError(
+                f"store url {url!r} must start with http:// or https://, e.g. http://127.0.0.1:9200"
+            )
         if not token:
-            log.warning("no store token given (--store-token or HEADROOM_TOKEN); the store will answer 401 "
-                        "and rows will wait in the spool")
+            log.warning(
+                "no store token given (--store-token or HEADROOM_TOKEN); the store will answer 401 "
+                "and rows will wait in the spool"
+            )
         self.ingest_url = url.rstrip("/") + "/v1/ingest"
         self.spool = Spool(spool_dir if spool_dir is not None else DEFAULT_SPOOL_DIR, max_spool_bytes)
-        self.max_attempts, self.backoff_initial_s, self.backoff_max_s = max_attempts, backoff_initial_s, backoff_max_s
+        self.max_attempts, self.backoff_initial_s, self.backoff_max_s = (
+            max_attempts,
+            backoff_initial_s,
+            backoff_max_s,
+        )
         self.replay_batch_rows, self.replay_batch_bytes = replay_batch_rows, replay_batch_bytes
         headers = {"Authorization": f"Bearer {token or ''}", "Content-Type": "application/json"}
         # one client per thread: the writer's live sends and the replay never share a connection
@@ -144,8 +162,11 @@ class StoreShipper:
             return self._store_answered(True)
         if response.status_code in _NOT_YET:
             if self.store_up is not False:
-                log.error("store at %s refused the token (HTTP %s); spooling until it is fixed",
-                          self.ingest_url, response.status_code)
+                log.error(
+                    "store at %s refused the token (HTTP %s); spooling until it is fixed",
+                    self.ingest_url,
+                    response.status_code,
+                )
             return self._store_answered(False)
         if response.status_code in _RETRYABLE:
             return self._store_answered(False)
@@ -157,8 +178,12 @@ class StoreShipper:
         if up and self.store_up is False:
             log.warning("store at %s is back; replaying %d spooled rows", self.ingest_url, self.spool.rows())
         elif not up and self.store_up is not False:
-            log.warning("store at %s is unreachable; spooling rows to %s (bounded at %d MiB)",
-                        self.ingest_url, self.spool.directory, self.spool.max_bytes // 2**20)
+            log.warning(
+                "store at %s is unreachable; spooling rows to %s (bounded at %d MiB)",
+                self.ingest_url,
+                self.spool.directory,
+                self.spool.max_bytes // 2**20,
+            )
         self.store_up = up
         return up
 
@@ -247,10 +272,13 @@ class StoreShipper:
         waiting = [t for t in (oldest, sending) if t is not None]
         yield _gauge("headroom_log_spool_files", len(self.spool))
         yield _gauge("headroom_log_spool_bytes", self.spool.size_bytes())
-        yield _gauge("headroom_log_spool_oldest_age_seconds",
-                     0.0 if oldest is None else max(0.0, (now_ns - oldest) / 1e9))
-        yield _gauge("headroom_log_ship_lag_seconds",
-                     max(0.0, (now_ns - min(waiting)) / 1e9) if waiting else 0.0)
+        yield _gauge(
+            "headroom_log_spool_oldest_age_seconds",
+            0.0 if oldest is None else max(0.0, (now_ns - oldest) / 1e9),
+        )
+        yield _gauge(
+            "headroom_log_ship_lag_seconds", max(0.0, (now_ns - min(waiting)) / 1e9) if waiting else 0.0
+        )
         spooled = spec("headroom_log_rows_spooled_total")
         counter = CounterMetricFamily(spooled.name, spooled.help)
         counter.add_metric([], self.spooled_rows)

@@ -26,12 +26,23 @@ from collector.record import RequestRecord, time_per_output_token
 __all__ = ["synthetic_rows", "synthetic_probe_run", "closed_loop_rows"]
 
 _EPOCH = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
-_OUTCOMES = (("ok", 200), ("ok", 200), ("ok", 200), ("ok", 200), ("ok", 200), ("ok", 200),
-             ("ok", 200), ("ok", 200), ("rate_limited", 429), ("upstream_error", 502))
+_OUTCOMES = (
+    ("ok", 200),
+    ("ok", 200),
+    ("ok", 200),
+    ("ok", 200),
+    ("ok", 200),
+    ("ok", 200),
+    ("ok", 200),
+    ("ok", 200),
+    ("rate_limited", 429),
+    ("upstream_error", 502),
+)
 
 
-def _row(rng: random.Random, index: int, admitted: datetime, model: str, prefix: str,
-         ttft_scale: float) -> dict[str, Any]:
+def _row(
+    rng: random.Random, index: int, admitted: datetime, model: str, prefix: str, ttft_scale: float
+) -> dict[str, Any]:
     inflight = rng.choice((1, 2, 3, 4, 6, 8, 12, 16))
     prompt, completion = rng.randint(20, 2000), rng.randint(2, 400)
     ttft = ttft_scale * (0.05 + 0.02 * inflight) * (0.5 + rng.random())
@@ -40,25 +51,46 @@ def _row(rng: random.Random, index: int, admitted: datetime, model: str, prefix:
     outcome, status = _OUTCOMES[rng.randrange(len(_OUTCOMES))]
     ok = outcome == "ok"
     return RequestRecord(
-        request_id=f"{prefix}-{index:08d}", source="traffic", run_id=None,
-        instance=f"sidecar-{index % 3}", model=model,
+        request_id=f"{prefix}-{index:08d}",
+        source="traffic",
+        run_id=None,
+        instance=f"sidecar-{index % 3}",
+        model=model,
         tenant=rng.choice(("team-a", "team-a", "team-a", "team-b", "team-b", "team-c")),
-        endpoint="/v1/chat/completions", stream=True,
-        admitted_at=admitted, first_byte_at=admitted + timedelta(seconds=ttft * 0.9),
+        endpoint="/v1/chat/completions",
+        stream=True,
+        admitted_at=admitted,
+        first_byte_at=admitted + timedelta(seconds=ttft * 0.9),
         first_token_at=admitted + timedelta(seconds=ttft) if ok else None,
         completed_at=admitted + timedelta(seconds=e2e if ok else ttft),
-        status_code=status, outcome=outcome, error=None if ok else outcome,
-        prompt_tokens=prompt, cached_prompt_tokens=prompt // 4,
-        completion_tokens=completion if ok else 0, max_tokens=512, usage_source="upstream",
-        ttft_s=ttft if ok else None, tpot_s=tpot if ok else None, e2e_s=e2e if ok else ttft,
-        inflight_at_admit=inflight, active_tokens_at_admit=inflight * (prompt + completion // 2),
-        engine_waiting_at_admit=max(0, inflight - 8), kv_usage_at_admit=min(1.0, inflight / 16),
+        status_code=status,
+        outcome=outcome,
+        error=None if ok else outcome,
+        prompt_tokens=prompt,
+        cached_prompt_tokens=prompt // 4,
+        completion_tokens=completion if ok else 0,
+        max_tokens=512,
+        usage_source="upstream",
+        ttft_s=ttft if ok else None,
+        tpot_s=tpot if ok else None,
+        e2e_s=e2e if ok else ttft,
+        inflight_at_admit=inflight,
+        active_tokens_at_admit=inflight * (prompt + completion // 2),
+        engine_waiting_at_admit=max(0, inflight - 8),
+        kv_usage_at_admit=min(1.0, inflight / 16),
     ).as_row()
 
 
-def synthetic_rows(n: int, start: datetime, *, span: timedelta = timedelta(hours=1),
-                   models: tuple[str, ...] = ("model-a",), seed: int = 7, prefix: str = "req",
-                   ttft_scale: float = 1.0) -> list[dict[str, Any]]:
+def synthetic_rows(
+    n: int,
+    start: datetime,
+    *,
+    span: timedelta = timedelta(hours=1),
+    models: tuple[str, ...] = ("model-a",),
+    seed: int = 7,
+    prefix: str = "req",
+    ttft_scale: float = 1.0,
+) -> list[dict[str, Any]]:
     """`n` rows admitted evenly over [start, start + span), models in turn; same seed, same rows.
 
     Example: synthetic_rows(2, t0, models=("a", "b")) -> rows req-00000000 (model a) and req-00000001 (b).
@@ -68,9 +100,15 @@ def synthetic_rows(n: int, start: datetime, *, span: timedelta = timedelta(hours
     return [_row(rng, i, start + step * i, models[i % len(models)], prefix, ttft_scale) for i in range(n)]
 
 
-def synthetic_probe_run(start: datetime, *, model: str = "model-a", run_id: str = "run-1",
-                        knee: int = 8, levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
-                        rounds: int = 8) -> list[dict[str, Any]]:
+def synthetic_probe_run(
+    start: datetime,
+    *,
+    model: str = "model-a",
+    run_id: str = "run-1",
+    knee: int = 8,
+    levels: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+    rounds: int = 8,
+) -> list[dict[str, Any]]:
     """A closed-loop probe whose throughput stops rising at concurrency `knee` (source='probe').
 
     Each level runs `rounds` rounds of c requests of 200 + 100 tokens; a request takes 1 s up to
@@ -83,20 +121,34 @@ def synthetic_probe_run(start: datetime, *, model: str = "model-a", run_id: str 
         for r in range(rounds):
             for i in range(c):
                 admitted = level_start + timedelta(seconds=r * duration + i * 1e-3)
-                rows.append(RequestRecord(
-                    request_id=f"probe-{run_id}-c{c}-{r * c + i}", source="probe", run_id=run_id,
-                    model=model, tenant="probe", admitted_at=admitted,
-                    first_token_at=admitted + timedelta(seconds=ttft),
-                    completed_at=admitted + timedelta(seconds=duration), status_code=200,
-                    outcome="ok", prompt_tokens=200, completion_tokens=100, ttft_s=ttft,
-                    tpot_s=time_per_output_token(duration, ttft, 100), e2e_s=duration,
-                    inflight_at_admit=c, active_tokens_at_admit=c * 250).as_row())
+                rows.append(
+                    RequestRecord(
+                        request_id=f"probe-{run_id}-c{c}-{r * c + i}",
+                        source="probe",
+                        run_id=run_id,
+                        model=model,
+                        tenant="probe",
+                        admitted_at=admitted,
+                        first_token_at=admitted + timedelta(seconds=ttft),
+                        completed_at=admitted + timedelta(seconds=duration),
+                        status_code=200,
+                        outcome="ok",
+                        prompt_tokens=200,
+                        completion_tokens=100,
+                        ttft_s=ttft,
+                        tpot_s=time_per_output_token(duration, ttft, 100),
+                        e2e_s=duration,
+                        inflight_at_admit=c,
+                        active_tokens_at_admit=c * 250,
+                    ).as_row()
+                )
         level_start += timedelta(seconds=rounds * duration + 1)
     return rows
 
 
-def _serve(slots: int, levels: Sequence[int], seconds_per_level: float, service_s: float,
-           rng: random.Random) -> list[tuple[float, float, float, int]]:
+def _serve(
+    slots: int, levels: Sequence[int], seconds_per_level: float, service_s: float, rng: random.Random
+) -> list[tuple[float, float, float, int]]:
     """(admitted, started, completed, level) per request, FCFS over `slots` servers."""
     free = [0.0] * slots
     arrivals: list[tuple[float, int]] = []
@@ -116,8 +168,9 @@ def _serve(slots: int, levels: Sequence[int], seconds_per_level: float, service_
     return requests
 
 
-def _concurrency_at_admit(requests: list[tuple[float, float, float, int]], prompt: int,
-                          completion: int, ttft_s: float) -> list[tuple[int, int]]:
+def _concurrency_at_admit(
+    requests: list[tuple[float, float, float, int]], prompt: int, completion: int, ttft_s: float
+) -> list[tuple[int, int]]:
     """(in-flight incl. itself, active tokens) at each admission, by a sweep in time order."""
     order = sorted(range(len(requests)), key=lambda i: requests[i][0])
     ends: list[tuple[float, int]] = []
@@ -136,11 +189,21 @@ def _concurrency_at_admit(requests: list[tuple[float, float, float, int]], promp
     return [result[i] for i in range(len(requests))]
 
 
-def closed_loop_rows(*, slots: int = 8, levels: Sequence[int] = (1, 2, 4, 8, 16, 32),
-                     seconds_per_level: float = 20.0, service_s: float = 1.0, ttft_s: float = 0.05,
-                     prompt_tokens: int = 100, completion_tokens: int = 50, seed: int = 0,
-                     source: str = "traffic", model: str = "synthetic", run_id: str | None = None,
-                     start: datetime = _EPOCH) -> list[dict[str, Any]]:
+def closed_loop_rows(
+    *,
+    slots: int = 8,
+    levels: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    seconds_per_level: float = 20.0,
+    service_s: float = 1.0,
+    ttft_s: float = 0.05,
+    prompt_tokens: int = 100,
+    completion_tokens: int = 50,
+    seed: int = 0,
+    source: str = "traffic",
+    model: str = "synthetic",
+    run_id: str | None = None,
+    start: datetime = _EPOCH,
+) -> list[dict[str, Any]]:
     """Rows of a closed-loop run whose knee is `slots`; probe rows when `run_id` is given.
 
     Example: closed_loop_rows(slots=8) -> ~1 900 rows; levels 1..8 never wait, 16 and 32 queue.
@@ -154,18 +217,35 @@ def closed_loop_rows(*, slots: int = 8, levels: Sequence[int] = (1, 2, 4, 8, 16,
         request_id = f"{run_id}-c{level:04d}-{n:06d}{warm}" if run_id else f"syn-{seed}-{n:06d}"
         ttft = started - admitted + ttft_s
         e2e = completed - admitted
-        rows.append(RequestRecord(
-            request_id=request_id, source=source, run_id=run_id, instance="synthetic",
-            model=model, tenant="synthetic", endpoint="/v1/chat/completions",
-            stream=True, admitted_at=start + timedelta(seconds=admitted),
-            first_byte_at=start + timedelta(seconds=admitted + ttft),
-            first_token_at=start + timedelta(seconds=admitted + ttft),
-            completed_at=start + timedelta(seconds=completed), status_code=200,
-            outcome="ok", error=None, prompt_tokens=prompt_tokens,
-            cached_prompt_tokens=None, completion_tokens=completion_tokens,
-            max_tokens=completion_tokens, usage_source="upstream", ttft_s=ttft,
-            tpot_s=time_per_output_token(e2e, ttft, completion_tokens),
-            e2e_s=e2e, inflight_at_admit=inflight, active_tokens_at_admit=active,
-            engine_waiting_at_admit=max(0, inflight - slots), kv_usage_at_admit=None,
-        ).as_row())
+        rows.append(
+            RequestRecord(
+                request_id=request_id,
+                source=source,
+                run_id=run_id,
+                instance="synthetic",
+                model=model,
+                tenant="synthetic",
+                endpoint="/v1/chat/completions",
+                stream=True,
+                admitted_at=start + timedelta(seconds=admitted),
+                first_byte_at=start + timedelta(seconds=admitted + ttft),
+                first_token_at=start + timedelta(seconds=admitted + ttft),
+                completed_at=start + timedelta(seconds=completed),
+                status_code=200,
+                outcome="ok",
+                error=None,
+                prompt_tokens=prompt_tokens,
+                cached_prompt_tokens=None,
+                completion_tokens=completion_tokens,
+                max_tokens=completion_tokens,
+                usage_source="upstream",
+                ttft_s=ttft,
+                tpot_s=time_per_output_token(e2e, ttft, completion_tokens),
+                e2e_s=e2e,
+                inflight_at_admit=inflight,
+                active_tokens_at_admit=active,
+                engine_waiting_at_admit=max(0, inflight - slots),
+                kv_usage_at_admit=None,
+            ).as_row()
+        )
     return rows

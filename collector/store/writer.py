@@ -58,18 +58,27 @@ class _Flush:
 class LogWriter:
     """RowSink: bounded queue + one writer thread + pipeline-health metrics, in front of a BatchSink."""
 
-    def __init__(self, sink: BatchSink, registry: CollectorRegistry | None = None, *,
-                 max_queue_rows: int = 50_000, batch_rows: int = 1_000,
-                 flush_interval_s: float = 0.5, owns_sink: bool = False) -> None:
+    def __init__(
+        self,
+        sink: BatchSink,
+        registry: CollectorRegistry | None = None,
+        *,
+        max_queue_rows: int = 50_000,
+        batch_rows: int = 1_000,
+        flush_interval_s: float = 0.5,
+        owns_sink: bool = False,
+    ) -> None:
         self.sink, self.owns_sink = sink, owns_sink
         self.batch_rows, self.flush_interval_s = batch_rows, flush_interval_s
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue_rows)
-        self.written = Counter(_name("headroom_log_rows_written_total"),
-                               spec("headroom_log_rows_written_total").help, registry=registry)
+        self.written = Counter(
+            _name("headroom_log_rows_written_total"),
+            spec("headroom_log_rows_written_total").help,
+            registry=registry,
+        )
         dropped = spec("headroom_log_rows_dropped_total")
         self.dropped = Counter(_name(dropped.name), dropped.help, dropped.labels, registry=registry)
-        depth = Gauge("headroom_log_queue_rows", spec("headroom_log_queue_rows").help,
-                      registry=registry)
+        depth = Gauge("headroom_log_queue_rows", spec("headroom_log_queue_rows").help, registry=registry)
         depth.set_function(self._queue.qsize)
         self._thread = threading.Thread(target=self._run, name="headroom-log-writer", daemon=True)
         self._closed = False
@@ -114,9 +123,12 @@ class LogWriter:
             pass
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
-            log.error("request-log writer did not finish within %.0f s; about %d queued rows are "
-                      "lost (is the database locked or its disk stuck?)", timeout_s,
-                      self._queue.qsize())
+            log.error(
+                "request-log writer did not finish within %.0f s; about %d queued rows are "
+                "lost (is the database locked or its disk stuck?)",
+                timeout_s,
+                self._queue.qsize(),
+            )
         if self.owns_sink:
             self.sink.close()
 
@@ -164,7 +176,7 @@ class LogWriter:
 
     def _write(self, batch: list[RequestRecord]) -> None:
         for start in range(0, len(batch), self.batch_rows):
-            part = batch[start:start + self.batch_rows]
+            part = batch[start : start + self.batch_rows]
             try:
                 accepted = self.sink.write_batch(part)
             except RowsDropped as exc:

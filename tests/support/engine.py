@@ -40,17 +40,25 @@ class FakeEngine:
 
     async def _slots(self) -> Response:
         if self.slots is None:  # what llama-server answers with --no-slots
-            return JSONResponse({"error": {"code": 501, "message": "slots endpoint is disabled"}},
-                                status_code=501)
+            return JSONResponse(
+                {"error": {"code": 501, "message": "slots endpoint is disabled"}}, status_code=501
+            )
         return JSONResponse(self.slots)
 
     async def _chat(self, request: Request) -> JSONResponse:
         await request.body()
-        return JSONResponse({
-            "id": "cmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "ok"}}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+        return JSONResponse(
+            {
+                "id": "cmpl-fake",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "fake",
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+            }
+        )
 
     def app(self) -> FastAPI:
         app = FastAPI()

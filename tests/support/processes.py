@@ -34,8 +34,14 @@ def free_port() -> int:
 class HeadroomProcess:
     """`headroom ARGS --listen 127.0.0.1:PORT` as a child process, ready once `health` answers 200."""
 
-    def __init__(self, *args: str, health: str, port: int | None = None, log: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        health: str,
+        port: int | None = None,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.args, self.health, self.log = args, health, log
         self.port = port or free_port()
         self.env = os.environ | (env or {})
@@ -46,8 +52,12 @@ class HeadroomProcess:
         """Start it and poll `health` (a process's readiness has no event to await)."""
         out = self.log.open("ab") if self.log else subprocess.DEVNULL
         try:
-            self.process = subprocess.Popen([str(HEADROOM), *self.args, "--listen", f"127.0.0.1:{self.port}"],
-                                            env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                [str(HEADROOM), *self.args, "--listen", f"127.0.0.1:{self.port}"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         finally:
             if self.log:
                 out.close()  # type: ignore[union-attr]
@@ -82,8 +92,13 @@ class HeadroomProcess:
 
 
 @contextlib.contextmanager
-def headroom_process(*args: str, health: str, port: int | None = None, log: Path | None = None,
-                     env: dict[str, str] | None = None) -> Iterator[str]:
+def headroom_process(
+    *args: str,
+    health: str,
+    port: int | None = None,
+    log: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[str]:
     """Run `headroom ARGS --listen 127.0.0.1:PORT`; yields its URL once `health` answers 200."""
     process = HeadroomProcess(*args, health=health, port=port, log=log, env=env).start()
     try:

@@ -34,8 +34,9 @@ class Rig:
     def url(self) -> str:
         return self.sidecar.url
 
-    def rows(self, sql: str = "SELECT * FROM requests ORDER BY admitted_at", params: tuple[Any, ...] = ()
-             ) -> list[dict[str, Any]]:
+    def rows(
+        self, sql: str = "SELECT * FROM requests ORDER BY admitted_at", params: tuple[Any, ...] = ()
+    ) -> list[dict[str, Any]]:
         """Flush the writer, then read rows through the sidecar's own store."""
         assert self.app.state.writer.flush(), "log writer did not flush in time"
         return self.app.state.batch_sink.query_dicts(sql, params)
@@ -43,8 +44,11 @@ class Rig:
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """{(sample name, sorted label items): value} from a live /metrics scrape."""
         text = httpx.get(self.url + "/metrics").text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
 
 @contextlib.contextmanager
@@ -69,8 +73,13 @@ def gauge_values(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], 
 def live_gauges(rig: Rig) -> list[float]:
     """Every in-flight and active-token sample the sidecar exports now."""
     metrics = rig.metrics()
-    return gauge_values(metrics, "headroom_inflight_requests") + gauge_values(metrics, "headroom_active_tokens")
+    return gauge_values(metrics, "headroom_inflight_requests") + gauge_values(
+        metrics, "headroom_active_tokens"
+    )
 
 
-CHAT = {"model": "m1", "stream": True,
-        "messages": [{"role": "user", "content": "tell me a long story please"}]}
+CHAT = {
+    "model": "m1",
+    "stream": True,
+    "messages": [{"role": "user", "content": "tell me a long story please"}],
+}

@@ -45,15 +45,26 @@ from typing import Any
 __all__ = ["FakeUpstream", "ID", "CREATED", "MODEL", "prompt_tokens", "sse_chunk"]
 
 ID, CREATED, MODEL = "chatcmpl-fake", 1796035172, "fake-model"
-_REASONS = {200: "OK", 307: "Temporary Redirect", 400: "Bad Request", 429: "Too Many Requests",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    307: "Temporary Redirect",
+    400: "Bad Request",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 _BAD_USAGE = {"usage-negative": -5, "usage-huge": 2**40, "usage-string": "7", "usage-float": 7.5}
 
 
 def sse_chunk(delta: dict[str, Any], finish: str | None = None, usage_null: bool = False) -> bytes:
     """One chat.completion.chunk event, as engines frame it."""
-    body: dict[str, Any] = {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
-                            "created": CREATED, "id": ID, "model": MODEL, "object": "chat.completion.chunk"}
+    body: dict[str, Any] = {
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+        "created": CREATED,
+        "id": ID,
+        "model": MODEL,
+        "object": "chat.completion.chunk",
+    }
     if usage_null:
         body["usage"] = None
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
@@ -61,8 +72,12 @@ def sse_chunk(delta: dict[str, Any], finish: str | None = None, usage_null: bool
 
 def _usage(prompt: int, completion: Any) -> dict[str, Any]:
     total = prompt + completion if isinstance(completion, int) else prompt
-    return {"completion_tokens": completion, "prompt_tokens": prompt, "total_tokens": total,
-            "prompt_tokens_details": {"cached_tokens": 1}}
+    return {
+        "completion_tokens": completion,
+        "prompt_tokens": prompt,
+        "total_tokens": total,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
 
 
 def prompt_tokens(payload: dict[str, Any]) -> int:
@@ -90,10 +105,14 @@ class FakeUpstream:
     every request, `requests_read` and `connections`.
     """
 
-    def __init__(self, *, one_request_per_connection: bool = False, drop_fresh: bool = False,
-                 status: int | None = None) -> None:
+    def __init__(
+        self, *, one_request_per_connection: bool = False, drop_fresh: bool = False, status: int | None = None
+    ) -> None:
         self.one_request_per_connection, self.drop_fresh, self.status = (
-            one_request_per_connection, drop_fresh, status)
+            one_request_per_connection,
+            drop_fresh,
+            status,
+        )
         self.requests: list[dict[str, Any]] = []
         self.targets: list[tuple[bytes, bytes]] = []
         self.requests_read = 0
@@ -124,11 +143,13 @@ class FakeUpstream:
 
     def stop(self) -> None:
         """Close the listener and every connection, then stop the loop."""
+
         def _close() -> None:
             self._server.close()
             for writer in list(self._writers):
                 writer.transport.abort()
             self._loop.stop()
+
         self._loop.call_soon_threadsafe(_close)
         self._thread.join(10)
 
@@ -165,8 +186,9 @@ class FakeUpstream:
             self._writers.discard(writer)
             writer.close()
 
-    async def _answer(self, request: _Request, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> bool:
+    async def _answer(
+        self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         """Answer one request; False when the connection must close."""
         self.targets.append((request.raw_path, request.query))
         path = request.raw_path.decode("latin-1")
@@ -193,12 +215,19 @@ class FakeUpstream:
             return False
         return mode not in ("reset", "broken-framing", "endless-event", "hang", "stall", "garbage-head")
 
-    async def _completion(self, request: _Request, payload: dict[str, Any], mode: str,
-                          reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _completion(
+        self,
+        request: _Request,
+        payload: dict[str, Any],
+        mode: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
         status = self.status or (int(mode) if mode.isdigit() else 200)
         if status == 429:
-            await _json(writer, 429, {"error": {"message": "slow down", "type": "rate_limit"}},
-                        [("retry-after", "7")])
+            await _json(
+                writer, 429, {"error": {"message": "slow down", "type": "rate_limit"}}, [("retry-after", "7")]
+            )
             return
         if status != 200:
             await _json(writer, status, {"error": {"message": "boom"}})
@@ -226,8 +255,15 @@ class FakeUpstream:
         gate = self.gate(request.headers.get("x-test-id", ""))
         await asyncio.get_running_loop().run_in_executor(None, gate.wait, 10)
 
-    async def _stream(self, request: _Request, payload: dict[str, Any], mode: str, tokens: int,
-                      reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _stream(
+        self,
+        request: _Request,
+        payload: dict[str, Any],
+        mode: str,
+        tokens: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
         usage_on = (payload.get("stream_options") or {}).get("include_usage") is True
         null = mode == "usage-null" and usage_on
         delay = float(request.headers.get("x-fake-delay", "0"))
@@ -251,9 +287,14 @@ class FakeUpstream:
                 writer.write(_chunked(b"data: {not json\n\n"))
                 continue
             if mode in ("error-event", "error-field") and i == 2:  # the engine fails mid-stream
-                writer.write(_chunked(b'data: {"error":{"object":"error","message":"engine died",'
-                                      b'"type":"InternalServerError","code":500}}\n\n'
-                                      if mode == "error-event" else b'error: {"code":500,"message":"x"}\n\n'))
+                writer.write(
+                    _chunked(
+                        b'data: {"error":{"object":"error","message":"engine died",'
+                        b'"type":"InternalServerError","code":500}}\n\n'
+                        if mode == "error-event"
+                        else b'error: {"code":500,"message":"x"}\n\n'
+                    )
+                )
                 writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
                 return
             if mode in ("reset", "broken-framing") and i == 2:
@@ -274,8 +315,14 @@ class FakeUpstream:
         writer.write(_chunked(sse_chunk({}, finish="length", usage_null=null)))
         if usage_on:
             completion = _BAD_USAGE.get(mode, tokens)
-            final = {"choices": [], "created": CREATED, "id": ID, "model": MODEL,
-                     "object": "chat.completion.chunk", "usage": _usage(prompt_tokens(payload), completion)}
+            final = {
+                "choices": [],
+                "created": CREATED,
+                "id": ID,
+                "model": MODEL,
+                "object": "chat.completion.chunk",
+                "usage": _usage(prompt_tokens(payload), completion),
+            }
             writer.write(_chunked(b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n"))
         writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await writer.drain()
@@ -347,9 +394,16 @@ async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
     return _Request(method, target.encode("latin-1"), headers, body)
 
 
-def _head(writer: asyncio.StreamWriter, status: int, content_type: str,
-          extra: list[tuple[str, str]], *, chunked: bool = False, length: int | None = None,
-          body: bytes = b"") -> None:
+def _head(
+    writer: asyncio.StreamWriter,
+    status: int,
+    content_type: str,
+    extra: list[tuple[str, str]],
+    *,
+    chunked: bool = False,
+    length: int | None = None,
+    body: bytes = b"",
+) -> None:
     """Write the status line and headers (and `body`) in one write: one segment, no Nagle wait."""
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"content-type: {content_type}"]
     lines += [f"{name}: {value}" for name, value in extra]
@@ -357,20 +411,36 @@ def _head(writer: asyncio.StreamWriter, status: int, content_type: str,
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
 
-async def _send(writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str,
-                extra: list[tuple[str, str]] | None = None) -> bool:
+async def _send(
+    writer: asyncio.StreamWriter,
+    status: int,
+    body: bytes,
+    content_type: str,
+    extra: list[tuple[str, str]] | None = None,
+) -> bool:
     _head(writer, status, content_type, extra or [], length=len(body), body=body)
     await writer.drain()
     return True
 
 
-async def _json(writer: asyncio.StreamWriter, status: int, obj: object,
-                extra: list[tuple[str, str]] | None = None) -> bool:
+async def _json(
+    writer: asyncio.StreamWriter, status: int, obj: object, extra: list[tuple[str, str]] | None = None
+) -> bool:
     return await _send(writer, status, json.dumps(obj).encode(), "application/json", extra)
 
 
 def _completion(payload: dict[str, Any], tokens: int) -> dict[str, Any]:
-    return {"id": ID, "object": "chat.completion", "created": CREATED, "model": MODEL,
-            "choices": [{"index": 0, "finish_reason": "length",
-                         "message": {"role": "assistant", "content": " tok" * tokens}}],
-            "usage": _usage(prompt_tokens(payload), tokens)}
+    return {
+        "id": ID,
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "message": {"role": "assistant", "content": " tok" * tokens},
+            }
+        ],
+        "usage": _usage(prompt_tokens(payload), tokens),
+    }

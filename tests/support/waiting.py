@@ -13,8 +13,13 @@ __all__ = ["wait_until", "wait_until_async"]
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float = 10.0, *, what: str = "the condition",
-               interval_s: float = 0.02) -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float = 10.0,
+    *,
+    what: str = "the condition",
+    interval_s: float = 0.02,
+) -> T:
     """Call `predicate` until it returns something truthy (returned); AssertionError at the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -26,8 +31,13 @@ def wait_until(predicate: Callable[[], T], timeout_s: float = 10.0, *, what: str
         time.sleep(interval_s)
 
 
-async def wait_until_async(check: Callable[[], Awaitable[T]], timeout_s: float = 20.0, *,
-                           what: str = "the condition", interval_s: float = 0.05) -> T:
+async def wait_until_async(
+    check: Callable[[], Awaitable[T]],
+    timeout_s: float = 20.0,
+    *,
+    what: str = "the condition",
+    interval_s: float = 0.05,
+) -> T:
     """The same for an async `check` inside a test's event loop."""
     deadline = time.monotonic() + timeout_s
     last: T | None = None
