@@ -192,3 +192,16 @@ def test_token_comes_from_flag_then_env_then_a_private_file(tmp_path, monkeypatc
     assert path == tmp_path / "h.duckdb.token" and len(token) >= 32
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert resolve_token(None, db) == (token, path)  # reused after a restart
+
+
+def test_an_ingest_body_over_the_limit_is_413_naming_it(client, monkeypatch):
+    from collector.service import ingest
+
+    monkeypatch.setattr(ingest, "MAX_BODY_BYTES", 1_000)
+    response = client.post("/v1/ingest", headers=AUTH, content=b'{"rows":[' + b" " * 2_000 + b"]}")
+    assert response.status_code == 413 and "MAX_BODY_BYTES" in response.json()["detail"]
+
+
+def test_no_docs_page_that_loads_a_public_cdn(client):
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+    assert client.get("/openapi.json").status_code == 200

@@ -249,3 +249,27 @@ def test_healthz_never_shows_upstream_credentials():
 
     assert _without_credentials("http://user:secret@engine:8000") == "http://engine:8000"
     assert _without_credentials("https://engine:8000/base") == "https://engine:8000/base"
+
+
+def test_one_place_finishes_a_request_and_only_the_tracker_changes_it():
+    """Tracker.finish is called once in the sidecar (CompletionsProxy.__call__), and no module but
+    the tracker assigns to a LiveRequest's attributes."""
+    import ast
+    from pathlib import Path
+
+    sidecar = Path(__file__).resolve().parent.parent / "collector" / "sidecar"
+    finishes, assignments = [], []
+    for path in sorted(sidecar.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "finish" and isinstance(node.ctx, ast.Load):
+                finishes.append(path.name)
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "request"
+                    and path.name != "tracker.py"
+                ):
+                    assignments.append(f"{path.name}:{node.lineno}")
+    assert finishes == ["proxy.py"] and assignments == []
