@@ -43,8 +43,9 @@ def fill(path: Path, rows: int) -> None:
     start_at = datetime.now(UTC) - timedelta(hours=23)
     step = timedelta(hours=23) / max(rows // 100_000, 1)
     for batch in range(max(rows // 100_000, 1)):
-        store.insert_rows(synthetic_rows(min(100_000, rows), start_at + step * batch, span=step,
-                                         prefix=f"b{batch}"))
+        store.insert_rows(
+            synthetic_rows(min(100_000, rows), start_at + step * batch, span=step, prefix=f"b{batch}")
+        )
     store.close()
 
 
@@ -54,6 +55,7 @@ async def client(url: str, streams: int, seconds: float, chunks: int, pace_ms: i
     headers = {"x-chunks": str(chunks), "x-pace-ms": str(pace_ms)}
     stop = time.monotonic() + seconds
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=streams)) as session:
+
         async def worker() -> None:
             while time.monotonic() < stop:
                 admitted, began = time.time(), time.perf_counter()
@@ -63,6 +65,7 @@ async def client(url: str, streams: int, seconds: float, chunks: int, pace_ms: i
                         if first is None and b'"content":"' in data:
                             first = time.perf_counter() - began
                 results.append((admitted, first if first is not None else float("nan")))
+
         await asyncio.gather(*(worker() for _ in range(streams)))
     return results
 
@@ -79,8 +82,9 @@ def main() -> None:
     parser.add_argument("--phase-seconds", type=float, default=20.0)
     parser.add_argument("--phases", type=int, default=4, help="quiet/refresh pairs x 2")
     parser.add_argument("--db", default="/tmp/headroom-refresh-bench.duckdb")
-    parser.add_argument("--client", nargs=4, metavar=("URL", "STREAMS", "SECONDS", "OUT"),
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--client", nargs=4, metavar=("URL", "STREAMS", "SECONDS", "OUT"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.client:  # the load generator's own process
         url, streams, seconds, out = args.client
@@ -92,14 +96,25 @@ def main() -> None:
         fill(db, args.rows)
     port = free_port()
     upstream = start([PYTHON, "benchmarks/stream_upstream.py", str(port)], f"http://127.0.0.1:{port}/")
-    app = build_sidecar(SidecarConfig(upstream=f"http://127.0.0.1:{port}", db_path=str(db),
-                                      engine="none", jobs=False))
+    app = build_sidecar(
+        SidecarConfig(upstream=f"http://127.0.0.1:{port}", db_path=str(db), engine="none", jobs=False)
+    )
     sidecar = serve_in_thread(app)
     store = app.state.batch_sink
     out = Path("/tmp/headroom-refresh-bench-client.json")
     total = args.phase_seconds * args.phases
-    load = subprocess.Popen([PYTHON, __file__, "--client", sidecar.url + "/v1/chat/completions",
-                             str(args.streams), str(total + 2), str(out)], cwd=ROOT)
+    load = subprocess.Popen(
+        [
+            PYTHON,
+            __file__,
+            "--client",
+            sidecar.url + "/v1/chat/completions",
+            str(args.streams),
+            str(total + 2),
+            str(out),
+        ],
+        cwd=ROOT,
+    )
     phases, durations = [], []
     time.sleep(2.0)  # let the streams ramp up before the first phase
     for index in range(args.phases):
@@ -108,8 +123,11 @@ def main() -> None:
         if kind == "refresh":
             while time.time() < end:  # the refresh back to back, as a slow job would run
                 t0 = time.perf_counter()
-                worker = threading.Thread(target=refresh_estimates, args=(store, app.state.capacity,
-                                          datetime.now(UTC)), kwargs={"window": timedelta(hours=24)})
+                worker = threading.Thread(
+                    target=refresh_estimates,
+                    args=(store, app.state.capacity, datetime.now(UTC)),
+                    kwargs={"window": timedelta(hours=24)},
+                )
                 worker.start()
                 worker.join()
                 durations.append(time.perf_counter() - t0)
@@ -125,10 +143,13 @@ def main() -> None:
         for kind, began, ended in phases:
             if began <= admitted < ended and ttft == ttft:
                 by_kind[kind].append(ttft)
-    summary = {kind: {"requests": len(v), "ttft_p50_ms": _pct(v, 0.5), "ttft_p99_ms": _pct(v, 0.99)}
-               for kind, v in by_kind.items()}
-    summary["p99_added_by_refresh_ms"] = round(summary["refresh"]["ttft_p99_ms"]
-                                               - summary["quiet"]["ttft_p99_ms"], 2)
+    summary = {
+        kind: {"requests": len(v), "ttft_p50_ms": _pct(v, 0.5), "ttft_p99_ms": _pct(v, 0.99)}
+        for kind, v in by_kind.items()
+    }
+    summary["p99_added_by_refresh_ms"] = round(
+        summary["refresh"]["ttft_p99_ms"] - summary["quiet"]["ttft_p99_ms"], 2
+    )
     summary["refresh_s"] = {"runs": len(durations), "median": round(statistics.median(durations), 2)}
     summary["rows"] = args.rows
     print(json.dumps(summary, indent=2))

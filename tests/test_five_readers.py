@@ -12,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.processes import HEADROOM, headroom_process, sim_process
 
 from collector.analysis.refresh import refresh_estimates
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
-from conftest import HEADROOM, headroom_process, sim_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 
 def _run(*args: str) -> str:
@@ -28,14 +28,32 @@ def _run(*args: str) -> str:
 
 
 def _gauge(text: str, name: str) -> float | None:
-    return next((s.value for f in text_string_to_metric_families(text) for s in f.samples
-                 if s.name == name and s.labels.get("task_class") == "all"), None)
+    return next(
+        (
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == name and s.labels.get("task_class") == "all"
+        ),
+        None,
+    )
 
 
 def test_demo_curve_report_store_job_and_sidecar_job_agree(tmp_path):
     db, summary = tmp_path / "demo.duckdb", tmp_path / "demo.json"
-    _run("demo", "--speed", "8", "--levels", "1,4,16,32", "--level-seconds", "1.5",
-         "--db", str(db), "--json", str(summary))
+    _run(
+        "demo",
+        "--speed",
+        "8",
+        "--levels",
+        "1,4,16,32",
+        "--level-seconds",
+        "1.5",
+        "--db",
+        str(db),
+        "--json",
+        str(summary),
+    )
     demo = json.loads(summary.read_text())["capacity"]["published"]["knee_requests"]
     assert demo == 16  # the simulator's 16 slots
 
@@ -54,10 +72,13 @@ def test_demo_curve_report_store_job_and_sidecar_job_agree(tmp_path):
         with headroom_process("run", "--upstream", sim, "--db", str(db), health="/healthz") as sidecar:
             deadline, sidecar_job = time.monotonic() + 30, None
             while sidecar_job is None and time.monotonic() < deadline:  # its start-up refresh
-                sidecar_job = _gauge(httpx.get(sidecar + "/metrics").text,
-                                     "headroom_capacity_knee_requests")
+                sidecar_job = _gauge(httpx.get(sidecar + "/metrics").text, "headroom_capacity_knee_requests")
                 time.sleep(0.2)
-    readers = {"demo": demo, "capacity curve": published["knee_requests"],
-               "report": model["estimate"]["knee_requests"], "store job": store_job,
-               "sidecar job": sidecar_job}
+    readers = {
+        "demo": demo,
+        "capacity curve": published["knee_requests"],
+        "report": model["estimate"]["knee_requests"],
+        "store job": store_job,
+        "sidecar job": sidecar_job,
+    }
     assert set(readers.values()) == {16}, readers
