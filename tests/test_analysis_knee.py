@@ -255,7 +255,8 @@ def test_capacity_errors_need_a_handful_and_a_share(errors, samples, fails):
         (0.40, 1.0, None, True, True),  # +35 %: requests wait for a slot
         (0.05, 1.0, 0.7, False, False),  # arrivals waiting for the next step: no queue
         (0.05, 1.0, 1.5, False, False),  # 1.5 waiting at concurrency 8 is under 20 %
-        (0.05, 1.0, 3.0, True, True),  # the engine says requests wait
+        (0.25, 1.0, 3.0, True, True),  # the engine says requests wait, and they waited
+        (0.05, 1.0, 3.0, False, False),  # in the engine's queue for a step, not for a slot
     ],
 )
 def test_queueing_evidence(ttft_p50, e2e_p50, waiting, queueing, strong):

@@ -35,11 +35,11 @@ def demo_run(tmp_path_factory):
         [
             "demo",
             "--speed",
-            "8",
+            "4",  # at 8 the in-process client's own overhead rivals the simulated steps
             "--levels",
             "1,4,16,32",
             "--level-seconds",
-            "1.2",
+            "2",
             "--db",
             str(db),
             "--json",

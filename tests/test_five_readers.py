@@ -44,18 +44,19 @@ def test_demo_curve_report_store_job_and_sidecar_job_agree(tmp_path):
     _run(
         "demo",
         "--speed",
-        "8",
+        "4",
         "--levels",
         "1,4,16,32",
         "--level-seconds",
-        "1.5",
+        "2",
         "--db",
         str(db),
         "--json",
         str(summary),
     )
-    demo = json.loads(summary.read_text())["capacity"]["published"]["knee_requests"]
-    assert demo == 16  # the simulator's 16 slots
+    capacity = json.loads(summary.read_text())["capacity"]
+    demo = capacity["published"]["knee_requests"]
+    assert demo == 16, capacity  # the simulator's 16 slots
 
     curve = json.loads(_run("capacity", "curve", "--db", str(db), "--json"))
     [published] = [p for p in curve["published"] if p["task_class"] == "all"]

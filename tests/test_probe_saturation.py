@@ -70,7 +70,8 @@ SLO_2S = ProbeSettings(url="http://x", slo=Slo(ttft_p95_s=2.0))
         (_ladder(_stats(8, 700, capacity_errors=2, samples=4)), NO_SLO, None),  # 50 %, but only 2
         # plateau and queueing above it: more load only waits
         (_ladder(_stats(8, 390, ttft_p50=0.8, e2e_p50=1.6)), NO_SLO, "stopped rising at 4"),
-        (_ladder(_stats(8, 390, waiting=3.5)), NO_SLO, "engine queued 3.5 requests"),
+        (_ladder(_stats(8, 390, waiting=3.5, ttft_p50=0.3)), NO_SLO, "engine queued 3.5 requests"),
+        (_ladder(_stats(8, 390, waiting=3.5)), NO_SLO, None),  # queued a step, never waited
         # a plateau without queueing, or queueing while throughput still rises: keep measuring
         (_ladder(_stats(8, 390)), NO_SLO, None),
         (_ladder(_stats(8, 700, ttft_p50=0.8, e2e_p50=1.6)), NO_SLO, None),

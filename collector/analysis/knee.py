@@ -126,18 +126,37 @@ def _queue_share(level: LevelStats, baseline: LevelStats) -> float | None:
     return (level.ttft_p50_s - baseline.ttft_p50_s) / level.e2e_p50_s
 
 
+def _engine_queue(waiting: float, share: float | None, level: LevelStats, rule: KneeRule) -> bool:
+    """The engine reports a queue that requests waited in: some queue and a strong TTFT rise, or
+    a queue of engine_queue_share of the concurrency and a TTFT rise of queue_share."""
+    if waiting < rule.min_engine_queue:
+        return False
+    if share is None:  # no TTFT to look at (the lowest level, non-streamed traffic)
+        return waiting >= rule.engine_queue_share * level.concurrency
+    if share >= rule.strong_queue_share:
+        return True
+    return waiting >= rule.engine_queue_share * level.concurrency and share >= rule.queue_share
+
+
 def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRule()) -> LevelVerdict:
     """Capacity failure and queueing of one level, judged against the lowest level.
 
     The engine's own waiting count, when known, is the evidence; TTFT growth is read only when
-    it is not (prefill contention also grows TTFT, and the engine can tell the two apart).
-    Examples: a mean engine queue of 3.8 at concurrency 8 is queueing, 0.4 at 4 is not; with no
-    engine figures, TTFT p50 0.04 -> 2.4 s at an e2e p50 of 3.4 s is a share of 0.69: queueing.
+    it is not (prefill contention also grows TTFT, and the engine can tell the two apart). A
+    queue the engine reports counts when requests also waited for it: median TTFT grew by at
+    least `queue_share` of a request's duration (a request that waits one scheduler step, or a
+    prefill chunk's token budget, is in the engine's queue but not waiting for a slot); with a
+    strong TTFT rise, any real queue the engine reports does (its waiting count is sampled, and
+    short levels catch few samples).
+    Examples: a mean engine queue of 3.8 at concurrency 8 with TTFT +2 s is queueing, 0.4 at 4
+    is not; with no engine figures, TTFT p50 0.04 -> 2.4 s at an e2e p50 of 3.4 s is a share of
+    0.69: queueing.
     """
     failure = _capacity_failure(level, rule)
     waiting = level.engine_waiting_mean
+    share = _queue_share(level, baseline) if level is not baseline else None
     if waiting is not None:
-        if waiting >= max(rule.min_engine_queue, rule.engine_queue_share * level.concurrency):
+        if _engine_queue(waiting, share, level, rule):
             return LevelVerdict(
                 level.concurrency,
                 failure,
@@ -146,7 +165,6 @@ def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRu
                 True,
             )
         return LevelVerdict(level.concurrency, failure)
-    share = _queue_share(level, baseline) if level is not baseline else None
     if share is not None and share >= rule.queue_share:
         return LevelVerdict(
             level.concurrency,
