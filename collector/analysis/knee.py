@@ -14,20 +14,22 @@ The rule, walking the levels upward (thresholds in KneeRule):
      more than a handful (>= min_capacity_errors) and more than max_capacity_error_ratio of its
      requests. Other failures (a reset, a stale keep-alive connection, a 400) never count, and
      one capacity error never does either. Levels from the first failing one up are left out.
-  2. Queueing, where it shows, places the knee. A level *queues* when the engine's waiting count
-     averaged over its admissions is a real queue (most of a request, min_engine_queue, and
-     engine_queue_share of the concurrency: a request that arrived between two scheduler steps
-     waits one step and is no queue). Only when the engine's count is unknown is TTFT read: a
-     level queues when its median TTFT grew over the lowest level's by a large share of a
-     request's duration (queue_share of the level's median e2e; a closed loop at twice the
-     slots waits about half of it). Below the first level that queues strongly, the knee is the
-     highest level whose throughput is within retrograde_tolerance of the best below the queue:
-     the engine serves that many at once, and more requests only wait. (A flat compute-bound
-     curve wobbles by several percent; a level far below the best is a collapse, not a knee.) A closed loop with a queue keeps the batch fuller
-     than one without, so throughput may still creep up at the queueing level. A level whose
-     only evidence is TTFT and that gains max_queued_gain or more is prefill contention, not a
-     full batch, and is ignored; the engine's own waiting count is believed whatever the gain
-     (a knee between two levels: 12 slots queue at 16, which still gains 50 % over 8).
+  2. Queueing, where it shows, places the knee. With the engine's waiting count (averaged over
+     the level's admissions), a level *queues* when that queue is real (min_engine_queue) and
+     requests waited in it: median TTFT grew over the lowest level's by strong_queue_share of a
+     request's duration, or the queue is engine_queue_share of the concurrency and TTFT grew by
+     queue_share (a request that sits one scheduler step in the queue is no queue). An engine
+     that reports no queue is believed over any TTFT growth: that is prefill contention. Without
+     the engine's count, a level queues when TTFT grew by strong_queue_share (a closed loop at
+     twice the slots waits about half of a request's duration). Below the first level that
+     queues, the knee is the highest level whose throughput is within retrograde_tolerance of
+     the best below the queue: the engine serves that many at once, and more requests only wait
+     (a flat compute-bound curve wobbles by several percent; a level far below the best is a
+     collapse, not a knee). A closed loop with a queue keeps the batch fuller than one without,
+     so throughput may still creep up at the queueing level. A level whose only evidence is TTFT
+     and that gains max_queued_gain or more is prefill contention, not a full batch, and is
+     ignored; the engine's own count is believed whatever the gain (a knee between two levels:
+     12 slots queue at 16, which still gains 50 % over 8).
   3. Without queueing, the plateau places it: the first level whose throughput (total tokens/s)
      is within plateau_tolerance of the best measured; no level after it gains meaningfully.
   4. Evidence. The knee is `reached` when a measured level above it shows the plateau, queueing
