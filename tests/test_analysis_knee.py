@@ -155,7 +155,7 @@ CASES = [
     ),
     (
         "a retrograde curve below the queue",
-        [100, 200, 400, 300, 250],
+        [100, 200, 400, 280, 250],
         dict(ttft_p50=[0.05, 0.05, 0.05, 0.06, 1.0]),
         4,
         True,

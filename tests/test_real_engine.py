@@ -31,7 +31,8 @@ from collector.analysis.passive import passive_curve
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.store.db import RequestStore
 
-pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+# minutes each on 2 cores: a real model answers every request (the suite's default is 300 s)
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MAX_TOKENS = 32
 PROMPT = "Write a short story about a robot who learns to paint."

@@ -75,7 +75,9 @@ class KneeRule:
     strong_queue_share: float = 0.3  # ... by 30 %: requests wait for a slot
     engine_queue_share: float = 0.2  # mean engine queue >= 20 % of the concurrency ...
     min_engine_queue: float = 0.75  # ... and most of a request: not an arrival between steps
-    retrograde_tolerance: float = 0.15  # below a queue: within 15 % of the best throughput
+    # below a queue: within 25 % of the best throughput. A flat compute-bound curve on a shared
+    # host wobbles by 15 % between levels of a dozen requests; a collapse (thrashing) drops more.
+    retrograde_tolerance: float = 0.25
     # A queueing level that still gains this much is not past the knee: long prompts contend
     # for prefill (TTFT grows) while decode throughput still rises with the batch.
     max_queued_gain: float = 0.25
