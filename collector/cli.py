@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "report": "collector.report.cli:report",
     "dashboards": "collector.dashboards.cli:dashboards",
     "alerts": "collector.alerts.cli:alerts",
+    "integrations": "collector.integrations.cli:integrations",
 }
 
 _SHORT_HELP = {
@@ -38,6 +39,7 @@ _SHORT_HELP = {
     "report": "The weekly capacity review (Markdown, HTML or JSON).",
     "dashboards": "Generate Grafana dashboards or push them to a Grafana.",
     "alerts": "Generate Prometheus recording and alerting rules.",
+    "integrations": "KEDA, Inference Gateway and llm-d settings from the measured knee.",
 }
 
 

@@ -222,14 +222,15 @@ class _LiveGauges:
     """Custom collector: headroom_inflight_requests and headroom_active_tokens from the live set.
 
     Every label set ever seen keeps exporting (0 when idle), so dashboards show a drop to zero
-    instead of a vanished series.
+    instead of a vanished series; before the first request one series with empty model and
+    tenant (absent labels, to Prometheus) says 0, so a fresh install shows 0, not "No data".
     """
 
     def __init__(self, tracker: Tracker) -> None:
         self._tracker = tracker
 
     def collect(self) -> Iterable[Metric]:
-        sums = dict.fromkeys(self._tracker._label_sets, (0, 0))
+        sums = dict.fromkeys(self._tracker._label_sets or {("", "")}, (0, 0))
         for request in list(self._tracker.live.values()):
             key = (request.model_label, request.tenant_label)
             count, tokens = sums.get(key, (0, 0))
