@@ -26,9 +26,10 @@ test: install tools  ## the whole suite: unit, integration against real Promethe
 test-fast: install  ## unit tests only
 	$(BIN)/pytest -q -m "not integration and not slow"
 
-generate: install  ## regenerate dashboards/ and alerts/
+generate: install  ## regenerate dashboards/, alerts/ and deploy/kubernetes/prometheusrule.yaml
 	$(BIN)/headroom dashboards generate
 	$(BIN)/headroom alerts generate
+	$(BIN)/headroom integrations prometheusrule --out deploy/kubernetes/prometheusrule.yaml
 
 bench: install  ## performance measurements reported in BENCHMARKS.md
 	$(BIN)/python benchmarks/proxy_overhead.py

@@ -43,6 +43,11 @@ _SHORT_HELP = {
 }
 
 
+# optional libraries -> the extra that brings them (pyproject.toml); the base install is the sidecar
+_EXTRAS = {"rich": "all", "numpy": "report", "matplotlib": "report", "kneed": "analysis",
+           "grafana_client": "grafana"}
+
+
 class _LazyGroup(click.Group):
     """A click group that imports a subcommand's module only when that subcommand runs."""
 
@@ -54,7 +59,14 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attribute = target.split(":")
-        return getattr(importlib.import_module(module_name), attribute)
+        try:
+            return getattr(importlib.import_module(module_name), attribute)
+        except ModuleNotFoundError as exc:
+            extra = _EXTRAS.get(exc.name or "")
+            if extra is None:
+                raise
+            raise click.ClickException(f"`headroom {name}` needs {exc.name}, which this install does not have: "
+                                       f"pip install 'llm-headroom[{extra}]' (or [all])") from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, _SHORT_HELP.get(name, "")) for name in COMMANDS]

@@ -28,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"analysis"},
     "dashboards": {"rules"},
     "alerts": {"rules"},
-    "integrations": {"rules", "store"},
+    "integrations": {"rules", "store", "alerts"},
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report", "service"},
 }

@@ -45,12 +45,12 @@ def _load_estimate(db: str | None, estimate_file: str | None, store_url: str | N
     return matching[0]
 
 
-def _emit(document: dict, out: str | None) -> None:
+def _emit(document: dict, out: str | None, header: str = "from a stored llm-headroom capacity estimate; "
+                                                          "rerender after a new probe") -> None:
     from collector.rules.render import render_yaml  # lazy: PyYAML only when something is written
 
     body = render_yaml(document, "integrations").split("\n", 1)[1]  # our own header, not "do not edit"
-    text = ("# Rendered by `headroom integrations` from a stored llm-headroom capacity estimate; "
-            "rerender after a new probe.\n" + body)
+    text = f"# Rendered by `headroom integrations` {header}.\n" + body
     if out:
         Path(out).write_text(text)
         click.echo(f"wrote {out}", err=True)
@@ -143,3 +143,22 @@ def llm_d(db, store_url, token, estimate_file, model, out, namespace) -> None:
     """
     _emit(_render("llmd_saturation_config", _load_estimate(db, estimate_file, store_url, token, model),
                   namespace=namespace), out)
+
+
+@integrations.command("prometheusrule")
+@click.option("--namespace", default=None, help="Namespace of the PrometheusRule (default: none, kubectl's).")
+@click.option("--out", default=None, help="Write the YAML here instead of stdout.")
+def prometheusrule(namespace, out) -> None:
+    """The generated recording and alerting rules as one PrometheusRule (Prometheus Operator).
+
+    \b
+    Examples:
+      headroom integrations prometheusrule --out deploy/kubernetes/prometheusrule.yaml
+      headroom integrations prometheusrule --namespace monitoring | kubectl apply -f -
+    """
+    # lazy: the rule generators load only for this command
+    from collector.alerts.files import rule_files
+    from collector.integrations.kubernetes import prometheus_rule
+
+    _emit(prometheus_rule(rule_files(), namespace=namespace), out,
+          "from the same generators as alerts/*.rules.yaml; rerender after `headroom alerts generate`")
