@@ -6,6 +6,11 @@ request-log columns of collector.store.schema, e.g. {"request_id": "…", "model
 request-log writer (collector.store.writer.LogWriter, in front of the in-process store or the
 shipper to `headroom store`), the OpenTelemetry span exporter (collector.sidecar.otel.OtelSink),
 or a MemorySink in a test. `Row` is named here only, so the row type can change in one place.
+
+A Row is a dict of the columns and nothing else, so every sink that stores or ships it sees
+exactly the schema; what only tracing reads (the trace context, the response's id, model and
+finish reasons: collector.sidecar.tracecontext.Telemetry) rides beside the keys, as the
+`telemetry` attribute, None unless tracing is on.
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from typing import Any, Protocol
 
 __all__ = ["Row", "RowSink", "MemorySink"]
 
-Row = dict[str, Any]
+class Row(dict[str, Any]):
+    """A finished request: request-log column -> value; `.telemetry` for the span sink only."""
+
+    telemetry: Any = None
 
 
 class RowSink(Protocol):

@@ -158,13 +158,13 @@ def test_the_counter_sees_spans_when_otlp_is_on(upstream, otel_object_counter):
     assert otel_object_counter.count("Tracer.start_span") == 3
 
 
-def _fake_otlp_collector(received: list, arrived: threading.Event) -> FastAPI:
-    """An OTLP/HTTP receiver: decodes each protobuf export request into its spans."""
+def _fake_otlp_collector(received: list, arrived: threading.Event, prefix: str = "") -> FastAPI:
+    """An OTLP/HTTP receiver at `prefix`/v1/traces: decodes each protobuf export request into its spans."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     app = FastAPI()
 
-    @app.post("/v1/traces")
+    @app.post(prefix + "/v1/traces")
     async def traces(request: Request):
         export = ExportTraceServiceRequest.FromString(await request.body())
         for resource_spans in export.resource_spans:
@@ -249,3 +249,60 @@ def test_the_standard_otel_variable_turns_spans_on_through_the_cli(upstream, mon
                                           "--db", str(tmp_path / "h.duckdb")])
     assert result.exit_code == 0, result.output
     assert made == [{"endpoint": "http://127.0.0.1:4318", "upstream": upstream.url}]
+
+
+CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+def test_a_span_joins_the_clients_trace_and_the_engine_gets_the_sidecars_span_as_parent():
+    """traceparent in -> span parent; the engine's traceparent names the span; GenAI response facts;
+    OTEL-style base endpoint https://host/otlp is posted to /otlp/v1/traces."""
+    from fake_upstream import ID, MODEL as ENGINE_MODEL, FakeUpstream
+
+    fake = FakeUpstream()
+    engine = serve_in_thread(fake, timeout_graceful_shutdown=1)
+    received, arrived = [], threading.Event()
+    collector = serve_in_thread(_fake_otlp_collector(received, arrived, prefix="/otlp"))
+    try:
+        config = SidecarConfig(upstream=engine.url, db_path=None, instance="trace-test", engine="vllm",
+                               engine_metrics_url=engine.url + "/metrics", otlp_endpoint=collector.url + "/otlp")
+        sidecar = serve_in_thread(build_sidecar(config))
+        try:
+            answer = httpx.post(sidecar.url + "/v1/chat/completions", timeout=30,
+                                headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01",
+                                         "tracestate": "vendor=1"},
+                                json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+            answer.raise_for_status()
+        finally:
+            sidecar.stop()
+        assert arrived.wait(15), "no OTLP export reached /otlp/v1/traces"
+    finally:
+        collector.stop()
+        engine.stop()
+    (span,) = received
+    assert span.trace_id.hex() == CLIENT_TRACE and span.parent_span_id.hex() == CLIENT_SPAN
+    sent = fake.requests[-1]["headers"]
+    assert sent["traceparent"] == f"00-{CLIENT_TRACE}-{span.span_id.hex()}-01", "the engine's parent is our span"
+    assert sent["tracestate"] == "vendor=1"
+    attributes = {a.key: a.value for a in span.attributes}
+    assert attributes["gen_ai.provider.name"].string_value == "vllm"
+    assert attributes["gen_ai.response.id"].string_value == ID
+    assert attributes["gen_ai.response.model"].string_value == ENGINE_MODEL
+    assert [v.string_value for v in attributes["gen_ai.response.finish_reasons"].array_value.values] == ["length"]
+    assert attributes["gen_ai.request.model"].string_value == "m1"
+
+
+def test_without_tracing_the_clients_traceparent_reaches_the_engine_untouched(upstream):
+    from fake_upstream import FakeUpstream
+
+    fake = FakeUpstream()
+    engine = serve_in_thread(fake, timeout_graceful_shutdown=1)
+    sidecar = serve_in_thread(build_sidecar(SidecarConfig(upstream=engine.url, db_path=None, engine="none")))
+    try:
+        header = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+        httpx.post(sidecar.url + "/v1/chat/completions", headers={"traceparent": header}, timeout=30,
+                   json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]}).raise_for_status()
+    finally:
+        sidecar.stop()
+        engine.stop()
+    assert fake.requests[-1]["headers"]["traceparent"] == header

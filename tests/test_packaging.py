@@ -32,8 +32,10 @@ def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
     pip = [str(venv / "bin/python"), "-m", "pip", "--disable-pip-version-check", "-q"]
     install = subprocess.run([*pip, "install", str(ROOT)], capture_output=True, text=True, timeout=480)
     assert install.returncode == 0, install.stderr[-3000:]
-    listed = subprocess.run([*pip, "list", "--format", "json"], capture_output=True, text=True, check=True)
-    installed = {p["name"].lower() for p in json.loads(listed.stdout)}
+    listed = subprocess.run([str(venv / "bin/python"), "-c", "import importlib.metadata as m, json; "
+                             "print(json.dumps([d.metadata['Name'] for d in m.distributions()]))"],
+                            capture_output=True, text=True, check=True)
+    installed = {name.lower() for name in json.loads(listed.stdout)}
     assert not installed & set(HEAVY), f"the sidecar install pulled in {sorted(installed & set(HEAVY))}"
     size = _site_packages_mb(venv)
     print(f"\nsidecar install: {size:.0f} MB in site-packages")  # docs/operations.md quotes this number

@@ -59,6 +59,7 @@ class SidecarParts:
     store_routes: APIRouter | None = None  # the owned database's store routes, served under /headroom
     owned_db: str | None = None  # the database file this sidecar owns: readers find it via <db>.owner
     token_in_file: bool = True  # the store routes' token is in <db>.token (else HEADROOM_TOKEN)
+    tracing: bool = False  # an OtelSink is among the sinks: propagate trace context, note response facts
 
 
 def _upstream_client(config: SidecarConfig) -> UpstreamClient:
@@ -136,7 +137,8 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
                   docs_url=None, redoc_url=None, openapi_url=None)
     proxy = CompletionsProxy(session, config.upstream, tracker, tenant_header=config.tenant_header,
                              tenant_cap=LabelCap(config.max_tenants),
-                             model_cap=LabelCap(config.max_models), engine=parts.engine)
+                             model_cap=LabelCap(config.max_models), engine=parts.engine,
+                             tracing=parts.tracing)
     for path in ACCOUNTED_PATHS:
         app.router.routes.append(Route(path, proxy, methods=["POST"]))
 

@@ -40,10 +40,18 @@ __all__ = ["run"]
 @click.option("--store-token", envvar="HEADROOM_TOKEN", help="Token for --store-url [env: HEADROOM_TOKEN].")
 @click.option("--spool-dir", metavar="PATH", show_default="./headroom-spool",
               help="On-disk spool for --store-url outages (bounded; replayed when the store is back).")
-@click.option("--otlp-endpoint", metavar="URL",
-              envvar=["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
-              help="Emit one OpenTelemetry span per request over OTLP/HTTP "
-                   "[env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT].")
+@click.option("--otlp-endpoint", metavar="URL", envvar="OTEL_EXPORTER_OTLP_ENDPOINT",
+              help="Emit one OpenTelemetry span per request over OTLP to this base endpoint; /v1/traces "
+                   "is appended (https://host/otlp -> https://host/otlp/v1/traces) "
+                   "[env: OTEL_EXPORTER_OTLP_ENDPOINT].")
+@click.option("--otlp-traces-endpoint", metavar="URL", envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+              help="The OTLP traces URL itself, used as it is [env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT].")
+@click.option("--otlp-protocol", type=click.Choice(["http/protobuf", "grpc"]), default="http/protobuf",
+              show_default=True, envvar=["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"],
+              help="OTLP transport; grpc needs pip install 'llm-headroom[otlp-grpc]' "
+                   "[env: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL].")
+@click.option("--otlp-metrics/--no-otlp-metrics", default=False, show_default=True,
+              help="Also export the GenAI server histograms (gen_ai.server.*) over OTLP.")
 @click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(1),
               help="Seconds to wait for the next upstream bytes before giving up (outcome timeout).")
 @click.option("--jobs/--no-jobs", default=True, show_default=True,
@@ -55,7 +63,8 @@ __all__ = ["run"]
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_mapping,
         engine_metrics_url,
-        engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, read_timeout,
+        engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, otlp_traces_endpoint,
+        otlp_protocol, otlp_metrics, read_timeout,
         jobs, retention_days, log_level) -> None:
     """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
 
@@ -66,6 +75,7 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
+      OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318 headroom run --upstream http://vllm:8000 --otlp-metrics
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
     """
@@ -86,7 +96,8 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
             max_tenants=max_tenants, store_url=store_url, store_token=store_token,
             spool_dir=spool_dir, engine=engine, engine_metrics_url=engine_metrics_url,
             engine_poll_interval_s=engine_poll_interval, engine_mapping=engine_mapping,
-            otlp_endpoint=otlp_endpoint, read_timeout_s=read_timeout, jobs=jobs,
+            otlp_endpoint=otlp_endpoint, otlp_traces_endpoint=otlp_traces_endpoint,
+            otlp_protocol=otlp_protocol, otlp_metrics=otlp_metrics, read_timeout_s=read_timeout, jobs=jobs,
             retention_days=retention_days)
         app = build_sidecar(config)
     except ValueError as exc:

@@ -19,6 +19,7 @@ from yarl import URL
 
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import resolve_tenant
+from collector.sidecar.tracecontext import TRACEPARENT, Telemetry
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.upstream import UpstreamClient
@@ -58,6 +59,11 @@ def _request_headers(scope: dict, *, identity: bool) -> list[tuple[str, str]]:
         headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"]
         headers.append(("Accept-Encoding", "identity"))
     return headers
+
+
+def _with_traceparent(headers: list[tuple[str, str]], telemetry: Telemetry) -> list[tuple[str, str]]:
+    """The client's headers with `traceparent` naming the sidecar's span (tracestate passes as is)."""
+    return [(k, v) for k, v in headers if k.lower() != TRACEPARENT] + [(TRACEPARENT, telemetry.traceparent())]
 
 
 def _response_headers(raw: tuple[tuple[bytes, bytes], ...], *, keep_length: bool) -> list:
@@ -115,13 +121,14 @@ class CompletionsProxy:
 
     def __init__(self, client: UpstreamClient, upstream: str,
                  tracker: Tracker, *, tenant_header: str, tenant_cap, model_cap,
-                 engine=None) -> None:
+                 engine=None, tracing: bool = False) -> None:
         self._client = client
         self._upstream = upstream
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
         self._tenant_cap, self._model_cap = tenant_cap, model_cap
         self._engine = engine
+        self._tracing = tracing  # W3C trace context to the engine, response facts for the span
 
     async def __call__(self, scope, receive, send) -> None:
         body = await _read_body(receive)
@@ -151,6 +158,8 @@ class CompletionsProxy:
         if _header(scope, b"x-headroom-source") == "probe":  # `headroom probe` marks its load
             request.source = "probe"
             request.run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None
+        if self._tracing:
+            request.telemetry = Telemetry.start(_header(scope, b"traceparent"))
         snapshot = getattr(self._engine, "latest", None)
         if snapshot is not None:
             request.engine_waiting = getattr(snapshot, "waiting", None)
@@ -164,6 +173,8 @@ class CompletionsProxy:
         try:
             url = _target(self._upstream, scope)
             headers = _request_headers(scope, identity=True)
+            if request.telemetry is not None:
+                headers = _with_traceparent(headers, request.telemetry)
             upstream = await self._client.request("POST", url, data=parsed.body, headers=headers,
                                                   allow_redirects=False)
             if upstream.retries:
@@ -223,6 +234,8 @@ class CompletionsProxy:
             usage = payload.get("usage") if isinstance(payload, dict) else None
             if isinstance(usage, dict):
                 request.usage = usage
+            if request.telemetry is not None:
+                request.telemetry.note_answer(payload)
         # Finish before the last send: once the client has its answer, the row and counters exist.
         self._tracker.finish(request, outcome)
         await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -231,7 +244,7 @@ class CompletionsProxy:
                             resp: aiohttp.ClientResponse, send, outcome: str) -> None:
         """Forward events as they complete; finish the request just before the final send."""
         splitter = EventSplitter()
-        tracker, strip = self._tracker, parsed.usage_injected
+        tracker, strip, telemetry = self._tracker, parsed.usage_injected, request.telemetry
         malformed = errored = False
         async for data in resp.content.iter_any():
             complete, events = splitter.feed(data)
@@ -247,6 +260,8 @@ class CompletionsProxy:
                 else:
                     if info.tokens_estimate:
                         tracker.generated(request, info.tokens_estimate)
+                    if telemetry is not None:
+                        telemetry.note(info.response_id, info.model, info.finish_reason)
                     if info.usage is not None:
                         request.usage = info.usage  # cumulative: replace, never sum
                         if strip and info.usage_only:  # the usage chunk we asked for

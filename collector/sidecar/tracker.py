@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from collector.catalog import spec
+from collector.record import Row
 
 __all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
 
@@ -42,7 +43,7 @@ class LiveRequest:
         "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
         "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
         "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
-        "source", "run_id", "upstream_retries",
+        "source", "run_id", "upstream_retries", "telemetry",
     )
 
     def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
@@ -71,6 +72,7 @@ class LiveRequest:
         self.source: str | None = None  # None: the tracker's own (traffic); 'probe' for probe load
         self.run_id: str | None = None
         self.upstream_retries = 0
+        self.telemetry = None  # collector.sidecar.tracecontext.Telemetry while tracing is on
 
     @property
     def active_tokens(self) -> int:
@@ -174,7 +176,7 @@ class Tracker:
         e2e = completed_mono - request.admitted_mono
         ttft = None if request.first_token_mono is None else request.first_token_mono - request.admitted_mono
         tpot = (e2e - ttft) / (completion - 1) if ttft is not None and completion > 1 else None
-        return {
+        row = Row({
             "request_id": request.request_id, "source": request.source or self.source,
             "run_id": request.run_id or self.run_id,
             "instance": self.instance, "model": request.model, "tenant": request.tenant,
@@ -192,7 +194,9 @@ class Tracker:
             "engine_waiting_at_admit": request.engine_waiting,
             "kv_usage_at_admit": request.kv_usage,
             "upstream_retries": request.upstream_retries,
-        }
+        })
+        row.telemetry = request.telemetry
+        return row
 
     def _observe(self, request: LiveRequest, row: dict) -> None:
         model, tenant = request.model_label, request.tenant_label

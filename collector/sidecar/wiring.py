@@ -32,7 +32,8 @@ from collector.service.auth import require_token, resolve_token
 from collector.service.routes import build_store_routes
 from collector.sidecar.app import SidecarParts, create_app
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.otel import OtelSink
+from collector.sidecar import otel
+from collector.sidecar.otel import OtelSink, provider_name
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
 from collector.sources.gpu import GpuCollector
@@ -70,6 +71,7 @@ def build_sidecar(config: SidecarConfig, *, sinks: Sequence[RowSink] = (), log_s
     routes, token_file = _store_routes(config, store, capacity)
     parts = SidecarParts(registry, tracker, sinks=[*([log] if log else []), *extra], engine=engine,
                          scheduler=scheduler, store_routes=routes, token_in_file=token_file is not None,
+                         tracing=any(isinstance(sink, otel.OtelSink) for sink in extra),
                          owned_db=config.db_path if routes is not None else None)
     app = create_app(config, parts)
     app.state.capacity, app.state.writer, app.state.batch_sink = capacity, log, batch_sink
@@ -87,9 +89,18 @@ def _engine_source(config: SidecarConfig) -> EngineSource | None:
 
 def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
     """One OtelSink when an OTLP endpoint is configured, else none."""
-    if not config.otlp_endpoint:
+    if not (config.otlp_endpoint or config.otlp_traces_endpoint):
         return []
-    return [OtelSink(endpoint=config.otlp_endpoint, upstream=config.upstream)]
+    options = {"endpoint": config.otlp_endpoint, "upstream": config.upstream}
+    if config.otlp_traces_endpoint:
+        options["traces_endpoint"] = config.otlp_traces_endpoint
+    if config.otlp_protocol != "http/protobuf":
+        options["protocol"] = config.otlp_protocol
+    if config.otlp_metrics:
+        options["metrics"] = True
+    if provider_name(config.engine) != "openai":
+        options["provider"] = provider_name(config.engine)
+    return [OtelSink(**options)]
 
 
 def _own_store(config: SidecarConfig) -> RequestStore | None:
