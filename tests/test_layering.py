@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = ROOT / "collector"
 
 # package -> the packages it may import. Root modules that hold no wiring (catalog, record, sse,
-# timewin, serving, upstream, exposition, the version) are open to every package; entry points (cli, demo) to none.
+# timewin, serving, upstream, exposition, terminal, the version) are open to every package; entry points (cli, demo) to none.
 ALLOWED: dict[str, set[str]] = {
     "sources": set(),
     "store": set(),
@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report", "service"},
 }
-FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream", "exposition"}
+FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream", "exposition", "terminal"}
 ENTRY_POINTS = {"cli", "demo"}
 
 

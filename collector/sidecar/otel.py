@@ -186,8 +186,8 @@ def _span_exporter(protocol: str, endpoint: str | None, traces_endpoint: str | N
     if protocol not in PROTOCOLS:
         raise ValueError(f"OTLP protocol {protocol!r} is not one of {PROTOCOLS}")
     if protocol == "grpc":
-        try:  # lazy: gRPC is the [otlp-grpc] extra
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # lazy: [otlp-grpc]
         except ImportError:
             raise ValueError("--otlp-protocol grpc needs the gRPC exporter: "
                              "pip install 'llm-headroom[otlp-grpc]'") from None
@@ -249,7 +249,8 @@ class OtelSink:
 
     def _parent(self, row: Mapping[str, Any]):
         """The client's span as a remote parent context (None: the span starts a trace)."""
-        from opentelemetry import trace  # lazy, as in __init__
+        # lazy, as in __init__
+        from opentelemetry import trace
         from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
         telemetry = getattr(row, "telemetry", None)

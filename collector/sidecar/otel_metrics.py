@@ -30,7 +30,8 @@ def _reader(protocol: str, endpoint: str | None):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # lazy: [otlp-grpc]
 
         return PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint))
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter  # lazy, as above
+    # lazy, as above; otel imports this module lazily, so its URL rule is imported here
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
     from collector.sidecar.otel import signal_url
 

@@ -96,8 +96,9 @@ def find_owner(db_path: str | os.PathLike) -> Owner:
         record = json.loads(path.read_text())
         url = str(record["url"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise OwnerError(f"another process holds {db_path} and left no readable {path.name}; stop it, or "
-                         "point this command at the store service with --store-url") from None
+        raise OwnerError(f"another process holds {db_path} and left no readable {path.name} (a sidecar of "
+                         "this release writes one); stop it, or ask the store service that owns it "
+                         "(its /v1/query routes, or --store-url where the command has it)") from None
     token_path = token_file_for(db_path)
     if record.get("token") == "env":
         token = os.environ.get(TOKEN_ENV, "").strip()
