@@ -306,3 +306,44 @@ def test_without_tracing_the_clients_traceparent_reaches_the_engine_untouched(up
         sidecar.stop()
         engine.stop()
     assert fake.requests[-1]["headers"]["traceparent"] == header
+
+
+def test_otlp_over_grpc_reaches_a_grpc_collector():
+    """--otlp-protocol grpc (the [otlp-grpc] extra): the span goes to a real gRPC TraceService."""
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+    from conftest import free_port
+
+    received, arrived = [], threading.Event()
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802 -- the generated service's method name
+            received.extend(s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans)
+            arrived.set()
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        sink = OtelSink(traces_endpoint=f"http://127.0.0.1:{port}", protocol="grpc")
+        row = _row_for_grpc()
+        sink.submit(row)
+        sink.close()
+        assert arrived.wait(15), "no span reached the gRPC collector"
+    finally:
+        server.stop(0)
+    (span,) = received
+    assert span.name == "chat m-grpc"
+
+
+def _row_for_grpc() -> dict:
+    from datetime import datetime, timedelta, timezone
+
+    start = datetime.now(timezone.utc)
+    return {"request_id": "g-1", "model": "m-grpc", "endpoint": "/v1/chat/completions", "admitted_at": start,
+            "completed_at": start + timedelta(seconds=1), "outcome": "ok"}
