@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 from pathlib import Path
 
@@ -120,17 +121,26 @@ Examples:
 @click.option("--seed", default=0, show_default=True, help="Seed of the prompt order.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="Bearer token for the server under test [env: OPENAI_API_KEY]; never stored.")
+@click.option("--engine-metrics", default="auto", show_default=True, metavar="auto|none|URL",
+              help="Where the probe reads the engine's queue, the knee's evidence: auto = "
+                   "URL/metrics when it names an engine (vLLM, SGLang, TGI, llama.cpp, or a "
+                   "headroom sidecar); none = judge queueing from TTFT alone.")
 def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo_tpot_p95, profile,
           json_path, plot_path, db, store_url, store_token, max_samples, max_level_seconds,
-          timeout_s, endpoint, seed, api_key) -> None:
+          timeout_s, endpoint, seed, api_key, engine_metrics) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
     Each level warms up, then measures until p95 TTFT moves less than 5 % between windows (or a
-    cap). 429s count as failures and are not retried; the probe stops early once a level is
+    cap). The knee is where the engine starts queueing (its own waiting count, read from
+    --engine-metrics) with throughput on its plateau (docs/capacity.md). 429s and 503s count as
+    capacity errors and are never retried; a request whose reused connection the engine had
+    closed is re-sent once on a new one (counted). The probe stops early once a level is
     clearly saturated and says why.
     """
+    engine_url = None if engine_metrics in ("auto", "none") else engine_metrics
     for name, value, example in (("--url", url, "http://127.0.0.1:9100"),
-                                 ("--store-url", store_url, "http://127.0.0.1:9200")):
+                                 ("--store-url", store_url, "http://127.0.0.1:9200"),
+                                 ("--engine-metrics", engine_url, "http://127.0.0.1:8000/metrics")):
         if value is not None and not value.startswith(("http://", "https://")):
             raise click.BadParameter(f"{value!r} is not an http(s) URL; expected e.g. {example}",
                                      param_hint=name)
@@ -138,12 +148,14 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
     settings = _settings(url=url, model=model, levels=_levels(levels), max_tokens=max_tokens,
                          ignore_eos=ignore_eos, prompts=prompts, endpoint=endpoint, slo=slo,
                          max_samples=max_samples, max_level_s=max_level_seconds,
-                         request_timeout_s=timeout_s, seed=seed, api_key=api_key)
+                         request_timeout_s=timeout_s, seed=seed, api_key=api_key,
+                         engine_metrics=engine_metrics)
     write, close, save = _row_writer(db, store_url, store_token, url)
     try:
         result = _run_with_progress(settings, write)
         estimate = estimate_from_probe(result, slo=slo, profile=profile)
         print_estimate(estimate)
+        click.echo(f"queueing evidence: {result.queue_evidence}")
         if save is not None:
             save(estimate)
     except ProbeError as exc:
@@ -181,6 +193,9 @@ def _run_with_progress(settings, write):
         def progress(level: int, measured: int, cap: int) -> None:
             bar.update(task, description=f"concurrency {level}", completed=measured, total=cap)
 
+        # the engine poller warns once when URL/metrics names no engine; the probe says it in
+        # its summary instead ("queueing evidence: ...")
+        logging.getLogger("collector.sources.poller").setLevel(logging.ERROR)
         return asyncio.run(run_probe(settings, write_rows=write, progress=progress))
 
 

@@ -93,6 +93,7 @@ class ProbeResult:
     url: str
     levels: list[LevelRun]
     stopped_early: str | None = None
+    queue_evidence: str = "TTFT growth (the engine's queue was not read)"
 
 
 def new_run_id() -> str:
@@ -323,11 +324,21 @@ async def run_probe(settings: ProbeSettings, *,
             if why and concurrency != levels[-1]:
                 result.stopped_early = f"stopped after concurrency {concurrency}: {why}"
                 break
+        result.queue_evidence = _queue_evidence(engine)
     finally:
         if engine is not None:
             await engine.stop()
         await client.close()
     return result
+
+
+def _queue_evidence(engine: EngineSource | None) -> str:
+    """Where the knee's queueing evidence came from, for the people reading the result."""
+    if engine is None:
+        return "TTFT growth (--engine-metrics none)"
+    if engine.latest.up and engine.latest.waiting is not None:
+        return f"the engine's waiting count ({engine.engine} metrics)"
+    return f"TTFT growth (no engine queue readable: {engine.latest.error or 'no waiting count'})"
 
 
 def _engine_source(settings: ProbeSettings) -> EngineSource | None:

@@ -6,7 +6,8 @@ sidecar that owns its database serves under /headroom (collector.store.owner exp
     GET  /v1/report        the capacity review for a window, built now
     GET  /reports/latest   the weekly job's latest HTML report
     GET  /v1/snapshot      a consistent copy of the whole database (a DuckDB file) for readers
-    POST /v1/estimates     save a capacity estimate (the probe's) and publish it to the gauges
+    POST /v1/estimates     save a capacity estimate (the probe's) and republish the gauges
+                           (collector.analysis.publish decides what is published)
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from collector.service.ingest import build_ingest_router
 from collector.service.queries import build_query_router
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
-from collector.store.estimates import publish_stored, save_estimate
+from collector.analysis.publish import publish
+from collector.store.estimates import save_estimate
+from collector.timewin import utc_now
 
 __all__ = ["build_store_routes", "ReportQuery", "LATEST_REPORT_NAME"]
 
@@ -85,7 +88,7 @@ def _add_owner_routes(router: APIRouter, store: RequestStore, gauges: CapacityGa
             raise HTTPException(400, detail=f"body is not a capacity estimate ({type(exc).__name__}: {exc}); "
                                             "send CapacityEstimate.to_dict() (docs/capacity.md)") from None
         if gauges is not None:
-            await run_in_threadpool(publish_stored, store, gauges)
+            await run_in_threadpool(publish, store, gauges, utc_now())  # the one publishing decision
         return {"estimate_id": estimate_id}
 
 
