@@ -65,15 +65,13 @@ class EventSplitter:
 
 @dataclass(slots=True)
 class ChunkInfo:
-    """What one event says: tokens it carries (estimated), the usage object, and for tracing the
-    response's id, model and a finish reason (read off the parsed chunk; never its text)."""
+    """What one event says: tokens it carries (estimated), the usage object, and the parsed chunk
+    itself, which tracing reads the response's id, model and finish reasons from (only when on)."""
 
     tokens_estimate: int = 0
     usage: dict | None = None
     usage_only: bool = False  # `choices: []` with usage: the include_usage chunk
-    response_id: object = None
-    model: object = None
-    finish_reason: object = None
+    chunk: dict | None = None
 
 
 DONE = ChunkInfo()
@@ -134,17 +132,16 @@ def _read_chunk(chunk: object) -> ChunkInfo:
     if not isinstance(chunk, dict):
         return MALFORMED
     choices = chunk.get("choices")
-    tokens, finish = 0, None
+    tokens = 0
     if isinstance(choices, list):
         for choice in choices:
             if isinstance(choice, dict):
                 tokens += _delta_tokens(choice)
-                finish = choice.get("finish_reason") or finish
     elif chunk.get("error") or chunk.get("object") == "error":  # vLLM/SGLang: error mid-stream
         return ERROR
     usage = chunk.get("usage")
     usage = usage if isinstance(usage, dict) else None
-    return ChunkInfo(tokens, usage, usage is not None and not choices, chunk.get("id"), chunk.get("model"), finish)
+    return ChunkInfo(tokens, usage, usage is not None and not choices, chunk)
 
 
 def inspect_event(event: bytes) -> ChunkInfo | None:

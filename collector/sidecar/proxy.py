@@ -261,7 +261,7 @@ class CompletionsProxy:
                     if info.tokens_estimate:
                         tracker.generated(request, info.tokens_estimate)
                     if telemetry is not None:
-                        telemetry.note(info.response_id, info.model, info.finish_reason)
+                        telemetry.note_answer(info.chunk)
                     if info.usage is not None:
                         request.usage = info.usage  # cumulative: replace, never sum
                         if strip and info.usage_only:  # the usage chunk we asked for

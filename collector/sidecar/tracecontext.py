@@ -79,7 +79,7 @@ class Telemetry:
             self.finish_reasons.append(finish_reason[:32])
 
     def note_answer(self, payload: object) -> None:
-        """The same facts from a non-streamed JSON answer."""
+        """The facts of one parsed stream chunk, or of a whole non-streamed JSON answer."""
         if not isinstance(payload, dict):
             return
         choices = payload.get("choices")
