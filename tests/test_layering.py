@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "store": set(),
     "rules": set(),
     "analysis": {"store", "sources"},
-    "report": {"store"},
+    "report": {"store", "analysis"},
     "sim": {"analysis"},
     "dashboards": {"rules"},
     "alerts": {"rules"},
@@ -32,7 +32,8 @@ ALLOWED: dict[str, set[str]] = {
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report", "service"},
 }
-FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream", "exposition", "terminal"}
+FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream", "tasks", "exposition",
+              "terminal"}
 ENTRY_POINTS = {"cli", "demo"}
 
 

@@ -11,7 +11,7 @@ and the newest estimate per model is what the sidecar and the store export as he
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -143,6 +143,8 @@ def _from_probe_run(store: Any, run_id: str, model: str | None, slo: Slo,
         return None
     estimate = build_estimate(levels, slo=slo, profile=profile, model=model or rows[0]["model"],
                               source="probe", run_id=run_id)
+    classes = Counter(row.get("task_class") or "all" for row in rows)
+    estimate.task_class = classes.most_common(1)[0][0]  # the workload class the probe named
     # the run's own time: a probe stored hours ago must not look fresh when estimated now
     estimate.created_at = max(row["completed_at"] for row in rows if row["completed_at"])
     return estimate
@@ -206,6 +208,8 @@ def publish_estimates(gauges: CapacityGauges, estimates: Sequence[CapacityEstima
 def estimate_from_probe(result: Any, *, slo: Slo = Slo(), profile: str = "interactive"
                         ) -> CapacityEstimate:
     """The estimate of a finished probe run (collector.analysis.probe.ProbeResult)."""
-    return build_estimate([level.stats for level in result.levels], slo=slo, profile=profile,
-                          model=result.model, source="probe", run_id=result.run_id,
-                          stopped_early=result.stopped_early)
+    estimate = build_estimate([level.stats for level in result.levels], slo=slo, profile=profile,
+                              model=result.model, source="probe", run_id=result.run_id,
+                              stopped_early=result.stopped_early)
+    estimate.task_class = result.task_class
+    return estimate

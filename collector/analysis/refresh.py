@@ -9,6 +9,8 @@ export (a fresh probe beats traffic; traffic only with enough confidence; else n
 * probe runs whose rows arrived (through a sidecar, `--store-url`, or into this file) and whose
   last request ended at least `probe_quiet_s` ago, not estimated yet: one estimate per run, from
   its own rows, so `headroom probe` through a sidecar reaches the gauges within seconds;
+* estimates another file holds (`estimate_files`: a `headroom probe --db PATH` beside a sidecar
+  that owns its own file), copied in when that file is free;
 * with `traffic=True`, the passive curve of every model active in [now - window, now), saved
   whatever its confidence (the history shows it), published only when it clears the bar.
 
@@ -19,12 +21,14 @@ collector.store.jobs schedules this: the probe check every few seconds, the traf
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from collector.analysis.estimate import estimate_capacity, estimate_probe_run, save_estimate
 from collector.analysis.publish import PublishPolicy, publish
 from collector.store.capacity_gauges import CapacityGauges
+from collector.store.estimates import import_estimates
 from collector.store.db import RequestStore
 
 __all__ = ["refresh_estimates", "finished_probe_runs"]
@@ -88,13 +92,18 @@ def _estimate_traffic(store: RequestStore, now: datetime, window: timedelta,
 def refresh_estimates(store: RequestStore, gauges: CapacityGauges | None, now: datetime, *,
                       window: timedelta, slo_ttft_p95_s: float | None = None,
                       profile: str = "interactive", traffic: bool = True,
-                      probe_quiet_s: float = 10.0,
-                      policy: PublishPolicy = PublishPolicy()) -> list[dict[str, Any]]:
-    """Estimate finished probe runs (and, with `traffic`, each active model's traffic), save
-    them, then publish the decision per model to the gauges; returns what was saved."""
+                      probe_quiet_s: float = 10.0, estimate_files: Sequence[str] = (),
+                      probe_max_age: timedelta = PublishPolicy().probe_max_age
+                      ) -> list[dict[str, Any]]:
+    """Import estimates saved in `estimate_files` (`headroom probe --db` files), estimate
+    finished probe runs (and, with `traffic`, each active model's traffic), save them, then
+    publish the decision per model to the gauges; returns what was saved here."""
+    for path in estimate_files:
+        if imported := import_estimates(store, path):
+            log.info("imported %d capacity estimates from %s", imported, path)
     saved = _estimate_probes(store, now, probe_quiet_s, slo_ttft_p95_s, profile)
     if traffic:
         saved += _estimate_traffic(store, now, window, slo_ttft_p95_s, profile)
-    for decision in publish(store, gauges, now, policy):
+    for decision in publish(store, gauges, now, PublishPolicy(probe_max_age=probe_max_age)):
         log.debug("capacity of %s/%s: %s", decision.model, decision.task_class, decision.reason)
     return saved

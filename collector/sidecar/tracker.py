@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from collector.catalog import spec
 from collector.record import Row
+from collector.tasks import UNSPECIFIED, classify, classify_finished
 
 __all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
 
@@ -43,7 +44,7 @@ class LiveRequest:
         "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
         "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
         "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
-        "source", "run_id", "upstream_retries", "telemetry",
+        "source", "run_id", "upstream_retries", "task_class", "task_class_label", "telemetry",
     )
 
     def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
@@ -72,6 +73,9 @@ class LiveRequest:
         self.source: str | None = None  # None: the tracker's own (traffic); 'probe' for probe load
         self.run_id: str | None = None
         self.upstream_retries = 0
+        # the class it declared (max_tokens), or one the probe named; the label is capped
+        self.task_class = classify(max_tokens)
+        self.task_class_label = self.task_class
         self.telemetry = None  # collector.sidecar.tracecontext.Telemetry while tracing is on
 
     @property
@@ -96,6 +100,7 @@ class Tracker:
         self.live: dict[str, LiveRequest] = {}
         self.active_tokens_total = 0  # running sum, for the admission snapshot in O(1)
         self._label_sets: set[tuple[str, str]] = set()
+        self._task_label_sets: set[tuple[str, str]] = set()
         self._row_sinks: list[Callable[[dict], None]] = []
         self.requests = _metric(Counter, "headroom_requests_total", registry)
         self.prompt_tokens = _metric(Counter, "headroom_prompt_tokens_total", registry)
@@ -118,6 +123,7 @@ class Tracker:
         request.inflight_at_admit = len(self.live)
         request.active_tokens_at_admit = self.active_tokens_total
         self._label_sets.add((request.model_label, request.tenant_label))
+        self._task_label_sets.add((request.model_label, request.task_class_label))
 
     def first_byte(self, request: LiveRequest) -> None:
         """First bytes (response headers) arrived from upstream."""
@@ -194,6 +200,8 @@ class Tracker:
             "engine_waiting_at_admit": request.engine_waiting,
             "kv_usage_at_admit": request.kv_usage,
             "upstream_retries": request.upstream_retries,
+            "task_class": request.task_class if request.task_class != UNSPECIFIED
+            else classify_finished(request.max_tokens, completion),
         })
         row.telemetry = request.telemetry
         return row
@@ -234,16 +242,28 @@ class _LiveGauges:
         self._tracker = tracker
 
     def collect(self) -> Iterable[Metric]:
-        sums = dict.fromkeys(self._tracker._label_sets or {("", "")}, (0, 0))
-        for request in list(self._tracker.live.values()):
-            key = (request.model_label, request.tenant_label)
-            count, tokens = sums.get(key, (0, 0))
-            sums[key] = (count + 1, tokens + request.active_tokens)
-        inflight_spec, tokens_spec = spec("headroom_inflight_requests"), spec("headroom_active_tokens")
-        inflight = GaugeMetricFamily(inflight_spec.name, inflight_spec.help, labels=inflight_spec.labels)
-        tokens = GaugeMetricFamily(tokens_spec.name, tokens_spec.help, labels=tokens_spec.labels)
-        for key in sorted(sums):
-            inflight.add_metric(key, sums[key][0])
-            tokens.add_metric(key, sums[key][1])
-        yield inflight
-        yield tokens
+        live = list(self._tracker.live.values())
+        yield from _caliber_families(live, self._tracker._label_sets, ("model_label", "tenant_label"),
+                                     "headroom_inflight_requests", "headroom_active_tokens")
+        yield from _caliber_families(live, self._tracker._task_label_sets,
+                                     ("model_label", "task_class_label"),
+                                     "headroom_task_inflight_requests", "headroom_task_active_tokens")
+
+
+def _caliber_families(live: list[LiveRequest], seen: set[tuple[str, str]], keys: tuple[str, str],
+                      inflight_name: str, tokens_name: str) -> Iterable[Metric]:
+    """Both calibers summed per label pair of `keys`; every pair ever seen exports (0 when idle)."""
+    sums = dict.fromkeys(seen or {("", "")}, (0, 0))  # before any request: one series at 0
+    first, second = keys
+    for request in live:
+        key = (getattr(request, first), getattr(request, second))
+        count, tokens = sums.get(key, (0, 0))
+        sums[key] = (count + 1, tokens + request.active_tokens)
+    inflight_spec, tokens_spec = spec(inflight_name), spec(tokens_name)
+    inflight = GaugeMetricFamily(inflight_spec.name, inflight_spec.help, labels=inflight_spec.labels)
+    tokens = GaugeMetricFamily(tokens_spec.name, tokens_spec.help, labels=tokens_spec.labels)
+    for key in sorted(sums):
+        inflight.add_metric(key, sums[key][0])
+        tokens.add_metric(key, sums[key][1])
+    yield inflight
+    yield tokens

@@ -53,6 +53,8 @@ class JobSettings:
     estimate_window: str = "24h"
     probe_check_interval_s: float = 5.0     # finished probe runs -> estimate -> gauges
     probe_quiet_s: float = 10.0             # a run is finished this long after its last request
+    estimate_files: tuple[str, ...] = ()    # other DuckDB files whose estimates to import
+    probe_max_age: str = "7d"               # a probe estimate beats traffic's this long
     slo_ttft_p95_s: float | None = None
     profile: str = "interactive"
     timezone: str = "UTC"
@@ -65,7 +67,8 @@ class RefreshEstimates(Protocol):
 
     def __call__(self, store: RequestStore, gauges: CapacityGauges | None, now: datetime, *,
                  window: timedelta, slo_ttft_p95_s: float | None, profile: str, traffic: bool,
-                 probe_quiet_s: float) -> Any: ...
+                 probe_quiet_s: float, estimate_files: tuple[str, ...],
+                 probe_max_age: timedelta) -> Any: ...
 
 
 class WriteReport(Protocol):
@@ -104,9 +107,11 @@ def _retention(store: RequestStore, settings: JobSettings) -> Callable[[datetime
 def _estimates(store: RequestStore, gauges: CapacityGauges | None, settings: JobSettings,
                refresh: RefreshEstimates, traffic: bool) -> Callable[[datetime], Any]:
     window = parse_duration(settings.estimate_window)
-    return lambda now: refresh(store, gauges, now, window=window,
+    probe_max_age = parse_duration(settings.probe_max_age)
+    return lambda now: refresh(store, gauges, now, window=window, probe_max_age=probe_max_age,
                                slo_ttft_p95_s=settings.slo_ttft_p95_s, profile=settings.profile,
-                               traffic=traffic, probe_quiet_s=settings.probe_quiet_s)
+                               traffic=traffic, probe_quiet_s=settings.probe_quiet_s,
+                               estimate_files=settings.estimate_files)
 
 
 def _weekly_report(store: RequestStore, settings: JobSettings, review: WriteReport) -> Callable[[datetime], Any]:

@@ -42,14 +42,16 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("engine_waiting_at_admit", "INTEGER"),
     ("kv_usage_at_admit", "DOUBLE"),
     ("upstream_retries", "INTEGER"),
+    ("task_class", "VARCHAR"),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 
 # Version 1 shipped without the engine snapshot and prefix-cache columns; version 2 added them.
-# Version 3 added upstream_retries (a request re-sent after a stale pooled connection).
+# Version 3 added upstream_retries (a request re-sent after a stale pooled connection), version
+# 4 task_class (collector.tasks: short, medium, long, or what a probe's workload named).
 _V1_COLUMNS = tuple(c for c in COLUMNS if c[0] not in
                     ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit",
-                     "upstream_retries"))
+                     "upstream_retries", "task_class"))
 
 
 def _ddl(columns: tuple[tuple[str, str], ...]) -> str:
@@ -71,8 +73,12 @@ def _v3(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS upstream_retries INTEGER")
 
 
+def _v4(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS task_class VARCHAR")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3)
+MIGRATIONS = (_v1, _v2, _v3, _v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
 
