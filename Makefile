@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast tools engine generate check-generated bench clean
+.PHONY: install demo test test-fast lint tools engine generate check-generated bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,17 +17,22 @@ install: $(STAMP)  ## virtual environment with the package and test dependencies
 demo: $(STAMP)  ## simulator + sidecar + load past the knee + capacity summary
 	$(BIN)/headroom demo
 
-tools:  ## Debian's prometheus (promtool) and alertmanager (amtool) when missing
+tools:  ## Debian's prometheus, alertmanager (promtool, amtool), cmake and g++, when missing
 	@bash scripts/install-tools.sh
 
 engine:  ## a real llama.cpp llama-server + Gemma 3 270M, built once into ~/.cache/llm-headroom
 	@bash scripts/build-llama-server.sh >/dev/null
 
-test: install tools engine  ## the whole suite: unit, integration (real Prometheus/Alertmanager), real engine
+test: install tools engine lint  ## lint and types, then the whole suite: unit, integration, real engine
 	$(BIN)/pytest -q -p no:cacheprovider
 
-test-fast: install  ## unit tests only
-	$(BIN)/pytest -q -m "not integration and not slow"
+lint: install  ## ruff (lint + format check) and mypy (strict on collector/); any finding fails
+	$(BIN)/ruff check collector tests benchmarks
+	$(BIN)/ruff format --check collector tests benchmarks
+	$(BIN)/mypy
+
+test-fast: install lint  ## lint, then only the tests that start no process (marker `subprocess`)
+	$(BIN)/pytest -q -p no:cacheprovider -m "not subprocess and not slow"
 
 generate: install  ## regenerate dashboards/, alerts/ and deploy/kubernetes/prometheusrule.yaml
 	$(BIN)/headroom dashboards generate

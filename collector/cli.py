@@ -44,8 +44,13 @@ _SHORT_HELP = {
 
 
 # optional libraries -> the extra that brings them (pyproject.toml); the base install is the sidecar
-_EXTRAS = {"rich": "all", "numpy": "report", "matplotlib": "report", "kneed": "analysis",
-           "grafana_client": "grafana"}
+_EXTRAS = {
+    "rich": "all",
+    "numpy": "report",
+    "matplotlib": "report",
+    "kneed": "analysis",
+    "grafana_client": "grafana",
+}
 
 
 class _LazyGroup(click.Group):
@@ -65,8 +70,10 @@ class _LazyGroup(click.Group):
             extra = _EXTRAS.get(exc.name or "")
             if extra is None:
                 raise
-            raise click.ClickException(f"`headroom {name}` needs {exc.name}, which this install does not have: "
-                                       f"pip install 'llm-headroom[{extra}]' (or [all])") from None
+            raise click.ClickException(
+                f"`headroom {name}` needs {exc.name}, which this install does not have: "
+                f"pip install 'llm-headroom[{extra}]' (or [all])"
+            ) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, _SHORT_HELP.get(name, "")) for name in COMMANDS]

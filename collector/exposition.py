@@ -1,9 +1,9 @@
 """What every headroom /metrics page carries besides its own metrics: build info, no `_created`.
 
-    registry = new_registry()
-    -> a CollectorRegistry exporting headroom_build_info{version="0.1.0"} 1, in a process where
-       counters and histograms no longer export `_created` series (they double the series count
-       and no query of ours reads them; prometheus_client.disable_created_metrics()).
+registry = new_registry()
+-> a CollectorRegistry exporting headroom_build_info{version="0.1.0"} 1, in a process where
+   counters and histograms no longer export `_created` series (they double the series count
+   and no query of ours reads them; prometheus_client.disable_created_metrics()).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class BuildInfo:
 
 def new_registry() -> CollectorRegistry:
     """A registry for a served /metrics: build info registered, `_created` series off process-wide."""
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client is untyped here
     registry = CollectorRegistry()
     registry.register(BuildInfo())
     return registry

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 __all__ = ["TaskClass", "DEFAULT_CLASSES", "ALL", "UNSPECIFIED", "classify", "classify_finished"]
 
-ALL = "all"                  # an estimate over every request, whatever its class
+ALL = "all"  # an estimate over every request, whatever its class
 UNSPECIFIED = "unspecified"  # a live request that declared no output budget
 
 
@@ -35,7 +35,10 @@ class TaskClass:
 
 
 DEFAULT_CLASSES: tuple[TaskClass, ...] = (
-    TaskClass("short", 199), TaskClass("medium", 1000), TaskClass("long", None))
+    TaskClass("short", 199),
+    TaskClass("medium", 1000),
+    TaskClass("long", None),
+)
 
 
 def classify(max_tokens: int | None, classes: Sequence[TaskClass] = DEFAULT_CLASSES) -> str:
@@ -48,8 +51,9 @@ def classify(max_tokens: int | None, classes: Sequence[TaskClass] = DEFAULT_CLAS
     return classes[-1].name
 
 
-def classify_finished(max_tokens: int | None, completion_tokens: int | None,
-                      classes: Sequence[TaskClass] = DEFAULT_CLASSES) -> str:
+def classify_finished(
+    max_tokens: int | None, completion_tokens: int | None, classes: Sequence[TaskClass] = DEFAULT_CLASSES
+) -> str:
     """The class of a finished request: its declared budget, else what it generated."""
     if max_tokens is not None:
         return classify(max_tokens, classes)

@@ -28,12 +28,23 @@ def output_console(*, stderr: bool = False) -> Console:
     return console if console.is_terminal else Console(stderr=stderr, width=PIPE_WIDTH)
 
 
-def compact_table(title: str | None, headers: Sequence[str], *, caption: str | None = None,
-                  wrap: Sequence[str] = ()) -> Table:
+def compact_table(
+    title: str | None, headers: Sequence[str], *, caption: str | None = None, wrap: Sequence[str] = ()
+) -> Table:
     """A right-aligned table whose headers are never cut; cells of columns in `wrap` may wrap."""
-    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
-                  collapse_padding=True)
+    table = Table(
+        title=title,
+        caption=caption,
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+        collapse_padding=True,
+    )
     for header in headers:
-        table.add_column(header, justify="right", no_wrap=header not in wrap,
-                         min_width=max(len(line) for line in header.split("\n")))
+        table.add_column(
+            header,
+            justify="right",
+            no_wrap=header not in wrap,
+            min_width=max(len(line) for line in header.split("\n")),
+        )
     return table

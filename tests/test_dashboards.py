@@ -46,7 +46,9 @@ def test_every_query_is_filtered_by_the_scope_variables(name):
         for sample, matchers in _SELECTOR.findall(expr):
             metric = _metric(sample)
             needed = SCOPE[:2] if metric in PLACE_ONLY or not metric.startswith("headroom_") else SCOPE
-            assert all(m in matchers for m in needed), f"{panel['title']}: {sample}{{{matchers}}} misses {needed}"
+            assert all(m in matchers for m in needed), (
+                f"{panel['title']}: {sample}{{{matchers}}} misses {needed}"
+            )
         bare = re.findall(r"\b(headroom_[a-z_]+)\b(?![{\w])", expr)
         assert not bare, f"{panel['title']}: unfiltered {bare}"
 
@@ -71,7 +73,14 @@ def test_overview_opens_with_the_glance_row_and_shows_the_engine_ceiling_beside_
     assert [p["type"] for p in glance] == ["stat"] * 6
     assert all(p["gridPos"]["y"] == 0 and p["gridPos"]["h"] == 4 for p in glance)
     titles = " ".join(p["title"] for p in glance)
-    for word in ("Requests: live ÷ knee", "Tokens: live ÷ knee", "engine ceiling", "pool", "burn", "alerts firing"):
+    for word in (
+        "Requests: live ÷ knee",
+        "Tokens: live ÷ knee",
+        "engine ceiling",
+        "pool",
+        "burn",
+        "alerts firing",
+    ):
         assert word in titles
     ceiling = next(p for p in glance if "ceiling" in p["title"])
     exprs = " ".join(t["expr"] for t in ceiling["targets"])

@@ -23,7 +23,9 @@ from collector.rules.config import DEFAULT
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy/kubernetes"
-DOCUMENTS = [doc for path in sorted(KUBE.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc]
+DOCUMENTS = [
+    doc for path in sorted(KUBE.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()) if doc
+]
 CUSTOM_KINDS = {"PodMonitor", "PrometheusRule", "ScaledObject"}
 KUBERNETES_VERSION = "1.33.0"
 
@@ -47,8 +49,11 @@ def _env(container: dict) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
-@pytest.mark.parametrize("doc", [d for d in DOCUMENTS if d["kind"] not in CUSTOM_KINDS],
-                         ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+@pytest.mark.parametrize(
+    "doc",
+    [d for d in DOCUMENTS if d["kind"] not in CUSTOM_KINDS],
+    ids=lambda d: f"{d['kind']}/{d['metadata']['name']}",
+)
 def test_every_core_manifest_validates_against_the_kubernetes_schema(doc):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
@@ -73,11 +78,15 @@ def test_probes_reach_what_they_probe():
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert _arg(sidecar, "--listen").startswith("0.0.0.0:"), "the sidecar must answer on the pod IP"
-    from collector.sidecar.wiring import build_sidecar
     from collector.sidecar.config import SidecarConfig
+    from collector.sidecar.wiring import build_sidecar
 
-    paths = {route.path for route in build_sidecar(SidecarConfig(upstream="http://127.0.0.1:1", db_path=None,
-                                                                   jobs=False)).routes}
+    paths = {
+        route.path
+        for route in build_sidecar(
+            SidecarConfig(upstream="http://127.0.0.1:1", db_path=None, jobs=False)
+        ).routes
+    }
     assert {"/healthz", "/readyz", "/metrics"} <= paths
 
 
@@ -102,20 +111,25 @@ def test_disruption_budget_and_autoscaler_target_the_inference_pods():
     deployment = _find("Deployment", "llm-inference")
     pods = deployment["spec"]["template"]["metadata"]["labels"]
     pdb = _find("PodDisruptionBudget", "llm-inference")
-    assert pdb["spec"]["selector"]["matchLabels"].items() <= pods.items() and pdb["spec"]["maxUnavailable"] == 1
+    assert (
+        pdb["spec"]["selector"]["matchLabels"].items() <= pods.items() and pdb["spec"]["maxUnavailable"] == 1
+    )
     scaled = _find("ScaledObject", "llm-inference-headroom")
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
     estimate = json.loads((KUBE / "example-estimate.json").read_text())
     rendered = keda_scaled_object(estimate, deployment="llm-inference", min_replicas=2)
-    assert scaled == rendered, "keda-scaledobject.yaml is stale: rerender it from example-estimate.json " \
-                               "(headroom integrations keda --estimate ... --min-replicas 2)"
+    assert scaled == rendered, (
+        "keda-scaledobject.yaml is stale: rerender it from example-estimate.json "
+        "(headroom integrations keda --estimate ... --min-replicas 2)"
+    )
 
 
 def test_prometheus_rule_is_rendered_from_the_same_rule_files():
     committed = (KUBE / "prometheusrule.yaml").read_text()
     result = CliRunner().invoke(main, ["integrations", "prometheusrule"])
-    assert result.exit_code == 0 and result.output == committed, \
+    assert result.exit_code == 0 and result.output == committed, (
         "deploy/kubernetes/prometheusrule.yaml is stale: run `make generate`"
+    )
     groups = [g for text in rule_files().values() for g in yaml.safe_load(text)["groups"]]
     rule = yaml.safe_load(committed)
     assert rule == prometheus_rule(rule_files())
@@ -123,6 +137,7 @@ def test_prometheus_rule_is_rendered_from_the_same_rule_files():
 
 
 # --- one job selector ------------------------------------------------------------------------------
+
 
 def _alert_jobs() -> set[str]:
     text = rule_files()[ALERTS_FILE]
@@ -133,15 +148,16 @@ def _relabel(rules: list[dict], labels: dict[str, str]) -> dict[str, str] | None
     """Prometheus relabeling (keep and replace, the actions the documented job uses) on one target."""
     labels = dict(labels)
     for rule in rules:
-        value = rule.get("separator", ";").join(labels.get(name, "") for name in rule.get("source_labels", []))
+        value = rule.get("separator", ";").join(
+            labels.get(name, "") for name in rule.get("source_labels", [])
+        )
         match = re.fullmatch(rule.get("regex", "(.*)"), value)
         action = rule.get("action", "replace")
         if action == "keep":
             if not match:
                 return None
         elif action == "replace" and match:
-            replacement = re.sub(r"\$(\d+)", lambda m: match.group(int(m.group(1))) or "",
-                                 rule.get("replacement", "$1"))
+            replacement = match.expand(re.sub(r"\$(\d+)", r"\\g<\1>", rule.get("replacement", "$1")))
             labels[rule["target_label"]] = replacement
         elif action not in ("replace", "keep"):
             raise AssertionError(f"the test does not simulate relabel action {action}")
@@ -157,8 +173,12 @@ def _documented_scrape_job() -> dict:
 
 def _pod_meta(deployment: dict) -> dict[str, str]:
     template = deployment["spec"]["template"]["metadata"]
-    meta = {"__address__": "10.0.0.7:9100", "job": "llm-headroom", "__meta_kubernetes_namespace": "llm",
-            "__meta_kubernetes_pod_name": "llm-inference-5d9f"}
+    meta = {
+        "__address__": "10.0.0.7:9100",
+        "job": "llm-headroom",
+        "__meta_kubernetes_namespace": "llm",
+        "__meta_kubernetes_pod_name": "llm-inference-5d9f",
+    }
     for key, value in template["labels"].items():
         meta["__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)] = value
     for key, value in template.get("annotations", {}).items():
@@ -176,16 +196,20 @@ def test_rules_podmonitor_and_documented_scrape_config_agree_on_the_sidecar_job(
     (selects,) = monitor["spec"]["selector"]["matchExpressions"]
     assert selects == {"key": monitor["spec"]["jobLabel"], "operator": "Exists"}
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in {
-        p["name"] for p in _containers(inference)["headroom"]["ports"]}
+        p["name"] for p in _containers(inference)["headroom"]["ports"]
+    }
     target = _relabel(_documented_scrape_job()["relabel_configs"], _pod_meta(inference))
     assert target is not None, "the documented scrape config drops the inference pod"
     assert target["job"] == DEFAULT.sidecar_job
     assert target["__address__"] == "10.0.0.7:9100" and target["__metrics_path__"] == "/metrics"
     assert (target["namespace"], target["pod"]) == ("llm", "llm-inference-5d9f")
-    store = _relabel(_documented_scrape_job()["relabel_configs"], _pod_meta(_find("Deployment", "headroom-store")))
+    store = _relabel(
+        _documented_scrape_job()["relabel_configs"], _pod_meta(_find("Deployment", "headroom-store"))
+    )
     assert store["job"] == "headroom-store" != DEFAULT.sidecar_job, "the store is not a sidecar"
 
 
+@pytest.mark.subprocess
 def test_documented_relabeling_loads_in_promtool(tmp_path):
     """promtool checks the relabel rules; Debian's build has no Kubernetes discovery, so the
     discovery block is swapped for a static target (the relabeling is what this test is about)."""
@@ -199,7 +223,9 @@ def test_documented_relabeling_loads_in_promtool(tmp_path):
     job["static_configs"] = [{"targets": ["127.0.0.1:9100"]}]
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump({"scrape_configs": [job]}))
-    result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -224,4 +250,7 @@ def test_store_is_its_own_single_writer_deployment_with_a_service():
     service_port = _find("Service", "headroom-store")["spec"]["ports"][0]["port"]
     sidecar = _containers(_find("Deployment", "llm-inference"))["headroom"]
     assert _arg(sidecar, "--store-url") == f"http://headroom-store:{service_port}"
-    assert _arg(sidecar, "--upstream") == f"http://127.0.0.1:{_arg(_containers(_find('Deployment', 'llm-inference'))['vllm'], '--port')}"
+    assert (
+        _arg(sidecar, "--upstream")
+        == f"http://127.0.0.1:{_arg(_containers(_find('Deployment', 'llm-inference'))['vllm'], '--port')}"
+    )

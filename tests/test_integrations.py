@@ -47,8 +47,10 @@ def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_
         assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
         assert f'job="{DEFAULT.sidecar_job}", model="m"' in trigger["metadata"]["query"]
     assert requests["metadata"]["query"].startswith("sum(headroom_inflight_requests{")
-    assert f"headroom_capacity_recommended_pool_requests" in requests["metadata"]["query"]
-    assert f"or vector({limits['pool_requests']})" in requests["metadata"]["query"], "the stored pool, as a floor"
+    assert "headroom_capacity_recommended_pool_requests" in requests["metadata"]["query"]
+    assert f"or vector({limits['pool_requests']})" in requests["metadata"]["query"], (
+        "the stored pool, as a floor"
+    )
     assert "headroom_active_tokens" in tokens["metadata"]["query"]
     assert f"or vector({limits['pool_tokens']})" in tokens["metadata"]["query"]
 
@@ -56,33 +58,48 @@ def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_
 def test_gateway_concurrency_detector_takes_the_pool_and_bursts_to_the_knee(stored):
     db, estimate = stored
     config = _render("gateway", "--db", str(db), "--mode", "tokens")
-    assert (config["apiVersion"], config["kind"]) == ("inference.networking.x-k8s.io/v1alpha1",
-                                                      "EndpointPickerConfig")
+    assert (config["apiVersion"], config["kind"]) == (
+        "inference.networking.x-k8s.io/v1alpha1",
+        "EndpointPickerConfig",
+    )
     (plugin,) = config["plugins"]
     assert plugin["type"] == "concurrency-detector" and config["saturationDetector"] == {
-        "pluginRef": "concurrency-detector"}
+        "pluginRef": "concurrency-detector"
+    }
     parameters, pool, knee = plugin["parameters"], estimate["recommended_pool"], estimate["knee"]
     assert parameters["concurrencyMode"] == "tokens"
     assert parameters["maxConcurrency"] == pool
     assert parameters["maxTokenConcurrency"] == int(knee["tokens"] * pool / knee["requests"])
     assert parameters["headroom"] == pytest.approx(knee["requests"] / pool - 1, abs=1e-4)
     # the documented parameter contract: positive ints and a non-negative fraction
-    assert all(isinstance(parameters[k], int) and parameters[k] > 0 for k in ("maxConcurrency", "maxTokenConcurrency"))
+    assert all(
+        isinstance(parameters[k], int) and parameters[k] > 0
+        for k in ("maxConcurrency", "maxTokenConcurrency")
+    )
 
 
 def test_llmd_saturation_entry_names_the_model_and_a_queue_bound_from_the_burst(stored, tmp_path):
     db, estimate = stored
     out = tmp_path / "wva.yaml"
-    result = CliRunner().invoke(main, ["integrations", "llm-d", "--db", str(db), "--namespace", "llm",
-                                       "--out", str(out)])
+    result = CliRunner().invoke(
+        main, ["integrations", "llm-d", "--db", str(db), "--namespace", "llm", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     config = yaml.safe_load(out.read_text())
     assert config["kind"] == "ConfigMap" and config["metadata"]["name"] == "wva-saturation-scaling-config"
     (entry,) = [yaml.safe_load(text) for text in config["data"].values()]
     assert entry["model_id"] == "m" and entry["namespace"] == "llm"
-    assert entry["queueLengthThreshold"] == max(1, estimate["knee"]["requests"] - estimate["recommended_pool"])
-    assert set(entry) == {"model_id", "namespace", "kvCacheThreshold", "queueLengthThreshold", "kvSpareTrigger",
-                          "queueSpareTrigger"}
+    assert entry["queueLengthThreshold"] == max(
+        1, estimate["knee"]["requests"] - estimate["recommended_pool"]
+    )
+    assert set(entry) == {
+        "model_id",
+        "namespace",
+        "kvCacheThreshold",
+        "queueLengthThreshold",
+        "kvSpareTrigger",
+        "queueSpareTrigger",
+    }
 
 
 def test_no_estimate_or_an_unreached_knee_is_refused_with_the_reason(tmp_path, stored):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from datetime import UTC
 
 import httpx
 import pytest
@@ -29,8 +30,12 @@ PROMPT_TOKENS, WORDS = 11, ("Hello", " there", " friend")
 
 
 def _chunk(delta: dict, usage: dict | None = None) -> bytes:
-    body = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL,
-            "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": None}]}
+    body = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": MODEL,
+        "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": None}],
+    }
     if usage:
         body["usage"] = usage
     return b"data: " + json.dumps(body).encode() + b"\n\n"
@@ -51,8 +56,14 @@ def _fake_upstream() -> FastAPI:
                 await asyncio.sleep(0.03)
                 yield _chunk({"content": word})
             if body.get("stream_options", {}).get("include_usage"):
-                yield _chunk({}, usage={"prompt_tokens": PROMPT_TOKENS, "completion_tokens": len(WORDS),
-                                        "total_tokens": PROMPT_TOKENS + len(WORDS)})
+                yield _chunk(
+                    {},
+                    usage={
+                        "prompt_tokens": PROMPT_TOKENS,
+                        "completion_tokens": len(WORDS),
+                        "total_tokens": PROMPT_TOKENS + len(WORDS),
+                    },
+                )
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -74,8 +85,12 @@ def _run_requests(upstream_url: str, row_sinks, store: RequestStore | None, mode
     try:
         with httpx.Client(base_url=sidecar.url, timeout=30) as client:
             for model in models:
-                payload = {"model": model, "stream": True, "max_tokens": 16,
-                           "messages": [{"role": "user", "content": "hi"}]}
+                payload = {
+                    "model": model,
+                    "stream": True,
+                    "max_tokens": 16,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
                 with client.stream("POST", "/v1/chat/completions", json=payload) as response:
                     response.read()
     finally:
@@ -138,9 +153,14 @@ def otel_object_counter(monkeypatch) -> list[str]:
 
         monkeypatch.setattr(cls, method, wrapper)
 
-    for cls, method in ((sdk.Tracer, "start_span"), (sdk.ReadableSpan, "__init__"),
-                        (sdk.TracerProvider, "__init__"), (api.NoOpTracer, "start_span"),
-                        (api.ProxyTracer, "start_span"), (api.NonRecordingSpan, "__init__")):
+    for cls, method in (
+        (sdk.Tracer, "start_span"),
+        (sdk.ReadableSpan, "__init__"),
+        (sdk.TracerProvider, "__init__"),
+        (api.NoOpTracer, "start_span"),
+        (api.ProxyTracer, "start_span"),
+        (api.NonRecordingSpan, "__init__"),
+    ):
         counting(cls, method)
     return created
 
@@ -181,14 +201,22 @@ def test_otlp_endpoint_flag_exports_spans_over_otlp_http(upstream):
     received, arrived = [], threading.Event()
     collector = serve_in_thread(_fake_otlp_collector(received, arrived))
     try:
-        config = SidecarConfig(upstream=upstream.url, db_path=None, instance="otlp-test",
-                               engine="none", otlp_endpoint=collector.url)
+        config = SidecarConfig(
+            upstream=upstream.url,
+            db_path=None,
+            instance="otlp-test",
+            engine="none",
+            otlp_endpoint=collector.url,
+        )
         sidecar = serve_in_thread(build_sidecar(config))
         try:
             with httpx.Client(base_url=sidecar.url, timeout=30) as client:
                 for _ in range(2):
-                    payload = {"model": MODEL, "stream": True,
-                               "messages": [{"role": "user", "content": "hi"}]}
+                    payload = {
+                        "model": MODEL,
+                        "stream": True,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    }
                     client.post("/v1/chat/completions", json=payload).raise_for_status()
         finally:
             sidecar.stop()  # shutdown flushes the BatchSpanProcessor
@@ -203,7 +231,8 @@ def test_otlp_endpoint_flag_exports_spans_over_otlp_http(upstream):
 
 
 def test_headroom_run_without_otlp_creates_no_opentelemetry_object_per_request(
-        upstream, otel_object_counter, tmp_path, monkeypatch):
+    upstream, otel_object_counter, tmp_path, monkeypatch
+):
     """The path `headroom run` takes (CLI -> build_sidecar), with no flag and no OTEL_* variable."""
     from click.testing import CliRunner
 
@@ -219,14 +248,22 @@ def test_headroom_run_without_otlp_creates_no_opentelemetry_object_per_request(
         try:
             with httpx.Client(base_url=sidecar.url, timeout=30) as client:
                 for _ in range(5):
-                    client.post("/v1/chat/completions", json={
-                        "model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+                    client.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": MODEL,
+                            "stream": True,
+                            "messages": [{"role": "user", "content": "hi"}],
+                        },
+                    )
         finally:
             sidecar.stop()
 
     monkeypatch.setattr("uvicorn.run", serve)
-    result = CliRunner().invoke(cli.run, ["--upstream", upstream.url, "--engine", "none", "--no-jobs",
-                                          "--db", str(tmp_path / "h.duckdb")])
+    result = CliRunner().invoke(
+        cli.run,
+        ["--upstream", upstream.url, "--engine", "none", "--no-jobs", "--db", str(tmp_path / "h.duckdb")],
+    )
     assert result.exit_code == 0, result.output
     assert built["app"].state.config.otlp_endpoint is None
     assert otel_object_counter == []
@@ -242,11 +279,15 @@ def test_the_standard_otel_variable_turns_spans_on_through_the_cli(upstream, mon
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
     made = []
-    monkeypatch.setattr("collector.sidecar.wiring.OtelSink",
-                        lambda **kw: made.append(kw) or RealSink(exporter=InMemorySpanExporter()))
+    monkeypatch.setattr(
+        "collector.sidecar.wiring.OtelSink",
+        lambda **kw: made.append(kw) or RealSink(exporter=InMemorySpanExporter()),
+    )
     monkeypatch.setattr("uvicorn.run", lambda app, **_: None)
-    result = CliRunner().invoke(cli.run, ["--upstream", upstream.url, "--engine", "none", "--no-jobs",
-                                          "--db", str(tmp_path / "h.duckdb")])
+    result = CliRunner().invoke(
+        cli.run,
+        ["--upstream", upstream.url, "--engine", "none", "--no-jobs", "--db", str(tmp_path / "h.duckdb")],
+    )
     assert result.exit_code == 0, result.output
     assert made == [{"endpoint": "http://127.0.0.1:4318", "upstream": upstream.url}]
 
@@ -257,21 +298,29 @@ CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b
 def test_a_span_joins_the_clients_trace_and_the_engine_gets_the_sidecars_span_as_parent():
     """traceparent in -> span parent; the engine's traceparent names the span; GenAI response facts;
     OTEL-style base endpoint https://host/otlp is posted to /otlp/v1/traces."""
-    from fake_upstream import ID, MODEL as ENGINE_MODEL, FakeUpstream
+    from support.upstream import ID, FakeUpstream
+    from support.upstream import MODEL as ENGINE_MODEL
 
-    fake = FakeUpstream()
-    engine = serve_in_thread(fake, timeout_graceful_shutdown=1)
+    fake = engine = FakeUpstream()
     received, arrived = [], threading.Event()
     collector = serve_in_thread(_fake_otlp_collector(received, arrived, prefix="/otlp"))
     try:
-        config = SidecarConfig(upstream=engine.url, db_path=None, instance="trace-test", engine="vllm",
-                               engine_metrics_url=engine.url + "/metrics", otlp_endpoint=collector.url + "/otlp")
+        config = SidecarConfig(
+            upstream=engine.url,
+            db_path=None,
+            instance="trace-test",
+            engine="vllm",
+            engine_metrics_url=engine.url + "/metrics",
+            otlp_endpoint=collector.url + "/otlp",
+        )
         sidecar = serve_in_thread(build_sidecar(config))
         try:
-            answer = httpx.post(sidecar.url + "/v1/chat/completions", timeout=30,
-                                headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01",
-                                         "tracestate": "vendor=1"},
-                                json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+            answer = httpx.post(
+                sidecar.url + "/v1/chat/completions",
+                timeout=30,
+                headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "tracestate": "vendor=1"},
+                json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            )
             answer.raise_for_status()
         finally:
             sidecar.stop()
@@ -282,26 +331,33 @@ def test_a_span_joins_the_clients_trace_and_the_engine_gets_the_sidecars_span_as
     (span,) = received
     assert span.trace_id.hex() == CLIENT_TRACE and span.parent_span_id.hex() == CLIENT_SPAN
     sent = fake.requests[-1]["headers"]
-    assert sent["traceparent"] == f"00-{CLIENT_TRACE}-{span.span_id.hex()}-01", "the engine's parent is our span"
+    assert sent["traceparent"] == f"00-{CLIENT_TRACE}-{span.span_id.hex()}-01", (
+        "the engine's parent is our span"
+    )
     assert sent["tracestate"] == "vendor=1"
     attributes = {a.key: a.value for a in span.attributes}
     assert attributes["gen_ai.provider.name"].string_value == "vllm"
     assert attributes["gen_ai.response.id"].string_value == ID
     assert attributes["gen_ai.response.model"].string_value == ENGINE_MODEL
-    assert [v.string_value for v in attributes["gen_ai.response.finish_reasons"].array_value.values] == ["length"]
+    assert [v.string_value for v in attributes["gen_ai.response.finish_reasons"].array_value.values] == [
+        "length"
+    ]
     assert attributes["gen_ai.request.model"].string_value == "m1"
 
 
 def test_without_tracing_the_clients_traceparent_reaches_the_engine_untouched(upstream):
-    from fake_upstream import FakeUpstream
+    from support.upstream import FakeUpstream
 
-    fake = FakeUpstream()
-    engine = serve_in_thread(fake, timeout_graceful_shutdown=1)
+    fake = engine = FakeUpstream()
     sidecar = serve_in_thread(build_sidecar(SidecarConfig(upstream=engine.url, db_path=None, engine="none")))
     try:
         header = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
-        httpx.post(sidecar.url + "/v1/chat/completions", headers={"traceparent": header}, timeout=30,
-                   json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]}).raise_for_status()
+        httpx.post(
+            sidecar.url + "/v1/chat/completions",
+            headers={"traceparent": header},
+            timeout=30,
+            json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]},
+        ).raise_for_status()
     finally:
         sidecar.stop()
         engine.stop()
@@ -313,8 +369,8 @@ def test_otlp_over_grpc_reaches_a_grpc_collector():
     grpc = pytest.importorskip("grpc")
     from concurrent import futures
 
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
     from conftest import free_port
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
     received, arrived = [], threading.Event()
 
@@ -341,9 +397,17 @@ def test_otlp_over_grpc_reaches_a_grpc_collector():
     assert span.name == "chat m-grpc"
 
 
-def _row_for_grpc() -> dict:
-    from datetime import datetime, timedelta, timezone
+def _row_for_grpc():
+    from datetime import datetime, timedelta
 
-    start = datetime.now(timezone.utc)
-    return {"request_id": "g-1", "model": "m-grpc", "endpoint": "/v1/chat/completions", "admitted_at": start,
-            "completed_at": start + timedelta(seconds=1), "outcome": "ok"}
+    from collector.record import RequestRecord
+
+    start = datetime.now(UTC)
+    return RequestRecord(
+        request_id="g-1",
+        model="m-grpc",
+        endpoint="/v1/chat/completions",
+        admitted_at=start,
+        completed_at=start + timedelta(seconds=1),
+        outcome="ok",
+    )

@@ -43,11 +43,19 @@ def _probe(config: SimConfig, mix: Mix, seed: int):
     return levels, detect_knee(levels)
 
 
-def _ramp(config: SimConfig, mix: Mix, seed: int, capacity_rps: float, low: float, high: float,
-          duration_s: float = 3600.0) -> list[dict]:
+def _ramp(
+    config: SimConfig,
+    mix: Mix,
+    seed: int,
+    capacity_rps: float,
+    low: float,
+    high: float,
+    duration_s: float = 3600.0,
+) -> list[dict]:
     """Traffic whose arrival rate ramps from low to high x the probe's throughput at its knee."""
-    return poisson_rows(config, lambda t: capacity_rps * (low + (high - low) * t / duration_s),
-                        duration_s, mix, seed=seed)
+    return poisson_rows(
+        config, lambda t: capacity_rps * (low + (high - low) * t / duration_s), duration_s, mix, seed=seed
+    )
 
 
 @pytest.mark.parametrize("name, flags, long_share", MIXES, ids=[m[0] for m in MIXES])
@@ -57,17 +65,29 @@ def test_passive_knee_is_within_one_ladder_level_of_the_probe(name, flags, long_
     mix = Mix(output_tokens=OUTPUT, long_share=long_share, long_prompt_tokens=400, tenants=3)
     levels, probe = _probe(config, mix, seed)
     if long_share == 0.0:  # short prompts only: the probe must find the simulator's own knee
-        assert probe.requests == predicted_knee(config.max_num_seqs, config.kv_cache_tokens,
-                                                config.block_size, mix.prompt_tokens, OUTPUT)
+        assert probe.requests == predicted_knee(
+            config.max_num_seqs, config.kv_cache_tokens, config.block_size, mix.prompt_tokens, OUTPUT
+        )
     capacity = next(level for level in levels if level.concurrency == probe.requests).requests_per_s
     rows = _ramp(config, mix, seed, capacity, 0.3, 1.3)
     assert len({row["tenant"] for row in rows}) == 3
     curve = passive_curve(rows, "requests")
-    table = [(b.concurrency, b.samples, curve.windows_per_bucket.get(b.concurrency),
-              round(b.total_tokens_per_s), b.engine_waiting_mean) for b in curve.buckets]
+    table = [
+        (
+            b.concurrency,
+            b.samples,
+            curve.windows_per_bucket.get(b.concurrency),
+            round(b.total_tokens_per_s),
+            b.engine_waiting_mean,
+        )
+        for b in curve.buckets
+    ]
     assert curve.knee is not None and curve.knee.reached, table
-    assert abs(math.log2(curve.knee.requests) - math.log2(probe.requests)) <= 1, \
-        (probe.requests, curve.knee.rule_reason, table)
+    assert abs(math.log2(curve.knee.requests) - math.log2(probe.requests)) <= 1, (
+        probe.requests,
+        curve.knee.rule_reason,
+        table,
+    )
     assert curve.confidence in ("medium", "high"), (curve.confidence_reason, table)
 
 

@@ -24,20 +24,21 @@ from conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = {"sim", "run", "store"}
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(420)]
 
 
 def readme_commands() -> list[str]:
     """The shell lines of the first code block under '## Using it', comments dropped."""
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Using it"):]
+    section = text[text.index("## Using it") :]
     block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).replace("\\\n", " ")
     return [line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
 def _moved(line: str, ports: dict[str, str]) -> str:
-    return re.sub(r"127\.0\.0\.1:(\d+)", lambda m: f"127.0.0.1:{ports.setdefault(m.group(1), str(free_port()))}",
-                  line)
+    return re.sub(
+        r"127\.0\.0\.1:(\d+)", lambda m: f"127.0.0.1:{ports.setdefault(m.group(1), str(free_port()))}", line
+    )
 
 
 def _wait_serving(process: subprocess.Popen, url: str, log: Path) -> None:
@@ -57,8 +58,12 @@ def _client_load(sidecar: str) -> None:
     from collector.sim.load import run_level
 
     def payload(worker: int, index: int) -> dict:
-        return {"model": "headroom-sim", "max_tokens": 16, "stream": True,
-                "messages": [{"role": "user", "content": f"question {worker}-{index}"}]}
+        return {
+            "model": "headroom-sim",
+            "max_tokens": 16,
+            "stream": True,
+            "messages": [{"role": "user", "content": f"question {worker}-{index}"}],
+        }
 
     for concurrency in (1, 2, 4):
         asyncio.run(run_level(sidecar, concurrency, 1.5, payload))
@@ -74,9 +79,10 @@ def test_readme_using_it_commands_run_in_order_on_one_box(tmp_path):
     try:
         for number, line in enumerate(readme_commands()):
             if line.startswith("export "):
-                name, _, value = line[len("export "):].partition("=")
-                env[name] = subprocess.run(["bash", "-c", f"echo {value}"], capture_output=True, text=True,
-                                           check=True).stdout.strip()
+                name, _, value = line[len("export ") :].partition("=")
+                env[name] = subprocess.run(
+                    ["bash", "-c", f"echo {value}"], capture_output=True, text=True, check=True
+                ).stdout.strip()
                 continue
             words = shlex.split(_moved(line, ports))
             assert words[0] == "headroom", f"README line {line!r} is not a headroom command"
@@ -85,16 +91,25 @@ def test_readme_using_it_commands_run_in_order_on_one_box(tmp_path):
                     words += ["--listen", f"127.0.0.1:{ports.setdefault('9100', str(free_port()))}"]
                 listen = words[words.index("--listen") + 1]
                 log = tmp_path / f"server-{number}.log"
-                servers.append(subprocess.Popen([headroom, *words[1:]], cwd=tmp_path, env=env,
-                                                stdout=log.open("w"), stderr=subprocess.STDOUT))
+                servers.append(
+                    subprocess.Popen(
+                        [headroom, *words[1:]],
+                        cwd=tmp_path,
+                        env=env,
+                        stdout=log.open("w"),
+                        stderr=subprocess.STDOUT,
+                    )
+                )
                 _wait_serving(servers[-1], f"http://{listen}/metrics", log)
                 if words[1] == "run" and "--db" in words:
                     _client_load(f"http://{listen}")
             else:
-                result = subprocess.run([headroom, *words[1:]], cwd=tmp_path, env=env, capture_output=True,
-                                        text=True, timeout=240)
-                assert result.returncode == 0, f"`{line}` exited {result.returncode}:\n{result.stdout[-2000:]}\n" \
-                                               f"{result.stderr[-3000:]}"
+                result = subprocess.run(
+                    [headroom, *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+                )
+                assert result.returncode == 0, (
+                    f"`{line}` exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+                )
             ran.append(words[1])
         for server in servers:
             assert server.poll() is None, "a server of the README exited while the commands ran"

@@ -21,9 +21,17 @@ from PIL import Image, ImageStat
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "out" / "screenshots"
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]
+pytestmark = [pytest.mark.integration, pytest.mark.subprocess, pytest.mark.timeout(240)]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--hide-scrollbars",
+]
 _CHECK = """<script>
 (function () {
   var problems = [];
@@ -46,8 +54,9 @@ def _checked(html: str) -> str:
     return re.sub(r"<head>", "<head>" + _CHECK, html, count=1)
 
 
-def _browse(chromium: str, page: Path, tmp_path: Path, screenshot: Path | None = None,
-            height: int = 2600) -> dict:
+def _browse(
+    chromium: str, page: Path, tmp_path: Path, screenshot: Path | None = None, height: int = 2600
+) -> dict:
     """Load `page` in headless Chromium; the check's verdict, and a screenshot when asked."""
     profile = tmp_path / "chromium-profile"
     common = [chromium, *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000"]
@@ -57,8 +66,12 @@ def _browse(chromium: str, page: Path, tmp_path: Path, screenshot: Path | None =
     verdict = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
     if screenshot is not None:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
-        shot = subprocess.run([*common, f"--window-size=1300,{height}", f"--screenshot={screenshot}", page.as_uri()],
-                              capture_output=True, text=True, timeout=90)
+        shot = subprocess.run(
+            [*common, f"--window-size=1300,{height}", f"--screenshot={screenshot}", page.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert shot.returncode == 0 and screenshot.is_file(), shot.stderr[-2000:]
     return verdict
 
@@ -78,9 +91,13 @@ def chromium() -> str:
 
 def test_the_check_fails_on_a_broken_page(chromium, tmp_path):
     page = tmp_path / "broken.html"
-    page.write_text(_checked("<!doctype html><html><head><title>x</title></head><body>"
-                             "<img alt='plot' src='data:image/png;base64,bm90IGEgcG5n'>"
-                             "<script>undefinedFunction();</script></body></html>"))
+    page.write_text(
+        _checked(
+            "<!doctype html><html><head><title>x</title></head><body>"
+            "<img alt='plot' src='data:image/png;base64,bm90IGEgcG5n'>"
+            "<script>undefinedFunction();</script></body></html>"
+        )
+    )
     verdict = _browse(chromium, page, tmp_path)
     assert any("image did not load: plot" in p for p in verdict["problems"])
     assert any(p.startswith("error:") for p in verdict["problems"])
@@ -97,8 +114,11 @@ def test_weekly_report_renders_whole_in_chromium(chromium, tmp_path):
 
     store = RequestStore(tmp_path / "h.duckdb")
     now = utc_now()
-    store.insert_rows(synthetic_rows(2000, now - timedelta(days=13), span=timedelta(days=13), prefix="w",
-                                     models=("llama-3-8b",)))
+    store.insert_rows(
+        synthetic_rows(
+            2000, now - timedelta(days=13), span=timedelta(days=13), prefix="w", models=("llama-3-8b",)
+        )
+    )
     save_estimate(store, _estimate(model="llama-3-8b", knee_at=8))
     html = render_report_from_store(store, "7d", "html", slo_ttft_p95_s=0.5)
     store.close()

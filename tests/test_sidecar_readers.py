@@ -9,25 +9,26 @@ import httpx
 import pytest
 from conftest import free_port
 from prometheus_client.parser import text_string_to_metric_families
-from sidecar_support import CHAT
+from support.sidecar import CHAT
+from support.upstream import FakeUpstream
 
 from collector import __version__
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar
 from collector.store.owner import OwnerError, find_owner, open_request_log, owner_file_for
-from fake_upstream import FakeUpstream
 
 
 @pytest.fixture
 def owned(tmp_path, monkeypatch):
     """A fake engine and a sidecar that owns tmp/log.duckdb, listening where its config says."""
     monkeypatch.delenv("HEADROOM_TOKEN", raising=False)
-    upstream = serve_in_thread(FakeUpstream(), timeout_graceful_shutdown=1)
+    upstream = FakeUpstream()
     port = free_port()
     db = tmp_path / "log.duckdb"
-    app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=str(db), instance="box", jobs=False,
-                                      listen_port=port))
+    app = build_sidecar(
+        SidecarConfig(upstream=upstream.url, db_path=str(db), instance="box", jobs=False, listen_port=port)
+    )
     sidecar = serve_in_thread(app, port=port, timeout_graceful_shutdown=5)
     try:
         yield sidecar, db, app
@@ -37,8 +38,11 @@ def owned(tmp_path, monkeypatch):
 
 
 def _samples(text: str) -> dict:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_metrics_carry_build_info_no_created_series_and_zero_gauges_before_any_request(owned):
@@ -52,11 +56,13 @@ def test_metrics_carry_build_info_no_created_series_and_zero_gauges_before_any_r
     text = httpx.get(sidecar.url + "/metrics").text
     assert "_created" not in text, "counters and histograms export _created series"
     assert 'headroom_inflight_requests{model="m1"' in text
-    assert 'headroom_inflight_requests{model="",tenant=""}' not in text, "the placeholder outlives real series"
+    assert 'headroom_inflight_requests{model="",tenant=""}' not in text, (
+        "the placeholder outlives real series"
+    )
 
 
 def test_readyz_follows_the_upstream_while_healthz_stays_live(tmp_path):
-    upstream = serve_in_thread(FakeUpstream(), timeout_graceful_shutdown=1)
+    upstream = FakeUpstream()
     app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=None, instance="r", jobs=False))
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
     try:
@@ -83,7 +89,9 @@ def test_a_reader_of_the_owned_log_goes_through_the_sidecar(owned):
         assert store.count() == 3
         assert {row[0] for row in store.query("SELECT model FROM requests")} == {"m1"}
     curve = httpx.get(owner.url + "/v1/query/outcomes", headers={"Authorization": f"Bearer {owner.token}"})
-    assert curve.json()["rows"] == [{"outcome": "ok", "n": 3}], "the store's query routes are served under /headroom"
+    assert curve.json()["rows"] == [{"outcome": "ok", "n": 3}], (
+        "the store's query routes are served under /headroom"
+    )
 
 
 def test_owner_file_goes_with_the_sidecar_and_a_missing_owner_is_explained(owned, tmp_path):

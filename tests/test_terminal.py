@@ -8,10 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
+from test_analysis_estimate import _estimate
 
 from collector.analysis.render import levels_table
-from test_analysis_estimate import _estimate
 
 HEADERS = ("conc", "n", "req/s", "tok/s", "ttft50", "ttft95", "tpot95", "e2e95", "429", "err", "L/λW", "mark")
 TESTS = Path(__file__).resolve().parent
@@ -21,12 +22,16 @@ def _header_line(text: str) -> str:
     return next(line for line in text.splitlines() if line.split()[:2] == ["conc", "n"])
 
 
+@pytest.mark.subprocess
 def test_piped_probe_output_keeps_every_header_whole():
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": str(TESTS)}
-    script = ("from test_analysis_estimate import _estimate\nfrom collector.analysis.render import print_estimate\n"
-              "print_estimate(_estimate(slo_ttft=0.5))\n")
-    piped = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
-                           cwd=TESTS).stdout
+    script = (
+        "from test_analysis_estimate import _estimate\nfrom collector.analysis.render import print_estimate\n"
+        "print_estimate(_estimate(slo_ttft=0.5))\n"
+    )
+    piped = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, cwd=TESTS
+    ).stdout
     line = _header_line(piped)
     assert line.split() == list(HEADERS), line
     assert "…" not in piped
@@ -46,10 +51,18 @@ def test_an_80_column_terminal_shows_every_header_and_marks_the_knee():
 def test_demo_table_fits_120_columns_with_whole_headers():
     from collector.sim.demo_render import _level_table
 
-    level = {"concurrency": 4, "requests": 120, "rate_limited": 0, "output_tokens_per_s": 812.0,
-             **{f"{m}_{q}_s": 0.0123 for m in ("ttft", "tpot") for q in ("p50", "p95", "p99")}}
-    summary = {"db": "headroom-demo/headroom.duckdb", "levels": [level],
-               "calibers": {"per_level_peaks": {4: {"inflight": 4, "active_tokens": 2400}}}}
+    level = {
+        "concurrency": 4,
+        "requests": 120,
+        "rate_limited": 0,
+        "output_tokens_per_s": 812.0,
+        **{f"{m}_{q}_s": 0.0123 for m in ("ttft", "tpot") for q in ("p50", "p95", "p99")},
+    }
+    summary = {
+        "db": "headroom-demo/headroom.duckdb",
+        "levels": [level],
+        "calibers": {"per_level_peaks": {4: {"inflight": 4, "active_tokens": 2400}}},
+    }
     buffer = io.StringIO()
     Console(file=buffer, width=120, force_terminal=True, color_system=None).print(_level_table(summary))
     text = buffer.getvalue()

@@ -26,8 +26,9 @@ class Receivers:
 
 
 # Placeholders for the bridges in front of your pager and ticket tracker (e.g. PagerDuty, Jira).
-PRODUCTION_RECEIVERS = Receivers(page_url="http://alert-bridge:9095/page",
-                                 ticket_url="http://alert-bridge:9095/ticket")
+PRODUCTION_RECEIVERS = Receivers(
+    page_url="http://alert-bridge:9095/page", ticket_url="http://alert-bridge:9095/ticket"
+)
 
 
 def _receiver(name: str, url: str) -> dict:
@@ -44,18 +45,25 @@ def alertmanager_config(receivers: Receivers = PRODUCTION_RECEIVERS) -> dict:
             "group_interval": receivers.group_interval,
             "repeat_interval": receivers.repeat_interval_ticket,
             "routes": [
-                {"receiver": "page", "matchers": ['severity="critical"'],
-                 "repeat_interval": receivers.repeat_interval_page},
+                {
+                    "receiver": "page",
+                    "matchers": ['severity="critical"'],
+                    "repeat_interval": receivers.repeat_interval_page,
+                },
                 {"receiver": "ticket", "matchers": ['severity="warning"']},
             ],
         },
         "receivers": [_receiver("page", receivers.page_url), _receiver("ticket", receivers.ticket_url)],
         "inhibit_rules": [
-            {"source_matchers": ['severity="critical"', 'family=~".+"'],
-             "target_matchers": ['severity="warning"', 'family=~".+"'],
-             "equal": ["family", "model"]},
-            {"source_matchers": ['alertname="HeadroomNearCapacityLimit"'],
-             "target_matchers": ['signal=~".+"'],
-             "equal": ["model"]},
+            {
+                "source_matchers": ['severity="critical"', 'family=~".+"'],
+                "target_matchers": ['severity="warning"', 'family=~".+"'],
+                "equal": ["family", "model"],
+            },
+            {
+                "source_matchers": ['alertname="HeadroomNearCapacityLimit"'],
+                "target_matchers": ['signal=~".+"'],
+                "equal": ["model"],
+            },
         ],
     }

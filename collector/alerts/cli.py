@@ -25,8 +25,13 @@ def alerts() -> None:
 
 
 @alerts.command("generate")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("alerts"),
-              show_default=True, help="Directory to write the rules into.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("alerts"),
+    show_default=True,
+    help="Directory to write the rules into.",
+)
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when the files in --out differ.")
 def generate_alerts(out: Path, check: bool) -> None:
     """Write *.rules.yaml, the promtool test file and alertmanager.yml (deterministic YAML).

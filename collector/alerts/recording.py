@@ -28,13 +28,17 @@ def _concurrency_rules() -> list[dict]:
         _rule(R.TOKENS_INSTANCE, f"sum by (instance, model) ({tokens})"),
         _rule(R.INFLIGHT, f"sum by (model) ({inflight})"),
         _rule(R.ACTIVE_TOKENS, f"sum by (model) ({tokens})"),
-        _rule(R.CONCURRENCY,
-              f'label_replace({R.INFLIGHT_INSTANCE}, "caliber", "requests", "", "")\n'
-              f'or\nlabel_replace({R.TOKENS_INSTANCE}, "caliber", "tokens", "", "")'),
+        _rule(
+            R.CONCURRENCY,
+            f'label_replace({R.INFLIGHT_INSTANCE}, "caliber", "requests", "", "")\n'
+            f'or\nlabel_replace({R.TOKENS_INSTANCE}, "caliber", "tokens", "", "")',
+        ),
         # Silent (no series) for a model and caliber without a measured knee.
-        _rule(R.KNEE_RATIO,
-              f"{R.CONCURRENCY}\n/ on (model, caliber) group_left ()\n"
-              f"max by (model, caliber) ({sample('headroom_capacity_knee')})"),
+        _rule(
+            R.KNEE_RATIO,
+            f"{R.CONCURRENCY}\n/ on (model, caliber) group_left ()\n"
+            f"max by (model, caliber) ({sample('headroom_capacity_knee')})",
+        ),
     ]
 
 
@@ -53,22 +57,30 @@ def _traffic_rules(w: str) -> list[dict]:
         _rule(R.RATE_LIMITED_RATIO, f"(\n  {limited}\n  or {R.REQUESTS_RATE} * 0\n)\n/ {R.REQUESTS_RATE}"),
         _rule(R.GENERATED_RATE, _rate(generated, "model", w)),
         _rule(R.TOKENS_RATE, f"{_rate(prompt, 'model', w)}\n+ {R.GENERATED_RATE}"),
-        _rule(R.TOKENS_RATE_INSTANCE,
-              f"{_rate(prompt, 'instance, model', w)}\n+ {_rate(generated, 'instance, model', w)}"),
+        _rule(
+            R.TOKENS_RATE_INSTANCE,
+            f"{_rate(prompt, 'instance, model', w)}\n+ {_rate(generated, 'instance, model', w)}",
+        ),
     ]
 
 
 def _latency_rules(w: str) -> list[dict]:
     rules = []
-    for name, metric in ((R.TTFT_QUANTILE, "headroom_time_to_first_token_seconds"),
-                         (R.TPOT_QUANTILE, "headroom_time_per_output_token_seconds"),
-                         (R.E2E_QUANTILE, "headroom_request_duration_seconds")):
+    for name, metric in (
+        (R.TTFT_QUANTILE, "headroom_time_to_first_token_seconds"),
+        (R.TPOT_QUANTILE, "headroom_time_per_output_token_seconds"),
+        (R.E2E_QUANTILE, "headroom_request_duration_seconds"),
+    ):
         for quantile in QUANTILES:
             expr = f"histogram_quantile({quantile}, {_rate(sample(metric, 'bucket'), 'model, le', w)})"
             rules.append(_rule(name, expr, quantile=quantile))
     duration = "headroom_request_duration_seconds"
-    rules.append(_rule(R.E2E_MEAN, f"{_rate(sample(duration, 'sum'), 'model', w)}\n"
-                                   f"/ {_rate(sample(duration, 'count'), 'model', w)}"))
+    rules.append(
+        _rule(
+            R.E2E_MEAN,
+            f"{_rate(sample(duration, 'sum'), 'model', w)}\n/ {_rate(sample(duration, 'count'), 'model', w)}",
+        )
+    )
     return rules
 
 
@@ -76,9 +88,11 @@ def _slo_rules(config: RulesConfig) -> list[dict]:
     metric = "headroom_time_to_first_token_seconds"
     good = f'{{le="{le_label(config.ttft_slo_seconds)}"}}'
     return [
-        _rule(R.slo_misses(window),
-              f"1 - (\n  {_rate(sample(metric, 'bucket'), 'model', window, good)}\n"
-              f"  / {_rate(sample(metric, 'count'), 'model', window)}\n)")
+        _rule(
+            R.slo_misses(window),
+            f"1 - (\n  {_rate(sample(metric, 'bucket'), 'model', window, good)}\n"
+            f"  / {_rate(sample(metric, 'count'), 'model', window)}\n)",
+        )
         for window in SLO_WINDOWS
     ]
 

@@ -23,8 +23,11 @@ def _series(name: str, values: str) -> dict:
 
 def _expect(expr: str, *samples: tuple[dict, float]) -> dict:
     """Check `expr` at 10m, rounded to 1e-4 so float noise in rate() does not hide the hand value."""
-    return {"eval_time": "10m", "expr": f"round({expr}, 0.0001)",
-            "exp_samples": [{"labels": _labels(labels), "value": value} for labels, value in samples]}
+    return {
+        "eval_time": "10m",
+        "expr": f"round({expr}, 0.0001)",
+        "exp_samples": [{"labels": _labels(labels), "value": value} for labels, value in samples],
+    }
 
 
 def _labels(labels: dict) -> str:
@@ -47,19 +50,21 @@ _INPUTS = [
 
 _M, _I = {"model": "m"}, {"instance": "a", "model": "m"}
 
-RECORDING_TEST_GROUPS = [{
-    "name": "recording rules: quantiles, SLO misses, calibers, knee ratio, 429 ratio default",
-    "interval": "1m",
-    "input_series": _INPUTS,
-    "promql_expr_test": [
-        _expect(f'{R.TTFT_QUANTILE}{{quantile="0.5"}}', (_M | {"quantile": "0.5"}, 0.625)),
-        _expect(f'{R.TTFT_QUANTILE}{{quantile="0.95"}}', (_M | {"quantile": "0.95"}, 1.9375)),
-        _expect(f'{R.TTFT_QUANTILE}{{quantile="0.99"}}', (_M | {"quantile": "0.99"}, 2)),
-        _expect(R.slo_misses("5m"), (_M, 0.04)),
-        _expect(R.CONCURRENCY, (_I | {"caliber": "requests"}, 8), (_I | {"caliber": "tokens"}, 1000)),
-        # No tokens-caliber knee: that caliber has no ratio (alerts on it stay silent).
-        _expect(R.KNEE_RATIO, (_I | {"caliber": "requests"}, 0.8)),
-        _expect(R.RATE_LIMITED_RATIO, (_M, 0)),
-        _expect(R.REQUESTS_RATE, (_M, 1)),
-    ],
-}]
+RECORDING_TEST_GROUPS = [
+    {
+        "name": "recording rules: quantiles, SLO misses, calibers, knee ratio, 429 ratio default",
+        "interval": "1m",
+        "input_series": _INPUTS,
+        "promql_expr_test": [
+            _expect(f'{R.TTFT_QUANTILE}{{quantile="0.5"}}', (_M | {"quantile": "0.5"}, 0.625)),
+            _expect(f'{R.TTFT_QUANTILE}{{quantile="0.95"}}', (_M | {"quantile": "0.95"}, 1.9375)),
+            _expect(f'{R.TTFT_QUANTILE}{{quantile="0.99"}}', (_M | {"quantile": "0.99"}, 2)),
+            _expect(R.slo_misses("5m"), (_M, 0.04)),
+            _expect(R.CONCURRENCY, (_I | {"caliber": "requests"}, 8), (_I | {"caliber": "tokens"}, 1000)),
+            # No tokens-caliber knee: that caliber has no ratio (alerts on it stay silent).
+            _expect(R.KNEE_RATIO, (_I | {"caliber": "requests"}, 0.8)),
+            _expect(R.RATE_LIMITED_RATIO, (_M, 0)),
+            _expect(R.REQUESTS_RATE, (_M, 1)),
+        ],
+    }
+]

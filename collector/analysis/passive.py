@@ -8,7 +8,8 @@ engine's queue (`engine_waiting_at_admit`). Method:
    of two (log scale, so 6..11 -> 8); each bucket gets n, p50/p95/p99 TTFT, TPOT and e2e, the
    capacity errors (429, 503, timeouts) and the mean engine queue its requests saw.
 2. Throughput per bucket, from time windows, never from single requests: [since, until) is cut
-   into windows of `window_s` (default 3 x the median e2e); each window gets its time-weighted
+   into windows of `window_s` (default 3 x the median generating time, e2e minus TTFT: queue
+   wait left out, so an overload leaves as many windows as calm traffic); each window gets its time-weighted
    mean concurrency and its token throughput (prompt tokens when the first token arrives,
    completion tokens spread over the decode), and is bucketed by that mean. A bucket's
    throughput is the mean over its windows, so a bucket that happened to get many windows (the
@@ -39,8 +40,7 @@ from collector.analysis.levels import LevelStats
 from collector.analysis.stats import power_of_two_bucket, seconds
 from collector.store.db import RequestStore, rows_to_arrow
 
-__all__ = ["PassiveCurve", "passive_curve", "CALIBER_COLUMNS", "MIN_BUCKET_SAMPLES",
-           "confidence_bar"]
+__all__ = ["PassiveCurve", "passive_curve", "CALIBER_COLUMNS", "MIN_BUCKET_SAMPLES", "confidence_bar"]
 
 Row = Mapping[str, Any]
 CALIBER_COLUMNS = {"requests": "inflight_at_admit", "tokens": "active_tokens_at_admit"}
@@ -53,7 +53,7 @@ _ROWS = """SELECT *, epoch(admitted_at) AS a, epoch(coalesce(first_token_at, com
     epoch(completed_at) AS e FROM requests
     WHERE source = ? AND completed_at IS NOT NULL AND {column} IS NOT NULL
       AND (? IS NULL OR admitted_at >= ?) AND (? IS NULL OR admitted_at < ?)
-      AND (? IS NULL OR model = ?)"""
+      AND (? IS NULL OR model = ?) AND (? IS NULL OR task_class = ?)"""
 _BUCKETS = """WITH r AS ({rows})
 SELECT {bucket} AS bucket, count(*) AS n,
     quantile_cont(ttft_s, [0.5, 0.95, 0.99]) FILTER (WHERE outcome = 'ok') AS ttft,
@@ -103,16 +103,25 @@ class PassiveCurve:
 
     def usable_buckets(self) -> list[LevelStats]:
         """Buckets with enough requests and at least one window: the ones the knee is judged on."""
-        return [b for b in self.buckets
-                if b.samples >= MIN_BUCKET_SAMPLES and self.windows_per_bucket.get(b.concurrency)]
+        return [
+            b
+            for b in self.buckets
+            if b.samples >= MIN_BUCKET_SAMPLES and self.windows_per_bucket.get(b.concurrency)
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON: levels are the buckets, each with its window count."""
-        return {"caliber": self.caliber, "window_s": self.window_s, "rows": self.rows,
-                "levels": [b.to_dict() | {"windows": self.windows_per_bucket.get(b.concurrency, 0)}
-                           for b in self.buckets],
-                "knee": self.knee.to_dict() if self.knee else None,
-                "confidence": self.confidence, "confidence_reason": self.confidence_reason}
+        return {
+            "caliber": self.caliber,
+            "window_s": self.window_s,
+            "rows": self.rows,
+            "levels": [
+                b.to_dict() | {"windows": self.windows_per_bucket.get(b.concurrency, 0)} for b in self.buckets
+            ],
+            "knee": self.knee.to_dict() if self.knee else None,
+            "confidence": self.confidence,
+            "confidence_reason": self.confidence_reason,
+        }
 
 
 class _Source:
@@ -139,19 +148,34 @@ def _stats(row: tuple, rates: list[float], window_s: float) -> LevelStats:
     bucket, n, ttft, tpot, e2e, ok, limited, timeouts, capacity_errors, active, waiting = row
     ttft, tpot, e2e = (value or [None, None, None] for value in (ttft, tpot, e2e))
     return LevelStats(
-        concurrency=int(bucket), samples=int(n), window_s=len(rates) * window_s,
-        requests_per_s=0.0, output_tokens_per_s=0.0,
+        concurrency=int(bucket),
+        samples=int(n),
+        window_s=len(rates) * window_s,
+        requests_per_s=0.0,
+        output_tokens_per_s=0.0,
         total_tokens_per_s=sum(rates) / len(rates) if rates else 0.0,
-        ttft_p50_s=ttft[0], ttft_p95_s=ttft[1], ttft_p99_s=ttft[2],
-        tpot_p50_s=tpot[0], tpot_p95_s=tpot[1], tpot_p99_s=tpot[2],
-        e2e_p50_s=e2e[0], e2e_p95_s=e2e[1], e2e_p99_s=e2e[2],
-        rate_limited_ratio=limited / n, timeout_ratio=timeouts / n, error_ratio=1 - ok / n,
-        mean_active_tokens=active, littles_law=None, capacity_errors=int(capacity_errors),
-        engine_waiting_mean=waiting)
+        ttft_p50_s=ttft[0],
+        ttft_p95_s=ttft[1],
+        ttft_p99_s=ttft[2],
+        tpot_p50_s=tpot[0],
+        tpot_p95_s=tpot[1],
+        tpot_p99_s=tpot[2],
+        e2e_p50_s=e2e[0],
+        e2e_p95_s=e2e[1],
+        e2e_p99_s=e2e[2],
+        rate_limited_ratio=limited / n,
+        timeout_ratio=timeouts / n,
+        error_ratio=1 - ok / n,
+        mean_active_tokens=active,
+        littles_law=None,
+        capacity_errors=int(capacity_errors),
+        engine_waiting_mean=waiting,
+    )
 
 
-def confidence_bar(knee: KneeResult | None, buckets: Sequence[LevelStats],
-                   windows: Mapping[int, int]) -> tuple[str, str]:
+def confidence_bar(
+    knee: KneeResult | None, buckets: Sequence[LevelStats], windows: Mapping[int, int]
+) -> tuple[str, str]:
     """How far a traffic knee can be trusted: high, medium, low (or none), and why.
 
     The knee must be reached, and the knee's bucket, the bucket above it and a bucket below it
@@ -163,7 +187,7 @@ def confidence_bar(knee: KneeResult | None, buckets: Sequence[LevelStats],
         return "low", f"traffic never crossed the knee: nothing above {knee.requests} showed it"
     ordered = sorted(buckets, key=lambda b: b.concurrency)
     at = next(i for i, b in enumerate(ordered) if b.concurrency == knee.requests)
-    around = ordered[at:at + 2]
+    around = ordered[at : at + 2]
     below = ordered[at - 1] if at > 0 else None
     if below is None:
         return "low", f"no traffic below the knee ({knee.requests}) to compare with"
@@ -174,46 +198,74 @@ def confidence_bar(knee: KneeResult | None, buckets: Sequence[LevelStats],
     for level, least_n, least_w in _BARS:
         if n >= least_n and w >= least_w:
             return level, f"{n} requests and {w} windows in the thinnest of buckets {names}"
-    return "low", (f"only {n} requests and {w} windows in the thinnest of buckets {names} "
-                   f"(medium needs {_BARS[1][1]} and {_BARS[1][2]})")
+    return "low", (
+        f"only {n} requests and {w} windows in the thinnest of buckets {names} "
+        f"(medium needs {_BARS[1][1]} and {_BARS[1][2]})"
+    )
 
 
-def passive_curve(store_or_rows: Any, caliber: str, since: datetime | None = None,
-                  until: datetime | None = None, model: str | None = None, *,
-                  window_s: float | None = None, source: str = "traffic") -> PassiveCurve:
+def passive_curve(
+    store_or_rows: Any,
+    caliber: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    model: str | None = None,
+    *,
+    window_s: float | None = None,
+    source: str = "traffic",
+    task_class: str | None = None,
+) -> PassiveCurve:
     """Capacity curve of `caliber` ('requests' or 'tokens') from rows admitted in [since, until).
 
-    `store_or_rows` is a RequestStore or a sequence of row dicts. Raises ValueError naming the
-    window when there are no rows to analyse.
+    `store_or_rows` is a RequestStore or a sequence of row dicts; `task_class` keeps one class
+    of requests (collector.tasks; None = all). Raises ValueError naming the window when there
+    are no rows to analyse.
     """
     if caliber not in CALIBER_COLUMNS:
         raise ValueError(f"caliber {caliber!r} is not one of {', '.join(CALIBER_COLUMNS)}")
     db = _Source(store_or_rows)
     try:
-        return _curve(db, caliber, since, until, model, window_s, source)
+        return _curve(db, caliber, since, until, model, window_s, source, task_class)
     finally:
         db.close()
 
 
-def _curve(db: _Source, caliber: str, since: datetime | None, until: datetime | None,
-           model: str | None, window_s: float | None, source: str) -> PassiveCurve:
+def _curve(
+    db: _Source,
+    caliber: str,
+    since: datetime | None,
+    until: datetime | None,
+    model: str | None,
+    window_s: float | None,
+    source: str,
+    task_class: str | None,
+) -> PassiveCurve:
     column = CALIBER_COLUMNS[caliber]
     rows_sql = _ROWS.format(column=column)
-    params = [source, since, since, until, until, model, model]
+    params = [source, since, since, until, until, model, model, task_class, task_class]
+    # windows of 3 x the median time a request spends generating (queue wait excluded: under
+    # overload e2e balloons and would leave too few windows to read the knee from)
     n, first, last, median_e2e = db.query(
-        f"SELECT count(*), min(a), max(e), median(e2e_s) FROM ({rows_sql})", params)[0]
+        f"SELECT count(*), min(a), max(e), median(e2e_s - coalesce(ttft_s, 0)) "
+        f"FILTER (WHERE outcome = 'ok') FROM ({rows_sql})",
+        params,
+    )[0]
     if not n:
         window = f" between {since or 'the first row'} and {until or 'now'}" if since or until else ""
-        raise ValueError(f"no traffic rows with {column}{window}"
-                         f"{f' for model {model!r}' if model else ''}; widen the window or send "
-                         "traffic through the sidecar first")
+        raise ValueError(
+            f"no traffic rows with {column}{window}"
+            f"{f' for model {model!r}' if model else ''}"
+            f"{f' of task class {task_class!r}' if task_class else ''}; widen the "
+            "window or send traffic through the sidecar first"
+        )
     start, end = seconds(since) or first, seconds(until) or last
     window_s = window_s or max(1.0, 3 * (median_e2e or 1.0))
     count = max(int((end - start) // window_s), 0)
     rates: dict[int, list[float]] = defaultdict(list)
-    for _, load, rate in db.query(_WINDOWS.format(rows=rows_sql, busy=_BUSY[caliber]),
-                                  [*params, start, window_s, start, window_s, count,
-                                   window_s, window_s]):
+    for _, load, rate in db.query(
+        _WINDOWS.format(rows=rows_sql, busy=_BUSY[caliber]),
+        [*params, start, window_s, start, window_s, count, window_s, window_s],
+    ):
         bucket = power_of_two_bucket(load)
         if bucket is not None:
             rates[bucket].append(rate)

@@ -47,8 +47,9 @@ class PublishPolicy:
 
     def __post_init__(self) -> None:
         if self.traffic_confidence not in ("low", "medium", "high"):
-            raise ValueError(f"traffic confidence {self.traffic_confidence!r} is not one of "
-                             "low, medium, high")
+            raise ValueError(
+                f"traffic confidence {self.traffic_confidence!r} is not one of low, medium, high"
+            )
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,9 @@ def _hours(age: timedelta) -> str:
     return f"{age.total_seconds() / 3600:.1f} h"
 
 
-def decide(estimates: Sequence[Mapping[str, Any]], now: datetime,
-           policy: PublishPolicy = PublishPolicy()) -> Decision:
+def decide(
+    estimates: Sequence[Mapping[str, Any]], now: datetime, policy: PublishPolicy = PublishPolicy()
+) -> Decision:
     """The decision for the saved estimates of ONE model and task class (any order)."""
     if not estimates:
         raise ValueError("decide() needs the estimates of one model; none were given")
@@ -83,31 +85,44 @@ def decide(estimates: Sequence[Mapping[str, Any]], now: datetime,
     newest = sorted(estimates, key=lambda e: e["created_at"], reverse=True)
     probe = next((e for e in newest if e["source"] == "probe"), None)
     traffic = next((e for e in newest if e["source"] == "traffic"), None)
-    if probe is not None and probe.get("knee_requests") is not None \
-            and _age(probe, now) <= policy.probe_max_age:
-        return Decision(model, task_class, probe,
-                        f"probe run {probe.get('run_id') or '-'} ({_hours(_age(probe, now))} old)")
+    if (
+        probe is not None
+        and probe.get("knee_requests") is not None
+        and _age(probe, now) <= policy.probe_max_age
+    ):
+        return Decision(
+            model,
+            task_class,
+            probe,
+            f"probe run {probe.get('run_id') or '-'} ({_hours(_age(probe, now))} old)",
+        )
     why = []
     if probe is not None:
-        why.append(f"the newest probe is {_hours(_age(probe, now))} old"
-                   if probe.get("knee_requests") is not None
-                   else "the newest probe did not reach the knee")
+        why.append(
+            f"the newest probe is {_hours(_age(probe, now))} old"
+            if probe.get("knee_requests") is not None
+            else "the newest probe did not reach the knee"
+        )
     if traffic is None:
         why.append("no traffic estimate")
     elif traffic.get("knee_requests") is None:
         why.append("traffic never crossed the knee")
     elif CONFIDENCE_RANK.get(traffic.get("confidence"), 0) < CONFIDENCE_RANK[policy.traffic_confidence]:
-        why.append(f"traffic confidence {traffic.get('confidence')} is below "
-                   f"{policy.traffic_confidence} ({traffic.get('confidence_reason') or 'thin data'})")
+        why.append(
+            f"traffic confidence {traffic.get('confidence')} is below "
+            f"{policy.traffic_confidence} ({traffic.get('confidence_reason') or 'thin data'})"
+        )
     else:
-        return Decision(model, task_class, traffic,
-                        f"traffic ({traffic.get('confidence')} confidence, "
-                        f"{_hours(_age(traffic, now))} old)")
+        return Decision(
+            model,
+            task_class,
+            traffic,
+            f"traffic ({traffic.get('confidence')} confidence, {_hours(_age(traffic, now))} old)",
+        )
     return Decision(model, task_class, None, "nothing published: " + "; ".join(why))
 
 
-def published(store: RequestStore, now: datetime, policy: PublishPolicy = PublishPolicy()
-              ) -> list[Decision]:
+def published(store: RequestStore, now: datetime, policy: PublishPolicy = PublishPolicy()) -> list[Decision]:
     """The decision for every model and task class with a saved estimate, in order."""
     grouped: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for estimate in saved.candidate_estimates(store):
@@ -116,8 +131,9 @@ def published(store: RequestStore, now: datetime, policy: PublishPolicy = Publis
     return [decide(grouped[key], now, policy) for key in sorted(grouped)]
 
 
-def publish(store: RequestStore, gauges: CapacityGauges | None, now: datetime,
-            policy: PublishPolicy = PublishPolicy()) -> list[Decision]:
+def publish(
+    store: RequestStore, gauges: CapacityGauges | None, now: datetime, policy: PublishPolicy = PublishPolicy()
+) -> list[Decision]:
     """Decide, then replace the gauges with what is published (nothing where nothing is)."""
     decisions = published(store, now, policy)
     if gauges is not None:

@@ -28,12 +28,13 @@ from typing import Any
 from collector.analysis.estimate import estimate_capacity, estimate_probe_run, save_estimate
 from collector.analysis.publish import PublishPolicy, publish
 from collector.store.capacity_gauges import CapacityGauges
-from collector.store.estimates import import_estimates
 from collector.store.db import RequestStore
+from collector.store.estimates import import_estimates
 
 __all__ = ["refresh_estimates", "finished_probe_runs"]
 
 log = logging.getLogger(__name__)
+MIN_CLASS_ROWS = 200  # a task class needs this many requests in the window for its own curve
 
 _FINISHED_RUNS = """SELECT run_id FROM requests
 WHERE source = 'probe' AND run_id IS NOT NULL AND completed_at IS NOT NULL
@@ -53,14 +54,18 @@ def finished_probe_runs(store: RequestStore, now: datetime, quiet_s: float) -> l
 
 
 def _models(store: RequestStore, since: datetime, until: datetime) -> list[str]:
-    rows = store.query("SELECT DISTINCT model FROM requests WHERE source = 'traffic' "
-                       "AND admitted_at >= ? AND admitted_at < ? AND model IS NOT NULL "
-                       "ORDER BY model", [since, until])
+    rows = store.query(
+        "SELECT DISTINCT model FROM requests WHERE source = 'traffic' "
+        "AND admitted_at >= ? AND admitted_at < ? AND model IS NOT NULL "
+        "ORDER BY model",
+        [since, until],
+    )
     return [row[0] for row in rows]
 
 
-def _estimate_probes(store: RequestStore, now: datetime, quiet_s: float,
-                     slo_ttft_p95_s: float | None, profile: str) -> list[dict[str, Any]]:
+def _estimate_probes(
+    store: RequestStore, now: datetime, quiet_s: float, slo_ttft_p95_s: float | None, profile: str
+) -> list[dict[str, Any]]:
     saved = []
     for run_id in finished_probe_runs(store, now, quiet_s):
         estimate = estimate_probe_run(store, run_id, slo_ttft_p95_s=slo_ttft_p95_s, profile=profile)
@@ -73,28 +78,56 @@ def _estimate_probes(store: RequestStore, now: datetime, quiet_s: float,
     return saved
 
 
-def _estimate_traffic(store: RequestStore, now: datetime, window: timedelta,
-                      slo_ttft_p95_s: float | None, profile: str) -> list[dict[str, Any]]:
+def _classes(store: RequestStore, model: str, since: datetime, until: datetime) -> list[str | None]:
+    """None (every request) and each task class with enough traffic for a curve of its own."""
+    rows = store.query(
+        "SELECT task_class FROM requests WHERE source = 'traffic' AND model = ? "
+        "AND admitted_at >= ? AND admitted_at < ? AND task_class IS NOT NULL "
+        "GROUP BY task_class HAVING count(*) >= ? ORDER BY task_class",
+        [model, since, until, MIN_CLASS_ROWS],
+    )
+    classes = [row[0] for row in rows]
+    return [None, *classes] if len(classes) > 1 else [None]  # one class alone is "all"
+
+
+def _estimate_traffic(
+    store: RequestStore, now: datetime, window: timedelta, slo_ttft_p95_s: float | None, profile: str
+) -> list[dict[str, Any]]:
     since, saved = now - window, []
     for model in _models(store, since, now):
-        try:
-            estimate = estimate_capacity(store, model=model, since=since, until=now,
-                                         slo_ttft_p95_s=slo_ttft_p95_s, profile=profile,
-                                         source="traffic")
-        except ValueError as exc:  # too little traffic for a curve: keep what was there
-            log.info("no new traffic estimate for %s: %s", model, exc)
-            continue
-        save_estimate(store, estimate)
-        saved.append(estimate.to_dict())
+        for task_class in _classes(store, model, since, now):
+            try:
+                estimate = estimate_capacity(
+                    store,
+                    model=model,
+                    since=since,
+                    until=now,
+                    slo_ttft_p95_s=slo_ttft_p95_s,
+                    profile=profile,
+                    source="traffic",
+                    task_class=task_class,
+                )
+            except ValueError as exc:  # too little traffic for a curve: keep what was there
+                log.info("no new traffic estimate for %s/%s: %s", model, task_class or "all", exc)
+                continue
+            save_estimate(store, estimate)
+            saved.append(estimate.to_dict())
     return saved
 
 
-def refresh_estimates(store: RequestStore, gauges: CapacityGauges | None, now: datetime, *,
-                      window: timedelta, slo_ttft_p95_s: float | None = None,
-                      profile: str = "interactive", traffic: bool = True,
-                      probe_quiet_s: float = 10.0, estimate_files: Sequence[str] = (),
-                      probe_max_age: timedelta = PublishPolicy().probe_max_age
-                      ) -> list[dict[str, Any]]:
+def refresh_estimates(
+    store: RequestStore,
+    gauges: CapacityGauges | None,
+    now: datetime,
+    *,
+    window: timedelta,
+    slo_ttft_p95_s: float | None = None,
+    profile: str = "interactive",
+    traffic: bool = True,
+    probe_quiet_s: float = 10.0,
+    estimate_files: Sequence[str] = (),
+    probe_max_age: timedelta = PublishPolicy().probe_max_age,
+) -> list[dict[str, Any]]:
     """Import estimates saved in `estimate_files` (`headroom probe --db` files), estimate
     finished probe runs (and, with `traffic`, each active model's traffic), save them, then
     publish the decision per model to the gauges; returns what was saved here."""

@@ -39,8 +39,7 @@ class WorkloadClass:
     prompts: str = "short"
 
 
-DEFAULT_WORKLOAD = (WorkloadClass("short", 128), WorkloadClass("medium", 512),
-                    WorkloadClass("long", 1200))
+DEFAULT_WORKLOAD = (WorkloadClass("short", 128), WorkloadClass("medium", 512), WorkloadClass("long", 1200))
 
 
 def _class(entry: object, index: int, where: str) -> WorkloadClass:
@@ -48,15 +47,17 @@ def _class(entry: object, index: int, where: str) -> WorkloadClass:
         raise ValueError(f"{where}: classes[{index}] is not a mapping with name and max_tokens")
     unknown = set(entry) - {"name", "max_tokens", "prompts"}
     if unknown:
-        raise ValueError(f"{where}: classes[{index}] has unknown keys {sorted(unknown)}; "
-                         "use name, max_tokens, prompts")
+        raise ValueError(
+            f"{where}: classes[{index}] has unknown keys {sorted(unknown)}; use name, max_tokens, prompts"
+        )
     name, max_tokens = entry.get("name"), entry.get("max_tokens")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"{where}: classes[{index}].name {name!r} must be lowercase letters, "
-                         "digits, '-' or '_' (it becomes the task_class label)")
+        raise ValueError(
+            f"{where}: classes[{index}].name {name!r} must be lowercase letters, "
+            "digits, '-' or '_' (it becomes the task_class label)"
+        )
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise ValueError(f"{where}: classes[{index}].max_tokens {max_tokens!r} must be a "
-                         "positive integer")
+        raise ValueError(f"{where}: classes[{index}].max_tokens {max_tokens!r} must be a positive integer")
     prompts = entry.get("prompts", "short")
     if not isinstance(prompts, str):
         raise ValueError(f"{where}: classes[{index}].prompts must be short, long, mixed or a file")
@@ -76,8 +77,10 @@ def load_workload(spec: str) -> tuple[WorkloadClass, ...]:
         raise ValueError(f"--workload {spec}: not YAML ({exc})") from None
     entries = data.get("classes") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise ValueError(f"--workload {spec}: expected a 'classes:' list (format in "
-                         "docs/capacity.md, 'Capacity per task type')")
+        raise ValueError(
+            f"--workload {spec}: expected a 'classes:' list (format in "
+            "docs/capacity.md, 'Capacity per task type')"
+        )
     classes = tuple(_class(entry, i, f"--workload {spec}") for i, entry in enumerate(entries))
     names = [c.name for c in classes]
     if len(set(names)) != len(names):

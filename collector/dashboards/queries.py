@@ -43,14 +43,15 @@ def rate(name: str, selector: str, suffix: str = "") -> str:
 
 def quantile(q: float, histogram: str, *, by: str = "model", selector: str | None = None) -> str:
     """The q-quantile of a catalog histogram over the selected sidecars, per `by` labels."""
-    return (f"histogram_quantile({q:g}, sum by (le, {by}) "
-            f"({rate(histogram, selector or sel('model'), 'bucket')}))")
+    return (
+        f"histogram_quantile({q:g}, sum by (le, {by}) "
+        f"({rate(histogram, selector or sel('model'), 'bucket')}))"
+    )
 
 
 def served(expr: str) -> str:
     """Keep `expr` (one series per model) to the models the selected sidecars serve."""
-    return (f"{expr}\nand on (model) group by (model) "
-            f"({sample('headroom_inflight_requests')}{sel('model')})")
+    return f"{expr}\nand on (model) group by (model) ({sample('headroom_inflight_requests')}{sel('model')})"
 
 
 def published(name: str, aggregate: str = "max") -> str:
@@ -66,7 +67,6 @@ def published(name: str, aggregate: str = "max") -> str:
 def slo_miss_ratio(slo_seconds: float, window: str) -> str:
     """Share of requests slower than the TTFT SLO over `window`, per model (1 - bucket/count)."""
     at_slo = f'le="{le_label(slo_seconds)}"'
-    bucket = f'{sample("headroom_time_to_first_token_seconds", "bucket")}{sel("model", extra=at_slo)}'
+    bucket = f"{sample('headroom_time_to_first_token_seconds', 'bucket')}{sel('model', extra=at_slo)}"
     count = f"{sample('headroom_time_to_first_token_seconds', 'count')}{sel('model')}"
-    return (f"1 - sum by (model) (rate({bucket}[{window}]))\n"
-            f"/ sum by (model) (rate({count}[{window}]))")
+    return f"1 - sum by (model) (rate({bucket}[{window}]))\n/ sum by (model) (rate({count}[{window}]))"

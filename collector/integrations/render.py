@@ -24,7 +24,13 @@ from typing import Any
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
 
-__all__ = ["EstimateError", "per_replica", "keda_scaled_object", "gateway_picker_config", "llmd_saturation_config"]
+__all__ = [
+    "EstimateError",
+    "per_replica",
+    "keda_scaled_object",
+    "gateway_picker_config",
+    "llmd_saturation_config",
+]
 
 
 class EstimateError(ValueError):
@@ -42,14 +48,22 @@ def per_replica(estimate: dict[str, Any]) -> dict[str, float]:
     pool = estimate.get("recommended_pool")
     model = estimate.get("model") or "the model"
     if not knee.get("reached"):
-        raise EstimateError(f"the estimate for {model} has no knee (the probe never reached it: the highest "
-                            "level is a lower bound); probe higher levels before scaling on it")
+        raise EstimateError(
+            f"the estimate for {model} has no knee (the probe never reached it: the highest "
+            "level is a lower bound); probe higher levels before scaling on it"
+        )
     if not pool or not knee_requests:
-        raise EstimateError(f"the estimate for {model} has no recommended pool; rerun `headroom probe` with a "
-                            "--profile")
+        raise EstimateError(
+            f"the estimate for {model} has no recommended pool; rerun `headroom probe` with a --profile"
+        )
     pool_tokens = round(knee_tokens * pool / knee_requests, 1) if knee_tokens else None
-    return {"knee_requests": knee_requests, "knee_tokens": knee_tokens, "pool_requests": pool,
-            "pool_tokens": pool_tokens, "burst_ratio": round(max(knee_requests / pool - 1.0, 0.0), 4)}
+    return {
+        "knee_requests": knee_requests,
+        "knee_tokens": knee_tokens,
+        "pool_requests": pool,
+        "pool_tokens": pool_tokens,
+        "burst_ratio": round(max(knee_requests / pool - 1.0, 0.0), 4),
+    }
 
 
 def _selector(model: str, config: RulesConfig) -> str:
@@ -57,41 +71,71 @@ def _selector(model: str, config: RulesConfig) -> str:
 
 
 def _keda_trigger(query: str, prometheus_url: str, name: str) -> dict[str, Any]:
-    return {"type": "prometheus", "name": name,
-            "metadata": {"serverAddress": prometheus_url, "query": query, "threshold": "1",
-                         "ignoreNullValues": "true"}}
+    return {
+        "type": "prometheus",
+        "name": name,
+        "metadata": {
+            "serverAddress": prometheus_url,
+            "query": query,
+            "threshold": "1",
+            "ignoreNullValues": "true",
+        },
+    }
 
 
-def keda_scaled_object(estimate: dict[str, Any], *, deployment: str, namespace: str = "default",
-                       prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090",
-                       min_replicas: int = 1, max_replicas: int = 10,
-                       config: RulesConfig = RulesConfig()) -> dict[str, Any]:
+def keda_scaled_object(
+    estimate: dict[str, Any],
+    *,
+    deployment: str,
+    namespace: str = "default",
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090",
+    min_replicas: int = 1,
+    max_replicas: int = 10,
+    config: RulesConfig = RulesConfig(),
+) -> dict[str, Any]:
     """A KEDA ScaledObject (keda.sh/v1alpha1) scaling `deployment` on live ÷ per-replica concurrency."""
     limits = per_replica(estimate)
     model = estimate["model"]
     selected = _selector(model, config)
     published = f'{{model="{model}", task_class="all"}}'
     pool = sample("headroom_capacity_recommended_pool_requests")
-    requests = (f"sum({sample('headroom_inflight_requests')}{selected})\n"
-                f"/ on() (max({pool}{published}) or vector({limits['pool_requests']}))")
+    requests = (
+        f"sum({sample('headroom_inflight_requests')}{selected})\n"
+        f"/ on() (max({pool}{published}) or vector({limits['pool_requests']}))"
+    )
     triggers = [_keda_trigger(requests, prometheus_url, "inflight-requests-per-pool")]
     if limits["pool_tokens"]:
-        knee_tokens, knee_requests = (sample("headroom_capacity_knee_tokens"),
-                                      sample("headroom_capacity_knee_requests"))
-        budget = (f"(max({knee_tokens}{published}) * max({pool}{published}) / max({knee_requests}{published}))"
-                  f" or vector({limits['pool_tokens']})")
+        knee_tokens, knee_requests = (
+            sample("headroom_capacity_knee_tokens"),
+            sample("headroom_capacity_knee_requests"),
+        )
+        budget = (
+            f"(max({knee_tokens}{published}) * max({pool}{published}) / max({knee_requests}{published}))"
+            f" or vector({limits['pool_tokens']})"
+        )
         tokens = f"sum({sample('headroom_active_tokens')}{selected})\n/ on() ({budget})"
         triggers.append(_keda_trigger(tokens, prometheus_url, "active-tokens-per-pool"))
     return {
-        "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
-        "metadata": {"name": f"{deployment}-headroom", "namespace": namespace,
-                     "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
-                     "annotations": {"llm-headroom/estimate": str(estimate.get("created_at")),
-                                     "llm-headroom/pool-requests": str(limits["pool_requests"]),
-                                     "llm-headroom/knee-requests": str(limits["knee_requests"])}},
-        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
-                 "minReplicaCount": min_replicas, "maxReplicaCount": max_replicas,
-                 "pollingInterval": 15, "cooldownPeriod": 300, "triggers": triggers},
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {
+            "name": f"{deployment}-headroom",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
+            "annotations": {
+                "llm-headroom/estimate": str(estimate.get("created_at")),
+                "llm-headroom/pool-requests": str(limits["pool_requests"]),
+                "llm-headroom/knee-requests": str(limits["knee_requests"]),
+            },
+        },
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
+            "minReplicaCount": min_replicas,
+            "maxReplicaCount": max_replicas,
+            "pollingInterval": 15,
+            "cooldownPeriod": 300,
+            "triggers": triggers,
+        },
     }
 
 
@@ -102,18 +146,27 @@ def gateway_picker_config(estimate: dict[str, Any], *, mode: str = "requests") -
         raise ValueError(f"mode {mode!r} is not requests or tokens")
     limits = per_replica(estimate)
     if mode == "tokens" and not limits["pool_tokens"]:
-        raise EstimateError(f"the estimate for {estimate.get('model')} has no knee in tokens; use --mode requests")
-    parameters = {"concurrencyMode": mode, "maxConcurrency": int(limits["pool_requests"]),
-                  "headroom": limits["burst_ratio"]}
+        raise EstimateError(
+            f"the estimate for {estimate.get('model')} has no knee in tokens; use --mode requests"
+        )
+    parameters = {
+        "concurrencyMode": mode,
+        "maxConcurrency": int(limits["pool_requests"]),
+        "headroom": limits["burst_ratio"],
+    }
     if limits["pool_tokens"]:
         parameters["maxTokenConcurrency"] = int(limits["pool_tokens"])
-    return {"apiVersion": "inference.networking.x-k8s.io/v1alpha1", "kind": "EndpointPickerConfig",
-            "plugins": [{"type": "concurrency-detector", "parameters": parameters}],
-            "saturationDetector": {"pluginRef": "concurrency-detector"}}
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "concurrency-detector", "parameters": parameters}],
+        "saturationDetector": {"pluginRef": "concurrency-detector"},
+    }
 
 
-def llmd_saturation_config(estimate: dict[str, Any], *, namespace: str = "default",
-                           kv_cache_threshold: float = 0.80) -> dict[str, Any]:
+def llmd_saturation_config(
+    estimate: dict[str, Any], *, namespace: str = "default", kv_cache_threshold: float = 0.80
+) -> dict[str, Any]:
     """llm-d's Workload Variant Autoscaler: a per-model entry of its saturation-scaling ConfigMap.
 
     WVA judges a replica by its queue and KV cache. A replica past the knee queues, and the pool
@@ -122,12 +175,24 @@ def llmd_saturation_config(estimate: dict[str, Any], *, namespace: str = "defaul
     """
     limits = per_replica(estimate)
     burst = max(1, int(round(limits["knee_requests"] - limits["pool_requests"])))
-    entry = {"model_id": estimate["model"], "namespace": namespace, "kvCacheThreshold": kv_cache_threshold,
-             "queueLengthThreshold": burst, "kvSpareTrigger": 0.1, "queueSpareTrigger": max(1, burst // 2)}
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "wva-saturation-scaling-config", "namespace": namespace,
-                         "labels": {"app.kubernetes.io/part-of": "llm-headroom"}},
-            "data": {_config_key(estimate["model"]): _yaml_block(entry)}}
+    entry = {
+        "model_id": estimate["model"],
+        "namespace": namespace,
+        "kvCacheThreshold": kv_cache_threshold,
+        "queueLengthThreshold": burst,
+        "kvSpareTrigger": 0.1,
+        "queueSpareTrigger": max(1, burst // 2),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "wva-saturation-scaling-config",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
+        },
+        "data": {_config_key(estimate["model"]): _yaml_block(entry)},
+    }
 
 
 def _config_key(model: str) -> str:
@@ -136,5 +201,7 @@ def _config_key(model: str) -> str:
 
 
 def _yaml_block(entry: dict[str, Any]) -> str:
-    return "".join(f"{key}: {value!r}\n" if isinstance(value, str) else f"{key}: {value}\n"
-                   for key, value in entry.items()).replace("'", '"')
+    return "".join(
+        f"{key}: {value!r}\n" if isinstance(value, str) else f"{key}: {value}\n"
+        for key, value in entry.items()
+    ).replace("'", '"')

@@ -10,7 +10,7 @@ Each figure is 12 x 4.2 inches at 100 dpi (1200 px wide), so it reads at a brows
 from __future__ import annotations
 
 import io
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = ["week_png", "curve_png", "throughput_png"]
@@ -19,7 +19,7 @@ _SIZE, _DPI = (12, 4.2), 100
 _CALIBERS = (("requests", "in-flight requests"), ("tokens", "active tokens"))
 
 
-def _figure(columns: int):
+def _figure(columns: int) -> tuple[Any, list[Any]]:
     # lazy: matplotlib loads only when an HTML review is drawn, never on the sidecar's path
     import matplotlib
 
@@ -30,34 +30,36 @@ def _figure(columns: int):
     return figure, (figure.subplots(1, columns) if columns > 1 else [figure.subplots()])
 
 
-def _png(figure) -> bytes:
+def _png(figure: Any) -> bytes:
     figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
     return buffer.getvalue()
 
 
-def _powers_of_two(axis, values: list[float]) -> None:
+def _powers_of_two(axis: Any, values: list[float]) -> None:
     """Log-2 x axis labelled 1, 2, 4, ... (not 2^n)."""
     from matplotlib.ticker import FixedLocator, NullLocator  # lazy, as in _figure
 
     axis.set_xscale("log", base=2)
     top = max(values + [1])
-    ticks = [2 ** i for i in range(0, int(top).bit_length() + 1)]
+    ticks = [2**i for i in range(0, int(top).bit_length() + 1)]
     axis.xaxis.set_major_locator(FixedLocator(ticks))
     axis.xaxis.set_minor_locator(NullLocator())
     axis.set_xticklabels([f"{t:,}" for t in ticks], rotation=45 if len(ticks) > 10 else 0)
 
 
-def _knee_line(axis, knee: float | None, *, vertical: bool) -> None:
+def _knee_line(axis: Any, knee: float | None, *, vertical: bool) -> None:
     if knee:
-        (axis.axvline if vertical else axis.axhline)(knee, color="tab:red", linestyle="--", label=f"knee {knee:g}")
+        (axis.axvline if vertical else axis.axhline)(
+            knee, color="tab:red", linestyle="--", label=f"knee {knee:g}"
+        )
 
 
 def week_png(model: dict[str, Any]) -> bytes:
     """Hourly peak concurrency over the window against the knee, requests left and tokens right."""
     figure, axes = _figure(2)
-    hours = [datetime.fromtimestamp(h["hour"], timezone.utc) for h in model["hourly"]]
+    hours = [datetime.fromtimestamp(h["hour"], UTC) for h in model["hourly"]]
     for axis, (caliber, label) in zip(axes, _CALIBERS):
         peaks = [h[f"peak_{caliber}"] for h in model["hourly"]]
         axis.plot(hours, peaks, drawstyle="steps-post", color="tab:blue", label=f"peak {label} per hour")
@@ -75,8 +77,9 @@ def curve_png(model: dict[str, Any]) -> bytes:
     """The passive capacity curve: p95 TTFT by concurrency bucket at admission, both calibers."""
     figure, axes = _figure(2)
     slo = model["slo"]["ttft_p95_s"]
-    for axis, (key, caliber, label) in zip(axes, (("curve", "requests", "in-flight requests"),
-                                                  ("curve_tokens", "tokens", "active tokens"))):
+    for axis, (key, caliber, label) in zip(
+        axes, (("curve", "requests", "in-flight requests"), ("curve_tokens", "tokens", "active tokens"))
+    ):
         points = [(b["bucket"], b["ttft_p95_s"]) for b in model[key] if b["ttft_p95_s"] is not None]
         if points:
             axis.plot(*zip(*points), marker="o", color="tab:purple", label="p95 TTFT")

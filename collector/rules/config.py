@@ -75,23 +75,25 @@ class RulesConfig:
     # Window of deriv/predict_linear for "TTFT rising"; the prediction horizon is 1 h.
     ttft_trend_window: str = "30m"
     # `for:` per alert name; a longer `for:` trades detection time for fewer false pages.
-    for_durations: dict[str, str] = field(default_factory=lambda: {
-        "HeadroomTTFTRising": "15m",
-        "HeadroomQueueNotDraining": "5m",
-        "HeadroomGPUSaturatedThroughputFlat": "10m",
-        "HeadroomTailLatencyOverSLO": "10m",
-        "HeadroomNearCapacityLimit": "2m",
-        "HeadroomKVCacheNearFull": "5m",
-        "HeadroomKVCacheFull": "2m",
-        "HeadroomTokenCaliberDivergence": "10m",
-        "HeadroomConcurrencyNearKnee": "10m",
-        "HeadroomRateLimitedRatioHigh": "5m",
-        "HeadroomTTFTBudgetBurnFast": "2m",
-        "HeadroomTTFTBudgetBurnSlow": "15m",
-        "HeadroomSidecarDown": "2m",
-        "HeadroomEngineScrapeFailing": "3m",
-        "HeadroomLogRowsDropped": "5m",
-    })
+    for_durations: dict[str, str] = field(
+        default_factory=lambda: {
+            "HeadroomTTFTRising": "15m",
+            "HeadroomQueueNotDraining": "5m",
+            "HeadroomGPUSaturatedThroughputFlat": "10m",
+            "HeadroomTailLatencyOverSLO": "10m",
+            "HeadroomNearCapacityLimit": "2m",
+            "HeadroomKVCacheNearFull": "5m",
+            "HeadroomKVCacheFull": "2m",
+            "HeadroomTokenCaliberDivergence": "10m",
+            "HeadroomConcurrencyNearKnee": "10m",
+            "HeadroomRateLimitedRatioHigh": "5m",
+            "HeadroomTTFTBudgetBurnFast": "2m",
+            "HeadroomTTFTBudgetBurnSlow": "15m",
+            "HeadroomSidecarDown": "2m",
+            "HeadroomEngineScrapeFailing": "3m",
+            "HeadroomLogRowsDropped": "5m",
+        }
+    )
 
     # --- wiring -------------------------------------------------------------------------------
     # Prometheus job that scrapes the sidecars (deploy/prometheus/prometheus.yml). Change both
@@ -107,20 +109,29 @@ class RulesConfig:
         try:
             return self.for_durations[alert]
         except KeyError:
-            raise KeyError(f"no for: duration for alert {alert!r}; add it to RulesConfig.for_durations") from None
+            raise KeyError(
+                f"no for: duration for alert {alert!r}; add it to RulesConfig.for_durations"
+            ) from None
 
-    def validate(self) -> "RulesConfig":
+    def validate(self) -> RulesConfig:
         """Raise ConfigError when a value cannot give correct rules; return self otherwise."""
         if self.ttft_slo_seconds not in TTFT_BUCKETS_SECONDS:
             raise ConfigError(
                 f"ttft_slo_seconds={self.ttft_slo_seconds} is not a TTFT histogram bucket; pick one of "
-                f"{TTFT_BUCKETS_SECONDS} so the SLI reads an exact bucket")
+                f"{TTFT_BUCKETS_SECONDS} so the SLI reads an exact bucket"
+            )
         if not 0 < self.ttft_slo_objective < 1:
-            raise ConfigError(f"ttft_slo_objective={self.ttft_slo_objective} must be between 0 and 1 (e.g. 0.99)")
-        for high, low in ((self.kv_warning_ratio, self.kv_warning_clear_ratio),
-                          (self.kv_critical_ratio, self.kv_critical_clear_ratio)):
+            raise ConfigError(
+                f"ttft_slo_objective={self.ttft_slo_objective} must be between 0 and 1 (e.g. 0.99)"
+            )
+        for high, low in (
+            (self.kv_warning_ratio, self.kv_warning_clear_ratio),
+            (self.kv_critical_ratio, self.kv_critical_clear_ratio),
+        ):
             if not 0 < low < high <= 1:
-                raise ConfigError(f"KV-cache clear ratio {low} must be below its raise ratio {high}, both in (0, 1]")
+                raise ConfigError(
+                    f"KV-cache clear ratio {low} must be below its raise ratio {high}, both in (0, 1]"
+                )
         return self
 
     @property

@@ -33,8 +33,13 @@ _WRITTEN = spec("headroom_log_rows_written_total")
 
 
 def _validation_as_400(request: Request, exc: RequestValidationError) -> JSONResponse:
-    problems = [{"parameter": ".".join(str(p) for p in err.get("loc", ())[1:]) or "body",
-                 "problem": err.get("msg", "invalid")} for err in exc.errors()]
+    problems = [
+        {
+            "parameter": ".".join(str(p) for p in err.get("loc", ())[1:]) or "body",
+            "problem": err.get("msg", "invalid"),
+        }
+        for err in exc.errors()
+    ]
     return JSONResponse(status_code=400, content={"detail": problems})
 
 
@@ -53,8 +58,9 @@ def _lifespan(store: RequestStore, gauges: CapacityGauges | None, job_settings: 
         if gauges is not None:
             await run_in_threadpool(publish_stored, store, gauges)
         if job_settings is not None:
-            scheduler = build_scheduler(store, gauges, job_settings, refresh=refresh_estimates,
-                                        review=write_report_files)
+            scheduler = build_scheduler(
+                store, gauges, job_settings, refresh=refresh_estimates, review=write_report_files
+            )
             scheduler.start()
         app.state.scheduler = scheduler
         try:
@@ -66,19 +72,33 @@ def _lifespan(store: RequestStore, gauges: CapacityGauges | None, job_settings: 
     return lifespan
 
 
-def create_store_app(store: RequestStore, token: str, *, gauges: CapacityGauges | None = None,
-                     job_settings: JobSettings | None = None,
-                     report_dir: str | Path | None = None) -> FastAPI:
+def create_store_app(
+    store: RequestStore,
+    token: str,
+    *,
+    gauges: CapacityGauges | None = None,
+    job_settings: JobSettings | None = None,
+    report_dir: str | Path | None = None,
+) -> FastAPI:
     """The store service around an open RequestStore; `token` guards everything but health/metrics."""
     if not token:
-        raise ValueError("create_store_app needs a non-empty token (see collector.service.auth.resolve_token)")
+        raise ValueError(
+            "create_store_app needs a non-empty token (see collector.service.auth.resolve_token)"
+        )
     if report_dir is None and job_settings is not None:
         report_dir = job_settings.report_dir
     registry, written = _registry(gauges)
     auth = Depends(require_token(token))
-    app = FastAPI(title="llm-headroom store", lifespan=_lifespan(store, gauges, job_settings),
-                  description="Ingest, query and review the fleet's request log. "
-                              "Send `Authorization: Bearer <token>` to every /v1 route.")
+    # No /docs or /redoc: FastAPI's pages load their scripts from a public CDN (blank when
+    # air-gapped, blocked by a strict CSP). /openapi.json describes the API for any local viewer.
+    app = FastAPI(
+        title="llm-headroom store",
+        lifespan=_lifespan(store, gauges, job_settings),
+        docs_url=None,
+        redoc_url=None,
+        description="Ingest, query and review the fleet's request log. "
+        "Send `Authorization: Bearer <token>` to every /v1 route.",
+    )
     app.add_exception_handler(RequestValidationError, _validation_as_400)
     app.state.store = store
 
@@ -91,6 +111,13 @@ def create_store_app(store: RequestStore, token: str, *, gauges: CapacityGauges 
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(build_store_routes(store, [auth], report_dir=Path(report_dir) if report_dir else None,
-                                          gauges=gauges, on_rows=written.inc))
+    app.include_router(
+        build_store_routes(
+            store,
+            [auth],
+            report_dir=Path(report_dir) if report_dir else None,
+            gauges=gauges,
+            on_rows=written.inc,
+        )
+    )
     return app

@@ -1,12 +1,13 @@
 """create_app: the sidecar's HTTP surface, serving and running the parts it is given.
 
 Routes: POST /v1/chat/completions and /v1/completions (accounted), any other /v1/* (passed
-through), GET /metrics (Prometheus text format), GET /healthz (liveness: the process serves),
-GET /readyz (readiness: 503 while the upstream does not answer), and, where this sidecar owns its
-database, the store's token-protected routes under /headroom (collector.service.routes), so that
-readers work while it runs. The lifespan opens the pooled upstream client, starts the engine
-poller and the in-process store's jobs, writes the `<db>.owner` file readers look for, and on
-shutdown stops them and closes every sink, which writes every request-log row still queued.
+through), GET /metrics (Prometheus text format, rendered in a worker thread so a large scrape
+never stalls the proxy), GET /healthz (liveness: the process serves), GET /readyz (readiness: 503 while the upstream does
+not answer), and, where this sidecar owns its database, the store's token-protected routes under
+/headroom (collector.service.routes), so that readers work while it runs. Every path is normalised first
+(collector.sidecar.paths). The lifespan opens the pooled upstream client, starts the engine
+poller and the in-process store's jobs, writes the `<db>.owner` file readers look for, and on shutdown stops them and closes every sink, which
+writes every request-log row that is still queued.
 
 Which parts a sidecar has (sources, sinks, jobs) is decided in one place, collector.sidecar.wiring;
 this module never looks at the config to choose them.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,7 +32,10 @@ from starlette.routing import Route
 from collector import __version__
 from collector.record import RowSink
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.proxy import CompletionsProxy, PassThrough
+from collector.sidecar.faults import FaultLog
+from collector.sidecar.passthrough import PassThrough
+from collector.sidecar.paths import PathNormaliser
+from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
 from collector.sidecar.tenants import LabelCap
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource
@@ -43,7 +47,7 @@ __all__ = ["create_app", "SidecarParts", "ACCOUNTED_PATHS", "STORE_ROUTES_PREFIX
 log = logging.getLogger(__name__)
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
 STORE_ROUTES_PREFIX = "/headroom"  # outside /v1, which belongs to the engine behind the proxy
-READINESS_PATH = "/v1/models"      # every OpenAI-compatible engine answers it once its model is loaded
+READINESS_PATH = "/v1/models"  # every OpenAI-compatible engine answers it once its model is loaded
 READINESS_TIMEOUT_S = 2.0
 
 
@@ -66,10 +70,12 @@ def _upstream_client(config: SidecarConfig) -> UpstreamClient:
     """The pooled upstream client: connect fast or fail; between chunks a prefill may take minutes."""
     return UpstreamClient(
         max_connections=config.max_connections,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s,
-                                      sock_read=config.read_timeout_s),
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
+        ),
         auto_decompress=False,  # bytes reach the client exactly as the upstream sent them
-        skip_auto_headers=("User-Agent",))
+        skip_auto_headers=("User-Agent",),
+    )
 
 
 def _without_credentials(url: str) -> str:
@@ -87,22 +93,40 @@ def _own_base_url(config: SidecarConfig) -> str:
 async def upstream_ready(session: UpstreamClient, upstream: str) -> tuple[bool, str]:
     """(ready, why): the engine answered GET /v1/models below 500 within READINESS_TIMEOUT_S."""
     try:
-        answer = await asyncio.wait_for(session.request("GET", upstream + READINESS_PATH, allow_redirects=False),
-                                        READINESS_TIMEOUT_S)
+        answer = await asyncio.wait_for(
+            session.request("GET", upstream + READINESS_PATH, allow_redirects=False), READINESS_TIMEOUT_S
+        )
         async with answer.response as response:
             status = response.status
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         return False, f"upstream unreachable ({type(exc).__name__})"
     if status >= 500:
         return False, f"upstream answered {status} on {READINESS_PATH} (loading or failing)"
     return True, f"upstream answered {status}"
 
 
-def _lifespan(parts: SidecarParts, session: UpstreamClient, config: SidecarConfig):
+class _DeliberateBreak(logging.Filter):
+    """Drop uvicorn's ERROR for a response we end without its last message on purpose.
+
+    When the upstream breaks a stream after the headers, the proxy returns without the final
+    body so the client sees the break; uvicorn then logs an ERROR per request. The sidecar's
+    FaultLog already says it once per interval, and the row and counter have it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing response."
+
+
+_QUIET_BREAKS = _DeliberateBreak()
+
+
+def _lifespan(
+    parts: SidecarParts, session: UpstreamClient, config: SidecarConfig
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """Start the upstream client, the engine poller and the jobs; stop them, then close the sinks."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await session.open()
         if parts.engine is not None:
             await parts.engine.start()
@@ -110,7 +134,9 @@ def _lifespan(parts: SidecarParts, session: UpstreamClient, config: SidecarConfi
             parts.scheduler.start()
         if parts.owned_db is not None:
             base = _own_base_url(config)
-            write_owner(parts.owned_db, base + STORE_ROUTES_PREFIX, proxy=base, token_in_file=parts.token_in_file)
+            write_owner(
+                parts.owned_db, base + STORE_ROUTES_PREFIX, proxy=base, token_in_file=parts.token_in_file
+            )
         try:
             yield
         finally:
@@ -131,39 +157,85 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
     """The sidecar's ASGI app around `parts`: it starts and stops them, and closes every sink."""
     tracker = parts.tracker
     for sink in parts.sinks:
-        tracker.add_row_sink(sink.submit)
+        if getattr(sink, "wants_telemetry", False):  # the OtelSink: the trace context beside the record
+            tracker.add_span_sink(sink.submit)  # type: ignore[arg-type]
+        else:
+            tracker.add_row_sink(sink.submit)
     session = _upstream_client(config)
-    app = FastAPI(title="llm-headroom sidecar", version=__version__, lifespan=_lifespan(parts, session, config),
-                  docs_url=None, redoc_url=None, openapi_url=None)
-    proxy = CompletionsProxy(session, config.upstream, tracker, tenant_header=config.tenant_header,
-                             tenant_cap=LabelCap(config.max_tenants),
-                             model_cap=LabelCap(config.max_models), engine=parts.engine,
-                             tracing=parts.tracing)
+    app = FastAPI(
+        title="llm-headroom sidecar",
+        version=__version__,
+        lifespan=_lifespan(parts, session, config),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_middleware(PathNormaliser)
+    logging.getLogger("uvicorn.error").addFilter(_QUIET_BREAKS)  # a set: adding twice is once
+    faults = FaultLog(log)
+    limits = ProxyLimits(
+        max_request_body_bytes=config.max_request_body_bytes,
+        max_buffered_response_bytes=config.max_buffered_response_bytes,
+        max_sse_event_bytes=config.max_sse_event_bytes,
+    )
+    proxy = CompletionsProxy(
+        session,
+        config.upstream,
+        tracker,
+        tenant_header=config.tenant_header,
+        tenant_cap=LabelCap(config.max_tenants),
+        model_cap=LabelCap(config.max_models),
+        engine=parts.engine,
+        limits=limits,
+        faults=faults,
+        read_timeout_s=config.read_timeout_s,
+        tracing=parts.tracing,
+    )
     for path in ACCOUNTED_PATHS:
         app.router.routes.append(Route(path, proxy, methods=["POST"]))
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        return Response(generate_latest(parts.registry), media_type=CONTENT_TYPE_LATEST)
+        # off the event loop: the live gauges read the tracker's dicts, which is safe under the GIL
+        text = await asyncio.to_thread(generate_latest, parts.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok", "inflight_requests": len(tracker.live),
-                             "upstream": _without_credentials(config.upstream),
-                             "instance": config.instance})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "inflight_requests": len(tracker.live),
+                "upstream": _without_credentials(config.upstream),
+                "instance": config.instance,
+            }
+        )
 
     @app.get("/readyz", include_in_schema=False)
     async def readyz() -> JSONResponse:
         ready, why = await upstream_ready(session, config.upstream)
-        return JSONResponse({"status": "ready" if ready else "not ready", "reason": why,
-                             "upstream": _without_credentials(config.upstream)},
-                            status_code=200 if ready else 503)
+        return JSONResponse(
+            {
+                "status": "ready" if ready else "not ready",
+                "reason": why,
+                "upstream": _without_credentials(config.upstream),
+            },
+            status_code=200 if ready else 503,
+        )
 
     if parts.store_routes is not None:
         app.include_router(parts.store_routes, prefix=STORE_ROUTES_PREFIX, include_in_schema=False)
 
-    app.router.routes.append(Route("/v1/{path:path}", PassThrough(session, config.upstream),
-                                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]))
+    passthrough = PassThrough(
+        session,
+        config.upstream,
+        faults=faults,
+        max_request_body_bytes=config.max_request_body_bytes,
+        read_timeout_s=config.read_timeout_s,
+    )
+    app.router.routes.append(
+        Route("/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    )
     app.state.config, app.state.tracker, app.state.registry = config, tracker, parts.registry
     app.state.scheduler = parts.scheduler
     return app

@@ -1,7 +1,7 @@
 """OpenTelemetry export of finished requests: one GenAI span per request, off by default.
 
-`OtelSink` is a RowSink (collector.record): the sidecar hands it the finished row dict, the same
-one the request log stores, and it turns that row into one span that follows the OpenTelemetry GenAI
+`OtelSink` is a RowSink (collector.record): the sidecar hands it the finished RequestRecord, the
+same one the request log stores, and it turns that record into one span that follows the OpenTelemetry GenAI
 semantic conventions:
 
     {"endpoint": "/v1/chat/completions", "model": "m", "admitted_at": t0, "first_token_at": t1,
@@ -11,7 +11,7 @@ semantic conventions:
        event "gen_ai.first_token" at t1 (and gen_ai.response.time_to_first_chunk = t1 - t0)
 
 plus the required `gen_ai.provider.name` and, from the stream, `gen_ai.response.id`,
-`gen_ai.response.model` and `gen_ai.response.finish_reasons` (the row's Telemetry,
+`gen_ai.response.model` and `gen_ai.response.finish_reasons` (the request's Telemetry, handed in beside the record,
 collector.sidecar.tracecontext). The span joins the client's trace: its parent is the client's
 `traceparent`, and its span id is the one the engine received in its own `traceparent`.
 
@@ -36,19 +36,30 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["OtelSink", "signal_url", "traces_url", "span_name", "span_attributes", "provider_name",
-           "FIRST_TOKEN_EVENT", "PROTOCOLS"]
+from collector.record import RequestRecord
+from collector.sidecar.tracecontext import Telemetry
+
+__all__ = [
+    "OtelSink",
+    "signal_url",
+    "traces_url",
+    "span_name",
+    "span_attributes",
+    "provider_name",
+    "ROW_ATTRIBUTES",
+    "FIRST_TOKEN_EVENT",
+    "PROTOCOLS",
+]
 
 PROTOCOLS = ("http/protobuf", "grpc")
 
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
 _log = logging.getLogger(__name__)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def signal_url(endpoint: str, signal: str) -> str:
@@ -84,7 +95,7 @@ def _ns(moment: datetime | None) -> int | None:
     if moment is None:
         return None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     delta = moment - _EPOCH
     return ((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds) * 1_000
 
@@ -94,14 +105,15 @@ def _operation(endpoint: str | None) -> str:
     return "chat" if endpoint and "chat" in endpoint else "text_completion"
 
 
-def span_name(row: Mapping[str, Any]) -> str:
+def span_name(record: RequestRecord) -> str:
     """Span name per the GenAI conventions: "{operation} {model}", or the operation alone."""
-    operation = _operation(row.get("endpoint"))
-    return f"{operation} {row['model']}" if row.get("model") else operation
+    operation = _operation(record.endpoint)
+    return f"{operation} {record.model}" if record.model else operation
 
 
-# (span attribute, row key). Only non-NULL values are set; never prompt or completion text.
-_ROW_ATTRIBUTES = (
+# (span attribute, record field). Only non-NULL values are set; never prompt or completion text.
+# tests/test_record.py checks that every field named here is a RequestRecord field.
+ROW_ATTRIBUTES = (
     ("gen_ai.request.model", "model"),
     ("gen_ai.request.max_tokens", "max_tokens"),
     ("gen_ai.request.stream", "stream"),
@@ -126,27 +138,34 @@ _ROW_ATTRIBUTES = (
 )
 
 
-def span_attributes(row: Mapping[str, Any], server: tuple[str, int] | None = None,
-                    provider: str = "openai") -> dict[str, Any]:
+def span_attributes(
+    record: RequestRecord,
+    server: tuple[str, int] | None = None,
+    provider: str = "openai",
+    telemetry: Telemetry | None = None,
+) -> dict[str, Any]:
     """GenAI span attributes for one finished row (pure; see the module docstring for an example)."""
-    attributes: dict[str, Any] = {"gen_ai.operation.name": _operation(row.get("endpoint")),
-                                  "gen_ai.provider.name": provider}
-    for attribute, key in _ROW_ATTRIBUTES:
-        value = row.get(key)
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": _operation(record.endpoint),
+        "gen_ai.provider.name": provider,
+    }
+    for attribute, name in ROW_ATTRIBUTES:
+        value = getattr(record, name)
         if value is not None:
             attributes[attribute] = value
-    telemetry = getattr(row, "telemetry", None)
     if telemetry is not None:
-        for attribute, value in (("gen_ai.response.id", telemetry.response_id),
-                                 ("gen_ai.response.model", telemetry.response_model)):
+        for attribute, value in (
+            ("gen_ai.response.id", telemetry.response_id),
+            ("gen_ai.response.model", telemetry.response_model),
+        ):
             if value is not None:
                 attributes[attribute] = value
         if telemetry.finish_reasons:
             attributes["gen_ai.response.finish_reasons"] = tuple(telemetry.finish_reasons)
     if server is not None:
         attributes["server.address"], attributes["server.port"] = server
-    if row.get("outcome") not in (None, "ok"):
-        attributes["error.type"] = row["outcome"]
+    if record.outcome not in (None, "ok"):
+        attributes["error.type"] = record.outcome
     return attributes
 
 
@@ -160,9 +179,9 @@ def _server(upstream: str | None) -> tuple[str, int] | None:
     return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def _chosen_ids():
+def _chosen_ids() -> Any:
     """An IdGenerator handing out the ids the request already carries: the span id the engine
-    received in its traceparent and, for a new trace, the trace id; random ids for a row without
+    received in its traceparent and, for a new trace, the trace id; random ids for a record without
     Telemetry. Used on one thread: the event loop that submits rows."""
     from opentelemetry.sdk.trace.id_generator import RandomIdGenerator  # lazy, as in OtelSink
 
@@ -181,17 +200,19 @@ def _chosen_ids():
     return ChosenIds()
 
 
-def _span_exporter(protocol: str, endpoint: str | None, traces_endpoint: str | None):
+def _span_exporter(protocol: str, endpoint: str | None, traces_endpoint: str | None) -> Any:
     """The OTLP span exporter for `protocol`; None endpoints leave it to the OTEL_* variables."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"OTLP protocol {protocol!r} is not one of {PROTOCOLS}")
     if protocol == "grpc":
         try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # lazy: [otlp-grpc]
+            # lazy: the [otlp-grpc] extra
+            from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_traces
         except ImportError:
-            raise ValueError("--otlp-protocol grpc needs the gRPC exporter: "
-                             "pip install 'llm-headroom[otlp-grpc]'") from None
-        return OTLPSpanExporter(endpoint=traces_endpoint or endpoint)
+            raise ValueError(
+                "--otlp-protocol grpc needs the gRPC exporter: pip install 'llm-headroom[otlp-grpc]'"
+            ) from None
+        return grpc_traces.OTLPSpanExporter(endpoint=traces_endpoint or endpoint)
     # lazy: the OTLP exporter's protobuf stack loads only when spans leave the process
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -209,10 +230,19 @@ class OtelSink:
     histograms (collector.sidecar.otel_metrics).
     """
 
-    def __init__(self, endpoint: str | None = None, exporter: Any = None, *,
-                 upstream: str | None = None, service_name: str = "headroom-sidecar",
-                 traces_endpoint: str | None = None, protocol: str = "http/protobuf",
-                 provider: str = "openai", metrics: bool = False, metric_reader: Any = None) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        exporter: Any = None,
+        *,
+        upstream: str | None = None,
+        service_name: str = "headroom-sidecar",
+        traces_endpoint: str | None = None,
+        protocol: str = "http/protobuf",
+        provider: str = "openai",
+        metrics: bool = False,
+        metric_reader: Any = None,
+    ) -> None:
         # lazy: the OpenTelemetry SDK loads only when spans are turned on (--otlp-endpoint)
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -225,7 +255,9 @@ class OtelSink:
         if exporter is not None:
             self._provider.add_span_processor(SimpleSpanProcessor(exporter))
         else:
-            self._provider.add_span_processor(BatchSpanProcessor(_span_exporter(protocol, endpoint, traces_endpoint)))
+            self._provider.add_span_processor(
+                BatchSpanProcessor(_span_exporter(protocol, endpoint, traces_endpoint))
+            )
         self._tracer = self._provider.get_tracer("llm-headroom")
         self._server = _server(upstream)
         self._provider_name = provider
@@ -237,49 +269,57 @@ class OtelSink:
         self.spans_emitted = 0
         self.spans_failed = 0
 
-    def submit(self, row: Mapping[str, Any]) -> None:
-        """Turn one finished row into one ended span; never raises into the request path."""
+    wants_telemetry = True  # the tracker hands submit() the request's Telemetry beside the record
+
+    def submit(self, record: RequestRecord, telemetry: Telemetry | None = None) -> None:
+        """Turn one finished record into one ended span; never raises into the request path."""
         try:
-            self._emit(row)
+            self._emit(record, telemetry)
             if self._metrics is not None:
-                self._metrics.record(row, self._provider_name, self._server)
+                self._metrics.record(record, self._provider_name, self._server, telemetry)
         except Exception:  # tracing must never break a request; count it and go on
             self.spans_failed += 1
-            _log.exception("could not build the span of request %s", row.get("request_id"))
+            _log.exception("could not build the span of request %s", record.request_id)
 
-    def _parent(self, row: Mapping[str, Any]):
+    def _parent(self, telemetry: Telemetry | None) -> Any:
         """The client's span as a remote parent context (None: the span starts a trace)."""
         # lazy, as in __init__
         from opentelemetry import trace
         from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-        telemetry = getattr(row, "telemetry", None)
         if telemetry is None:
             return None
         self._ids.span_id = telemetry.span_id
         if telemetry.parent_span_id is None:
             self._ids.trace_id = telemetry.trace_id
             return None
-        parent = SpanContext(telemetry.trace_id, telemetry.parent_span_id, is_remote=True,
-                             trace_flags=TraceFlags(telemetry.flags))
+        parent = SpanContext(
+            telemetry.trace_id,
+            telemetry.parent_span_id,
+            is_remote=True,
+            trace_flags=TraceFlags(telemetry.flags),
+        )
         return trace.set_span_in_context(NonRecordingSpan(parent))
 
-    def _emit(self, row: Mapping[str, Any]) -> None:
+    def _emit(self, record: RequestRecord, telemetry: Telemetry | None) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode  # lazy, as in __init__
 
-        start_ns = _ns(row.get("admitted_at"))
+        start_ns = _ns(record.admitted_at)
         if start_ns is None:
             return
-        end_ns = _ns(row.get("completed_at")) or start_ns
+        end_ns = _ns(record.completed_at) or start_ns
         span = self._tracer.start_span(
-            span_name(row), context=self._parent(row), kind=SpanKind.CLIENT, start_time=start_ns,
-            attributes=span_attributes(row, self._server, self._provider_name),
+            span_name(record),
+            context=self._parent(telemetry),
+            kind=SpanKind.CLIENT,
+            start_time=start_ns,
+            attributes=span_attributes(record, self._server, self._provider_name, telemetry),
         )
-        first_token_ns = _ns(row.get("first_token_at"))
+        first_token_ns = _ns(record.first_token_at)
         if first_token_ns is not None:
             span.add_event(FIRST_TOKEN_EVENT, timestamp=first_token_ns)
-        if row.get("outcome") not in (None, "ok"):
-            span.set_status(Status(StatusCode.ERROR, row.get("error") or row["outcome"]))
+        if record.outcome not in (None, "ok"):
+            span.set_status(Status(StatusCode.ERROR, record.error or record.outcome))
         span.end(end_time=end_ns)
         self.spans_emitted += 1
 

@@ -12,8 +12,10 @@ headroom_* histograms; these are for backends that take OTLP only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
+
+from collector.record import RequestRecord
+from collector.sidecar.tracecontext import Telemetry
 
 __all__ = ["GenAiMetrics", "DURATION_BUCKETS", "TTFT_BUCKETS", "TPOT_BUCKETS"]
 
@@ -22,62 +24,89 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 
 
-def _reader(protocol: str, endpoint: str | None):
+def _reader(protocol: str, endpoint: str | None) -> Any:
     """A periodic OTLP metric reader for `protocol` (endpoint None: the OTEL_* variables)."""
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader  # lazy: metrics SDK when on
 
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # lazy: [otlp-grpc]
+        # lazy: the [otlp-grpc] extra
+        from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc_metrics
 
-        return PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint))
+        return PeriodicExportingMetricReader(grpc_metrics.OTLPMetricExporter(endpoint=endpoint))
     # lazy, as above; otel imports this module lazily, so its URL rule is imported here
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
     from collector.sidecar.otel import signal_url
 
-    return PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=signal_url(endpoint, "metrics")
-                                                            if endpoint else None))
+    return PeriodicExportingMetricReader(
+        OTLPMetricExporter(endpoint=signal_url(endpoint, "metrics") if endpoint else None)
+    )
 
 
 class GenAiMetrics:
     """Its own MeterProvider with the three GenAI histograms; `record(row)` per finished request."""
 
-    def __init__(self, resource: Any, *, protocol: str = "http/protobuf", endpoint: str | None = None,
-                 reader: Any = None) -> None:
+    def __init__(
+        self,
+        resource: Any,
+        *,
+        protocol: str = "http/protobuf",
+        endpoint: str | None = None,
+        reader: Any = None,
+    ) -> None:
         from opentelemetry.sdk.metrics import MeterProvider  # lazy: the metrics SDK only when on
 
-        self._provider = MeterProvider(resource=resource, metric_readers=[reader or _reader(protocol, endpoint)])
+        self._provider = MeterProvider(
+            resource=resource, metric_readers=[reader or _reader(protocol, endpoint)]
+        )
         meter = self._provider.get_meter("llm-headroom")
-        self._duration = meter.create_histogram("gen_ai.server.request.duration", "s",
-                                                "Generative AI server request duration",
-                                                explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
-        self._ttft = meter.create_histogram("gen_ai.server.time_to_first_token", "s",
-                                            "Time to generate the first token", explicit_bucket_boundaries_advisory=TTFT_BUCKETS)
-        self._tpot = meter.create_histogram("gen_ai.server.time_per_output_token", "s",
-                                            "Time per output token after the first",
-                                            explicit_bucket_boundaries_advisory=TPOT_BUCKETS)
+        self._duration = meter.create_histogram(
+            "gen_ai.server.request.duration",
+            "s",
+            "Generative AI server request duration",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )
+        self._ttft = meter.create_histogram(
+            "gen_ai.server.time_to_first_token",
+            "s",
+            "Time to generate the first token",
+            explicit_bucket_boundaries_advisory=TTFT_BUCKETS,
+        )
+        self._tpot = meter.create_histogram(
+            "gen_ai.server.time_per_output_token",
+            "s",
+            "Time per output token after the first",
+            explicit_bucket_boundaries_advisory=TPOT_BUCKETS,
+        )
 
-    def record(self, row: Mapping[str, Any], provider: str, server: tuple[str, int] | None) -> None:
-        """Observe one finished row on the three histograms."""
+    def record(
+        self,
+        record: RequestRecord,
+        provider: str,
+        server: tuple[str, int] | None,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        """Observe one finished request on the three histograms."""
         from collector.sidecar.otel import _operation  # one definition of the operation name
 
-        attributes: dict[str, Any] = {"gen_ai.operation.name": _operation(row.get("endpoint")),
-                                      "gen_ai.provider.name": provider}
-        if row.get("model"):
-            attributes["gen_ai.request.model"] = row["model"]
-        telemetry = getattr(row, "telemetry", None)
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": _operation(record.endpoint),
+            "gen_ai.provider.name": provider,
+        }
+        if record.model:
+            attributes["gen_ai.request.model"] = record.model
         if telemetry is not None and telemetry.response_model:
             attributes["gen_ai.response.model"] = telemetry.response_model
         if server is not None:
             attributes["server.address"], attributes["server.port"] = server
-        if row.get("outcome") not in (None, "ok"):
-            attributes["error.type"] = row["outcome"]
-        if row.get("e2e_s") is not None:
-            self._duration.record(row["e2e_s"], attributes)
-        if row.get("ttft_s") is not None:
-            self._ttft.record(row["ttft_s"], attributes)
-        if row.get("tpot_s") is not None:
-            self._tpot.record(row["tpot_s"], attributes)
+        if record.outcome not in (None, "ok"):
+            attributes["error.type"] = record.outcome
+        if record.e2e_s is not None:
+            self._duration.record(record.e2e_s, attributes)
+        if record.ttft_s is not None:
+            self._ttft.record(record.ttft_s, attributes)
+        if record.tpot_s is not None:
+            self._tpot.record(record.tpot_s, attributes)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return self._provider.force_flush(timeout_millis)

@@ -19,7 +19,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Telemetry", "parse_traceparent", "TRACEPARENT"]
+__all__ = ["Telemetry", "parse_traceparent", "with_traceparent", "TRACEPARENT"]
 
 TRACEPARENT = "traceparent"
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-.*)?$")
@@ -50,7 +50,7 @@ class Telemetry:
     trace_id: int
     span_id: int
     parent_span_id: int | None = None  # None: the sidecar's span is the root of a new trace
-    flags: int = 1                     # sampled
+    flags: int = 1  # sampled
     response_id: str | None = None
     response_model: str | None = None
     finish_reasons: list[str] = field(default_factory=list)
@@ -83,7 +83,19 @@ class Telemetry:
         if not isinstance(payload, dict):
             return
         choices = payload.get("choices")
-        reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+        reasons = (
+            [c.get("finish_reason") for c in choices if isinstance(c, dict)]
+            if isinstance(choices, list)
+            else []
+        )
         self.note(payload.get("id"), payload.get("model"), None)
         for reason in reasons:
             self.note(None, None, reason)
+
+
+def with_traceparent(headers: list[tuple[str, str]], telemetry: Telemetry | None) -> list[tuple[str, str]]:
+    """The client's headers for the engine, with `traceparent` naming the sidecar's span when tracing
+    is on (tracestate passes as is); unchanged when it is off."""
+    if telemetry is None:
+        return headers
+    return [(k, v) for k, v in headers if k.lower() != TRACEPARENT] + [(TRACEPARENT, telemetry.traceparent())]

@@ -20,7 +20,9 @@ no database is opened here and no jobs run); `engine`, an EngineSource instead o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, Depends, FastAPI
@@ -30,9 +32,9 @@ from collector.exposition import new_registry
 from collector.record import RowSink
 from collector.service.auth import require_token, resolve_token
 from collector.service.routes import build_store_routes
+from collector.sidecar import otel
 from collector.sidecar.app import SidecarParts, create_app
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar import otel
 from collector.sidecar.otel import OtelSink, provider_name
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
@@ -47,8 +49,13 @@ from collector.store.writer import BatchSink, LogWriter
 __all__ = ["build_sidecar"]
 
 
-def build_sidecar(config: SidecarConfig, *, sinks: Sequence[RowSink] = (), log_sink: BatchSink | None = None,
-                  engine: EngineSource | None = None) -> FastAPI:
+def build_sidecar(
+    config: SidecarConfig,
+    *,
+    sinks: Sequence[RowSink] = (),
+    log_sink: BatchSink | None = None,
+    engine: EngineSource | None = None,
+) -> FastAPI:
     """The sidecar `config` describes, as an ASGI app (see the module docstring for the parts).
 
     Raises ValueError naming the bad setting (an unknown engine, a broken mapping file, a bad
@@ -63,16 +70,36 @@ def build_sidecar(config: SidecarConfig, *, sinks: Sequence[RowSink] = (), log_s
     registry.register(SourceHealth([source for source in (engine, GpuCollector()) if source is not None]))
     extra = [*_otel_sinks(config), *sinks]
     store = _own_store(config) if log_sink is None else None
-    batch_sink = log_sink if log_sink is not None else store or _shipper(config)
-    log = None if batch_sink is None else LogWriter(
-        batch_sink, registry, max_queue_rows=config.log_queue_rows, batch_rows=config.log_batch_rows,
-        flush_interval_s=config.log_flush_interval_s, owns_sink=log_sink is None)
+    shipper = _shipper(config) if log_sink is None and store is None else None
+    batch_sink = log_sink if log_sink is not None else store or shipper
+    log = (
+        None
+        if batch_sink is None
+        else LogWriter(
+            batch_sink,
+            registry,
+            max_queue_rows=config.log_queue_rows,
+            batch_rows=config.log_batch_rows,
+            flush_interval_s=config.log_flush_interval_s,
+            owns_sink=log_sink is None,
+        )
+    )
+    if shipper is not None and log is not None:
+        registry.register(shipper)  # spool depth, shipping lag, store up
+        shipper.on_replayed = log.written.inc  # spooled rows count as written once the store has them
     scheduler = _scheduler(config, store, capacity) if store is not None and config.jobs else None
     routes, token_file = _store_routes(config, store, capacity)
-    parts = SidecarParts(registry, tracker, sinks=[*([log] if log else []), *extra], engine=engine,
-                         scheduler=scheduler, store_routes=routes, token_in_file=token_file is not None,
-                         tracing=any(isinstance(sink, otel.OtelSink) for sink in extra),
-                         owned_db=config.db_path if routes is not None else None)
+    parts = SidecarParts(
+        registry,
+        tracker,
+        sinks=[*([log] if log else []), *extra],
+        engine=engine,
+        scheduler=scheduler,
+        store_routes=routes,
+        token_in_file=token_file is not None,
+        tracing=any(isinstance(sink, otel.OtelSink) for sink in extra),
+        owned_db=config.db_path if routes is not None else None,
+    )
     app = create_app(config, parts)
     app.state.capacity, app.state.writer, app.state.batch_sink = capacity, log, batch_sink
     return app
@@ -83,15 +110,16 @@ def _engine_source(config: SidecarConfig) -> EngineSource | None:
     if config.engine == "none":
         return None
     metrics_url = config.engine_metrics_url or default_metrics_url(config.upstream)
-    return build_engine_source(config.engine, metrics_url, config.engine_poll_interval_s,
-                               mapping_path=config.engine_mapping)
+    return build_engine_source(
+        config.engine, metrics_url, config.engine_poll_interval_s, mapping_path=config.engine_mapping
+    )
 
 
 def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
     """One OtelSink when an OTLP endpoint is configured, else none."""
     if not (config.otlp_endpoint or config.otlp_traces_endpoint):
         return []
-    options = {"endpoint": config.otlp_endpoint, "upstream": config.upstream}
+    options: dict[str, Any] = {"endpoint": config.otlp_endpoint, "upstream": config.upstream}
     if config.otlp_traces_endpoint:
         options["traces_endpoint"] = config.otlp_traces_endpoint
     if config.otlp_protocol != "http/protobuf":
@@ -117,14 +145,16 @@ def _shipper(config: SidecarConfig) -> StoreShipper | None:
     return StoreShipper(config.store_url, config.store_token, config.spool_dir)
 
 
-def _store_routes(config: SidecarConfig, store: RequestStore | None,
-                  capacity: CapacityGauges) -> tuple[APIRouter | None, Path | None]:
+def _store_routes(
+    config: SidecarConfig, store: RequestStore | None, capacity: CapacityGauges
+) -> tuple[APIRouter | None, Path | None]:
     """(the store's routes on the owned database behind its token, the token's file); Nones without one."""
     if store is None or config.db_path is None or config.db_path == ":memory:":
         return None, None
     token, token_file = resolve_token(None, config.db_path)
-    return build_store_routes(store, [Depends(require_token(token))], report_dir=_report_dir(config),
-                              gauges=capacity), token_file
+    return build_store_routes(
+        store, [Depends(require_token(token))], report_dir=_report_dir(config), gauges=capacity
+    ), token_file
 
 
 def _report_dir(config: SidecarConfig) -> Path:
@@ -134,19 +164,27 @@ def _report_dir(config: SidecarConfig) -> Path:
 def _scheduler(config: SidecarConfig, store: RequestStore, capacity: CapacityGauges) -> BackgroundScheduler:
     """The store's jobs on the in-process store; Parquet exports and reports go beside the file."""
     base = Path(config.db_path or "headroom.duckdb")
-    settings = JobSettings(export_dir=base.with_suffix(".parquet"), report_dir=_report_dir(config),
-                           retention_days=config.retention_days, estimate_files=config.probe_dbs,
-                           probe_max_age=config.probe_max_age)
+    settings = JobSettings(
+        export_dir=base.with_suffix(".parquet"),
+        report_dir=_report_dir(config),
+        retention_days=config.retention_days,
+        estimate_files=config.probe_dbs,
+        probe_max_age=config.probe_max_age,
+    )
     return build_scheduler(store, capacity, settings, refresh=refresh_estimates, review=_weekly_review)
 
 
-def _weekly_review(store: RequestStore, report_dir: Path, since: str, now, **options) -> list[Path]:
+def _weekly_review(
+    store: RequestStore, report_dir: Path, since: str, now: datetime, **options: Any
+) -> list[Path]:
     """The weekly job's work (report.review.write_report_files), loaded when it first runs."""
     # lazy: the review needs numpy (and matplotlib for its plots), which a slim sidecar install
     # (`pip install llm-headroom`, without [report]) does not have; only this job needs them
     try:
         from collector.report.review import write_report_files  # lazy: numpy, matplotlib (see above)
     except ImportError as exc:
-        raise RuntimeError(f"the weekly review needs the report extra ({exc.name} is missing): "
-                           "pip install 'llm-headroom[report]'") from None
+        raise RuntimeError(
+            f"the weekly review needs the report extra ({exc.name} is missing): "
+            "pip install 'llm-headroom[report]'"
+        ) from None
     return write_report_files(store, report_dir, since, now, **options)

@@ -27,6 +27,7 @@ from typing import Any
 
 from collector.sim.config import SimConfig
 from collector.sim.scheduler import QueueFull, Scheduler, SimRequest
+from collector.tasks import classify
 
 __all__ = ["Mix", "poisson_rows", "closed_loop_rows", "START"]
 
@@ -63,8 +64,7 @@ class _Live:
 class _Run:
     """One simulated engine with the sidecar's bookkeeping around it."""
 
-    def __init__(self, config: SimConfig, mix: Mix, seed: int, source: str,
-                 run_id: str | None) -> None:
+    def __init__(self, config: SimConfig, mix: Mix, seed: int, source: str, run_id: str | None) -> None:
         self.scheduler = Scheduler(config)
         self.mix, self.rng, self.source, self.run_id = mix, random.Random(seed), source, run_id
         self.now = 0.0
@@ -79,15 +79,28 @@ class _Run:
         n = next(self.ids)
         request = SimRequest(f"r{n}", prompt, output)
         active = sum(live.request.num_tokens for live in self.live.values()) + prompt
-        request_id = (f"{self.run_id}-c{self.level:04d}-{n:06d}" if self.run_id and self.level
-                      else f"sim-{n:07d}")
-        row = {"request_id": request_id, "source": self.source, "run_id": self.run_id,
-               "instance": "offline", "model": self.mix.model, "tenant": tenant,
-               "endpoint": "/v1/chat/completions", "stream": True,
-               "prompt_tokens": prompt, "completion_tokens": 0, "max_tokens": output,
-               "usage_source": "upstream", "inflight_at_admit": len(self.live) + 1,
-               "active_tokens_at_admit": active,
-               "engine_waiting_at_admit": len(self.scheduler.waiting), "upstream_retries": 0}
+        request_id = (
+            f"{self.run_id}-c{self.level:04d}-{n:06d}" if self.run_id and self.level else f"sim-{n:07d}"
+        )
+        row = {
+            "request_id": request_id,
+            "source": self.source,
+            "run_id": self.run_id,
+            "instance": "offline",
+            "model": self.mix.model,
+            "tenant": tenant,
+            "endpoint": "/v1/chat/completions",
+            "stream": True,
+            "prompt_tokens": prompt,
+            "completion_tokens": 0,
+            "max_tokens": output,
+            "usage_source": "upstream",
+            "inflight_at_admit": len(self.live) + 1,
+            "active_tokens_at_admit": active,
+            "engine_waiting_at_admit": len(self.scheduler.waiting),
+            "upstream_retries": 0,
+            "task_class": classify(output),
+        }
         live = _Live(request, row, self.now, client=client)
         try:
             self.scheduler.add(request)
@@ -118,15 +131,26 @@ class _Run:
             admitted_at=START + timedelta(seconds=admitted),
             first_byte_at=START + timedelta(seconds=live.first_s if live.first_s else self.now),
             first_token_at=None if live.first_s is None else START + timedelta(seconds=live.first_s),
-            completed_at=START + timedelta(seconds=self.now), status_code=status, outcome=outcome,
-            error=None if outcome == "ok" else f"HTTP {status}", completion_tokens=completion,
-            ttft_s=ttft, e2e_s=e2e,
-            tpot_s=(e2e - ttft) / (completion - 1) if ttft is not None and completion > 1 else None)
+            completed_at=START + timedelta(seconds=self.now),
+            status_code=status,
+            outcome=outcome,
+            error=None if outcome == "ok" else f"HTTP {status}",
+            completion_tokens=completion,
+            ttft_s=ttft,
+            e2e_s=e2e,
+            tpot_s=(e2e - ttft) / (completion - 1) if ttft is not None and completion > 1 else None,
+        )
         self.rows.append(row)
 
 
-def poisson_rows(config: SimConfig, rate_at: Callable[[float], float], duration_s: float,
-                 mix: Mix = Mix(), *, seed: int = 0) -> list[dict[str, Any]]:
+def poisson_rows(
+    config: SimConfig,
+    rate_at: Callable[[float], float],
+    duration_s: float,
+    mix: Mix = Mix(),
+    *,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     """Traffic rows of Poisson arrivals at `rate_at(t)` requests/s over [0, duration_s).
 
     Arrivals follow a non-homogeneous Poisson process (thinning against the peak rate, sampled
@@ -147,8 +171,9 @@ def poisson_rows(config: SimConfig, rate_at: Callable[[float], float], duration_
     return run.rows
 
 
-def _arrivals(rng: random.Random, rate_at: Callable[[float], float], peak: float,
-              duration_s: float) -> list[float]:
+def _arrivals(
+    rng: random.Random, rate_at: Callable[[float], float], peak: float, duration_s: float
+) -> list[float]:
     times, t = [], 0.0
     while True:
         t += rng.expovariate(peak)
@@ -158,8 +183,15 @@ def _arrivals(rng: random.Random, rate_at: Callable[[float], float], peak: float
             times.append(t)
 
 
-def closed_loop_rows(config: SimConfig, levels: Sequence[int], level_s: float, mix: Mix = Mix(),
-                     *, seed: int = 0, run_id: str = "probe-offline") -> list[dict[str, Any]]:
+def closed_loop_rows(
+    config: SimConfig,
+    levels: Sequence[int],
+    level_s: float,
+    mix: Mix = Mix(),
+    *,
+    seed: int = 0,
+    run_id: str = "probe-offline",
+) -> list[dict[str, Any]]:
     """The probe's gradient in simulated time: probe rows (source 'probe', level in the request
     id, the first `level` completions of each level marked warm-up with '-w').
 

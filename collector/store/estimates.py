@@ -28,8 +28,15 @@ from collector.store.db import RequestStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["save_estimate", "import_estimates", "latest_estimates", "candidate_estimates", "published",
-           "publish_estimates", "publish_stored"]
+__all__ = [
+    "save_estimate",
+    "import_estimates",
+    "latest_estimates",
+    "candidate_estimates",
+    "published",
+    "publish_estimates",
+    "publish_stored",
+]
 
 _DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
     estimate_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, model VARCHAR,
@@ -38,17 +45,20 @@ _DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
     estimate_json VARCHAR NOT NULL)"""
 _TASK_CLASS = "ALTER TABLE capacity_estimates ADD COLUMN IF NOT EXISTS task_class VARCHAR"
 _EXISTS = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
-_CANDIDATES = ("SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
-               "(PARTITION BY coalesce(model, ''), "
-               "coalesce(json_extract_string(estimate_json, '$.task_class'), 'all'), source "
-               "ORDER BY created_at DESC, estimate_id DESC) = 1 ORDER BY model, source")
-_NEWEST = ("SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
-           "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = ? "
-           "ORDER BY model")
+_CANDIDATES = (
+    "SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
+    "(PARTITION BY coalesce(model, ''), "
+    "coalesce(json_extract_string(estimate_json, '$.task_class'), 'all'), source "
+    "ORDER BY created_at DESC, estimate_id DESC) = 1 ORDER BY model, source"
+)
+_NEWEST = (
+    "SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
+    "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = ? "
+    "ORDER BY model"
+)
 
 
-def save_estimate(store: RequestStore, estimate: Mapping[str, Any], *,
-                  estimate_id: str | None = None) -> str:
+def save_estimate(store: RequestStore, estimate: Mapping[str, Any], *, estimate_id: str | None = None) -> str:
     """Insert one estimate dict (CapacityEstimate.to_dict() form); returns its estimate_id."""
     store.execute(_DDL)
     store.execute(_TASK_CLASS)
@@ -59,10 +69,23 @@ def save_estimate(store: RequestStore, estimate: Mapping[str, Any], *,
         "INSERT INTO capacity_estimates (estimate_id, created_at, model, source, run_id, profile, "
         "knee_requests, knee_tokens, knee_reached, slo_max, recommended_pool, confidence, "
         "estimate_json, task_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [estimate_id, created_at, estimate["model"], estimate["source"], estimate["run_id"],
-         estimate["profile"], knee["requests"], knee["tokens"], knee["reached"],
-         estimate["slo_max"], estimate["recommended_pool"], estimate["confidence"],
-         orjson.dumps(estimate).decode(), estimate.get("task_class") or ALL_TASKS])
+        [
+            estimate_id,
+            created_at,
+            estimate["model"],
+            estimate["source"],
+            estimate["run_id"],
+            estimate["profile"],
+            knee["requests"],
+            knee["tokens"],
+            knee["reached"],
+            estimate["slo_max"],
+            estimate["recommended_pool"],
+            estimate["confidence"],
+            orjson.dumps(estimate).decode(),
+            estimate.get("task_class") or ALL_TASKS,
+        ],
+    )
     return estimate_id
 
 
@@ -111,12 +134,17 @@ def published(estimate: Mapping[str, Any]) -> PublishedCapacity:
     """What the gauges say for one estimate dict (CapacityEstimate.to_dict() form)."""
     confidence = estimate.get("confidence") or "medium"
     return PublishedCapacity(
-        model=estimate["model"] or "unknown", task_class=estimate.get("task_class") or ALL_TASKS,
-        source=estimate["source"], confidence="high" if confidence == "measured" else confidence,
+        model=estimate["model"] or "unknown",
+        task_class=estimate.get("task_class") or ALL_TASKS,
+        source=estimate["source"],
+        confidence="high" if confidence == "measured" else confidence,
         estimated_at=datetime.fromisoformat(estimate["created_at"]).timestamp(),
-        knee_requests=estimate["knee_requests"], knee_tokens=estimate["knee_tokens"],
-        slo_max_requests=estimate["slo_max"], slo_max_tokens=estimate["slo_max_tokens"],
-        recommended_pool=estimate["recommended_pool"])
+        knee_requests=estimate["knee_requests"],
+        knee_tokens=estimate["knee_tokens"],
+        slo_max_requests=estimate["slo_max"],
+        slo_max_tokens=estimate["slo_max_tokens"],
+        recommended_pool=estimate["recommended_pool"],
+    )
 
 
 def publish_estimates(gauges: CapacityGauges, estimates: list[Mapping[str, Any]]) -> None:

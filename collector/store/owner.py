@@ -32,8 +32,19 @@ import httpx
 
 from collector.store.db import RequestStore
 
-__all__ = ["Owner", "OwnerError", "TOKEN_ENV", "token_file_for", "owner_file_for", "write_owner",
-           "remove_owner", "find_owner", "open_request_log", "fetch_snapshot", "is_lock_error"]
+__all__ = [
+    "Owner",
+    "OwnerError",
+    "TOKEN_ENV",
+    "token_file_for",
+    "owner_file_for",
+    "write_owner",
+    "remove_owner",
+    "find_owner",
+    "open_request_log",
+    "fetch_snapshot",
+    "is_lock_error",
+]
 
 TOKEN_ENV = "HEADROOM_TOKEN"
 SNAPSHOT_TIMEOUT_S = 120.0
@@ -47,24 +58,26 @@ class OwnerError(RuntimeError):
 class Owner:
     """Where the process holding a database serves its routes, and the token they want."""
 
-    url: str             # base of the store routes, e.g. http://127.0.0.1:9100/headroom
-    proxy: str | None    # the sidecar's own base URL (its OpenAI proxy), when the owner is a sidecar
+    url: str  # base of the store routes, e.g. http://127.0.0.1:9100/headroom
+    proxy: str | None  # the sidecar's own base URL (its OpenAI proxy), when the owner is a sidecar
     token: str
 
 
-def token_file_for(db_path: str | os.PathLike | None) -> Path | None:
+def token_file_for(db_path: str | os.PathLike[str] | None) -> Path | None:
     """Where a generated token lives: `<db>.token` beside the database, None for :memory:."""
     if db_path is None or str(db_path) == ":memory:":
         return None
     return Path(f"{db_path}.token")
 
 
-def owner_file_for(db_path: str | os.PathLike) -> Path:
+def owner_file_for(db_path: str | os.PathLike[str]) -> Path:
     """`headroom.duckdb` -> `headroom.duckdb.owner`."""
     return Path(f"{db_path}.owner")
 
 
-def write_owner(db_path: str | os.PathLike, url: str, proxy: str | None = None, *, token_in_file: bool = True) -> Path:
+def write_owner(
+    db_path: str | os.PathLike[str], url: str, proxy: str | None = None, *, token_in_file: bool = True
+) -> Path:
     """Record (atomically) that this process serves `db_path`'s routes at `url`, and where its token is."""
     path = owner_file_for(db_path)
     temporary = path.with_name(path.name + ".tmp")
@@ -74,7 +87,7 @@ def write_owner(db_path: str | os.PathLike, url: str, proxy: str | None = None, 
     return path
 
 
-def remove_owner(db_path: str | os.PathLike) -> None:
+def remove_owner(db_path: str | os.PathLike[str]) -> None:
     """Remove the owner file if this process wrote it (a newer owner's file stays)."""
     path = owner_file_for(db_path)
     with contextlib.suppress(OSError, ValueError):
@@ -89,16 +102,18 @@ def is_lock_error(exc: BaseException) -> bool:
     return isinstance(exc, duckdb.Error) and ("lock" in text or "same database file" in text)
 
 
-def find_owner(db_path: str | os.PathLike) -> Owner:
+def find_owner(db_path: str | os.PathLike[str]) -> Owner:
     """The owner of a locked database, from `<db>.owner` and the token; OwnerError says what is missing."""
     path = owner_file_for(db_path)
     try:
         record = json.loads(path.read_text())
         url = str(record["url"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise OwnerError(f"another process holds {db_path} and left no readable {path.name} (a sidecar of "
-                         "this release writes one); stop it, or ask the store service that owns it "
-                         "(its /v1/query routes, or --store-url where the command has it)") from None
+        raise OwnerError(
+            f"another process holds {db_path} and left no readable {path.name} (a sidecar of "
+            "this release writes one); stop it, or ask the store service that owns it "
+            "(its /v1/query routes, or --store-url where the command has it)"
+        ) from None
     token_path = token_file_for(db_path)
     if record.get("token") == "env":
         token = os.environ.get(TOKEN_ENV, "").strip()
@@ -115,25 +130,34 @@ def fetch_snapshot(owner: Owner, destination: Path, *, transport: httpx.BaseTran
     """Download the owner's consistent copy of its database to `destination`."""
     headers = {"Authorization": f"Bearer {owner.token}"}
     try:
-        with httpx.Client(timeout=SNAPSHOT_TIMEOUT_S, transport=transport) as client, \
-                client.stream("GET", f"{owner.url}/v1/snapshot", headers=headers) as response:
+        with (
+            httpx.Client(timeout=SNAPSHOT_TIMEOUT_S, transport=transport) as client,
+            client.stream("GET", f"{owner.url}/v1/snapshot", headers=headers) as response,
+        ):
             if response.status_code != 200:
                 response.read()
-                raise OwnerError(f"{owner.url}/v1/snapshot answered HTTP {response.status_code}: "
-                                 f"{response.text[:200]}" + ("; the token does not match: set "
-                                                             f"{TOKEN_ENV} to the owner's" if
-                                                             response.status_code == 401 else ""))
+                raise OwnerError(
+                    f"{owner.url}/v1/snapshot answered HTTP {response.status_code}: "
+                    f"{response.text[:200]}"
+                    + (
+                        f"; the token does not match: set {TOKEN_ENV} to the owner's"
+                        if response.status_code == 401
+                        else ""
+                    )
+                )
             with destination.open("wb") as handle:
                 for chunk in response.iter_bytes():
                     handle.write(chunk)
     except httpx.HTTPError as exc:
-        raise OwnerError(f"cannot reach the owner of the database at {owner.url} ({exc}); is it still "
-                         "running? Remove the stale .owner file if it is not") from None
+        raise OwnerError(
+            f"cannot reach the owner of the database at {owner.url} ({exc}); is it still "
+            "running? Remove the stale .owner file if it is not"
+        ) from None
     return destination
 
 
 @contextlib.contextmanager
-def open_request_log(db_path: str | os.PathLike) -> Iterator[RequestStore]:
+def open_request_log(db_path: str | os.PathLike[str]) -> Iterator[RequestStore]:
     """A read-only RequestStore on `db_path`: the file itself, or the owner's snapshot while it is held.
 
     Raises FileNotFoundError when the file does not exist, OwnerError when its owner cannot be
@@ -142,7 +166,7 @@ def open_request_log(db_path: str | os.PathLike) -> Iterator[RequestStore]:
     if not Path(db_path).is_file():
         raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar or store wrote")
     try:
-        store = RequestStore(db_path, read_only=True)
+        store = RequestStore(Path(db_path), read_only=True)
     except duckdb.Error as exc:
         if not is_lock_error(exc):
             raise

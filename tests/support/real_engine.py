@@ -14,16 +14,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import IN_CI, free_port
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parent.parent.parent / "scripts"
 
 
 def require_llama_server() -> None:
     """Fail (CI) or skip (elsewhere) unless the cached llama-server and model exist."""
-    found = subprocess.run(["bash", str(SCRIPTS / "build-llama-server.sh"), "--check"],
-                           capture_output=True, text=True)
+    found = subprocess.run(
+        ["bash", str(SCRIPTS / "build-llama-server.sh"), "--check"], capture_output=True, text=True
+    )
     if found.returncode == 0:
         return
     message = "llama-server not built; run: bash scripts/build-llama-server.sh (or make test)"
@@ -38,9 +38,19 @@ def llama_server(parallel: int, *, threads: int = 1, startup_timeout_s: float = 
     require_llama_server()
     port = free_port()
     process = subprocess.Popen(
-        ["bash", str(SCRIPTS / "llama-server.sh"), "--parallel", str(parallel),
-         "--threads", str(threads), "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        [
+            "bash",
+            str(SCRIPTS / "llama-server.sh"),
+            "--parallel",
+            str(parallel),
+            "--threads",
+            str(threads),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_timeout_s
