@@ -4,8 +4,9 @@ When tracing is on (an OtelSink is wired), each accounted request gets a `Teleme
 the client's `traceparent` becomes the parent of the sidecar's span, and the engine receives a
 `traceparent` naming that span, so the engine's own spans join the same trace (W3C Trace Context,
 https://www.w3.org/TR/trace-context/). While the stream passes, the response's id, model and
-finish reasons are noted from chunks the proxy parses anyway; no text is kept. The finished row
-carries the Telemetry (collector.record.Row.telemetry) to the OtelSink, never to the request log.
+finish reasons are noted from chunks the proxy parses anyway; no text is kept. At the terminal
+transition the tracker hands the Telemetry to the OtelSink beside the frozen RequestRecord
+(Tracker.add_span_sink); it never reaches the request log.
 
     parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         -> (0x4bf92f3577b34da6a3ce929d0e0e4736, 0x00f067aa0ba902b7, 1)
