@@ -7,12 +7,13 @@
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md* ./
+COPY pyproject.toml README.md* LICENSE ./
 COPY collector ./collector
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# the whole tool ([all]): this one image also runs the store's weekly review and the probe
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[all]'
 
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 MPLCONFIGDIR=/tmp/matplotlib
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
  && useradd --system --uid 10001 --home-dir /data --create-home headroom \

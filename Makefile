@@ -34,9 +34,10 @@ lint: install  ## ruff (lint + format check) and mypy (strict on collector/); an
 test-fast: install lint  ## lint, then only the tests that start no process (marker `subprocess`)
 	$(BIN)/pytest -q -p no:cacheprovider -m "not subprocess and not slow"
 
-generate: install  ## regenerate dashboards/ and alerts/
+generate: install  ## regenerate dashboards/, alerts/ and deploy/kubernetes/prometheusrule.yaml
 	$(BIN)/headroom dashboards generate
 	$(BIN)/headroom alerts generate
+	$(BIN)/headroom integrations prometheusrule --out deploy/kubernetes/prometheusrule.yaml
 
 bench: install  ## performance measurements reported in BENCHMARKS.md
 	$(BIN)/python benchmarks/proxy_overhead.py

@@ -17,6 +17,7 @@ __all__ = [
     "TPOT_BUCKETS_SECONDS",
     "DURATION_BUCKETS_SECONDS",
     "spec",
+    "EXTERNAL_SERIES",
 ]
 
 # LLM latency is long-tailed: TTFT under load reaches tens of seconds and a long generation runs
@@ -465,9 +466,25 @@ CATALOG: tuple[MetricSpec, ...] = (
         "short",
         group="pipeline",
     ),
+    MetricSpec(
+        "headroom_build_info",
+        "gauge",
+        "Always 1; the version label says which llm-headroom release is running.",
+        ("version",),
+        "short",
+        group="pipeline",
+    ),
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in CATALOG}
+
+# Series that other exporters publish and the dashboards read (never exported by llm-headroom):
+# NVIDIA's DCGM exporter, the alternative GPU source (docs/domain.md §8).
+EXTERNAL_SERIES: dict[str, str] = {
+    "DCGM_FI_DEV_GPU_UTIL": "DCGM: GPU utilisation in percent (labels gpu, UUID, modelName, Hostname; "
+    "pod, namespace on Kubernetes)",
+    "DCGM_FI_PROF_DRAM_ACTIVE": "DCGM: fraction of cycles the device memory interface was active (0-1)",
+}
 
 
 def spec(name: str) -> MetricSpec:

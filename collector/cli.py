@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "report": "collector.report.cli:report",
     "dashboards": "collector.dashboards.cli:dashboards",
     "alerts": "collector.alerts.cli:alerts",
+    "integrations": "collector.integrations.cli:integrations",
 }
 
 _SHORT_HELP = {
@@ -38,6 +39,17 @@ _SHORT_HELP = {
     "report": "The weekly capacity review (Markdown, HTML or JSON).",
     "dashboards": "Generate Grafana dashboards or push them to a Grafana.",
     "alerts": "Generate Prometheus recording and alerting rules.",
+    "integrations": "KEDA, Inference Gateway and llm-d settings from the measured knee.",
+}
+
+
+# optional libraries -> the extra that brings them (pyproject.toml); the base install is the sidecar
+_EXTRAS = {
+    "rich": "all",
+    "numpy": "report",
+    "matplotlib": "report",
+    "kneed": "analysis",
+    "grafana_client": "grafana",
 }
 
 
@@ -52,7 +64,16 @@ class _LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attribute = target.split(":")
-        return getattr(importlib.import_module(module_name), attribute)
+        try:
+            return getattr(importlib.import_module(module_name), attribute)
+        except ModuleNotFoundError as exc:
+            extra = _EXTRAS.get(exc.name or "")
+            if extra is None:
+                raise
+            raise click.ClickException(
+                f"`headroom {name}` needs {exc.name}, which this install does not have: "
+                f"pip install 'llm-headroom[{extra}]' (or [all])"
+            ) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, _SHORT_HELP.get(name, "")) for name in COMMANDS]

@@ -98,11 +98,13 @@ class EventSplitter:
 
 @dataclass(slots=True)
 class ChunkInfo:
-    """What one event says: tokens it carries (estimated) and the usage object, if any."""
+    """What one event says: tokens it carries (estimated), the usage object, and the parsed chunk
+    itself, which tracing reads the response's id, model and finish reasons from (only when on)."""
 
     tokens_estimate: int = 0
     usage: dict[str, Any] | None = None
     usage_only: bool = False  # `choices: []` with usage: the include_usage chunk
+    chunk: dict[str, Any] | None = None
 
 
 DONE = ChunkInfo()
@@ -172,7 +174,7 @@ def _read_chunk(chunk: object) -> ChunkInfo:
         return ERROR
     usage = chunk.get("usage")
     usage = usage if isinstance(usage, dict) else None
-    return ChunkInfo(tokens, usage, usage is not None and not choices)
+    return ChunkInfo(tokens, usage, usage is not None and not choices, chunk)
 
 
 def inspect_event(event: bytes) -> ChunkInfo | None:

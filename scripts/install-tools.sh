@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install the Debian packages the suite runs for real, when any of their programs is missing:
 # prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool), and cmake
-# and g++ to build llama.cpp's llama-server (scripts/build-llama-server.sh). Needs root (CI runs
+# and g++ to build llama.cpp's llama-server (scripts/build-llama-server.sh), and chromium for the
+# headless screenshots of the HTML reports (tests/test_screenshots.py). Needs root (CI runs
 # as root) or sudo; otherwise says what to run.
 set -euo pipefail
 # program:package
 needed="prometheus:prometheus promtool:prometheus prometheus-alertmanager:prometheus-alertmanager
-amtool:prometheus-alertmanager cmake:cmake g++:g++"
+amtool:prometheus-alertmanager cmake:cmake g++:g++ chromium:chromium"
 missing=() packages=()
 for pair in $needed; do
   tool="${pair%%:*}" package="${pair##*:}"

@@ -85,9 +85,7 @@ def test_capacity_curve_not_a_duckdb_file(not_duckdb):
 
 @pytest.mark.subprocess
 def test_capacity_curve_on_a_held_db_says_who_to_ask(locked_db):
-    _one_clear_error(
-        run("capacity", "curve", "--db", str(locked_db)), str(locked_db), "holds it", "/v1/query/curve"
-    )
+    _one_clear_error(run("capacity", "curve", "--db", str(locked_db)), str(locked_db), "holds", "/v1/query")
 
 
 def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
@@ -96,7 +94,7 @@ def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
 
 @pytest.mark.subprocess
 def test_report_on_a_held_db_points_at_the_store(locked_db):
-    _one_clear_error(run("report", "--db", str(locked_db)), str(locked_db), "--store-url")
+    _one_clear_error(run("report", "--db", str(locked_db)), str(locked_db), "holds", "--store-url")
 
 
 def test_report_unreachable_store_names_the_url_and_what_to_check():

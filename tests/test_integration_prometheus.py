@@ -43,14 +43,34 @@ MAY_BE_EMPTY_RECORDS = {
 MAY_BE_EMPTY_PANELS = {
     (
         "headroom-capacity-overview",
-        "GPU utilisation against tokens/s",
+        "GPU utilisation against tokens/s (NVML)",
         "A",
     ): "no GPU here: headroom_gpu_utilization_ratio has no series",
+    (
+        "headroom-capacity-overview",
+        "GPU utilisation and memory bandwidth (DCGM)",
+        "A",
+    ): "no DCGM exporter here",
+    (
+        "headroom-capacity-overview",
+        "GPU utilisation and memory bandwidth (DCGM)",
+        "B",
+    ): "no DCGM exporter here",
     (
         "headroom-capacity-review",
         "Tokens/s this week vs last week",
         "B",
     ): "`offset 7d` needs a week of history",
+    (
+        "headroom-capacity-overview",
+        "Knee vs engine ceiling",
+        "B",
+    ): "the simulator's vLLM flavour publishes no kv_cache_max_concurrency",
+    (
+        "headroom-capacity-overview",
+        "In-flight requests and active tokens, with knee, pool and the engine's ceiling",
+        "F",
+    ): "the simulator's vLLM flavour publishes no engine ceiling",
 }
 
 
@@ -173,6 +193,7 @@ def stack(tmp_path):
     from collector.sidecar.wiring import build_sidecar
     from collector.sim.app import create_sim_app
     from collector.sim.config import SimConfig
+    from collector.store.capacity_gauges import PublishedCapacity
     from collector.store.db import RequestStore
 
     handles, processes, closers = [], [], []
@@ -199,8 +220,19 @@ def stack(tmp_path):
         )
         app = build_sidecar(config, log_sink=store)
         gauges = app.state.capacity
-        gauges.set(MODEL, "requests", knee=KNEE_REQUESTS, slo_max=3, recommended_pool=3)
-        gauges.set(MODEL, "tokens", knee=2000, slo_max=1500)
+        gauges.replace(
+            [
+                PublishedCapacity(
+                    MODEL,
+                    knee_requests=KNEE_REQUESTS,
+                    knee_tokens=2000,
+                    slo_max_requests=3,
+                    slo_max_tokens=1500,
+                    recommended_pool=3,
+                    estimated_at=time.time(),
+                )
+            ]
+        )
         sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
         handles.append(sidecar)
         webhook = Webhook("HeadroomConcurrencyNearKnee")
@@ -278,6 +310,19 @@ def _recorded_series() -> list[str]:
     ]
 
 
+def _keda_triggers() -> list[dict]:
+    """The KEDA triggers `headroom integrations keda` renders for the estimate the stack publishes."""
+    from collector.integrations.render import keda_scaled_object
+
+    estimate = {
+        "model": MODEL,
+        "knee": {"requests": KNEE_REQUESTS, "tokens": 2000, "reached": True},
+        "recommended_pool": 3,
+        "created_at": "2026-12-01T00:00:00+00:00",
+    }
+    return keda_scaled_object(estimate, deployment="llm-inference")["spec"]["triggers"]
+
+
 def _empty(prometheus: str, queries: dict) -> dict:
     return {key: expr for key, expr in queries.items() if not _query(prometheus, expr)}
 
@@ -312,6 +357,7 @@ def test_rules_and_dashboards_on_a_real_prometheus_and_alert_delivery(stack):
 
         queries = {("record", selector, ""): selector for selector in _recorded_series()}
         queries |= {(uid, title, ref): expr for uid, title, ref, expr in dashboard_queries()}
+        queries |= {("keda", t["name"], ""): t["metadata"]["query"] for t in _keda_triggers()}
         allowed = {("record", name + "{}", "") for name in MAY_BE_EMPTY_RECORDS} | set(MAY_BE_EMPTY_PANELS)
         deadline = time.monotonic() + 60
         while (left := set(_empty(prometheus, queries)) - allowed) and time.monotonic() < deadline:

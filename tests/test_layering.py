@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = ROOT / "collector"
 
 # package -> the packages it may import. Root modules that hold no wiring (catalog, record, tokens,
-# inflight, sse, timewin, serving, upstream, the version) are open to every package; entry points
-# (cli, demo) to none.
+# inflight, sse, timewin, serving, upstream, tasks, exposition, terminal, the version) are open to
+# every package; entry points (cli, demo) to none.
 ALLOWED: dict[str, set[str]] = {
     "sources": set(),
     "store": set(),
@@ -29,8 +29,9 @@ ALLOWED: dict[str, set[str]] = {
     "sim": {"analysis"},
     "dashboards": {"rules"},
     "alerts": {"rules"},
+    "integrations": {"rules", "store", "alerts"},
     "service": {"store", "analysis", "report"},
-    "sidecar": {"store", "sources", "analysis", "report"},
+    "sidecar": {"store", "sources", "analysis", "report", "service"},
 }
 FOUNDATION = {
     "__init__",
@@ -43,6 +44,8 @@ FOUNDATION = {
     "serving",
     "upstream",
     "tasks",
+    "exposition",
+    "terminal",
 }
 ENTRY_POINTS = {"cli", "demo"}
 

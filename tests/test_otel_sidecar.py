@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from datetime import UTC
 
 import httpx
 import pytest
@@ -177,13 +178,13 @@ def test_the_counter_sees_spans_when_otlp_is_on(upstream, otel_object_counter):
     assert otel_object_counter.count("Tracer.start_span") == 3
 
 
-def _fake_otlp_collector(received: list, arrived: threading.Event) -> FastAPI:
-    """An OTLP/HTTP receiver: decodes each protobuf export request into its spans."""
+def _fake_otlp_collector(received: list, arrived: threading.Event, prefix: str = "") -> FastAPI:
+    """An OTLP/HTTP receiver at `prefix`/v1/traces: decodes each protobuf export request into its spans."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     app = FastAPI()
 
-    @app.post("/v1/traces")
+    @app.post(prefix + "/v1/traces")
     async def traces(request: Request):
         export = ExportTraceServiceRequest.FromString(await request.body())
         for resource_spans in export.resource_spans:
@@ -289,3 +290,124 @@ def test_the_standard_otel_variable_turns_spans_on_through_the_cli(upstream, mon
     )
     assert result.exit_code == 0, result.output
     assert made == [{"endpoint": "http://127.0.0.1:4318", "upstream": upstream.url}]
+
+
+CLIENT_TRACE, CLIENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+
+
+def test_a_span_joins_the_clients_trace_and_the_engine_gets_the_sidecars_span_as_parent():
+    """traceparent in -> span parent; the engine's traceparent names the span; GenAI response facts;
+    OTEL-style base endpoint https://host/otlp is posted to /otlp/v1/traces."""
+    from support.upstream import ID, FakeUpstream
+    from support.upstream import MODEL as ENGINE_MODEL
+
+    fake = engine = FakeUpstream()
+    received, arrived = [], threading.Event()
+    collector = serve_in_thread(_fake_otlp_collector(received, arrived, prefix="/otlp"))
+    try:
+        config = SidecarConfig(
+            upstream=engine.url,
+            db_path=None,
+            instance="trace-test",
+            engine="vllm",
+            engine_metrics_url=engine.url + "/metrics",
+            otlp_endpoint=collector.url + "/otlp",
+        )
+        sidecar = serve_in_thread(build_sidecar(config))
+        try:
+            answer = httpx.post(
+                sidecar.url + "/v1/chat/completions",
+                timeout=30,
+                headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "tracestate": "vendor=1"},
+                json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            )
+            answer.raise_for_status()
+        finally:
+            sidecar.stop()
+        assert arrived.wait(15), "no OTLP export reached /otlp/v1/traces"
+    finally:
+        collector.stop()
+        engine.stop()
+    (span,) = received
+    assert span.trace_id.hex() == CLIENT_TRACE and span.parent_span_id.hex() == CLIENT_SPAN
+    sent = fake.requests[-1]["headers"]
+    assert sent["traceparent"] == f"00-{CLIENT_TRACE}-{span.span_id.hex()}-01", (
+        "the engine's parent is our span"
+    )
+    assert sent["tracestate"] == "vendor=1"
+    attributes = {a.key: a.value for a in span.attributes}
+    assert attributes["gen_ai.provider.name"].string_value == "vllm"
+    assert attributes["gen_ai.response.id"].string_value == ID
+    assert attributes["gen_ai.response.model"].string_value == ENGINE_MODEL
+    assert [v.string_value for v in attributes["gen_ai.response.finish_reasons"].array_value.values] == [
+        "length"
+    ]
+    assert attributes["gen_ai.request.model"].string_value == "m1"
+
+
+def test_without_tracing_the_clients_traceparent_reaches_the_engine_untouched(upstream):
+    from support.upstream import FakeUpstream
+
+    fake = engine = FakeUpstream()
+    sidecar = serve_in_thread(build_sidecar(SidecarConfig(upstream=engine.url, db_path=None, engine="none")))
+    try:
+        header = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+        httpx.post(
+            sidecar.url + "/v1/chat/completions",
+            headers={"traceparent": header},
+            timeout=30,
+            json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]},
+        ).raise_for_status()
+    finally:
+        sidecar.stop()
+        engine.stop()
+    assert fake.requests[-1]["headers"]["traceparent"] == header
+
+
+def test_otlp_over_grpc_reaches_a_grpc_collector():
+    """--otlp-protocol grpc (the [otlp-grpc] extra): the span goes to a real gRPC TraceService."""
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    from conftest import free_port
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received, arrived = [], threading.Event()
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802 -- the generated service's method name
+            received.extend(s for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans)
+            arrived.set()
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        sink = OtelSink(traces_endpoint=f"http://127.0.0.1:{port}", protocol="grpc")
+        row = _row_for_grpc()
+        sink.submit(row)
+        sink.close()
+        assert arrived.wait(15), "no span reached the gRPC collector"
+    finally:
+        server.stop(0)
+    (span,) = received
+    assert span.name == "chat m-grpc"
+
+
+def _row_for_grpc():
+    from datetime import datetime, timedelta
+
+    from collector.record import RequestRecord
+
+    start = datetime.now(UTC)
+    return RequestRecord(
+        request_id="g-1",
+        model="m-grpc",
+        endpoint="/v1/chat/completions",
+        admitted_at=start,
+        completed_at=start + timedelta(seconds=1),
+        outcome="ok",
+    )

@@ -125,7 +125,8 @@ def test_a_broken_row_is_counted_not_raised(exporter):
     [
         ("http://collector:4318", "http://collector:4318/v1/traces"),
         ("http://collector:4318/", "http://collector:4318/v1/traces"),
-        ("https://otlp.example/custom/traces", "https://otlp.example/custom/traces"),
+        ("https://host/otlp", "https://host/otlp/v1/traces"),  # a base endpoint with a path (OTLP spec)
+        ("http://collector:4318/v1/traces", "http://collector:4318/v1/traces"),
     ],
 )
 def test_traces_url(given, expected):
@@ -135,3 +136,50 @@ def test_traces_url(given, expected):
 def test_traces_url_rejects_a_bare_host_with_advice():
     with pytest.raises(ValueError, match="--otlp-endpoint http://"):
         traces_url("collector:4318")
+
+
+def test_genai_server_metrics_are_recorded_from_rows():
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    sink = OtelSink(exporter=InMemorySpanExporter(), metric_reader=reader, provider="vllm")
+    sink.submit(_row())
+    sink.submit(_row(request_id="r-2", outcome="timeout", ttft_s=None, tpot_s=None, e2e_s=30.0))
+    points = {
+        m.name: m.data.data_points
+        for rm in reader.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert set(points) == {
+        "gen_ai.server.request.duration",
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.time_per_output_token",
+    }
+    durations = {dict(p.attributes).get("error.type"): p for p in points["gen_ai.server.request.duration"]}
+    assert durations[None].count == 1 and durations["timeout"].sum == 30.0
+    (ttft,) = points["gen_ai.server.time_to_first_token"]
+    assert ttft.sum == 0.25 and dict(ttft.attributes)["gen_ai.provider.name"] == "vllm"
+    assert dict(ttft.attributes)["gen_ai.request.model"] == "llama-3-8b"
+
+
+def test_traceparent_parsing_follows_w3c():
+    from collector.sidecar.tracecontext import Telemetry, parse_traceparent
+
+    assert parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == (
+        0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        0x00F067AA0BA902B7,
+        1,
+    )
+    for bad in (
+        None,
+        "",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        "garbage",
+    ):
+        assert parse_traceparent(bad) is None, bad
+    fresh = Telemetry.start(None)
+    assert fresh.parent_span_id is None and fresh.traceparent().startswith(f"00-{fresh.trace_id:032x}-")

@@ -124,7 +124,10 @@ def test_a_moved_knee_recommends_a_pool_change_and_peaks_are_judged_against_it()
     actions = {a["action"]: a["reason"] for a in model["actions"]}
     change = f"Change the pool from {old.recommended_pool} to {new.recommended_pool} concurrent requests"
     assert "the knee moved from 32 to 16 requests" in actions[change]
-    assert "reached 100% of the knee 16" in actions["Add capacity or cap admission (requests caliber)"]
+    assert (
+        "16 against the knee 16: peak is 1.0 × the knee"
+        in actions["Add capacity or cap admission (requests caliber)"]
+    )
 
 
 def test_an_empty_window_builds_an_empty_report():

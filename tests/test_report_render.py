@@ -58,10 +58,29 @@ def test_html_is_self_contained_with_a_decodable_plot_per_model(report):
     html = render_report(report, "html")
     assert not re.search(r"(src|href)=[\"']?(https?:)?//", html), "HTML must not load anything from outside"
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 2
-    with Image.open(io.BytesIO(base64.b64decode(images[0]))) as picture:
-        assert picture.format == "PNG" and picture.size[0] > 300
+    assert len(images) == 6, "per model: the week against the knee, the passive curve, throughput"
+    for image in images:
+        with Image.open(io.BytesIO(base64.b64decode(image))) as picture:
+            assert picture.format == "PNG" and picture.size == (1200, 420)
     assert "model-a" in html and "Recommended actions" in html and "Little" in html
+    assert "Throughput against concurrency" in html and "Peak concurrency over the window" in html
+    assert re.search(r"Window \d{4}-\d\d-\d\d \d\d:\d\d UTC", html), "timestamps to the minute for people"
+    assert "peak vs knee" in html and not re.search(r"headroom [−-]\d", html)
+
+
+def test_peak_against_the_knee_reads_as_a_multiple_or_a_share():
+    from collector.report.render_md import versus_knee, when
+
+    assert versus_knee(7.592) == "peak is 7.6 × the knee"
+    assert versus_knee(0.62) == "peak is 62 % of the knee"
+    assert versus_knee(None) == "–"
+    assert when("2026-11-30T09:00:00+00:00") == "2026-11-30 09:00 UTC"
+
+
+def test_week_and_throughput_figures_have_hourly_points(report):
+    hourly = report["models"][0]["hourly"]
+    assert len(hourly) > 24, "the week time series has a point per hour with traffic"
+    assert all(h["hour"] % 3600 == 0 and h["peak_requests"] >= (h["mean_requests"] or 0) for h in hourly)
 
 
 def test_markdown_and_json_carry_the_same_figures(report):

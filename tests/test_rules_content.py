@@ -14,14 +14,14 @@ from collector.alerts.alertmanager import alertmanager_config
 from collector.alerts.files import ALERTS_FILE, RECORDING_FILE, alert_files
 from collector.alerts.promtool_tests import CASES
 from collector.alerts.templating import to_go, to_text
-from collector.catalog import BY_NAME, CATALOG
+from collector.catalog import BY_NAME, CATALOG, EXTERNAL_SERIES
 from collector.dashboards.files import dashboard_files
 from collector.dashboards.push import with_datasource
 from collector.rules.config import DEFAULT, ConfigError, RulesConfig
 from collector.rules.naming import RECORD_NAME, metric_names, record
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILTINS = {"ALERTS", "up"}
+BUILTINS = {"ALERTS", "up"} | set(EXTERNAL_SERIES)  # Prometheus' own, and other exporters' (DCGM)
 
 
 def _groups(name: str) -> list[dict]:

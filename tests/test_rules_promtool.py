@@ -21,7 +21,15 @@ ALERTS = ROOT / "alerts"
 pytestmark = pytest.mark.integration
 
 # Dashboard variables as a test substitutes them: every regex variable matches everything.
-VARIABLES = {"$model": ".*", "$instance": ".*", "$tenant": ".*", "$__rate_interval": "1m"}
+VARIABLES = {
+    "$model": ".*",
+    "$instance": ".*",
+    "$tenant": ".*",
+    "$cluster": ".*",
+    "$namespace": ".*",
+    "$job": ".*",
+    "$__rate_interval": "1m",
+}
 
 
 def substitute(expr: str) -> str:

@@ -152,7 +152,7 @@ def test_headroom_run_starts_the_scheduled_jobs_on_the_in_process_store(tmp_path
         scheduler = app.state.scheduler
         assert scheduler.running
         names = {job.id for job in scheduler.get_jobs()}
-        assert names == {"rollup", "retention", "capacity_estimates", "weekly_report"}
+        assert names == {"rollup", "retention", "capacity_estimates", "probe_runs", "weekly_report"}
     finally:
         handle.stop()
     assert not scheduler.running

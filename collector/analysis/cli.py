@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 import duckdb
+import httpx
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
@@ -23,6 +24,7 @@ from collector.analysis.render import print_estimate
 from collector.analysis.slo import Slo
 from collector.analysis.workload import load_workload
 from collector.store.db import RequestStore
+from collector.store.owner import OwnerError, find_owner, is_lock_error
 from collector.store.shipper import StoreShipper
 
 __all__ = ["probe", "capacity"]
@@ -42,27 +44,60 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-def _row_writer(db: str | None, store_url: str | None, store_token: str | None):
-    """Where probe rows go: a DuckDB file, a store service, or nowhere. Returns (write, close, store)."""
+def _row_writer(db: str | None, store_url: str | None, store_token: str | None, url: str):
+    """Where probe rows and the estimate go. Returns (write rows, close, save estimate).
+
+    A --db that a running sidecar owns is written through it (collector.store.owner): rows to its
+    ingest route, unless the probe runs through that same sidecar, which logs the load itself.
+    """
     if db:
         try:
             store = RequestStore(db)
         except duckdb.IOException as exc:
-            hint = (
-                "a running sidecar or store owns that file, so pass --store-url to ship rows to the "
-                "store service, or another --db file"
-                if "lock" in str(exc).lower()
-                else "pass a DuckDB file headroom wrote, or a new path"
-            )
-            raise click.ClickException(
-                f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}"
-            ) from None
-        return store.insert_rows, store.close, store
+            if not is_lock_error(exc):
+                raise click.ClickException(
+                    f"cannot open --db {db} ({str(exc).splitlines()[0]}); pass a DuckDB "
+                    "file headroom wrote, or a new path"
+                ) from None
+            return _through_owner(db, url)
+        return store.insert_rows, store.close, lambda estimate: save_estimate(store, estimate)
     if store_url:
         spool = Path(tempfile.mkdtemp(prefix="probe-spool-"))
         shipper = StoreShipper(store_url, store_token or "", spool)
         return shipper.write_batch, shipper.close, None
     return None, (lambda: None), None
+
+
+def _through_owner(db: str, url: str):
+    """Rows and estimate for a --db another process holds, sent to that process's store routes."""
+    try:
+        owner = find_owner(db)
+    except OwnerError as exc:
+        raise click.ClickException(f"--db {db}: {exc}") from None
+    same_sidecar = owner.proxy is not None and owner.proxy.rstrip("/") == url.rstrip("/")
+    shipper = (
+        None
+        if same_sidecar
+        else StoreShipper(owner.url, owner.token, Path(tempfile.mkdtemp(prefix="probe-spool-")))
+    )
+
+    def save(estimate) -> None:
+        answer = httpx.post(
+            f"{owner.url}/v1/estimates",
+            content=orjson.dumps(estimate.to_dict()),
+            timeout=30,
+            headers={"Authorization": f"Bearer {owner.token}", "Content-Type": "application/json"},
+        )
+        if answer.status_code != 200:
+            raise click.ClickException(
+                f"{owner.url} did not save the estimate (HTTP {answer.status_code}: {answer.text[:200]})"
+            )
+
+    return (
+        (None if shipper is None else shipper.write_batch),
+        (shipper.close if shipper else lambda: None),
+        save,
+    )
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -112,7 +147,10 @@ Examples:
 @click.option("--json", "json_path", default=None, help="Write the estimate as JSON here.")
 @click.option("--plot", "plot_path", default=None, help="Write a PNG here (and an .html beside it).")
 @click.option(
-    "--db", default=None, help="DuckDB request log to append rows (source='probe') and the estimate to."
+    "--db",
+    default=None,
+    help="DuckDB request log to append rows (source='probe') and the estimate to "
+    "(through the sidecar while one serves it).",
 )
 @click.option("--store-url", default=None, help="Ship rows to a `headroom store` service instead.")
 @click.option(
@@ -220,7 +258,7 @@ def probe(
         engine_metrics=engine_metrics,
     )
     runs = _class_settings(settings, workload)
-    write, close, store = _row_writer(db, store_url, store_token)
+    write, close, save = _row_writer(db, store_url, store_token, url)
     estimates = []
     try:
         for run in runs:
@@ -232,8 +270,8 @@ def probe(
             estimate = estimate_from_probe(result, slo=slo, profile=profile)
             print_estimate(estimate)
             click.echo(f"queueing evidence: {result.queue_evidence}")
-            if store is not None:
-                save_estimate(store, estimate)
+            if save is not None:
+                save(estimate)
             estimates.append(estimate)
     except ProbeError as exc:
         raise click.ClickException(str(exc)) from None

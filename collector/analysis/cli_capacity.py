@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import click
 import duckdb
@@ -13,7 +12,7 @@ from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_
 from collector.analysis.passive import passive_curve
 from collector.analysis.publish import Decision, published
 from collector.analysis.quota import quota_ceiling
-from collector.store.db import RequestStore
+from collector.store.owner import OwnerError, open_request_log
 
 __all__ = ["register"]
 
@@ -152,7 +151,11 @@ def _when(text: str | None, option: str = "--since") -> datetime | None:
 
 
 @click.command("curve")
-@click.option("--db", required=True, help="DuckDB request log (not one a running sidecar holds open).")
+@click.option(
+    "--db",
+    required=True,
+    help="DuckDB request log; while a sidecar serves it, read through the sidecar (its .owner file).",
+)
 @click.option("--since", default=None, help="ISO start time (inclusive).")
 @click.option("--until", default=None, help="ISO end time (exclusive).")
 @click.option("--model", default=None)
@@ -179,39 +182,30 @@ def curve(db, since, until, model, caliber, window_seconds, task_class, as_json)
       headroom capacity curve --db headroom.duckdb --caliber tokens --since 2026-11-30T09:00:00+00:00 --json
       headroom capacity curve --db headroom.duckdb --task-class long
     """
-    if not Path(db).is_file():
-        raise click.ClickException(
-            f"--db {db} does not exist; pass the request log a sidecar or store wrote "
-            "(e.g. --db headroom.duckdb)"
-        )
     try:
-        store = RequestStore(db, read_only=True)
+        with open_request_log(db) as store:
+            result = passive_curve(
+                store,
+                caliber,
+                _when(since),
+                _when(until, "--until"),
+                model,
+                window_s=window_seconds,
+                task_class=task_class,
+            )
+            decisions = [
+                d
+                for d in published(store, datetime.now(UTC))
+                if (model is None or d.model == model) and (task_class is None or d.task_class == task_class)
+            ]
+    except (FileNotFoundError, OwnerError) as exc:
+        raise click.ClickException(f"--db {db}: {exc}") from None
     except duckdb.Error as exc:
-        hint = (
-            "a running sidecar or store holds it; stop it, or query the store's /v1/query/curve"
-            if "lock" in str(exc).lower()
-            else "pass a DuckDB file written by headroom"
-        )
-        raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
-    try:
-        result = passive_curve(
-            store,
-            caliber,
-            _when(since),
-            _when(until, "--until"),
-            model,
-            window_s=window_seconds,
-            task_class=task_class,
-        )
-        decisions = [
-            d
-            for d in published(store, datetime.now(UTC))
-            if (model is None or d.model == model) and (task_class is None or d.task_class == task_class)
-        ]
+        raise click.ClickException(
+            f"cannot open --db {db} ({str(exc).splitlines()[0]}); pass a DuckDB file written by headroom"
+        ) from None
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    finally:
-        store.close()
     lines = [f"{'bucket':>8} {'n':>6} {'windows':>7} {'tok/s':>9} {'TTFT p95':>9} {'errors':>6}"]
     for b in result.buckets:
         ttft = "-" if b.ttft_p95_s is None else f"{b.ttft_p95_s:.3f}"

@@ -275,7 +275,10 @@ def kneedle_knee(concurrency: Sequence[int], values: Sequence[float | None], *, 
     points = [(math.log2(c), v) for c, v in zip(concurrency, values) if v is not None and c > 0]
     if len(points) < 3 or len({v for _, v in points}) < 2:
         return None
-    from kneed import KneeLocator  # imported lazily: it pulls in scipy-sized dependencies
+    try:
+        from kneed import KneeLocator  # imported lazily: it pulls in scipy-sized dependencies
+    except ImportError:  # a slim sidecar install (no [analysis] extra): the rule's knee stands alone
+        return None
 
     xs, ys = zip(*points)
     with warnings.catch_warnings():

@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from collector.terminal import compact_table, output_console
+
 __all__ = ["levels_table", "print_estimate"]
 
 
@@ -14,24 +16,19 @@ def _num(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _level(value: int | None) -> str:
+    """A Kneedle answer for people: 8 -> 'concurrency 8', None -> 'no bend found'."""
+    return "no bend found" if value is None else f"concurrency {value}"
+
+
 def levels_table(estimate: Any, title: str = "concurrency gradient") -> Table:
     """One row per level: rates, p50/p95 TTFT, p95 TPOT/e2e, errors, Little's-law ratio."""
-    table = Table(title=title, caption="latencies in seconds; L/λW = Little's-law ratio")
-    for header in (
-        "conc",
-        "n",
-        "req/s",
-        "tok/s",
-        "ttft50",
-        "ttft95",
-        "tpot95",
-        "e2e95",
-        "429",
-        "err",
-        "L/λW",
-        "",
-    ):
-        table.add_column(header, justify="right", no_wrap=True)
+    table = compact_table(
+        title,
+        ("conc", "n", "req/s", "tok/s", "ttft50", "ttft95", "tpot95", "e2e95", "429", "err", "L/λW", "mark"),
+        caption="latencies in seconds; L/λW = Little's-law ratio",
+        wrap=("mark",),
+    )
     knee, pool = estimate.knee.requests, estimate.recommended_pool
     for s in estimate.levels:
         marks = " ".join(name for name, at in (("knee", knee), ("pool", pool)) if s.concurrency == at)
@@ -55,14 +52,15 @@ def levels_table(estimate: Any, title: str = "concurrency gradient") -> Table:
 
 def print_estimate(estimate: Any, console: Console | None = None) -> None:
     """The table, then the knee in both calibers, how it was found, SLO max and the pool."""
-    console = console or Console()
+    console = console or output_console()
     console.print(levels_table(estimate))
     knee = estimate.knee
     reached = "" if knee.reached else " (not reached: the highest level measured; a lower bound)"
     console.print(f"knee: {knee.requests} requests, {knee.tokens} tokens{reached}")
     console.print(f"  rule: {knee.rule_reason}")
     console.print(
-        f"  Kneedle: throughput {knee.kneedle_throughput}, p95 TTFT {knee.kneedle_latency}; {knee.note}"
+        f"  Kneedle: tokens/s bends at {_level(knee.kneedle_throughput)}, p95 TTFT at "
+        f"{_level(knee.kneedle_latency)}; {knee.note}"
     )
     slo = "no SLO given" if estimate.slo_max is None else f"{estimate.slo_max}"
     console.print(f"SLO max: {slo}")

@@ -1,54 +1,58 @@
 """The three Grafana dashboards: capacity overview, tenants, and the weekly capacity review.
 
-Queries read catalog metrics (through `rules.naming.sample`) or recording rules (`rules.records.R`), never a
-retyped name. Variables: datasource, model, instance, tenant. Each panel says how to read it.
+Queries read catalog metrics through `dashboards.queries` (raw series, every selector filtered by
+the cluster, namespace, job and instance variables); each panel says how to read it. The
+overview opens with a stat row for a 30-second glance (headroom per caliber, knee beside the
+engine's own ceiling, pool, SLO burn, firing alerts). The capacity-panel helpers are in
+`dashboards.capacity`.
 """
 
 from __future__ import annotations
 
+from collector.dashboards.capacity import concurrency_panel, firing, firing_alerts, glance_row, gpu_panels
 from collector.dashboards.panels import (
+    alert_annotation,
+    dashboard_links,
     dashed,
     datasource_variable,
     layout,
     query_variable,
-    right_axis,
-    selector,
     table,
     target,
     thresholds,
     timeseries,
 )
+from collector.dashboards.queries import VARIABLES, published, quantile, rate, sel, slo_miss_ratio
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
-from collector.rules.records import R
 from collector.rules.render import GENERATED_NOTICE
 
 __all__ = ["dashboards", "overview", "tenants", "review", "TAG"]
 
 TAG = "llm-headroom"
-MI = selector("model", "instance")
-M = selector("model")
-REQUESTS_CALIBER = selector("model", extra='caliber="requests"')
-TOKENS_CALIBER = selector("model", extra='caliber="tokens"')
-P95 = selector("model", extra='quantile="0.95"')
+_INFLIGHT = sample("headroom_inflight_requests")
 
 
 def _variables(with_tenant: bool) -> list[dict]:
-    inflight = sample("headroom_inflight_requests")
-    variables = [
-        datasource_variable(),
-        query_variable("model", "Model", f"label_values({inflight}, model)"),
-        query_variable("instance", "Sidecar", f'label_values({inflight}{{model=~"$model"}}, instance)'),
-    ]
-    if with_tenant:
-        variables.append(
-            query_variable("tenant", "Tenant", f'label_values({inflight}{{model=~"$model"}}, tenant)')
-        )
+    """datasource, then cluster > namespace > job > instance > model (> tenant), each narrowing the next."""
+    variables, narrowed = [datasource_variable()], list[str]()
+    labels = {
+        "cluster": "Cluster",
+        "namespace": "Namespace",
+        "job": "Job",
+        "instance": "Sidecar",
+        "model": "Model",
+        "tenant": "Tenant",
+    }
+    for name in (*VARIABLES, "model", *(("tenant",) if with_tenant else ())):
+        where = "{" + ", ".join(narrowed) + "}" if narrowed else ""
+        variables.append(query_variable(name, labels[name], f"label_values({_INFLIGHT}{where}, {name})"))
+        narrowed.append(f'{name}=~"${name}"')
     return variables
 
 
 def _dashboard(
-    uid: str, title: str, panels: list[dict], *, time_from: str, with_tenant: bool = False
+    uid: str, title: str, panels: list[dict], c: RulesConfig, *, time_from: str, with_tenant: bool = False
 ) -> dict:
     return {
         "uid": uid,
@@ -60,56 +64,92 @@ def _dashboard(
         "editable": False,
         "graphTooltip": 1,
         "refresh": "30s",
-        "links": [],
+        "links": dashboard_links(c.runbook_base_url),
         "description": GENERATED_NOTICE.format(command="dashboards generate"),
         "time": {"from": time_from, "to": "now"},
-        "annotations": {"list": []},
+        "annotations": {"list": [alert_annotation(firing())]},
         "templating": {"list": _variables(with_tenant)},
         "panels": layout(panels),
     }
 
 
-def _concurrency_panel() -> dict:
-    knee = sample("headroom_capacity_knee")
-    pool = sample("headroom_capacity_recommended_pool")
-    return timeseries(
-        "In-flight requests and active tokens, with knee and recommended pool",
-        "Both calibers of concurrency per sidecar: requests on the left axis, tokens on the right. Dashed "
-        "lines are the measured knee and the recommended pool from the latest capacity estimate; live "
-        "lines approaching them mean the replica is near its boundary in that caliber.",
-        [
-            target(
-                f"sum by (instance, model) ({sample('headroom_inflight_requests')}{MI})",
-                "{{instance}} {{model}} in-flight requests",
-                "A",
-            ),
-            target(
-                f"sum by (instance, model) ({sample('headroom_active_tokens')}{MI})",
-                "{{instance}} {{model}} active tokens",
-                "B",
-            ),
-            target(f"max by (model) ({knee}{REQUESTS_CALIBER})", "{{model}} knee (requests)", "C"),
-            target(f"max by (model) ({knee}{TOKENS_CALIBER})", "{{model}} knee (tokens)", "D"),
-            target(
-                f"max by (model) ({pool}{REQUESTS_CALIBER})", "{{model}} recommended pool (requests)", "E"
-            ),
-        ],
-        "short",
-        axis_label="requests",
-        overrides=(right_axis(".*tokens.*", "short", "tokens"), dashed(".*(knee|pool).*")),
-    )
+def _latency_panels(c: RulesConfig) -> list[dict]:
+    """TTFT, TPOT and end-to-end latency per model side by side, then p95 TTFT per sidecar."""
+
+    def quantiles(histogram: str) -> list[dict]:
+        return [
+            target(quantile(q, histogram), f"{{{{model}}}} p{q * 100:g}", ref)
+            for q, ref in ((0.5, "A"), (0.95, "B"), (0.99, "C"))
+        ]
+
+    return [
+        timeseries(
+            "Time to first token p50 / p95 / p99",
+            f"TTFT quantiles of the selected sidecars. The red line is the {c.ttft_slo_seconds:g}s p95 "
+            "SLO; a p95 climbing towards it is the earliest capacity signal.",
+            quantiles("headroom_time_to_first_token_seconds"),
+            "s",
+            defaults=thresholds((c.ttft_slo_seconds, "red")),
+            width=8,
+        ),
+        timeseries(
+            "Time per output token p50 / p95 / p99",
+            f"Decode speed per stream. The red line ({c.tpot_slo_seconds:g}s) is the slowest streaming "
+            "users accept; rising TPOT with flat TTFT points at memory bandwidth.",
+            quantiles("headroom_time_per_output_token_seconds"),
+            "s",
+            defaults=thresholds((c.tpot_slo_seconds, "red")),
+            width=8,
+        ),
+        timeseries(
+            "End-to-end latency p50 / p95 / p99",
+            "Admission to the last byte, every outcome: what a non-streaming client waits. Long "
+            "generations dominate it; compare with TTFT to tell queueing from long answers.",
+            quantiles("headroom_request_duration_seconds"),
+            "s",
+            width=8,
+        ),
+        timeseries(
+            "p95 TTFT per sidecar",
+            "The same p95 per sidecar: one replica far above the others is a hot replica (uneven "
+            "routing or a noisy tenant), not a fleet-wide capacity problem.",
+            [
+                target(
+                    quantile(0.95, "headroom_time_to_first_token_seconds", by="instance, model"),
+                    "{{instance}} {{model}}",
+                )
+            ],
+            "s",
+            defaults=thresholds((c.ttft_slo_seconds, "red")),
+        ),
+    ]
 
 
 def overview(c: RulesConfig) -> dict:
-    """Capacity overview: live concurrency against the knee, KV cache, queue, latency, GPU, outcomes."""
+    """Capacity overview: the glance row, concurrency against the knee, engine, latency, GPU, outcomes."""
+    requests = "headroom_requests_total"
     p = [
-        _concurrency_panel(),
+        *glance_row(c),
+        concurrency_panel(),
         timeseries(
             "Headroom per caliber (live ÷ knee)",
-            "Live concurrency divided by the measured knee, per sidecar and caliber. Under "
+            "Live concurrency of each sidecar divided by its model's knee, in both calibers. Under "
             f"{c.knee_warning_ratio:.0%} is comfortable; above it the near-knee alert warns; 100 % is "
             "the knee itself. Empty for a model without a capacity estimate.",
-            [target(f"{R.KNEE_RATIO}{MI}", "{{instance}} {{model}} {{caliber}}")],
+            [
+                target(
+                    f"sum by (instance, model) ({_INFLIGHT}{sel('model')})\n/ on (model) group_left() "
+                    f"({published('headroom_capacity_knee_requests')})",
+                    "{{instance}} {{model}} requests",
+                    "A",
+                ),
+                target(
+                    f"sum by (instance, model) ({sample('headroom_active_tokens')}{sel('model')})\n/ on "
+                    f"(model) group_left() ({published('headroom_capacity_knee_tokens')})",
+                    "{{instance}} {{model}} tokens",
+                    "B",
+                ),
+            ],
             "percentunit",
             defaults=thresholds((c.knee_warning_ratio, "orange"), (1.0, "red")),
         ),
@@ -119,7 +159,8 @@ def overview(c: RulesConfig) -> dict:
             "new long requests will queue or preempt running ones.",
             [
                 target(
-                    f"max by (instance, model) ({sample('headroom_engine_kv_cache_usage_ratio')}{MI})",
+                    f"max by (instance, model) ({sample('headroom_engine_kv_cache_usage_ratio')}"
+                    f"{sel('model')})",
                     "{{instance}} {{model}}",
                 )
             ],
@@ -132,12 +173,12 @@ def overview(c: RulesConfig) -> dict:
             "means supply is saturated (a scale-out signal).",
             [
                 target(
-                    f"sum by (instance, model) ({sample('headroom_engine_requests_running')}{MI})",
+                    f"sum by (instance, model) ({sample('headroom_engine_requests_running')}{sel('model')})",
                     "{{instance}} {{model}} running",
                     "A",
                 ),
                 target(
-                    f"sum by (instance, model) ({sample('headroom_engine_requests_waiting')}{MI})",
+                    f"sum by (instance, model) ({sample('headroom_engine_requests_waiting')}{sel('model')})",
                     "{{instance}} {{model}} waiting",
                     "B",
                 ),
@@ -145,98 +186,53 @@ def overview(c: RulesConfig) -> dict:
             "short",
             axis_label="requests",
         ),
-        timeseries(
-            "Time to first token p50 / p95 / p99",
-            f"TTFT quantiles from the sidecar's histogram (5 min rate). The red line is the "
-            f"{c.ttft_slo_seconds:g}s p95 SLO; a p95 climbing towards it is the earliest capacity signal.",
-            [target(f"{R.TTFT_QUANTILE}{M}", "{{model}} q{{quantile}}")],
-            "s",
-            defaults=thresholds((c.ttft_slo_seconds, "red")),
-        ),
-        timeseries(
-            "Time per output token p50 / p95 / p99",
-            f"Decode speed per stream. The red line ({c.tpot_slo_seconds:g}s) is the slowest "
-            "streaming users accept; rising TPOT with flat TTFT points at memory bandwidth.",
-            [target(f"{R.TPOT_QUANTILE}{M}", "{{model}} q{{quantile}}")],
-            "s",
-            defaults=thresholds((c.tpot_slo_seconds, "red")),
-        ),
-        timeseries(
-            "GPU utilisation against tokens/s",
-            "GPU busy ratio (left) and tokens/s through the sidecar (right). They should move "
-            "together; utilisation near 100 % with flat tokens/s means batching or bandwidth is the "
-            "bottleneck, and more GPUs will not help.",
-            [
-                target(f"{R.GPU_UTILIZATION}{selector('instance')}", "{{instance}} GPU utilisation", "A"),
-                target(f"sum by (instance) ({R.TOKENS_RATE_INSTANCE}{MI})", "{{instance}} tokens/s", "B"),
-            ],
-            "percentunit",
-            overrides=(right_axis(".*tokens/s.*", "short", "tokens/s"),),
-        ),
+        *_latency_panels(c),
+        *gpu_panels(),
         timeseries(
             "Outcomes (requests/s)",
-            "Terminal requests per second by outcome, stacked. rate_limited is the 429 rate; "
-            "upstream_error and timeout are the engine failing under load.",
-            [target(f"{R.OUTCOME_RATE}{M}", "{{model}} {{outcome}}")],
+            "Terminal requests per second by outcome, stacked. rate_limited (429) and overloaded (503) "
+            "are load shedding; upstream_error and timeout are the engine failing under load.",
+            [target(f"sum by (model, outcome) ({rate(requests, sel('model'))})", "{{model}} {{outcome}}")],
             "reqps",
             stack=True,
-        ),
-        timeseries(
-            "429 ratio",
-            f"Share of requests answered 429. The line is the alert threshold ({c.rate_limited_ratio:.0%}).",
-            [target(f"{R.RATE_LIMITED_RATIO}{M}", "{{model}}")],
-            "percentunit",
-            defaults=thresholds((c.rate_limited_ratio, "red")),
         ),
         timeseries(
             "TTFT SLO misses (1 h and 5 m)",
             f"Share of requests slower than {c.ttft_slo_seconds:g}s. The fast-burn page fires when both "
             f"windows exceed 14.4 × the {c.error_budget:.2%} budget (the line).",
             [
-                target(f"{R.slo_misses('1h')}{M}", "{{model}} 1h", "A"),
-                target(f"{R.slo_misses('5m')}{M}", "{{model}} 5m", "B"),
+                target(slo_miss_ratio(c.ttft_slo_seconds, "1h"), "{{model}} 1h", "A"),
+                target(slo_miss_ratio(c.ttft_slo_seconds, "5m"), "{{model}} 5m", "B"),
             ],
             "percentunit",
             defaults=thresholds((round(14.4 * c.error_budget, 9), "red")),
         ),
-        table(
-            "Capacity signals firing",
-            "Headroom alerts firing now, per model. Two or more of the four scale-out signals at once "
-            "raise HeadroomNearCapacityLimit (the page).",
-            [
-                target(
-                    f'sum by (alertname, model, severity) (ALERTS{{alertstate="firing", '
-                    f'alertname=~"Headroom.*", {M[1:-1]}}})',
-                    "{{alertname}}",
-                    instant=True,
-                )
-            ],
-            "short",
-            full=True,
-        ),
+        firing_alerts(c),
     ]
-    return _dashboard("headroom-capacity-overview", "llm-headroom / Capacity overview", p, time_from="now-6h")
+    return _dashboard(
+        "headroom-capacity-overview", "llm-headroom / Capacity overview", p, c, time_from="now-6h"
+    )
 
 
 def _tenant_tokens_rate() -> str:
-    st = selector("model", "instance", "tenant")
+    st = sel("model", "tenant")
     return (
-        f"sum by (tenant) (rate({sample('headroom_prompt_tokens_total')}{st}[$__rate_interval]))\n"
-        f"+ sum by (tenant) (rate({sample('headroom_generated_tokens_total')}{st}[$__rate_interval]))"
+        f"sum by (tenant) ({rate('headroom_prompt_tokens_total', st)})\n"
+        f"+ sum by (tenant) ({rate('headroom_generated_tokens_total', st)})"
     )
 
 
 def tenants(c: RulesConfig) -> dict:
     """Per-tenant concurrency in both calibers, tokens/s, 429s, and the top-N consumers."""
-    st = selector("model", "instance", "tenant")
-    requests = sample("headroom_requests_total")
-    limited = selector("model", "instance", "tenant", extra='outcome="rate_limited"')
+    st = sel("model", "tenant")
+    limited = sel("model", "tenant", extra='outcome="rate_limited"')
     n = c.top_tenants
+    requests = "headroom_requests_total"
     p = [
         timeseries(
             "In-flight requests per tenant",
             "Request-caliber concurrency per tenant. One tenant holding most slots starves the others.",
-            [target(f"sum by (tenant) ({sample('headroom_inflight_requests')}{st})", "{{tenant}}")],
+            [target(f"sum by (tenant) ({_INFLIGHT}{st})", "{{tenant}}")],
             "short",
             axis_label="requests",
         ),
@@ -261,8 +257,8 @@ def tenants(c: RulesConfig) -> dict:
             "all tenants means the engine is full; one tenant means its quota is.",
             [
                 target(
-                    f"sum by (tenant) (rate({requests}{limited}[$__rate_interval]))\n"
-                    f"or sum by (tenant) (rate({requests}{st}[$__rate_interval])) * 0",
+                    f"sum by (tenant) ({rate(requests, limited)})\n"
+                    f"or sum by (tenant) ({rate(requests, st)}) * 0",
                     "{{tenant}}",
                 )
             ],
@@ -271,33 +267,34 @@ def tenants(c: RulesConfig) -> dict:
         table(
             f"Top {n} tenants by tokens/s",
             "The heaviest tenants right now, by prompt plus generated tokens/s.",
-            [target(f"topk({n}, {_tenant_tokens_rate()})", "{{tenant}}", instant=True)],
+            [target(f"topk({n}, {_tenant_tokens_rate()})", "{{tenant}}")],
             "short",
         ),
         table(
             f"Top {n} tenants by active tokens",
             "Tenants holding the most tokens in flight right now.",
-            [
-                target(
-                    f"topk({n}, sum by (tenant) ({sample('headroom_active_tokens')}{st}))",
-                    "{{tenant}}",
-                    instant=True,
-                )
-            ],
+            [target(f"topk({n}, sum by (tenant) ({sample('headroom_active_tokens')}{st}))", "{{tenant}}")],
             "short",
         ),
     ]
-    return _dashboard("headroom-tenants", "llm-headroom / Tenants", p, time_from="now-6h", with_tenant=True)
+    return _dashboard(
+        "headroom-tenants", "llm-headroom / Tenants", p, c, time_from="now-6h", with_tenant=True
+    )
 
 
 def review(c: RulesConfig) -> dict:
     """Weekly capacity review: Little's law, p95 by hour of day, headroom trend, week over week."""
-    requests, duration = sample("headroom_requests_total"), "headroom_request_duration_seconds"
+    duration, s = "headroom_request_duration_seconds", sel("model")
+    completions = f"sum by (model) (rate({sample(duration, 'count')}{s}[1h]))"
     lambda_w = (
-        f"sum by (model) (rate({requests}{M}[1h]))\n* on (model) (\n"
-        f"  sum by (model) (rate({sample(duration, 'sum')}{M}[1h]))\n"
-        f"  / sum by (model) (rate({sample(duration, 'count')}{M}[1h]))\n)"
+        f"{completions}\n* on (model) (\n  sum by (model) (rate({sample(duration, 'sum')}{s}[1h]))\n"
+        f"  / {completions}\n)"
     )
+    tokens = (
+        f"sum by (model) (rate({sample('headroom_prompt_tokens_total')}{s}[5m]))\n"
+        f"+ sum by (model) (rate({sample('headroom_generated_tokens_total')}{s}[5m]))"
+    )
+    peak = f"max_over_time(sum by (instance, model) ({_INFLIGHT}{s})[1h:1m])"
     by_hour = [
         {"id": "formatTime", "options": {"timeField": "Time", "outputFormat": "HH", "useTimezone": True}},
         {
@@ -317,7 +314,11 @@ def review(c: RulesConfig) -> dict:
             "Per hour, L (mean in-flight) should equal λ·W (requests/s × mean seconds per request). "
             "A persistent gap means lost requests, clock errors or counting bugs, not load.",
             [
-                target(f"avg_over_time({R.INFLIGHT}{M}[1h])", "{{model}} L mean in-flight", "A"),
+                target(
+                    f"avg_over_time(sum by (model) ({_INFLIGHT}{s})[1h:1m])",
+                    "{{model}} L mean in-flight",
+                    "A",
+                ),
                 target(lambda_w, "{{model}} λ·W", "B"),
             ],
             "short",
@@ -329,7 +330,7 @@ def review(c: RulesConfig) -> dict:
                 "p95 TTFT by hour of day (UTC)",
                 "Hourly p95 TTFT averaged per hour of the day over the range: the busy hours are where "
                 "headroom runs out first. Compare with the SLO line.",
-                [target(f"max({R.TTFT_QUANTILE}{P95})", "p95 TTFT")],
+                [target(f"max({quantile(0.95, 'headroom_time_to_first_token_seconds')})", "p95 TTFT")],
                 "s",
                 defaults=thresholds((c.ttft_slo_seconds, "red")),
                 interval="1h",
@@ -339,9 +340,14 @@ def review(c: RulesConfig) -> dict:
         ),
         timeseries(
             "Headroom trend: peak live ÷ knee per hour",
-            "Hourly peak of live concurrency over the knee, per caliber. A rising week means the "
-            "knee will be crossed at peak: plan replicas before it does.",
-            [target(f"max_over_time({R.KNEE_RATIO}{MI}[1h])", "{{instance}} {{model}} {{caliber}}")],
+            "Hourly peak of each sidecar's in-flight requests over its model's knee. A rising week means "
+            "the knee will be crossed at peak: plan replicas before it does.",
+            [
+                target(
+                    f"{peak}\n/ on (model) group_left() ({published('headroom_capacity_knee_requests')})",
+                    "{{instance}} {{model}}",
+                )
+            ],
             "percentunit",
             defaults=thresholds((c.knee_warning_ratio, "orange"), (1.0, "red")),
             interval="1h",
@@ -350,40 +356,40 @@ def review(c: RulesConfig) -> dict:
             "Peak in-flight vs recommended pool",
             "Hourly peak of in-flight requests per sidecar against the recommended pool (dashed).",
             [
-                target(f"max_over_time({R.INFLIGHT_INSTANCE}{MI}[1h])", "{{instance}} {{model}} peak", "A"),
+                target(peak, "{{instance}} {{model}} peak", "A"),
                 target(
-                    f"max by (model) ({sample('headroom_capacity_recommended_pool')}{REQUESTS_CALIBER})",
+                    published("headroom_capacity_recommended_pool_requests"),
                     "{{model}} recommended pool",
                     "B",
                 ),
             ],
             "short",
             axis_label="requests",
-            overrides=(dashed(".*pool.*"),),
+            overrides=dashed("B"),
             interval="1h",
         ),
         timeseries(
             "Tokens/s this week vs last week",
             "Throughput now and 7 days earlier (dashed): growth here is demand growth.",
             [
-                target(f"{R.TOKENS_RATE}{M}", "{{model}} this week", "A"),
-                target(f"{R.TOKENS_RATE}{M} offset 7d", "{{model}} last week", "B"),
+                target(tokens, "{{model}} this week", "A"),
+                target(tokens.replace("[5m]))", "[5m] offset 7d))"), "{{model}} last week", "B"),
             ],
             "short",
             axis_label="tokens/s",
-            overrides=(dashed(".*last week.*"),),
+            overrides=dashed("B"),
         ),
         timeseries(
             "TTFT SLO misses over 3 days",
             f"Share of requests slower than {c.ttft_slo_seconds:g}s over a sliding 3 days; above the "
             f"{c.error_budget:.2%} budget line the slow-burn ticket opens.",
-            [target(f"{R.slo_misses('3d')}{M}", "{{model}}")],
+            [target(slo_miss_ratio(c.ttft_slo_seconds, "3d"), "{{model}}")],
             "percentunit",
             defaults=thresholds((c.error_budget, "red")),
         ),
     ]
     return _dashboard(
-        "headroom-capacity-review", "llm-headroom / Capacity review (7 days)", p, time_from="now-7d"
+        "headroom-capacity-review", "llm-headroom / Capacity review (7 days)", p, c, time_from="now-7d"
     )
 
 

@@ -13,32 +13,25 @@ __all__ = [
     "panel",
     "timeseries",
     "table",
+    "stat",
     "thresholds",
     "right_axis",
     "dashed",
     "query_variable",
     "datasource_variable",
     "layout",
-    "selector",
+    "alert_annotation",
+    "dashboard_links",
 ]
 
 # Fixed uid of the provisioned Prometheus datasource (deploy/grafana/provisioning/datasources).
 PROMETHEUS_UID = "headroom-prometheus"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
-_FILTERS = {"model": 'model=~"$model"', "instance": 'instance=~"$instance"', "tenant": 'tenant=~"$tenant"'}
 
-
-def selector(*filters: str, extra: str = "") -> str:
-    """A label selector from dashboard variables: selector("model", "instance") ->
-    '{model=~"$model", instance=~"$instance"}'; `extra` adds literal matchers."""
-    matchers = [_FILTERS[name] for name in filters] + ([extra] if extra else [])
-    return "{" + ", ".join(matchers) + "}"
-
-
-def target(expr: str, legend: str, ref: str = "A", *, instant: bool = False) -> dict:
-    """One Prometheus query of a panel."""
-    return {
+def target(expr: str, legend: str, ref: str = "A", *, instant: bool = False, table: bool = False) -> dict:
+    """One Prometheus query of a panel; `table` asks Grafana for one row per series (format: table)."""
+    query = {
         "datasource": DATASOURCE,
         "expr": expr,
         "legendFormat": legend,
@@ -46,6 +39,7 @@ def target(expr: str, legend: str, ref: str = "A", *, instant: bool = False) -> 
         "instant": instant,
         "range": not instant,
     }
+    return query | ({"format": "table"} if table else {})
 
 
 def thresholds(*steps: tuple[float, str], style: str = "line") -> dict:
@@ -60,10 +54,16 @@ def thresholds(*steps: tuple[float, str], style: str = "line") -> dict:
     }
 
 
-def right_axis(pattern: str, unit: str, label: str) -> dict:
-    """Override: series whose name matches regex `pattern` use the right axis with `unit`."""
+def _by_query(ref: str) -> dict:
+    """Override matcher by query (refId), never by display name: a series' name is user data
+    (a sidecar called `gpu-pool-1` must not turn every line dashed)."""
+    return {"id": "byFrameRefID", "options": ref}
+
+
+def right_axis(ref: str, unit: str, label: str) -> dict:
+    """Override: the series of query `ref` use the right axis with `unit`."""
     return {
-        "matcher": {"id": "byRegexp", "options": pattern},
+        "matcher": _by_query(ref),
         "properties": [
             {"id": "custom.axisPlacement", "value": "right"},
             {"id": "unit", "value": unit},
@@ -72,12 +72,15 @@ def right_axis(pattern: str, unit: str, label: str) -> dict:
     }
 
 
-def dashed(pattern: str) -> dict:
-    """Override: reference lines (knee, pool) drawn dashed."""
-    return {
-        "matcher": {"id": "byRegexp", "options": pattern},
-        "properties": [{"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}],
-    }
+def dashed(*refs: str) -> tuple[dict, ...]:
+    """Overrides: the reference lines (knee, pool, ceiling) of queries `refs` drawn dashed."""
+    return tuple(
+        {
+            "matcher": _by_query(ref),
+            "properties": [{"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}],
+        }
+        for ref in refs
+    )
 
 
 def panel(
@@ -137,15 +140,43 @@ def timeseries(
 
 
 def table(title: str, description: str, targets: list[dict], unit: str, **kwargs) -> dict:
-    """A table of instant queries (one row per series)."""
+    """A table of instant queries, one row per series: every target asks for `format: table`."""
+    rows = [t | {"format": "table", "instant": True, "range": False} for t in targets]
     return panel(
         "table",
         title,
         description,
-        targets,
+        rows,
         unit,
         options={"showHeader": True, "sortBy": [{"displayName": "Value", "desc": True}]},
-        transformations=[{"id": "labelsToFields", "options": {}}],
+        transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True}}}],
+        **kwargs,
+    )
+
+
+def stat(
+    title: str, description: str, targets: list[dict], unit: str, *, decimals: int | None = None, **kwargs
+) -> dict:
+    """A single-number panel for the top row: the latest value, coloured by its thresholds."""
+    defaults = kwargs.pop("defaults", {}) | ({"decimals": decimals} if decimals is not None else {})
+    options = {
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "colorMode": "background",
+        "graphMode": "none",
+        "textMode": "value_and_name",
+        "justifyMode": "auto",
+        "orientation": "auto",
+    }
+    return panel(
+        "stat",
+        title,
+        description,
+        targets,
+        unit,
+        defaults=defaults,
+        options=options,
+        width=4,
+        height=4,
         **kwargs,
     )
 
@@ -183,15 +214,61 @@ def query_variable(name: str, label: str, query: str) -> dict:
 
 
 def layout(panels: list[dict], width: int = 12, height: int = 8) -> list[dict]:
-    """Number panels from 1 and place them two per row (a panel with "full": True takes a row)."""
-    placed, x, y = [], 0, 0
+    """Number panels from 1 and place them left to right, rows as tall as their tallest panel.
+
+    A panel with "full": True takes a row; stat panels carry their own "width"/"height" (4 x 4).
+    """
+    placed, x, y, row_height = [], 0, 0, 0
     for number, original in enumerate(panels, start=1):
         item = dict(original)
-        w = 24 if item.pop("full", False) else width
+        w = 24 if item.pop("full", False) else item.pop("width", width)
+        h = item.pop("height", height)
         if x + w > 24:
-            x, y = 0, y + height
-        placed.append({**item, "id": number, "gridPos": {"h": height, "w": w, "x": x, "y": y}})
-        x += w
+            x, y, row_height = 0, y + row_height, 0
+        placed.append({**item, "id": number, "gridPos": {"h": h, "w": w, "x": x, "y": y}})
+        x, row_height = x + w, max(row_height, h)
         if x >= 24:
-            x, y = 0, y + height
+            x, y, row_height = 0, y + row_height, 0
     return placed
+
+
+def alert_annotation(expr: str) -> dict:
+    """Grafana annotation: a marker wherever a Headroom alert fired (from Prometheus' ALERTS series)."""
+    return {
+        "datasource": DATASOURCE,
+        "enable": True,
+        "expr": expr,
+        "name": "Headroom alerts",
+        "iconColor": "red",
+        "step": "60s",
+        "titleFormat": "{{alertname}}",
+        "textFormat": "{{severity}} on {{model}}",
+        "tagKeys": "severity,model",
+        "useValueForTime": False,
+    }
+
+
+def dashboard_links(runbooks_url: str) -> list[dict]:
+    """Links on every dashboard: the other llm-headroom dashboards (variables and time kept), runbooks."""
+    return [
+        {
+            "type": "dashboards",
+            "tags": ["llm-headroom"],
+            "asDropdown": False,
+            "includeVars": True,
+            "keepTime": True,
+            "title": "llm-headroom",
+            "icon": "external link",
+            "targetBlank": False,
+        },
+        {
+            "type": "link",
+            "title": "Runbooks",
+            "url": runbooks_url,
+            "icon": "doc",
+            "targetBlank": True,
+            "includeVars": False,
+            "keepTime": False,
+            "tags": [],
+        },
+    ]

@@ -43,11 +43,20 @@ def _near_knee(report: dict[str, Any]) -> list[dict[str, str]]:
             found.append(
                 {
                     "action": f"Add capacity or cap admission ({caliber} caliber)",
-                    "reason": f"peak {caliber} concurrency {peak:g} reached {peak / knee:.0%} "
-                    f"of the knee {knee:g}",
+                    "reason": f"peak {caliber} concurrency {peak:g} against the knee {knee:g}: "
+                    + _share(peak / knee),
                 }
             )
     return found
+
+
+def _share(ratio: float) -> str:
+    """1.0 -> 'peak is 1.0 × the knee'; 0.85 -> 'peak is 85 % of the knee'."""
+    return (
+        f"peak is {ratio:.1f} × the knee"
+        if ratio >= 1
+        else f"peak is {ratio:.0%} of the knee".replace("%", " %")
+    )
 
 
 def _latency(report: dict[str, Any]) -> list[dict[str, str]]:

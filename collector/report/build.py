@@ -3,7 +3,10 @@
 Example output (one model, abridged):
   {"window": {...}, "models": [{"model": "m", "traffic": {"requests": 1200, ...},
    "latency": {"ttft_s": {"p50": .., "p95": .., "p99": .., "previous": {...}, "change_p95": 0.5}},
-   "concurrency": {"peak_requests": 16, "knee_requests": 12, "headroom_requests": -0.33, ...},
+   "concurrency": {"peak_requests": 16, "knee_requests": 12, "headroom_requests": -0.33,
+                   "peak_over_knee_requests": 1.33, ...},
+   "hourly": [{"hour": 1796000400.0, "peak_requests": 14, "peak_tokens": 9000, "mean_requests": 6.1,
+               "tokens_per_s": 410.2}, ...],
    "outcomes": {...}, "top_tenants": [...], "curve": [...], "littles_law": {...},
    "estimate": {...}, "actions": [{"action": .., "reason": ..}]}]}
 """
@@ -113,7 +116,43 @@ def _concurrency(rows: dict[str, np.ndarray], estimate: dict[str, Any]) -> dict[
         result[f"peak_{caliber}"] = peak
         result[f"knee_{caliber}"] = knee
         result[f"headroom_{caliber}"] = (1.0 - peak / knee) if peak is not None and knee else None
+        result[f"peak_over_knee_{caliber}"] = round(peak / knee, 4) if peak is not None and knee else None
     return result
+
+
+def _hourly(rows: dict[str, np.ndarray], start: float, end: float) -> list[dict[str, Any]]:
+    """Per hour of the window: peak and mean concurrency at admission (both calibers) and tokens/s.
+
+    Example: 3 requests admitted 09:10-09:40 at in-flight 1, 2, 3 -> {"hour": <09:00>, "peak_requests": 3,
+    "mean_requests": 2.0, ...}; hours without traffic are left out.
+    """
+    admitted = rows["admitted"]
+    known = ~np.isnan(admitted)
+    if not known.any():
+        return []
+    first = np.floor(start / 3600) * 3600
+    hours = np.floor((admitted[known] - first) / 3600).astype(np.int64)
+    tokens = (rows["prompt_tokens"] + rows["completion_tokens"])[known]
+    inflight, active = rows["inflight"][known], rows["active_tokens"][known]
+    result = []
+    for hour in np.unique(hours):
+        mask = hours == hour
+        result.append(
+            {
+                "hour": float(first + hour * 3600),
+                "requests": int(mask.sum()),
+                "peak_requests": _peak(inflight[mask]),
+                "peak_tokens": _peak(active[mask]),
+                "mean_requests": _mean(inflight[mask]),
+                "tokens_per_s": round(float(tokens[mask].sum()) / 3600.0, 3),
+            }
+        )
+    return result
+
+
+def _mean(values: np.ndarray) -> float | None:
+    known = values[~np.isnan(values)]
+    return round(float(known.mean()), 3) if known.size else None
 
 
 def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +184,7 @@ def _model_report(model: str, inputs: ReportInputs, current: dict, previous: dic
         "top_tenants": _top_tenants(current),
         "curve": _curve(current, "inflight"),
         "curve_tokens": _curve(current, "active_tokens"),
+        "hourly": _hourly(current, start, end),
         "littles_law": littles_law(
             current["admitted"], current["completed"], current["e2e_s"], start, end, LITTLES_LAW_TOLERANCE
         ),
@@ -159,6 +199,11 @@ def _model_report(model: str, inputs: ReportInputs, current: dict, previous: dic
     return report
 
 
+def _second(moment) -> str:
+    """ISO-8601 to the second: people read windows, not microseconds."""
+    return moment.replace(microsecond=0).isoformat()
+
+
 def build_report(inputs: ReportInputs) -> dict[str, Any]:
     """Figures per model (models seen in either window), in model order."""
     models = sorted(set(inputs.current["model"].astype(str)) | set(inputs.previous["model"].astype(str)))
@@ -169,9 +214,9 @@ def build_report(inputs: ReportInputs) -> dict[str, Any]:
         reports.append(_model_report(model, inputs, current, previous))
     return {
         "window": {
-            "since": inputs.since.isoformat(),
-            "until": inputs.until.isoformat(),
-            "previous_since": inputs.previous_since.isoformat(),
+            "since": _second(inputs.since),
+            "until": _second(inputs.until),
+            "previous_since": _second(inputs.previous_since),
         },
         "slo_ttft_p95_s": inputs.slo_ttft_p95_s,
         "models": reports,

@@ -1,7 +1,8 @@
 """`headroom report`: the weekly capacity review on the command line, from a DuckDB file or a store.
 
 The review itself is collector.report.review; this module only reads the options, opens the
-database (or asks a running `headroom store`) and writes the text.
+database (through its owner while a sidecar serves it: collector.store.owner) or asks a running
+`headroom store`, and writes the text.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ import sys
 from pathlib import Path
 
 import click
+import duckdb
 import httpx
 from rich.console import Console
 
 from collector.report.review import FORMATS, render_report_from_store
-from collector.store.db import RequestStore
+from collector.store.owner import OwnerError, open_request_log
 from collector.timewin import parse_duration
 
 __all__ = ["report"]
@@ -42,23 +44,19 @@ def _from_store_url(url: str, token: str | None, since: str, fmt: str, slo: floa
 
 
 def _from_db(db: str, since: str, fmt: str, slo: float | None) -> str:
-    if not Path(db).exists():
-        raise click.ClickException(f"database {db} does not exist; pass the sidecar's or store's --db file")
     try:
-        store = RequestStore(db, read_only=True)
-    except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = (
-            "while a store or sidecar owns it, use --store-url instead"
-            if "lock" in first.lower()
-            else "pass the request log a sidecar or store wrote"
-        )
-        raise click.ClickException(f"cannot open {db} ({first}); {hint}") from None
-    try:
-        with Console(stderr=True).status(f"building the {since} review from {db}"):
+        with (
+            open_request_log(db) as store,
+            Console(stderr=True).status(f"building the {since} review from {db}"),
+        ):
             return render_report_from_store(store, since, fmt, slo_ttft_p95_s=slo)
-    finally:
-        store.close()
+    except (FileNotFoundError, OwnerError) as exc:
+        raise click.ClickException(f"--db {db}: {exc}") from None
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise click.ClickException(
+            f"cannot open {db} ({first}); pass the request log a sidecar or store wrote"
+        ) from None
 
 
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
@@ -68,7 +66,7 @@ def _from_db(db: str, since: str, fmt: str, slo: float | None) -> str:
     "--db",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Read this DuckDB file (not while it is served).",
+    help="Read this DuckDB file (while a sidecar serves it, through the sidecar).",
 )
 @click.option("--store-url", default=None, help="Ask a running `headroom store` for the report.")
 @click.option(

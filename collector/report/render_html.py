@@ -3,52 +3,24 @@
 from __future__ import annotations
 
 import base64
-import io
 from html import escape
 from typing import Any
 
-from collector.report.render_md import LATENCY_NAMES, fmt, pct
+from collector.report.plots import curve_png, throughput_png, week_png
+from collector.report.render_md import LATENCY_NAMES, fmt, pct, versus_knee, when
 
 __all__ = ["render_html", "curve_png"]
 
 _CSS = (
-    "body{font-family:system-ui,sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;"
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;"
     "margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}"
     "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}li{margin:.3em 0}"
+    "img{width:100%;max-width:1200px;height:auto;display:block;margin:.5em 0 1.5em}"
 )
 
 
-def curve_png(model: dict[str, Any]) -> bytes:
-    """PNG of the passive capacity curve (p95 TTFT by concurrency bucket), both calibers side by side."""
-    # lazy: matplotlib loads only when an HTML review is drawn
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure  # no pyplot: no global state, safe in threads
-
-    figure = Figure(figsize=(9, 3.2), dpi=90)
-    slo = model["slo"]["ttft_p95_s"]
-    for axis, (key, caliber, label) in zip(
-        figure.subplots(1, 2),
-        (("curve", "requests", "in-flight requests"), ("curve_tokens", "tokens", "active tokens")),
-    ):
-        points = [(b["bucket"], b["ttft_p95_s"]) for b in model[key] if b["ttft_p95_s"] is not None]
-        if points:
-            axis.plot(*zip(*points), marker="o")
-            axis.set_xscale("log", base=2)
-        knee = model["concurrency"][f"knee_{caliber}"]
-        if knee:
-            axis.axvline(knee, color="tab:red", linestyle="--", label=f"knee {knee:g}")
-        if slo:
-            axis.axhline(slo, color="tab:orange", linestyle=":", label=f"SLO {slo:g} s")
-        axis.set_xlabel(f"{label} at admission (bucket)")
-        axis.set_ylabel("p95 TTFT (s)")
-        if knee or slo:
-            axis.legend(fontsize="small")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+def _image(png: bytes, alt: str) -> str:
+    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -71,7 +43,6 @@ def _model(m: dict[str, Any]) -> str:
         ]
         for k, name in LATENCY_NAMES.items()
     ]
-    image = base64.b64encode(curve_png(m)).decode()
     return "".join(
         [
             f"<h2>{escape(m['model'])}</h2><h3>Recommended actions</h3><ul>{actions}</ul>",
@@ -93,11 +64,21 @@ def _model(m: dict[str, Any]) -> str:
             _table(["latency (s)", "p50", "p95", "p99", "previous p95", "p95 change"], latency),
             f"<p>SLO p95 TTFT: {escape(fmt(m['slo']['ttft_p95_s']))} s — met: {escape(fmt(m['slo']['met']))}</p>",
             _table(
-                ["caliber", "peak", "knee", "headroom"],
+                ["caliber", "peak", "knee", "peak vs knee"],
                 [
-                    [cal, fmt(c[f"peak_{cal}"]), fmt(c[f"knee_{cal}"]), pct(c[f"headroom_{cal}"])]
+                    [
+                        cal,
+                        fmt(c[f"peak_{cal}"]),
+                        fmt(c[f"knee_{cal}"]),
+                        versus_knee(c[f"peak_over_knee_{cal}"]),
+                    ]
                     for cal in ("requests", "tokens")
                 ],
+            ),
+            "<h3>Peak concurrency over the window, against the knee</h3>",
+            _image(
+                week_png(m),
+                f"hourly peak in-flight requests and active tokens against the knee for {m['model']}",
             ),
             f"<p>Little's law: measured in-flight {fmt(law['measured_inflight'])}, rate × e2e "
             f"{fmt(law['predicted_inflight'])}, consistent: {fmt(law['consistent'])}</p>",
@@ -108,8 +89,10 @@ def _model(m: dict[str, Any]) -> str:
                     for x in m["top_tenants"]
                 ],
             ),
-            f'<h3>Passive capacity curve</h3><img alt="p95 TTFT by concurrency bucket for {escape(m["model"])}" '
-            f'src="data:image/png;base64,{image}">',
+            "<h3>Passive capacity curve</h3>",
+            _image(curve_png(m), f"p95 TTFT by concurrency bucket for {m['model']}"),
+            "<h3>Throughput against concurrency</h3>",
+            _image(throughput_png(m), f"tokens per second against mean in-flight requests for {m['model']}"),
         ]
     )
 
@@ -121,6 +104,6 @@ def render_html(report: dict[str, Any]) -> str:
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Capacity review</title>"
         f"<style>{_CSS}</style></head><body><h1>Capacity review</h1>"
-        f"<p>Window {escape(w['since'])} → {escape(w['until'])}, compared with "
-        f"{escape(w['previous_since'])} → {escape(w['since'])}.</p>{models}</body></html>\n"
+        f"<p>Window {escape(when(w['since']))} → {escape(when(w['until']))}, compared with "
+        f"{escape(when(w['previous_since']))} → {escape(when(w['since']))}.</p>{models}</body></html>\n"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render_md", "fmt", "pct", "capacity_line", "LATENCY_NAMES"]
+__all__ = ["render_md", "fmt", "pct", "capacity_line", "LATENCY_NAMES", "versus_knee", "when"]
 
 LATENCY_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "e2e"}
 
@@ -25,6 +25,22 @@ def fmt(value: Any, digits: int = 3) -> str:
 def pct(value: float | None) -> str:
     """0.1234 -> '+12.3 %' for changes and shares; None -> '–'."""
     return "–" if value is None else f"{value * 100:+.1f} %"
+
+
+def versus_knee(ratio: float | None) -> str:
+    """Peak against the knee for people: 4.0 -> 'peak is 4.0 × the knee', 0.62 -> 'peak is 62 % of the knee'."""
+    if ratio is None:
+        return "–"
+    return (
+        f"peak is {ratio:.1f} × the knee"
+        if ratio >= 1
+        else f"peak is {ratio:.0%} of the knee".replace("%", " %")
+    )
+
+
+def when(iso: str) -> str:
+    """'2026-11-30T09:00:00+00:00' -> '2026-11-30 09:00 UTC'."""
+    return iso[:16].replace("T", " ") + " UTC"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -62,9 +78,9 @@ def _model(m: dict[str, Any]) -> list[str]:
     lines += _table(["latency (s)", "p50", "p95", "p99", "previous p95", "p95 change"], rows)
     lines += ["", f"SLO p95 TTFT: {fmt(slo['ttft_p95_s'])} s — met: {fmt(slo['met'])}", ""]
     lines += _table(
-        ["caliber", "peak", "knee", "headroom"],
+        ["caliber", "peak", "knee", "peak vs knee"],
         [
-            [cal, fmt(c[f"peak_{cal}"]), fmt(c[f"knee_{cal}"]), pct(c[f"headroom_{cal}"])]
+            [cal, fmt(c[f"peak_{cal}"]), fmt(c[f"knee_{cal}"]), versus_knee(c[f"peak_over_knee_{cal}"])]
             for cal in ("requests", "tokens")
         ],
     )
@@ -115,7 +131,8 @@ def render_md(report: dict[str, Any]) -> str:
     lines = [
         "# Capacity review",
         "",
-        f"Window {w['since']} → {w['until']}, compared with {w['previous_since']} → {w['since']}.",
+        f"Window {when(w['since'])} → {when(w['until'])}, compared with "
+        f"{when(w['previous_since'])} → {when(w['since'])}.",
         "",
     ]
     if not report["models"]:

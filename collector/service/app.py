@@ -1,7 +1,8 @@
 """create_store_app: the store service's FastAPI application.
 
-Routes: /healthz (open), /metrics (open, for Prometheus: rows written, capacity gauges),
-POST /v1/ingest, /v1/query/*, /v1/report and /reports/latest (all behind the bearer token).
+Routes: /healthz (open), /metrics (open, for Prometheus: rows written, capacity gauges), and
+behind the bearer token the routes of collector.service.routes: POST /v1/ingest, /v1/query/*,
+/v1/report, /reports/latest, /v1/snapshot and POST /v1/estimates.
 The lifespan starts the job scheduler when job settings are given and stops it on shutdown.
 """
 
@@ -9,21 +10,19 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
 
 from collector.analysis.refresh import refresh_estimates
 from collector.catalog import spec
-from collector.report.review import LATEST_REPORT_NAME, render_report_from_store, write_report_files
+from collector.exposition import new_registry
+from collector.report.review import LATEST_REPORT_NAME, write_report_files
 from collector.service.auth import require_token
-from collector.service.ingest import build_ingest_router
-from collector.service.queries import build_query_router
+from collector.service.routes import build_store_routes
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.estimates import publish_stored
@@ -45,7 +44,7 @@ def _validation_as_400(request: Request, exc: RequestValidationError) -> JSONRes
 
 
 def _registry(gauges: CapacityGauges | None) -> tuple[CollectorRegistry, Counter]:
-    registry = CollectorRegistry()
+    registry = new_registry()
     written = Counter(_WRITTEN.name, _WRITTEN.help, registry=registry)
     if gauges is not None:
         registry.register(gauges)
@@ -71,47 +70,6 @@ def _lifespan(store: RequestStore, gauges: CapacityGauges | None, job_settings: 
                 scheduler.shutdown(wait=False)
 
     return lifespan
-
-
-class ReportQuery(BaseModel):
-    """Window and format of an on-demand report."""
-
-    model_config = ConfigDict(extra="forbid")
-    since: str = Field("7d", pattern=r"^[0-9]{1,6}[smhdw]$", description="window back from now")
-    format: Literal["md", "html", "json"] = "json"
-    slo_ttft_p95_s: float | None = Field(None, gt=0, le=600, description="p95 TTFT SLO in seconds")
-
-
-def _add_report_routes(app: FastAPI, store: RequestStore, report_dir: Path | None, auth) -> None:
-    @app.get(
-        "/v1/report",
-        dependencies=[auth],
-        tags=["report"],
-        summary="Build the capacity review for a window now (md, html or json)",
-    )
-    async def report(q: Annotated[ReportQuery, Query()]) -> Response:
-        text = await run_in_threadpool(
-            render_report_from_store, store, q.since, q.format, None, q.slo_ttft_p95_s
-        )
-        media = {"md": "text/markdown", "html": "text/html", "json": "application/json"}[q.format]
-        return Response(text, media_type=media)
-
-    @app.get(
-        "/reports/latest",
-        dependencies=[auth],
-        tags=["report"],
-        response_class=HTMLResponse,
-        summary="The latest weekly report written by the scheduled job (self-contained HTML)",
-    )
-    async def latest_report() -> HTMLResponse:
-        path = (report_dir / LATEST_REPORT_NAME) if report_dir else None
-        if path is None or not path.exists():
-            raise HTTPException(
-                404,
-                detail="no weekly report yet; it is written by the weekly job "
-                "(or GET /v1/report?format=html builds one now)",
-            )
-        return HTMLResponse(path.read_text())
 
 
 def create_store_app(
@@ -153,7 +111,13 @@ def create_store_app(
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(build_ingest_router(store, on_rows=written.inc), dependencies=[auth])
-    app.include_router(build_query_router(store, dependencies=[auth]))
-    _add_report_routes(app, store, Path(report_dir) if report_dir else None, auth)
+    app.include_router(
+        build_store_routes(
+            store,
+            [auth],
+            report_dir=Path(report_dir) if report_dir else None,
+            gauges=gauges,
+            on_rows=written.inc,
+        )
+    )
     return app

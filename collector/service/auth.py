@@ -13,16 +13,9 @@ from pathlib import Path
 
 from fastapi import HTTPException, Request
 
+from collector.store.owner import TOKEN_ENV, token_file_for
+
 __all__ = ["TOKEN_ENV", "resolve_token", "token_file_for", "require_token"]
-
-TOKEN_ENV = "HEADROOM_TOKEN"
-
-
-def token_file_for(db_path: str | os.PathLike | None) -> Path | None:
-    """Where the generated token lives: `<db>.token` beside the database, None for :memory:."""
-    if db_path is None or str(db_path) == ":memory:":
-        return None
-    return Path(f"{db_path}.token")
 
 
 def resolve_token(token: str | None, db_path: str | os.PathLike | None) -> tuple[str, Path | None]:

@@ -2,9 +2,11 @@
 
 Routes: POST /v1/chat/completions and /v1/completions (accounted), any other /v1/* (passed
 through), GET /metrics (Prometheus text format, rendered in a worker thread so a large scrape
-never stalls the proxy), GET /healthz. Every path is normalised first
+never stalls the proxy), GET /healthz (liveness: the process serves), GET /readyz (readiness: 503 while the upstream does
+not answer), and, where this sidecar owns its database, the store's token-protected routes under
+/headroom (collector.service.routes), so that readers work while it runs. Every path is normalised first
 (collector.sidecar.paths). The lifespan opens the pooled upstream client, starts the engine
-poller and the in-process store's jobs, and on shutdown stops them and closes every sink, which
+poller and the in-process store's jobs, writes the `<db>.owner` file readers look for, and on shutdown stops them and closes every sink, which
 writes every request-log row that is still queued.
 
 Which parts a sidecar has (sources, sinks, jobs) is decided in one place, collector.sidecar.wiring;
@@ -22,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from apscheduler.schedulers.background import BackgroundScheduler
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.routing import Route
@@ -37,12 +39,16 @@ from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
 from collector.sidecar.tenants import LabelCap
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource
+from collector.store.owner import remove_owner, write_owner
 from collector.upstream import UpstreamClient
 
-__all__ = ["create_app", "SidecarParts", "ACCOUNTED_PATHS"]
+__all__ = ["create_app", "SidecarParts", "ACCOUNTED_PATHS", "STORE_ROUTES_PREFIX", "READINESS_PATH"]
 
 log = logging.getLogger(__name__)
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+STORE_ROUTES_PREFIX = "/headroom"  # outside /v1, which belongs to the engine behind the proxy
+READINESS_PATH = "/v1/models"  # every OpenAI-compatible engine answers it once its model is loaded
+READINESS_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -54,6 +60,10 @@ class SidecarParts:
     sinks: Sequence[RowSink] = ()  # each finished row goes to every sink; closed in order at shutdown
     engine: EngineSource | None = None  # polled while serving; its latest snapshot goes into each row
     scheduler: BackgroundScheduler | None = None  # the in-process store's jobs, run while serving
+    store_routes: APIRouter | None = None  # the owned database's store routes, served under /headroom
+    owned_db: str | None = None  # the database file this sidecar owns: readers find it via <db>.owner
+    token_in_file: bool = True  # the store routes' token is in <db>.token (else HEADROOM_TOKEN)
+    tracing: bool = False  # an OtelSink is among the sinks: propagate trace context, note response facts
 
 
 def _upstream_client(config: SidecarConfig) -> UpstreamClient:
@@ -74,6 +84,27 @@ def _without_credentials(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
+def _own_base_url(config: SidecarConfig) -> str:
+    """Where a process on this machine reaches the sidecar: 0.0.0.0:9100 -> http://127.0.0.1:9100."""
+    host = "127.0.0.1" if config.listen_host in ("", "0.0.0.0", "::") else config.listen_host
+    return f"http://{f'[{host}]' if ':' in host else host}:{config.listen_port}"
+
+
+async def upstream_ready(session: UpstreamClient, upstream: str) -> tuple[bool, str]:
+    """(ready, why): the engine answered GET /v1/models below 500 within READINESS_TIMEOUT_S."""
+    try:
+        answer = await asyncio.wait_for(
+            session.request("GET", upstream + READINESS_PATH, allow_redirects=False), READINESS_TIMEOUT_S
+        )
+        async with answer.response as response:
+            status = response.status
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        return False, f"upstream unreachable ({type(exc).__name__})"
+    if status >= 500:
+        return False, f"upstream answered {status} on {READINESS_PATH} (loading or failing)"
+    return True, f"upstream answered {status}"
+
+
 class _DeliberateBreak(logging.Filter):
     """Drop uvicorn's ERROR for a response we end without its last message on purpose.
 
@@ -90,7 +121,7 @@ _QUIET_BREAKS = _DeliberateBreak()
 
 
 def _lifespan(
-    parts: SidecarParts, session: UpstreamClient
+    parts: SidecarParts, session: UpstreamClient, config: SidecarConfig
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """Start the upstream client, the engine poller and the jobs; stop them, then close the sinks."""
 
@@ -101,9 +132,16 @@ def _lifespan(
             await parts.engine.start()
         if parts.scheduler is not None:
             parts.scheduler.start()
+        if parts.owned_db is not None:
+            base = _own_base_url(config)
+            write_owner(
+                parts.owned_db, base + STORE_ROUTES_PREFIX, proxy=base, token_in_file=parts.token_in_file
+            )
         try:
             yield
         finally:
+            if parts.owned_db is not None:
+                remove_owner(parts.owned_db)
             if parts.scheduler is not None:
                 parts.scheduler.shutdown(wait=False)
             if parts.engine is not None:
@@ -119,12 +157,15 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
     """The sidecar's ASGI app around `parts`: it starts and stops them, and closes every sink."""
     tracker = parts.tracker
     for sink in parts.sinks:
-        tracker.add_row_sink(sink.submit)
+        if getattr(sink, "wants_telemetry", False):  # the OtelSink: the trace context beside the record
+            tracker.add_span_sink(sink.submit)  # type: ignore[arg-type]
+        else:
+            tracker.add_row_sink(sink.submit)
     session = _upstream_client(config)
     app = FastAPI(
         title="llm-headroom sidecar",
         version=__version__,
-        lifespan=_lifespan(parts, session),
+        lifespan=_lifespan(parts, session, config),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -148,6 +189,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
         limits=limits,
         faults=faults,
         read_timeout_s=config.read_timeout_s,
+        tracing=parts.tracing,
     )
     for path in ACCOUNTED_PATHS:
         app.router.routes.append(Route(path, proxy, methods=["POST"]))
@@ -168,6 +210,21 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
                 "instance": config.instance,
             }
         )
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        ready, why = await upstream_ready(session, config.upstream)
+        return JSONResponse(
+            {
+                "status": "ready" if ready else "not ready",
+                "reason": why,
+                "upstream": _without_credentials(config.upstream),
+            },
+            status_code=200 if ready else 503,
+        )
+
+    if parts.store_routes is not None:
+        app.include_router(parts.store_routes, prefix=STORE_ROUTES_PREFIX, include_in_schema=False)
 
     passthrough = PassThrough(
         session,

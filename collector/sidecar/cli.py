@@ -86,9 +86,30 @@ __all__ = ["run"]
 @click.option(
     "--otlp-endpoint",
     metavar="URL",
-    envvar=["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
-    help="Emit one OpenTelemetry span per request over OTLP/HTTP "
-    "[env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT].",
+    envvar="OTEL_EXPORTER_OTLP_ENDPOINT",
+    help="Emit one OpenTelemetry span per request over OTLP to this base endpoint; /v1/traces "
+    "is appended (https://host/otlp -> https://host/otlp/v1/traces) [env: OTEL_EXPORTER_OTLP_ENDPOINT].",
+)
+@click.option(
+    "--otlp-traces-endpoint",
+    metavar="URL",
+    envvar="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    help="The OTLP traces URL itself, used as it is [env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT].",
+)
+@click.option(
+    "--otlp-protocol",
+    type=click.Choice(["http/protobuf", "grpc"]),
+    default="http/protobuf",
+    show_default=True,
+    envvar=["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"],
+    help="OTLP transport; grpc needs pip install 'llm-headroom[otlp-grpc]' "
+    "[env: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL].",
+)
+@click.option(
+    "--otlp-metrics/--no-otlp-metrics",
+    default=False,
+    show_default=True,
+    help="Also export the GenAI server histograms (gen_ai.server.*) over OTLP.",
 )
 @click.option(
     "--read-timeout",
@@ -193,6 +214,9 @@ def run(
     store_token,
     spool_dir,
     otlp_endpoint,
+    otlp_traces_endpoint,
+    otlp_protocol,
+    otlp_metrics,
     read_timeout,
     max_request_body_bytes,
     max_buffered_response_bytes,
@@ -216,6 +240,7 @@ def run(
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
       headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
+      OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318 headroom run --upstream http://vllm:8000 --otlp-metrics
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
     """
@@ -248,6 +273,9 @@ def run(
             engine_poll_interval_s=engine_poll_interval,
             engine_mapping=engine_mapping,
             otlp_endpoint=otlp_endpoint,
+            otlp_traces_endpoint=otlp_traces_endpoint,
+            otlp_protocol=otlp_protocol,
+            otlp_metrics=otlp_metrics,
             read_timeout_s=read_timeout,
             jobs=jobs,
             retention_days=retention_days,

@@ -27,7 +27,10 @@ class SidecarConfig:
     engine_metrics_url: str | None = None
     engine_mapping: str | None = None  # YAML mapping file for engine "generic"
     engine_poll_interval_s: float = 1.0
-    otlp_endpoint: str | None = None
+    otlp_endpoint: str | None = None  # OTLP base endpoint: /v1/traces (and /v1/metrics) appended
+    otlp_traces_endpoint: str | None = None  # the traces URL itself, used as it is
+    otlp_protocol: str = "http/protobuf"  # or "grpc" (the [otlp-grpc] extra)
+    otlp_metrics: bool = False  # also export the GenAI server histograms over OTLP
     # The store's scheduled jobs run only where this sidecar owns its database (db_path, no store_url).
     jobs: bool = True
     retention_days: int = 30

@@ -1,21 +1,35 @@
 """OpenTelemetry export of finished requests: one GenAI span per request, off by default.
 
 `OtelSink` is a RowSink (collector.record): the sidecar hands it the finished RequestRecord, the
-same one the request log stores, and it turns that record into one span that follows the
-OpenTelemetry GenAI semantic conventions:
+same one the request log stores, and it turns that record into one span that follows the OpenTelemetry GenAI
+semantic conventions:
 
-    RequestRecord(endpoint="/v1/chat/completions", model="m", admitted_at=t0, first_token_at=t1,
-                  completed_at=t2, prompt_tokens=12, completion_tokens=30, outcome="ok", ...)
+    {"endpoint": "/v1/chat/completions", "model": "m", "admitted_at": t0, "first_token_at": t1,
+     "completed_at": t2, "prompt_tokens": 12, "completion_tokens": 30, "outcome": "ok", ...}
     -> span "chat m" [t0, t2], kind CLIENT, gen_ai.operation.name="chat",
        gen_ai.request.model="m", gen_ai.usage.input_tokens=12, gen_ai.usage.output_tokens=30,
        event "gen_ai.first_token" at t1 (and gen_ai.response.time_to_first_chunk = t1 - t0)
 
+plus the required `gen_ai.provider.name` and, from the stream, `gen_ai.response.id`,
+`gen_ai.response.model` and `gen_ai.response.finish_reasons` (the request's Telemetry, handed in beside the record,
+collector.sidecar.tracecontext). The span joins the client's trace: its parent is the client's
+`traceparent`, and its span id is the one the engine received in its own `traceparent`.
+
 A failed request (outcome != "ok") gets `error.type` = its outcome and an ERROR status. The span is
 built with explicit timestamps after the request has ended, so the client never waits on it; export
-is batched on the SDK's BatchSpanProcessor thread. The sink owns its own TracerProvider (never the
-global one), so enabling it does not change anything else in the process. With OTLP off the sidecar
-never constructs an OtelSink (`headroom run` builds one only with --otlp-endpoint or an
-OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variable) and no OpenTelemetry object exists per request.
+is batched on the SDK's BatchSpanProcessor thread. With `metrics`, the GenAI server histograms
+(`gen_ai.server.request.duration`, `gen_ai.server.time_to_first_token`,
+`gen_ai.server.time_per_output_token`) are recorded from the same rows and exported over OTLP. The
+sink owns its own providers (never the global ones), so enabling it does not change anything else in
+the process. With OTLP off the sidecar never constructs an OtelSink (`headroom run` builds one only
+with --otlp-endpoint, --otlp-traces-endpoint or an OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variable)
+and no OpenTelemetry object exists per request.
+
+Endpoints as the OTLP exporter specification says: a base endpoint
+(OTEL_EXPORTER_OTLP_ENDPOINT, --otlp-endpoint) gets `/v1/traces` or `/v1/metrics` appended to its
+path (`https://host/otlp` -> `https://host/otlp/v1/traces`); a per-signal endpoint
+(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, --otlp-traces-endpoint) is used as it is. Over gRPC
+(`protocol="grpc"`, the [otlp-grpc] extra) the endpoint is the collector's address, with no path.
 """
 
 from __future__ import annotations
@@ -24,22 +38,35 @@ import logging
 import os
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from collector.record import RequestRecord
+from collector.sidecar.tracecontext import Telemetry
 
-__all__ = ["OtelSink", "traces_url", "span_name", "span_attributes", "ROW_ATTRIBUTES", "FIRST_TOKEN_EVENT"]
+__all__ = [
+    "OtelSink",
+    "signal_url",
+    "traces_url",
+    "span_name",
+    "span_attributes",
+    "provider_name",
+    "ROW_ATTRIBUTES",
+    "FIRST_TOKEN_EVENT",
+    "PROTOCOLS",
+]
+
+PROTOCOLS = ("http/protobuf", "grpc")
 
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
 _log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def traces_url(endpoint: str) -> str:
-    """The OTLP/HTTP traces URL for an endpoint given as a base or a full URL.
+def signal_url(endpoint: str, signal: str) -> str:
+    """The OTLP/HTTP URL of `signal` (traces, metrics) for a *base* endpoint, per the OTLP spec.
 
     Example: "http://collector:4318" -> "http://collector:4318/v1/traces";
-    "http://collector:4318/v1/traces" is returned as it is.
+    "https://host/otlp" -> "https://host/otlp/v1/traces"; a URL already ending in /v1/traces is kept.
     """
     parts = urlsplit(endpoint)
     if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -47,9 +74,20 @@ def traces_url(endpoint: str) -> str:
             f"OTLP endpoint {endpoint!r} is not an http(s) URL; "
             "pass e.g. --otlp-endpoint http://otel-collector:4318"
         )
-    if parts.path in ("", "/"):
-        return endpoint.rstrip("/") + "/v1/traces"
-    return endpoint
+    suffix = f"/v1/{signal}"
+    path = parts.path.rstrip("/")
+    return urlunsplit(parts._replace(path=path if path.endswith(suffix) else path + suffix))
+
+
+def traces_url(endpoint: str) -> str:
+    """signal_url(endpoint, "traces"): the traces URL of a base endpoint."""
+    return signal_url(endpoint, "traces")
+
+
+def provider_name(engine: str | None) -> str:
+    """`gen_ai.provider.name` for the engine behind the sidecar: its name, or "openai" (the API it speaks)."""
+    known = {"vllm": "vllm", "sglang": "sglang", "tgi": "tgi", "llamacpp": "llama.cpp"}
+    return known.get((engine or "").lower(), "openai")
 
 
 def _ns(moment: datetime | None) -> int | None:
@@ -100,13 +138,30 @@ ROW_ATTRIBUTES = (
 )
 
 
-def span_attributes(record: RequestRecord, server: tuple[str, int] | None = None) -> dict[str, Any]:
-    """GenAI span attributes for one finished record (pure; see the module docstring for an example)."""
-    attributes: dict[str, Any] = {"gen_ai.operation.name": _operation(record.endpoint)}
+def span_attributes(
+    record: RequestRecord,
+    server: tuple[str, int] | None = None,
+    provider: str = "openai",
+    telemetry: Telemetry | None = None,
+) -> dict[str, Any]:
+    """GenAI span attributes for one finished row (pure; see the module docstring for an example)."""
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": _operation(record.endpoint),
+        "gen_ai.provider.name": provider,
+    }
     for attribute, name in ROW_ATTRIBUTES:
         value = getattr(record, name)
         if value is not None:
             attributes[attribute] = value
+    if telemetry is not None:
+        for attribute, value in (
+            ("gen_ai.response.id", telemetry.response_id),
+            ("gen_ai.response.model", telemetry.response_model),
+        ):
+            if value is not None:
+                attributes[attribute] = value
+        if telemetry.finish_reasons:
+            attributes["gen_ai.response.finish_reasons"] = tuple(telemetry.finish_reasons)
     if server is not None:
         attributes["server.address"], attributes["server.port"] = server
     if record.outcome not in (None, "ok"):
@@ -124,12 +179,55 @@ def _server(upstream: str | None) -> tuple[str, int] | None:
     return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
+def _chosen_ids() -> Any:
+    """An IdGenerator handing out the ids the request already carries: the span id the engine
+    received in its traceparent and, for a new trace, the trace id; random ids for a record without
+    Telemetry. Used on one thread: the event loop that submits rows."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator  # lazy, as in OtelSink
+
+    class ChosenIds(RandomIdGenerator):
+        trace_id: int | None = None
+        span_id: int | None = None
+
+        def generate_span_id(self) -> int:
+            chosen, self.span_id = self.span_id, None
+            return chosen or super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            chosen, self.trace_id = self.trace_id, None
+            return chosen or super().generate_trace_id()
+
+    return ChosenIds()
+
+
+def _span_exporter(protocol: str, endpoint: str | None, traces_endpoint: str | None) -> Any:
+    """The OTLP span exporter for `protocol`; None endpoints leave it to the OTEL_* variables."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"OTLP protocol {protocol!r} is not one of {PROTOCOLS}")
+    if protocol == "grpc":
+        try:
+            # lazy: the [otlp-grpc] extra
+            from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_traces
+        except ImportError:
+            raise ValueError(
+                "--otlp-protocol grpc needs the gRPC exporter: pip install 'llm-headroom[otlp-grpc]'"
+            ) from None
+        return grpc_traces.OTLPSpanExporter(endpoint=traces_endpoint or endpoint)
+    # lazy: the OTLP exporter's protobuf stack loads only when spans leave the process
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    url = traces_endpoint or (traces_url(endpoint) if endpoint else None)  # None: the SDK reads OTEL_*
+    return OTLPSpanExporter(endpoint=url)
+
+
 class OtelSink:
     """RowSink that emits one GenAI span per finished request through its own TracerProvider.
 
-    `exporter` (e.g. InMemorySpanExporter in tests) is exported synchronously; without one, an
-    OTLPSpanExporter to `endpoint` (or the OTEL_EXPORTER_OTLP_* variables) sits behind a
-    BatchSpanProcessor, so export never runs on the event loop.
+    `exporter` (e.g. InMemorySpanExporter in tests) is exported synchronously; without one, an OTLP
+    exporter (`protocol` http/protobuf or grpc) to `endpoint` (a base URL), `traces_endpoint` (used
+    as it is) or the OTEL_EXPORTER_OTLP_* variables sits behind a BatchSpanProcessor, so export
+    never runs on the event loop. `metrics` (or a `metric_reader` in tests) adds the GenAI server
+    histograms (collector.sidecar.otel_metrics).
     """
 
     def __init__(
@@ -139,6 +237,11 @@ class OtelSink:
         *,
         upstream: str | None = None,
         service_name: str = "headroom-sidecar",
+        traces_endpoint: str | None = None,
+        protocol: str = "http/protobuf",
+        provider: str = "openai",
+        metrics: bool = False,
+        metric_reader: Any = None,
     ) -> None:
         # lazy: the OpenTelemetry SDK loads only when spans are turned on (--otlp-endpoint)
         from opentelemetry.sdk.resources import Resource
@@ -146,29 +249,59 @@ class OtelSink:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
         resource_attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service_name}
-        self._provider = TracerProvider(resource=Resource.create(resource_attributes))
+        resource = Resource.create(resource_attributes)
+        self._ids = _chosen_ids()
+        self._provider = TracerProvider(resource=resource, id_generator=self._ids)
         if exporter is not None:
             self._provider.add_span_processor(SimpleSpanProcessor(exporter))
         else:
-            # lazy: the OTLP exporter's protobuf stack loads only when spans leave the process
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            url = traces_url(endpoint) if endpoint else None  # None: the SDK reads OTEL_* itself
-            self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+            self._provider.add_span_processor(
+                BatchSpanProcessor(_span_exporter(protocol, endpoint, traces_endpoint))
+            )
         self._tracer = self._provider.get_tracer("llm-headroom")
         self._server = _server(upstream)
+        self._provider_name = provider
+        self._metrics = None
+        if metrics or metric_reader is not None:
+            from collector.sidecar.otel_metrics import GenAiMetrics  # lazy: the metrics SDK only when on
+
+            self._metrics = GenAiMetrics(resource, protocol=protocol, endpoint=endpoint, reader=metric_reader)
         self.spans_emitted = 0
         self.spans_failed = 0
 
-    def submit(self, record: RequestRecord) -> None:
+    wants_telemetry = True  # the tracker hands submit() the request's Telemetry beside the record
+
+    def submit(self, record: RequestRecord, telemetry: Telemetry | None = None) -> None:
         """Turn one finished record into one ended span; never raises into the request path."""
         try:
-            self._emit(record)
+            self._emit(record, telemetry)
+            if self._metrics is not None:
+                self._metrics.record(record, self._provider_name, self._server, telemetry)
         except Exception:  # tracing must never break a request; count it and go on
             self.spans_failed += 1
             _log.exception("could not build the span of request %s", record.request_id)
 
-    def _emit(self, record: RequestRecord) -> None:
+    def _parent(self, telemetry: Telemetry | None) -> Any:
+        """The client's span as a remote parent context (None: the span starts a trace)."""
+        # lazy, as in __init__
+        from opentelemetry import trace
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+        if telemetry is None:
+            return None
+        self._ids.span_id = telemetry.span_id
+        if telemetry.parent_span_id is None:
+            self._ids.trace_id = telemetry.trace_id
+            return None
+        parent = SpanContext(
+            telemetry.trace_id,
+            telemetry.parent_span_id,
+            is_remote=True,
+            trace_flags=TraceFlags(telemetry.flags),
+        )
+        return trace.set_span_in_context(NonRecordingSpan(parent))
+
+    def _emit(self, record: RequestRecord, telemetry: Telemetry | None) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode  # lazy, as in __init__
 
         start_ns = _ns(record.admitted_at)
@@ -177,9 +310,10 @@ class OtelSink:
         end_ns = _ns(record.completed_at) or start_ns
         span = self._tracer.start_span(
             span_name(record),
+            context=self._parent(telemetry),
             kind=SpanKind.CLIENT,
             start_time=start_ns,
-            attributes=span_attributes(record, self._server),
+            attributes=span_attributes(record, self._server, self._provider_name, telemetry),
         )
         first_token_ns = _ns(record.first_token_at)
         if first_token_ns is not None:
@@ -190,13 +324,16 @@ class OtelSink:
         self.spans_emitted += 1
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Export every span finished so far; True when the exporter confirmed in time."""
-        return self._provider.force_flush(timeout_millis)
+        """Export every span (and metric point) finished so far; True when the exporters confirmed in time."""
+        done = self._provider.force_flush(timeout_millis)
+        return (self._metrics.force_flush(timeout_millis) if self._metrics is not None else True) and done
 
     def flush(self) -> bool:
         """RowSink flush: the same as force_flush() with its default timeout."""
         return self.force_flush()
 
     def close(self) -> None:
-        """Flush and shut the provider down (the sidecar calls this at exit)."""
+        """Flush and shut the providers down (the sidecar calls this at exit)."""
         self._provider.shutdown()
+        if self._metrics is not None:
+            self._metrics.shutdown()

@@ -38,6 +38,7 @@ from collector.sidecar.relay import (
 )
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
+from collector.sidecar.tracecontext import Telemetry, with_traceparent
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sources import EngineSource
 from collector.upstream import UpstreamClient
@@ -89,6 +90,7 @@ class CompletionsProxy:
         limits: ProxyLimits | None = None,
         faults: FaultLog | None = None,
         read_timeout_s: float = 600.0,
+        tracing: bool = False,
     ) -> None:
         self._client = client
         self._upstream = upstream
@@ -100,6 +102,7 @@ class CompletionsProxy:
         self._limits = limits or ProxyLimits()
         self._faults = faults or FaultLog(log)
         self._read_timeout_s = read_timeout_s
+        self._tracing = tracing  # W3C trace context to the engine, response facts for the span
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         client = ClientChannel(send)
@@ -157,6 +160,8 @@ class CompletionsProxy:
         task = (_header(scope, b"x-headroom-task-class") or "") if probe else ""
         if _TASK_CLASS.fullmatch(task):
             request.task_class, request.task_class_label = task, self._task_cap(task)
+        if self._tracing:
+            request.telemetry = Telemetry.start(_header(scope, b"traceparent"))
         self._tracker.admit(request)
         return request
 
@@ -195,7 +200,7 @@ class CompletionsProxy:
                 "POST",
                 target_url(self._upstream, scope),
                 data=parsed.body,
-                headers=request_headers(scope, identity=True),
+                headers=with_traceparent(request_headers(scope, identity=True), request.telemetry),
                 allow_redirects=False,
             )
         except Exception as exc:

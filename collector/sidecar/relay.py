@@ -297,19 +297,21 @@ async def relay_body(
             else:
                 keep = None  # too big to read: forwarded unread, tokens estimated
     if keep:
-        usage = _usage(b"".join(keep))
-        if usage is not None:
+        payload = _payload(b"".join(keep))
+        usage = payload.get("usage") if isinstance(payload, dict) else None
+        if isinstance(usage, dict):
             tracker.reported_usage(request, usage)
+        if request.telemetry is not None:
+            request.telemetry.note_answer(payload)
     return Ending(outcome_for_status(response.status), complete=True, last=held)
 
 
-def _usage(body: bytes) -> dict[str, Any] | None:
+def _payload(body: bytes) -> Any:
+    """A non-streamed answer's JSON, or None when it is not JSON."""
     try:
-        payload = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    return usage if isinstance(usage, dict) else None
 
 
 async def relay_stream(
@@ -341,6 +343,8 @@ async def relay_stream(
             else:
                 if info.tokens_estimate:
                     tracker.generated(request, info.tokens_estimate)
+                if request.telemetry is not None:  # tracing on: the response's id, model, finish
+                    request.telemetry.note_answer(info.chunk)
                 if info.usage is not None:
                     tracker.reported_usage(request, info.usage)  # cumulative: replace, never sum
                     if strip_usage and info.usage_only:  # the usage chunk we asked for

@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from collector.catalog import spec
 from collector.inflight import Inflight
 from collector.record import OUTCOMES, RequestRecord, time_per_output_token
+from collector.sidecar.tracecontext import Telemetry
 from collector.tasks import UNSPECIFIED, classify, classify_finished
 
 __all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
@@ -67,6 +68,7 @@ class LiveRequest:
         "upstream_retries",
         "task_class",
         "task_class_label",
+        "telemetry",
     )
 
     def __init__(
@@ -111,6 +113,7 @@ class LiveRequest:
         # the class it declared (max_tokens), or one the probe named; the label is capped
         self.task_class = classify(max_tokens)
         self.task_class_label = self.task_class
+        self.telemetry: Telemetry | None = None  # W3C trace context and response facts, while tracing
 
     @property
     def active_tokens(self) -> int:
@@ -143,6 +146,7 @@ class Tracker:
         self._label_sets: set[tuple[str, str]] = set()
         self._task_label_sets: set[tuple[str, str]] = set()
         self._row_sinks: list[Callable[[RequestRecord], None]] = []
+        self._span_sinks: list[Callable[[RequestRecord, Telemetry | None], None]] = []
         self.requests = _metric(Counter, "headroom_requests_total", registry)
         self.prompt_tokens = _metric(Counter, "headroom_prompt_tokens_total", registry)
         self.generated_tokens = _metric(Counter, "headroom_generated_tokens_total", registry)
@@ -160,6 +164,11 @@ class Tracker:
     def add_row_sink(self, sink: Callable[[RequestRecord], None]) -> None:
         """Call `sink(record)` once per finished request (must not block)."""
         self._row_sinks.append(sink)
+
+    def add_span_sink(self, sink: Callable[[RequestRecord, Telemetry | None], None]) -> None:
+        """Call `sink(record, telemetry)` once per finished request: the span exporter, which also
+        needs the request's trace context and response facts (never part of the record)."""
+        self._span_sinks.append(sink)
 
     # --- lifecycle ----------------------------------------------------------------------------
     def admit(self, request: LiveRequest) -> None:
@@ -210,6 +219,11 @@ class Tracker:
         request.error = error or request.error
         record = self._record(request, completed_mono)
         self._observe(request, record)
+        for span_sink in self._span_sinks:
+            try:
+                span_sink(record, request.telemetry)
+            except Exception:  # a tracing bug must not cut the client's stream or starve others
+                log.exception("span sink %r failed", span_sink)
         for sink in self._row_sinks:
             try:
                 sink(record)
@@ -339,7 +353,7 @@ def _caliber_families(
     tokens_name: str,
 ) -> Iterable[Metric]:
     """Both calibers summed per label pair of `keys`; every pair ever seen exports (0 when idle)."""
-    sums = dict.fromkeys(seen, (0, 0))
+    sums = dict.fromkeys(seen or {("", "")}, (0, 0))  # before any request: one series at 0
     first, second = keys
     for request in live:
         key = (getattr(request, first), getattr(request, second))

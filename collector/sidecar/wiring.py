@@ -7,6 +7,9 @@
               when config.otlp_endpoint is set
     jobs      the store's scheduled jobs, only where this sidecar owns its database (config.jobs)
     capacity  the headroom_capacity_* gauges those jobs publish
+    readers   where this sidecar owns its database: the store's token-protected routes under
+              /headroom (token from HEADROOM_TOKEN or `<db>.token`), so the CLI's readers work
+              while it runs (collector.store.owner)
 
 create_app (collector.sidecar.app) then serves and runs them. A caller that brings parts of its
 own (tests, a program embedding the sidecar) passes them in: `sinks`, extra RowSinks the sidecar
@@ -17,18 +20,22 @@ no database is opened here and no jobs run); `engine`, an EngineSource instead o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from fastapi import FastAPI
-from prometheus_client import CollectorRegistry
+from fastapi import APIRouter, Depends, FastAPI
 
 from collector.analysis.refresh import refresh_estimates
+from collector.exposition import new_registry
 from collector.record import RowSink
-from collector.report.review import write_report_files
+from collector.service.auth import require_token, resolve_token
+from collector.service.routes import build_store_routes
+from collector.sidecar import otel
 from collector.sidecar.app import SidecarParts, create_app
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.otel import OtelSink
+from collector.sidecar.otel import OtelSink, provider_name
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
 from collector.sources.gpu import GpuCollector
@@ -55,7 +62,7 @@ def build_sidecar(
     store URL), and duckdb.Error or SchemaTooNew when the database at config.db_path cannot be
     owned; the engine is checked before any database is opened.
     """
-    registry = CollectorRegistry()
+    registry = new_registry()
     tracker = Tracker(registry, instance=config.instance, source=config.source, run_id=config.run_id)
     capacity = CapacityGauges()
     registry.register(capacity)
@@ -81,8 +88,17 @@ def build_sidecar(
         registry.register(shipper)  # spool depth, shipping lag, store up
         shipper.on_replayed = log.written.inc  # spooled rows count as written once the store has them
     scheduler = _scheduler(config, store, capacity) if store is not None and config.jobs else None
+    routes, token_file = _store_routes(config, store, capacity)
     parts = SidecarParts(
-        registry, tracker, sinks=[*([log] if log else []), *extra], engine=engine, scheduler=scheduler
+        registry,
+        tracker,
+        sinks=[*([log] if log else []), *extra],
+        engine=engine,
+        scheduler=scheduler,
+        store_routes=routes,
+        token_in_file=token_file is not None,
+        tracing=any(isinstance(sink, otel.OtelSink) for sink in extra),
+        owned_db=config.db_path if routes is not None else None,
     )
     app = create_app(config, parts)
     app.state.capacity, app.state.writer, app.state.batch_sink = capacity, log, batch_sink
@@ -101,9 +117,18 @@ def _engine_source(config: SidecarConfig) -> EngineSource | None:
 
 def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
     """One OtelSink when an OTLP endpoint is configured, else none."""
-    if not config.otlp_endpoint:
+    if not (config.otlp_endpoint or config.otlp_traces_endpoint):
         return []
-    return [OtelSink(endpoint=config.otlp_endpoint, upstream=config.upstream)]
+    options: dict[str, Any] = {"endpoint": config.otlp_endpoint, "upstream": config.upstream}
+    if config.otlp_traces_endpoint:
+        options["traces_endpoint"] = config.otlp_traces_endpoint
+    if config.otlp_protocol != "http/protobuf":
+        options["protocol"] = config.otlp_protocol
+    if config.otlp_metrics:
+        options["metrics"] = True
+    if provider_name(config.engine) != "openai":
+        options["provider"] = provider_name(config.engine)
+    return [OtelSink(**options)]
 
 
 def _own_store(config: SidecarConfig) -> RequestStore | None:
@@ -120,14 +145,46 @@ def _shipper(config: SidecarConfig) -> StoreShipper | None:
     return StoreShipper(config.store_url, config.store_token, config.spool_dir)
 
 
+def _store_routes(
+    config: SidecarConfig, store: RequestStore | None, capacity: CapacityGauges
+) -> tuple[APIRouter | None, Path | None]:
+    """(the store's routes on the owned database behind its token, the token's file); Nones without one."""
+    if store is None or config.db_path is None or config.db_path == ":memory:":
+        return None, None
+    token, token_file = resolve_token(None, config.db_path)
+    return build_store_routes(
+        store, [Depends(require_token(token))], report_dir=_report_dir(config), gauges=capacity
+    ), token_file
+
+
+def _report_dir(config: SidecarConfig) -> Path:
+    return Path(config.db_path or "headroom.duckdb").with_suffix(".reports")
+
+
 def _scheduler(config: SidecarConfig, store: RequestStore, capacity: CapacityGauges) -> BackgroundScheduler:
     """The store's jobs on the in-process store; Parquet exports and reports go beside the file."""
     base = Path(config.db_path or "headroom.duckdb")
     settings = JobSettings(
         export_dir=base.with_suffix(".parquet"),
-        report_dir=base.with_suffix(".reports"),
+        report_dir=_report_dir(config),
         retention_days=config.retention_days,
         estimate_files=config.probe_dbs,
         probe_max_age=config.probe_max_age,
     )
-    return build_scheduler(store, capacity, settings, refresh=refresh_estimates, review=write_report_files)
+    return build_scheduler(store, capacity, settings, refresh=refresh_estimates, review=_weekly_review)
+
+
+def _weekly_review(
+    store: RequestStore, report_dir: Path, since: str, now: datetime, **options: Any
+) -> list[Path]:
+    """The weekly job's work (report.review.write_report_files), loaded when it first runs."""
+    # lazy: the review needs numpy (and matplotlib for its plots), which a slim sidecar install
+    # (`pip install llm-headroom`, without [report]) does not have; only this job needs them
+    try:
+        from collector.report.review import write_report_files  # lazy: numpy, matplotlib (see above)
+    except ImportError as exc:
+        raise RuntimeError(
+            f"the weekly review needs the report extra ({exc.name} is missing): "
+            "pip install 'llm-headroom[report]'"
+        ) from None
+    return write_report_files(store, report_dir, since, now, **options)

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from collector.sim.demo_summary import sparkline
+from collector.terminal import compact_table
 
 __all__ = ["render_summary", "ms"]
 
@@ -20,18 +21,19 @@ def _triple(level: dict, metric: str) -> str:
 
 
 def _level_table(summary: dict) -> Table:
-    table = Table(title=f"Per concurrency level, exact percentiles from {summary['db']}")
-    for name in (
-        "conc.",
-        "requests",
-        "429",
-        "out tok/s",
-        "TTFT p50 / p95 / p99 ms",
-        "TPOT p50 / p95 / p99 ms",
-        "peak in-flight",
-        "peak active tok",
-    ):
-        table.add_column(name, justify="right", no_wrap=True)
+    table = compact_table(
+        f"Per concurrency level, exact percentiles from {summary['db']}",
+        (
+            "conc.",
+            "requests",
+            "429",
+            "out\ntok/s",
+            "TTFT ms\np50 / p95 / p99",
+            "TPOT ms\np50 / p95 / p99",
+            "peak\nin-flight",
+            "peak\nactive tok",
+        ),
+    )
     peaks = summary["calibers"]["per_level_peaks"]
     for level in summary["levels"]:
         peak = peaks.get(level["concurrency"], {})

@@ -138,6 +138,23 @@ class RequestStore:
         """Number of rows in `requests`."""
         return int(self.query("SELECT count(*) FROM requests")[0][0])
 
+    def snapshot(self, path: str | Path) -> Path:
+        """Copy the whole database, consistently, into a new DuckDB file at `path` (for readers).
+
+        Inserts wait for the copy (one lock); the writer thread is off the request path, so no
+        client waits. `path` is a file this process creates (a temporary one), never user input:
+        ATTACH takes no parameters, so it is quoted here.
+        """
+        target = str(path).replace("'", "''")
+        with self._lock:
+            name = self._con.execute("SELECT current_database()").fetchone()[0].replace('"', '""')
+            self._con.execute(f"ATTACH '{target}' AS headroom_snapshot")
+            try:
+                self._con.execute(f'COPY FROM DATABASE "{name}" TO headroom_snapshot')
+            finally:
+                self._con.execute("DETACH headroom_snapshot")
+        return Path(path)
+
     def checkpoint(self) -> None:
         """Flush the write-ahead log into the database file."""
         with self._lock:

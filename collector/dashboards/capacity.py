@@ -1,0 +1,221 @@
+"""The capacity panels of the overview: the glance row, concurrency against the knee, GPU, alerts.
+
+The glance row is what on-call reads first: per caliber, how close the busiest selected sidecar
+is to its knee; the knee beside the engine's own ceiling (llama.cpp slots, vLLM
+kv_cache_max_concurrency: a worst case at max_model_len, so often far above the measured knee);
+the pool; the SLO burn rate; how many headroom alerts fire.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collector.catalog import EXTERNAL_SERIES
+from collector.dashboards.panels import dashed, right_axis, stat, table, target, thresholds, timeseries
+from collector.dashboards.queries import published, scoped, sel, served, slo_miss_ratio
+from collector.rules.config import RulesConfig
+from collector.rules.naming import sample
+
+__all__ = ["glance_row", "concurrency_panel", "gpu_panels", "firing_alerts", "firing"]
+
+_INFLIGHT, _TOKENS = sample("headroom_inflight_requests"), sample("headroom_active_tokens")
+_CEILING = sample("headroom_engine_max_concurrency_requests")
+_DCGM_UTIL, _DCGM_DRAM = (name for name in EXTERNAL_SERIES if name.startswith("DCGM_"))
+
+
+def _live_over_knee(live: str, knee: str) -> str:
+    """Busiest selected sidecar's live concurrency over its model's knee."""
+    return (
+        f"max(sum by (instance, model) ({live}{sel('model')})\n/ on (model) group_left() ({published(knee)}))"
+    )
+
+
+def _ceiling_per_model() -> str:
+    return served(f"max by (model) ({_CEILING}{sel('model')})")
+
+
+def firing() -> str:
+    """Headroom alerts firing now on the selected models."""
+    return served("ALERTS" + scoped('alertstate="firing", alertname=~"Headroom.*", model=~"$model"'))
+
+
+def glance_row(c: RulesConfig) -> list[dict[str, Any]]:
+    """Six stat panels across the top of the overview."""
+    near = thresholds((c.knee_warning_ratio, "orange"), (1.0, "red"))
+    burn = f"max({slo_miss_ratio(c.ttft_slo_seconds, '1h')}) / {c.error_budget:g}"
+    return [
+        stat(
+            "Requests: live ÷ knee",
+            "In-flight requests of the busiest selected sidecar over its measured knee. "
+            f"Orange from {c.knee_warning_ratio:.0%} (past the recommended pool), red at the knee.",
+            [target(_live_over_knee(_INFLIGHT, "headroom_capacity_knee_requests"), "requests")],
+            "percentunit",
+            defaults=near,
+        ),
+        stat(
+            "Tokens: live ÷ knee",
+            "Active tokens of the busiest selected sidecar over its knee in tokens: the "
+            "caliber that long contexts exhaust while the request count looks fine.",
+            [target(_live_over_knee(_TOKENS, "headroom_capacity_knee_tokens"), "tokens")],
+            "percentunit",
+            defaults=near,
+        ),
+        stat(
+            "Knee vs engine ceiling",
+            "The measured knee (requests) beside the ceiling the engine itself "
+            "publishes: llama.cpp's slots, vLLM's kv_cache_max_concurrency (a worst case at max_model_len). "
+            "A knee far below the ceiling is normal: latency, not memory, bounds it.",
+            [
+                target(f"max({published('headroom_capacity_knee_requests')})", "knee", "A"),
+                target(f"max({_ceiling_per_model()})", "engine ceiling", "B"),
+            ],
+            "short",
+            decimals=0,
+        ),
+        stat(
+            "Recommended pool",
+            "The concurrency per replica to run in production (requests), from the latest "
+            "estimate: 70-80 % of the knee, or the SLO maximum when it is lower.",
+            [target(f"max({published('headroom_capacity_recommended_pool_requests')})", "pool")],
+            "short",
+            decimals=0,
+        ),
+        stat(
+            "TTFT SLO burn (1 h)",
+            f"How fast the {c.ttft_slo_objective:.0%} TTFT objective's error budget burns: "
+            "1 spends it in exactly 30 days; 14.4 with the 5 m window pages (the red threshold).",
+            [target(burn, "burn rate")],
+            "short",
+            decimals=1,
+            defaults=thresholds((1.0, "orange"), (14.4, "red")),
+        ),
+        stat(
+            "Headroom alerts firing",
+            "Headroom alerts firing now on the selected models; the table at the bottom "
+            "names them, each with its runbook.",
+            [target(f"count({firing()}) or vector(0)", "firing")],
+            "short",
+            decimals=0,
+            defaults=thresholds((1, "red")),
+        ),
+    ]
+
+
+def concurrency_panel() -> dict[str, Any]:
+    """Both calibers per sidecar with the knee, the pool and the engine's ceiling as dashed lines."""
+    return timeseries(
+        "In-flight requests and active tokens, with knee, pool and the engine's ceiling",
+        "Both calibers of concurrency per sidecar: requests on the left axis, tokens on the right. Dashed "
+        "lines are the measured knee and the recommended pool from the latest capacity estimate, and the "
+        "engine's own ceiling (its slots or vLLM's worst-case KV concurrency); live lines approaching the "
+        "knee mean the replica is near its boundary in that caliber.",
+        [
+            target(
+                f"sum by (instance, model) ({_INFLIGHT}{sel('model')})",
+                "{{instance}} {{model}} in-flight requests",
+                "A",
+            ),
+            target(
+                f"sum by (instance, model) ({_TOKENS}{sel('model')})",
+                "{{instance}} {{model}} active tokens",
+                "B",
+            ),
+            target(published("headroom_capacity_knee_requests"), "{{model}} knee (requests)", "C"),
+            target(published("headroom_capacity_knee_tokens"), "{{model}} knee (tokens)", "D"),
+            target(
+                published("headroom_capacity_recommended_pool_requests"),
+                "{{model}} recommended pool (requests)",
+                "E",
+            ),
+            target(
+                f"max by (instance, model) ({_CEILING}{sel('model')})",
+                "{{instance}} {{model}} engine ceiling",
+                "F",
+            ),
+        ],
+        "short",
+        axis_label="requests",
+        full=True,
+        overrides=(
+            right_axis("B", "short", "tokens"),
+            right_axis("D", "short", "tokens"),
+            *dashed("C", "D", "E", "F"),
+        ),
+    )
+
+
+def gpu_panels() -> list[dict[str, Any]]:
+    """GPU busy ratio from the sidecar's NVML and, as an alternative source, NVIDIA's DCGM exporter."""
+    tokens = (
+        f"sum by (instance) (rate({sample('headroom_prompt_tokens_total')}{sel('model')}[$__rate_interval]))\n"
+        f"+ sum by (instance) (rate({sample('headroom_generated_tokens_total')}{sel('model')}[$__rate_interval]))"
+    )
+    pods = f"group by (namespace, pod) ({sample('headroom_build_info')}{sel()})"
+    return [
+        timeseries(
+            "GPU utilisation against tokens/s (NVML)",
+            "GPU busy ratio from the sidecar's NVML (left) and tokens/s through it (right). They should "
+            "move together; utilisation near 100 % with flat tokens/s means batching or bandwidth is the "
+            "bottleneck, and more GPUs will not help.",
+            [
+                target(
+                    f"avg by (instance) ({sample('headroom_gpu_utilization_ratio')}{sel()})",
+                    "{{instance}} GPU utilisation",
+                    "A",
+                ),
+                target(tokens, "{{instance}} tokens/s", "B"),
+            ],
+            "percentunit",
+            overrides=(right_axis("B", "short", "tokens/s"),),
+        ),
+        timeseries(
+            "GPU utilisation and memory bandwidth (DCGM)",
+            "The same GPUs through NVIDIA's DCGM exporter, when it runs (compose profile `dcgm`, or the "
+            "GPU operator): SM busy and DRAM activity of the GPUs in the selected sidecars' pods. Empty "
+            "without DCGM; the NVML panel needs no exporter.",
+            [
+                target(
+                    f"avg by (Hostname, gpu) ({_DCGM_UTIL}{scoped()} / 100\n"
+                    f"* on (namespace, pod) group_left() {pods})",
+                    "{{Hostname}} GPU {{gpu}} utilisation",
+                    "A",
+                ),
+                target(
+                    f"avg by (Hostname, gpu) ({_DCGM_DRAM}{scoped()}\n"
+                    f"* on (namespace, pod) group_left() {pods})",
+                    "{{Hostname}} GPU {{gpu}} DRAM active",
+                    "B",
+                ),
+            ],
+            "percentunit",
+        ),
+    ]
+
+
+def firing_alerts(c: RulesConfig) -> dict[str, Any]:
+    """The table of Headroom alerts firing now, each row linking to its runbook."""
+    return table(
+        "Capacity signals firing",
+        "Headroom alerts firing now on the selected models. Two or more of the four scale-out signals at "
+        "once raise HeadroomNearCapacityLimit (the page). Click an alert name for its runbook.",
+        [target(f"sum by (alertname, model, severity) ({firing()})", "{{alertname}}")],
+        "short",
+        full=True,
+        overrides=(
+            {
+                "matcher": {"id": "byName", "options": "alertname"},
+                "properties": [
+                    {
+                        "id": "links",
+                        "value": [
+                            {
+                                "title": "Runbook",
+                                "targetBlank": True,
+                                "url": f"{c.runbook_base_url}#${{__value.raw:lowercase}}",
+                            }
+                        ],
+                    }
+                ],
+            },
+        ),
+    )

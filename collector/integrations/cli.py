@@ -1,0 +1,234 @@
+"""`headroom integrations keda|gateway|llm-d`: scaling settings rendered from a stored estimate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["integrations"]
+
+
+def _load_estimate(
+    db: str | None, estimate_file: str | None, store_url: str | None, token: str | None, model: str | None
+) -> dict[str, Any]:
+    """The newest stored estimate for `model` (or the only model) from --db, --store-url or --estimate."""
+    # lazy: `headroom integrations --help` must not load DuckDB or httpx
+    import duckdb
+    import httpx
+    import orjson
+
+    from collector.store.estimates import latest_estimates
+    from collector.store.owner import OwnerError, open_request_log
+
+    if [db, estimate_file, store_url].count(None) != 2:
+        raise click.UsageError("give exactly one of --db PATH, --store-url URL or --estimate FILE")
+    try:
+        if estimate_file:
+            estimates = [orjson.loads(Path(estimate_file).read_bytes())]
+        elif store_url:
+            answer = httpx.get(
+                store_url.rstrip("/") + "/v1/query/estimate",
+                timeout=30,
+                headers={"Authorization": f"Bearer {token or ''}"},
+            )
+            answer.raise_for_status()
+            estimates = answer.json()["rows"]
+        else:
+            with open_request_log(str(db)) as store:
+                estimates = latest_estimates(store)
+    except (OSError, ValueError, OwnerError, duckdb.Error, httpx.HTTPError) as exc:
+        source = estimate_file or store_url or db
+        raise click.ClickException(f"cannot read an estimate from {source} ({exc})") from None
+    matching = [e for e in estimates if model is None or e.get("model") == model]
+    if len(matching) != 1:
+        models = sorted(str(e.get("model")) for e in estimates) or ["none: run `headroom probe --db` first"]
+        raise click.ClickException(
+            f"{'no' if not matching else 'several'} stored estimates match "
+            f"--model {model or '(any)'}; models with an estimate: {', '.join(models)}"
+            + ("; pass --model" if len(matching) > 1 else "")
+        )
+    chosen: dict[str, Any] = matching[0]
+    return chosen
+
+
+def _emit(
+    document: dict[str, Any],
+    out: str | None,
+    header: str = "from a stored llm-headroom capacity estimate; rerender after a new probe",
+) -> None:
+    from collector.rules.render import render_yaml  # lazy: PyYAML only when something is written
+
+    body = render_yaml(document, "integrations").split("\n", 1)[1]  # our own header, not "do not edit"
+    text = f"# Rendered by `headroom integrations` {header}.\n" + body
+    if out:
+        Path(out).write_text(text)
+        click.echo(f"wrote {out}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+def _source_options(command: Any) -> Any:
+    for option in reversed(
+        (
+            click.option(
+                "--db",
+                default=None,
+                help="Request log holding the estimate (through its sidecar while one serves it).",
+            ),
+            click.option(
+                "--store-url", default=None, help="A `headroom store` to ask for the latest estimate."
+            ),
+            click.option(
+                "--token", envvar="HEADROOM_TOKEN", default=None, help="Store token [env: HEADROOM_TOKEN]."
+            ),
+            click.option(
+                "--estimate", "estimate_file", default=None, help="An estimate JSON (headroom probe --json)."
+            ),
+            click.option(
+                "--model", default=None, help="Which model's estimate (needed when several have one)."
+            ),
+            click.option("--out", default=None, help="Write the YAML here instead of stdout."),
+        )
+    ):
+        command = option(command)
+    return command
+
+
+@click.group("integrations")
+def integrations() -> None:
+    """Hand the measured knee to the tools that act on it, from a stored capacity estimate.
+
+    \b
+    Examples:
+      headroom integrations keda --db headroom.duckdb --deployment llm-inference
+      headroom integrations gateway --estimate cap.json --mode tokens
+      headroom integrations llm-d --store-url http://headroom-store:9200 --model Qwen/Qwen2.5-1.5B-Instruct
+    """
+
+
+def _render(kind: str, estimate: dict[str, Any], **options) -> dict[str, Any]:
+    from collector.integrations import render  # lazy: keeps `--help` free of the rules package
+
+    try:
+        rendered: dict[str, Any] = getattr(render, kind)(estimate, **options)
+        return rendered
+    except render.EstimateError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@integrations.command("keda")
+@_source_options
+@click.option("--deployment", required=True, help="The Deployment KEDA scales (the inference pods).")
+@click.option("--namespace", default="default", show_default=True)
+@click.option(
+    "--prometheus-url",
+    default="http://prometheus-operated.monitoring.svc:9090",
+    show_default=True,
+    help="Where KEDA's Prometheus scaler queries.",
+)
+@click.option("--min-replicas", default=1, show_default=True, type=click.IntRange(0))
+@click.option("--max-replicas", default=10, show_default=True, type=click.IntRange(1))
+def keda(
+    db,
+    store_url,
+    token,
+    estimate_file,
+    model,
+    out,
+    deployment,
+    namespace,
+    prometheus_url,
+    min_replicas,
+    max_replicas,
+) -> None:
+    """A KEDA ScaledObject: replicas = live concurrency ÷ the measured per-replica pool, both calibers.
+
+    \b
+    Examples:
+      headroom integrations keda --db headroom.duckdb --deployment llm-inference
+      headroom integrations keda --estimate cap.json --deployment vllm --max-replicas 40 --out scaledobject.yaml
+    """
+    estimate = _load_estimate(db, estimate_file, store_url, token, model)
+    _emit(
+        _render(
+            "keda_scaled_object",
+            estimate,
+            deployment=deployment,
+            namespace=namespace,
+            prometheus_url=prometheus_url,
+            min_replicas=min_replicas,
+            max_replicas=max_replicas,
+        ),
+        out,
+    )
+
+
+@integrations.command("gateway")
+@_source_options
+@click.option(
+    "--mode",
+    type=click.Choice(["requests", "tokens"]),
+    default="requests",
+    show_default=True,
+    help="The concurrency detector's caliber.",
+)
+def gateway(db, store_url, token, estimate_file, model, out, mode) -> None:
+    """Gateway API Inference Extension: an EndpointPickerConfig whose concurrency detector takes the
+    pool as maxConcurrency / maxTokenConcurrency and allows bursts up to the knee.
+
+    \b
+    Examples:
+      headroom integrations gateway --db headroom.duckdb
+      headroom integrations gateway --estimate cap.json --mode tokens --out epp-config.yaml
+    """
+    _emit(
+        _render(
+            "gateway_picker_config", _load_estimate(db, estimate_file, store_url, token, model), mode=mode
+        ),
+        out,
+    )
+
+
+@integrations.command("llm-d")
+@_source_options
+@click.option("--namespace", default="default", show_default=True, help="The model's namespace.")
+def llm_d(db, store_url, token, estimate_file, model, out, namespace) -> None:
+    """llm-d's Workload Variant Autoscaler: the saturation ConfigMap entry for the measured model.
+
+    \b
+    Examples:
+      headroom integrations llm-d --db headroom.duckdb --namespace llm
+      headroom integrations llm-d --estimate cap.json --out wva-saturation.yaml
+    """
+    _emit(
+        _render(
+            "llmd_saturation_config",
+            _load_estimate(db, estimate_file, store_url, token, model),
+            namespace=namespace,
+        ),
+        out,
+    )
+
+
+@integrations.command("prometheusrule")
+@click.option("--namespace", default=None, help="Namespace of the PrometheusRule (default: none, kubectl's).")
+@click.option("--out", default=None, help="Write the YAML here instead of stdout.")
+def prometheusrule(namespace, out) -> None:
+    """The generated recording and alerting rules as one PrometheusRule (Prometheus Operator).
+
+    \b
+    Examples:
+      headroom integrations prometheusrule --out deploy/kubernetes/prometheusrule.yaml
+      headroom integrations prometheusrule --namespace monitoring | kubectl apply -f -
+    """
+    # lazy: the rule generators load only for this command
+    from collector.alerts.files import rule_files
+    from collector.integrations.kubernetes import prometheus_rule
+
+    _emit(
+        prometheus_rule(rule_files(), namespace=namespace),
+        out,
+        "from the same generators as alerts/*.rules.yaml; rerender after `headroom alerts generate`",
+    )

@@ -1,0 +1,207 @@
+"""Autoscaler and gateway settings from a stored capacity estimate: pure functions, dicts out.
+
+Input is one estimate in its stored form (CapacityEstimate.to_dict(), docs/capacity.md). Each
+number below is the estimate's, per replica; the live ones stay in Prometheus:
+
+    estimate: knee 8 requests / 9000 tokens, recommended pool 6
+    keda_scaled_object(...)  -> ScaledObject, triggers
+         requests: sum(headroom_inflight_requests{model}) / (pool gauge or 6)        threshold 1
+         tokens:   sum(headroom_active_tokens{model}) / (knee_tokens gauge × 6/8, or 6750) threshold 1
+      so the replicas KEDA asks for = ceil(live concurrency / what one replica should carry), in
+      the caliber that needs more; a re-measured knee changes the gauge and the scaling at once.
+    gateway_picker_config(...) -> EndpointPickerConfig with a concurrency-detector:
+         maxConcurrency 6, maxTokenConcurrency 6750, headroom 0.33 (bursts up to the knee, 8/6 - 1)
+    llmd_saturation_config(...) -> the WVA saturation ConfigMap entry for the model
+
+Why the pool and not the knee: the knee is where the replica stops getting faster; the pool
+(70-80 % of it, docs/domain.md §2.2) leaves the burst room that scaling takes to arrive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collector.rules.config import RulesConfig
+from collector.rules.naming import sample
+
+__all__ = [
+    "EstimateError",
+    "per_replica",
+    "keda_scaled_object",
+    "gateway_picker_config",
+    "llmd_saturation_config",
+]
+
+
+class EstimateError(ValueError):
+    """The stored estimate cannot drive scaling (no knee reached, no pool); the message says why."""
+
+
+def per_replica(estimate: dict[str, Any]) -> dict[str, float]:
+    """What one replica should carry, both calibers, from the estimate.
+
+    Example: knee 8 / 9000 tokens, pool 6 -> {"knee_requests": 8, "knee_tokens": 9000,
+    "pool_requests": 6, "pool_tokens": 6750.0, "burst_ratio": 0.3333}
+    """
+    knee = estimate.get("knee") or {}
+    knee_requests, knee_tokens = knee.get("requests"), knee.get("tokens")
+    pool = estimate.get("recommended_pool")
+    model = estimate.get("model") or "the model"
+    if not knee.get("reached"):
+        raise EstimateError(
+            f"the estimate for {model} has no knee (the probe never reached it: the highest "
+            "level is a lower bound); probe higher levels before scaling on it"
+        )
+    if not pool or not knee_requests:
+        raise EstimateError(
+            f"the estimate for {model} has no recommended pool; rerun `headroom probe` with a --profile"
+        )
+    pool_tokens = round(knee_tokens * pool / knee_requests, 1) if knee_tokens else None
+    return {
+        "knee_requests": knee_requests,
+        "knee_tokens": knee_tokens,
+        "pool_requests": pool,
+        "pool_tokens": pool_tokens,
+        "burst_ratio": round(max(knee_requests / pool - 1.0, 0.0), 4),
+    }
+
+
+def _selector(model: str, config: RulesConfig) -> str:
+    return f'{{job="{config.sidecar_job}", model="{model}"}}'
+
+
+def _keda_trigger(query: str, prometheus_url: str, name: str) -> dict[str, Any]:
+    return {
+        "type": "prometheus",
+        "name": name,
+        "metadata": {
+            "serverAddress": prometheus_url,
+            "query": query,
+            "threshold": "1",
+            "ignoreNullValues": "true",
+        },
+    }
+
+
+def keda_scaled_object(
+    estimate: dict[str, Any],
+    *,
+    deployment: str,
+    namespace: str = "default",
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090",
+    min_replicas: int = 1,
+    max_replicas: int = 10,
+    config: RulesConfig = RulesConfig(),
+) -> dict[str, Any]:
+    """A KEDA ScaledObject (keda.sh/v1alpha1) scaling `deployment` on live ÷ per-replica concurrency."""
+    limits = per_replica(estimate)
+    model = estimate["model"]
+    selected = _selector(model, config)
+    published = f'{{model="{model}", task_class="all"}}'
+    pool = sample("headroom_capacity_recommended_pool_requests")
+    requests = (
+        f"sum({sample('headroom_inflight_requests')}{selected})\n"
+        f"/ on() (max({pool}{published}) or vector({limits['pool_requests']}))"
+    )
+    triggers = [_keda_trigger(requests, prometheus_url, "inflight-requests-per-pool")]
+    if limits["pool_tokens"]:
+        knee_tokens, knee_requests = (
+            sample("headroom_capacity_knee_tokens"),
+            sample("headroom_capacity_knee_requests"),
+        )
+        budget = (
+            f"(max({knee_tokens}{published}) * max({pool}{published}) / max({knee_requests}{published}))"
+            f" or vector({limits['pool_tokens']})"
+        )
+        tokens = f"sum({sample('headroom_active_tokens')}{selected})\n/ on() ({budget})"
+        triggers.append(_keda_trigger(tokens, prometheus_url, "active-tokens-per-pool"))
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {
+            "name": f"{deployment}-headroom",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
+            "annotations": {
+                "llm-headroom/estimate": str(estimate.get("created_at")),
+                "llm-headroom/pool-requests": str(limits["pool_requests"]),
+                "llm-headroom/knee-requests": str(limits["knee_requests"]),
+            },
+        },
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
+            "minReplicaCount": min_replicas,
+            "maxReplicaCount": max_replicas,
+            "pollingInterval": 15,
+            "cooldownPeriod": 300,
+            "triggers": triggers,
+        },
+    }
+
+
+def gateway_picker_config(estimate: dict[str, Any], *, mode: str = "requests") -> dict[str, Any]:
+    """The Gateway API Inference Extension's EndpointPickerConfig with a concurrency detector set from
+    the estimate: the pool as the ideal per-endpoint load, bursts up to the knee (`headroom`)."""
+    if mode not in ("requests", "tokens"):
+        raise ValueError(f"mode {mode!r} is not requests or tokens")
+    limits = per_replica(estimate)
+    if mode == "tokens" and not limits["pool_tokens"]:
+        raise EstimateError(
+            f"the estimate for {estimate.get('model')} has no knee in tokens; use --mode requests"
+        )
+    parameters = {
+        "concurrencyMode": mode,
+        "maxConcurrency": int(limits["pool_requests"]),
+        "headroom": limits["burst_ratio"],
+    }
+    if limits["pool_tokens"]:
+        parameters["maxTokenConcurrency"] = int(limits["pool_tokens"])
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [{"type": "concurrency-detector", "parameters": parameters}],
+        "saturationDetector": {"pluginRef": "concurrency-detector"},
+    }
+
+
+def llmd_saturation_config(
+    estimate: dict[str, Any], *, namespace: str = "default", kv_cache_threshold: float = 0.80
+) -> dict[str, Any]:
+    """llm-d's Workload Variant Autoscaler: a per-model entry of its saturation-scaling ConfigMap.
+
+    WVA judges a replica by its queue and KV cache. A replica past the knee queues, and the pool
+    leaves `knee - pool` requests of burst, so the queue length that means "saturated" is that
+    burst (at least 1), and scaling starts when less than half of it is left.
+    """
+    limits = per_replica(estimate)
+    burst = max(1, int(round(limits["knee_requests"] - limits["pool_requests"])))
+    entry = {
+        "model_id": estimate["model"],
+        "namespace": namespace,
+        "kvCacheThreshold": kv_cache_threshold,
+        "queueLengthThreshold": burst,
+        "kvSpareTrigger": 0.1,
+        "queueSpareTrigger": max(1, burst // 2),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "wva-saturation-scaling-config",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
+        },
+        "data": {_config_key(estimate["model"]): _yaml_block(entry)},
+    }
+
+
+def _config_key(model: str) -> str:
+    """A ConfigMap data key for a model: 'Qwen/Qwen2.5-1.5B' -> 'qwen-qwen2.5-1.5b'."""
+    return "".join(c if c.isalnum() or c in "-._" else "-" for c in model.lower()).strip("-.") or "model"
+
+
+def _yaml_block(entry: dict[str, Any]) -> str:
+    return "".join(
+        f"{key}: {value!r}\n" if isinstance(value, str) else f"{key}: {value}\n"
+        for key, value in entry.items()
+    ).replace("'", '"')

@@ -1,0 +1,189 @@
+"""Reading a request log that another process owns, through that process: the single-box path.
+
+DuckDB lets one process open a file read-write and nobody else open it at all (docs/domain.md
+§11), so while `headroom run --db headroom.duckdb` serves, `headroom report --db headroom.duckdb`
+cannot open the file. The owner therefore leaves two files beside the database:
+
+    headroom.duckdb.owner   {"url": "http://127.0.0.1:9100/headroom", "proxy": "http://127.0.0.1:9100",
+                             "token": "file", "pid": 4242}
+    headroom.duckdb.token   the bearer token of those routes (mode 0600), where "token" is "file";
+                            "env" means the owner took HEADROOM_TOKEN, which the reader needs too
+
+and serves the store service's routes under `url` (docs/store.md, "Reading while the sidecar
+runs"). `open_request_log(db)` opens the file read-only when nobody holds it, and otherwise asks
+the owner for a consistent copy (GET <url>/v1/snapshot: DuckDB's COPY FROM DATABASE into a
+temporary file), which it opens read-only and deletes on close. Every reader (the passive curve,
+the weekly report, the alert backtest) then runs its own SQL on a RequestStore as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import httpx
+
+from collector.store.db import RequestStore
+
+__all__ = [
+    "Owner",
+    "OwnerError",
+    "TOKEN_ENV",
+    "token_file_for",
+    "owner_file_for",
+    "write_owner",
+    "remove_owner",
+    "find_owner",
+    "open_request_log",
+    "fetch_snapshot",
+    "is_lock_error",
+]
+
+TOKEN_ENV = "HEADROOM_TOKEN"
+SNAPSHOT_TIMEOUT_S = 120.0
+
+
+class OwnerError(RuntimeError):
+    """The database is held by a process that cannot be asked (no owner file, refused, gone)."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Where the process holding a database serves its routes, and the token they want."""
+
+    url: str  # base of the store routes, e.g. http://127.0.0.1:9100/headroom
+    proxy: str | None  # the sidecar's own base URL (its OpenAI proxy), when the owner is a sidecar
+    token: str
+
+
+def token_file_for(db_path: str | os.PathLike[str] | None) -> Path | None:
+    """Where a generated token lives: `<db>.token` beside the database, None for :memory:."""
+    if db_path is None or str(db_path) == ":memory:":
+        return None
+    return Path(f"{db_path}.token")
+
+
+def owner_file_for(db_path: str | os.PathLike[str]) -> Path:
+    """`headroom.duckdb` -> `headroom.duckdb.owner`."""
+    return Path(f"{db_path}.owner")
+
+
+def write_owner(
+    db_path: str | os.PathLike[str], url: str, proxy: str | None = None, *, token_in_file: bool = True
+) -> Path:
+    """Record (atomically) that this process serves `db_path`'s routes at `url`, and where its token is."""
+    path = owner_file_for(db_path)
+    temporary = path.with_name(path.name + ".tmp")
+    record = {"url": url, "proxy": proxy, "token": "file" if token_in_file else "env", "pid": os.getpid()}
+    temporary.write_text(json.dumps(record) + "\n")
+    os.replace(temporary, path)
+    return path
+
+
+def remove_owner(db_path: str | os.PathLike[str]) -> None:
+    """Remove the owner file if this process wrote it (a newer owner's file stays)."""
+    path = owner_file_for(db_path)
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True when DuckDB refuses the file because someone holds it: another process (its lock), or
+    this one (an embedded sidecar: 'same database file with a different configuration')."""
+    text = str(exc).lower()
+    return isinstance(exc, duckdb.Error) and ("lock" in text or "same database file" in text)
+
+
+def find_owner(db_path: str | os.PathLike[str]) -> Owner:
+    """The owner of a locked database, from `<db>.owner` and the token; OwnerError says what is missing."""
+    path = owner_file_for(db_path)
+    try:
+        record = json.loads(path.read_text())
+        url = str(record["url"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise OwnerError(
+            f"another process holds {db_path} and left no readable {path.name} (a sidecar of "
+            "this release writes one); stop it, or ask the store service that owns it "
+            "(its /v1/query routes, or --store-url where the command has it)"
+        ) from None
+    token_path = token_file_for(db_path)
+    if record.get("token") == "env":
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        where = f"set {TOKEN_ENV} as it is set for the process serving it"
+    else:
+        token = token_path.read_text().strip() if token_path is not None and token_path.exists() else ""
+        where = f"make {token_path} readable to this user"
+    if not token:
+        raise OwnerError(f"{db_path} is served at {url}, but its token was not found: {where}")
+    return Owner(url=url.rstrip("/"), proxy=record.get("proxy"), token=token)
+
+
+def fetch_snapshot(owner: Owner, destination: Path, *, transport: httpx.BaseTransport | None = None) -> Path:
+    """Download the owner's consistent copy of its database to `destination`."""
+    headers = {"Authorization": f"Bearer {owner.token}"}
+    try:
+        with (
+            httpx.Client(timeout=SNAPSHOT_TIMEOUT_S, transport=transport) as client,
+            client.stream("GET", f"{owner.url}/v1/snapshot", headers=headers) as response,
+        ):
+            if response.status_code != 200:
+                response.read()
+                raise OwnerError(
+                    f"{owner.url}/v1/snapshot answered HTTP {response.status_code}: "
+                    f"{response.text[:200]}"
+                    + (
+                        f"; the token does not match: set {TOKEN_ENV} to the owner's"
+                        if response.status_code == 401
+                        else ""
+                    )
+                )
+            with destination.open("wb") as handle:
+                for chunk in response.iter_bytes():
+                    handle.write(chunk)
+    except httpx.HTTPError as exc:
+        raise OwnerError(
+            f"cannot reach the owner of the database at {owner.url} ({exc}); is it still "
+            "running? Remove the stale .owner file if it is not"
+        ) from None
+    return destination
+
+
+@contextlib.contextmanager
+def open_request_log(db_path: str | os.PathLike[str]) -> Iterator[RequestStore]:
+    """A read-only RequestStore on `db_path`: the file itself, or the owner's snapshot while it is held.
+
+    Raises FileNotFoundError when the file does not exist, OwnerError when its owner cannot be
+    asked, and duckdb.Error when it is not a database headroom wrote.
+    """
+    if not Path(db_path).is_file():
+        raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar or store wrote")
+    try:
+        store = RequestStore(Path(db_path), read_only=True)
+    except duckdb.Error as exc:
+        if not is_lock_error(exc):
+            raise
+        store = None
+    if store is not None:
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    directory = Path(tempfile.mkdtemp(prefix="headroom-snapshot-"))
+    try:
+        snapshot = fetch_snapshot(find_owner(db_path), directory / "snapshot.duckdb")
+        store = RequestStore(snapshot, read_only=True)
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,117 @@
+"""`headroom integrations`: KEDA, Inference Gateway and llm-d settings rendered from a stored estimate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from test_analysis_estimate import _estimate
+
+from collector.analysis.estimate import save_estimate
+from collector.cli import main
+from collector.integrations.render import EstimateError, gateway_picker_config, per_replica
+from collector.rules.config import DEFAULT
+from collector.store.db import RequestStore
+
+
+@pytest.fixture
+def stored(tmp_path):
+    """A request log holding one probe estimate for model m (knee 8 requests)."""
+    estimate = _estimate(model="m", knee_at=8)
+    store = RequestStore(tmp_path / "log.duckdb")
+    save_estimate(store, estimate)
+    store.close()
+    return tmp_path / "log.duckdb", estimate.to_dict()
+
+
+def _render(*args: str) -> dict:
+    result = CliRunner().invoke(main, ["integrations", *args])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("# Rendered by `headroom integrations`")
+    return yaml.safe_load(result.output)
+
+
+def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_calibers(stored):
+    db, estimate = stored
+    limits = per_replica(estimate)
+    assert limits["knee_requests"] == 8 and limits["pool_requests"] == estimate["recommended_pool"] < 8
+    scaled = _render("keda", "--db", str(db), "--deployment", "llm-inference", "--max-replicas", "12")
+    assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm-inference"}
+    assert spec["maxReplicaCount"] == 12
+    requests, tokens = spec["triggers"]
+    for trigger in (requests, tokens):
+        assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
+        assert f'job="{DEFAULT.sidecar_job}", model="m"' in trigger["metadata"]["query"]
+    assert requests["metadata"]["query"].startswith("sum(headroom_inflight_requests{")
+    assert "headroom_capacity_recommended_pool_requests" in requests["metadata"]["query"]
+    assert f"or vector({limits['pool_requests']})" in requests["metadata"]["query"], (
+        "the stored pool, as a floor"
+    )
+    assert "headroom_active_tokens" in tokens["metadata"]["query"]
+    assert f"or vector({limits['pool_tokens']})" in tokens["metadata"]["query"]
+
+
+def test_gateway_concurrency_detector_takes_the_pool_and_bursts_to_the_knee(stored):
+    db, estimate = stored
+    config = _render("gateway", "--db", str(db), "--mode", "tokens")
+    assert (config["apiVersion"], config["kind"]) == (
+        "inference.networking.x-k8s.io/v1alpha1",
+        "EndpointPickerConfig",
+    )
+    (plugin,) = config["plugins"]
+    assert plugin["type"] == "concurrency-detector" and config["saturationDetector"] == {
+        "pluginRef": "concurrency-detector"
+    }
+    parameters, pool, knee = plugin["parameters"], estimate["recommended_pool"], estimate["knee"]
+    assert parameters["concurrencyMode"] == "tokens"
+    assert parameters["maxConcurrency"] == pool
+    assert parameters["maxTokenConcurrency"] == int(knee["tokens"] * pool / knee["requests"])
+    assert parameters["headroom"] == pytest.approx(knee["requests"] / pool - 1, abs=1e-4)
+    # the documented parameter contract: positive ints and a non-negative fraction
+    assert all(
+        isinstance(parameters[k], int) and parameters[k] > 0
+        for k in ("maxConcurrency", "maxTokenConcurrency")
+    )
+
+
+def test_llmd_saturation_entry_names_the_model_and_a_queue_bound_from_the_burst(stored, tmp_path):
+    db, estimate = stored
+    out = tmp_path / "wva.yaml"
+    result = CliRunner().invoke(
+        main, ["integrations", "llm-d", "--db", str(db), "--namespace", "llm", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(out.read_text())
+    assert config["kind"] == "ConfigMap" and config["metadata"]["name"] == "wva-saturation-scaling-config"
+    (entry,) = [yaml.safe_load(text) for text in config["data"].values()]
+    assert entry["model_id"] == "m" and entry["namespace"] == "llm"
+    assert entry["queueLengthThreshold"] == max(
+        1, estimate["knee"]["requests"] - estimate["recommended_pool"]
+    )
+    assert set(entry) == {
+        "model_id",
+        "namespace",
+        "kvCacheThreshold",
+        "queueLengthThreshold",
+        "kvSpareTrigger",
+        "queueSpareTrigger",
+    }
+
+
+def test_no_estimate_or_an_unreached_knee_is_refused_with_the_reason(tmp_path, stored):
+    empty = tmp_path / "empty.duckdb"
+    RequestStore(empty).close()
+    result = CliRunner().invoke(main, ["integrations", "keda", "--db", str(empty), "--deployment", "d"])
+    assert result.exit_code == 1 and "headroom probe --db" in result.output
+    _, estimate = stored
+    unreached = estimate | {"knee": estimate["knee"] | {"reached": False}}
+    with pytest.raises(EstimateError, match="never reached"):
+        gateway_picker_config(unreached)
+    path = tmp_path / "cap.json"
+    path.write_text(json.dumps(unreached))
+    result = CliRunner().invoke(main, ["integrations", "gateway", "--estimate", str(path)])
+    assert result.exit_code == 1 and "lower bound" in result.output

@@ -1,0 +1,70 @@
+"""Tables for people: `headroom probe | cat` shows every header whole, and so does an 80-column terminal."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from test_analysis_estimate import _estimate
+
+from collector.analysis.render import levels_table
+
+HEADERS = ("conc", "n", "req/s", "tok/s", "ttft50", "ttft95", "tpot95", "e2e95", "429", "err", "L/λW", "mark")
+TESTS = Path(__file__).resolve().parent
+
+
+def _header_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.split()[:2] == ["conc", "n"])
+
+
+@pytest.mark.subprocess
+def test_piped_probe_output_keeps_every_header_whole():
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": str(TESTS)}
+    script = (
+        "from test_analysis_estimate import _estimate\nfrom collector.analysis.render import print_estimate\n"
+        "print_estimate(_estimate(slo_ttft=0.5))\n"
+    )
+    piped = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, cwd=TESTS
+    ).stdout
+    line = _header_line(piped)
+    assert line.split() == list(HEADERS), line
+    assert "…" not in piped
+    assert "Kneedle: tokens/s bends at" in piped and "None" not in piped
+
+
+def test_an_80_column_terminal_shows_every_header_and_marks_the_knee():
+    for width in (80, 120):
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=width, force_terminal=True, color_system=None)
+        console.print(levels_table(_estimate()))
+        text = buffer.getvalue()
+        assert _header_line(text).split() == list(HEADERS), (width, text)
+        assert "knee" in text and max(len(line) for line in text.splitlines()) <= width
+
+
+def test_demo_table_fits_120_columns_with_whole_headers():
+    from collector.sim.demo_render import _level_table
+
+    level = {
+        "concurrency": 4,
+        "requests": 120,
+        "rate_limited": 0,
+        "output_tokens_per_s": 812.0,
+        **{f"{m}_{q}_s": 0.0123 for m in ("ttft", "tpot") for q in ("p50", "p95", "p99")},
+    }
+    summary = {
+        "db": "headroom-demo/headroom.duckdb",
+        "levels": [level],
+        "calibers": {"per_level_peaks": {4: {"inflight": 4, "active_tokens": 2400}}},
+    }
+    buffer = io.StringIO()
+    Console(file=buffer, width=120, force_terminal=True, color_system=None).print(_level_table(summary))
+    text = buffer.getvalue()
+    assert "…" not in text and "TTFT ms" in text and "p50 / p95 / p99" in text and "active tok" in text
+    assert max(len(line) for line in text.splitlines()) <= 120
