@@ -164,6 +164,25 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("headroom_log_queue_rows", "gauge",
                "Request-log rows waiting in the writer's in-memory queue.",
                (), "short", group="pipeline"),
+    # --- request-log shipping (with --store-url; names fixed by the round's contract) -----------
+    MetricSpec("headroom_log_spool_files", "gauge",
+               "Batches waiting in the on-disk spool for the store service.",
+               (), "short", group="pipeline"),
+    MetricSpec("headroom_log_spool_bytes", "gauge",
+               "Bytes waiting in the on-disk spool for the store service.",
+               (), "bytes", group="pipeline"),
+    MetricSpec("headroom_log_spool_oldest_age_seconds", "gauge",
+               "Age of the oldest batch in the spool (0 when it is empty).",
+               (), "s", group="pipeline"),
+    MetricSpec("headroom_log_rows_spooled_total", "counter",
+               "Request-log rows written to the spool because the store did not accept them.",
+               (), "short", group="pipeline"),
+    MetricSpec("headroom_log_ship_lag_seconds", "gauge",
+               "Age of the oldest row not yet accepted by the store; 0 when caught up.",
+               (), "s", group="pipeline"),
+    MetricSpec("headroom_store_up", "gauge",
+               "1 when the last shipment reached the store service, else 0.",
+               (), "short", group="pipeline"),
 )
 
 BY_NAME: dict[str, MetricSpec] = {m.name: m for m in CATALOG}

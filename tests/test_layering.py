@@ -30,6 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "alerts": {"rules"},
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report"},
+    "backtest": {"sim", "alerts", "rules", "store"},
 }
 FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream"}
 ENTRY_POINTS = {"cli", "demo"}

@@ -12,6 +12,7 @@ from datetime import datetime
 __all__ = [
     "METRICS", "GROUP_BY", "FILTER_COLUMNS", "Where", "power_of_two_bucket", "where_clause",
     "percentiles_sql", "curve_sql", "outcomes_sql", "probe_runs_sql", "quantile_label",
+    "LIFECYCLE_COLUMNS", "lifecycles_sql",
 ]
 
 # Public name -> column. Only these may be asked for percentiles.
@@ -137,3 +138,17 @@ def probe_runs_sql(where: Where) -> tuple[str, list]:
            "avg(CASE WHEN outcome = 'ok' THEN 1.0 ELSE 0.0 END) AS ok_ratio "
            f"FROM requests{clause} GROUP BY run_id, model ORDER BY started_at DESC")
     return sql, params
+
+
+# What a replay of the log needs of each request (`headroom alerts backtest --store-url`): times,
+# outcome and token counts; never the error text.
+LIFECYCLE_COLUMNS = ("request_id", "instance", "model", "tenant", "stream", "admitted_at", "first_token_at",
+                     "completed_at", "outcome", "status_code", "prompt_tokens", "completion_tokens")
+
+
+def lifecycles_sql(where: Where, limit: int, offset: int) -> tuple[str, list]:
+    """One page of request lifecycles in the window, oldest admission first (a stable order)."""
+    clause, params = where_clause(where)
+    sql = (f"SELECT {', '.join(LIFECYCLE_COLUMNS)} FROM requests{clause} "
+           "ORDER BY admitted_at, request_id LIMIT ? OFFSET ?")
+    return sql, params + [limit, offset]

@@ -1,0 +1,98 @@
+"""SLO truth from the request rows: when users were hurt, and the windows where an alert is earned.
+
+At each evaluation time t and for each model, the requests of the trailing 5 minutes are judged
+exactly (no histogram buckets): a **breach** is a window in which more than 5 % of them missed an
+SLO, the same test as "p95 over the target":
+
+    ttft          streamed requests whose first token came in the window: p95 TTFT > the TTFT SLO
+    e2e           ok requests completed in the window: p95 end-to-end > the e2e SLO
+    availability  requests answered in the window (not cancelled by the client): > 5 % errors
+                  (rate_limited, overloaded, upstream_error, timeout)
+
+Fewer than `min_requests` in a window say nothing about a p95, so such a window is no breach.
+Consecutive breached evaluations form one Breach(kind, model, start, end).
+
+    breaches(records, times, slo_for)  ->  [Breach("ttft", "m", start=..., end=...)]
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from collector.backtest.records import RequestRecord
+
+__all__ = ["Breach", "breaches", "ERROR_OUTCOMES", "WINDOW_S", "BREACH_SHARE"]
+
+ERROR_OUTCOMES = frozenset({"rate_limited", "overloaded", "upstream_error", "timeout"})
+WINDOW_S = 300.0
+BREACH_SHARE = 0.05   # more than this share missing the target in a window is a breach (the p95 test)
+
+
+@dataclass(frozen=True)
+class Breach:
+    """Users were hurt: `kind` (ttft, e2e, availability) of `model` from start to end (POSIX s)."""
+
+    kind: str
+    model: str
+    start: float
+    end: float
+
+
+class _Window:
+    """Values sorted by their event time, for trailing-window slices."""
+
+    def __init__(self, pairs: list[tuple[float, float]]) -> None:
+        pairs.sort()
+        self.times = [t for t, _ in pairs]
+        self.values = np.array([v for _, v in pairs], dtype=float)
+
+    def slice(self, t: float) -> np.ndarray:
+        return self.values[bisect_right(self.times, t - WINDOW_S):bisect_right(self.times, t)]
+
+
+def _share_over(values: np.ndarray, limit: float) -> float:
+    return float(np.count_nonzero(values > limit)) / len(values)
+
+
+def _judged(records: list[RequestRecord], slo) -> dict[str, tuple[_Window, float]]:
+    """kind -> (window of per-request values, the limit a value must not exceed)."""
+    kinds = {}
+    if slo.ttft_seconds is not None:
+        kinds["ttft"] = (_Window([(r.first_token, r.ttft_s) for r in records if r.first_token is not None
+                                  and r.completed is not None]), slo.ttft_seconds)
+    if slo.e2e_seconds is not None:
+        kinds["e2e"] = (_Window([(r.completed, r.e2e_s) for r in records if r.outcome == "ok"]), slo.e2e_seconds)
+    answered = [(r.completed, 1.0 if r.outcome in ERROR_OUTCOMES else 0.0) for r in records
+                if r.completed is not None and r.outcome != "client_cancelled"]
+    kinds["availability"] = (_Window(answered), 0.5)
+    return kinds
+
+
+def breaches(records: list[RequestRecord], times: list[float], slo_for: Callable[[str], object],
+             min_requests: int = 20) -> list[Breach]:
+    """Every breach episode per model and kind, judged at each of `times` over the trailing 5 minutes.
+
+    `slo_for(model)` returns an object with `ttft_seconds` and `e2e_seconds` (None: not judged).
+    """
+    found = []
+    for model in sorted({r.model for r in records}):
+        chosen = [r for r in records if r.model == model]
+        for kind, (window, limit) in _judged(chosen, slo_for(model)).items():
+            start = last = None
+            for t in times:
+                values = window.slice(t)
+                bad = len(values) >= min_requests and _share_over(values, limit) > BREACH_SHARE
+                if bad and start is None:
+                    start = t
+                if not bad and start is not None:
+                    found.append(Breach(kind, model, start, last))
+                    start = None
+                last = t
+            if start is not None:
+                found.append(Breach(kind, model, start, times[-1]))
+    return sorted(found, key=lambda b: (b.start, b.kind, b.model))
+
