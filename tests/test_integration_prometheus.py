@@ -162,6 +162,7 @@ def stack(tmp_path):
     from collector.sidecar.wiring import build_sidecar
     from collector.sim.app import create_sim_app
     from collector.sim.config import SimConfig
+    from collector.store.capacity_gauges import PublishedCapacity
     from collector.store.db import RequestStore
 
     handles, processes, closers = [], [], []
@@ -176,9 +177,8 @@ def stack(tmp_path):
         config = SidecarConfig(upstream=sim.url, db_path=None, instance="sidecar-it", engine="vllm",
                                engine_metrics_url=f"{sim.url}/metrics", engine_poll_interval_s=0.5)
         app = build_sidecar(config, log_sink=store)
-        gauges = app.state.capacity
-        gauges.set(MODEL, "requests", knee=KNEE_REQUESTS, slo_max=3, recommended_pool=3)
-        gauges.set(MODEL, "tokens", knee=2000, slo_max=1500)
+        app.state.capacity.replace([PublishedCapacity(MODEL, knee_requests=KNEE_REQUESTS, knee_tokens=2000,
+                                                      slo_max_requests=3, slo_max_tokens=1500, recommended_pool=3)])
         sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
         handles.append(sidecar)
         webhook = Webhook("HeadroomConcurrencyNearKnee")

@@ -20,7 +20,7 @@ from collector.backtest.verdict import minutes
 
 __all__ = ["render_text", "to_json", "offset"]
 
-_SHOWN_LABELS = ("instance", "model", "caliber", "task_class", "signal", "slo_class")
+_SHOWN_LABELS = ("instance", "model", "engine", "caliber", "task_class", "signal", "slo_class", "reason")
 
 
 def offset(seconds: float) -> str:
@@ -58,7 +58,10 @@ def render_text(result: BacktestResult, *, pending: bool = False) -> str:
                  f"{offset(breach.end - t.start)}" if breach else "  breach   none: the rows show no SLO breach")
     if breach:
         def lead(what, value, span):
-            return f"first {what} " + ("none" if span is None else f"{minutes(value)} before ({span.name})")
+            if span is None:
+                return f"first {what} none"
+            when = f"{minutes(value)} before" if value >= 0 else f"{minutes(-value)} after, late"
+            return f"first {what} {when} ({span.name})"
         lines.append(f"  lead     {lead('warning', t.lead_warning_s, t.first_warning)}, "
                      f"{lead('page', t.lead_page_s, t.first_page)}")
     lines.append(f"  alerts   {len(t.pages)} pages, {len(t.warnings)} warnings; false: {len(t.false_pages)} "
