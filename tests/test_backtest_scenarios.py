@@ -9,10 +9,12 @@ benchmarks/backtest_scenario.py, never asserted here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import require_tool
 
-from collector.backtest.report import render_text
+from collector.backtest.report import render_text, scenario_table
 from collector.backtest.run import run_scenario
 from collector.backtest.scenarios import SCENARIOS, scenario_names
 from collector.backtest.verdict import matches
@@ -104,3 +106,10 @@ def test_daily_cycle_spike_warns_but_never_pages(backtest):
     timeline = backtest("daily_spike").timeline
     assert timeline.pages == []
     assert any(14 * 3600 <= s.firing_at - timeline.start <= 14 * 3600 + 30 * MIN for s in timeline.warnings)
+
+
+def test_docs_show_these_numbers(backtest):
+    """docs/rules.md's scenario table is this run's, row for row (regenerate it with --table)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    documented = text.split("<!-- /scenario table -->")[0].split("compares -->\n", 1)[1]
+    assert documented == scenario_table([backtest(name) for name in scenario_names()])

@@ -79,7 +79,7 @@ def test_amtool_accepts_config_and_routes_page_vs_ticket():
     config = str(ALERTS / "alertmanager.yml")
     result = _run(amtool, "check-config", config)
     assert result.returncode == 0, result.stdout + result.stderr
-    for labels, receiver in ((["severity=critical", "alertname=HeadroomKVCacheFull", "model=m"], "page"),
+    for labels, receiver in ((["severity=critical", "alertname=HeadroomKVCacheExhausted", "model=m"], "page"),
                              (["severity=warning", "alertname=HeadroomKVCacheNearFull", "model=m"], "ticket")):
         routed = _run(amtool, "config", "routes", "test", f"--config.file={config}", *labels)
         assert routed.returncode == 0 and routed.stdout.strip() == receiver, routed.stdout + routed.stderr

@@ -8,11 +8,18 @@ dropped, and the store service unreachable or behind while rows wait in the side
 
 from __future__ import annotations
 
+import re
+
 from collector.alerts.alert import Alert, number
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
 
-__all__ = ["pipeline_alerts"]
+__all__ = ["pipeline_alerts", "absent_labels"]
+
+
+def absent_labels(selector: str) -> dict[str, str]:
+    """The labels absent() puts on its result: the selector's equality matchers ('job="x"' -> {"job": "x"})."""
+    return dict(re.findall(r'(\w+)\s*=\s*"([^"]*)"', selector))
 
 
 def pipeline_alerts(c: RulesConfig) -> list[Alert]:
@@ -25,8 +32,8 @@ def pipeline_alerts(c: RulesConfig) -> list[Alert]:
               "are failing too.", {"component": "pipeline"}),
         Alert("HeadroomSidecarJobAbsent", "headroom-pipeline", f"absent({up})",
               "critical", "No sidecar is scraped at all",
-              f"Prometheus has no `up` series for {c.job_selector}: the scrape job or its targets are gone, "
-              "so every llm-headroom alert is blind. Check the scrape config or the PodMonitor.",
+              f"Prometheus has no `up` series for {_named(c.job_selector)}: the scrape job or its targets are "
+              "gone, so every llm-headroom alert is blind. Check the scrape config or the PodMonitor.",
               {"component": "pipeline"}),
         Alert("HeadroomEngineScrapeFailing", "headroom-pipeline", f"{sample('headroom_engine_up')} == 0",
               "warning", "Sidecar <instance> cannot read the <engine> engine's metrics",
@@ -49,3 +56,8 @@ def pipeline_alerts(c: RulesConfig) -> list[Alert]:
               "capacity curves and weekly review are that far behind, and a full spool drops rows.",
               {"component": "pipeline"}),
     ]
+
+
+def _named(selector: str) -> str:
+    """The job as a template when absent() will carry it (an equality matcher), else the selector."""
+    return "job <job>" if "job" in absent_labels(selector) else selector

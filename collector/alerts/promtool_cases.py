@@ -13,8 +13,7 @@ and the alert fires with value 3 at 26m.
 
 from __future__ import annotations
 
-import re
-
+from collector.alerts.pipeline_alerts import absent_labels
 from collector.alerts.promtool_support import (Case, counter, humanize, humanize_duration,
                                                humanize_percentage, minutes, steps)
 from collector.alerts.slo_classes import slo_classes
@@ -261,11 +260,6 @@ def _slo_cases(c: RulesConfig) -> list[Case]:
     return found
 
 
-def _selector_labels(selector: str) -> dict[str, str]:
-    """The labels absent() puts on its result: the selector's equality matchers."""
-    return dict(re.findall(r'(\w+)\s*=\s*"([^"]*)"', selector))
-
-
 def _pipeline_cases(c: RulesConfig) -> list[Case]:
     up = f'up{{job="{c.sidecar_job}",instance="a"}}'
     dropped = 'headroom_log_rows_dropped_total{instance="a",reason="queue_full"}'
@@ -277,7 +271,7 @@ def _pipeline_cases(c: RulesConfig) -> list[Case]:
         Case("sidecar target up", "HeadroomSidecarDown", {up: flat(1)}, quiet("9m")),
         Case("no up series for the sidecar job at all", "HeadroomSidecarJobAbsent",
              {'up{job="some-other-job",instance="x"}': flat(1)},
-             fires(c, "HeadroomSidecarJobAbsent", (0, 0), _selector_labels(c.job_selector), "1")),
+             fires(c, "HeadroomSidecarJobAbsent", (0, 0), absent_labels(c.job_selector), "1")),
         Case("the sidecar job is scraped", "HeadroomSidecarJobAbsent", {up: flat(1)}, quiet("10m")),
         Case("engine scrape failing", "HeadroomEngineScrapeFailing",
              {'headroom_engine_up{instance="a",engine="vllm"}': steps((1, 2), (0, _N))},

@@ -117,13 +117,14 @@ def _write_outputs(results: list, json_path: str | None, plot_path: Path | None)
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None, metavar="PATH",
               help="Write a PNG: calibers, SLO breaches and alert bands (a directory for several scenarios).")
 @click.option("--pending", is_flag=True, help="Also list alerts that went pending but never fired.")
+@click.option("--table", is_flag=True, help="End with the markdown table of docs/rules.md for these results.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep Prometheus' data and log here (default: a temporary directory, removed).")
 @click.option("--prometheus", "prometheus_bin", default=None, metavar="PATH", help="The prometheus binary.")
 @click.option("--promtool", "promtool_bin", default=None, metavar="PATH", help="The promtool binary.")
 @config_options
 def backtest(scenario_names, run_all, list_only, db, store_url, store_token, since, until, model, time_scale,
-             scrape_interval, evaluation_interval, json_path, plot_path, pending, workdir, prometheus_bin,
+             scrape_interval, evaluation_interval, json_path, plot_path, pending, table, workdir, prometheus_bin,
              promtool_bin, config_path, sidecar_job, runbook_base_url, labels) -> None:
     """Replay scenarios or your request log through the generated rules on a real Prometheus.
 
@@ -143,7 +144,7 @@ def backtest(scenario_names, run_all, list_only, db, store_url, store_token, sin
     """
     # lazy: the simulator, Prometheus' client and the rules load only when a backtest runs (`--help` stays fast)
     from collector.backtest.prometheus import PrometheusError
-    from collector.backtest.report import render_text
+    from collector.backtest.report import render_text, scenario_table
     from collector.backtest.run import run_scenario
 
     if list_only:
@@ -184,6 +185,8 @@ def backtest(scenario_names, run_all, list_only, db, store_url, store_token, sin
         for result in results:
             if json_path != "-":
                 click.echo(render_text(result, pending=pending) + "\n")
+        if table and json_path != "-":
+            click.echo(scenario_table(results))
         _write_outputs(results, json_path, plot_path)
     if not all(result.passed for result in results):
         sys.exit(1)

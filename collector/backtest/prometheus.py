@@ -94,6 +94,15 @@ class BackfilledPrometheus:
 
     # --- the server -----------------------------------------------------------------------
     def start(self) -> None:
+        """Start Prometheus on a free loopback port (three tries: another process may take the port)."""
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except PrometheusError:
+                if attempt == 2:
+                    raise
+
+    def _start_once(self) -> None:
         """Start Prometheus on a free loopback port and wait (at most 30 s) until it is ready."""
         config = self.workdir / "prometheus.yml"
         config.write_text("global: {}\n", encoding="utf-8")

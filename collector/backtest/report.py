@@ -18,7 +18,7 @@ from collector.backtest.run import BacktestResult
 from collector.backtest.timeline import AlertSpan
 from collector.backtest.verdict import minutes
 
-__all__ = ["render_text", "to_json", "offset"]
+__all__ = ["render_text", "to_json", "offset", "scenario_table"]
 
 _SHOWN_LABELS = ("instance", "model", "engine", "caliber", "task_class", "signal", "slo_class", "reason")
 
@@ -106,3 +106,26 @@ def to_json(result: BacktestResult) -> dict[str, Any]:
         "missing_series": result.missing,
         "timings_s": {k: round(v, 3) for k, v in result.timings_s.items()},
     }
+
+
+def _lead_cell(value: float | None, span: AlertSpan | None) -> str:
+    if span is None:
+        return "none"
+    when = f"{value / 60:.1f} min before" if value >= 0 else f"{-value / 60:.1f} min late"
+    return f"{when} ({span.name.removeprefix('Headroom')})"
+
+
+def scenario_table(results: list[BacktestResult]) -> str:
+    """The markdown table of docs/rules.md: breach, lead times, alert counts and false alerts per scenario."""
+    lines = ["| scenario | what happens | first SLO breach | first warning | first page | pages / warnings "
+             "| false pages / warnings | checks |", "|---|---|---|---|---|---|---|---|"]
+    for result in results:
+        t = result.timeline
+        breach = "none" if t.first_breach is None else \
+            f"{(t.first_breach.start - t.start) / 60:.1f} min ({t.first_breach.kind})"
+        lines.append(f"| `{result.name}` | {result.summary} | {breach} "
+                     f"| {_lead_cell(t.lead_warning_s, t.first_warning) if t.first_breach else '-'} "
+                     f"| {_lead_cell(t.lead_page_s, t.first_page) if t.first_breach else '-'} "
+                     f"| {len(t.pages)} / {len(t.warnings)} | {len(t.false_pages)} / {len(t.false_warnings)} "
+                     f"| {'pass' if result.passed else 'FAIL'} ({sum(c.ok for c in result.checks)}/{len(result.checks)}) |")
+    return "\n".join(lines) + "\n"
