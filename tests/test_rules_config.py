@@ -96,6 +96,10 @@ def test_generate_with_the_config_and_flags(example, tmp_path):
     assert classes == {"default", "llama-70b"}, "batch-embedder has no TTFT SLO, so no TTFT rule"
     bad = CliRunner().invoke(main, ["alerts", "generate", "--label", "novalue", "--out", str(out)])
     assert bad.exit_code == 2 and "'novalue' is not NAME=VALUE" in bad.output
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("thresholds: {kv_warning_ratio: 2}\n")
+    refused = CliRunner().invoke(main, ["alerts", "generate", "--config", str(wrong), "--out", str(out)])
+    assert refused.exit_code == 2 and "wrong.yaml" in refused.output and "kv_warning_ratio" in refused.output
 
 
 @pytest.mark.integration

@@ -7,18 +7,22 @@ rules first, then every alert through Prometheus' own `for:`/`keep_firing_for` s
 timeline says when each alert went pending, fired and resolved, the lead time before the SLO
 breach the request rows show, and every alert outside a real problem.
 
-    scenario      Scenario, Replica, Fault, Incident: what a scenario is (data only)
-    scenarios     the built-in scenarios, by name
-    simulate      the scheduler driven in simulated time: one RequestRecord per request
-    exposition    records and engine samples -> the exported series at each scrape
-    openmetrics   series -> OpenMetrics text for `promtool tsdb create-blocks-from openmetrics`
-    truth         SLO truth from the rows: breaches and the windows where an alert is earned
-    prometheus    a real Prometheus over backfilled blocks; range and instant queries
-    alertstate    Prometheus' alert state machine (`for:`, `keep_firing_for`), pure
-    alertsvector  ALERTS as literal vectors, for rules that read it
-    evaluate      recording rules level by level, then alerts, on the real Prometheus
-    timeline      episodes, lead times and false alerts, pure
-    report        text and JSON of a backtest;  plot   the picture for people
-    replay        a user's request log (DuckDB file or store service) as a scenario
-    cli           `headroom alerts backtest`
+    scenario         Scenario, Replica, Fault, Incident, Expect: what a scenario is (data only)
+    scenarios        the built-in scenarios, by name
+    records          RequestRecord: one request, from the simulator or a request-log row
+    simulate         the scheduler driven in simulated time: records and engine samples
+    exposition       records -> the sidecar's series at each scrape (scenarios and replays alike)
+    scenario_series  + the engine, GPU, capacity and log series, and the scrape faults
+    openmetrics      SeriesSet and its OpenMetrics text for `promtool tsdb create-blocks-from openmetrics`
+    truth            SLO truth from the rows: when users were hurt
+    prometheus       a real Prometheus over backfilled blocks; range and instant queries
+    alertstate       Prometheus' alert state machine (`for:`, `keep_firing_for`), pure
+    alertsvector     ALERTS as literal vectors, for rules that read it
+    evaluate         recording rules level by level, then alerts, on the real Prometheus
+    timeline         episodes, lead times and false alerts, pure
+    verdict          a scenario's expectations checked against its timeline
+    run              one backtest end to end
+    report, plot     text, JSON and the markdown table; the picture
+    replay           a user's request log (DuckDB file or store service) as a backtest
+    cli              the `headroom alerts` group and `backtest`
 """
