@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast tools generate check-generated bench clean
+.PHONY: install demo test test-fast lint tools engine generate check-generated bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,19 @@ demo: $(STAMP)  ## simulator + sidecar + load past the knee + capacity summary
 tools:  ## Debian's prometheus (promtool) and alertmanager (amtool) when missing
 	@bash scripts/install-tools.sh
 
-test: install tools  ## the whole suite: unit, integration against real Prometheus/Alertmanager
+engine:  ## a real llama.cpp llama-server + Gemma 3 270M, built once into ~/.cache/llm-headroom
+	@bash scripts/build-llama-server.sh >/dev/null
+
+test: install tools engine lint  ## lint and types, then the whole suite: unit, integration, real engine
 	$(BIN)/pytest -q -p no:cacheprovider
 
-test-fast: install  ## unit tests only
-	$(BIN)/pytest -q -m "not integration and not slow"
+lint: install  ## ruff (lint + format check) and mypy (strict on collector/); any finding fails
+	$(BIN)/ruff check collector tests benchmarks
+	$(BIN)/ruff format --check collector tests benchmarks
+	$(BIN)/mypy
+
+test-fast: install lint  ## lint, then only the tests that start no process (marker `subprocess`)
+	$(BIN)/pytest -q -p no:cacheprovider -m "not subprocess and not slow"
 
 generate: install  ## regenerate dashboards/ and alerts/
 	$(BIN)/headroom dashboards generate

@@ -14,8 +14,12 @@ import aiohttp
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-BODY = {"model": "bench", "stream": True, "max_tokens": 100,
-        "messages": [{"role": "user", "content": "benchmark prompt " * 10}]}
+BODY = {
+    "model": "bench",
+    "stream": True,
+    "max_tokens": 100,
+    "messages": [{"role": "user", "content": "benchmark prompt " * 10}],
+}
 
 
 def free_port() -> int:
@@ -34,7 +38,7 @@ def start(args: list[str], url: str, timeout_s: float = 30.0) -> subprocess.Pope
             return proc
         except httpx.HTTPError:
             if proc.poll() is not None:
-                raise RuntimeError(f"{args} exited with {proc.returncode}")
+                raise RuntimeError(f"{args} exited with {proc.returncode}") from None
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError(f"{args} did not answer at {url} within {timeout_s} s")
@@ -86,9 +90,15 @@ async def drive(url: str, requests: int, concurrency: int, chunks: int, pace_ms:
     latencies.sort()
     first_token.sort()
     pick = lambda values, q: round(values[int(len(values) * q)] * 1000, 2)  # noqa: E731
-    return {"wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 1), "bytes": received,
-            "p50_ms": pick(latencies, 0.5), "p95_ms": pick(latencies, 0.95),
-            "ttft_p50_ms": pick(first_token, 0.5), "ttft_p95_ms": pick(first_token, 0.95)}
+    return {
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(requests / wall, 1),
+        "bytes": received,
+        "p50_ms": pick(latencies, 0.5),
+        "p95_ms": pick(latencies, 0.95),
+        "ttft_p50_ms": pick(first_token, 0.5),
+        "ttft_p95_ms": pick(first_token, 0.95),
+    }
 
 
 PYTHON = sys.executable

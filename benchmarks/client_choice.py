@@ -16,7 +16,6 @@ import time
 
 import aiohttp
 import httpx
-
 from _common import BODY, PYTHON, free_port, start
 
 
@@ -59,12 +58,18 @@ def _measure(fn, url, args) -> dict:
     reads = asyncio.run(fn(url, args.requests, args.concurrency, args.chunks))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     chunks = args.requests * (args.chunks + 2)
-    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "reads": reads,
-            "cpu_us_per_chunk": round(cpu / chunks * 1e6, 2)}
+    return {
+        "wall_s": round(wall, 3),
+        "cpu_s": round(cpu, 3),
+        "reads": reads,
+        "cpu_us_per_chunk": round(cpu / chunks * 1e6, 2),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--chunks", type=int, default=100)
@@ -75,8 +80,7 @@ def main() -> None:
     try:
         _measure(_aiohttp, url, args)  # warm-up
         results = {"aiohttp": _measure(_aiohttp, url, args), "httpx": _measure(_httpx, url, args)}
-        results["httpx_over_aiohttp_cpu"] = round(
-            results["httpx"]["cpu_s"] / results["aiohttp"]["cpu_s"], 2)
+        results["httpx_over_aiohttp_cpu"] = round(results["httpx"]["cpu_s"] / results["aiohttp"]["cpu_s"], 2)
         print(json.dumps(results, indent=2))
     finally:
         upstream.terminate()

@@ -25,23 +25,42 @@ from _common import PYTHON, cpu_seconds, drive, free_port, rss_mib, start
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--chunks", type=int, default=100)
     parser.add_argument("--pace-ms", type=int, default=20, help="gap between tokens in the paced run")
     args = parser.parse_args()
     up_port, side_port = free_port(), free_port()
-    upstream = start([PYTHON, "benchmarks/stream_upstream.py", str(up_port)],
-                     f"http://127.0.0.1:{up_port}/")
+    upstream = start([PYTHON, "benchmarks/stream_upstream.py", str(up_port)], f"http://127.0.0.1:{up_port}/")
     db = tempfile.mkdtemp() + "/bench.duckdb"
-    sidecar = start([PYTHON, "-m", "collector.cli", "run", "--upstream", f"http://127.0.0.1:{up_port}",
-                     "--listen", f"127.0.0.1:{side_port}", "--db", db, "--engine", "none",
-                     "--log-level", "error"], f"http://127.0.0.1:{side_port}/healthz")
+    sidecar = start(
+        [
+            PYTHON,
+            "-m",
+            "collector.cli",
+            "run",
+            "--upstream",
+            f"http://127.0.0.1:{up_port}",
+            "--listen",
+            f"127.0.0.1:{side_port}",
+            "--db",
+            db,
+            "--engine",
+            "none",
+            "--log-level",
+            "error",
+        ],
+        f"http://127.0.0.1:{side_port}/healthz",
+    )
     try:
+
         def run(port: int, path: str, pace_ms: int = 0, requests: int = args.requests) -> dict:
-            return asyncio.run(drive(f"http://127.0.0.1:{port}{path}", requests,
-                                     args.concurrency, args.chunks, pace_ms))
+            return asyncio.run(
+                drive(f"http://127.0.0.1:{port}{path}", requests, args.concurrency, args.chunks, pace_ms)
+            )
 
         accounted, unaccounted = "/v1/chat/completions", "/v1/bench/passthrough"
         run(up_port, accounted)  # warm-up both paths
@@ -53,13 +72,18 @@ def main() -> None:
         sidecar_cpu = cpu_seconds(sidecar.pid) - cpu_before
         chunks_total = args.requests * (args.chunks + 2)
         result = {
-            "requests": args.requests, "concurrency": args.concurrency,
+            "requests": args.requests,
+            "concurrency": args.concurrency,
             "chunks_per_request": args.chunks,
-            "direct": direct, "sidecar_passthrough": passthrough, "sidecar_accounted": proxied,
+            "direct": direct,
+            "sidecar_passthrough": passthrough,
+            "sidecar_accounted": proxied,
             "throughput_ratio_accounted_over_direct": round(
-                proxied["requests_per_s"] / direct["requests_per_s"], 3),
+                proxied["requests_per_s"] / direct["requests_per_s"], 3
+            ),
             "throughput_ratio_accounted_over_passthrough": round(
-                proxied["requests_per_s"] / passthrough["requests_per_s"], 3),
+                proxied["requests_per_s"] / passthrough["requests_per_s"], 3
+            ),
             "p50_added_ms": round(proxied["p50_ms"] - direct["p50_ms"], 2),
             "p95_added_ms": round(proxied["p95_ms"] - direct["p95_ms"], 2),
             "sidecar_cpu_us_per_chunk": round(sidecar_cpu / chunks_total * 1e6, 2),
@@ -71,8 +95,10 @@ def main() -> None:
         paced_direct = run(up_port, accounted, args.pace_ms, paced_requests)
         paced_sidecar = run(side_port, accounted, args.pace_ms, paced_requests)
         result["paced"] = {
-            "pace_ms": args.pace_ms, "requests": paced_requests,
-            "direct": paced_direct, "sidecar_accounted": paced_sidecar,
+            "pace_ms": args.pace_ms,
+            "requests": paced_requests,
+            "direct": paced_direct,
+            "sidecar_accounted": paced_sidecar,
             "ttft_p50_added_ms": round(paced_sidecar["ttft_p50_ms"] - paced_direct["ttft_p50_ms"], 2),
             "ttft_p95_added_ms": round(paced_sidecar["ttft_p95_ms"] - paced_direct["ttft_p95_ms"], 2),
             "e2e_p50_added_ms": round(paced_sidecar["p50_ms"] - paced_direct["p50_ms"], 2),

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from collector.service.querysql import Where, percentiles_sql
 from collector.store.db import RequestStore
 
-START = datetime(2026, 11, 23, tzinfo=timezone.utc)
+START = datetime(2026, 11, 23, tzinfo=UTC)
 WEEK_US = 7 * 86400 * 1_000_000
 
 GENERATE = """

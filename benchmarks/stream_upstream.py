@@ -9,12 +9,18 @@ from __future__ import annotations
 import asyncio
 import sys
 
-_ROLE = (b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench","choices":'
-         b'[{"index":0,"delta":{"role":"assistant","content":null},"finish_reason":null}]}\n\n')
-_TOKEN = (b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench","choices":'
-          b'[{"index":0,"delta":{"content":" token"},"finish_reason":null}]}\n\n')
-_USAGE = (b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench","choices":[],'
-          b'"usage":{"prompt_tokens":20,"completion_tokens":%d,"total_tokens":%d}}\n\n')
+_ROLE = (
+    b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench","choices":'
+    b'[{"index":0,"delta":{"role":"assistant","content":null},"finish_reason":null}]}\n\n'
+)
+_TOKEN = (
+    b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench","choices":'
+    b'[{"index":0,"delta":{"content":" token"},"finish_reason":null}]}\n\n'
+)
+_USAGE = (
+    b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench","choices":[],'
+    b'"usage":{"prompt_tokens":20,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+)
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -31,8 +37,9 @@ async def app(scope, receive, send):
     headers = dict(scope["headers"])
     chunks = int(headers.get(b"x-chunks", b"100"))
     pace_s = int(headers.get(b"x-pace-ms", b"0")) / 1000
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+    )
     await send({"type": "http.response.body", "body": _ROLE, "more_body": True})
     for _ in range(chunks):
         if pace_s:
@@ -47,5 +54,6 @@ async def app(scope, receive, send):
 if __name__ == "__main__":
     import uvicorn
 
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-                access_log=False, lifespan="off")
+    uvicorn.run(
+        app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False, lifespan="off"
+    )

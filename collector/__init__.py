@@ -1,2 +1,3 @@
 """llm-headroom: capacity observability for LLM inference."""
+
 __version__ = "0.1.0"

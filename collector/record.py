@@ -1,50 +1,166 @@
-"""A finished request as sinks receive it: the row type, and the RowSink protocol they share.
+"""A finished request as every consumer receives it: the record type, its derivations, RowSink.
 
-When a request reaches its one terminal transition the sidecar's tracker turns it into a row (the
-request-log columns of collector.store.schema, e.g. {"request_id": "…", "model": "m",
-"outcome": "ok", "ttft_s": 0.21, ...}) and submits it to every RowSink it was given: the
-request-log writer (collector.store.writer.LogWriter, in front of the in-process store or the
-shipper to `headroom store`), the OpenTelemetry span exporter (collector.sidecar.otel.OtelSink),
-or a MemorySink in a test. `Row` is named here only, so the row type can change in one place.
+`RequestRecord` is declared once, here: the request-log columns (collector.store.schema derives
+the DuckDB table from its fields), the store's ingest parser, the shipper's JSON, the probe's and
+the synthetic rows and the OpenTelemetry span all follow its fields. When a request reaches its
+one terminal transition the sidecar's tracker builds one record and submits it to every RowSink:
+the request-log writer (collector.store.writer.LogWriter), the span exporter
+(collector.sidecar.otel.OtelSink), or a MemorySink in a test.
+
+Beside it live the two derivations every producer of records shares: the outcome of an HTTP
+status (`outcome_for_status`) and TPOT (`time_per_output_token`).
 """
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime
 from typing import Any, Protocol
 
-__all__ = ["Row", "RowSink", "MemorySink"]
+__all__ = [
+    "RequestRecord",
+    "FIELD_NAMES",
+    "Row",
+    "RowSink",
+    "MemorySink",
+    "OUTCOMES",
+    "LOAD_SHEDDING",
+    "outcome_for_status",
+    "time_per_output_token",
+    "field_types",
+    "INT64_FIELDS",
+]
 
-Row = dict[str, Any]
+Row = Mapping[str, Any]  # a record as column -> value, as DuckDB and the analysis read it
+
+OUTCOMES = (
+    "ok",
+    "rate_limited",
+    "overloaded",
+    "client_cancelled",
+    "upstream_error",
+    "timeout",
+    "bad_request",
+)
+LOAD_SHEDDING = ("rate_limited", "overloaded")  # 429 and 503: errors, and capacity evidence
+
+_WIDE = {"bits": 64}  # field metadata: a count that may pass 2**31 (a BIGINT column)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request: counts and times, never text. Field order is the column order."""
+
+    request_id: str
+    source: str | None = None  # 'traffic' or 'probe'
+    run_id: str | None = None
+    instance: str | None = None
+    model: str | None = None
+    tenant: str | None = None
+    endpoint: str | None = None
+    stream: bool | None = None
+    admitted_at: datetime | None = None
+    first_byte_at: datetime | None = None
+    first_token_at: datetime | None = None
+    completed_at: datetime | None = None
+    status_code: int | None = None
+    outcome: str | None = None  # one of OUTCOMES
+    error: str | None = None  # a short reason of ours, never upstream or client bytes
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    max_tokens: int | None = None
+    usage_source: str | None = None  # 'upstream' or 'estimated'
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    inflight_at_admit: int | None = None
+    active_tokens_at_admit: int | None = field(default=None, metadata=_WIDE)
+    engine_waiting_at_admit: int | None = None
+    kv_usage_at_admit: float | None = None
+    upstream_retries: int | None = None
+    task_class: str | None = None  # collector.tasks: short, medium, long, or a probe workload's name
+
+    def as_row(self) -> dict[str, Any]:
+        """The record as {column: value} in column order, e.g. for the analysis or a test."""
+        return {name: getattr(self, name) for name in FIELD_NAMES}
+
+    @classmethod
+    def from_row(cls, row: Row) -> RequestRecord:
+        """A record from a {column: value} mapping; missing columns are None, unknown ones raise."""
+        return cls(**row)
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+INT64_FIELDS = frozenset(f.name for f in fields(RequestRecord) if f.metadata.get("bits") == 64)
+
+
+def field_types() -> dict[str, type]:
+    """{field: its Python type without None}, e.g. {'request_id': str, 'stream': bool, ...}."""
+    hints = typing.get_type_hints(RequestRecord)
+    return {
+        name: next(t for t in typing.get_args(hints[name]) or (hints[name],) if t is not type(None))
+        for name in FIELD_NAMES
+    }
+
+
+def outcome_for_status(status: int) -> str:
+    """Outcome of a request the upstream answered with `status`, e.g. 429 -> 'rate_limited'.
+
+    503 is `overloaded`: an engine shedding load (vLLM's --max-num-queued-reqs) or a gateway with
+    no healthy engine behind it. 429 and 503 together are load shedding; both count as errors.
+    """
+    if status == 429:
+        return "rate_limited"
+    if status == 503:
+        return "overloaded"
+    if status >= 500:
+        return "upstream_error"
+    if status >= 400:
+        return "bad_request"
+    return "ok"
+
+
+def time_per_output_token(e2e_s: float, ttft_s: float | None, completion_tokens: int | None) -> float | None:
+    """TPOT = (e2e - TTFT) / (completion tokens - 1); None without a TTFT or above one token only.
+
+    Example: e2e 2.1 s, TTFT 0.1 s, 101 tokens -> 0.02 s.
+    """
+    if ttft_s is None or completion_tokens is None or completion_tokens <= 1:
+        return None
+    return (e2e_s - ttft_s) / (completion_tokens - 1)
 
 
 class RowSink(Protocol):
-    """Where finished rows go. `submit` runs on the event loop: it must not block or raise."""
+    """Where finished records go. `submit` runs on the event loop: it must not block or raise."""
 
-    def submit(self, row: Row) -> None:
-        """Take one finished row (enqueue it; do the I/O elsewhere)."""
+    def submit(self, record: RequestRecord) -> None:
+        """Take one finished record (enqueue it; do the I/O elsewhere)."""
 
     def flush(self) -> bool:
-        """Hand on every row submitted so far; False when that did not finish in time."""
+        """Hand on every record submitted so far; False when that did not finish in time."""
 
     def close(self) -> None:
         """Flush, then release what the sink holds; called once, at the sidecar's shutdown."""
 
 
 class MemorySink:
-    """RowSink that keeps every row in `rows`: for tests and trials, like OTel's in-memory exporter."""
+    """RowSink that keeps every record in `rows`: for tests and trials, like OTel's in-memory exporter."""
 
     def __init__(self) -> None:
-        self.rows: list[Row] = []
+        self.rows: list[RequestRecord] = []
         self.closed = False
 
-    def submit(self, row: Row) -> None:
-        """Append the row."""
-        self.rows.append(row)
+    def submit(self, record: RequestRecord) -> None:
+        """Append the record."""
+        self.rows.append(record)
 
     def flush(self) -> bool:
         """Nothing is buffered: always True."""
         return True
 
     def close(self) -> None:
-        """Mark the sink closed (rows stay readable)."""
+        """Mark the sink closed (records stay readable)."""
         self.closed = True

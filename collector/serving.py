@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -36,17 +37,28 @@ class ServerHandle:
         self.thread.join(timeout_s)
 
 
-def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, *,
-                    startup_timeout_s: float = 30.0, **uvicorn_options) -> ServerHandle:
+def serve_in_thread(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    startup_timeout_s: float = 30.0,
+    **uvicorn_options: Any,
+) -> ServerHandle:
     """Start `app` on host:port (0 = any free port) and block until it accepts connections."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]
-    options = {"log_level": "warning", "access_log": False, "lifespan": "on"} | uvicorn_options
+    options: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "lifespan": "on",
+    } | uvicorn_options
     server = uvicorn.Server(uvicorn.Config(app, **options))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
-                              name=f"uvicorn-{bound_port}", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{bound_port}", daemon=True
+    )
     thread.start()
     started = threading.Event()
 
@@ -66,6 +78,5 @@ def parse_listen(value: str) -> tuple[str, int]:
     """'HOST:PORT' -> (host, port); '[::1]:9100' works too. Raises ValueError naming the input."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
-        raise ValueError(f"--listen {value!r} is not HOST:PORT with a port 1-65535 "
-                         "(e.g. 127.0.0.1:9100)")
+        raise ValueError(f"--listen {value!r} is not HOST:PORT with a port 1-65535 (e.g. 127.0.0.1:9100)")
     return host.strip("[]"), int(port)

@@ -10,12 +10,17 @@ need is one rule: an event ends at a blank line (WHATWG HTML §9.2.6); engines u
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
-__all__ = ["EventSplitter", "ChunkInfo", "inspect_event", "DONE", "MALFORMED", "ERROR"]
+from collector.tokens import tokens_for_characters
 
-_CHARS_PER_TOKEN = 4
+__all__ = ["EventSplitter", "EventTooLarge", "ChunkInfo", "inspect_event", "DONE", "MALFORMED", "ERROR"]
+
+
+class EventTooLarge(ValueError):
+    """An event grew past the splitter's limit without ending; the message names the limit."""
 
 
 class EventSplitter:
@@ -25,34 +30,62 @@ class EventSplitter:
     (no copy in the common case of whole events per read); the events, without their blank-line
     terminators, are for reading.
 
+    Linear in the bytes fed: while an event is incomplete its parts are kept in a list and only
+    the new bytes (with the 3 before them) are searched for a terminator, so an 8 MB event read
+    4 KB at a time is joined once, not 2,000 times. An incomplete event past `max_event_bytes`
+    raises EventTooLarge, which bounds the memory one stream can hold.
+
     >>> s = EventSplitter(); s.feed(b"data: a\\n\\nda"); s.feed(b"ta: b\\n\\n")
     (b'data: a\\n\\n', [b'data: a'])
     (b'data: b\\n\\n', [b'data: b'])
     """
 
-    __slots__ = ("_buffer", "separator")
+    __slots__ = ("_parts", "_pending", "_tail", "separator", "max_event_bytes")
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, max_event_bytes: int = 2**20) -> None:
+        self._parts: list[bytes] = []
+        self._pending = 0
+        self._tail = b""  # the last 3 bytes held: a terminator may start there
         self.separator = b"\n\n"
+        self.max_event_bytes = max_event_bytes
 
     def feed(self, data: bytes) -> tuple[bytes, list[bytes]]:
         """Append `data`; return (bytes of the completed events, the events), possibly empty."""
-        buffer = self._buffer + data if self._buffer else data
+        if self._parts:
+            window = self._tail + data
+            if b"\n\n" not in window and b"\r\n\r\n" not in window:
+                self._hold(data)
+                return b"", []
+            buffer = b"".join(self._parts) + data
+            self._parts, self._pending, self._tail = [], 0, b""
+        else:
+            buffer = data
         separator = b"\r\n\r\n" if b"\r\n\r\n" in buffer else b"\n\n"
         end = buffer.rfind(separator)
         if end < 0:
-            self._buffer = buffer
+            self._hold(buffer)
             return b"", []
         end += len(separator)
         if end == len(buffer):
-            complete, self._buffer = buffer, b""
+            complete = buffer
         else:
-            complete, self._buffer = buffer[:end], buffer[end:]
+            complete = buffer[:end]
+            self._hold(buffer[end:])
         self.separator = separator
         events = complete.split(separator)
         events.pop()  # the empty string after the last terminator
         return complete, events
+
+    def _hold(self, data: bytes) -> None:
+        if not data:
+            return
+        self._parts.append(data)
+        self._pending += len(data)
+        self._tail = (self._tail + data)[-3:]
+        if self._pending > self.max_event_bytes:
+            raise EventTooLarge(
+                f"an SSE event passed {self.max_event_bytes} bytes without ending (--max-sse-event-bytes)"
+            )
 
     def join(self, events: list[bytes]) -> bytes:
         """Bytes of `events` with their terminators, as they would have been received."""
@@ -60,7 +93,7 @@ class EventSplitter:
 
     def remainder(self) -> bytes:
         """Bytes received after the last complete event (a truncated stream leaves some)."""
-        return self._buffer
+        return b"".join(self._parts)
 
 
 @dataclass(slots=True)
@@ -68,7 +101,7 @@ class ChunkInfo:
     """What one event says: tokens it carries (estimated) and the usage object, if any."""
 
     tokens_estimate: int = 0
-    usage: dict | None = None
+    usage: dict[str, Any] | None = None
     usage_only: bool = False  # `choices: []` with usage: the include_usage chunk
 
 
@@ -77,7 +110,7 @@ MALFORMED = ChunkInfo()
 ERROR = ChunkInfo()
 
 
-def _delta_tokens(choice: dict) -> int:
+def _delta_tokens(choice: dict[str, Any]) -> int:
     delta = choice.get("delta")
     if isinstance(delta, dict):
         content = delta.get("content")
@@ -87,10 +120,10 @@ def _delta_tokens(choice: dict) -> int:
         if isinstance(reasoning, str):
             text_len += len(reasoning)
         if text_len:
-            return max(1, text_len // _CHARS_PER_TOKEN)
+            return tokens_for_characters(text_len)
         return 1 if delta.get("tool_calls") or delta.get("function_call") else 0
     text = choice.get("text")  # /v1/completions
-    return max(1, len(text) // _CHARS_PER_TOKEN) if isinstance(text, str) and text else 0
+    return tokens_for_characters(len(text)) if isinstance(text, str) else 0
 
 
 def _fields(event: bytes) -> tuple[bytes | None, bool]:
@@ -146,9 +179,8 @@ def inspect_event(event: bytes) -> ChunkInfo | None:
     """Read one event; None for comments/keep-alives, DONE for `[DONE]`, MALFORMED for bad JSON,
     ERROR for an error the engine reported inside the stream.
 
-    A chunk's token estimate is floor(characters / 4), at least 1 for non-empty content or a tool
-    call: engines stream about one token per chunk, and on the llama.cpp capture in
-    tests/fixtures this gives 302 for a true 300. A role-only chunk carries no token (it must not
+    A chunk's token estimate is collector.tokens' rule (floor(characters / 4), at least 1 for
+    non-empty content), 1 for a tool call. A role-only chunk carries no token (it must not
     stamp TTFT). The row's completion_tokens come from upstream usage whenever it is sent.
     """
     if event.startswith(b"data:"):  # the common case: one data line

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 __all__ = ["parse_duration", "parse_instant", "utc_now"]
 
@@ -13,7 +13,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 def utc_now() -> datetime:
     """The current time, tz-aware UTC (the default clock everywhere an injected one is allowed)."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def parse_duration(text: str) -> timedelta:
@@ -34,6 +34,7 @@ def parse_instant(text: str, now: datetime) -> datetime:
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ValueError(f"{text!r} is neither a duration (7d, 24h) nor an ISO-8601 time "
-                         "(2026-11-30T09:00:00Z)") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+        raise ValueError(
+            f"{text!r} is neither a duration (7d, 24h) nor an ISO-8601 time (2026-11-30T09:00:00Z)"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

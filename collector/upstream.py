@@ -27,8 +27,9 @@ __all__ = ["UpstreamClient", "UpstreamResponse", "is_stale_connection_error"]
 
 def is_stale_connection_error(exc: BaseException) -> bool:
     """A write or read failure of an open connection (not connecting, not a timeout)."""
-    if isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError,
-                        aiohttp.ConnectionTimeoutError)):
+    if isinstance(
+        exc, (aiohttp.ClientConnectorError, aiohttp.ServerTimeoutError, aiohttp.ConnectionTimeoutError)
+    ):
         return False
     return isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError))
 
@@ -50,12 +51,18 @@ class UpstreamResponse:
 class UpstreamClient:
     """A pooled session plus a non-pooling one for the single retry; open() inside the loop."""
 
-    def __init__(self, *, max_connections: int = 1024, timeout: aiohttp.ClientTimeout,
-                 headers: dict[str, str] | None = None, auto_decompress: bool = True,
-                 skip_auto_headers: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int = 1024,
+        timeout: aiohttp.ClientTimeout,
+        headers: dict[str, str] | None = None,
+        auto_decompress: bool = True,
+        skip_auto_headers: tuple[str, ...] = (),
+    ) -> None:
         self.max_connections = max_connections
-        self._options = dict(timeout=timeout, headers=headers, auto_decompress=auto_decompress,
-                             skip_auto_headers=skip_auto_headers)
+        self._timeout, self._headers = timeout, headers
+        self._auto_decompress, self._skip_auto_headers = auto_decompress, skip_auto_headers
         self.session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
 
@@ -64,12 +71,24 @@ class UpstreamClient:
         tracing = aiohttp.TraceConfig()
         tracing.on_connection_reuseconn.append(_on_reuse)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
-                                           ttl_dns_cache=300, keepalive_timeout=60),
-            trace_configs=[tracing], **self._options)
+            connector=aiohttp.TCPConnector(
+                limit=self.max_connections, limit_per_host=0, ttl_dns_cache=300, keepalive_timeout=60
+            ),
+            trace_configs=[tracing],
+            **self._session_options(),
+        )
         self._fresh = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=True, ttl_dns_cache=300),
-            **self._options)
+            **self._session_options(),
+        )
+
+    def _session_options(self) -> dict[str, Any]:
+        return {
+            "timeout": self._timeout,
+            "headers": self._headers,
+            "auto_decompress": self._auto_decompress,
+            "skip_auto_headers": self._skip_auto_headers,
+        }
 
     async def close(self) -> None:
         """Close both sessions; safe before open()."""

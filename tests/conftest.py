@@ -1,22 +1,24 @@
-"""Shared test helpers: real-tool lookup that fails in CI instead of skipping, free ports."""
+"""Shared test rules: real-tool lookup that fails in CI instead of skipping, the fixtures path, and
+the `subprocess` marker. The plumbing (fake upstream, process helper, wait_until) is tests/support."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # `import support` from any test, any rootdir
+from support.processes import free_port  # noqa: E402  (re-exported for the tests that import it)
+
+__all__ = ["require_tool", "free_port", "FIXTURES", "IN_CI"]
+pytest_plugins = ["support.engine"]  # the fake_engine fixture, for every test that names it
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-HEADROOM = Path(sys.executable).parent / "headroom"  # the installed console script
 
 
 def require_tool(name: str) -> str:
@@ -28,17 +30,12 @@ def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path:
         return path
-    message = f"{name} not found; install with: make tools (apt-get install prometheus prometheus-alertmanager)"
+    message = (
+        f"{name} not found; install with: make tools (apt-get install prometheus prometheus-alertmanager)"
+    )
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -46,38 +43,21 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
-@contextlib.contextmanager
-def headroom_process(*args: str, health: str, port: int | None = None):
-    """Run `headroom ARGS --listen 127.0.0.1:PORT` and yield its URL once `health` answers 200.
-
-    Stopped with SIGTERM at exit (graceful: a sidecar flushes its log). A process that dies or
-    does not answer within 30 s fails with the tail of its stderr.
-    """
-    port = port or free_port()
-    process = subprocess.Popen([str(HEADROOM), *args, "--listen", f"127.0.0.1:{port}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + health, timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"headroom {args[0]} did not start: "
-                                   f"{process.stderr.read().decode()[-800:]}")
-            time.sleep(0.05)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(30)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Integration and real-engine tests run real binaries: they are subprocess tests too."""
+    for item in items:
+        if item.get_closest_marker("integration") or item.get_closest_marker("real_engine"):
+            item.add_marker(pytest.mark.subprocess)
 
 
-def sim_process(**flags):
-    """Run `headroom sim` with --flag value pairs on a free port; yields its base URL."""
-    args = ["sim"]
-    for name, value in flags.items():
-        args += [f"--{name.replace('_', '-')}", str(value)]
-    return headroom_process(*args, health="/health")
+@pytest.fixture(autouse=True)
+def _subprocesses_are_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that starts a process must say so (`@pytest.mark.subprocess`): `make test-fast`
+    leaves those out, and this fixture makes an unmarked one fail instead of slipping in."""
+    if request.node.get_closest_marker("subprocess") is not None:
+        return
+
+    def refuse(self: subprocess.Popen[bytes], *args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} starts a subprocess; mark it @pytest.mark.subprocess")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -9,12 +9,12 @@ import json
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from test_analysis_estimate import _estimate
 
 from collector.analysis.plot import render_html, render_png, write_plot
-from collector.analysis.synthetic import closed_loop_rows
 from collector.cli import main
 from collector.store.db import RequestStore
-from test_analysis_estimate import _estimate
+from collector.store.synthetic import closed_loop_rows
 
 
 def run(*args):
@@ -28,25 +28,53 @@ def test_kv_worked_example():
 
 
 def test_kv_from_model_shape_as_json():
-    result = run("capacity", "kv", "--gpu-memory-gb", "96", "--weights-gb", "20", "--layers", "80",
-                 "--kv-heads", "8", "--head-dim", "128", "--max-context", "8192", "--json")
+    result = run(
+        "capacity",
+        "kv",
+        "--gpu-memory-gb",
+        "96",
+        "--weights-gb",
+        "20",
+        "--layers",
+        "80",
+        "--kv-heads",
+        "8",
+        "--head-dim",
+        "128",
+        "--max-context",
+        "8192",
+        "--json",
+    )
     data = json.loads(result.output)
     assert data["kv_bytes_per_token"] == 327680 and (data["ceiling"], data["configure"]) == (21, 14)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--kv-per-request-gb", "3"], "--usable-gb, or --gpu-memory-gb"),
-    (["--usable-gb", "57"], "--kv-per-request-gb, or --layers"),
-    (["--gpu-memory-gb", "24", "--weights-gb", "30", "--kv-per-request-gb", "1"], "nothing left"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kv-per-request-gb", "3"], "--usable-gb, or --gpu-memory-gb"),
+        (["--usable-gb", "57"], "--kv-per-request-gb, or --layers"),
+        (["--gpu-memory-gb", "24", "--weights-gb", "30", "--kv-per-request-gb", "1"], "nothing left"),
+    ],
+)
 def test_kv_usage_errors(args, message):
     result = run("capacity", "kv", *args)
     assert result.exit_code == 2 and message in result.output
 
 
 def test_quota_ceiling_says_which_binds():
-    result = run("capacity", "quota", "--rpm", "600", "--tpm", "1000000", "--mean-e2e-s", "10",
-                 "--mean-tokens-per-request", "4000")
+    result = run(
+        "capacity",
+        "quota",
+        "--rpm",
+        "600",
+        "--tpm",
+        "1000000",
+        "--mean-e2e-s",
+        "10",
+        "--mean-tokens-per-request",
+        "4000",
+    )
     assert result.exit_code == 0 and "ceiling: 41 concurrent requests (TPM binds)" in result.output
     assert run("capacity", "quota", "--mean-e2e-s", "10").exit_code == 2
 
@@ -62,8 +90,9 @@ def test_curve_from_a_request_log(tmp_path):
     assert run("capacity", "curve", "--db", str(tmp_path / "log.duckdb"), "--since", "nope").exit_code == 2
 
 
-@pytest.mark.parametrize("command", [["probe"], ["capacity"], ["capacity", "kv"],
-                                     ["capacity", "quota"], ["capacity", "curve"]])
+@pytest.mark.parametrize(
+    "command", [["probe"], ["capacity"], ["capacity", "kv"], ["capacity", "quota"], ["capacity", "curve"]]
+)
 def test_every_command_has_help_with_examples(command):
     result = run(*command, "--help")
     assert result.exit_code == 0 and "Examples:" in result.output and "headroom " in result.output

@@ -10,26 +10,36 @@ import pytest
 from collector.analysis.levels import summarize_level
 from collector.analysis.littles_law import littles_law_check, time_weighted_inflight
 from collector.analysis.stats import percentile, percentiles, power_of_two_bucket
-from collector.analysis.synthetic import closed_loop_rows
+from collector.store.synthetic import closed_loop_rows
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _row(i, admitted_s, e2e_s, *, ttft_s=0.1, outcome="ok", prompt=10, completion=20):
-    return {"request_id": f"r{i}", "admitted_at": T0 + timedelta(seconds=admitted_s),
-            "completed_at": T0 + timedelta(seconds=admitted_s + e2e_s), "outcome": outcome,
-            "ttft_s": ttft_s if outcome == "ok" else None, "e2e_s": e2e_s,
-            "tpot_s": (e2e_s - ttft_s) / (completion - 1) if outcome == "ok" else None,
-            "prompt_tokens": prompt, "completion_tokens": completion if outcome == "ok" else 0,
-            "active_tokens_at_admit": 100, "inflight_at_admit": 2}
+    return {
+        "request_id": f"r{i}",
+        "admitted_at": T0 + timedelta(seconds=admitted_s),
+        "completed_at": T0 + timedelta(seconds=admitted_s + e2e_s),
+        "outcome": outcome,
+        "ttft_s": ttft_s if outcome == "ok" else None,
+        "e2e_s": e2e_s,
+        "tpot_s": (e2e_s - ttft_s) / (completion - 1) if outcome == "ok" else None,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion if outcome == "ok" else 0,
+        "active_tokens_at_admit": 100,
+        "inflight_at_admit": 2,
+    }
 
 
-@pytest.mark.parametrize("values", [[1.0, 2.0, 3.0, 4.0], [0.3, 0.1, 0.9, 5.0, 2.2, 0.4, 0.41],
-                                    [7.0]])
+@pytest.mark.parametrize("values", [[1.0, 2.0, 3.0, 4.0], [0.3, 0.1, 0.9, 5.0, 2.2, 0.4, 0.41], [7.0]])
 def test_percentiles_match_duckdb_quantile_cont(values):
-    expected = duckdb.connect().execute(
-        "SELECT quantile_cont(v, [0.5, 0.95, 0.99]) FROM (SELECT unnest(?::DOUBLE[]) AS v)",
-        [values]).fetchone()[0]
+    expected = (
+        duckdb.connect()
+        .execute(
+            "SELECT quantile_cont(v, [0.5, 0.95, 0.99]) FROM (SELECT unnest(?::DOUBLE[]) AS v)", [values]
+        )
+        .fetchone()[0]
+    )
     assert list(percentiles(values)) == pytest.approx(expected)
 
 
@@ -40,9 +50,23 @@ def test_percentile_ignores_missing_and_rejects_bad_quantile():
         percentile([1.0], 95)
 
 
-@pytest.mark.parametrize("value, bucket", [(1, 1), (1.4, 1), (2, 2), (3, 4), (5, 4), (6, 8),
-                                           (7.6, 8), (11, 8), (12, 16), (1000, 1024), (0, None),
-                                           (None, None)])
+@pytest.mark.parametrize(
+    "value, bucket",
+    [
+        (1, 1),
+        (1.4, 1),
+        (2, 2),
+        (3, 4),
+        (5, 4),
+        (6, 8),
+        (7.6, 8),
+        (11, 8),
+        (12, 16),
+        (1000, 1024),
+        (0, None),
+        (None, None),
+    ],
+)
 def test_power_of_two_bucket_is_nearest_on_log_scale(value, bucket):
     assert power_of_two_bucket(value) == bucket
 
@@ -82,12 +106,15 @@ def test_littles_law_holds_on_a_closed_loop_and_flags_lost_rows():
     assert not lost.consistent and lost.ratio == pytest.approx(2.0, rel=0.1)
 
 
-@pytest.mark.parametrize("values, expected", [
-    ([0.1] * 19 + [0.9], 0.1),               # one stall, second half only: ignored
-    ([0.9] + [0.1] * 19, 0.1),               # ... or first half only
-    ([0.5] * 20, 0.5),                       # a queue lifts both halves
-    ([0.1, 0.2, 0.3], None),                 # too few to split
-])
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([0.1] * 19 + [0.9], 0.1),  # one stall, second half only: ignored
+        ([0.9] + [0.1] * 19, 0.1),  # ... or first half only
+        ([0.5] * 20, 0.5),  # a queue lifts both halves
+        ([0.1, 0.2, 0.3], None),  # too few to split
+    ],
+)
 def test_persistent_p95_needs_both_halves(values, expected):
     from collector.analysis.levels import persistent_p95
 

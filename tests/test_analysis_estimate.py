@@ -8,23 +8,34 @@ from datetime import timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
-
-from collector.analysis.estimate import (CapacityEstimate, build_estimate, estimate_capacity,
-                                         latest_estimates, probe_levels, publish_estimates,
-                                         save_estimate)
-from collector.analysis.slo import Slo
-from collector.analysis.synthetic import closed_loop_rows
-from collector.store.db import RequestStore
 from test_analysis_knee import ladder
+
+from collector.analysis.estimate import (
+    CapacityEstimate,
+    build_estimate,
+    estimate_capacity,
+    latest_estimates,
+    probe_levels,
+    publish_estimates,
+    save_estimate,
+)
+from collector.analysis.slo import Slo
+from collector.store.db import RequestStore
+from collector.store.synthetic import closed_loop_rows
 
 REQUIRED_KEYS = {"run_id", "levels", "knee", "slo_max", "recommended_pool", "profile"}
 
 
 def _estimate(model="m", knee_at=8, slo_ttft=None, profile="interactive"):
-    throughputs = [100 * min(2 ** i, knee_at) for i in range(6)]
-    ttfts = [0.1 if 2 ** i <= knee_at else 1.0 for i in range(6)]
-    return build_estimate(ladder(throughputs, ttfts), slo=Slo(ttft_p95_s=slo_ttft),
-                          profile=profile, model=model, run_id="probe-1")
+    throughputs = [100 * min(2**i, knee_at) for i in range(6)]
+    ttfts = [0.1 if 2**i <= knee_at else 1.0 for i in range(6)]
+    return build_estimate(
+        ladder(throughputs, ttfts),
+        slo=Slo(ttft_p95_s=slo_ttft),
+        profile=profile,
+        model=model,
+        run_id="probe-1",
+    )
 
 
 def test_json_schema_has_the_documented_keys_and_types():
@@ -33,8 +44,15 @@ def test_json_schema_has_the_documented_keys_and_types():
     assert data["knee"]["requests"] == 8 and isinstance(data["knee"]["tokens"], int)
     assert data["slo_max"] == 8 and data["recommended_pool"] == 5 and data["profile"] == "interactive"
     assert [lv["concurrency"] for lv in data["levels"]] == [1, 2, 4, 8, 16, 32]
-    assert {"ttft_p95_s", "tpot_p95_s", "e2e_p99_s", "total_tokens_per_s", "error_ratio",
-            "rate_limited_ratio", "littles_law"} <= data["levels"][0].keys()
+    assert {
+        "ttft_p95_s",
+        "tpot_p95_s",
+        "e2e_p99_s",
+        "total_tokens_per_s",
+        "error_ratio",
+        "rate_limited_ratio",
+        "littles_law",
+    } <= data["levels"][0].keys()
     assert data["schema_version"] == 1
 
 
@@ -61,8 +79,11 @@ def test_save_and_latest_per_model_round_trip(tmp_path):
 
 def test_estimate_capacity_prefers_the_latest_probe_run(tmp_path):
     store = RequestStore(tmp_path / "p.duckdb")
-    store.insert_rows(closed_loop_rows(slots=4, levels=(1, 2, 4, 8, 16), seconds_per_level=20,
-                                       source="probe", run_id="probe-a"))
+    store.insert_rows(
+        closed_loop_rows(
+            slots=4, levels=(1, 2, 4, 8, 16), seconds_per_level=20, source="probe", run_id="probe-a"
+        )
+    )
     levels = probe_levels(store.query_dicts("SELECT * FROM requests WHERE run_id = ?", ["probe-a"]))
     assert [lv.concurrency for lv in levels] == [1, 2, 4, 8, 16]
     estimate = estimate_capacity(store, slo_ttft_p95_s=0.5, profile="semi")

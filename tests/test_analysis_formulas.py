@@ -4,12 +4,12 @@ quota ceilings from RPM/TPM, SLO maximum and the recommended pool per profile.""
 from __future__ import annotations
 
 import pytest
+from test_analysis_knee import level
 
 from collector.analysis.kv import GB, kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.quota import quota_ceiling
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import Slo, slo_max
-from test_analysis_knee import level
 
 
 def test_domain_worked_example_57_gb_over_3_gb_is_19_configure_13():
@@ -23,15 +23,20 @@ def test_usable_memory_of_the_96_gb_card_is_about_57_gb():
     assert kv_ceiling(usable_bytes=usable, kv_bytes_per_request=3 * GB).ceiling == 18  # floor(18.9)
 
 
-@pytest.mark.parametrize("shape, per_token", [
-    ((32, 8, 128, 2), 131072),        # Llama-3-8B, fp16: 128 KiB per token
-    ((80, 8, 128, 2), 327680),        # Llama-3-70B, fp16: 320 KiB per token
-    ((80, 8, 128, 1), 163840),        # the same with an fp8 KV cache
-])
+@pytest.mark.parametrize(
+    "shape, per_token",
+    [
+        ((32, 8, 128, 2), 131072),  # Llama-3-8B, fp16: 128 KiB per token
+        ((80, 8, 128, 2), 327680),  # Llama-3-70B, fp16: 320 KiB per token
+        ((80, 8, 128, 1), 163840),  # the same with an fp8 KV cache
+    ],
+)
 def test_kv_bytes_per_token_from_model_shape(shape, per_token):
     layers, kv_heads, head_dim, element = shape
-    assert kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
-                              bytes_per_element=element) == per_token
+    assert (
+        kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=element)
+        == per_token
+    )
 
 
 def test_kv_ceiling_of_a_70b_at_8k_context():
@@ -47,12 +52,14 @@ def test_kv_errors_name_the_bad_input():
         kv_ceiling(usable_bytes=GB, kv_bytes_per_request=0)
 
 
-@pytest.mark.parametrize("kwargs, by_rpm, by_tpm, ceiling, binding", [
-    (dict(rpm=600, mean_e2e_s=10), 100.0, None, 100, "rpm"),
-    (dict(rpm=600, tpm=1_000_000, mean_e2e_s=10, mean_tokens_per_request=4000),
-     100.0, 41.667, 41, "tpm"),
-    (dict(rpm=60, tpm=10_000_000, mean_e2e_s=30, mean_tokens_per_request=500), 30.0, 10000.0, 30, "rpm"),
-])
+@pytest.mark.parametrize(
+    "kwargs, by_rpm, by_tpm, ceiling, binding",
+    [
+        (dict(rpm=600, mean_e2e_s=10), 100.0, None, 100, "rpm"),
+        (dict(rpm=600, tpm=1_000_000, mean_e2e_s=10, mean_tokens_per_request=4000), 100.0, 41.667, 41, "tpm"),
+        (dict(rpm=60, tpm=10_000_000, mean_e2e_s=30, mean_tokens_per_request=500), 30.0, 10000.0, 30, "rpm"),
+    ],
+)
 def test_quota_ceilings(kwargs, by_rpm, by_tpm, ceiling, binding):
     result = quota_ceiling(**kwargs)
     assert result.by_rpm == pytest.approx(by_rpm)
@@ -70,21 +77,24 @@ def test_tpm_needs_tokens_per_request():
 LADDER_TTFT = [0.2, 0.3, 0.45, 0.9, 3.0]  # at 1, 2, 4, 8, 16
 
 
-@pytest.mark.parametrize("slo, expected", [
-    (Slo(), None),
-    (Slo(ttft_p95_s=0.5), 4),
-    (Slo(ttft_p95_s=5.0), 16),
-    (Slo(ttft_p95_s=0.1), 0),
-    (Slo(ttft_p95_s=5.0, tpot_p95_s=0.01), 0),
-])
+@pytest.mark.parametrize(
+    "slo, expected",
+    [
+        (Slo(), None),
+        (Slo(ttft_p95_s=0.5), 4),
+        (Slo(ttft_p95_s=5.0), 16),
+        (Slo(ttft_p95_s=0.1), 0),
+        (Slo(ttft_p95_s=5.0, tpot_p95_s=0.01), 0),
+    ],
+)
 def test_slo_max(slo, expected):
-    levels = [level(2 ** i, 100 * 2 ** i, t) for i, t in enumerate(LADDER_TTFT)]
+    levels = [level(2**i, 100 * 2**i, t) for i, t in enumerate(LADDER_TTFT)]
     assert slo_max(levels, slo) == expected
 
 
 def test_slo_max_stops_at_the_first_failing_level():
     ttfts = [0.2, 0.3, 0.9, 0.4]  # 8 passes again after 4 failed: noise, not capacity
-    levels = [level(2 ** i, 100, t) for i, t in enumerate(ttfts)]
+    levels = [level(2**i, 100, t) for i, t in enumerate(ttfts)]
     assert slo_max(levels, Slo(ttft_p95_s=0.5)) == 2
 
 
@@ -93,17 +103,20 @@ def test_slo_counts_errors():
     assert slo_max(levels, Slo(ttft_p95_s=1.0)) == 1
 
 
-@pytest.mark.parametrize("knee, slo_max_value, profile, pool", [
-    (16, 12, "interactive", 11),   # min(12, floor(11.2))
-    (16, 8, "interactive", 8),     # the SLO binds
-    (16, None, "interactive", 11),
-    (16, None, "semi", 12),        # floor(12.8)
-    (16, 4, "semi", 12),           # semi ignores the SLO maximum
-    (16, 4, "batch", 16),
-    (10, None, "interactive", 7),
-    (1, None, "interactive", 1),   # never below 1 ...
-    (8, 0, "interactive", 0),      # ... unless no level met the SLO
-])
+@pytest.mark.parametrize(
+    "knee, slo_max_value, profile, pool",
+    [
+        (16, 12, "interactive", 11),  # min(12, floor(11.2))
+        (16, 8, "interactive", 8),  # the SLO binds
+        (16, None, "interactive", 11),
+        (16, None, "semi", 12),  # floor(12.8)
+        (16, 4, "semi", 12),  # semi ignores the SLO maximum
+        (16, 4, "batch", 16),
+        (10, None, "interactive", 7),
+        (1, None, "interactive", 1),  # never below 1 ...
+        (8, 0, "interactive", 0),  # ... unless no level met the SLO
+    ],
+)
 def test_recommended_pool_by_profile(knee, slo_max_value, profile, pool):
     assert recommended_pool(knee, slo_max_value, profile) == pool
 

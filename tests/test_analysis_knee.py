@@ -11,19 +11,47 @@ from collector.analysis.knee import KneeRule, detect_knee, judge_level, kneedle_
 from collector.analysis.levels import LevelStats
 
 
-def level(c, tokens_per_s, ttft_p95=None, *, ttft_p50=0.05, e2e_p50=1.0, errors=0.0,
-          capacity_errors=0, waiting=None, samples=100, active=None, error_ratio=None):
+def level(
+    c,
+    tokens_per_s,
+    ttft_p95=None,
+    *,
+    ttft_p50=0.05,
+    e2e_p50=1.0,
+    errors=0.0,
+    capacity_errors=0,
+    waiting=None,
+    samples=100,
+    active=None,
+    error_ratio=None,
+):
     """One level; positional (c, tokens/s, p95 TTFT) as the other analysis tests use it."""
     errors = error_ratio if error_ratio is not None else errors
     ttft_p95 = ttft_p95 if ttft_p95 is not None else ttft_p50 * 1.5
     return LevelStats(
-        concurrency=c, samples=samples, window_s=10.0, requests_per_s=tokens_per_s / 100,
-        output_tokens_per_s=tokens_per_s / 2, total_tokens_per_s=tokens_per_s,
-        ttft_p50_s=ttft_p50, ttft_p95_s=ttft_p95, ttft_p99_s=ttft_p95, tpot_p50_s=0.02,
-        tpot_p95_s=0.03, tpot_p99_s=0.04, e2e_p50_s=e2e_p50, e2e_p95_s=e2e_p50 * 1.2,
-        e2e_p99_s=e2e_p50 * 1.3, rate_limited_ratio=0.0, timeout_ratio=0.0, error_ratio=errors,
-        mean_active_tokens=active if active is not None else c * 150.0, littles_law=None,
-        capacity_errors=capacity_errors, engine_waiting_mean=waiting)
+        concurrency=c,
+        samples=samples,
+        window_s=10.0,
+        requests_per_s=tokens_per_s / 100,
+        output_tokens_per_s=tokens_per_s / 2,
+        total_tokens_per_s=tokens_per_s,
+        ttft_p50_s=ttft_p50,
+        ttft_p95_s=ttft_p95,
+        ttft_p99_s=ttft_p95,
+        tpot_p50_s=0.02,
+        tpot_p95_s=0.03,
+        tpot_p99_s=0.04,
+        e2e_p50_s=e2e_p50,
+        e2e_p95_s=e2e_p50 * 1.2,
+        e2e_p99_s=e2e_p50 * 1.3,
+        rate_limited_ratio=0.0,
+        timeout_ratio=0.0,
+        error_ratio=errors,
+        mean_active_tokens=active if active is not None else c * 150.0,
+        littles_law=None,
+        capacity_errors=capacity_errors,
+        engine_waiting_mean=waiting,
+    )
 
 
 def ladder(throughputs, ttft_p95=None, **per_level):
@@ -33,68 +61,153 @@ def ladder(throughputs, ttft_p95=None, **per_level):
     levels = []
     for i, tps in enumerate(throughputs):
         kwargs = {k: v[i] for k, v in per_level.items() if v[i] is not None}
-        levels.append(level(2 ** i, tps, **kwargs))
+        levels.append(level(2**i, tps, **kwargs))
     return levels
 
 
 # The llama.cpp capture (docs/capacity.md): 4 slots, 128 output tokens, 2 CPU cores. TTFT grows
 # with the batch before anything waits (compute-bound), then jumps when requests wait for a slot.
-LLAMACPP = dict(ttft_p50=[0.07, 0.09, 0.15, 2.4], ttft_p95=[0.08, 0.11, 0.18, 2.5],
-                e2e_p50=[1.2, 2.2, 3.3, 5.8])
+LLAMACPP = dict(
+    ttft_p50=[0.07, 0.09, 0.15, 2.4], ttft_p95=[0.08, 0.11, 0.18, 2.5], e2e_p50=[1.2, 2.2, 3.3, 5.8]
+)
 # The simulator's memory-bound profile with 8 slots: flat TTFT until the batch is full.
-MEMORY_BOUND = dict(ttft_p50=[0.006, 0.006, 0.007, 0.008, 0.2, 0.6],
-                    e2e_p50=[0.41, 0.41, 0.41, 0.42, 0.62, 1.1])
+MEMORY_BOUND = dict(
+    ttft_p50=[0.006, 0.006, 0.007, 0.008, 0.2, 0.6], e2e_p50=[0.41, 0.41, 0.41, 0.42, 0.62, 1.1]
+)
 
 CASES = [
     # name, throughput per level (1, 2, 4, ...), per-level keywords, knee, reached, reason
-    ("memory-bound: full batch at 8", [313, 622, 1243, 2478, 2522, 2525], MEMORY_BOUND, 8, True,
-     "serves 8 at once"),
-    ("memory-bound without queueing evidence", [313, 622, 1243, 2478, 2522, 2525], {}, 8, True,
-     "plateau at 8"),
-    ("compute-bound llama.cpp: 4, not 2", [107, 116, 154, 150], LLAMACPP, 4, True,
-     "serves 4 at once"),
-    ("compute-bound with the engine's waiting count", [107, 116, 154, 150],
-     LLAMACPP | {"waiting": [0.0, 0.1, 0.3, 3.9]}, 4, True, "engine queued 3.9 requests"),
+    (
+        "memory-bound: full batch at 8",
+        [313, 622, 1243, 2478, 2522, 2525],
+        MEMORY_BOUND,
+        8,
+        True,
+        "serves 8 at once",
+    ),
+    (
+        "memory-bound without queueing evidence",
+        [313, 622, 1243, 2478, 2522, 2525],
+        {},
+        8,
+        True,
+        "plateau at 8",
+    ),
+    ("compute-bound llama.cpp: 4, not 2", [107, 116, 154, 150], LLAMACPP, 4, True, "serves 4 at once"),
+    (
+        "compute-bound with the engine's waiting count",
+        [107, 116, 154, 150],
+        LLAMACPP | {"waiting": [0.0, 0.1, 0.3, 3.9]},
+        4,
+        True,
+        "engine queued 3.9 requests",
+    ),
     # measured here: 2 CPU cores, 2 threads, 64 tokens; throughput nearly flat from 1
-    ("compute-bound, flat throughput", [54.7, 57.5, 59.1, 56.8],
-     dict(ttft_p50=[0.043, 0.091, 0.193, 3.495], e2e_p50=[1.15, 2.24, 3.27, 6.85]), 4, True,
-     "serves 4 at once"),
+    (
+        "compute-bound, flat throughput",
+        [54.7, 57.5, 59.1, 56.8],
+        dict(ttft_p50=[0.043, 0.091, 0.193, 3.495], e2e_p50=[1.15, 2.24, 3.27, 6.85]),
+        4,
+        True,
+        "serves 4 at once",
+    ),
     # measured here with 1 thread: the queue keeps the batch fuller, throughput creeps up at 8
-    ("compute-bound, throughput creeping past the slots", [37.6, 37.0, 43.3, 48.6],
-     dict(ttft_p50=[0.052, 0.128, 0.315, 2.915], e2e_p50=[0.83, 1.75, 2.86, 5.41]), 4, True,
-     "queue from concurrency 8"),
-    ("TTFT tripling with the batch is not a knee", [100, 190, 360, 700, 1300, 1320],
-     dict(ttft_p50=[0.05, 0.08, 0.15, 0.3, 0.4, 1.5], e2e_p50=[2, 2, 2.2, 2.4, 2.6, 3.6]),
-     16, True, "serves 16 at once"),
-    ("prefill contention while throughput doubles is not a queue", [100, 200, 400, 800],
-     dict(ttft_p50=[0.05, 0.1, 0.8, 2.0], e2e_p50=[1.0, 1.5, 2.0, 3.0]), 8, False,
-     "still rising"),
-    ("12 slots on a 1-2-4 ladder: the engine's queue at 16", [100, 200, 400, 800, 1200, 1210],
-     dict(waiting=[0, 0, 0.1, 0.4, 3.8, 19.5], ttft_p50=[0.05, 0.05, 0.05, 0.05, 0.4, 1.3]), 8, True,
-     "queue from concurrency 16"),
+    (
+        "compute-bound, throughput creeping past the slots",
+        [37.6, 37.0, 43.3, 48.6],
+        dict(ttft_p50=[0.052, 0.128, 0.315, 2.915], e2e_p50=[0.83, 1.75, 2.86, 5.41]),
+        4,
+        True,
+        "queue from concurrency 8",
+    ),
+    (
+        "TTFT tripling with the batch is not a knee",
+        [100, 190, 360, 700, 1300, 1320],
+        dict(ttft_p50=[0.05, 0.08, 0.15, 0.3, 0.4, 1.5], e2e_p50=[2, 2, 2.2, 2.4, 2.6, 3.6]),
+        16,
+        True,
+        "serves 16 at once",
+    ),
+    (
+        "prefill contention while throughput doubles is not a queue",
+        [100, 200, 400, 800],
+        dict(ttft_p50=[0.05, 0.1, 0.8, 2.0], e2e_p50=[1.0, 1.5, 2.0, 3.0]),
+        8,
+        False,
+        "still rising",
+    ),
+    (
+        "12 slots on a 1-2-4 ladder: the engine's queue at 16",
+        [100, 200, 400, 800, 1200, 1210],
+        dict(waiting=[0, 0, 0.1, 0.4, 3.8, 19.5], ttft_p50=[0.05, 0.05, 0.05, 0.05, 0.4, 1.3]),
+        8,
+        True,
+        "queue from concurrency 16",
+    ),
     ("retrograde at 16", [100, 200, 400, 800, 1500, 1100], {}, 16, True, "plateau at 16"),
-    ("queueing before throughput flattened", [100, 200, 400, 800, 1200, 1300],
-     dict(ttft_p50=[0.05, 0.05, 0.05, 0.06, 0.2, 1.0]), 16, True, "queue from concurrency 32"),
-    ("a retrograde curve below the queue", [100, 200, 400, 300, 250],
-     dict(ttft_p50=[0.05, 0.05, 0.05, 0.06, 1.0]), 4, True, "serves 4 at once"),
-    ("a handful of 429s at 32", [100, 200, 400, 800, 1600, 3000],
-     dict(capacity_errors=[0, 0, 0, 0, 1, 20]), 16, True, "capacity errors"),
-    ("the lowest level already fails", [100, 120, 110],
-     dict(capacity_errors=[40, 60, 70]), 1, True, "lowest level already fails"),
+    (
+        "queueing before throughput flattened",
+        [100, 200, 400, 800, 1200, 1300],
+        dict(ttft_p50=[0.05, 0.05, 0.05, 0.06, 0.2, 1.0]),
+        16,
+        True,
+        "queue from concurrency 32",
+    ),
+    (
+        "a retrograde curve below the queue",
+        [100, 200, 400, 300, 250],
+        dict(ttft_p50=[0.05, 0.05, 0.05, 0.06, 1.0]),
+        4,
+        True,
+        "serves 4 at once",
+    ),
+    (
+        "a handful of 429s at 32",
+        [100, 200, 400, 800, 1600, 3000],
+        dict(capacity_errors=[0, 0, 0, 0, 1, 20]),
+        16,
+        True,
+        "capacity errors",
+    ),
+    (
+        "the lowest level already fails",
+        [100, 120, 110],
+        dict(capacity_errors=[40, 60, 70]),
+        1,
+        True,
+        "lowest level already fails",
+    ),
     ("never saturates", [100, 200, 400, 800, 1600], {}, 16, False, "still rising"),
-    ("one transient error at every level", [313, 622, 1243, 2478, 2522, 2525],
-     MEMORY_BOUND | {"errors": [0.05] * 6, "capacity_errors": [1] * 6}, 8, True,
-     "serves 8 at once"),
-    ("one transient error at every level, compute-bound", [107, 116, 154, 150],
-     LLAMACPP | {"errors": [0.05] * 4, "capacity_errors": [1] * 4}, 4, True,
-     "serves 4 at once"),
-    ("resets are not capacity errors", [107, 116, 154, 150],
-     LLAMACPP | {"errors": [0.5, 0.0, 0.0, 0.0]}, 4, True, "serves 4 at once"),
+    (
+        "one transient error at every level",
+        [313, 622, 1243, 2478, 2522, 2525],
+        MEMORY_BOUND | {"errors": [0.05] * 6, "capacity_errors": [1] * 6},
+        8,
+        True,
+        "serves 8 at once",
+    ),
+    (
+        "one transient error at every level, compute-bound",
+        [107, 116, 154, 150],
+        LLAMACPP | {"errors": [0.05] * 4, "capacity_errors": [1] * 4},
+        4,
+        True,
+        "serves 4 at once",
+    ),
+    (
+        "resets are not capacity errors",
+        [107, 116, 154, 150],
+        LLAMACPP | {"errors": [0.5, 0.0, 0.0, 0.0]},
+        4,
+        True,
+        "serves 4 at once",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, throughput, per_level, knee, reached, reason", CASES,
-                         ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "name, throughput, per_level, knee, reached, reason", CASES, ids=[c[0] for c in CASES]
+)
 def test_rule_places_knee(name, throughput, per_level, knee, reached, reason):
     result = detect_knee(ladder(throughput, **per_level))
     assert result.requests == knee, result.rule_reason
@@ -117,38 +230,45 @@ def test_the_old_latency_ratio_rule_would_have_said_2():
     assert detect_knee(levels).requests == 4
 
 
-@pytest.mark.parametrize("errors, samples, fails", [
-    (1, 20, False),   # one error is never a knee, even at 5 %
-    (2, 20, False),   # two are not a handful
-    (3, 20, True),    # three of twenty (15 %)
-    (3, 100, False),  # three of a hundred is under 5 %
-    (6, 100, True),
-])
+@pytest.mark.parametrize(
+    "errors, samples, fails",
+    [
+        (1, 20, False),  # one error is never a knee, even at 5 %
+        (2, 20, False),  # two are not a handful
+        (3, 20, True),  # three of twenty (15 %)
+        (3, 100, False),  # three of a hundred is under 5 %
+        (6, 100, True),
+    ],
+)
 def test_capacity_errors_need_a_handful_and_a_share(errors, samples, fails):
     lv = level(4, 100, capacity_errors=errors, samples=samples)
     verdict = judge_level(lv, level(1, 50))
     assert (verdict.capacity_failure is not None) == fails
 
 
-@pytest.mark.parametrize("ttft_p50, e2e_p50, waiting, queueing, strong", [
-    (0.05, 1.0, None, False, False),  # the baseline itself
-    (0.15, 1.0, None, False, False),  # +0.1 s of a 1 s request: batching, not waiting
-    (0.25, 1.0, None, True, False),   # +20 %: weak evidence
-    (0.40, 1.0, None, True, True),    # +35 %: requests wait for a slot
-    (0.05, 1.0, 0.7, False, False),   # arrivals waiting for the next step: no queue
-    (0.05, 1.0, 1.5, False, False),   # 1.5 waiting at concurrency 8 is under 20 %
-    (0.05, 1.0, 3.0, True, True),     # the engine says requests wait
-])
+@pytest.mark.parametrize(
+    "ttft_p50, e2e_p50, waiting, queueing, strong",
+    [
+        (0.05, 1.0, None, False, False),  # the baseline itself
+        (0.15, 1.0, None, False, False),  # +0.1 s of a 1 s request: batching, not waiting
+        (0.25, 1.0, None, True, False),  # +20 %: weak evidence
+        (0.40, 1.0, None, True, True),  # +35 %: requests wait for a slot
+        (0.05, 1.0, 0.7, False, False),  # arrivals waiting for the next step: no queue
+        (0.05, 1.0, 1.5, False, False),  # 1.5 waiting at concurrency 8 is under 20 %
+        (0.05, 1.0, 3.0, True, True),  # the engine says requests wait
+    ],
+)
 def test_queueing_evidence(ttft_p50, e2e_p50, waiting, queueing, strong):
-    verdict = judge_level(level(8, 100, ttft_p50=ttft_p50, e2e_p50=e2e_p50, waiting=waiting),
-                          level(1, 50, ttft_p50=0.05))
+    verdict = judge_level(
+        level(8, 100, ttft_p50=ttft_p50, e2e_p50=e2e_p50, waiting=waiting), level(1, 50, ttft_p50=0.05)
+    )
     assert (verdict.queueing is not None) == queueing
     assert verdict.strong_queueing == strong
 
 
 def test_tolerance_is_a_parameter():
     levels = ladder([100, 200, 400, 800, 830, 850])
-    assert detect_knee(levels).requests == 16          # 830 is within 5 % of 850
+    assert detect_knee(levels).requests == 16  # 830 is within 5 % of 850
     assert detect_knee(levels, KneeRule(plateau_tolerance=0.01)).requests == 32
 
 

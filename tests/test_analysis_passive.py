@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from collector.analysis.passive import passive_curve
-from collector.analysis.synthetic import closed_loop_rows
 from collector.store.db import RequestStore
+from collector.store.synthetic import closed_loop_rows
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,9 @@ def test_thin_data_has_low_confidence():
 def test_from_store_with_window_model_and_source_filters(tmp_path, traffic):
     store = RequestStore(tmp_path / "log.duckdb")
     other = closed_loop_rows(slots=2, levels=(4,), seconds_per_level=40, model="other", seed=1)
-    probe = closed_loop_rows(slots=2, levels=(4,), seconds_per_level=40, source="probe",
-                             run_id="probe-x", seed=2)
+    probe = closed_loop_rows(
+        slots=2, levels=(4,), seconds_per_level=40, source="probe", run_id="probe-x", seed=2
+    )
     store.insert_rows(traffic + other + probe)
     since = traffic[0]["admitted_at"]
     curve = passive_curve(store, "requests", since, since + timedelta(hours=1), model="synthetic")

@@ -43,9 +43,17 @@ def locked_db(tmp_path):
     """A DuckDB file a second process holds open read-write, as a running sidecar would."""
     path = tmp_path / "held.duckdb"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
-         "print('ready', flush=True); sys.stdin.read()", str(path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys; c = duckdb.connect(sys.argv[1]); "
+            "print('ready', flush=True); sys.stdin.read()",
+            str(path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         yield path
@@ -67,19 +75,26 @@ def test_capacity_curve_missing_db_says_which_file(tmp_path):
 
 
 def test_capacity_curve_not_a_duckdb_file(not_duckdb):
-    _one_clear_error(run("capacity", "curve", "--db", str(not_duckdb)), str(not_duckdb),
-                     "not a valid DuckDB", "pass a DuckDB file")
+    _one_clear_error(
+        run("capacity", "curve", "--db", str(not_duckdb)),
+        str(not_duckdb),
+        "not a valid DuckDB",
+        "pass a DuckDB file",
+    )
 
 
+@pytest.mark.subprocess
 def test_capacity_curve_on_a_held_db_says_who_to_ask(locked_db):
-    _one_clear_error(run("capacity", "curve", "--db", str(locked_db)), str(locked_db), "holds it",
-                     "/v1/query/curve")
+    _one_clear_error(
+        run("capacity", "curve", "--db", str(locked_db)), str(locked_db), "holds it", "/v1/query/curve"
+    )
 
 
 def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
     _one_clear_error(run("report", "--db", str(not_duckdb)), str(not_duckdb), "sidecar or store wrote")
 
 
+@pytest.mark.subprocess
 def test_report_on_a_held_db_points_at_the_store(locked_db):
     _one_clear_error(run("report", "--db", str(locked_db)), str(locked_db), "--store-url")
 
@@ -89,10 +104,13 @@ def test_report_unreachable_store_names_the_url_and_what_to_check():
     _one_clear_error(run("report", "--store-url", url, "--token", "t"), url, "headroom store` is running")
 
 
-@pytest.mark.parametrize("args, hint", [
-    (["--url", "127.0.0.1:9100"], "--url"),
-    (["--url", "http://127.0.0.1:9100", "--store-url", "store:9200"], "--store-url"),
-])
+@pytest.mark.parametrize(
+    "args, hint",
+    [
+        (["--url", "127.0.0.1:9100"], "--url"),
+        (["--url", "http://127.0.0.1:9100", "--store-url", "store:9200"], "--store-url"),
+    ],
+)
 def test_probe_url_without_scheme_is_a_usage_error(args, hint):
     _one_clear_error(run("probe", *args), hint, "is not an http(s) URL", "http://127.0.0.1:", code=2)
 
@@ -103,6 +121,7 @@ def test_probe_db_that_is_not_duckdb_is_not_blamed_on_a_sidecar(not_duckdb):
     assert "sidecar owns" not in result.output
 
 
+@pytest.mark.subprocess
 def test_probe_db_held_by_a_sidecar_suggests_the_store(locked_db):
     result = run("probe", "--url", f"http://127.0.0.1:{_closed_port()}", "--db", str(locked_db))
     _one_clear_error(result, str(locked_db), "--store-url")
@@ -127,13 +146,16 @@ def test_store_with_a_bad_db_leaves_no_token_file_behind(tmp_path, not_duckdb, m
     assert not list(not_duckdb.parent.glob("*.token"))
 
 
+@pytest.mark.subprocess
 def test_store_with_a_held_db_says_only_one_process(locked_db):
     result = run("store", "--db", str(locked_db), "--listen", f"127.0.0.1:{_closed_port()}", "--token", "t")
     _one_clear_error(result, str(locked_db), "only one process may own it")
 
 
 def test_dashboards_push_url_without_scheme(tmp_path):
-    result = run("dashboards", "push", "--grafana-url", "grafana:3000", "--token", "t", "--dir", str(tmp_path))
+    result = run(
+        "dashboards", "push", "--grafana-url", "grafana:3000", "--token", "t", "--dir", str(tmp_path)
+    )
     _one_clear_error(result, "--grafana-url", "'grafana:3000'", "http://grafana:3000", code=2)
 
 
@@ -162,16 +184,28 @@ def test_generate_into_an_unwritable_place(tmp_path, group):
 
 def test_probe_unwritable_json_path_after_the_run(tmp_path):
     """The run's estimate is printed, then one error line names the path it could not write."""
-    from collector.serving import serve_in_thread
     from test_probe_fake import TOKENS, fake_app
+
+    from collector.serving import serve_in_thread
 
     server = serve_in_thread(fake_app(slots=2))
     try:
         blocker = tmp_path / "a-file"
         blocker.write_text("x")
         bad = blocker / "cap.json"
-        result = run("probe", "--url", server.url, "--levels", "1,2,4", "--max-tokens", str(TOKENS),
-                     "--max-samples", "12", "--json", str(bad))
+        result = run(
+            "probe",
+            "--url",
+            server.url,
+            "--levels",
+            "1,2,4",
+            "--max-tokens",
+            str(TOKENS),
+            "--max-samples",
+            "12",
+            "--json",
+            str(bad),
+        )
     finally:
         server.stop()
     _one_clear_error(result, str(blocker), "the estimate is printed above")
@@ -182,18 +216,32 @@ def test_demo_unwritable_json_prints_the_summary_then_one_error(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     bad = blocker / "demo.json"
-    result = run("demo", "--levels", "1,2", "--level-seconds", "0.6", "--speed", "8",
-                 "--db", str(tmp_path / "demo.duckdb"), "--json", str(bad))
+    result = run(
+        "demo",
+        "--levels",
+        "1,2",
+        "--level-seconds",
+        "0.6",
+        "--speed",
+        "8",
+        "--db",
+        str(tmp_path / "demo.duckdb"),
+        "--json",
+        str(bad),
+    )
     _one_clear_error(result, str(bad), "the summary is printed above")
     assert "Where things live" in result.output and str(bad) not in result.output.split("Error:")[0]
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["demo", "--levels", "1,x"], ["--levels", "'1,x'", "e.g. 1,2,4,8"]),
-    (["demo", "--speed", "0"], ["--speed", "must be positive"]),
-    (["demo", "--level-seconds", "0.1"], ["--level-seconds", "0.10 s"]),
-    (["probe", "--url", "http://127.0.0.1:9100", "--levels", "0"], ["--levels", "'0'", "positive"]),
-])
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["demo", "--levels", "1,x"], ["--levels", "'1,x'", "e.g. 1,2,4,8"]),
+        (["demo", "--speed", "0"], ["--speed", "must be positive"]),
+        (["demo", "--level-seconds", "0.1"], ["--level-seconds", "0.10 s"]),
+        (["probe", "--url", "http://127.0.0.1:9100", "--levels", "0"], ["--levels", "'0'", "positive"]),
+    ],
+)
 def test_bad_option_values_name_the_option(args, fragments):
     _one_clear_error(run(*args), *fragments, code=2)
 
@@ -203,5 +251,10 @@ def test_capacity_curve_bad_time_names_the_option(tmp_path):
 
     db = tmp_path / "log.duckdb"
     RequestStore(db).close()
-    _one_clear_error(run("capacity", "curve", "--db", str(db), "--until", "tomorrow"),
-                     "--until", "'tomorrow'", "ISO time", code=2)
+    _one_clear_error(
+        run("capacity", "curve", "--db", str(db), "--until", "tomorrow"),
+        "--until",
+        "'tomorrow'",
+        "ISO time",
+        code=2,
+    )

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from collector.cli import main
 from collector.sim.cost import predicted_knee
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +30,22 @@ def demo_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     db, summary_path = out / "demo.duckdb", out / "summary.json"
     started = time.monotonic()
-    result = CliRunner().invoke(main, ["demo", "--speed", "8", "--levels", "1,4,16,32",
-                                       "--level-seconds", "1.2", "--db", str(db),
-                                       "--json", str(summary_path)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "demo",
+            "--speed",
+            "8",
+            "--levels",
+            "1,4,16,32",
+            "--level-seconds",
+            "1.2",
+            "--db",
+            str(db),
+            "--json",
+            str(summary_path),
+        ],
+    )
     elapsed = time.monotonic() - started
     assert result.exit_code == 0, result.output + repr(result.exception)
     return result.output, json.loads(summary_path.read_text()), db, elapsed
@@ -47,9 +60,17 @@ def _direct(db: Path, level: dict) -> dict:
             "quantile_cont(ttft_s, 0.95) FILTER (WHERE outcome = 'ok'), "
             "quantile_cont(ttft_s, 0.99) FILTER (WHERE outcome = 'ok'), "
             "quantile_cont(tpot_s, 0.95) FILTER (WHERE outcome = 'ok') "
-            "FROM requests WHERE admitted_at >= ? AND admitted_at < ?", [start, stop]).fetchone()
-    return {"requests": count, "rate_limited": limited, "ttft_p50_s": p50, "ttft_p95_s": p95,
-            "ttft_p99_s": p99, "tpot_p95_s": tpot95}
+            "FROM requests WHERE admitted_at >= ? AND admitted_at < ?",
+            [start, stop],
+        ).fetchone()
+    return {
+        "requests": count,
+        "rate_limited": limited,
+        "ttft_p50_s": p50,
+        "ttft_p95_s": p95,
+        "ttft_p99_s": p99,
+        "tpot_p95_s": tpot95,
+    }
 
 
 def test_demo_numbers_equal_a_direct_query_of_its_database(demo_run):
@@ -70,20 +91,20 @@ def test_demo_numbers_equal_a_direct_query_of_its_database(demo_run):
 def test_demo_crosses_the_knee_and_reports_both_calibers(demo_run):
     output, summary, db, _ = demo_run
     levels = {level["concurrency"]: level for level in summary["levels"]}
-    assert levels[32]["ttft_p95_s"] > 2 * levels[1]["ttft_p95_s"]     # past max_num_seqs=16
+    assert levels[32]["ttft_p95_s"] > 2 * levels[1]["ttft_p95_s"]  # past max_num_seqs=16
     calibers = summary["calibers"]
     assert calibers["peak_inflight"] >= 16
-    assert calibers["peak_active_tokens"] > 10 * calibers["peak_inflight"]   # tokens >> requests
-    assert calibers["per_level_peaks"]["32"]["engine_waiting"] > 0         # engine scrape reached us
+    assert calibers["peak_active_tokens"] > 10 * calibers["peak_inflight"]  # tokens >> requests
+    assert calibers["per_level_peaks"]["32"]["engine_waiting"] > 0  # engine scrape reached us
     assert "active tokens" in output and "in-flight requests" in output
     capacity = summary["capacity"]
     with duckdb.connect(str(db), read_only=True) as con:
         longest, output_tokens = con.execute(
             "SELECT max(prompt_tokens), max(completion_tokens) FROM requests WHERE outcome = 'ok'"
         ).fetchone()
-    sim = summary["sim"]   # the simulator's own model, for the longest request the demo sent
+    sim = summary["sim"]  # the simulator's own model, for the longest request the demo sent
     predicted = predicted_knee(sim["max_num_seqs"], sim["kv_cache_tokens"], 16, longest, output_tokens)
-    assert predicted == sim["max_num_seqs"] == 16          # the demo's KV cache never binds first
+    assert predicted == sim["max_num_seqs"] == 16  # the demo's KV cache never binds first
     ladder = max(level for level in levels if level <= predicted)
     assert capacity is not None and capacity["knee"]["requests"] == ladder, (predicted, capacity)
     assert 1 <= capacity["recommended_pool"] <= capacity["knee"]["requests"]
@@ -102,16 +123,18 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
     headroom = Path(sys.executable).parent / "headroom"
     db = tmp_path / "interrupted.duckdb"
     # TTY_* make rich draw its live progress into the pipe, as it would on a terminal
-    process = subprocess.Popen([str(headroom), "demo", "--speed", "8", "--level-seconds", "20",
-                                "--db", str(db)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1", "TTY_COMPATIBLE": "1",
-                                                 "TTY_INTERACTIVE": "1"},
-                               # a background job inherits SIGINT ignored; Ctrl-C must reach it
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        [str(headroom), "demo", "--speed", "8", "--level-seconds", "20", "--db", str(db)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=os.environ | {"PYTHONUNBUFFERED": "1", "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"},
+        # a background job inherits SIGINT ignored; Ctrl-C must reach it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         seen = b""
-        while not re.search(rb"in-flight +[1-9]", seen):      # progress: load is in flight
-            chunk = os.read(process.stderr.fileno(), 4096)   # bounded by the pytest timeout
+        while not re.search(rb"in-flight +[1-9]", seen):  # progress: load is in flight
+            chunk = os.read(process.stderr.fileno(), 4096)  # bounded by the pytest timeout
             assert chunk, f"demo ended before showing load in flight: {seen[-500:]!r}"
             seen += chunk
         process.send_signal(signal.SIGINT)
@@ -121,7 +144,7 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
             process.kill()
     assert process.returncode == 130, stderr.decode()
     assert b"interrupted: stopped cleanly" in stderr and b"Traceback" not in stderr
-    with duckdb.connect(str(db), read_only=True) as con:   # the file is closed and readable
+    with duckdb.connect(str(db), read_only=True) as con:  # the file is closed and readable
         rows = con.execute("SELECT count(*) FROM requests").fetchone()[0]
     assert rows > 0, "requests sent before Ctrl-C must be in the log"
 
@@ -129,14 +152,28 @@ def test_ctrl_c_stops_the_demo_cleanly(tmp_path):
 @pytest.mark.timeout(90)
 def test_keep_serving_exposes_the_capacity_gauges_until_ctrl_c(tmp_path):
     headroom = Path(sys.executable).parent / "headroom"
-    process = subprocess.Popen([str(headroom), "demo", "--speed", "8", "--levels", "1,8,32",
-                                "--level-seconds", "0.8", "--db", str(tmp_path / "k.duckdb"),
-                                "--keep-serving"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        [
+            str(headroom),
+            "demo",
+            "--speed",
+            "8",
+            "--levels",
+            "1,8,32",
+            "--level-seconds",
+            "0.8",
+            "--db",
+            str(tmp_path / "k.duckdb"),
+            "--keep-serving",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=os.environ | {"PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         lines = []
-        for raw in process.stdout:                      # bounded: the demo ends its load by itself
+        for raw in process.stdout:  # bounded: the demo ends its load by itself
             lines.append(raw.decode())
             if "keep serving until Ctrl-C" in lines[-1]:
                 break
@@ -158,13 +195,20 @@ def test_default_demo_finishes_within_90_seconds(tmp_path):
     one-command promise: it must end by itself, exit 0 and print its summary within 90 s."""
     headroom = Path(sys.executable).parent / "headroom"
     started = time.monotonic()
-    result = subprocess.run([str(headroom), "demo", "--db", str(tmp_path / "default.duckdb")],
-                            capture_output=True, timeout=140, env=os.environ | {"COLUMNS": "200"})
+    result = subprocess.run(
+        [str(headroom), "demo", "--db", str(tmp_path / "default.duckdb")],
+        capture_output=True,
+        timeout=140,
+        env=os.environ | {"COLUMNS": "200"},
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     assert elapsed < 90, f"default demo took {elapsed:.1f} s"
     assert b"knee at 16 requests" in result.stdout, result.stdout.decode()[-2000:]
     # no terminal: progress still shows, one line per level, in the order the ladder runs
-    progress = [line.split()[1] for line in result.stderr.decode().splitlines()
-                if line.startswith("concurrency") and "done (" in line]
+    progress = [
+        line.split()[1]
+        for line in result.stderr.decode().splitlines()
+        if line.startswith("concurrency") and "done (" in line
+    ]
     assert progress == ["1", "2", "4", "8", "16", "32", "64"], result.stderr.decode()[-2000:]

@@ -22,6 +22,8 @@ from click.testing import CliRunner
 
 from collector.cli import main
 
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("docs/operations.md", "README.md")
 HEADROOM_IMAGE = "llm-headroom"
@@ -32,8 +34,11 @@ _COMMAND = re.compile(r"(?<![\w./-])headroom((?:\s+[^\s|;&#`)]+)*)")
 
 def _compose_lines() -> list[tuple[str, list[str]]]:
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-    return [(f"docker-compose.yml:{name}", [str(word) for word in service["command"]])
-            for name, service in services.items() if HEADROOM_IMAGE in service.get("image", "")]
+    return [
+        (f"docker-compose.yml:{name}", [str(word) for word in service["command"]])
+        for name, service in services.items()
+        if HEADROOM_IMAGE in service.get("image", "")
+    ]
 
 
 def _kubernetes_lines() -> list[tuple[str, list[str]]]:
@@ -87,8 +92,7 @@ def _unknown_flags(words: list[str]) -> list[str]:
     path, command = _resolve(words)
     params = command.get_params(click.Context(command, info_name=path[-1]))  # includes -h/--help
     options = {opt for param in params for opt in (*param.opts, *param.secondary_opts)}
-    return [flag for word in words if word.startswith("--")
-            if (flag := word.split("=", 1)[0]) not in options]
+    return [flag for word in words if word.startswith("--") if (flag := word.split("=", 1)[0]) not in options]
 
 
 @pytest.fixture(scope="module")
@@ -109,15 +113,21 @@ def test_docs_and_deployments_contain_headroom_commands():
     assert len([1 for where, _ in _doc_lines() if where.startswith("docs/operations.md")]) >= 5
 
 
-@pytest.mark.parametrize(("where", "words"), _compose_lines() + _kubernetes_lines() + _doc_lines(),
-                         ids=lambda value: value if isinstance(value, str) else "")
+@pytest.mark.parametrize(
+    ("where", "words"),
+    _compose_lines() + _kubernetes_lines() + _doc_lines(),
+    ids=lambda value: value if isinstance(value, str) else "",
+)
 def test_command_line_is_a_real_headroom_command(where, words, listed_subcommands):
-    assert words and words[0] in listed_subcommands, \
+    assert words and words[0] in listed_subcommands, (
         f"{where}: `{words[0] if words else ''}` is not listed by `headroom --help`"
+    )
     path, command = _resolve(words)
     result = CliRunner().invoke(main, [*path, "--help"])
     assert result.exit_code == 0, f"{where}: `headroom {' '.join(path)} --help` failed:\n{result.output}"
-    assert "not built yet" not in " ".join(result.output.split()), f"{where}: `headroom {path[0]}` is not built yet"
+    assert "not built yet" not in " ".join(result.output.split()), (
+        f"{where}: `headroom {path[0]}` is not built yet"
+    )
     unknown = _unknown_flags(words)
     assert not unknown, f"{where}: `headroom {' '.join(path)}` has no option {unknown}"
 
@@ -128,9 +138,12 @@ def test_unknown_flags_are_caught():
 
 
 def test_the_extractor_finds_continued_and_inline_commands():
-    markdown = ("Run `headroom report --since 7d` weekly; not llm-headroom nor headroom_metric.\n"
-                "```bash\nHEADROOM_TOKEN=x headroom run \\\n  --upstream http://e:8000\n"
-                "pip install llm-headroom\n```\n")
-    found = [shlex.split(_COMMAND.search(code).group(1)) for code in _code_in(markdown)
-             if _COMMAND.search(code)]
+    markdown = (
+        "Run `headroom report --since 7d` weekly; not llm-headroom nor headroom_metric.\n"
+        "```bash\nHEADROOM_TOKEN=x headroom run \\\n  --upstream http://e:8000\n"
+        "pip install llm-headroom\n```\n"
+    )
+    found = [
+        shlex.split(_COMMAND.search(code).group(1)) for code in _code_in(markdown) if _COMMAND.search(code)
+    ]
     assert found == [["run", "--upstream", "http://e:8000"], ["report", "--since", "7d"]]

@@ -17,8 +17,9 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 ALWAYS_ON = sorted(name for name, service in SERVICES.items() if not service.get("profiles"))
 PROMETHEUS = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-DATASOURCES = yaml.safe_load(
-    (ROOT / "deploy/grafana/provisioning/datasources/headroom.yml").read_text())["datasources"]
+DATASOURCES = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/headroom.yml").read_text())[
+    "datasources"
+]
 SECRET_NAME = re.compile(r"TOKEN|PASSWORD|SECRET|API_KEY", re.IGNORECASE)
 DATASOURCE_UID = "headroom-prometheus"
 
@@ -87,8 +88,9 @@ def test_secrets_come_from_the_environment_never_literal():
     for name, service in SERVICES.items():
         for key, value in (service.get("environment") or {}).items():
             if SECRET_NAME.search(key):
-                assert re.fullmatch(r"\$\{[A-Z_]+:[?-][^}]*\}", str(value)), \
+                assert re.fullmatch(r"\$\{[A-Z_]+:[?-][^}]*\}", str(value)), (
                     f"{name}.{key} must be an ${{VAR:?...}} reference, not a value"
+                )
     text = (ROOT / "docker-compose.yml").read_text()
     assert "${HEADROOM_TOKEN:?" in text, "the store token must be required from the environment"
     assert "--token" not in text, "a token on the command line is visible in `ps`; use the env"
@@ -105,8 +107,11 @@ def test_dockerfile_copies_only_what_exists_and_is_not_ignored():
     import fnmatch
     import tomllib
 
-    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     copies = re.findall(r"^COPY (?!--from)(.+) \S+$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
     sources = [source for line in copies for source in line.split()]
     assert "pyproject.toml" in sources and "collector" in sources
@@ -114,8 +119,9 @@ def test_dockerfile_copies_only_what_exists_and_is_not_ignored():
     assert any(fnmatch.fnmatch(readme, source) for source in sources), f"{readme} is not copied"
     for source in sources:
         assert "*" in source or (ROOT / source).exists(), f"the Dockerfile copies missing {source}"
-        assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), \
+        assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), (
             f".dockerignore hides {source} from the build"
+        )
 
 
 def test_prometheus_scrapes_the_sidecar_and_store_where_compose_serves_them():
@@ -166,8 +172,11 @@ def _dashboard_datasource_uids() -> set[str]:
 
     for path in sorted((ROOT / "dashboards").glob("*.json")):
         board = json.loads(path.read_text())
-        variables = {v["name"]: v["current"]["value"] for v in board.get("templating", {}).get("list", [])
-                     if v.get("type") == "datasource"}
+        variables = {
+            v["name"]: v["current"]["value"]
+            for v in board.get("templating", {}).get("list", [])
+            if v.get("type") == "datasource"
+        }
         walk(board, variables)
     return uids
 
@@ -196,12 +205,21 @@ def _compose_plugin_works() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _compose_plugin_works(),
-                    reason="the Docker compose plugin is not installed here (only the docker client)")
+@pytest.mark.subprocess
+@pytest.mark.skipif(
+    not _compose_plugin_works(),
+    reason="the Docker compose plugin is not installed here (only the docker client)",
+)
 def test_docker_compose_config_accepts_the_file():
     env = os.environ | {"HEADROOM_TOKEN": "x" * 32, "GRAFANA_ADMIN_PASSWORD": "y" * 16}
-    result = subprocess.run(["docker", "compose", "--profile", "vllm", "--profile", "dcgm", "config", "-q"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["docker", "compose", "--profile", "vllm", "--profile", "dcgm", "config", "-q"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,8 +29,9 @@ def test_promtool_check_config_passes_with_the_generated_rules(tmp_path):
     promtool = require_tool("promtool")
     assert (ROOT / "alerts").is_dir(), "alerts/ is missing: run `headroom alerts generate`"
     config = _mounted_layout(tmp_path)
-    result = subprocess.run([promtool, "check", "config", str(config)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "config", str(config)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     found = re.search(r"SUCCESS: (\d+) rule files found", output)
@@ -47,8 +47,12 @@ def test_promtool_rejects_the_config_when_a_rule_file_is_broken(tmp_path):
     pattern = yaml.safe_load(PROMETHEUS_YML.read_text())["rule_files"][0]
     broken = tmp_path / pattern.replace("*", "broken")
     broken.write_text("groups:\n  - name: x\n    rules:\n      - alert: Bad\n        expr: rate(\n")
-    result = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
 
 
@@ -58,7 +62,8 @@ def test_amtool_check_config_passes_for_the_mounted_alertmanager_config():
         "alerts/alertmanager.yml is missing: docker-compose.yml mounts it into Alertmanager; "
         "generate it with `headroom alerts generate`"
     )
-    result = subprocess.run([amtool, "check-config", str(ALERTMANAGER_YML)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [amtool, "check-config", str(ALERTMANAGER_YML)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout

@@ -7,8 +7,12 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [doc for path in sorted((ROOT / "deploy/kubernetes").glob("*.yaml"))
-             for doc in yaml.safe_load_all(path.read_text()) if doc]
+DOCUMENTS = [
+    doc
+    for path in sorted((ROOT / "deploy/kubernetes").glob("*.yaml"))
+    for doc in yaml.safe_load_all(path.read_text())
+    if doc
+]
 
 
 def _find(kind: str, name: str) -> dict:

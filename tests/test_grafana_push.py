@@ -38,7 +38,7 @@ class FakeGrafana:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def __enter__(self) -> "FakeGrafana":
+    def __enter__(self) -> FakeGrafana:
         self.thread.start()
         return self
 
@@ -63,10 +63,17 @@ class FakeGrafana:
         return status, {"message": message}
 
     def _create_folder(self, body: dict | None) -> tuple[int, object]:
-        if not isinstance(body, dict) or not isinstance(body.get("title"), str) or set(body) - {"title", "uid", "parentUid"}:
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("title"), str)
+            or set(body) - {"title", "uid", "parentUid"}
+        ):
             return self._violation(400, f"folder body {body!r} is not {{title, uid?, parentUid?}}")
-        folder = {"id": len(self.folders) + 1, "uid": body.get("uid") or f"gen{len(self.folders)}",
-                  "title": body["title"]}
+        folder = {
+            "id": len(self.folders) + 1,
+            "uid": body.get("uid") or f"gen{len(self.folders)}",
+            "title": body["title"],
+        }
         self.folders.append(folder)
         return 200, folder
 
@@ -84,8 +91,14 @@ class FakeGrafana:
             return 412, {"message": "A dashboard with the same uid already exists", "status": "name-exists"}
         version = self.dashboards.get(board["uid"], {}).get("version", 0) + 1
         self.dashboards[board["uid"]] = {"dashboard": board, "folderUid": folder_uid, "version": version}
-        return 200, {"id": len(self.dashboards), "uid": board["uid"], "status": "success", "version": version,
-                     "url": f"/d/{board['uid']}/x", "slug": "x"}
+        return 200, {
+            "id": len(self.dashboards),
+            "uid": board["uid"],
+            "status": "success",
+            "version": version,
+            "url": f"/d/{board['uid']}/x",
+            "slug": "x",
+        }
 
     def _handler(self):
         grafana = self
@@ -131,7 +144,11 @@ def test_push_creates_folder_then_uploads_every_dashboard_with_datasource_uid():
     assert calls[:2] == [("GET", "/api/folders"), ("POST", "/api/folders")]
     assert calls[2:] == [("POST", "/api/dashboards/db")] * 3
     assert {a["status"] for a in answers} == {"success"}
-    assert set(grafana.dashboards) == {"headroom-capacity-overview", "headroom-tenants", "headroom-capacity-review"}
+    assert set(grafana.dashboards) == {
+        "headroom-capacity-overview",
+        "headroom-tenants",
+        "headroom-capacity-review",
+    }
     for saved in grafana.dashboards.values():
         assert saved["folderUid"] == "llm-headroom"
         variable = next(v for v in saved["dashboard"]["templating"]["list"] if v["type"] == "datasource")
@@ -153,10 +170,32 @@ def test_push_reuses_an_existing_folder_and_overwrites():
 def test_cli_push_uploads_and_a_bad_token_is_a_readable_error():
     runner = CliRunner()
     with FakeGrafana() as grafana:
-        ok = runner.invoke(main, ["dashboards", "push", "--grafana-url", grafana.url, "--token", TOKEN,
-                                  "--dir", str(ROOT / "dashboards")])
-        bad = runner.invoke(main, ["dashboards", "push", "--grafana-url", grafana.url, "--token", "wrong",
-                                   "--dir", str(ROOT / "dashboards")])
+        ok = runner.invoke(
+            main,
+            [
+                "dashboards",
+                "push",
+                "--grafana-url",
+                grafana.url,
+                "--token",
+                TOKEN,
+                "--dir",
+                str(ROOT / "dashboards"),
+            ],
+        )
+        bad = runner.invoke(
+            main,
+            [
+                "dashboards",
+                "push",
+                "--grafana-url",
+                grafana.url,
+                "--token",
+                "wrong",
+                "--dir",
+                str(ROOT / "dashboards"),
+            ],
+        )
     assert ok.exit_code == 0, ok.output
     assert ok.output.count("pushed llm-headroom /") == 3
     assert bad.exit_code != 0 and "refused GET /api/folders" in bad.output and "token" in bad.output
@@ -164,6 +203,17 @@ def test_cli_push_uploads_and_a_bad_token_is_a_readable_error():
 
 
 def test_cli_push_names_an_empty_directory(tmp_path):
-    result = CliRunner().invoke(main, ["dashboards", "push", "--grafana-url", "http://127.0.0.1:9",
-                                       "--token", TOKEN, "--dir", str(tmp_path)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "dashboards",
+            "push",
+            "--grafana-url",
+            "http://127.0.0.1:9",
+            "--token",
+            TOKEN,
+            "--dir",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code != 0 and "headroom dashboards generate" in result.output

@@ -41,10 +41,16 @@ MAY_BE_EMPTY_RECORDS = {
     R.GPU_UTILIZATION: "no GPU here: NVML is unavailable, so headroom_gpu_utilization_ratio has no series",
 }
 MAY_BE_EMPTY_PANELS = {
-    ("headroom-capacity-overview", "GPU utilisation against tokens/s", "A"):
-        "no GPU here: headroom_gpu_utilization_ratio has no series",
-    ("headroom-capacity-review", "Tokens/s this week vs last week", "B"):
-        "`offset 7d` needs a week of history",
+    (
+        "headroom-capacity-overview",
+        "GPU utilisation against tokens/s",
+        "A",
+    ): "no GPU here: headroom_gpu_utilization_ratio has no series",
+    (
+        "headroom-capacity-review",
+        "Tokens/s this week vs last week",
+        "B",
+    ): "`offset 7d` needs a week of history",
 }
 
 
@@ -59,8 +65,10 @@ class Webhook:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 webhook.notifications.append((self.path, body))
-                if any(a["labels"].get("alertname") == webhook.alertname and a["status"] == "firing"
-                       for a in body.get("alerts", ())):
+                if any(
+                    a["labels"].get("alertname") == webhook.alertname and a["status"] == "firing"
+                    for a in body.get("alerts", ())
+                ):
                     webhook.delivered.set()
                 self.send_response(200)
                 self.end_headers()
@@ -85,9 +93,12 @@ def prometheus_config(sidecar: str, prometheus: str, alertmanager: str, unused: 
     if DEPLOY_CONFIG.is_file():
         config = yaml.safe_load(DEPLOY_CONFIG.read_text())
     else:
-        config = {"rule_files": ["alerts/*.rules.yaml"], "global": {},
-                  "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["x"]}]}]},
-                  "scrape_configs": [{"job_name": DEFAULT.sidecar_job, "static_configs": [{"targets": ["x"]}]}]}
+        config = {
+            "rule_files": ["alerts/*.rules.yaml"],
+            "global": {},
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["x"]}]}]},
+            "scrape_configs": [{"job_name": DEFAULT.sidecar_job, "static_configs": [{"targets": ["x"]}]}],
+        }
     config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
     for manager in config["alerting"]["alertmanagers"]:
         manager["static_configs"] = [{"targets": [alertmanager]}]
@@ -168,14 +179,25 @@ def stack(tmp_path):
     handles, processes, closers = [], [], []
     try:
         # Short prompts knee at max_num_seqs (tests/test_sim_knee.py): the estimate the test exports.
-        sim = serve_in_thread(create_sim_app(SimConfig(model=MODEL, max_num_seqs=KNEE_REQUESTS, max_waiting=8,
-                                                       speed=4.0, stream_interval=4)))
+        sim = serve_in_thread(
+            create_sim_app(
+                SimConfig(
+                    model=MODEL, max_num_seqs=KNEE_REQUESTS, max_waiting=8, speed=4.0, stream_interval=4
+                )
+            )
+        )
         handles.append(sim)
         store = RequestStore(str(tmp_path / "log.duckdb"))
         closers.append(store.close)
         # wired as `headroom run` does: engine source and GPU behind one scrape-health collector
-        config = SidecarConfig(upstream=sim.url, db_path=None, instance="sidecar-it", engine="vllm",
-                               engine_metrics_url=f"{sim.url}/metrics", engine_poll_interval_s=0.5)
+        config = SidecarConfig(
+            upstream=sim.url,
+            db_path=None,
+            instance="sidecar-it",
+            engine="vllm",
+            engine_metrics_url=f"{sim.url}/metrics",
+            engine_poll_interval_s=0.5,
+        )
         app = build_sidecar(config, log_sink=store)
         app.state.capacity.replace([PublishedCapacity(MODEL, knee_requests=KNEE_REQUESTS, knee_tokens=2000,
                                                       slo_max_requests=3, slo_max_tokens=1500, recommended_pool=3)])
@@ -185,25 +207,54 @@ def stack(tmp_path):
         closers.append(webhook.close)
 
         am_port, prom_port = free_port(), free_port()
-        twin = Receivers(page_url=f"{webhook.url}/page", ticket_url=f"{webhook.url}/ticket",
-                         group_wait="1s", group_interval="1s")
+        twin = Receivers(
+            page_url=f"{webhook.url}/page",
+            ticket_url=f"{webhook.url}/ticket",
+            group_wait="1s",
+            group_interval="1s",
+        )
         (tmp_path / "alertmanager.yml").write_text(render_yaml(alertmanager_config(twin), "alerts generate"))
-        processes.append(_start([alertmanager_bin, f"--config.file={tmp_path / 'alertmanager.yml'}",
-                                 f"--storage.path={tmp_path / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
-                                 "--cluster.listen-address="],
-                                f"http://127.0.0.1:{am_port}/-/ready", tmp_path / "alertmanager.log"))
+        processes.append(
+            _start(
+                [
+                    alertmanager_bin,
+                    f"--config.file={tmp_path / 'alertmanager.yml'}",
+                    f"--storage.path={tmp_path / 'am'}",
+                    f"--web.listen-address=127.0.0.1:{am_port}",
+                    "--cluster.listen-address=",
+                ],
+                f"http://127.0.0.1:{am_port}/-/ready",
+                tmp_path / "alertmanager.log",
+            )
+        )
 
         fast = dataclasses.replace(DEFAULT, for_durations={name: "3s" for name in DEFAULT.for_durations})
         write_files(rule_files(fast), tmp_path / "alerts")
-        prom_config = prometheus_config(f"127.0.0.1:{sidecar.port}", f"127.0.0.1:{prom_port}",
-                                        f"127.0.0.1:{am_port}", f"127.0.0.1:{free_port()}")
+        prom_config = prometheus_config(
+            f"127.0.0.1:{sidecar.port}",
+            f"127.0.0.1:{prom_port}",
+            f"127.0.0.1:{am_port}",
+            f"127.0.0.1:{free_port()}",
+        )
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
-        processes.append(_start([prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                f"http://127.0.0.1:{prom_port}/-/ready", tmp_path / "prometheus.log"))
-        yield {"prometheus": f"http://127.0.0.1:{prom_port}", "sidecar": sidecar.url, "webhook": webhook,
-               "tmp": tmp_path}
+        processes.append(
+            _start(
+                [
+                    prometheus_bin,
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                f"http://127.0.0.1:{prom_port}/-/ready",
+                tmp_path / "prometheus.log",
+            )
+        )
+        yield {
+            "prometheus": f"http://127.0.0.1:{prom_port}",
+            "sidecar": sidecar.url,
+            "webhook": webhook,
+            "tmp": tmp_path,
+        }
     finally:
         for process in processes:
             process.terminate()
@@ -220,8 +271,11 @@ def stack(tmp_path):
 def _recorded_series() -> list[str]:
     """One selector per recording rule: its name plus the labels it sets (quantile="0.95", ...)."""
     groups = yaml.safe_load(rule_files()["headroom-recording.rules.yaml"])["groups"]
-    return [rule["record"] + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(rule.get("labels", {}).items())) + "}"
-            for group in groups for rule in group["rules"]]
+    return [
+        rule["record"] + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(rule.get("labels", {}).items())) + "}"
+        for group in groups
+        for rule in group["rules"]
+    ]
 
 
 def _empty(prometheus: str, queries: dict) -> dict:
@@ -233,16 +287,26 @@ def test_rules_and_dashboards_on_a_real_prometheus_and_alert_delivery(stack):
     _wait(lambda: _query(prometheus, f'up{{job="{DEFAULT.sidecar_job}"}} == 1'), 30, "the sidecar scrape")
     light = Load(stack["sidecar"], concurrency=1)
     try:
-        below = _wait(lambda: _query(prometheus, f'{R.KNEE_RATIO}{{caliber="requests"}}'), 30, "the knee ratio")
+        below = _wait(
+            lambda: _query(prometheus, f'{R.KNEE_RATIO}{{caliber="requests"}}'), 30, "the knee ratio"
+        )
         assert float(below[0]["value"][1]) < DEFAULT.knee_warning_ratio
-        assert not _query(prometheus, 'ALERTS{alertname="HeadroomConcurrencyNearKnee"}'), "fired below the knee"
+        assert not _query(prometheus, 'ALERTS{alertname="HeadroomConcurrencyNearKnee"}'), (
+            "fired below the knee"
+        )
     finally:
         light.close()
     load = Load(stack["sidecar"], concurrency=16)
     try:
-        firing = _wait(lambda: _query(prometheus, 'ALERTS{alertname="HeadroomConcurrencyNearKnee",'
-                                                  'alertstate="firing",caliber="requests"}'),
-                       90, "HeadroomConcurrencyNearKnee to fire in Prometheus", 1.0)
+        firing = _wait(
+            lambda: _query(
+                prometheus,
+                'ALERTS{alertname="HeadroomConcurrencyNearKnee",alertstate="firing",caliber="requests"}',
+            ),
+            90,
+            "HeadroomConcurrencyNearKnee to fire in Prometheus",
+            1.0,
+        )
         assert firing[0]["metric"]["model"] == MODEL and firing[0]["metric"]["severity"] == "warning"
         assert webhook.delivered.wait(60), f"Alertmanager delivered nothing; got {webhook.notifications}"
 
@@ -256,9 +320,14 @@ def test_rules_and_dashboards_on_a_real_prometheus_and_alert_delivery(stack):
     finally:
         load.close()
 
-    path, notification = next((p, n) for p, n in webhook.notifications
-                              if any(a["labels"]["alertname"] == "HeadroomConcurrencyNearKnee" for a in n["alerts"]))
-    alert = next(a for a in notification["alerts"] if a["labels"]["alertname"] == "HeadroomConcurrencyNearKnee")
+    path, notification = next(
+        (p, n)
+        for p, n in webhook.notifications
+        if any(a["labels"]["alertname"] == "HeadroomConcurrencyNearKnee" for a in n["alerts"])
+    )
+    alert = next(
+        a for a in notification["alerts"] if a["labels"]["alertname"] == "HeadroomConcurrencyNearKnee"
+    )
     assert path == "/ticket" and notification["receiver"] == "ticket"
     assert notification["groupLabels"] == {"alertname": "HeadroomConcurrencyNearKnee", "model": MODEL}
     assert alert["annotations"]["runbook_url"].endswith("#headroomconcurrencynearknee")

@@ -8,7 +8,7 @@ any-two composite mutes the signals it counts.
 from __future__ import annotations
 
 import subprocess
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -26,12 +26,24 @@ def alertmanager(tmp_path):
     binary = require_tool("prometheus-alertmanager")
     webhook = Webhook("HeadroomKVCacheExhausted")
     port = free_port()
-    twin = Receivers(page_url=f"{webhook.url}/page", ticket_url=f"{webhook.url}/ticket",
-                     group_wait="1s", group_interval="1s")
+    twin = Receivers(
+        page_url=f"{webhook.url}/page",
+        ticket_url=f"{webhook.url}/ticket",
+        group_wait="1s",
+        group_interval="1s",
+    )
     (tmp_path / "am.yml").write_text(render_yaml(alertmanager_config(twin), "alerts generate"))
-    process = _start([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'data'}",
-                      f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                     f"http://127.0.0.1:{port}/-/ready", tmp_path / "am.log")
+    process = _start(
+        [
+            binary,
+            f"--config.file={tmp_path / 'am.yml'}",
+            f"--storage.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        f"http://127.0.0.1:{port}/-/ready",
+        tmp_path / "am.log",
+    )
     try:
         yield f"http://127.0.0.1:{port}", webhook
     finally:
@@ -44,9 +56,13 @@ def alertmanager(tmp_path):
 
 
 def _alert(**labels: str) -> dict:
-    now = datetime.now(timezone.utc)
-    return {"labels": labels, "annotations": {"summary": labels["alertname"]},
-            "startsAt": now.isoformat(), "endsAt": (now + timedelta(minutes=5)).isoformat()}
+    now = datetime.now(UTC)
+    return {
+        "labels": labels,
+        "annotations": {"summary": labels["alertname"]},
+        "startsAt": now.isoformat(),
+        "endsAt": (now + timedelta(minutes=5)).isoformat(),
+    }
 
 
 def _states(url: str) -> dict[str, dict]:
@@ -60,24 +76,38 @@ def test_critical_mutes_its_warning_and_the_composite_mutes_its_signals(alertman
         _alert(alertname="HeadroomKVCacheExhausted", severity="critical", family="kv_cache", model="m"),
         _alert(alertname="HeadroomKVCacheNearFull", severity="warning", family="kv_cache", model="m"),
         _alert(alertname="HeadroomNearCapacityLimit", severity="critical", component="capacity", model="m"),
-        _alert(alertname="HeadroomQueueNotDraining", severity="warning", signal="queue_not_draining", model="m"),
-        _alert(alertname="HeadroomQueueNotDraining", severity="warning", signal="queue_not_draining", model="other"),
+        _alert(
+            alertname="HeadroomQueueNotDraining", severity="warning", signal="queue_not_draining", model="m"
+        ),
+        _alert(
+            alertname="HeadroomQueueNotDraining",
+            severity="warning",
+            signal="queue_not_draining",
+            model="other",
+        ),
     ]
     assert httpx.post(f"{url}/api/v2/alerts", json=alerts, timeout=5).status_code == 200
     assert webhook.delivered.wait(30), "the critical KV alert was not paged"
     _wait(lambda: _states(url).get("HeadroomKVCacheNearFull", {}).get("inhibitedBy"), 20, "inhibition")
     alerts_now = httpx.get(f"{url}/api/v2/alerts", timeout=5).json()
-    muted = {(a["labels"]["alertname"], a["labels"]["model"]) for a in alerts_now if a["status"]["inhibitedBy"]}
+    muted = {
+        (a["labels"]["alertname"], a["labels"]["model"]) for a in alerts_now if a["status"]["inhibitedBy"]
+    }
     assert muted == {("HeadroomKVCacheNearFull", "m"), ("HeadroomQueueNotDraining", "m")}
 
     def delivered() -> set[tuple[str, str, str]]:
-        return {(path, a["labels"]["alertname"], a["labels"]["model"])
-                for path, body in webhook.notifications for a in body["alerts"]}
+        return {
+            (path, a["labels"]["alertname"], a["labels"]["model"])
+            for path, body in webhook.notifications
+            for a in body["alerts"]
+        }
 
     # The unmuted ticket was posted with the muted ones: once it is in, a wrongly routed one would be too.
     _wait(lambda: ("/ticket", "HeadroomQueueNotDraining", "other") in delivered(), 20, "the unmuted ticket")
     delivered = delivered()
     assert ("/page", "HeadroomKVCacheExhausted", "m") in delivered
     assert ("/page", "HeadroomNearCapacityLimit", "m") in delivered
-    assert ("/ticket", "HeadroomQueueNotDraining", "other") in delivered, "a signal of another model is not muted"
+    assert ("/ticket", "HeadroomQueueNotDraining", "other") in delivered, (
+        "a signal of another model is not muted"
+    )
     assert not {d for d in delivered if d[1:] in muted}, f"muted alerts were delivered: {delivered}"

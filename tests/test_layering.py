@@ -17,14 +17,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = ROOT / "collector"
 
-# package -> the packages it may import. Root modules that hold no wiring (catalog, record, sse,
-# timewin, serving, upstream, the version) are open to every package; entry points (cli, demo) to none.
+# package -> the packages it may import. Root modules that hold no wiring (catalog, record, tokens,
+# inflight, sse, timewin, serving, upstream, the version) are open to every package; entry points
+# (cli, demo) to none.
 ALLOWED: dict[str, set[str]] = {
     "sources": set(),
     "store": set(),
     "rules": set(),
     "analysis": {"store", "sources"},
-    "report": {"store"},
+    "report": {"store", "analysis"},
     "sim": {"analysis"},
     "dashboards": {"rules"},
     "alerts": {"rules"},
@@ -32,7 +33,18 @@ ALLOWED: dict[str, set[str]] = {
     "sidecar": {"store", "sources", "analysis", "report"},
     "backtest": {"sim", "alerts", "rules", "store"},
 }
-FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream"}
+FOUNDATION = {
+    "__init__",
+    "catalog",
+    "record",
+    "tokens",
+    "inflight",
+    "sse",
+    "timewin",
+    "serving",
+    "upstream",
+    "tasks",
+}
 ENTRY_POINTS = {"cli", "demo"}
 
 
@@ -60,8 +72,10 @@ def _imported(tree: ast.Module) -> list[tuple[int, str]]:
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
-            found.extend((node.lineno, f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
-                         for alias in node.names)
+            found.extend(
+                (node.lineno, f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+                for alias in node.names
+            )
     return found
 
 
@@ -89,8 +103,12 @@ EDGES = _edges()
 
 
 def test_imports_are_absolute():
-    relative = [f"{module}:{node.lineno}" for module, tree in MODULES.items() for node in ast.walk(tree)
-                if isinstance(node, ast.ImportFrom) and node.level]
+    relative = [
+        f"{module}:{node.lineno}"
+        for module, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level
+    ]
     assert not relative, "write `from collector.x import y`, so this test can follow every import"
 
 
@@ -106,22 +124,37 @@ def test_every_package_is_in_the_table():
     assert packages == set(ALLOWED), "add the new package to ALLOWED here and in docs/design.md"
 
 
+def test_every_root_module_is_a_foundation_or_an_entry_point():
+    roots = {path.stem for path in PACKAGE_DIR.glob("*.py")}
+    assert roots == FOUNDATION | ENTRY_POINTS, "name the new root module in FOUNDATION or ENTRY_POINTS"
+
+
 def test_packages_import_only_what_the_table_allows():
-    wrong = [where for (source, target), places in sorted(EDGES.items()) if source in ALLOWED
-             and target in ALLOWED and target not in ALLOWED[source] for where in places]
+    wrong = [
+        where
+        for (source, target), places in sorted(EDGES.items())
+        if source in ALLOWED and target in ALLOWED and target not in ALLOWED[source]
+        for where in places
+    ]
     assert not wrong, "imports against the layering (docs/design.md, 'Package layout'):\n" + "\n".join(wrong)
 
 
 def test_packages_import_no_entry_point_and_foundations_import_no_package():
-    wrong = [where for (source, target), places in sorted(EDGES.items())
-             if (source in ALLOWED and target in ENTRY_POINTS)
-             or (source in FOUNDATION and (target in ALLOWED or target in ENTRY_POINTS)) for where in places]
+    wrong = [
+        where
+        for (source, target), places in sorted(EDGES.items())
+        if (source in ALLOWED and target in ENTRY_POINTS)
+        or (source in FOUNDATION and (target in ALLOWED or target in ENTRY_POINTS))
+        for where in places
+    ]
     assert not wrong, "\n".join(wrong)
 
 
 def test_no_import_cycle_between_packages():
-    graph = {area: {target for (source, target) in EDGES if source == area and target in ALLOWED}
-             for area in ALLOWED}
+    graph = {
+        area: {target for (source, target) in EDGES if source == area and target in ALLOWED}
+        for area in ALLOWED
+    }
     try:
         tuple(TopologicalSorter(graph).static_order())
     except CycleError as exc:

@@ -29,8 +29,12 @@ PROMPT_TOKENS, WORDS = 11, ("Hello", " there", " friend")
 
 
 def _chunk(delta: dict, usage: dict | None = None) -> bytes:
-    body = {"id": "c1", "object": "chat.completion.chunk", "model": MODEL,
-            "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": None}]}
+    body = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": MODEL,
+        "choices": [] if usage else [{"index": 0, "delta": delta, "finish_reason": None}],
+    }
     if usage:
         body["usage"] = usage
     return b"data: " + json.dumps(body).encode() + b"\n\n"
@@ -51,8 +55,14 @@ def _fake_upstream() -> FastAPI:
                 await asyncio.sleep(0.03)
                 yield _chunk({"content": word})
             if body.get("stream_options", {}).get("include_usage"):
-                yield _chunk({}, usage={"prompt_tokens": PROMPT_TOKENS, "completion_tokens": len(WORDS),
-                                        "total_tokens": PROMPT_TOKENS + len(WORDS)})
+                yield _chunk(
+                    {},
+                    usage={
+                        "prompt_tokens": PROMPT_TOKENS,
+                        "completion_tokens": len(WORDS),
+                        "total_tokens": PROMPT_TOKENS + len(WORDS),
+                    },
+                )
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -74,8 +84,12 @@ def _run_requests(upstream_url: str, row_sinks, store: RequestStore | None, mode
     try:
         with httpx.Client(base_url=sidecar.url, timeout=30) as client:
             for model in models:
-                payload = {"model": model, "stream": True, "max_tokens": 16,
-                           "messages": [{"role": "user", "content": "hi"}]}
+                payload = {
+                    "model": model,
+                    "stream": True,
+                    "max_tokens": 16,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
                 with client.stream("POST", "/v1/chat/completions", json=payload) as response:
                     response.read()
     finally:
@@ -138,9 +152,14 @@ def otel_object_counter(monkeypatch) -> list[str]:
 
         monkeypatch.setattr(cls, method, wrapper)
 
-    for cls, method in ((sdk.Tracer, "start_span"), (sdk.ReadableSpan, "__init__"),
-                        (sdk.TracerProvider, "__init__"), (api.NoOpTracer, "start_span"),
-                        (api.ProxyTracer, "start_span"), (api.NonRecordingSpan, "__init__")):
+    for cls, method in (
+        (sdk.Tracer, "start_span"),
+        (sdk.ReadableSpan, "__init__"),
+        (sdk.TracerProvider, "__init__"),
+        (api.NoOpTracer, "start_span"),
+        (api.ProxyTracer, "start_span"),
+        (api.NonRecordingSpan, "__init__"),
+    ):
         counting(cls, method)
     return created
 
@@ -181,14 +200,22 @@ def test_otlp_endpoint_flag_exports_spans_over_otlp_http(upstream):
     received, arrived = [], threading.Event()
     collector = serve_in_thread(_fake_otlp_collector(received, arrived))
     try:
-        config = SidecarConfig(upstream=upstream.url, db_path=None, instance="otlp-test",
-                               engine="none", otlp_endpoint=collector.url)
+        config = SidecarConfig(
+            upstream=upstream.url,
+            db_path=None,
+            instance="otlp-test",
+            engine="none",
+            otlp_endpoint=collector.url,
+        )
         sidecar = serve_in_thread(build_sidecar(config))
         try:
             with httpx.Client(base_url=sidecar.url, timeout=30) as client:
                 for _ in range(2):
-                    payload = {"model": MODEL, "stream": True,
-                               "messages": [{"role": "user", "content": "hi"}]}
+                    payload = {
+                        "model": MODEL,
+                        "stream": True,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    }
                     client.post("/v1/chat/completions", json=payload).raise_for_status()
         finally:
             sidecar.stop()  # shutdown flushes the BatchSpanProcessor
@@ -203,7 +230,8 @@ def test_otlp_endpoint_flag_exports_spans_over_otlp_http(upstream):
 
 
 def test_headroom_run_without_otlp_creates_no_opentelemetry_object_per_request(
-        upstream, otel_object_counter, tmp_path, monkeypatch):
+    upstream, otel_object_counter, tmp_path, monkeypatch
+):
     """The path `headroom run` takes (CLI -> build_sidecar), with no flag and no OTEL_* variable."""
     from click.testing import CliRunner
 
@@ -219,14 +247,22 @@ def test_headroom_run_without_otlp_creates_no_opentelemetry_object_per_request(
         try:
             with httpx.Client(base_url=sidecar.url, timeout=30) as client:
                 for _ in range(5):
-                    client.post("/v1/chat/completions", json={
-                        "model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+                    client.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": MODEL,
+                            "stream": True,
+                            "messages": [{"role": "user", "content": "hi"}],
+                        },
+                    )
         finally:
             sidecar.stop()
 
     monkeypatch.setattr("uvicorn.run", serve)
-    result = CliRunner().invoke(cli.run, ["--upstream", upstream.url, "--engine", "none", "--no-jobs",
-                                          "--db", str(tmp_path / "h.duckdb")])
+    result = CliRunner().invoke(
+        cli.run,
+        ["--upstream", upstream.url, "--engine", "none", "--no-jobs", "--db", str(tmp_path / "h.duckdb")],
+    )
     assert result.exit_code == 0, result.output
     assert built["app"].state.config.otlp_endpoint is None
     assert otel_object_counter == []
@@ -242,10 +278,14 @@ def test_the_standard_otel_variable_turns_spans_on_through_the_cli(upstream, mon
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
     made = []
-    monkeypatch.setattr("collector.sidecar.wiring.OtelSink",
-                        lambda **kw: made.append(kw) or RealSink(exporter=InMemorySpanExporter()))
+    monkeypatch.setattr(
+        "collector.sidecar.wiring.OtelSink",
+        lambda **kw: made.append(kw) or RealSink(exporter=InMemorySpanExporter()),
+    )
     monkeypatch.setattr("uvicorn.run", lambda app, **_: None)
-    result = CliRunner().invoke(cli.run, ["--upstream", upstream.url, "--engine", "none", "--no-jobs",
-                                          "--db", str(tmp_path / "h.duckdb")])
+    result = CliRunner().invoke(
+        cli.run,
+        ["--upstream", upstream.url, "--engine", "none", "--no-jobs", "--db", str(tmp_path / "h.duckdb")],
+    )
     assert result.exit_code == 0, result.output
     assert made == [{"endpoint": "http://127.0.0.1:4318", "upstream": upstream.url}]

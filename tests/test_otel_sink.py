@@ -1,33 +1,48 @@
-"""OtelSink on row dicts: span name, GenAI attributes, timestamps, error type, endpoint handling."""
+"""OtelSink on request records: span name, GenAI attributes, timestamps, error type, endpoint handling."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from collector.record import RequestRecord
 from collector.sidecar.otel import FIRST_TOKEN_EVENT, OtelSink, span_attributes, traces_url
-from collector.store.schema import COLUMN_NAMES
 
-T0 = datetime(2026, 3, 2, 10, 0, 0, 123456, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 10, 0, 0, 123456, tzinfo=UTC)
 T0_NS = 1772445600_123456_000
 
 
-def _row(**overrides) -> dict:
-    row = dict.fromkeys(COLUMN_NAMES)
-    row.update(
-        request_id="r-1", source="traffic", instance="sidecar-a", model="llama-3-8b", tenant="team-a",
-        endpoint="/v1/chat/completions", stream=True, admitted_at=T0,
-        first_byte_at=T0 + timedelta(milliseconds=100), first_token_at=T0 + timedelta(milliseconds=250),
-        completed_at=T0 + timedelta(seconds=2, microseconds=7), status_code=200, outcome="ok",
-        prompt_tokens=42, cached_prompt_tokens=16, completion_tokens=17, max_tokens=64,
-        usage_source="upstream", ttft_s=0.25, tpot_s=0.1, e2e_s=2.000007,
-        inflight_at_admit=3, active_tokens_at_admit=300,
+def _row(**overrides) -> RequestRecord:
+    row = dict(
+        request_id="r-1",
+        source="traffic",
+        instance="sidecar-a",
+        model="llama-3-8b",
+        tenant="team-a",
+        endpoint="/v1/chat/completions",
+        stream=True,
+        admitted_at=T0,
+        first_byte_at=T0 + timedelta(milliseconds=100),
+        first_token_at=T0 + timedelta(milliseconds=250),
+        completed_at=T0 + timedelta(seconds=2, microseconds=7),
+        status_code=200,
+        outcome="ok",
+        prompt_tokens=42,
+        cached_prompt_tokens=16,
+        completion_tokens=17,
+        max_tokens=64,
+        usage_source="upstream",
+        ttft_s=0.25,
+        tpot_s=0.1,
+        e2e_s=2.000007,
+        inflight_at_admit=3,
+        active_tokens_at_admit=300,
     )
     row.update(overrides)
-    return row
+    return RequestRecord(**row)
 
 
 @pytest.fixture
@@ -75,8 +90,14 @@ def test_completions_endpoint_is_text_completion():
 
 
 def test_failed_request_carries_error_type_and_error_status(exporter):
-    row = _row(status_code=429, outcome="rate_limited", error="upstream 429", first_token_at=None,
-               completion_tokens=0, ttft_s=None)
+    row = _row(
+        status_code=429,
+        outcome="rate_limited",
+        error="upstream 429",
+        first_token_at=None,
+        completion_tokens=0,
+        ttft_s=None,
+    )
     span = _one_span(exporter, row)
     assert span.attributes["error.type"] == "rate_limited"
     assert span.attributes["http.response.status_code"] == 429
@@ -99,11 +120,14 @@ def test_a_broken_row_is_counted_not_raised(exporter):
     assert (sink.spans_emitted, sink.spans_failed) == (0, 1)
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    ("http://collector:4318", "http://collector:4318/v1/traces"),
-    ("http://collector:4318/", "http://collector:4318/v1/traces"),
-    ("https://otlp.example/custom/traces", "https://otlp.example/custom/traces"),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://collector:4318", "http://collector:4318/v1/traces"),
+        ("http://collector:4318/", "http://collector:4318/v1/traces"),
+        ("https://otlp.example/custom/traces", "https://otlp.example/custom/traces"),
+    ],
+)
 def test_traces_url(given, expected):
     assert traces_url(given) == expected
 

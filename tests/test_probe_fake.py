@@ -11,6 +11,7 @@ import time
 import orjson
 import pytest
 from click.testing import CliRunner
+from conftest import free_port
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from PIL import Image
@@ -20,14 +21,14 @@ from collector.cli import main
 from collector.serving import serve_in_thread
 from collector.store.db import RequestStore
 from collector.store.schema import COLUMN_NAMES
-from conftest import free_port
 
 TOKEN_DELAY_S = 0.012
 TOKENS = 8
 
 
-def fake_app(slots: int = 4, reject_every: int = 0, api_key: str | None = None,
-             stall_s: float = 0.0) -> FastAPI:
+def fake_app(
+    slots: int = 4, reject_every: int = 0, api_key: str | None = None, stall_s: float = 0.0
+) -> FastAPI:
     """OpenAI-ish server with `slots` concurrent streams; every `reject_every`-th request gets 429;
     with `api_key`, requests without that bearer token get 401."""
     app = FastAPI()
@@ -93,8 +94,9 @@ def serve():
 
 
 def quick(url: str, **overrides) -> ProbeSettings:
-    options = dict(url=url, levels=(1, 2, 4, 8), max_tokens=TOKENS, min_samples=6,
-                   max_samples=40, max_level_s=10.0)
+    options = dict(
+        url=url, levels=(1, 2, 4, 8), max_tokens=TOKENS, min_samples=6, max_samples=40, max_level_s=10.0
+    )
     return ProbeSettings(**(options | overrides))
 
 
@@ -134,15 +136,17 @@ async def test_saturated_server_stops_early_and_says_why(serve):
     server = serve(fake_app(reject_every=1))  # every request is refused
     result = await run_probe(quick(server.url))
     assert [lv.concurrency for lv in result.levels] == [1]
-    assert "saturated" in result.stopped_early and "3 capacity errors (429/503/timeouts) in 3" in result.stopped_early
+    assert (
+        "saturated" in result.stopped_early
+        and "3 capacity errors (429/503/timeouts) in 3" in result.stopped_early
+    )
     assert requests_sent(server) <= 8  # gave up after a handful
 
 
 async def test_api_key_is_sent_and_never_stored(serve):
     server = serve(fake_app(slots=8, api_key="sk-secret"))
     written: list[dict] = []
-    result = await run_probe(quick(server.url, levels=(1,), api_key="sk-secret"),
-                             write_rows=written.extend)
+    result = await run_probe(quick(server.url, levels=(1,), api_key="sk-secret"), write_rows=written.extend)
     assert result.levels[0].stats.error_ratio == 0
     headers = server.server.config.app.state.last_headers
     assert headers["x-tenant-id"] == "headroom-probe" and headers["x-headroom-run-id"] == result.run_id
@@ -180,11 +184,30 @@ def test_cli_dead_url_exits_non_zero():
 def test_cli_writes_json_plot_and_request_log(serve, tmp_path):
     server = serve(fake_app(slots=4))
     paths = {name: tmp_path / name for name in ("cap.json", "cap.png", "log.duckdb")}
-    result = CliRunner().invoke(main, [
-        "probe", "--url", server.url, "--levels", "1,2,4,8", "--max-tokens", str(TOKENS),
-        "--max-samples", "30", "--slo-ttft-p95", "0.05", "--profile", "interactive",
-        "--json", str(paths["cap.json"]), "--plot", str(paths["cap.png"]),
-        "--db", str(paths["log.duckdb"])])
+    result = CliRunner().invoke(
+        main,
+        [
+            "probe",
+            "--url",
+            server.url,
+            "--levels",
+            "1,2,4,8",
+            "--max-tokens",
+            str(TOKENS),
+            "--max-samples",
+            "30",
+            "--slo-ttft-p95",
+            "0.05",
+            "--profile",
+            "interactive",
+            "--json",
+            str(paths["cap.json"]),
+            "--plot",
+            str(paths["cap.png"]),
+            "--db",
+            str(paths["log.duckdb"]),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "knee: 4 requests" in result.output and "recommended pool (interactive): 2" in result.output
     data = json.loads(paths["cap.json"].read_text())
@@ -195,8 +218,9 @@ def test_cli_writes_json_plot_and_request_log(serve, tmp_path):
     page = (tmp_path / "cap.html").read_text()
     assert "data:image/png;base64," in page and "<table>" in page
     store = RequestStore(paths["log.duckdb"])
-    assert store.query("SELECT count(*), min(source), max(source), count(DISTINCT run_id) "
-                       "FROM requests")[0][1:] == ("probe", "probe", 1)
+    assert store.query("SELECT count(*), min(source), max(source), count(DISTINCT run_id) FROM requests")[0][
+        1:
+    ] == ("probe", "probe", 1)
     assert store.query("SELECT knee_requests FROM capacity_estimates")[0][0] == 4
     store.close()
 
@@ -215,9 +239,24 @@ def test_cli_ships_rows_to_a_store_service(serve, tmp_path):
     store = RequestStore(tmp_path / "service.duckdb")
     store_server = serve(create_store_app(store, "probe-token"))
     server = serve(fake_app(slots=8))
-    result = CliRunner().invoke(main, [
-        "probe", "--url", server.url, "--levels", "1,2", "--max-tokens", str(TOKENS),
-        "--max-samples", "12", "--store-url", store_server.url, "--store-token", "probe-token"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "probe",
+            "--url",
+            server.url,
+            "--levels",
+            "1,2",
+            "--max-tokens",
+            str(TOKENS),
+            "--max-samples",
+            "12",
+            "--store-url",
+            store_server.url,
+            "--store-token",
+            "probe-token",
+        ],
+    )
     assert result.exit_code == 0, result.output
     shipped = store.query("SELECT count(*), min(source), count(DISTINCT run_id) FROM requests")[0]
     assert shipped == (requests_sent(server), "probe", 1)

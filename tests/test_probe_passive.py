@@ -18,12 +18,14 @@ from datetime import UTC, datetime
 
 import aiohttp
 import pytest
+from support.processes import headroom_process, sim_process
+from test_probe_sim import OUTPUT_TOKENS, probe_sim
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.store.db import RequestStore
-from conftest import headroom_process, sim_process
-from test_probe_sim import OUTPUT_TOKENS, probe_sim
+
+pytestmark = pytest.mark.subprocess
 
 STAGES = (2, 4, 8, 16, 32)
 STAGE_S = 2.5
@@ -31,13 +33,29 @@ STAGE_S = 2.5
 
 def sidecar_process(upstream: str, db_path):
     """`headroom run` in front of `upstream`, writing rows to db_path; stopped with SIGTERM."""
-    return headroom_process("run", "--upstream", upstream, "--db", str(db_path), "--engine", "none",
-                            "--no-jobs", "--instance", "test", health="/healthz")
+    return headroom_process(
+        "run",
+        "--upstream",
+        upstream,
+        "--db",
+        str(db_path),
+        "--engine",
+        "none",
+        "--no-jobs",
+        "--instance",
+        "test",
+        health="/healthz",
+    )
 
 
 async def _user(session, url, stop_at, rng):
-    body = {"model": "headroom-sim", "max_tokens": OUTPUT_TOKENS, "ignore_eos": True, "stream": True,
-            "messages": [{"role": "user", "content": "Count from one to five."}]}
+    body = {
+        "model": "headroom-sim",
+        "max_tokens": OUTPUT_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Count from one to five."}],
+    }
     while time.monotonic() < stop_at:
         async with session.post(f"{url}/v1/chat/completions", json=body) as response:
             await response.read()
@@ -77,8 +95,16 @@ def test_passive_knee_from_sidecar_traffic_agrees_with_the_probe(tmp_path):
         store.close()
     assert probe_knee.requests == 8
     knee = curve.knee
-    table = [(b.concurrency, b.samples, curve.windows_per_bucket.get(b.concurrency),
-              round(b.total_tokens_per_s), b.ttft_p95_s) for b in curve.buckets]
+    table = [
+        (
+            b.concurrency,
+            b.samples,
+            curve.windows_per_bucket.get(b.concurrency),
+            round(b.total_tokens_per_s),
+            b.ttft_p95_s,
+        )
+        for b in curve.buckets
+    ]
     assert knee is not None and knee.reached, table
     assert abs(math.log2(knee.requests) - math.log2(probe_knee.requests)) <= 1, (knee, table)
     assert curve.confidence in ("low", "medium", "high") and curve.confidence_reason

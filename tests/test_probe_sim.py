@@ -15,12 +15,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from support.processes import sim_process
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.analysis.slo import Slo
 from collector.sim.cost import predicted_knee
-from conftest import sim_process
+
+pytestmark = pytest.mark.subprocess
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 OUTPUT_TOKENS = 16
@@ -41,9 +43,19 @@ def ladder_level(knee: int, levels=LEVELS) -> int:
 
 
 async def probe_sim(url: str, prompts: str = "short", levels=LEVELS, **overrides):
-    settings = ProbeSettings(url=url, levels=levels, max_tokens=OUTPUT_TOKENS, prompts=prompts,
-                             warmup_per_worker=1, min_samples=2, drift_window=2, max_samples=48,
-                             max_level_s=8.0, saturation_ttft_factor=5.0, **overrides)
+    settings = ProbeSettings(
+        url=url,
+        levels=levels,
+        max_tokens=OUTPUT_TOKENS,
+        prompts=prompts,
+        warmup_per_worker=1,
+        min_samples=2,
+        drift_window=2,
+        max_samples=48,
+        max_level_s=8.0,
+        saturation_ttft_factor=5.0,
+        **overrides,
+    )
     return await run_probe(settings)
 
 
@@ -63,11 +75,9 @@ SWEEP = [
     ("cpu-seqs2", dict(max_num_seqs=2, seed=21, cost_profile="cpu"), "short"),
     ("cpu-seqs3", dict(max_num_seqs=3, seed=22, cost_profile="cpu"), "short"),
     ("cpu-seqs4", dict(max_num_seqs=4, seed=23, cost_profile="cpu"), "short"),
-    ("cpu-seqs6-llamacpp", dict(max_num_seqs=6, seed=24, cost_profile="cpu", flavor="llamacpp"),
-     "short"),
+    ("cpu-seqs6-llamacpp", dict(max_num_seqs=6, seed=24, cost_profile="cpu", flavor="llamacpp"), "short"),
     ("cpu-seqs8", dict(max_num_seqs=8, seed=25, cost_profile="cpu"), "short"),
-    ("cpu-kv3", dict(max_num_seqs=8, kv_cache_tokens=42 * BLOCK, seed=26, cost_profile="cpu"),
-     "medium"),
+    ("cpu-kv3", dict(max_num_seqs=8, kv_cache_tokens=42 * BLOCK, seed=26, cost_profile="cpu"), "medium"),
 ]
 
 
@@ -79,11 +89,13 @@ def test_knee_matches_the_simulators_model(name, flags, prompts, tmp_path):
         result = asyncio.run(probe_sim(url, prompt_spec))
     rows = [row for level in result.levels for row in level.rows]
     prompt_tokens = max(row["prompt_tokens"] for row in rows)
-    predicted = predicted_knee(flags["max_num_seqs"], flags.get("kv_cache_tokens", 65536), BLOCK,
-                               prompt_tokens, OUTPUT_TOKENS)
+    predicted = predicted_knee(
+        flags["max_num_seqs"], flags.get("kv_cache_tokens", 65536), BLOCK, prompt_tokens, OUTPUT_TOKENS
+    )
     knee = detect_knee([level.stats for level in result.levels])
-    table = [(lv.concurrency, round(lv.stats.total_tokens_per_s), lv.stats.ttft_p95_s)
-             for lv in result.levels]
+    table = [
+        (lv.concurrency, round(lv.stats.total_tokens_per_s), lv.stats.ttft_p95_s) for lv in result.levels
+    ]
     assert knee.requests == ladder_level(predicted), (name, predicted, knee, table)
     assert knee.reached
     if name == "seqs8":

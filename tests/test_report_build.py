@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -12,7 +12,7 @@ from collector.report.collect import collect_inputs
 from collector.store.db import RequestStore
 from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 
-UTC = timezone.utc
+UTC = UTC
 WEEK = timedelta(days=7)
 WEEK2 = datetime(2026, 11, 23, tzinfo=UTC)
 WEEK1 = WEEK2 - WEEK
@@ -37,36 +37,55 @@ def report(store):
 
 
 def _sql(store, sql, model, since=WEEK2):
-    return store.query(sql + " FROM requests WHERE source = 'traffic' AND model = ? AND admitted_at >= ? "
-                       "AND admitted_at < ?", [model, since, since + WEEK])[0]
+    return store.query(
+        sql + " FROM requests WHERE source = 'traffic' AND model = ? AND admitted_at >= ? "
+        "AND admitted_at < ?",
+        [model, since, since + WEEK],
+    )[0]
 
 
 def test_report_figures_equal_direct_sql(store, report):
     assert [m["model"] for m in report["models"]] == list(MODELS)
     for m in report["models"]:
         model = m["model"]
-        n, prompt, completion, peak_r, peak_t = _sql(store, "SELECT count(*), sum(prompt_tokens), "
-                                                     "sum(completion_tokens), max(inflight_at_admit), "
-                                                     "max(active_tokens_at_admit)", model)
-        assert (m["traffic"]["requests"], m["traffic"]["prompt_tokens"], m["traffic"]["completion_tokens"]) == \
-            (n, prompt, completion)
+        n, prompt, completion, peak_r, peak_t = _sql(
+            store,
+            "SELECT count(*), sum(prompt_tokens), "
+            "sum(completion_tokens), max(inflight_at_admit), "
+            "max(active_tokens_at_admit)",
+            model,
+        )
+        assert (
+            m["traffic"]["requests"],
+            m["traffic"]["prompt_tokens"],
+            m["traffic"]["completion_tokens"],
+        ) == (n, prompt, completion)
         assert (m["concurrency"]["peak_requests"], m["concurrency"]["peak_tokens"]) == (peak_r, peak_t)
         for metric in ("ttft_s", "tpot_s", "e2e_s"):
             expected = _sql(store, f"SELECT quantile_cont({metric}, [0.5, 0.95, 0.99])", model)[0]
             got = [m["latency"][metric][k] for k in ("p50", "p95", "p99")]
             assert got == pytest.approx(expected, rel=1e-12), metric
-        limited, errors = _sql(store, "SELECT avg((outcome = 'rate_limited')::INT), "
-                               "avg((outcome IN ('upstream_error', 'timeout'))::INT)", model)
+        limited, errors = _sql(
+            store,
+            "SELECT avg((outcome = 'rate_limited')::INT), "
+            "avg((outcome IN ('upstream_error', 'timeout'))::INT)",
+            model,
+        )
         assert m["outcomes"]["rate_limited_ratio"] == pytest.approx(limited)
         assert m["outcomes"]["error_ratio"] == pytest.approx(errors)
-        tenants = store.query("SELECT tenant, sum(prompt_tokens + completion_tokens) AS t FROM requests "
-                              "WHERE source = 'traffic' AND model = ? AND admitted_at >= ? GROUP BY tenant "
-                              "ORDER BY t DESC, tenant", [model, WEEK2])
+        tenants = store.query(
+            "SELECT tenant, sum(prompt_tokens + completion_tokens) AS t FROM requests "
+            "WHERE source = 'traffic' AND model = ? AND admitted_at >= ? GROUP BY tenant "
+            "ORDER BY t DESC, tenant",
+            [model, WEEK2],
+        )
         assert [(t["tenant"], t["tokens"]) for t in m["top_tenants"]] == [(a, int(b)) for a, b in tenants]
         buckets = store.query(
             "SELECT CASE WHEN inflight_at_admit < 1.5 THEN 1 ELSE CAST(pow(2, round(log2(inflight_at_admit))) "
             "AS BIGINT) END AS b, count(*), quantile_cont(ttft_s, 0.95) FROM requests WHERE source = 'traffic' "
-            "AND model = ? AND admitted_at >= ? GROUP BY b ORDER BY b", [model, WEEK2])
+            "AND model = ? AND admitted_at >= ? GROUP BY b ORDER BY b",
+            [model, WEEK2],
+        )
         assert [(c["bucket"], c["n"]) for c in m["curve"]] == [(b, n) for b, n, _ in buckets]
         assert [c["ttft_p95_s"] for c in m["curve"]] == pytest.approx([p for _, _, p in buckets], rel=1e-12)
 

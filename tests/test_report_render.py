@@ -26,10 +26,21 @@ def db_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("report") / "h.duckdb"
     store = RequestStore(path)
     now = utc_now()
-    store.insert_rows(synthetic_rows(400, now - timedelta(days=13), span=timedelta(days=6), prefix="old",
-                                     models=("model-a", "model-b")))
-    store.insert_rows(synthetic_rows(400, now - timedelta(days=6), span=timedelta(days=5), prefix="new",
-                                     models=("model-a", "model-b"), ttft_scale=2.0))
+    store.insert_rows(
+        synthetic_rows(
+            400, now - timedelta(days=13), span=timedelta(days=6), prefix="old", models=("model-a", "model-b")
+        )
+    )
+    store.insert_rows(
+        synthetic_rows(
+            400,
+            now - timedelta(days=6),
+            span=timedelta(days=5),
+            prefix="new",
+            models=("model-a", "model-b"),
+            ttft_scale=2.0,
+        )
+    )
     store.close()
     return path
 
@@ -65,17 +76,22 @@ def test_markdown_and_json_carry_the_same_figures(report):
 
 def test_report_cli_from_db_and_from_a_store_url(db_path, report, tmp_path):
     runner = CliRunner()
-    result = runner.invoke(main, ["report", "--db", str(db_path), "--since", "7d", "--format", "json",
-                                  "--slo-ttft-p95", "0.5"])
+    result = runner.invoke(
+        main, ["report", "--db", str(db_path), "--since", "7d", "--format", "json", "--slo-ttft-p95", "0.5"]
+    )
     assert result.exit_code == 0, result.output
     from_db = orjson.loads(result.stdout)
-    assert [m["traffic"]["requests"] for m in from_db["models"]] == [m["traffic"]["requests"] for m in report["models"]]
+    assert [m["traffic"]["requests"] for m in from_db["models"]] == [
+        m["traffic"]["requests"] for m in report["models"]
+    ]
     store = RequestStore(db_path)
     server = serve_in_thread(create_store_app(store, "tok"))
     try:
         out = tmp_path / "review.html"
-        result = runner.invoke(main, ["report", "--store-url", server.url, "--token", "tok", "--format", "html",
-                                      "--out", str(out)])
+        result = runner.invoke(
+            main,
+            ["report", "--store-url", server.url, "--token", "tok", "--format", "html", "--out", str(out)],
+        )
         assert result.exit_code == 0, result.output
         assert out.read_text().startswith("<!doctype html>") and "model-b" in out.read_text()
         refused = runner.invoke(main, ["report", "--store-url", server.url, "--token", "bad"])
@@ -88,5 +104,8 @@ def test_report_cli_from_db_and_from_a_store_url(db_path, report, tmp_path):
 def test_report_cli_names_bad_input():
     runner = CliRunner()
     assert "give exactly one of --db" in runner.invoke(main, ["report"]).output
-    assert "'7 days' is not a duration" in runner.invoke(main, ["report", "--db", "x", "--since", "7 days"]).output
+    assert (
+        "'7 days' is not a duration"
+        in runner.invoke(main, ["report", "--db", "x", "--since", "7 days"]).output
+    )
     assert "does not exist" in runner.invoke(main, ["report", "--db", "/nonexistent/h.duckdb"]).output

@@ -40,13 +40,21 @@ def _alert_rules() -> list[dict]:
 def _catalog_series() -> set[str]:
     names = set()
     for metric in CATALOG:
-        names |= {metric.name + s for s in ("_bucket", "_sum", "_count")} if metric.type == "histogram" else {metric.name}
+        names |= (
+            {metric.name + s for s in ("_bucket", "_sum", "_count")}
+            if metric.type == "histogram"
+            else {metric.name}
+        )
     return names
 
 
 def _panel_exprs() -> list[tuple[str, str, str]]:
-    return [(name, panel["title"], t["expr"]) for name, text in dashboard_files().items()
-            for panel in json.loads(text)["panels"] for t in panel["targets"]]
+    return [
+        (name, panel["title"], t["expr"])
+        for name, text in dashboard_files().items()
+        for panel in json.loads(text)["panels"]
+        for t in panel["targets"]
+    ]
 
 
 def test_record_names_follow_level_metric_operations():
@@ -179,7 +187,11 @@ def test_alertmanager_routes_page_and_ticket_and_inhibits():
 
 def test_dashboards_have_variables_units_and_descriptions():
     boards = {name: json.loads(text) for name, text in dashboard_files().items()}
-    assert set(boards) == {"headroom-capacity-overview.json", "headroom-tenants.json", "headroom-capacity-review.json"}
+    assert set(boards) == {
+        "headroom-capacity-overview.json",
+        "headroom-tenants.json",
+        "headroom-capacity-review.json",
+    }
     for name, board in boards.items():
         variables = {v["name"] for v in board["templating"]["list"]}
         assert {"datasource", "model", "instance"} <= variables, name
@@ -195,9 +207,14 @@ def test_push_points_the_datasource_variable_at_the_given_uid():
     board = json.loads(dashboard_files()["headroom-tenants.json"]) | {"id": 7}
     pushed = with_datasource(board, "my-prom")
     assert "id" not in pushed
-    assert next(v for v in pushed["templating"]["list"] if v["type"] == "datasource")["current"]["value"] == "my-prom"
-    assert next(v for v in board["templating"]["list"] if v["type"] == "datasource")["current"]["value"] \
-        == "headroom-prometheus", "the input must not be modified"
+    assert (
+        next(v for v in pushed["templating"]["list"] if v["type"] == "datasource")["current"]["value"]
+        == "my-prom"
+    )
+    assert (
+        next(v for v in board["templating"]["list"] if v["type"] == "datasource")["current"]["value"]
+        == "headroom-prometheus"
+    ), "the input must not be modified"
 
 
 def test_annotation_notation_renders_to_go_and_to_text():

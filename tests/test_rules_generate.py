@@ -22,8 +22,9 @@ def test_committed_alerts_are_not_stale(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (ROOT / "alerts").iterdir())
     for path in sorted(tmp_path.iterdir()):
         committed = ROOT / "alerts" / path.name
-        assert committed.read_bytes() == path.read_bytes(), \
+        assert committed.read_bytes() == path.read_bytes(), (
             f"alerts/{path.name} is stale: run `headroom alerts generate` and commit"
+        )
 
 
 def test_committed_dashboards_are_not_stale(tmp_path):
@@ -32,8 +33,9 @@ def test_committed_dashboards_are_not_stale(tmp_path):
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(p.name for p in (ROOT / "dashboards").glob("*.json"))
     for name in names:
-        assert (ROOT / "dashboards" / name).read_bytes() == (tmp_path / name).read_bytes(), \
+        assert (ROOT / "dashboards" / name).read_bytes() == (tmp_path / name).read_bytes(), (
             f"dashboards/{name} is stale: run `headroom dashboards generate` and commit"
+        )
 
 
 def test_check_flag_fails_on_a_stale_file_and_names_it(tmp_path):
@@ -60,13 +62,19 @@ def test_rendering_is_deterministic_and_well_formed():
     for name, text in dashboard_files().items():
         board = json.loads(text)
         assert "Do not edit" in board["description"]
-        assert text == json.dumps(board, sort_keys=True, indent=2, ensure_ascii=False) + "\n", \
+        assert text == json.dumps(board, sort_keys=True, indent=2, ensure_ascii=False) + "\n", (
             f"{name}: keys not sorted"
+        )
 
 
 def test_help_has_examples():
     runner = CliRunner()
-    for args in (["dashboards", "--help"], ["dashboards", "generate", "--help"], ["dashboards", "push", "--help"],
-                 ["alerts", "--help"], ["alerts", "generate", "--help"]):
+    for args in (
+        ["dashboards", "--help"],
+        ["dashboards", "generate", "--help"],
+        ["dashboards", "push", "--help"],
+        ["alerts", "--help"],
+        ["alerts", "generate", "--help"],
+    ):
         result = runner.invoke(main, args)
         assert result.exit_code == 0 and "Examples" in result.output, args

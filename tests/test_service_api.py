@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
@@ -17,12 +17,29 @@ from collector.store.synthetic import synthetic_rows
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-T0 = datetime(2026, 11, 23, tzinfo=timezone.utc)
-INJECTIONS = ("x'; DROP TABLE requests; --", "1 OR 1=1", "model) ; DELETE FROM requests; --",
-              "ttft_s, (SELECT 1)", "' UNION SELECT * FROM headroom_schema --")
+T0 = datetime(2026, 11, 23, tzinfo=UTC)
+INJECTIONS = (
+    "x'; DROP TABLE requests; --",
+    "1 OR 1=1",
+    "model) ; DELETE FROM requests; --",
+    "ttft_s, (SELECT 1)",
+    "' UNION SELECT * FROM headroom_schema --",
+)
 QUERY_PARAMS = {
-    "/v1/query/percentiles": ("metric", "quantiles", "group_by", "since", "until", "model", "tenant",
-                              "outcome", "source", "instance", "run_id", "endpoint"),
+    "/v1/query/percentiles": (
+        "metric",
+        "quantiles",
+        "group_by",
+        "since",
+        "until",
+        "model",
+        "tenant",
+        "outcome",
+        "source",
+        "instance",
+        "run_id",
+        "endpoint",
+    ),
     "/v1/query/curve": ("caliber", "since", "until", "model", "tenant", "outcome", "source"),
     "/v1/query/outcomes": ("group_by", "since", "until", "model", "tenant", "instance"),
     "/v1/query/probe-runs": ("since", "until", "model", "run_id"),
@@ -55,13 +72,19 @@ def _snapshot(store: RequestStore) -> tuple:
 def _protected_routes(client) -> list[tuple[str, str]]:
     """Every documented route except health and metrics, read from the app's own OpenAPI."""
     paths = client.get("/openapi.json").json()["paths"]
-    return [(method.upper(), path) for path, item in sorted(paths.items())
-            for method in sorted(item) if path not in ("/healthz", "/metrics")]
+    return [
+        (method.upper(), path)
+        for path, item in sorted(paths.items())
+        for method in sorted(item)
+        if path not in ("/healthz", "/metrics")
+    ]
 
 
 def test_every_v1_route_answers_401_without_or_with_a_wrong_token(client):
     routes = _protected_routes(client)
-    assert {("GET", "/v1/query/percentiles"), ("POST", "/v1/ingest"), ("GET", "/reports/latest")} <= set(routes)
+    assert {("GET", "/v1/query/percentiles"), ("POST", "/v1/ingest"), ("GET", "/reports/latest")} <= set(
+        routes
+    )
     for method, path in routes:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             response = client.request(method, path, headers=headers)
@@ -84,14 +107,23 @@ def test_injection_in_every_parameter_is_rejected_and_changes_nothing(client, st
 def test_injection_in_ingest_is_stored_as_data_or_rejected(client, store):
     before = store.count()
     bad_column = [{"request_id": "r1", "model) VALUES (1); DROP TABLE requests; --": "x"}]
-    assert client.post("/v1/ingest", content=orjson.dumps({"rows": bad_column}), headers=AUTH).status_code == 400
+    assert (
+        client.post("/v1/ingest", content=orjson.dumps({"rows": bad_column}), headers=AUTH).status_code == 400
+    )
     bad_time = [{"request_id": "r2", "admitted_at": "now'); DROP TABLE requests; --"}]
-    assert client.post("/v1/ingest", content=orjson.dumps({"rows": bad_time}), headers=AUTH).status_code == 400
+    assert (
+        client.post("/v1/ingest", content=orjson.dumps({"rows": bad_time}), headers=AUTH).status_code == 400
+    )
     bad_type = [{"request_id": "r3", "prompt_tokens": "12; DROP TABLE requests"}]
-    assert client.post("/v1/ingest", content=orjson.dumps({"rows": bad_type}), headers=AUTH).status_code == 400
+    assert (
+        client.post("/v1/ingest", content=orjson.dumps({"rows": bad_type}), headers=AUTH).status_code == 400
+    )
     assert client.post("/v1/ingest", content=b"{not json", headers=AUTH).status_code == 400
     as_data = [{"request_id": "r4", "model": "x'; DROP TABLE requests; --"}]
-    assert client.post("/v1/ingest", content=orjson.dumps({"rows": as_data}), headers=AUTH).json()["inserted"] == 1
+    assert (
+        client.post("/v1/ingest", content=orjson.dumps({"rows": as_data}), headers=AUTH).json()["inserted"]
+        == 1
+    )
     assert store.count() == before + 1
     assert store.query("SELECT model FROM requests WHERE request_id = 'r4'") == [(as_data[0]["model"],)]
 
@@ -103,21 +135,32 @@ def test_same_batch_twice_creates_no_duplicate(client, store):
     second = client.post("/v1/ingest", content=body, headers=AUTH).json()
     assert first == {"received": 50, "inserted": 50, "duplicates": 0}
     assert second == {"received": 50, "inserted": 0, "duplicates": 50}
-    assert store.query("SELECT count(*), count(DISTINCT request_id) FROM requests "
-                       "WHERE request_id LIKE 'dup-%'") == [(50, 50)]
+    assert store.query(
+        "SELECT count(*), count(DISTINCT request_id) FROM requests WHERE request_id LIKE 'dup-%'"
+    ) == [(50, 50)]
     assert "headroom_log_rows_written_total 50.0" in client.get("/metrics").text
 
 
 def test_percentiles_are_exact_and_grouped_by_the_whitelist(client, store):
-    response = client.get("/v1/query/percentiles", headers=AUTH, params={
-        "metric": "ttft_s", "quantiles": "0.5,0.95", "group_by": "model,inflight_bucket",
-        "since": T0.isoformat(), "until": (T0 + timedelta(hours=1)).isoformat(), "tenant": "team-a"})
+    response = client.get(
+        "/v1/query/percentiles",
+        headers=AUTH,
+        params={
+            "metric": "ttft_s",
+            "quantiles": "0.5,0.95",
+            "group_by": "model,inflight_bucket",
+            "since": T0.isoformat(),
+            "until": (T0 + timedelta(hours=1)).isoformat(),
+            "tenant": "team-a",
+        },
+    )
     assert response.status_code == 200, response.text
     rows = response.json()["rows"]
     expected = store.query(
         "SELECT model, CAST(pow(2, round(log2(inflight_at_admit))) AS BIGINT) AS b, count(*), "
         "quantile_cont(ttft_s, 0.5), quantile_cont(ttft_s, 0.95) FROM requests "
-        "WHERE ttft_s IS NOT NULL AND tenant = 'team-a' GROUP BY model, b ORDER BY model, b")
+        "WHERE ttft_s IS NOT NULL AND tenant = 'team-a' GROUP BY model, b ORDER BY model, b"
+    )
     got = [(r["model"], r["inflight_bucket"], r["n"], r["p50"], r["p95"]) for r in rows]
     assert len(got) == len(expected) > 4
     for mine, sql in zip(got, expected):
@@ -130,7 +173,9 @@ def test_curve_outcomes_and_openapi(client, store):
     assert [r["bucket"] for r in requests["rows"]] == [1, 2, 4, 8, 16]
     assert sum(r["n"] for r in requests["rows"]) == sum(r["n"] for r in tokens["rows"]) == 400
     outcomes = client.get("/v1/query/outcomes", params={"group_by": "model"}, headers=AUTH).json()["rows"]
-    direct = dict(((m, o), n) for m, o, n in store.query("SELECT model, outcome, count(*) FROM requests GROUP BY ALL"))
+    direct = dict(
+        ((m, o), n) for m, o, n in store.query("SELECT model, outcome, count(*) FROM requests GROUP BY ALL")
+    )
     assert {(r["model"], r["outcome"]): r["n"] for r in outcomes} == direct
     spec = client.get("/openapi.json").json()
     names = {p["name"] for p in spec["paths"]["/v1/query/percentiles"]["get"]["parameters"]}
@@ -148,3 +193,16 @@ def test_token_comes_from_flag_then_env_then_a_private_file(tmp_path, monkeypatc
     assert path == tmp_path / "h.duckdb.token" and len(token) >= 32
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert resolve_token(None, db) == (token, path)  # reused after a restart
+
+
+def test_an_ingest_body_over_the_limit_is_413_naming_it(client, monkeypatch):
+    from collector.service import ingest
+
+    monkeypatch.setattr(ingest, "MAX_BODY_BYTES", 1_000)
+    response = client.post("/v1/ingest", headers=AUTH, content=b'{"rows":[' + b" " * 2_000 + b"]}")
+    assert response.status_code == 413 and "MAX_BODY_BYTES" in response.json()["detail"]
+
+
+def test_no_docs_page_that_loads_a_public_cdn(client):
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+    assert client.get("/openapi.json").status_code == 200

@@ -19,10 +19,15 @@ TOKEN = "fleet-token"
 
 
 def _ask(url: str, index: int) -> int:
-    body = {"model": "headroom-sim", "max_tokens": 8, "stream": index % 2 == 0,
-            "messages": [{"role": "user", "content": f"question {index}"}]}
-    response = httpx.post(url + "/v1/chat/completions", json=body, timeout=60,
-                          headers={"X-Tenant-ID": f"team-{index % 3}"})
+    body = {
+        "model": "headroom-sim",
+        "max_tokens": 8,
+        "stream": index % 2 == 0,
+        "messages": [{"role": "user", "content": f"question {index}"}],
+    }
+    response = httpx.post(
+        url + "/v1/chat/completions", json=body, timeout=60, headers={"X-Tenant-ID": f"team-{index % 3}"}
+    )
     return response.status_code
 
 
@@ -31,20 +36,31 @@ def test_sidecar_ships_every_row_to_the_store_service(tmp_path):
     store_server = serve_in_thread(create_store_app(store, TOKEN))
     sim_server = serve_in_thread(create_sim_app(SimConfig(speed=50.0, seed=1)))
     shipper = StoreShipper(store_server.url, TOKEN, tmp_path / "spool")
-    config = SidecarConfig(upstream=sim_server.url, db_path=None, instance="edge-1", store_url=store_server.url,
-                           store_token=TOKEN, log_flush_interval_s=0.1)
+    config = SidecarConfig(
+        upstream=sim_server.url,
+        db_path=None,
+        instance="edge-1",
+        store_url=store_server.url,
+        store_token=TOKEN,
+        log_flush_interval_s=0.1,
+    )
     sidecar = serve_in_thread(build_sidecar(config, log_sink=shipper))
     try:
         with ThreadPoolExecutor(4) as pool:
             statuses = list(pool.map(lambda i: _ask(sidecar.url, i), range(24)))
         sidecar.stop()  # lifespan shutdown flushes the log writer into the shipper
         shipper.close()
-        rows = store.query("SELECT count(*), count(DISTINCT request_id), count(ttft_s) FILTER (WHERE stream), "
-                           "min(inflight_at_admit), "
-                           "count(DISTINCT tenant), min(instance) FROM requests")[0]
-        percentiles = httpx.get(store_server.url + "/v1/query/percentiles",
-                                params={"group_by": "tenant", "metric": "e2e_s"},
-                                headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()["rows"]
+        rows = store.query(
+            "SELECT count(*), count(DISTINCT request_id), count(ttft_s) FILTER (WHERE stream), "
+            "min(inflight_at_admit), "
+            "count(DISTINCT tenant), min(instance) FROM requests"
+        )[0]
+        percentiles = httpx.get(
+            store_server.url + "/v1/query/percentiles",
+            params={"group_by": "tenant", "metric": "e2e_s"},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=10,
+        ).json()["rows"]
     finally:
         sidecar.stop()
         sim_server.stop()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,11 +20,13 @@ from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 # The work the store service and `headroom run` hand to the store's jobs.
 WORK = {"refresh": refresh_estimates, "review": write_report_files}
 
-UTC = timezone.utc
+UTC = UTC
 SUNDAY_EVENING = datetime(2026, 11, 29, 22, 30, tzinfo=UTC)  # 2026-11-30 is a Monday
 MONDAY_MORNING = datetime(2026, 11, 30, 9, 30, tzinfo=UTC)
-DAY_P95 = ("SELECT {day} AS day, model, count(*), quantile_cont(ttft_s, 0.95), quantile_cont(e2e_s, 0.5) "
-           "FROM {source} WHERE ttft_s IS NOT NULL GROUP BY ALL ORDER BY ALL")
+DAY_P95 = (
+    "SELECT {day} AS day, model, count(*), quantile_cont(ttft_s, 0.95), quantile_cont(e2e_s, 0.5) "
+    "FROM {source} WHERE ttft_s IS NOT NULL GROUP BY ALL ORDER BY ALL"
+)
 
 
 @pytest.fixture
@@ -35,23 +37,40 @@ def store():
 
 
 def test_jobs_fire_on_their_triggers_with_an_injected_clock(store, tmp_path):
-    store.insert_rows(synthetic_rows(600, datetime(2026, 11, 27, tzinfo=UTC), span=timedelta(days=3),
-                                     models=("model-a", "model-b")))
+    store.insert_rows(
+        synthetic_rows(
+            600, datetime(2026, 11, 27, tzinfo=UTC), span=timedelta(days=3), models=("model-a", "model-b")
+        )
+    )
     store.insert_rows(synthetic_probe_run(datetime(2026, 11, 30, 1, tzinfo=UTC)))
     gauges = CapacityGauges()
-    settings = JobSettings(export_dir=tmp_path / "parquet", report_dir=tmp_path / "reports",
-                           estimate_interval_s=6 * 3600, retention_days=30, clock=lambda: SUNDAY_EVENING)
+    settings = JobSettings(
+        export_dir=tmp_path / "parquet",
+        report_dir=tmp_path / "reports",
+        estimate_interval_s=6 * 3600,
+        retention_days=30,
+        clock=lambda: SUNDAY_EVENING,
+    )
     fired = run_due(job_table(store, gauges, settings, **WORK), SUNDAY_EVENING, MONDAY_MORNING)
     names = [name for _, name in fired]
     assert names.count("rollup") == 11  # 23:05 ... 09:05
-    assert [when for when, name in fired if name == "retention"] == [datetime(2026, 11, 30, 0, 15, tzinfo=UTC)]
-    assert [when for when, name in fired if name == "capacity_estimates"] == [SUNDAY_EVENING + timedelta(hours=6)]
-    assert [when for when, name in fired if name == "weekly_report"] == [datetime(2026, 11, 30, 9, tzinfo=UTC)]
+    assert [when for when, name in fired if name == "retention"] == [
+        datetime(2026, 11, 30, 0, 15, tzinfo=UTC)
+    ]
+    assert [when for when, name in fired if name == "capacity_estimates"] == [
+        SUNDAY_EVENING + timedelta(hours=6)
+    ]
+    assert [when for when, name in fired if name == "weekly_report"] == [
+        datetime(2026, 11, 30, 9, tzinfo=UTC)
+    ]
     assert [when for when, _ in fired] == sorted(when for when, _ in fired)
     # the effects: rollups, a Parquet partition per sealed day, the gauges, the report
     assert store.query("SELECT count(DISTINCT hour) FROM requests_hourly")[0][0] >= 2
     assert sorted(p.name for p in (tmp_path / "parquet").iterdir()) == [
-        "day=2026-11-27", "day=2026-11-28", "day=2026-11-29"]
+        "day=2026-11-27",
+        "day=2026-11-28",
+        "day=2026-11-29",
+    ]
     assert gauges.get("model-a").knee_requests == 8.0
     assert (tmp_path / "reports" / "latest.html").read_text().startswith("<!doctype html>")
     assert (tmp_path / "reports" / "capacity-review-2026-11-30.md").exists()
@@ -63,8 +82,9 @@ def test_jobs_fire_on_their_triggers_with_an_injected_clock(store, tmp_path):
 def test_weekly_report_schedule_is_configurable():
     trigger = parse_weekly_cron("fri 17:30")
     assert trigger.get_next_fire_time(None, SUNDAY_EVENING) == datetime(2026, 12, 4, 17, 30, tzinfo=UTC)
-    assert parse_weekly_cron("mon 09:00").get_next_fire_time(None, SUNDAY_EVENING) == \
-        datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
+    assert parse_weekly_cron("mon 09:00").get_next_fire_time(None, SUNDAY_EVENING) == datetime(
+        2026, 11, 30, 9, 0, tzinfo=UTC
+    )
     with pytest.raises(ValueError, match="'monday 9am'"):
         parse_weekly_cron("monday 9am")
 
@@ -84,20 +104,29 @@ def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_esti
         assert all("littles_law" in level for level in estimate[0]["levels"])
         runs = client.get("/v1/query/probe-runs", headers=auth).json()["rows"]
         assert [(r["run_id"], r["model"], r["requests"], r["max_inflight"]) for r in runs] == [
-            ("run-1", "model-z", store.count(), 32)]
+            ("run-1", "model-z", store.count(), 32)
+        ]
         scheduler = app.state.scheduler
         assert scheduler.running
-        assert {job.id for job in scheduler.get_jobs()} == {"rollup", "retention", "capacity_estimates",
-                                                            "weekly_report"}
+        assert {job.id for job in scheduler.get_jobs()} == {
+            "rollup",
+            "retention",
+            "capacity_estimates",
+            "probe_runs",
+            "weekly_report",
+        }
         assert client.get("/reports/latest", headers={"Authorization": "Bearer t"}).status_code == 404
     assert not scheduler.running
     default_jobs = build_scheduler(store, None, JobSettings(), **WORK).get_jobs()
-    assert {job.id for job in default_jobs} == {"rollup", "capacity_estimates"}
+    assert {job.id for job in default_jobs} == {"rollup", "capacity_estimates", "probe_runs"}
 
 
 def test_parquet_export_reads_back_with_the_same_percentiles_and_retention_expires(store, tmp_path):
-    store.insert_rows(synthetic_rows(1500, datetime(2026, 11, 24, tzinfo=UTC), span=timedelta(days=5),
-                                     models=("model-a", "model-b")))
+    store.insert_rows(
+        synthetic_rows(
+            1500, datetime(2026, 11, 24, tzinfo=UTC), span=timedelta(days=5), models=("model-a", "model-b")
+        )
+    )
     day = "CAST(timezone('UTC', admitted_at) AS DATE)"
     live = store.query(DAY_P95.format(day=day, source="requests"))
     done = export_and_expire(store, tmp_path, 30, datetime(2026, 11, 30, 0, 15, tzinfo=UTC))
@@ -123,14 +152,22 @@ def test_rollup_matches_the_raw_rows_and_is_rerunnable(store):
     store.insert_rows(synthetic_rows(800, start, span=timedelta(hours=4), models=("model-a", "model-b")))
     for _ in range(2):
         rollup_hours(store, start, start + timedelta(hours=4))
-    rolled = store.query("SELECT hour, model, sum(requests), max(max_inflight) FROM requests_hourly "
-                         "GROUP BY ALL ORDER BY ALL")
-    raw = store.query("SELECT timezone('UTC', date_trunc('hour', timezone('UTC', admitted_at))), model, count(*), "
-                      "max(inflight_at_admit) FROM requests GROUP BY ALL ORDER BY ALL")
+    rolled = store.query(
+        "SELECT hour, model, sum(requests), max(max_inflight) FROM requests_hourly GROUP BY ALL ORDER BY ALL"
+    )
+    raw = store.query(
+        "SELECT timezone('UTC', date_trunc('hour', timezone('UTC', admitted_at))), model, count(*), "
+        "max(inflight_at_admit) FROM requests GROUP BY ALL ORDER BY ALL"
+    )
     assert rolled == raw and len(rolled) == 8
-    p95 = store.query("SELECT ttft_p95_s FROM requests_hourly WHERE model = 'model-a' AND outcome = 'ok' "
-                      "AND tenant = 'team-a' AND hour = ?", [start])[0][0]
-    direct = store.query("SELECT quantile_cont(ttft_s, 0.95) FROM requests WHERE model = 'model-a' AND "
-                         "outcome = 'ok' AND tenant = 'team-a' AND admitted_at >= ? AND admitted_at < ?",
-                         [start, start + timedelta(hours=1)])[0][0]
+    p95 = store.query(
+        "SELECT ttft_p95_s FROM requests_hourly WHERE model = 'model-a' AND outcome = 'ok' "
+        "AND tenant = 'team-a' AND hour = ?",
+        [start],
+    )[0][0]
+    direct = store.query(
+        "SELECT quantile_cont(ttft_s, 0.95) FROM requests WHERE model = 'model-a' AND "
+        "outcome = 'ok' AND tenant = 'team-a' AND admitted_at >= ? AND admitted_at < ?",
+        [start, start + timedelta(hours=1)],
+    )[0][0]
     assert p95 == pytest.approx(direct, rel=1e-12)

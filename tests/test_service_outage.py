@@ -1,88 +1,38 @@
-"""A store outage under load, through the real path: client -> sidecar (build_sidecar, StoreShipper
-with its default retry/backoff/spool settings) -> a `headroom store` process that is stopped with
-SIGTERM and restarted on the same port and DuckDB file. Every request the sidecar answered must end
-up as exactly one row in the store, and the sidecar must count no dropped row.
+"""The spool catches up while load continues: a 30 s store outage under steady load, through the
+real path: client -> sidecar (build_sidecar, StoreShipper with its default settings) -> a
+`headroom store` process stopped with SIGTERM and restarted on the same port and DuckDB file.
+
+Once the store is back, the spool must empty within DRAIN_LIMIT_S (docs/store.md, "Shipping and
+the spool": the replay thread's longest backoff, 10 s, plus the merged replay) while the load goes
+on, every answered request must end up as exactly one row, no row may be counted dropped, and the
+shipping-health metrics must show the spool rising during the outage and falling after it.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import duckdb
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.processes import HeadroomProcess
+from support.upstream import FakeUpstream
+from support.waiting import wait_until
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar
 from collector.store.shipper import StoreShipper
-from conftest import free_port
-from fake_upstream import FakeUpstream
+
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 TOKEN = "outage-token"
-MAX_REQUESTS = 2_000  # hard cap on the load, whatever the timings
+OUTAGE_S = 30.0  # the scenario's length, not a synchronisation
+DRAIN_LIMIT_S = 20.0  # documented: 10 s longest backoff + the merged replay, with margin
+MAX_REQUESTS = 20_000  # hard cap on the load, whatever the timings
 DROP_REASONS = ("queue_full", "db_error", "spool_full", "store_rejected")
-
-
-def _headroom() -> list[str]:
-    """The installed `headroom` console script next to this interpreter (else the module)."""
-    script = Path(sys.executable).with_name("headroom")
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from collector.cli import main; main()"]
-
-
-class StoreProcess:
-    """`headroom store` as a child process; the token comes from HEADROOM_TOKEN."""
-
-    def __init__(self, db: Path, port: int, log: Path) -> None:
-        self.db, self.port, self.log = db, port, log
-        self.url = f"http://127.0.0.1:{port}"
-        self.process: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float = 30.0) -> None:
-        env = os.environ | {"HEADROOM_TOKEN": TOKEN}
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [*_headroom(), "store", "--db", str(self.db), "--listen", f"127.0.0.1:{self.port}", "--no-jobs"],
-                env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"headroom store exited: {self.log.read_text()}"
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)  # /healthz has no event to await: poll it
-        self.process.kill()
-        raise AssertionError(f"headroom store did not answer /healthz within {timeout_s} s: {self.log.read_text()}")
-
-    def stop(self) -> int:
-        """SIGTERM, then wait for the exit; returns the exit code."""
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return self.process.returncode
-
-    def rows_via_api(self) -> int | None:
-        """Rows in the store, from the token-protected query API; None while it is unreachable."""
-        try:
-            response = httpx.get(f"{self.url}/v1/query/outcomes", timeout=5,
-                                 headers={"Authorization": f"Bearer {TOKEN}"})
-        except httpx.HTTPError:
-            return None
-        assert response.status_code == 200, response.text
-        return sum(row["n"] for row in response.json()["rows"])
 
 
 class Load:
@@ -100,10 +50,16 @@ class Load:
             with httpx.Client(timeout=30) as client:
                 while not self._stop.is_set() and len(self.statuses) < MAX_REQUESTS:
                     index = len(self.statuses)
-                    body = {"model": "m1", "stream": index % 2 == 0,
-                            "messages": [{"role": "user", "content": f"question {index}"}]}
-                    response = client.post(f"{self.url}/v1/chat/completions", json=body,
-                                           headers={"X-Tenant-ID": f"team-{index % 3}"})
+                    body = {
+                        "model": "m1",
+                        "stream": index % 2 == 0,
+                        "messages": [{"role": "user", "content": f"question {index}"}],
+                    }
+                    response = client.post(
+                        f"{self.url}/v1/chat/completions",
+                        json=body,
+                        headers={"X-Tenant-ID": f"team-{index % 3}"},
+                    )
                     response.read()
                     self.statuses.append(response.status_code)
                     self._stop.wait(0.01)  # pacing: about 50-100 requests a second, not a sync point
@@ -123,71 +79,98 @@ class Load:
         assert not self._thread.is_alive(), "load thread did not stop"
 
 
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not reached within {timeout_s} s")
-
-
-def _dropped_by_reason(sidecar_url: str) -> dict[str, float]:
+def _samples(sidecar_url: str) -> dict[str, float]:
+    """{sample name or name{reason}: value} of the pipeline metrics."""
     text = httpx.get(f"{sidecar_url}/metrics", timeout=5).text
-    families = {family.name: family for family in text_string_to_metric_families(text)}
-    assert "headroom_log_rows_dropped" in families, "the sidecar must expose headroom_log_rows_dropped_total"
-    dropped = dict.fromkeys(DROP_REASONS, 0.0)
-    for sample in families["headroom_log_rows_dropped"].samples:
-        if sample.name == "headroom_log_rows_dropped_total":
-            dropped[sample.labels["reason"]] = dropped.get(sample.labels["reason"], 0.0) + sample.value
-    written = sum(sample.value for sample in families["headroom_log_rows_written"].samples
-                  if sample.name == "headroom_log_rows_written_total")
-    return dropped | {"<written>": written}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name + (f"{{{sample.labels['reason']}}}" if "reason" in sample.labels else "")
+            found[key] = found.get(key, 0.0) + sample.value
+    return found
 
 
-def test_store_process_down_under_load_then_back_every_answered_request_arrives(tmp_path):
-    began = time.monotonic()
+def _store_rows(store: HeadroomProcess) -> int | None:
+    """Rows in the store, from the token-protected query API; None while it is unreachable."""
+    try:
+        response = httpx.get(
+            f"{store.url}/v1/query/outcomes", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+    except httpx.HTTPError:
+        return None
+    assert response.status_code == 200, response.text
+    return sum(row["n"] for row in response.json()["rows"])
+
+
+def test_spool_drains_while_load_continues_after_a_30_s_outage(tmp_path):
     db, spool = tmp_path / "fleet.duckdb", tmp_path / "spool"
-    store = StoreProcess(db, free_port(), tmp_path / "store.log")
-    store.start()
-    upstream = serve_in_thread(FakeUpstream(), timeout_graceful_shutdown=1)
-    config = SidecarConfig(upstream=upstream.url, db_path=None, instance="edge-1", store_url=store.url,
-                           store_token=TOKEN, spool_dir=str(spool), jobs=False)
+    store = HeadroomProcess(
+        "store",
+        "--db",
+        str(db),
+        "--no-jobs",
+        health="/healthz",
+        log=tmp_path / "store.log",
+        env={"HEADROOM_TOKEN": TOKEN},
+    ).start()
+    upstream = FakeUpstream()
+    config = SidecarConfig(
+        upstream=upstream.url,
+        db_path=None,
+        instance="edge-1",
+        store_url=store.url,
+        store_token=TOKEN,
+        spool_dir=str(spool),
+        jobs=False,
+    )
     app = build_sidecar(config)
     shipper = app.state.batch_sink
     assert isinstance(shipper, StoreShipper)
-    # the shipper's defaults are what `headroom run --store-url` uses; nothing is tuned here
-    assert (shipper.max_attempts, shipper.backoff_initial_s, shipper.backoff_max_s) == (3, 0.2, 10.0)
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=5)
     load = Load(sidecar.url)
-    timeline: dict[str, float] = {}
+    timeline: list[tuple[float, float, float]] = []  # (t, spool files, ship lag) through the run
+    began = time.monotonic()
+
+    def sample() -> dict[str, float]:
+        now = _samples(sidecar.url)
+        timeline.append(
+            (time.monotonic() - began, now["headroom_log_spool_files"], now["headroom_log_ship_lag_seconds"])
+        )
+        return now
+
     try:
         load.start()
-        _wait_for(lambda: (store.rows_via_api() or 0) >= 20, 15, "rows reaching the live store")
-        timeline["answered_before_stop"] = load.answered
-
+        wait_until(lambda: (_store_rows(store) or 0) >= 20, 15, what="rows reaching the live store")
         assert store.stop() is not None  # SIGTERM; it exited
-        timeline["stopped_at_s"] = time.monotonic() - began
-        answered_at_stop = load.answered
-        # the outage lasts until >= 100 requests answered since the stop have been spooled to disk
-        _wait_for(lambda: load.answered >= answered_at_stop + 100 and shipper.spooled_rows >= 100, 20,
-                  "requests answered and rows spooled while the store is down")
-        assert any(spool.iterdir()), "the outage should have left batches in the spool directory"
-        timeline["spooled_rows_at_restart"] = shipper.spooled_rows
+        outage_ends = time.monotonic() + OUTAGE_S
+        while time.monotonic() < outage_ends:
+            sample()
+            time.sleep(1.0)  # sampling the metrics through the outage: the scenario's clock
+        during = sample()
+        assert during["headroom_store_up"] == 0 and during["headroom_log_spool_files"] > 0
+        assert during["headroom_log_ship_lag_seconds"] >= OUTAGE_S / 2
 
         store.start()  # same port, same DuckDB file, load still running
-        timeline["restarted_at_s"] = time.monotonic() - began
+        back = time.monotonic()
         answered_at_restart = load.answered
-        _wait_for(lambda: load.answered >= answered_at_restart + 50, 15, "load continuing after the restart")
+        wait_until(
+            lambda: sample()["headroom_log_spool_files"] == 0,
+            DRAIN_LIMIT_S,
+            what=f"the spool to empty within {DRAIN_LIMIT_S} s of the store's return",
+        )
+        drain_s = time.monotonic() - back
+        assert load.answered > answered_at_restart, "the load must go on while the spool drains"
+        wait_until(lambda: load.answered >= answered_at_restart + 200, 30, what="more load after the drain")
+        after = sample()
         load.stop()
         assert not load.errors, load.errors
         answered = load.answered
-
-        _wait_for(lambda: store.rows_via_api() == answered, 25,
-                  f"the store holding all {answered} answered requests")
-        timeline["all_rows_at_s"] = time.monotonic() - began
-        dropped = _dropped_by_reason(sidecar.url)
+        wait_until(
+            lambda: _store_rows(store) == answered,
+            30,
+            what=f"the store holding all {answered} answered requests",
+        )
+        final = _samples(sidecar.url)
     finally:
         load.stop()
         sidecar.stop()
@@ -195,13 +178,19 @@ def test_store_process_down_under_load_then_back_every_answered_request_arrives(
         shipper.close()
         store.stop()
     with duckdb.connect(str(db), read_only=True) as con:
-        total, distinct, tenants, instances = con.execute(
-            "SELECT count(*), count(DISTINCT request_id), count(DISTINCT tenant), min(instance) "
-            "FROM requests").fetchone()
-    print(f"\noutage test: {answered} answered, timeline {timeline}, spooled {shipper.spooled_rows}, "
-          f"replayed {shipper.replayed_rows}, total {time.monotonic() - began:.1f} s")
+        total, distinct, tenants = con.execute(
+            "SELECT count(*), count(DISTINCT request_id), count(DISTINCT tenant) FROM requests"
+        ).fetchone()
+    peak = max(files for _, files, _ in timeline)
+    print(
+        f"\noutage: {answered} answered, spool peak {peak:.0f} files, drained in {drain_s:.1f} s, "
+        f"spooled {shipper.spooled_rows}, replayed {shipper.replayed_rows}"
+    )
     assert load.statuses == [200] * answered, "the sidecar must keep answering while the store is down"
-    assert dropped == dict.fromkeys(DROP_REASONS, 0.0) | {"<written>": float(answered)}
-    assert shipper.spooled_rows >= 100 and shipper.replayed_rows == shipper.spooled_rows
-    assert (total, distinct, tenants, instances) == (answered, answered, 3, "edge-1")
+    assert all(final.get(f"headroom_log_rows_dropped_total{{{reason}}}", 0.0) == 0 for reason in DROP_REASONS)
+    assert final["headroom_log_rows_written_total"] == answered  # spooled rows counted once accepted
+    assert after["headroom_store_up"] == 1 and after["headroom_log_spool_files"] == 0
+    assert peak > 0 and timeline[-1][1] == 0  # depth rose, then fell
+    assert shipper.spooled_rows > 0 and shipper.replayed_rows == shipper.spooled_rows
+    assert (total, distinct, tenants) == (answered, answered, 3)
     assert list(spool.iterdir()) == []

@@ -26,7 +26,9 @@ def test_sql_buckets_equal_the_analysis_buckets():
 @pytest.mark.parametrize("bad", [{"group_by": ("model; DROP TABLE requests",)}, {"filters": {"1=1 --": "x"}}])
 def test_builders_refuse_names_outside_the_whitelists(bad):
     with pytest.raises(ValueError, match="not one of"):
-        querysql.percentiles_sql("ttft_s", [0.5], bad.get("group_by", ()), Where(filters=bad.get("filters", {})))
+        querysql.percentiles_sql(
+            "ttft_s", [0.5], bad.get("group_by", ()), Where(filters=bad.get("filters", {}))
+        )
 
 
 def test_values_travel_as_parameters_never_as_text():

@@ -1,56 +1,54 @@
-"""StoreShipper: retry, bounded spool, replay; and a real `headroom store` process restarted under load."""
+"""StoreShipper against a fake store: retry, bounded spool, merged replay, health metrics, file modes.
+
+The real `headroom store` stopped and restarted under load is tests/test_service_outage.py."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
+import stat
 import threading
-import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
+import orjson
 import pytest
+from prometheus_client import CollectorRegistry
+from support.waiting import wait_until
 
 from collector.store.shipper import StoreShipper
 from collector.store.synthetic import synthetic_rows
 from collector.store.writer import RowsDropped
-from conftest import free_port
 
-T0 = datetime(2026, 11, 23, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 23, tzinfo=UTC)
 FAST = {"max_attempts": 2, "backoff_initial_s": 0.02, "backoff_max_s": 0.2, "timeout_s": 5.0}
 
 
 class FakeStore:
-    """An httpx transport standing in for the store: up or down, remembers request_ids."""
+    """An httpx transport standing in for the store: up or down, remembers request_ids and POSTs."""
 
     def __init__(self) -> None:
         self.up, self.status, self.ids, self.lock = True, 200, set(), threading.Lock()
+        self.posts: list[int] = []  # rows per accepted POST
+        self.reject_marker: str | None = None  # a POST holding this request_id gets 400
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if not self.up:
             raise httpx.ConnectError("connection refused", request=request)
         if self.status != 200:
             return httpx.Response(self.status, json={"detail": "no"})
-        import orjson
         rows = orjson.loads(request.content)["rows"]
+        if self.reject_marker and any(row["request_id"] == self.reject_marker for row in rows):
+            return httpx.Response(400, json={"detail": "bad row"})
         with self.lock:
             self.ids.update(row["request_id"] for row in rows)
+            self.posts.append(len(rows))
         return httpx.Response(200, json={"received": len(rows)})
-
-
-def _wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_outage_spools_then_replays_every_row(tmp_path):
     fake = FakeStore()
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     rows = synthetic_rows(300, T0)
     shipper.write_batch(rows[:100])
     fake.up = False
@@ -58,7 +56,7 @@ def test_outage_spools_then_replays_every_row(tmp_path):
     shipper.write_batch(rows[200:])
     assert shipper.spool.rows() == 200 and len(fake.ids) == 100
     fake.up = True
-    _wait_for(lambda: not shipper.spool.files(), 20, "the spool to drain")
+    wait_until(lambda: not shipper.spool.files(), 20, what="the spool to drain")
     shipper.close()
     assert fake.ids == {row["request_id"] for row in rows}
     assert (shipper.sent_rows, shipper.spooled_rows, shipper.replayed_rows) == (100, 200, 200)
@@ -67,8 +65,14 @@ def test_outage_spools_then_replays_every_row(tmp_path):
 def test_full_spool_raises_rows_dropped_and_keeps_what_fits(tmp_path):
     fake = FakeStore()
     fake.up = False
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake),
-                           max_spool_bytes=60_000, **FAST)
+    shipper = StoreShipper(
+        "http://store",
+        "t",
+        tmp_path / "spool",
+        transport=httpx.MockTransport(fake),
+        max_spool_bytes=60_000,
+        **FAST,
+    )
     kept = dropped = 0
     for start in range(0, 400, 50):
         try:
@@ -85,69 +89,13 @@ def test_full_spool_raises_rows_dropped_and_keeps_what_fits(tmp_path):
 def test_rejected_batch_is_dropped_not_retried_forever(tmp_path):
     fake = FakeStore()
     fake.status = 400
-    shipper = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     with pytest.raises(RowsDropped) as caught:
         shipper.write_batch(synthetic_rows(5, T0))
     assert caught.value.reason == "store_rejected" and not shipper.spool.files()
     shipper.close()
-
-
-def _start_store(db, port: int, token: str) -> subprocess.Popen:
-    command = [sys.executable, "-c", "from collector.cli import main; main()", "store", "--db", str(db),
-               "--listen", f"127.0.0.1:{port}", "--token", token, "--no-jobs"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read().decode()
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise AssertionError("headroom store did not answer /healthz within 60 s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
-
-
-def test_real_store_process_stopped_and_restarted_under_load_loses_no_row(tmp_path):
-    db, port, token = tmp_path / "fleet.duckdb", free_port(), "restart-token"
-    process = _start_store(db, port, token)
-    shipper = StoreShipper(f"http://127.0.0.1:{port}", token, tmp_path / "spool", **FAST)
-    rows = synthetic_rows(1200, T0)
-    batches_done = []
-
-    def load() -> None:  # the sidecar's LogWriter: a batch every 20 ms, whatever the store does
-        for start in range(0, len(rows), 30):
-            shipper.write_batch(rows[start:start + 30])
-            batches_done.append(start)
-            time.sleep(0.02)
-
-    writer = threading.Thread(target=load)
-    writer.start()
-    try:
-        _wait_for(lambda: len(batches_done) >= 8, 60, "some batches to be sent")
-        _stop(process)
-        _wait_for(lambda: shipper.spooled_rows >= 150 or not writer.is_alive(), 60, "rows to be spooled")
-        process = _start_store(db, port, token)
-        writer.join(120)
-        _wait_for(lambda: not shipper.spool.files(), 60, "the spool to drain into the restarted store")
-        health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()
-        outcomes = httpx.get(f"http://127.0.0.1:{port}/v1/query/outcomes", timeout=5,
-                             headers={"Authorization": f"Bearer {token}"}).json()["rows"]
-    finally:
-        shipper.close()
-        _stop(process)
-    assert shipper.spooled_rows >= 150, "the outage should have sent rows to the spool"
-    assert health["rows"] == len(rows) == sum(row["n"] for row in outcomes)
-    assert os.listdir(tmp_path / "spool") == []
 
 
 def test_spool_survives_a_restart_of_the_shipper(tmp_path):
@@ -158,8 +106,86 @@ def test_spool_survives_a_restart_of_the_shipper(tmp_path):
     first.close()
     assert first.spool.rows() == 40  # the sidecar stopped while the store was down
     fake.up = True
-    second = StoreShipper("http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST)
+    second = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
     assert second.spool.size_bytes() > 0
-    _wait_for(lambda: not second.spool.files(), 20, "the spool left by the previous run to drain")
+    wait_until(lambda: not second.spool.files(), 20, what="the spool left by the previous run to drain")
     second.close()
     assert len(fake.ids) == 40 and second.spool.size_bytes() == 0
+
+
+def _sample(registry: CollectorRegistry, name: str) -> float | None:
+    return registry.get_sample_value(name)
+
+
+def test_backlog_replays_in_merged_batches_and_metrics_rise_and_fall(tmp_path):
+    fake = FakeStore()
+    fake.up = False
+    shipper = StoreShipper(
+        "http://store",
+        "t",
+        tmp_path / "spool",
+        transport=httpx.MockTransport(fake),
+        replay_batch_rows=400,
+        **FAST,
+    )
+    registry = CollectorRegistry()
+    registry.register(shipper)
+    for start in range(0, 1000, 10):  # 100 small batches, as a LogWriter flushes them
+        assert shipper.write_batch(synthetic_rows(10, T0, prefix=f"b{start}")) == 0  # spooled: not written
+    assert _sample(registry, "headroom_log_spool_files") == 100
+    assert _sample(registry, "headroom_log_rows_spooled_total") == 1000
+    assert (
+        _sample(registry, "headroom_store_up") == 0 and _sample(registry, "headroom_log_ship_lag_seconds") > 0
+    )
+    replayed = []
+    shipper.on_replayed = replayed.append
+    fake.up = True
+    wait_until(lambda: not shipper.spool.files(), 20, what="the spool to drain")
+    shipper.close()
+    assert len(fake.ids) == 1000 and sum(replayed) == 1000
+    assert max(fake.posts) == 400 and len(fake.posts) <= 4  # merged: 3 POSTs, not 100
+    assert _sample(registry, "headroom_log_spool_files") == 0
+    assert _sample(registry, "headroom_log_ship_lag_seconds") == 0
+    assert _sample(registry, "headroom_store_up") == 1
+
+
+def test_a_rejected_merged_batch_loses_only_its_bad_file(tmp_path):
+    fake = FakeStore()
+    fake.up = False
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
+    for start in range(0, 50, 10):
+        shipper.write_batch(synthetic_rows(10, T0, prefix=f"b{start}"))
+    fake.reject_marker = "b20-00000003"
+    fake.up = True
+    wait_until(lambda: not shipper.spool.files(), 20, what="the spool to drain")
+    shipper.close()
+    assert len(fake.ids) == 40 and not any(i.startswith("b20-") for i in fake.ids)
+
+
+def test_while_the_store_is_down_batches_spool_without_waiting_on_it(tmp_path):
+    fake = FakeStore()
+    fake.up = False
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
+    shipper.write_batch(synthetic_rows(5, T0, prefix="first"))  # tries, fails: now known down
+    attempts_before = shipper.store_up
+    shipper.write_batch(synthetic_rows(5, T0, prefix="second"))
+    assert attempts_before is False and shipper.spool.rows() == 10
+    shipper.close()
+
+
+def test_spool_directory_and_files_are_private(tmp_path):
+    fake = FakeStore()
+    fake.up = False
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
+    )
+    shipper.write_batch(synthetic_rows(5, T0))
+    shipper.close()
+    assert stat.S_IMODE((tmp_path / "spool").stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "spool").iterdir()} == {0o600}

@@ -7,9 +7,9 @@ import threading
 
 import httpx
 import pytest
+from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
 from collector.store.db import RequestStore
-from sidecar_support import CHAT, gauge_values, sidecar_rig, wait_until
 
 PATH = "/v1/chat/completions"
 
@@ -40,8 +40,15 @@ def test_stream_without_include_usage_is_byte_identical_and_usage_is_accounted(r
     assert b'"usage"' not in via
     sent = rig.fake.requests[-1]["payload"]
     assert sent["stream_options"] == {"include_usage": True}  # the proxy asked for it upstream
-    row = _only_row(rig, outcome="ok", status_code=200, usage_source="upstream",
-                    completion_tokens=5, prompt_tokens=8, cached_prompt_tokens=1)
+    row = _only_row(
+        rig,
+        outcome="ok",
+        status_code=200,
+        usage_source="upstream",
+        completion_tokens=5,
+        prompt_tokens=8,
+        cached_prompt_tokens=1,
+    )
     assert 0 < row["ttft_s"] <= row["e2e_s"]
     assert row["tpot_s"] == pytest.approx((row["e2e_s"] - row["ttft_s"]) / 4)
 
@@ -117,9 +124,12 @@ def test_timeout_mid_stream(rig):
 
 def _cancel_after(rig, mode: str, read_chunks: int) -> None:
     with httpx.Client(timeout=10) as client:
-        with client.stream("POST", rig.url + PATH, json=CHAT,
-                           headers={"x-fake": mode, "x-fake-tokens": "1000",
-                                    "x-fake-delay": "0.01"}) as response:
+        with client.stream(
+            "POST",
+            rig.url + PATH,
+            json=CHAT,
+            headers={"x-fake": mode, "x-fake-tokens": "1000", "x-fake-delay": "0.01"},
+        ) as response:
             chunks = response.iter_raw()
             for _ in range(read_chunks):
                 next(chunks)
@@ -194,9 +204,13 @@ def test_shutdown_with_a_stream_in_flight_logs_its_row_as_a_shutdown(tmp_path):
 
         def client():
             with contextlib.suppress(httpx.HTTPError):
-                with httpx.stream("POST", rig.url + PATH, json=CHAT, timeout=30,
-                                  headers={"x-fake-tokens": "100000", "x-fake-delay": "0.01",
-                                           "x-test-id": "long"}) as response:
+                with httpx.stream(
+                    "POST",
+                    rig.url + PATH,
+                    json=CHAT,
+                    timeout=30,
+                    headers={"x-fake-tokens": "100000", "x-fake-delay": "0.01", "x-test-id": "long"},
+                ) as response:
                     for _ in response.iter_raw():
                         pass
 
@@ -232,8 +246,9 @@ def test_a_redirect_reaches_the_client_as_sent(rig):
 
 @pytest.mark.parametrize("path", ["/v1/models", PATH])
 def test_cors_preflight_is_passed_through(rig, path):
-    response = httpx.options(rig.url + path, headers={"Origin": "http://ui.example",
-                                                      "Access-Control-Request-Method": "POST"})
+    response = httpx.options(
+        rig.url + path, headers={"Origin": "http://ui.example", "Access-Control-Request-Method": "POST"}
+    )
     assert response.status_code != 405  # the sidecar has no opinion on OPTIONS; the engine answers
     assert rig.fake.targets[-1][0] == path.encode()
     assert rig.rows() == []  # and it is not an accounted request

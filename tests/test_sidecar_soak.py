@@ -8,15 +8,20 @@ import random
 
 import httpx
 import pytest
-
-from sidecar_support import CHAT, gauge_values, sidecar_rig, wait_until
+from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
 TOTAL, CONCURRENCY = 2000, 64
 # (mode, x-fake-tokens, stream, client cancels after N bytes or None)
 KINDS = [
-    ("ok", "20", True, None), ("ok", "40", False, None), ("usage-null", "10", True, None),
-    ("429", "5", True, None), ("500", "5", False, None), ("reset", "5", True, None),
-    ("malformed", "5", True, None), ("ok", "200", True, 300), ("stall", "5", True, None),
+    ("ok", "20", True, None),
+    ("ok", "40", False, None),
+    ("usage-null", "10", True, None),
+    ("429", "5", True, None),
+    ("500", "5", False, None),
+    ("reset", "5", True, None),
+    ("malformed", "5", True, None),
+    ("ok", "200", True, 300),
+    ("stall", "5", True, None),
     ("hang", "5", True, 0),
 ]
 
@@ -32,7 +37,9 @@ async def _one(client: httpx.AsyncClient, rig, i: int, rng: random.Random) -> No
             return
         if cancel_after == 0:  # give up once the upstream has it, before its first byte
             arrived = rig.fake.expect(f"r{i}")
-            task = asyncio.ensure_future(client.post(url, json=body, headers={**headers, "x-test-id": f"r{i}"}))
+            task = asyncio.ensure_future(
+                client.post(url, json=body, headers={**headers, "x-test-id": f"r{i}"})
+            )
             await asyncio.get_running_loop().run_in_executor(None, arrived.wait, 10)
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -43,7 +50,7 @@ async def _one(client: httpx.AsyncClient, rig, i: int, rng: random.Random) -> No
                 seen += len(chunk)
                 if seen >= cancel_after:
                     break
-    except (httpx.HTTPError, asyncio.TimeoutError):
+    except (TimeoutError, httpx.HTTPError):
         pass  # resets, timeouts and our own cancellations are part of the mix
 
 

@@ -20,7 +20,7 @@ def test_splitter_reassembles_the_real_llamacpp_stream_under_any_chunking(fixtur
         splitter, forwarded, events, i = EventSplitter(), [], [], 0
         while i < len(data):
             step = rng.randint(1, 400)
-            complete, completed = splitter.feed(data[i:i + step])
+            complete, completed = splitter.feed(data[i : i + step])
             forwarded.append(complete)
             events += completed
             assert splitter.join(completed) == complete
@@ -47,16 +47,19 @@ def test_real_stream_token_estimate_and_usage(fixtures_dir):
     assert abs(estimate - 300) <= 3  # documented heuristic, checked on a real capture
 
 
-@pytest.mark.parametrize("event,tokens", [
-    (b'data: {"choices":[{"delta":{"tool_calls":[{"id":"x"}]}}]}', 1),
-    (b'data: {"choices":[{"text":"hello there friend"}]}', 4),
-    (b'data: {"choices":[{"delta":{"content":""}}]}', 0),
-    (b": keep-alive", None),
-    (b'event: message\ndata: {"choices":[{"delta":{"content":"abcd"}}]}', 1),
-    (b'data: {"choices":[{"delta":{"reasoning_content":"abcdefgh"}}]}', 2),  # DeepSeek, old vLLM
-    (b'data: {"choices":[{"delta":{"reasoning":"abcdefgh"}}]}', 2),  # vLLM >= 0.9: thinking is tokens
-    (b'data: {"choices":[{"delta":{"reasoning":"abcdefgh","reasoning_content":"abcdefgh"}}]}', 2),
-])
+@pytest.mark.parametrize(
+    "event,tokens",
+    [
+        (b'data: {"choices":[{"delta":{"tool_calls":[{"id":"x"}]}}]}', 1),
+        (b'data: {"choices":[{"text":"hello there friend"}]}', 4),
+        (b'data: {"choices":[{"delta":{"content":""}}]}', 0),
+        (b": keep-alive", None),
+        (b'event: message\ndata: {"choices":[{"delta":{"content":"abcd"}}]}', 1),
+        (b'data: {"choices":[{"delta":{"reasoning_content":"abcdefgh"}}]}', 2),  # DeepSeek, old vLLM
+        (b'data: {"choices":[{"delta":{"reasoning":"abcdefgh"}}]}', 2),  # vLLM >= 0.9: thinking is tokens
+        (b'data: {"choices":[{"delta":{"reasoning":"abcdefgh","reasoning_content":"abcdefgh"}}]}', 2),
+    ],
+)
 def test_chunk_token_estimates(event, tokens):
     info = inspect_event(event)
     assert (info.tokens_estimate if info is not None else None) == tokens
@@ -77,7 +80,7 @@ def test_parse_request_injects_usage_only_when_unset():
     plain = parse_request(b'{"model":"m","prompt":"abcd","max_tokens":7}')
     assert (plain.stream, plain.max_tokens, plain.prompt_tokens_estimate) == (False, 7, 1)
     garbage = parse_request(b"\xff\xfe not json")
-    assert garbage.model == "unknown" and garbage.body == b"\xff\xfe not json"
+    assert garbage.model == "unknown" and "not valid JSON" in garbage.refusal
 
 
 def test_tenant_resolution_never_exposes_the_key():
@@ -98,8 +101,10 @@ def _request(prompt: int) -> LiveRequest:
 
 
 def _gauges(registry):
-    return (registry.get_sample_value("headroom_inflight_requests", {"model": "m", "tenant": "t"}),
-            registry.get_sample_value("headroom_active_tokens", {"model": "m", "tenant": "t"}))
+    return (
+        registry.get_sample_value("headroom_inflight_requests", {"model": "m", "tenant": "t"}),
+        registry.get_sample_value("headroom_active_tokens", {"model": "m", "tenant": "t"}),
+    )
 
 
 def test_token_caliber_walk_with_flat_inflight_and_climbing_tokens():
@@ -121,16 +126,23 @@ def test_token_caliber_walk_with_flat_inflight_and_climbing_tokens():
     assert [s[0] for s in seen] == [3] * 5
     assert [s[1] for s in seen] == [5016, 5022, 5028, 5034, 5040]
     row = tracker.finish(long_a, "ok", status_code=200)
-    assert row["completion_tokens"] == 10 and row["usage_source"] == "estimated"
+    assert row.completion_tokens == 10 and row.usage_source == "estimated"
     assert _gauges(registry) == (2, 5040 - 1010)
     assert tracker.finish(long_a, "timeout") is None  # terminal exactly once
-    long_b.usage = {"prompt_tokens": 3900, "completion_tokens": 0}  # explicit zero is a value
+    tracker.reported_usage(long_b, {"prompt_tokens": 3900, "completion_tokens": 0})  # 0 is a value
     row = tracker.finish(long_b, "ok")
-    assert (row["prompt_tokens"], row["completion_tokens"], row["tpot_s"]) == (3900, 0, None)
+    assert (row.prompt_tokens, row.completion_tokens, row.tpot_s, row.usage_source) == (
+        3900,
+        0,
+        None,
+        "upstream",
+    )
     tracker.finish(short, "client_cancelled")
     assert _gauges(registry) == (0, 0) and tracker.active_tokens_total == 0
-    assert registry.get_sample_value("headroom_requests_total",
-                                     {"model": "m", "tenant": "t", "outcome": "ok"}) == 2
+    assert (
+        registry.get_sample_value("headroom_requests_total", {"model": "m", "tenant": "t", "outcome": "ok"})
+        == 2
+    )
 
 
 def test_tpot_uses_usage_tokens_not_chunks():
@@ -138,17 +150,20 @@ def test_tpot_uses_usage_tokens_not_chunks():
     request = _request(5)
     tracker.admit(request)
     tracker.generated(request, 1)  # one chunk...
-    request.usage = {"prompt_tokens": 5, "completion_tokens": 11}  # ...carrying 11 tokens in all
+    tracker.reported_usage(request, {"prompt_tokens": 5, "completion_tokens": 11})  # 11 in all
     row = tracker.finish(request, "ok")
-    assert row["tpot_s"] == pytest.approx((row["e2e_s"] - row["ttft_s"]) / 10)
+    assert row.tpot_s == pytest.approx((row.e2e_s - row.ttft_s) / 10)
 
 
-@pytest.mark.parametrize("event", [
-    # SSE allows a field after `data:` (an `id:` line) and splits data across lines (WHATWG §9.2.6)
-    b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\nid: 7',
-    b'data: {"choices":[{"delta":\ndata: {"content":"abcdefgh"}}]}',
-    b'event: message\r\ndata:{"choices":[{"delta":\r\ndata: {"content":"abcdefgh"}}]}\r\n: note',
-])
+@pytest.mark.parametrize(
+    "event",
+    [
+        # SSE allows a field after `data:` (an `id:` line) and splits data across lines (WHATWG §9.2.6)
+        b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\nid: 7',
+        b'data: {"choices":[{"delta":\ndata: {"content":"abcdefgh"}}]}',
+        b'event: message\r\ndata:{"choices":[{"delta":\r\ndata: {"content":"abcdefgh"}}]}\r\n: note',
+    ],
+)
 def test_valid_multi_line_events_are_read_not_marked_malformed(event):
     info = inspect_event(event)
     assert info is not MALFORMED and info.tokens_estimate == 2
@@ -176,19 +191,23 @@ def test_a_raising_row_sink_neither_breaks_finish_nor_starves_the_others(caplog)
 
 def test_error_events_are_recognised():
     from collector.sse import ERROR
+
     assert inspect_event(b'data: {"error":{"message":"boom","code":500}}') is ERROR  # vLLM, SGLang
     assert inspect_event(b'error: {"code":500,"message":"boom"}') is ERROR  # llama.cpp server
     assert inspect_event(b'event: error\ndata: {"message":"boom"}') is ERROR
     assert inspect_event(b'data: {"choices":[{"delta":{"content":"ab"}}],"error":null}') is not ERROR
 
 
-@pytest.mark.parametrize("body", [
-    b'{"model":"m","stream":true,"stream_options":[1]}',
-    b'{"model":"m","stream":true,"stream_options":"yes"}',
-    b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}',
-    b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":["a"]}]}]}',
-    b'{"model":"m","prompt":[{"text":7}]}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"m","stream":true,"stream_options":[1]}',
+        b'{"model":"m","stream":true,"stream_options":"yes"}',
+        b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}',
+        b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":["a"]}]}]}',
+        b'{"model":"m","prompt":[{"text":7}]}',
+    ],
+)
 def test_hostile_request_bodies_parse_without_raising(body):
     parsed = parse_request(body)  # an exception here is a 500 with no row for the request
     assert parsed.model == "m" and parsed.prompt_tokens_estimate >= 0
@@ -207,9 +226,9 @@ def test_absurd_upstream_usage_falls_back_to_the_estimate():
     tracker.admit(request)
     tracker.generated(request, 3)
     # a value beyond the INTEGER column would get the row rejected by the store service (400)
-    request.usage = {"prompt_tokens": 2**40, "completion_tokens": -1}
+    tracker.reported_usage(request, {"prompt_tokens": 2**40, "completion_tokens": -1})
     row = tracker.finish(request, "ok")
-    assert (row["prompt_tokens"], row["completion_tokens"]) == (7, 3)
+    assert (row.prompt_tokens, row.completion_tokens, row.usage_source) == (7, 3, "estimated")
 
 
 def test_config_rejects_bad_urls_and_ports_with_the_option_name():
@@ -230,3 +249,27 @@ def test_healthz_never_shows_upstream_credentials():
 
     assert _without_credentials("http://user:secret@engine:8000") == "http://engine:8000"
     assert _without_credentials("https://engine:8000/base") == "https://engine:8000/base"
+
+
+def test_one_place_finishes_a_request_and_only_the_tracker_changes_it():
+    """Tracker.finish is called once in the sidecar (CompletionsProxy.__call__), and no module but
+    the tracker assigns to a LiveRequest's attributes."""
+    import ast
+    from pathlib import Path
+
+    sidecar = Path(__file__).resolve().parent.parent / "collector" / "sidecar"
+    finishes, assignments = [], []
+    for path in sorted(sidecar.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "finish" and isinstance(node.ctx, ast.Load):
+                finishes.append(path.name)
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "request"
+                    and path.name != "tracker.py"
+                ):
+                    assignments.append(f"{path.name}:{node.lineno}")
+    assert finishes == ["proxy.py"] and assignments == []

@@ -5,11 +5,11 @@ on client disconnect, and seeded token counts."""
 from __future__ import annotations
 
 import json
-import time
 from contextlib import contextmanager
 
 import httpx
 import pytest
+from support.waiting import wait_until
 
 from collector.serving import serve_in_thread
 from collector.sim.app import create_sim_app
@@ -43,14 +43,16 @@ def _chat(content: str, **extra) -> dict:
 
 
 def test_stream_with_usage_matches_real_engines(fast_sim):
-    raw = _events(fast_sim, _chat("hello", stream=True, max_tokens=7, ignore_eos=True,
-                                  stream_options={"include_usage": True}))
+    raw = _events(
+        fast_sim,
+        _chat("hello", stream=True, max_tokens=7, ignore_eos=True, stream_options={"include_usage": True}),
+    )
     assert raw[-1] == "[DONE]"
     events = [json.loads(e) for e in raw[:-1]]
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     content = [e["choices"][0]["delta"]["content"] for e in events[1:-2]]
     assert content and all(content)
-    assert len("".join(content).split()) == 7           # one word per token
+    assert len("".join(content).split()) == 7  # one word per token
     final, usage = events[-2], events[-1]
     assert final["choices"][0]["finish_reason"] == "length" and final["choices"][0]["delta"] == {}
     assert usage["choices"] == []
@@ -65,8 +67,11 @@ def test_stream_without_include_usage_has_no_usage_chunk(fast_sim):
 
 
 def test_non_streaming_completion_carries_usage(fast_sim):
-    response = httpx.post(f"{fast_sim}/v1/completions", timeout=30,
-                          json={"model": "sim", "prompt": "x" * 40, "max_tokens": 9, "ignore_eos": True})
+    response = httpx.post(
+        f"{fast_sim}/v1/completions",
+        timeout=30,
+        json={"model": "sim", "prompt": "x" * 40, "max_tokens": 9, "ignore_eos": True},
+    )
     body = response.json()
     assert body["object"] == "text_completion" and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 9, "total_tokens": 19}
@@ -77,11 +82,14 @@ def test_models_lists_the_served_model(fast_sim):
     assert httpx.get(f"{fast_sim}/v1/models").json()["data"][0]["id"] == "headroom-sim"
 
 
-@pytest.mark.parametrize("body, needle", [
-    ({"model": "sim"}, "messages"),
-    (_chat("hi", max_tokens=0), "max_tokens"),
-    (_chat("hi", max_tokens=10**6), "maximum context length"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ({"model": "sim"}, "messages"),
+        (_chat("hi", max_tokens=0), "max_tokens"),
+        (_chat("hi", max_tokens=10**6), "maximum context length"),
+    ],
+)
 def test_bad_requests_get_400_naming_the_field(fast_sim, body, needle):
     response = httpx.post(f"{fast_sim}/v1/chat/completions", json=body)
     assert response.status_code == 400 and needle in response.json()["error"]["message"]
@@ -90,8 +98,9 @@ def test_bad_requests_get_400_naming_the_field(fast_sim, body, needle):
 def _token_counts(url: str) -> list[int]:
     counts = []
     for i in range(12):
-        body = httpx.post(f"{url}/v1/chat/completions", timeout=30,
-                          json=_chat(f"question {i}", max_tokens=400)).json()
+        body = httpx.post(
+            f"{url}/v1/chat/completions", timeout=30, json=_chat(f"question {i}", max_tokens=400)
+        ).json()
         counts.append(body["usage"]["completion_tokens"])
     return counts
 
@@ -109,13 +118,11 @@ def test_same_seed_and_settings_give_the_same_token_counts():
 
 
 def _wait_for(url: str, predicate, timeout_s: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = httpx.get(f"{url}/sim/state").json()
-        if predicate(state):
-            return state
-        time.sleep(0.02)
-    raise AssertionError(f"condition not reached; last state {state}")
+    def state() -> dict | None:
+        current = httpx.get(f"{url}/sim/state").json()
+        return current if predicate(current) else None
+
+    return wait_until(state, timeout_s, what="the simulator state")
 
 
 def test_full_queue_gives_429_with_retry_after_and_disconnect_frees_the_slot():
@@ -137,8 +144,11 @@ def test_full_queue_gives_429_with_retry_after_and_disconnect_frees_the_slot():
 def test_non_streaming_client_that_leaves_frees_its_slot():
     with running_sim(speed=0.2) as url:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{url}/v1/chat/completions", timeout=httpx.Timeout(10, read=0.3),
-                       json=_chat("wait", max_tokens=2000, ignore_eos=True))
+            httpx.post(
+                f"{url}/v1/chat/completions",
+                timeout=httpx.Timeout(10, read=0.3),
+                json=_chat("wait", max_tokens=2000, ignore_eos=True),
+            )
         state = _wait_for(url, lambda s: s["running"] == 0 and s["waiting"] == 0)
         assert state["kv_used_blocks"] == 0 and state["generation_tokens_total"] < 2000
 

@@ -10,17 +10,29 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from click.testing import CliRunner
 from conftest import free_port
 
 from collector.cli import main
 
+pytestmark = pytest.mark.subprocess
+
 
 def test_help_has_examples_and_every_knob():
     result = CliRunner().invoke(main, ["sim", "--help"])
     assert result.exit_code == 0
-    for flag in ("--listen", "--flavor", "--max-num-seqs", "--max-num-batched-tokens",
-                 "--kv-cache-tokens", "--max-waiting", "--speed", "--seed", "Examples:"):
+    for flag in (
+        "--listen",
+        "--flavor",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--kv-cache-tokens",
+        "--max-waiting",
+        "--speed",
+        "--seed",
+        "Examples:",
+    ):
         assert flag in result.output
 
 
@@ -32,15 +44,20 @@ def test_bad_values_are_named():
 def test_sim_process_serves_and_stops_on_ctrl_c():
     port = free_port()
     headroom = Path(sys.executable).parent / "headroom"
-    process = subprocess.Popen([str(headroom), "sim", "--listen", f"127.0.0.1:{port}",
-                                "--flavor", "sglang", "--speed", "20"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [str(headroom), "sim", "--listen", f"127.0.0.1:{port}", "--flavor", "sglang", "--speed", "20"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline, body = time.monotonic() + 30, None
         while body is None and time.monotonic() < deadline:
             try:
-                body = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=10,
-                                  json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True}).json()
+                body = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    timeout=10,
+                    json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True},
+                ).json()
             except httpx.TransportError:
                 time.sleep(0.1)
         assert body is not None and body["usage"]["completion_tokens"] == 4

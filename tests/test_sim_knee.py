@@ -18,27 +18,32 @@ from collections import Counter
 
 import httpx
 import pytest
+from support.processes import sim_process
 
 from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel, predicted_knee
 from collector.sim.load import run_level, summarize
 from collector.sim.output import count_chat_tokens
-from conftest import sim_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 SPEED = 4.0
 # 128 output tokens (~0.4 s of real time at SPEED): long next to the few steps a batch runs short
 # while a closed-loop client's next requests arrive, so at concurrency == max_num_seqs that gap
 # costs ~1-3 % of throughput, not the 5 % the plateau allows.
 SHORT_OUTPUT = 128
-LONG_OUTPUT = 64     # the KV knee below is computed for 1000 prompt + 64 output tokens
+LONG_OUTPUT = 64  # the KV knee below is computed for 1000 prompt + 64 output tokens
 WARMUP_S, WINDOW_S = 0.4, 1.2
 
 
 def _payload(content: str, output_tokens: int):
     def make(worker: int, index: int) -> dict:
-        return {"model": "sim", "messages": [{"role": "user", "content": content}],
-                "max_tokens": output_tokens, "ignore_eos": True}
+        return {
+            "model": "sim",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": output_tokens,
+            "ignore_eos": True,
+        }
+
     return make
 
 
@@ -46,6 +51,7 @@ async def _level(url: str, concurrency: int, payload) -> tuple[dict, list[dict]]
     """One closed-loop level: the client's summary plus the engine's tokens/s in simulated time,
     and the /sim/state samples (every 50 ms) of its measurement window."""
     async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+
         async def sample() -> list[dict]:
             await asyncio.sleep(WARMUP_S)
             states = [(await client.get("/sim/state")).json()]
@@ -56,7 +62,8 @@ async def _level(url: str, concurrency: int, payload) -> tuple[dict, list[dict]]
             return states
 
         level, states = await asyncio.gather(
-            run_level(url, concurrency, WINDOW_S, payload, warmup_s=WARMUP_S), sample())
+            run_level(url, concurrency, WINDOW_S, payload, warmup_s=WARMUP_S), sample()
+        )
     return summarize(level) | {"sim_tokens_per_s": _slope(states)}, states
 
 
@@ -98,35 +105,44 @@ def test_short_prompt_ladder_knees_at_max_num_seqs(max_num_seqs):
     for low, high in zip(below, below[1:]):
         assert tput[high] > 1.5 * tput[low], f"tokens/s should rise to the knee: {tput} (client {client})"
     for beyond in (c for c in levels if c > max_num_seqs):
-        assert abs(tput[beyond] / tput[max_num_seqs] - 1) <= 0.05, \
+        assert abs(tput[beyond] / tput[max_num_seqs] - 1) <= 0.05, (
             f"plateau within 5 %: {tput} (client {client})"
+        )
     ttft = {c: s["ttft_p95_s"] for c, s in summaries.items()}
     # past the knee a request waits for a slot: about one request duration per batch-full queued
     duration_s = SHORT_OUTPUT * CostModel().step_seconds(max_num_seqs, max_num_seqs * 80) / SPEED
     jump = ttft[2 * max_num_seqs] - ttft[max_num_seqs]
-    assert jump > 0.5 * duration_s and ttft[2 * max_num_seqs] > 3 * ttft[max_num_seqs], \
+    assert jump > 0.5 * duration_s and ttft[2 * max_num_seqs] > 3 * ttft[max_num_seqs], (
         f"p95 TTFT jumps past the knee (request duration {duration_s:.3f} s): {ttft}"
+    )
     # up to the knee nobody waits for a slot (which would cost up to a whole request duration);
     # the allowance absorbs a stalled scheduler tick on a busy host, not a queue
-    assert ttft[max_num_seqs] < ttft[below[0]] + 0.25 * duration_s, \
+    assert ttft[max_num_seqs] < ttft[below[0]] + 0.25 * duration_s, (
         f"p95 TTFT flat before the knee (request duration {duration_s:.3f} s): {ttft}"
+    )
 
 
 def test_long_prompts_knee_where_the_kv_model_predicts():
-    content = "x" * 3988                        # 1000 prompt tokens with the chat template
+    content = "x" * 3988  # 1000 prompt tokens with the chat template
     prompt_tokens = count_chat_tokens([{"role": "user", "content": content}])
     config = SimConfig(max_num_seqs=8, kv_cache_tokens=4400)
-    knee = predicted_knee(config.max_num_seqs, config.kv_cache_tokens, config.block_size,
-                          prompt_tokens, LONG_OUTPUT)
+    knee = predicted_knee(
+        config.max_num_seqs, config.kv_cache_tokens, config.block_size, prompt_tokens, LONG_OUTPUT
+    )
     assert knee == 4 < config.max_num_seqs
-    summaries, seen = _ladder([1, 2, 4, 8, 16], _payload(content, LONG_OUTPUT), watch_level=8,
-                              max_num_seqs=config.max_num_seqs, kv_cache_tokens=config.kv_cache_tokens)
+    summaries, seen = _ladder(
+        [1, 2, 4, 8, 16],
+        _payload(content, LONG_OUTPUT),
+        watch_level=8,
+        max_num_seqs=config.max_num_seqs,
+        kv_cache_tokens=config.kv_cache_tokens,
+    )
     tput = _throughput(summaries)
     assert tput[2] > 1.4 * tput[1] and tput[4] > 1.4 * tput[2], f"rises to the KV knee: {tput}"
     for beyond in (8, 16):
         assert abs(tput[beyond] / tput[knee] - 1) <= 0.05, f"flat past the KV knee: {tput}"
     busy = [s for s in seen if s["waiting"] > 0]
-    running = Counter(s["running"] for s in busy)            # KV, not max_num_seqs, binds
+    running = Counter(s["running"] for s in busy)  # KV, not max_num_seqs, binds
     assert max(running) == knee and running.most_common(1)[0][0] == knee, running
     assert max(s["kv_usage_ratio"] for s in busy) > 0.9
 

@@ -92,18 +92,22 @@ def test_cost_model_decode_is_memory_bound_so_tokens_per_second_rise_with_batch(
     assert long > short * 1.1
 
 
-@pytest.mark.parametrize("args, knee", [
-    ((8, 65536, 16, 100, 64), 8),         # short prompts: max_num_seqs binds
-    ((8, 4400, 16, 1000, 64), 4),         # long prompts: 275 blocks // 67 per request
-    ((16, 4096, 16, 2000, 100), 1),       # one request barely fits
-])
+@pytest.mark.parametrize(
+    "args, knee",
+    [
+        ((8, 65536, 16, 100, 64), 8),  # short prompts: max_num_seqs binds
+        ((8, 4400, 16, 1000, 64), 4),  # long prompts: 275 blocks // 67 per request
+        ((16, 4096, 16, 2000, 100), 1),  # one request barely fits
+    ],
+)
 def test_predicted_knee_is_the_tighter_of_slots_and_kv_blocks(args, knee):
     assert predicted_knee(*args) == knee
 
 
 def test_same_seed_same_outputs_other_seed_other_outputs():
-    lengths = lambda seed: [len(plan_output(seed, f"prompt {i}", None, 4096, False, 128).tokens)  # noqa: E731
-                            for i in range(20)]
+    def lengths(seed: int) -> list[int]:
+        return [len(plan_output(seed, f"prompt {i}", None, 4096, False, 128).tokens) for i in range(20)]
+
     assert lengths(7) == lengths(7)
     assert lengths(7) != lengths(8)
     assert all(1 <= n <= 4096 for n in lengths(7))
@@ -121,7 +125,7 @@ def test_max_tokens_ignore_eos_and_stop_decide_the_length():
 
 
 def test_prompt_token_count_is_documented_rule():
-    assert count_text_tokens("hello world") == 3            # ceil(11 / 4)
+    assert count_text_tokens("hello world") == 3  # ceil(11 / 4)
     assert count_chat_tokens([{"role": "user", "content": "x" * 3988}]) == 1000  # 997 + 3
     assert count_chat_tokens([{"role": "user", "content": [{"type": "text", "text": "abcd"}]}]) == 4
 
@@ -137,6 +141,21 @@ def test_max_waiting_counts_only_requests_beyond_free_slots():
     sched = Scheduler(SimConfig(max_num_seqs=2, max_waiting=0))
     first, second, third = _requests(3, 10, 5)
     sched.add(first)
-    sched.add(second)              # both fit in free slots: nothing waits for a slot
+    sched.add(second)  # both fit in free slots: nothing waits for a slot
     with pytest.raises(QueueFull):
         sched.add(third)
+
+
+def test_cpu_profile_is_compute_bound_and_gpu_profile_memory_bound():
+    """The two regimes the knee rule must handle: on the cpu profile a decode step grows with
+    every sequence in the batch; on the gpu profile batching up to 16 is nearly free."""
+    from collector.sim.cost import COST_PROFILES
+
+    def step(profile: str, batch: int) -> float:
+        return COST_PROFILES[profile].step_seconds(batch, batch * 100)
+
+    for small, large in ((1, 2), (2, 4), (4, 8)):
+        assert step("cpu", large) > 1.3 * step("cpu", small)  # slower per step: compute-bound
+        assert step("gpu", large) < 1.05 * step("gpu", small)  # the weight read dominates
+    # yet throughput still rises on the cpu profile (the weight read is shared): 54 -> 98 tok/s
+    assert 8 / step("cpu", 8) > 1.7 * (1 / step("cpu", 1))

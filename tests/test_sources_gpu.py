@@ -25,31 +25,47 @@ class FakeNvml:
         self.count = count
         self.calls: dict[str, int] = {}
         self.devices = [
-            {"uuid": "GPU-aaaa", "name": "NVIDIA H100 80GB HBM3", "util": (87, 45),
-             "mem": (60 * 2**30, 80 * 2**30), "power_mw": 512_250},
-            {"uuid": b"GPU-bbbb", "name": b"NVIDIA A10G", "util": (10, 3),
-             "mem": (2 * 2**30, 24 * 2**30), "power_mw": pynvml.NVML_ERROR_NOT_SUPPORTED},
+            {
+                "uuid": "GPU-aaaa",
+                "name": "NVIDIA H100 80GB HBM3",
+                "util": (87, 45),
+                "mem": (60 * 2**30, 80 * 2**30),
+                "power_mw": 512_250,
+            },
+            {
+                "uuid": b"GPU-bbbb",
+                "name": b"NVIDIA A10G",
+                "util": (10, 3),
+                "mem": (2 * 2**30, 24 * 2**30),
+                "power_mw": pynvml.NVML_ERROR_NOT_SUPPORTED,
+            },
             {"uuid": "GPU-cccc", "name": "NVIDIA L4", "lost": True},
         ]
 
     def _count(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
 
-    def install(self, monkeypatch) -> "FakeNvml":
+    def install(self, monkeypatch) -> FakeNvml:
         def fn(name, body):
             def call(*args):
                 self._count(name)
                 return body(*args)
+
             monkeypatch.setattr(pynvml, name, call)
+
         fn("nvmlInit", self._init)
         fn("nvmlDeviceGetCount", lambda: self.count)
         fn("nvmlDeviceGetHandleByIndex", lambda index: self.devices[index])
         fn("nvmlDeviceGetUUID", lambda handle: handle["uuid"])
         fn("nvmlDeviceGetName", lambda handle: handle["name"])
-        fn("nvmlDeviceGetUtilizationRates", lambda handle: SimpleNamespace(
-            **dict(zip(("gpu", "memory"), self._field(handle, "util")))))
-        fn("nvmlDeviceGetMemoryInfo", lambda handle: SimpleNamespace(
-            **dict(zip(("used", "total"), self._field(handle, "mem")))))
+        fn(
+            "nvmlDeviceGetUtilizationRates",
+            lambda handle: SimpleNamespace(**dict(zip(("gpu", "memory"), self._field(handle, "util")))),
+        )
+        fn(
+            "nvmlDeviceGetMemoryInfo",
+            lambda handle: SimpleNamespace(**dict(zip(("used", "total"), self._field(handle, "mem")))),
+        )
         fn("nvmlDeviceGetPowerUsage", lambda handle: self._field(handle, "power_mw"))
         return self
 
@@ -83,8 +99,7 @@ def test_several_gpus_with_labels_units_and_ratios(monkeypatch):
     registry = registry_of(GpuCollector())
     assert sample(registry, "headroom_gpu_up", H100) == 1.0
     assert sample(registry, "headroom_gpu_utilization_ratio", H100) == pytest.approx(0.87)
-    assert sample(registry, "headroom_gpu_memory_bandwidth_utilization_ratio",
-                  H100) == pytest.approx(0.45)
+    assert sample(registry, "headroom_gpu_memory_bandwidth_utilization_ratio", H100) == pytest.approx(0.45)
     assert sample(registry, "headroom_gpu_memory_used_bytes", H100) == 60 * 2**30
     assert sample(registry, "headroom_gpu_memory_total_bytes", H100) == 80 * 2**30
     assert sample(registry, "headroom_gpu_power_watts", H100) == pytest.approx(512.25)
@@ -103,8 +118,11 @@ def test_lost_gpu_is_down_alone_and_the_others_still_report(monkeypatch):
     FakeNvml().install(monkeypatch)
     registry = registry_of(SourceHealth([GpuCollector()]))  # the scrape-health families come from it
     assert sample(registry, "headroom_gpu_up", LOST) == 0.0
-    for name in ("headroom_gpu_utilization_ratio", "headroom_gpu_memory_used_bytes",
-                 "headroom_gpu_power_watts"):
+    for name in (
+        "headroom_gpu_utilization_ratio",
+        "headroom_gpu_memory_used_bytes",
+        "headroom_gpu_power_watts",
+    ):
         assert sample(registry, name, LOST) is None
     assert sample(registry, "headroom_gpu_up", H100) == 1.0
     assert registry.get_sample_value("headroom_source_scrape_success", {"source": "gpu"}) == 0.0
@@ -121,9 +139,14 @@ def test_nvml_init_is_cached_and_a_scrape_is_three_reads_per_gpu(monkeypatch):
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 5 * 3
 
 
-@pytest.mark.parametrize("error", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
-                                   pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-                                   pynvml.NVML_ERROR_NO_PERMISSION])
+@pytest.mark.parametrize(
+    "error",
+    [
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+    ],
+)
 def test_no_library_driver_or_permission_gives_unlabelled_gpu_up_0(monkeypatch, error):
     FakeNvml(init_error=error).install(monkeypatch)
     collector = GpuCollector()

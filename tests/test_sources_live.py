@@ -17,6 +17,7 @@ import time
 
 import httpx
 import pytest
+from support.waiting import wait_until_async
 
 from collector.record import MemorySink
 from collector.serving import serve_in_thread
@@ -26,7 +27,6 @@ from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 from collector.sources import build_engine_source
 from collector.sources.base import parse_exposition
-from test_sources_fake_engine import fake_engine  # noqa: F401  (fixture)
 
 # How long the engine stays broken. The issue asks for a minute of hanging: the slow test holds
 # it that long (HEADROOM_TEST_HANG_ENGINE_S shortens it for a quick local run); garbage and HTTP 500
@@ -40,43 +40,51 @@ SLOTS = 4
 class Stack:
     """A sidecar (with an engine source) in front of an upstream, both on loopback threads."""
 
-    def __init__(self, upstream_url: str, engine: str, metrics_url: str, *,
-                 poll_interval_s: float = 0.1, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        upstream_url: str,
+        engine: str,
+        metrics_url: str,
+        *,
+        poll_interval_s: float = 0.1,
+        timeout_s: float | None = None,
+    ) -> None:
         sink = MemorySink()
-        self.rows: list[dict] = sink.rows
+        self.rows = sink.rows
         self.source = build_engine_source(engine, metrics_url, poll_interval_s, timeout_s=timeout_s)
-        config = SidecarConfig(upstream=upstream_url, db_path=None, instance="test", engine=engine,
-                               engine_metrics_url=metrics_url,
-                               engine_poll_interval_s=poll_interval_s)
+        config = SidecarConfig(
+            upstream=upstream_url,
+            db_path=None,
+            instance="test",
+            engine=engine,
+            engine_metrics_url=metrics_url,
+            engine_poll_interval_s=poll_interval_s,
+        )
         self.handle = serve_in_thread(build_sidecar(config, sinks=[sink], engine=self.source))
         self.url = self.handle.url
 
     async def exported(self, client: httpx.AsyncClient) -> dict[str, float]:
         """The sidecar's headroom_engine_* values (summed over labels) from its /metrics."""
         samples = parse_exposition((await client.get(f"{self.url}/metrics")).text)
-        return {name: sum(value for _, value in rows) for name, rows in samples.items()
-                if name.startswith("headroom_engine_")}
+        return {
+            name: sum(value for _, value in rows)
+            for name, rows in samples.items()
+            if name.startswith("headroom_engine_")
+        }
 
     def stop(self) -> None:
         self.handle.stop(timeout_s=15)
 
 
-async def wait_until(check, timeout_s: float = 20.0, what: str = "condition"):
-    """Await `check()` (async, returns truthy) until true, or fail naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    pytest.fail(f"{what} not reached within {timeout_s} s (last: {last})")
-
-
 async def chat(client: httpx.AsyncClient, url: str, max_tokens: int) -> int:
     """One streamed chat completion through the sidecar, read to the end; returns the status."""
-    body = {"model": "headroom-sim", "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-            "messages": [{"role": "user", "content": PROMPT}]}
+    body = {
+        "model": "headroom-sim",
+        "stream": True,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         async for _ in response.aiter_bytes():
             pass
@@ -85,11 +93,15 @@ async def chat(client: httpx.AsyncClient, url: str, max_tokens: int) -> int:
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang", "llamacpp"])
 async def test_engine_gauges_track_the_simulator_under_load(flavor):
-    sim = serve_in_thread(create_sim_app(SimConfig(
-        flavor=flavor, max_num_seqs=SLOTS, kv_cache_tokens=8192, max_waiting=64, speed=2.0)))
+    sim = serve_in_thread(
+        create_sim_app(
+            SimConfig(flavor=flavor, max_num_seqs=SLOTS, kv_cache_tokens=8192, max_waiting=64, speed=2.0)
+        )
+    )
     stack = Stack(sim.url, flavor, f"{sim.url}/metrics")
     try:
         async with httpx.AsyncClient(timeout=60) as client:
+
             async def truth():
                 return (await client.get(f"{sim.url}/sim/state")).json()
 
@@ -100,28 +112,31 @@ async def test_engine_gauges_track_the_simulator_under_load(flavor):
                 # the next admission sees 3 running and 4 queued; wait for the steady state)
                 if expect_busy and (state["running"], state["waiting"]) != (SLOTS, 3):
                     return None
-                same = (got.get("headroom_engine_requests_running") == state["running"]
-                        and got.get("headroom_engine_requests_waiting") == state["waiting"]
-                        and abs(got.get("headroom_engine_kv_cache_usage_ratio", -1)
-                                - state["kv_usage_ratio"]) < 0.03)
+                same = (
+                    got.get("headroom_engine_requests_running") == state["running"]
+                    and got.get("headroom_engine_requests_waiting") == state["waiting"]
+                    and abs(got.get("headroom_engine_kv_cache_usage_ratio", -1) - state["kv_usage_ratio"])
+                    < 0.03
+                )
                 return (got, state) if same else None
 
             load = [asyncio.create_task(chat(client, stack.url, 200)) for _ in range(SLOTS + 3)]
-            got, state = await wait_until(lambda: tracking(True), what=f"{flavor} busy tracking")
+            got, state = await wait_until_async(lambda: tracking(True), what=f"{flavor} busy tracking")
             assert got["headroom_engine_up"] == 1.0
             assert got["headroom_engine_kv_cache_usage_ratio"] > 0.1  # ~4 x 450 tokens of 8192
             assert got["headroom_engine_kv_cache_capacity_tokens"] == pytest.approx(
-                state["kv_capacity_tokens"], rel=0.01)
+                state["kv_capacity_tokens"], rel=0.01
+            )
             # admitted while the engine queue holds 3: the row carries the last poll's view
             late = asyncio.create_task(chat(client, stack.url, 5))
             assert all(status == 200 for status in await asyncio.gather(*load, late))
-            await wait_until(lambda: tracking(False), what=f"{flavor} idle tracking")
-            await wait_until(lambda: _async(len(stack.rows) == SLOTS + 4), what="all rows")
-        assert all(row["engine_waiting_at_admit"] is not None for row in stack.rows)
-        assert all(row["kv_usage_at_admit"] is not None for row in stack.rows)
-        late_row = max(stack.rows, key=lambda row: row["admitted_at"])
-        assert late_row["engine_waiting_at_admit"] >= 1
-        assert late_row["kv_usage_at_admit"] > 0.1
+            await wait_until_async(lambda: tracking(False), what=f"{flavor} idle tracking")
+            await wait_until_async(lambda: _async(len(stack.rows) == SLOTS + 4), what="all rows")
+        assert all(row.engine_waiting_at_admit is not None for row in stack.rows)
+        assert all(row.kv_usage_at_admit is not None for row in stack.rows)
+        late_row = max(stack.rows, key=lambda row: row.admitted_at)
+        assert late_row.engine_waiting_at_admit >= 1
+        assert late_row.kv_usage_at_admit > 0.1
     finally:
         stack.stop()
         sim.stop(timeout_s=15)
@@ -134,24 +149,24 @@ async def _async(value):
 async def test_rows_carry_null_engine_fields_when_the_source_is_off(fake_engine):
     _, url = fake_engine
     sink = MemorySink()
-    rows: list[dict] = sink.rows
+    rows = sink.rows
     config = SidecarConfig(upstream=url, db_path=None, instance="test", engine="none")
     handle = serve_in_thread(build_sidecar(config, sinks=[sink]))
     try:
         async with httpx.AsyncClient(timeout=30) as client:
-            response = await client.post(f"{handle.url}/v1/chat/completions",
-                                         json={"model": "fake", "messages": [
-                                             {"role": "user", "content": "hi"}]})
+            response = await client.post(
+                f"{handle.url}/v1/chat/completions",
+                json={"model": "fake", "messages": [{"role": "user", "content": "hi"}]},
+            )
             assert response.status_code == 200
-            await wait_until(lambda: _async(len(rows) == 1), what="the row")
+            await wait_until_async(lambda: _async(len(rows) == 1), what="the row")
             assert "headroom_engine_up" not in (await client.get(f"{handle.url}/metrics")).text
     finally:
         handle.stop(timeout_s=15)
-    assert rows[0]["engine_waiting_at_admit"] is None and rows[0]["kv_usage_at_admit"] is None
+    assert rows[0].engine_waiting_at_admit is None and rows[0].kv_usage_at_admit is None
 
 
-async def _latencies(client: httpx.AsyncClient, url: str, count: int,
-                     for_s: float = 0.0) -> list[float]:
+async def _latencies(client: httpx.AsyncClient, url: str, count: int, for_s: float = 0.0) -> list[float]:
     """Sequential proxied requests: at least `count`, and for at least `for_s` seconds."""
     body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
     took: list[float] = []
@@ -175,13 +190,16 @@ def _never_delayed(mode: str, baseline: list[float], broken: list[float], poll_t
     base_median = statistics.median(baseline)
     limit = min(max(20 * base_median, 2 * max(baseline), 0.5), poll_timeout_s / 2)
     slowest = max(broken)
-    assert slowest < limit, (f"{mode}: a request took {slowest:.3f} s (limit {limit:.3f} s; baseline "
-                             f"median {base_median * 1000:.1f} ms, max {max(baseline) * 1000:.1f} ms)")
+    assert slowest < limit, (
+        f"{mode}: a request took {slowest:.3f} s (limit {limit:.3f} s; baseline "
+        f"median {base_median * 1000:.1f} ms, max {max(baseline) * 1000:.1f} ms)"
+    )
     assert statistics.median(broken) < 3 * base_median + 0.05, (mode, statistics.median(broken), base_median)
 
 
-async def _broken_for(engine, stack: Stack, client: httpx.AsyncClient, mode: str, for_s: float,
-                      baseline: list[float]) -> dict:
+async def _broken_for(
+    engine, stack: Stack, client: httpx.AsyncClient, mode: str, for_s: float, baseline: list[float]
+) -> dict:
     """Break the engine in `mode` for `for_s` seconds of sequential proxied requests; check them.
 
     The requests start the moment the engine breaks, so the window includes the polls in flight
@@ -193,21 +211,27 @@ async def _broken_for(engine, stack: Stack, client: httpx.AsyncClient, mode: str
     polls = engine.metrics_hits - hits
     assert not await _up(stack, client), f"{mode}: headroom_engine_up must be 0 while the engine is broken"
     engine.mode = "ok"
-    await wait_until(lambda: _up(stack, client), what=f"engine back up after {mode}")
+    await wait_until_async(lambda: _up(stack, client), what=f"engine back up after {mode}")
     _never_delayed(mode, baseline, broken, stack.source.timeout_s)
-    return {"mode": mode, "requests": len(broken), "polls": polls,
-            "median_ms": round(statistics.median(broken) * 1000, 2),
-            "p99_ms": round(statistics.quantiles(broken, n=100)[98] * 1000, 2),
-            "max_ms": round(max(broken) * 1000, 2)}
+    return {
+        "mode": mode,
+        "requests": len(broken),
+        "polls": polls,
+        "median_ms": round(statistics.median(broken) * 1000, 2),
+        "p99_ms": round(statistics.quantiles(broken, n=100)[98] * 1000, 2),
+        "max_ms": round(max(broken) * 1000, 2),
+    }
 
 
 async def _baseline(stack: Stack, client: httpx.AsyncClient) -> list[float]:
     """Latencies of the same proxied requests with a healthy engine (after a warm-up)."""
-    await wait_until(lambda: _up(stack, client), what="engine up")
+    await wait_until_async(lambda: _up(stack, client), what="engine up")
     await _latencies(client, stack.url, 20)  # warm-up: connections, first-call paths
     baseline = await _latencies(client, stack.url, 100, 1.0)
-    print(f"\nbaseline: {len(baseline)} requests, median {statistics.median(baseline) * 1000:.2f} ms, "
-          f"max {max(baseline) * 1000:.2f} ms")
+    print(
+        f"\nbaseline: {len(baseline)} requests, median {statistics.median(baseline) * 1000:.2f} ms, "
+        f"max {max(baseline) * 1000:.2f} ms"
+    )
     return baseline
 
 

@@ -55,8 +55,10 @@ def test_llamacpp_slots_junk_gives_no_estimate(junk):
 
 
 def test_llamacpp_older_slots_format_with_state_and_n_past():
-    old = [{"id": 0, "n_ctx": 1000, "state": 1, "n_past": 250},
-           {"id": 1, "n_ctx": 1000, "state": 0, "n_past": 900}]
+    old = [
+        {"id": 0, "n_ctx": 1000, "state": 1, "n_past": 250},
+        {"id": 1, "n_ctx": 1000, "state": 0, "n_past": 900},
+    ]
     assert kv_from_slots(old) == (pytest.approx(0.125), 2000)
 
 
@@ -65,11 +67,14 @@ def test_llamacpp_own_kv_metric_wins_over_the_slots_estimate():
     assert parse_llamacpp(text, slots("slots_busy.json")).kv_usage_ratio == 0.5
 
 
-@pytest.mark.parametrize("url, expected", [
-    ("http://h:8080/metrics", "http://h:8080/slots"),
-    ("http://h:8080/metrics/", "http://h:8080/slots"),
-    ("http://h:8080", "http://h:8080/slots"),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("http://h:8080/metrics", "http://h:8080/slots"),
+        ("http://h:8080/metrics/", "http://h:8080/slots"),
+        ("http://h:8080", "http://h:8080/slots"),
+    ],
+)
 def test_slots_url_sits_beside_metrics(url, expected):
     assert slots_url(url) == expected
 
@@ -86,16 +91,19 @@ def test_vllm_kv_max_concurrency_is_the_engines_ceiling_when_published():
     assert parse_vllm(read("vllm/metrics_v0_11.txt")).max_concurrency is None  # older page
     text = read("vllm/metrics_v0_11.txt") + (
         'vllm:cache_config_info{block_size="16",kv_cache_max_concurrency="46.3",'
-        'kv_cache_size_tokens="438448",num_gpu_blocks="27403"} 1.0\n')
+        'kv_cache_size_tokens="438448",num_gpu_blocks="27403"} 1.0\n'
+    )
     assert parse_vllm(text).max_concurrency == 46
 
 
 def test_headroom_sidecar_page_relays_its_engine_figures():
     from collector.sources.headroom import parse_headroom
 
-    text = ('headroom_engine_requests_running{engine="vllm",model="m"} 3\n'
-            'headroom_engine_requests_waiting{engine="vllm",model="m"} 2\n'
-            'headroom_inflight_requests{model="m",tenant="t"} 5\n')
+    text = (
+        'headroom_engine_requests_running{engine="vllm",model="m"} 3\n'
+        'headroom_engine_requests_waiting{engine="vllm",model="m"} 2\n'
+        'headroom_inflight_requests{model="m",tenant="t"} 5\n'
+    )
     snap = parse_headroom(text)
     assert (snap.running, snap.waiting, snap.model) == (3, 2, "m")
     assert detect_engine(parse_exposition(text)) == "headroom"
@@ -110,8 +118,7 @@ def test_vllm_old_kv_name_is_read_as_0_to_1_despite_perc():
 
 
 def test_vllm_new_name_wins_when_a_transition_release_exports_both():
-    text = read("vllm/metrics_v0_11.txt") + (
-        'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.99\n')
+    text = read("vllm/metrics_v0_11.txt") + ('vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.99\n')
     assert parse_vllm(text).kv_usage_ratio == pytest.approx(0.6375)
 
 
@@ -119,19 +126,22 @@ def test_vllm_data_parallel_sums_counts_and_takes_the_fullest_kv():
     rows = []
     for engine, running, waiting, kv in (("0", 5, 1, 0.4), ("1", 6, 2, 0.7)):
         labels = f'engine="{engine}",model_name="m"'
-        rows += [f"vllm:num_requests_running{{{labels}}} {running}",
-                 f"vllm:num_requests_waiting{{{labels}}} {waiting}",
-                 f"vllm:kv_cache_usage_perc{{{labels}}} {kv}",
-                 f'vllm:cache_config_info{{block_size="16",engine="{engine}",'
-                 f'num_gpu_blocks="100"}} 1.0']
+        rows += [
+            f"vllm:num_requests_running{{{labels}}} {running}",
+            f"vllm:num_requests_waiting{{{labels}}} {waiting}",
+            f"vllm:kv_cache_usage_perc{{{labels}}} {kv}",
+            f'vllm:cache_config_info{{block_size="16",engine="{engine}",num_gpu_blocks="100"}} 1.0',
+        ]
     snap = parse_vllm("\n".join(rows) + "\n")
     assert (snap.running, snap.waiting, snap.kv_usage_ratio) == (11, 3, 0.7)
     assert snap.kv_capacity_tokens == 2 * 100 * 16
 
 
 def test_vllm_capacity_unknown_before_profiling():
-    text = ('vllm:num_requests_running{model_name="m"} 1\n'
-            'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n')
+    text = (
+        'vllm:num_requests_running{model_name="m"} 1\n'
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n'
+    )
     assert parse_vllm(text).kv_capacity_tokens is None
 
 
@@ -159,16 +169,19 @@ def test_generic_mapping_with_list_scale_sum_and_label_selector():
     assert snap.kv_capacity_tokens == 65536  # only kind="capacity", not the "used" series
 
 
-@pytest.mark.parametrize("data, complaint", [
-    ("just text", "expected a YAML mapping"),
-    ({"running": "x"}, "'engine' must name"),
-    ({"engine": "e"}, "map at least one"),
-    ({"engine": "e", "runing": "x"}, "unknown keys ['runing']"),
-    ({"engine": "e", "running": {"metric": "x", "scael": 2}}, "unknown keys ['scael']"),
-    ({"engine": "e", "running": {"metric": "x", "aggregate": "median"}}, "aggregate 'median'"),
-    ({"engine": "e", "running": {"metric": "x", "labels": ["a"]}}, "running.labels"),
-    ({"engine": "e", "waiting": []}, "give a metric name"),
-])
+@pytest.mark.parametrize(
+    "data, complaint",
+    [
+        ("just text", "expected a YAML mapping"),
+        ({"running": "x"}, "'engine' must name"),
+        ({"engine": "e"}, "map at least one"),
+        ({"engine": "e", "runing": "x"}, "unknown keys ['runing']"),
+        ({"engine": "e", "running": {"metric": "x", "scael": 2}}, "unknown keys ['scael']"),
+        ({"engine": "e", "running": {"metric": "x", "aggregate": "median"}}, "aggregate 'median'"),
+        ({"engine": "e", "running": {"metric": "x", "labels": ["a"]}}, "running.labels"),
+        ({"engine": "e", "waiting": []}, "give a metric name"),
+    ],
+)
 def test_generic_mapping_errors_name_the_bad_key(data, complaint):
     with pytest.raises(MappingError, match=complaint.replace("[", r"\[").replace("]", r"\]")):
         mapping_from_dict(data)
@@ -211,22 +224,30 @@ def test_nan_samples_are_ignored():
     assert rule.apply(parse_exposition("x NaN\n")) is None
 
 
-@pytest.mark.parametrize("fixture, engine", [
-    ("vllm/metrics_v0_11.txt", "vllm"),
-    ("vllm/metrics_v0_6.txt", "vllm"),
-    ("sglang/metrics_v0_5.txt", "sglang"),
-    ("tgi/metrics_v3.txt", "tgi"),
-    ("llamacpp/metrics_busy.txt", "llamacpp"),
-    ("llamacpp/metrics_idle_after_load.txt", "llamacpp"),
-    ("generic/metrics.txt", None),  # unknown engines are not guessed: they need a mapping
-])
+@pytest.mark.parametrize(
+    "fixture, engine",
+    [
+        ("vllm/metrics_v0_11.txt", "vllm"),
+        ("vllm/metrics_v0_6.txt", "vllm"),
+        ("sglang/metrics_v0_5.txt", "sglang"),
+        ("tgi/metrics_v3.txt", "tgi"),
+        ("llamacpp/metrics_busy.txt", "llamacpp"),
+        ("llamacpp/metrics_idle_after_load.txt", "llamacpp"),
+        ("generic/metrics.txt", None),  # unknown engines are not guessed: they need a mapping
+    ],
+)
 def test_auto_detection_on_every_fixture(fixture, engine):
     assert detect_engine(parse_exposition(read(fixture))) == engine
 
 
-@pytest.mark.parametrize("fixture", sorted(
-    str(path.relative_to(FIXTURES)) for folder in ("vllm", "sglang", "tgi", "generic")
-    for path in (FIXTURES / folder).glob("*.txt")))
+@pytest.mark.parametrize(
+    "fixture",
+    sorted(
+        str(path.relative_to(FIXTURES))
+        for folder in ("vllm", "sglang", "tgi", "generic")
+        for path in (FIXTURES / folder).glob("*.txt")
+    ),
+)
 def test_every_built_fixture_says_what_it_imitates(fixture):
     header = read(fixture).splitlines()[0]
     assert header.startswith("# Imitates") or "imitates no public engine" in read(fixture)

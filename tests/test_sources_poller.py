@@ -8,15 +8,15 @@ import subprocess
 import time
 
 import pytest
+from conftest import require_tool
 from prometheus_client import CollectorRegistry, generate_latest
+from support.engine import FIXTURES
 
 from collector.catalog import spec
 from collector.sources import build_engine_source, default_metrics_url
 from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
 from collector.sources.poller import EngineSource
-from conftest import require_tool
-from test_sources_fake_engine import FIXTURES, fake_engine  # noqa: F401  (fixture)
 
 
 def value(collector, name: str, **labels) -> float | None:
@@ -59,15 +59,20 @@ async def test_poll_exports_normalised_gauges_with_engine_and_model_labels(fake_
 
 
 def test_help_text_says_values_are_as_of_the_last_poll():
-    for name in ("headroom_engine_requests_running", "headroom_engine_requests_waiting",
-                 "headroom_engine_kv_cache_usage_ratio",
-                 "headroom_engine_kv_cache_capacity_tokens"):
+    for name in (
+        "headroom_engine_requests_running",
+        "headroom_engine_requests_waiting",
+        "headroom_engine_kv_cache_usage_ratio",
+        "headroom_engine_kv_cache_capacity_tokens",
+    ):
         assert "as of the last poll" in spec(name).help
     source = build_engine_source("vllm", "http://127.0.0.1:9/metrics", 1)
     source.latest = source.latest.__class__(engine="vllm", up=True, running=1)
     text = generate_latest(_registry(source)).decode()
-    assert "# HELP headroom_engine_requests_running Requests running in the engine's batch, " \
-           "as of the last poll." in text
+    assert (
+        "# HELP headroom_engine_requests_running Requests running in the engine's batch, "
+        "as of the last poll." in text
+    )
 
 
 def _registry(*collectors) -> CollectorRegistry:
@@ -77,11 +82,14 @@ def _registry(*collectors) -> CollectorRegistry:
     return registry
 
 
-@pytest.mark.parametrize("mode, error", [
-    ("hang", "no answer within"),
-    ("garbage", "are on this page"),
-    ("error", "HTTP 500"),
-])
+@pytest.mark.parametrize(
+    "mode, error",
+    [
+        ("hang", "no answer within"),
+        ("garbage", "are on this page"),
+        ("error", "HTTP 500"),
+    ],
+)
 async def test_failing_engine_is_down_with_unknown_values_and_recovers(fake_engine, mode, error):
     engine, url = fake_engine
     source = build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=0.3)
@@ -97,8 +105,15 @@ async def test_failing_engine_is_down_with_unknown_values_and_recovers(fake_engi
         assert value(source, "headroom_engine_up", engine="vllm") == 0.0
         assert value(source, "headroom_source_scrape_success", source="engine") == 0.0
         # unknown is absent, never a fake zero
-        assert value(source, "headroom_engine_requests_running", engine="vllm",
-                     model="meta-llama/Llama-3.1-8B-Instruct") is None
+        assert (
+            value(
+                source,
+                "headroom_engine_requests_running",
+                engine="vllm",
+                model="meta-llama/Llama-3.1-8B-Instruct",
+            )
+            is None
+        )
         engine.mode = "ok"
         assert (await source.poll_once()).up
     finally:
@@ -121,8 +136,7 @@ async def test_background_loop_follows_the_engine_and_stops_promptly(fake_engine
     source = await started(build_engine_source("vllm", f"{url}/metrics", 0.05))
     try:
         await wait_for(lambda: source.latest.waiting == 3)
-        series = ('vllm:num_requests_waiting'
-                  '{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}')
+        series = 'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
         engine.metrics_text = engine.metrics_text.replace(f"{series} 3.0", f"{series} 9.0")
         await wait_for(lambda: source.latest.waiting == 9)
     finally:
@@ -136,8 +150,7 @@ async def test_background_loop_follows_the_engine_and_stops_promptly(fake_engine
 
 
 async def test_unreachable_engine_is_down_without_raising():
-    source = await started(build_engine_source("vllm", "http://127.0.0.1:9/metrics", 60,
-                                               timeout_s=1))
+    source = await started(build_engine_source("vllm", "http://127.0.0.1:9/metrics", 60, timeout_s=1))
     try:
         snapshot = await source.poll_once()
         assert not snapshot.up and snapshot.error
@@ -184,8 +197,10 @@ async def test_generic_engine_from_a_mapping_file(fake_engine):
     engine, url = fake_engine
     engine.metrics_text = (FIXTURES / "generic/metrics.txt").read_text()
     mapping = FIXTURES / "generic/mapping.yaml"
-    for source in (build_engine_source(f"generic:{mapping}", f"{url}/metrics", 60, timeout_s=5),
-                   build_engine_source("generic", f"{url}/metrics", 60, mapping_path=mapping)):
+    for source in (
+        build_engine_source(f"generic:{mapping}", f"{url}/metrics", 60, timeout_s=5),
+        build_engine_source("generic", f"{url}/metrics", 60, mapping_path=mapping),
+    ):
         await source.start()
         try:
             snapshot = await source.poll_once()
@@ -194,12 +209,15 @@ async def test_generic_engine_from_a_mapping_file(fake_engine):
             await source.stop()
 
 
-@pytest.mark.parametrize("args, complaint", [
-    (("vlm", "http://h/metrics"), "is not one of"),
-    (("generic", "http://h/metrics"), "needs a mapping"),
-    (("vllm:x.yaml", "http://h/metrics"), "only 'generic'"),
-    (("vllm", ""), "--engine-metrics-url is empty"),
-])
+@pytest.mark.parametrize(
+    "args, complaint",
+    [
+        (("vlm", "http://h/metrics"), "is not one of"),
+        (("generic", "http://h/metrics"), "needs a mapping"),
+        (("vllm:x.yaml", "http://h/metrics"), "only 'generic'"),
+        (("vllm", ""), "--engine-metrics-url is empty"),
+    ],
+)
 def test_build_engine_source_rejects_bad_input_with_a_hint(args, complaint):
     with pytest.raises(ValueError, match=complaint):
         build_engine_source(*args, 1.0)
@@ -219,33 +237,40 @@ def test_build_engine_source_none_and_defaults():
 def test_engine_with_attached_gpu_is_valid_exposition_for_promtool():
     promtool = require_tool("promtool")
     source = build_engine_source("vllm", "http://127.0.0.1:9/metrics", 1.0)
-    source.latest = source.latest.__class__(engine="vllm", up=True, model="m", running=2,
-                                            waiting=1, kv_usage_ratio=0.5, kv_capacity_tokens=64)
+    source.latest = source.latest.__class__(
+        engine="vllm", up=True, model="m", running=2, waiting=1, kv_usage_ratio=0.5, kv_capacity_tokens=64
+    )
     text = generate_latest(_registry(SourceHealth([source, GpuCollector()])))
     assert text.count(b"# HELP headroom_source_scrape_success ") == 1
     assert b'headroom_source_scrape_success{source="gpu"}' in text
-    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                            timeout=30)
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
     assert result.returncode == 0, result.stderr.decode() + result.stdout.decode()
 
 
 def test_public_names_are_pinned():
     import collector.sources as sources
 
-    assert sorted(sources.__all__) == ["ENGINES", "EngineSnapshot", "EngineSource",
-                                       "build_engine_source", "default_metrics_url"]
+    assert sorted(sources.__all__) == [
+        "ENGINES",
+        "EngineSnapshot",
+        "EngineSource",
+        "build_engine_source",
+        "default_metrics_url",
+    ]
     assert sources.ENGINES == ("vllm", "sglang", "tgi", "llamacpp", "generic", "auto", "none")
 
 
-@pytest.mark.parametrize("fixture, engine, running, waiting", [
-    ("vllm/metrics_v0_11.txt", "vllm", 7, 3),
-    ("vllm/metrics_v0_6.txt", "vllm", 12, 0),
-    ("sglang/metrics_v0_5.txt", "sglang", 9, 4),
-    ("tgi/metrics_v3.txt", "tgi", 5, 2),
-    ("llamacpp/metrics_busy.txt", "llamacpp", 4, 2),
-])
-async def test_auto_over_http_on_every_engine_fixture(fake_engine, fixture, engine, running,
-                                                     waiting):
+@pytest.mark.parametrize(
+    "fixture, engine, running, waiting",
+    [
+        ("vllm/metrics_v0_11.txt", "vllm", 7, 3),
+        ("vllm/metrics_v0_6.txt", "vllm", 12, 0),
+        ("sglang/metrics_v0_5.txt", "sglang", 9, 4),
+        ("tgi/metrics_v3.txt", "tgi", 5, 2),
+        ("llamacpp/metrics_busy.txt", "llamacpp", 4, 2),
+    ],
+)
+async def test_auto_over_http_on_every_engine_fixture(fake_engine, fixture, engine, running, waiting):
     fake, url = fake_engine
     fake.metrics_text = (FIXTURES / fixture).read_text()
     source = await started(build_engine_source("auto", f"{url}/metrics", 60, timeout_s=5))

@@ -8,13 +8,13 @@ import asyncio
 
 import httpx
 import pytest
+from support.sidecar import CHAT
+from support.upstream import FakeUpstream
 
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar
-from one_shot_upstream import OneShotUpstream
-from sidecar_support import CHAT
 
 REQUESTS = 8
 
@@ -23,9 +23,12 @@ REQUESTS = 8
 def sidecar(tmp_path):
     started = []
 
-    def start(upstream: OneShotUpstream):
-        app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=str(tmp_path / "log.duckdb"),
-                                          instance="test", read_timeout_s=5))
+    def start(upstream: FakeUpstream):
+        app = build_sidecar(
+            SidecarConfig(
+                upstream=upstream.url, db_path=str(tmp_path / "log.duckdb"), instance="test", read_timeout_s=5
+            )
+        )
         handle = serve_in_thread(app, timeout_graceful_shutdown=2)
         started.append(handle)
         return app, handle
@@ -42,17 +45,19 @@ def _rows(app) -> list[dict]:
 
 def _retries(url: str) -> float:
     text = httpx.get(url + "/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("headroom_upstream_retries_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("headroom_upstream_retries_total{")
+    )
 
 
 def test_sidecar_turns_a_stale_pooled_connection_into_a_retry_not_a_502(sidecar):
-    upstream = OneShotUpstream()
+    upstream = FakeUpstream(one_request_per_connection=True)
     app, handle = sidecar(upstream)
     try:
         with httpx.Client(timeout=10) as client:
-            answers = [client.post(handle.url + "/v1/chat/completions", json=CHAT)
-                       for _ in range(REQUESTS)]
+            answers = [client.post(handle.url + "/v1/chat/completions", json=CHAT) for _ in range(REQUESTS)]
         assert [a.status_code for a in answers] == [200] * REQUESTS
         assert all(a.text.rstrip().endswith("data: [DONE]") for a in answers)
         assert upstream.requests_read == REQUESTS  # each reached the engine exactly once
@@ -66,11 +71,10 @@ def test_sidecar_turns_a_stale_pooled_connection_into_a_retry_not_a_502(sidecar)
 
 
 def test_a_failure_on_a_new_connection_is_not_retried(sidecar):
-    upstream = OneShotUpstream(drop_fresh=True)  # reads each request, then hangs up
+    upstream = FakeUpstream(drop_fresh=True)  # reads each request, then hangs up
     app, handle = sidecar(upstream)
     try:
-        answers = [httpx.post(handle.url + "/v1/chat/completions", json=CHAT, timeout=10)
-                   for _ in range(3)]
+        answers = [httpx.post(handle.url + "/v1/chat/completions", json=CHAT, timeout=10) for _ in range(3)]
         assert [a.status_code for a in answers] == [502] * 3
         assert upstream.requests_read == 3  # never sent twice: the engine may have seen it
         rows = _rows(app)
@@ -81,12 +85,11 @@ def test_a_failure_on_a_new_connection_is_not_retried(sidecar):
 
 
 def test_a_429_is_never_retried(sidecar):
-    upstream = OneShotUpstream(status=429)
+    upstream = FakeUpstream(one_request_per_connection=True, status=429)
     app, handle = sidecar(upstream)
     try:
         with httpx.Client(timeout=10) as client:
-            answers = [client.post(handle.url + "/v1/chat/completions", json=CHAT)
-                       for _ in range(4)]
+            answers = [client.post(handle.url + "/v1/chat/completions", json=CHAT) for _ in range(4)]
         assert [a.status_code for a in answers] == [429] * 4
         assert upstream.requests_read == 4
         assert {r["outcome"] for r in _rows(app)} == {"rate_limited"}
@@ -95,10 +98,17 @@ def test_a_429_is_never_retried(sidecar):
 
 
 def test_probe_straight_at_a_one_shot_engine_fails_no_request():
-    upstream = OneShotUpstream()
+    upstream = FakeUpstream(one_request_per_connection=True)
     try:
-        settings = ProbeSettings(url=upstream.url, levels=(1, 2), max_tokens=3, min_samples=6,
-                                 max_samples=6, warmup_per_worker=0, engine_metrics="none")
+        settings = ProbeSettings(
+            url=upstream.url,
+            levels=(1, 2),
+            max_tokens=3,
+            min_samples=6,
+            max_samples=6,
+            warmup_per_worker=0,
+            engine_metrics="none",
+        )
         written: list[dict] = []
         result = asyncio.run(run_probe(settings, write_rows=written.extend))
         assert [r["outcome"] for r in written] == ["ok"] * len(written)

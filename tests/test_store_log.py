@@ -6,18 +6,18 @@ import threading
 
 import duckdb
 import httpx
+import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry
+from support.sidecar import CHAT, sidecar_rig
 
 from collector.store.db import RequestStore
 from collector.store.schema import COLUMN_NAMES, SCHEMA_VERSION, V1_DDL
 from collector.store.writer import LogWriter, RowsDropped
-from sidecar_support import CHAT, sidecar_rig
 
 
 def _rows(n, prefix="r"):
-    return [{"request_id": f"{prefix}{i}", "model": "m", "outcome": "ok", "e2e_s": 0.1 * i}
-            for i in range(n)]
+    return [{"request_id": f"{prefix}{i}", "model": "m", "outcome": "ok", "e2e_s": 0.1 * i} for i in range(n)]
 
 
 class _Recording:
@@ -72,7 +72,10 @@ def test_sink_failures_are_counted_by_reason():
         writer.submit(row)
         writer.flush()
     writer.close()
-    value = lambda reason: registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": reason})
+
+    def value(reason: str) -> float | None:
+        return registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": reason})
+
     assert value("db_error") == 5 and value("spool_full") == 3
     assert registry.get_sample_value("headroom_log_rows_written_total") == 0
 
@@ -105,14 +108,20 @@ def test_version_1_database_is_migrated_without_losing_rows(tmp_path):
     path = str(tmp_path / "old.duckdb")
     con = duckdb.connect(path)
     con.execute(V1_DDL)
-    con.execute("INSERT INTO requests (request_id, model, outcome, e2e_s) "
-                "SELECT 'old' || i, 'm', 'ok', i FROM range(1000) t(i)")
+    con.execute(
+        "INSERT INTO requests (request_id, model, outcome, e2e_s) "
+        "SELECT 'old' || i, 'm', 'ok', i FROM range(1000) t(i)"
+    )
     con.close()
     store = RequestStore(path)
     assert store.migrated_from == 1
     assert store.count() == 1000
-    columns = [r[0] for r in store.query("SELECT column_name FROM information_schema.columns "
-                                          "WHERE table_name = 'requests'")]
+    columns = [
+        r[0]
+        for r in store.query(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'requests'"
+        )
+    ]
     assert set(columns) == set(COLUMN_NAMES)
     assert store.query("SELECT version FROM headroom_schema") == [(SCHEMA_VERSION,)]
     store.insert_rows([{"request_id": "new", "kv_usage_at_admit": 0.5, "cached_prompt_tokens": 3}])
@@ -136,8 +145,7 @@ def test_headroom_run_starts_the_scheduled_jobs_on_the_in_process_store(tmp_path
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import build_sidecar
 
-    config = SidecarConfig(upstream="http://127.0.0.1:9", db_path=str(tmp_path / "h.duckdb"),
-                           engine="none")
+    config = SidecarConfig(upstream="http://127.0.0.1:9", db_path=str(tmp_path / "h.duckdb"), engine="none")
     app = build_sidecar(config)
     handle = serve_in_thread(app)
     try:
@@ -206,8 +214,9 @@ def test_headroom_run_names_a_bad_db_and_what_to_do(tmp_path, kind):
         con.close()
     else:
         path.write_text("these are not the rows you are looking for\n" * 100)
-    result = CliRunner().invoke(run, ["--upstream", "http://127.0.0.1:9", "--db", str(path),
-                                      "--engine", "none", "--no-jobs"])
+    result = CliRunner().invoke(
+        run, ["--upstream", "http://127.0.0.1:9", "--db", str(path), "--engine", "none", "--no-jobs"]
+    )
     assert result.exit_code == 1 and isinstance(result.exception, (SystemExit, type(None)))
     assert "Traceback" not in result.output
     assert f"cannot open --db {path}" in result.output
@@ -216,14 +225,22 @@ def test_headroom_run_names_a_bad_db_and_what_to_do(tmp_path, kind):
 
 def test_one_out_of_range_value_does_not_lose_the_batch():
     store = RequestStore()
-    rows = _rows(3) + [{"request_id": "huge", "max_tokens": 99_999_999_999, "prompt_tokens": -2**40,
-                        "e2e_s": "1.5", "stream": "yes"}]
-    with pytest.raises(Exception):
+    rows = _rows(3) + [
+        {
+            "request_id": "huge",
+            "max_tokens": 99_999_999_999,
+            "prompt_tokens": -(2**40),
+            "e2e_s": "1.5",
+            "stream": "yes",
+        }
+    ]
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError)):
         store.insert_rows(rows)  # strict by default: the store's ingest answers such rows 400
     store.write_batch(rows)  # the sidecar's writer path: the other rows of the batch are kept
     assert store.count() == 4
-    assert store.query("SELECT max_tokens, prompt_tokens, e2e_s FROM requests "
-                       "WHERE request_id = 'huge'") == [(None, None, None)]  # NULL, not a lost batch
+    assert store.query("SELECT max_tokens, prompt_tokens, e2e_s FROM requests WHERE request_id = 'huge'") == [
+        (None, None, None)
+    ]  # NULL, not a lost batch
     store.close()
 
 

@@ -17,8 +17,7 @@ from collector.alerts.recording_tests import recording_test_groups
 from collector.rules.config import DEFAULT, RulesConfig
 from collector.rules.render import render_yaml
 
-__all__ = ["RECORDING_FILE", "ALERTS_FILE", "TEST_FILE", "ALERTMANAGER_FILE", "rule_files",
-           "alert_files"]
+__all__ = ["RECORDING_FILE", "ALERTS_FILE", "TEST_FILE", "ALERTMANAGER_FILE", "rule_files", "alert_files"]
 
 RECORDING_FILE = "headroom-recording.rules.yaml"
 ALERTS_FILE = "headroom-alerts.rules.yaml"
@@ -44,4 +43,3 @@ def alert_files(config: RulesConfig = DEFAULT, receivers: Receivers = PRODUCTION
         TEST_FILE: render_yaml(tests, _ALERTS_COMMAND),
         ALERTMANAGER_FILE: manager + "\n" + RECEIVER_EXAMPLE,
     }
-

@@ -38,7 +38,9 @@ def to_text(text: str, labels: dict[str, str], value_text: str = "") -> str:
         if name == "value":
             return value_text
         if name not in labels:
-            raise KeyError(f"annotation uses label {name!r} but the expected alert has labels {sorted(labels)}")
+            raise KeyError(
+                f"annotation uses label {name!r} but the expected alert has labels {sorted(labels)}"
+            )
         return labels[name]
 
     return _PLACEHOLDER.sub(replace, text)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -11,6 +11,7 @@ import orjson
 
 from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.passive import passive_curve
+from collector.analysis.publish import Decision, published
 from collector.analysis.quota import quota_ceiling
 from collector.store.db import RequestStore
 
@@ -30,10 +31,16 @@ def _emit(data: dict, as_json: bool, lines: list[str]) -> None:
 @click.option("--usable-gb", type=float, default=None, help="Usable KV memory, if known (GB).")
 @click.option("--gpu-memory-gb", type=float, default=None, help="GPU memory, nominal (GB).")
 @click.option("--weights-gb", type=float, default=0.0, show_default=True, help="Model weights (GB).")
-@click.option("--usable-fraction", type=float, default=0.8, show_default=True,
-              help="Share of GPU memory the engine may use (vLLM gpu_memory_utilization).")
-@click.option("--reserve-gb", type=float, default=0.0, show_default=True,
-              help="Activation/framework reserve (GB).")
+@click.option(
+    "--usable-fraction",
+    type=float,
+    default=0.8,
+    show_default=True,
+    help="Share of GPU memory the engine may use (vLLM gpu_memory_utilization).",
+)
+@click.option(
+    "--reserve-gb", type=float, default=0.0, show_default=True, help="Activation/framework reserve (GB)."
+)
 @click.option("--kv-per-request-gb", type=float, default=None, help="KV per request at max context (GB).")
 @click.option("--layers", type=int, default=None)
 @click.option("--kv-heads", type=int, default=None, help="Key/value heads (GQA groups).")
@@ -41,8 +48,20 @@ def _emit(data: dict, as_json: bool, lines: list[str]) -> None:
 @click.option("--bytes-per-element", type=float, default=2.0, show_default=True, help="2 fp16/bf16, 1 fp8.")
 @click.option("--max-context", type=int, default=None, help="Maximum context in tokens (never the mean).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def kv(usable_gb, gpu_memory_gb, weights_gb, usable_fraction, reserve_gb, kv_per_request_gb, layers,
-       kv_heads, head_dim, bytes_per_element, max_context, as_json) -> None:
+def kv(
+    usable_gb,
+    gpu_memory_gb,
+    weights_gb,
+    usable_fraction,
+    reserve_gb,
+    kv_per_request_gb,
+    layers,
+    kv_heads,
+    head_dim,
+    bytes_per_element,
+    max_context,
+    as_json,
+) -> None:
     """KV-cache ceiling: how many max-context requests fit, and ~70 % of that to configure.
 
     \b
@@ -55,21 +74,25 @@ def kv(usable_gb, gpu_memory_gb, weights_gb, usable_fraction, reserve_gb, kv_per
         if usable_gb is not None:
             usable = usable_gb * _GB
         elif gpu_memory_gb is not None:
-            usable = usable_memory_bytes(gpu_memory_bytes=gpu_memory_gb * _GB,
-                                         weights_bytes=weights_gb * _GB,
-                                         usable_fraction=usable_fraction,
-                                         reserve_bytes=reserve_gb * _GB)
+            usable = usable_memory_bytes(
+                gpu_memory_bytes=gpu_memory_gb * _GB,
+                weights_bytes=weights_gb * _GB,
+                usable_fraction=usable_fraction,
+                reserve_bytes=reserve_gb * _GB,
+            )
         else:
             raise click.UsageError("give --usable-gb, or --gpu-memory-gb with --weights-gb")
         if kv_per_request_gb is not None:
             per_request, per_token = kv_per_request_gb * _GB, None
         elif None not in (layers, kv_heads, head_dim, max_context):
-            per_token = kv_bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
-                                           bytes_per_element=bytes_per_element)
+            per_token = kv_bytes_per_token(
+                layers=layers, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=bytes_per_element
+            )
             per_request = per_token * max_context
         else:
-            raise click.UsageError("give --kv-per-request-gb, or --layers, --kv-heads, --head-dim "
-                                   "and --max-context")
+            raise click.UsageError(
+                "give --kv-per-request-gb, or --layers, --kv-heads, --head-dim and --max-context"
+            )
         result = kv_ceiling(usable_bytes=usable, kv_bytes_per_request=per_request)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -77,11 +100,13 @@ def kv(usable_gb, gpu_memory_gb, weights_gb, usable_fraction, reserve_gb, kv_per
     lines = [f"usable memory:       {usable / _GB:.1f} GB"]
     if per_token:
         lines.append(f"KV per token:        {per_token / 1024:.0f} KiB")
-    lines += [f"KV per request:      {per_request / _GB:.2f} GB (at max context)",
-              f"memory ceiling:      {result.ceiling} concurrent requests",
-              f"configure (~70 %):   {result.configure}",
-              "then validate: if the configured value already breaks the TTFT target, the limit is "
-              "memory bandwidth (more cards), not memory."]
+    lines += [
+        f"KV per request:      {per_request / _GB:.2f} GB (at max context)",
+        f"memory ceiling:      {result.ceiling} concurrent requests",
+        f"configure (~70 %):   {result.configure}",
+        "then validate: if the configured value already breaks the TTFT target, the limit is "
+        "memory bandwidth (more cards), not memory.",
+    ]
     _emit(data, as_json, lines)
 
 
@@ -102,13 +127,16 @@ def quota(rpm, tpm, mean_e2e_s, mean_tokens_per_request, as_json) -> None:
     if rpm is None and tpm is None:
         raise click.UsageError("give --rpm and/or --tpm")
     try:
-        result = quota_ceiling(mean_e2e_s=mean_e2e_s, rpm=rpm, tpm=tpm,
-                               mean_tokens_per_request=mean_tokens_per_request)
+        result = quota_ceiling(
+            mean_e2e_s=mean_e2e_s, rpm=rpm, tpm=tpm, mean_tokens_per_request=mean_tokens_per_request
+        )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    lines = [f"by RPM: {result.by_rpm:.1f}" if result.by_rpm is not None else "by RPM: -",
-             f"by TPM: {result.by_tpm:.1f}" if result.by_tpm is not None else "by TPM: -",
-             f"ceiling: {result.ceiling} concurrent requests ({result.binding.upper()} binds)"]
+    lines = [
+        f"by RPM: {result.by_rpm:.1f}" if result.by_rpm is not None else "by RPM: -",
+        f"by TPM: {result.by_tpm:.1f}" if result.by_tpm is not None else "by TPM: -",
+        f"ceiling: {result.ceiling} concurrent requests ({result.binding.upper()} binds)",
+    ]
     _emit(result.to_dict(), as_json, lines)
 
 
@@ -118,8 +146,9 @@ def _when(text: str | None, option: str = "--since") -> datetime | None:
     try:
         return datetime.fromisoformat(text)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not an ISO time such as 2026-11-30T12:00:00+00:00",
-                                 param_hint=option) from None
+        raise click.BadParameter(
+            f"{text!r} is not an ISO time such as 2026-11-30T12:00:00+00:00", param_hint=option
+        ) from None
 
 
 @click.command("curve")
@@ -128,27 +157,57 @@ def _when(text: str | None, option: str = "--since") -> datetime | None:
 @click.option("--until", default=None, help="ISO end time (exclusive).")
 @click.option("--model", default=None)
 @click.option("--caliber", type=click.Choice(["requests", "tokens"]), default="requests", show_default=True)
-@click.option("--window-seconds", type=float, default=None, help="Throughput window; default 3 x median e2e.")
+@click.option(
+    "--window-seconds",
+    type=float,
+    default=None,
+    help="Throughput window; default 3 x the median generating time (e2e - TTFT).",
+)
+@click.option(
+    "--task-class",
+    default=None,
+    metavar="NAME",
+    help="Only requests of this task class (short, medium, long, or a workload's name).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
+def curve(db, since, until, model, caliber, window_seconds, task_class, as_json) -> None:
     """Passive capacity curve from live traffic (source='traffic'), bucketed by concurrency at admission.
 
     \b
     Examples:
       headroom capacity curve --db headroom.duckdb --caliber requests
       headroom capacity curve --db headroom.duckdb --caliber tokens --since 2026-11-30T09:00:00+00:00 --json
+      headroom capacity curve --db headroom.duckdb --task-class long
     """
     if not Path(db).is_file():
-        raise click.ClickException(f"--db {db} does not exist; pass the request log a sidecar or store wrote "
-                                   "(e.g. --db headroom.duckdb)")
+        raise click.ClickException(
+            f"--db {db} does not exist; pass the request log a sidecar or store wrote "
+            "(e.g. --db headroom.duckdb)"
+        )
     try:
         store = RequestStore(db, read_only=True)
     except duckdb.Error as exc:
-        hint = ("a running sidecar or store holds it; stop it, or query the store's /v1/query/curve"
-                if "lock" in str(exc).lower() else "pass a DuckDB file written by headroom")
+        hint = (
+            "a running sidecar or store holds it; stop it, or query the store's /v1/query/curve"
+            if "lock" in str(exc).lower()
+            else "pass a DuckDB file written by headroom"
+        )
         raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
     try:
-        result = passive_curve(store, caliber, _when(since), _when(until, "--until"), model, window_s=window_seconds)
+        result = passive_curve(
+            store,
+            caliber,
+            _when(since),
+            _when(until, "--until"),
+            model,
+            window_s=window_seconds,
+            task_class=task_class,
+        )
+        decisions = [
+            d
+            for d in published(store, datetime.now(UTC))
+            if (model is None or d.model == model) and (task_class is None or d.task_class == task_class)
+        ]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
@@ -157,12 +216,43 @@ def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
     for b in result.buckets:
         ttft = "-" if b.ttft_p95_s is None else f"{b.ttft_p95_s:.3f}"
         windows = result.windows_per_bucket.get(b.concurrency, 0)
-        lines.append(f"{b.concurrency:>8} {b.samples:>6} {windows:>7} "
-                     f"{b.total_tokens_per_s:>9.1f} {ttft:>9} {b.error_ratio:>6.0%}")
+        lines.append(
+            f"{b.concurrency:>8} {b.samples:>6} {windows:>7} "
+            f"{b.total_tokens_per_s:>9.1f} {ttft:>9} {b.error_ratio:>6.0%}"
+        )
     knee = result.knee
-    lines.append(f"knee: {knee.requests if knee else '-'} ({caliber}), confidence {result.confidence}: "
-                 f"{result.confidence_reason}")
-    _emit(result.to_dict(), as_json, lines)
+    lines.append(
+        f"traffic knee: {knee.requests if knee else '-'} ({caliber}), confidence "
+        f"{result.confidence}: {result.confidence_reason}"
+    )
+    for decision in decisions:  # what the gauges export: the one decision every reader shares
+        lines.append(_published_line(decision))
+    _emit(result.to_dict() | {"published": [_published_dict(d) for d in decisions]}, as_json, lines)
+
+
+def _published_dict(decision: Decision) -> dict:
+    estimate = decision.estimate or {}
+    return {
+        "model": decision.model,
+        "task_class": decision.task_class,
+        "reason": decision.reason,
+        "knee_requests": estimate.get("knee_requests"),
+        "knee_tokens": estimate.get("knee_tokens"),
+        "recommended_pool": estimate.get("recommended_pool") if estimate else None,
+        "source": estimate.get("source"),
+        "run_id": estimate.get("run_id"),
+    }
+
+
+def _published_line(decision: Decision) -> str:
+    if decision.estimate is None:
+        return f"published ({decision.model}, {decision.task_class}): {decision.reason}"
+    estimate = decision.estimate
+    return (
+        f"published ({decision.model}, {decision.task_class}): knee "
+        f"{estimate['knee_requests']} requests / {estimate['knee_tokens']} tokens, pool "
+        f"{estimate['recommended_pool']} - {decision.reason}"
+    )
 
 
 def register(group: click.Group) -> None:

@@ -57,24 +57,23 @@ from typing import Any
 
 from collector.analysis.levels import LevelStats
 
-__all__ = ["KneeRule", "KneeResult", "LevelVerdict", "judge_level", "detect_knee",
-           "kneedle_knee"]
+__all__ = ["KneeRule", "KneeResult", "LevelVerdict", "judge_level", "detect_knee", "kneedle_knee"]
 
 
 @dataclass(frozen=True)
 class KneeRule:
     """Thresholds of the knee rule (module docstring); each one is a documented default."""
 
-    plateau_tolerance: float = 0.05        # within 5 % of the best throughput: on the plateau
-    min_capacity_errors: int = 3           # fewer 429/503/timeouts than this are never a knee
+    plateau_tolerance: float = 0.05  # within 5 % of the best throughput: on the plateau
+    min_capacity_errors: int = 3  # fewer 429/503/timeouts than this are never a knee
     max_capacity_error_ratio: float = 0.05
     # In a closed loop at twice the slots, half the requests wait about one service time: TTFT
     # grows by ~50 % of e2e. Batching cost on a compute-bound engine stays near 2-5 %.
-    queue_share: float = 0.15              # median TTFT grew by >= 15 % of a request's duration
-    strong_queue_share: float = 0.3        # ... by 30 %: requests wait for a slot
-    engine_queue_share: float = 0.2        # mean engine queue >= 20 % of the concurrency ...
-    min_engine_queue: float = 0.75         # ... and most of a request: not an arrival between steps
-    retrograde_tolerance: float = 0.15     # below a queue: within 15 % of the best throughput
+    queue_share: float = 0.15  # median TTFT grew by >= 15 % of a request's duration
+    strong_queue_share: float = 0.3  # ... by 30 %: requests wait for a slot
+    engine_queue_share: float = 0.2  # mean engine queue >= 20 % of the concurrency ...
+    min_engine_queue: float = 0.75  # ... and most of a request: not an arrival between steps
+    retrograde_tolerance: float = 0.15  # below a queue: within 15 % of the best throughput
     # A queueing level that still gains this much is not past the knee: long prompts contend
     # for prefill (TTFT grows) while decode throughput still rises with the batch.
     max_queued_gain: float = 0.25
@@ -86,9 +85,9 @@ class LevelVerdict:
 
     concurrency: int
     capacity_failure: str | None = None
-    queueing: str | None = None            # the evidence, when the level queues at all
+    queueing: str | None = None  # the evidence, when the level queues at all
     strong_queueing: bool = False
-    engine_said_so: bool = False           # the engine's own waiting count, not inferred from TTFT
+    engine_said_so: bool = False  # the engine's own waiting count, not inferred from TTFT
 
 
 @dataclass(frozen=True)
@@ -113,8 +112,10 @@ class KneeResult:
 def _capacity_failure(level: LevelStats, rule: KneeRule) -> str | None:
     errors, samples = level.capacity_errors, max(level.samples, 1)
     if errors >= rule.min_capacity_errors and errors / samples > rule.max_capacity_error_ratio:
-        return (f"{errors} capacity errors (429/503/timeout) in {level.samples} requests at "
-                f"concurrency {level.concurrency}")
+        return (
+            f"{errors} capacity errors (429/503/timeout) in {level.samples} requests at "
+            f"concurrency {level.concurrency}"
+        )
     return None
 
 
@@ -125,8 +126,7 @@ def _queue_share(level: LevelStats, baseline: LevelStats) -> float | None:
     return (level.ttft_p50_s - baseline.ttft_p50_s) / level.e2e_p50_s
 
 
-def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRule()
-                ) -> LevelVerdict:
+def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRule()) -> LevelVerdict:
     """Capacity failure and queueing of one level, judged against the lowest level.
 
     The engine's own waiting count, when known, is the evidence; TTFT growth is read only when
@@ -138,16 +138,23 @@ def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRu
     waiting = level.engine_waiting_mean
     if waiting is not None:
         if waiting >= max(rule.min_engine_queue, rule.engine_queue_share * level.concurrency):
-            return LevelVerdict(level.concurrency, failure,
-                                f"the engine queued {waiting:.1f} requests on average at "
-                                f"concurrency {level.concurrency}", True, True)
+            return LevelVerdict(
+                level.concurrency,
+                failure,
+                f"the engine queued {waiting:.1f} requests on average at concurrency {level.concurrency}",
+                True,
+                True,
+            )
         return LevelVerdict(level.concurrency, failure)
     share = _queue_share(level, baseline) if level is not baseline else None
     if share is not None and share >= rule.queue_share:
-        return LevelVerdict(level.concurrency, failure,
-                            f"median TTFT at concurrency {level.concurrency} grew by "
-                            f"{share:.0%} of a request's duration (queueing)",
-                            share >= rule.strong_queue_share)
+        return LevelVerdict(
+            level.concurrency,
+            failure,
+            f"median TTFT at concurrency {level.concurrency} grew by "
+            f"{share:.0%} of a request's duration (queueing)",
+            share >= rule.strong_queue_share,
+        )
     return LevelVerdict(level.concurrency, failure)
 
 
@@ -166,15 +173,22 @@ def _creeps(healthy: Sequence[LevelStats], index: int, rule: KneeRule) -> bool:
     return gain < rule.max_queued_gain
 
 
-def _place(ordered: Sequence[LevelStats], verdicts: Sequence[LevelVerdict], rule: KneeRule
-           ) -> tuple[LevelStats, str]:
+def _place(
+    ordered: Sequence[LevelStats], verdicts: Sequence[LevelVerdict], rule: KneeRule
+) -> tuple[LevelStats, str]:
     """The knee level and the reason the rule put it there (steps 1-3 of the docstring)."""
     first_failed = next((i for i, v in enumerate(verdicts) if v.capacity_failure), len(ordered))
     if first_failed == 0:
         return ordered[0], f"the lowest level already fails: {verdicts[0].capacity_failure}"
     healthy = ordered[:first_failed]
-    queued = next((i for i in range(len(healthy)) if verdicts[i].strong_queueing
-                   and (verdicts[i].engine_said_so or _creeps(healthy, i, rule))), None)
+    queued = next(
+        (
+            i
+            for i in range(len(healthy))
+            if verdicts[i].strong_queueing and (verdicts[i].engine_said_so or _creeps(healthy, i, rule))
+        ),
+        None,
+    )
     if queued == 0:
         return healthy[0], f"requests queue already at the lowest level ({verdicts[0].queueing})"
     if queued is not None:
@@ -182,27 +196,36 @@ def _place(ordered: Sequence[LevelStats], verdicts: Sequence[LevelVerdict], rule
         best = max(below, key=lambda s: s.total_tokens_per_s)
         floor = (1.0 - rule.retrograde_tolerance) * best.total_tokens_per_s
         knee = max((s for s in below if s.total_tokens_per_s >= floor), key=lambda s: s.concurrency)
-        return knee, (f"the engine serves {knee.concurrency} at once without queueing, at "
-                      f"{knee.total_tokens_per_s:.1f} tok/s (within {rule.retrograde_tolerance:.0%} "
-                      f"of the best below the queue, {best.total_tokens_per_s:.1f}); requests "
-                      f"queue from concurrency {healthy[queued].concurrency}: "
-                      f"{verdicts[queued].queueing}")
+        return knee, (
+            f"the engine serves {knee.concurrency} at once without queueing, at "
+            f"{knee.total_tokens_per_s:.1f} tok/s (within {rule.retrograde_tolerance:.0%} "
+            f"of the best below the queue, {best.total_tokens_per_s:.1f}); requests "
+            f"queue from concurrency {healthy[queued].concurrency}: "
+            f"{verdicts[queued].queueing}"
+        )
     plateau, best = _plateau(healthy, rule)
     if plateau is healthy[-1] and first_failed < len(ordered):
-        return plateau, (f"throughput still rose up to {plateau.concurrency}, then "
-                         f"{verdicts[first_failed].capacity_failure}")
+        return plateau, (
+            f"throughput still rose up to {plateau.concurrency}, then "
+            f"{verdicts[first_failed].capacity_failure}"
+        )
     if plateau is healthy[-1]:
-        return plateau, (f"throughput still rising at the highest level measured "
-                         f"({plateau.concurrency}: {plateau.total_tokens_per_s:.1f} tok/s); "
-                         "measure higher levels")
-    return plateau, (f"throughput reached its plateau at {plateau.concurrency} "
-                     f"({plateau.total_tokens_per_s:.1f} tok/s, within "
-                     f"{rule.plateau_tolerance:.0%} of the best, {best.total_tokens_per_s:.1f} "
-                     f"at {best.concurrency})")
+        return plateau, (
+            f"throughput still rising at the highest level measured "
+            f"({plateau.concurrency}: {plateau.total_tokens_per_s:.1f} tok/s); "
+            "measure higher levels"
+        )
+    return plateau, (
+        f"throughput reached its plateau at {plateau.concurrency} "
+        f"({plateau.total_tokens_per_s:.1f} tok/s, within "
+        f"{rule.plateau_tolerance:.0%} of the best, {best.total_tokens_per_s:.1f} "
+        f"at {best.concurrency})"
+    )
 
 
-def _evidence(knee: LevelStats, ordered: Sequence[LevelStats],
-              verdicts: Sequence[LevelVerdict], rule: KneeRule) -> list[str]:
+def _evidence(
+    knee: LevelStats, ordered: Sequence[LevelStats], verdicts: Sequence[LevelVerdict], rule: KneeRule
+) -> list[str]:
     """What the levels above the knee showed: the plateau, queueing, capacity errors."""
     found = []
     for level, verdict in zip(ordered, verdicts):
@@ -211,11 +234,11 @@ def _evidence(knee: LevelStats, ordered: Sequence[LevelStats],
         if verdict.capacity_failure:
             found.append(verdict.capacity_failure)
             continue
-        gain = level.total_tokens_per_s / knee.total_tokens_per_s - 1 \
-            if knee.total_tokens_per_s else math.inf
+        gain = level.total_tokens_per_s / knee.total_tokens_per_s - 1 if knee.total_tokens_per_s else math.inf
         if gain < rule.plateau_tolerance / (1 - rule.plateau_tolerance):
-            found.append(f"concurrency {level.concurrency} gained {gain:+.0%} throughput "
-                         f"over {knee.concurrency}")
+            found.append(
+                f"concurrency {level.concurrency} gained {gain:+.0%} throughput over {knee.concurrency}"
+            )
         if verdict.queueing:
             found.append(verdict.queueing)
     return found
@@ -225,8 +248,7 @@ def _nearest_level(x: float, levels: Sequence[int]) -> int:
     return min(levels, key=lambda level: abs(math.log2(level) - x))
 
 
-def kneedle_knee(concurrency: Sequence[int], values: Sequence[float | None], *,
-                 curve: str) -> int | None:
+def kneedle_knee(concurrency: Sequence[int], values: Sequence[float | None], *, curve: str) -> int | None:
     """Kneedle's knee on x = log2(concurrency), snapped to a measured level; None if none."""
     points = [(math.log2(c), v) for c, v in zip(concurrency, values) if v is not None and c > 0]
     if len(points) < 3 or len({v for _, v in points}) < 2:
@@ -249,11 +271,15 @@ def _explain(rule_knee: int, kneedle: int | None, levels: Sequence[int]) -> str:
         return f"rule and Kneedle agree on {rule_knee}."
     span = f"{levels[0]}-{levels[-1]}"
     if kneedle < rule_knee:
-        return (f"Kneedle puts the knee at {kneedle}: it normalises the whole curve over levels "
-                f"{span} and sees gains shrinking there, while throughput kept rising to "
-                f"{rule_knee} by more than the rule's tolerance.")
-    return (f"the rule stopped at {rule_knee}; Kneedle looks only at the shape of tokens/s over "
-            f"levels {span} and places the bend at {kneedle}.")
+        return (
+            f"Kneedle puts the knee at {kneedle}: it normalises the whole curve over levels "
+            f"{span} and sees gains shrinking there, while throughput kept rising to "
+            f"{rule_knee} by more than the rule's tolerance."
+        )
+    return (
+        f"the rule stopped at {rule_knee}; Kneedle looks only at the shape of tokens/s over "
+        f"levels {span} and places the bend at {kneedle}."
+    )
 
 
 def detect_knee(levels: Sequence[LevelStats], rule: KneeRule = KneeRule()) -> KneeResult:
@@ -270,8 +296,13 @@ def detect_knee(levels: Sequence[LevelStats], rule: KneeRule = KneeRule()) -> Kn
     by_throughput = kneedle_knee(conc, [s.total_tokens_per_s for s in ordered], curve="concave")
     by_latency = kneedle_knee(conc, [s.ttft_p95_s for s in ordered], curve="convex")
     return KneeResult(
-        requests=knee.concurrency, tokens=int(round(knee.mean_active_tokens or 0)),
-        reached=bool(evidence), rule_reason=reason, kneedle_throughput=by_throughput,
-        kneedle_latency=by_latency, agree=by_throughput in (None, knee.concurrency),
-        note=_explain(knee.concurrency, by_throughput, conc), evidence=evidence,
+        requests=knee.concurrency,
+        tokens=int(round(knee.mean_active_tokens or 0)),
+        reached=bool(evidence),
+        rule_reason=reason,
+        kneedle_throughput=by_throughput,
+        kneedle_latency=by_latency,
+        agree=by_throughput in (None, knee.concurrency),
+        note=_explain(knee.concurrency, by_throughput, conc),
+        evidence=evidence,
     )

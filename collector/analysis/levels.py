@@ -20,8 +20,14 @@ from typing import Any
 from collector.analysis.littles_law import LittlesLaw, littles_law_check
 from collector.analysis.stats import mean, percentile, percentiles, seconds
 
-__all__ = ["LevelStats", "summarize_level", "default_window", "persistent_p95",
-           "is_capacity_error", "CAPACITY_STATUSES"]
+__all__ = [
+    "LevelStats",
+    "summarize_level",
+    "default_window",
+    "persistent_p95",
+    "is_capacity_error",
+    "CAPACITY_STATUSES",
+]
 
 CAPACITY_STATUSES = (429, 503)  # the engine (or a gateway) refusing work it has no room for
 
@@ -91,8 +97,10 @@ def persistent_p95(values_in_order: Sequence[float | None]) -> float | None:
 
 def is_capacity_error(row: Row) -> bool:
     """A 429 or 503 answer, or a timeout: the service ran out of room, not a broken connection."""
-    return row.get("outcome") in ("rate_limited", "overloaded", "timeout") or \
-        row.get("status_code") in CAPACITY_STATUSES
+    return (
+        row.get("outcome") in ("rate_limited", "overloaded", "timeout")
+        or row.get("status_code") in CAPACITY_STATUSES
+    )
 
 
 def _waiting_mean(rows: Sequence[Row]) -> float | None:
@@ -106,9 +114,13 @@ def _ratio(rows: Sequence[Row], *outcomes: str) -> float:
     return sum(1 for r in rows if r.get("outcome") in outcomes) / len(rows)
 
 
-def summarize_level(rows: Sequence[Row], concurrency: int, *,
-                    window: tuple[float, float] | None = None,
-                    mean_inflight: float | None = None) -> LevelStats:
+def summarize_level(
+    rows: Sequence[Row],
+    concurrency: int,
+    *,
+    window: tuple[float, float] | None = None,
+    mean_inflight: float | None = None,
+) -> LevelStats:
     """Summarise the rows of one level: rates, p50/p95/p99 TTFT/TPOT/e2e, error ratios, Little.
 
     `window` is (start, end) in POSIX seconds; `mean_inflight` a live measurement for Little's
@@ -118,34 +130,49 @@ def summarize_level(rows: Sequence[Row], concurrency: int, *,
         raise ValueError(f"level {concurrency} has no rows; measure it before summarising")
     start, end = window or default_window(rows)
     span = max(end - start, 1e-9)
-    inside = [r for r in rows
-              if (t := seconds(r.get("admitted_at"))) is not None and start <= t <= end] or list(rows)
-    finished = [r for r in rows
-                if (t := seconds(r.get("completed_at"))) is not None and start < t <= end]
+    inside = [
+        r for r in rows if (t := seconds(r.get("admitted_at"))) is not None and start <= t <= end
+    ] or list(rows)
+    finished = [r for r in rows if (t := seconds(r.get("completed_at"))) is not None and start < t <= end]
     ok = [r for r in finished if r.get("outcome") == "ok"]
     output_tokens = sum(r.get("completion_tokens") or 0 for r in ok)
     prompt_tokens = sum(r.get("prompt_tokens") or 0 for r in ok)
     ttft = percentiles([r.get("ttft_s") for r in inside if r.get("outcome") == "ok"])
     tpot = percentiles([r.get("tpot_s") for r in inside if r.get("outcome") == "ok"])
     e2e = percentiles([r.get("e2e_s") for r in inside if r.get("outcome") == "ok"])
-    littles = littles_law_check(rows, start, end, measured_inflight=mean_inflight) \
-        if end > start and finished else None
+    littles = (
+        littles_law_check(rows, start, end, measured_inflight=mean_inflight)
+        if end > start and finished
+        else None
+    )
     return LevelStats(
-        concurrency=int(concurrency), samples=len(inside), window_s=end - start,
+        concurrency=int(concurrency),
+        samples=len(inside),
+        window_s=end - start,
         requests_per_s=len(finished) / span,
         output_tokens_per_s=output_tokens / span,
         total_tokens_per_s=(output_tokens + prompt_tokens) / span,
-        ttft_p50_s=ttft[0], ttft_p95_s=ttft[1], ttft_p99_s=ttft[2],
-        tpot_p50_s=tpot[0], tpot_p95_s=tpot[1], tpot_p99_s=tpot[2],
-        e2e_p50_s=e2e[0], e2e_p95_s=e2e[1], e2e_p99_s=e2e[2],
+        ttft_p50_s=ttft[0],
+        ttft_p95_s=ttft[1],
+        ttft_p99_s=ttft[2],
+        tpot_p50_s=tpot[0],
+        tpot_p95_s=tpot[1],
+        tpot_p99_s=tpot[2],
+        e2e_p50_s=e2e[0],
+        e2e_p95_s=e2e[1],
+        e2e_p99_s=e2e[2],
         rate_limited_ratio=_ratio(inside, "rate_limited"),
         timeout_ratio=_ratio(inside, "timeout"),
         error_ratio=1.0 - _ratio(inside, "ok"),
         mean_active_tokens=mean(r.get("active_tokens_at_admit") for r in inside),
         littles_law=littles,
         ttft_p95_persistent_s=persistent_p95(
-            [r.get("ttft_s") for r in sorted(inside, key=lambda r: seconds(r["admitted_at"]))
-             if r.get("outcome") == "ok"]),
+            [
+                r.get("ttft_s")
+                for r in sorted(inside, key=lambda r: seconds(r["admitted_at"]))
+                if r.get("outcome") == "ok"
+            ]
+        ),
         capacity_errors=sum(1 for r in inside if is_capacity_error(r)),
         engine_waiting_mean=_waiting_mean(inside),
     )

@@ -49,18 +49,22 @@ def time_weighted_inflight(rows: Sequence[Mapping[str, Any]], start: float, end:
     return busy / (end - start)
 
 
-def littles_law_check(rows: Sequence[Mapping[str, Any]], start: float, end: float, *,
-                      measured_inflight: float | None = None,
-                      tolerance: float = DEFAULT_TOLERANCE) -> LittlesLaw:
+def littles_law_check(
+    rows: Sequence[Mapping[str, Any]],
+    start: float,
+    end: float,
+    *,
+    measured_inflight: float | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> LittlesLaw:
     """Compare mean in-flight with completion rate x mean e2e over [start, end]."""
-    measured = (time_weighted_inflight(rows, start, end)
-                if measured_inflight is None else measured_inflight)
-    done = [r for r in rows
-            if (t := seconds(r.get("completed_at"))) is not None and start <= t <= end]
+    measured = time_weighted_inflight(rows, start, end) if measured_inflight is None else measured_inflight
+    done = [r for r in rows if (t := seconds(r.get("completed_at"))) is not None and start <= t <= end]
     rate = len(done) / (end - start)
     mean_e2e = mean(r.get("e2e_s") for r in done) or 0.0
     predicted = rate * mean_e2e
     ratio = measured / predicted if predicted > 0 else None
     consistent = ratio is not None and abs(ratio - 1.0) <= tolerance
-    return LittlesLaw(round(measured, 4), round(predicted, 4),
-                      None if ratio is None else round(ratio, 4), consistent)
+    return LittlesLaw(
+        round(measured, 4), round(predicted, 4), None if ratio is None else round(ratio, 4), consistent
+    )

@@ -24,6 +24,29 @@ def _mark(ax: Any, x: int | None, label: str, color: str, style: str) -> None:
         ax.axvline(x, color=color, linestyle=style, linewidth=1.5, label=label)
 
 
+def _queue_bars(ax: Any, levels: Any) -> None:
+    """The engine's mean queue per level, as bars on a right-hand axis, when it was read."""
+    queue = [
+        (s.concurrency, s.engine_waiting_mean)
+        for s in levels
+        if getattr(s, "engine_waiting_mean", None) is not None
+    ]
+    if not queue:
+        return
+    right = ax.twinx()
+    right.bar(
+        [c for c, _ in queue],
+        [w for _, w in queue],
+        width=[c * 0.25 for c, _ in queue],
+        color="tab:gray",
+        alpha=0.35,
+        label="engine queue (mean)",
+    )
+    right.set_ylabel("requests waiting in the engine")
+    right.set_ylim(bottom=0, top=max(1.0, max(w for _, w in queue)) * 1.2)
+    right.legend(loc="upper center")
+
+
 def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> bytes:
     """PNG bytes of the two-panel plot for a CapacityEstimate."""
     # lazy: matplotlib loads only when a plot is drawn, never on the probe's or the sidecar's path
@@ -36,24 +59,36 @@ def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> byt
     xs = [s.concurrency for s in levels]
     fig = Figure(figsize=(size_px[0] / _DPI, size_px[1] / _DPI), dpi=_DPI)
     top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(xs, [s.total_tokens_per_s for s in levels], "o-", color="tab:blue", label="tokens/s")
+    top.plot(xs, [s.total_tokens_per_s for s in levels], "o-", color="tab:blue", label="total tokens/s")
+    top.plot(xs, [s.output_tokens_per_s for s in levels], "s--", color="tab:cyan", label="output tokens/s")
+    top.set_ylim(bottom=0)  # a plateau drawn from zero looks like one
     bottom.plot(xs, [s.ttft_p95_s for s in levels], "o-", color="tab:purple", label="p95 TTFT")
+    _queue_bars(bottom, levels)
     for ax in (top, bottom):
         _mark(ax, estimate.knee.requests, f"knee {estimate.knee.requests}", "tab:red", "--")
         _mark(ax, estimate.slo_max, f"SLO max {estimate.slo_max}", "tab:orange", ":")
-        _mark(ax, estimate.recommended_pool,
-              f"pool {estimate.recommended_pool} ({estimate.profile})", "tab:green", "-.")
+        _mark(
+            ax,
+            estimate.recommended_pool,
+            f"pool {estimate.recommended_pool} ({estimate.profile})",
+            "tab:green",
+            "-.",
+        )
         ax.set_xscale("log", base=2)
         ax.grid(True, alpha=0.3)
     if estimate.slo.ttft_p95_s is not None:
-        bottom.axhline(estimate.slo.ttft_p95_s, color="tab:orange", linewidth=1,
-                       label=f"SLO p95 TTFT {estimate.slo.ttft_p95_s:g} s")
-    top.set_ylabel("total tokens/s")
+        bottom.axhline(
+            estimate.slo.ttft_p95_s,
+            color="tab:orange",
+            linewidth=1,
+            label=f"SLO p95 TTFT {estimate.slo.ttft_p95_s:g} s",
+        )
+    top.set_ylabel("tokens/s")
     bottom.set_ylabel("p95 TTFT (s)")
     bottom.set_xlabel("concurrency (requests in flight)")
     bottom.set_xticks(xs, [str(x) for x in xs])
-    top.set_title(f"Capacity of {estimate.model or 'model'} ({estimate.source}, "
-                  f"run {estimate.run_id or '-'})")
+    model = Path(estimate.model).name if estimate.model else "model"  # llama.cpp ids are paths
+    top.set_title(f"Capacity of {model} ({estimate.source}, run {estimate.run_id or '-'})")
     top.legend(loc="lower right")
     bottom.legend(loc="upper left")
     buffer = io.BytesIO()
@@ -69,14 +104,26 @@ def _cell(value: Any) -> str:
 
 def render_html(estimate: Any, png: bytes) -> str:
     """A self-contained HTML page: summary, the plot inlined as base64, and the levels table."""
-    columns = ("concurrency", "samples", "total_tokens_per_s", "ttft_p50_s", "ttft_p95_s",
-               "tpot_p95_s", "e2e_p95_s", "error_ratio")
-    rows = "".join("<tr>" + "".join(f"<td>{_cell(level.to_dict()[c])}</td>" for c in columns)
-                   + "</tr>" for level in estimate.levels)
+    columns = (
+        "concurrency",
+        "samples",
+        "total_tokens_per_s",
+        "ttft_p50_s",
+        "ttft_p95_s",
+        "tpot_p95_s",
+        "e2e_p95_s",
+        "error_ratio",
+    )
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{_cell(level.to_dict()[c])}</td>" for c in columns) + "</tr>"
+        for level in estimate.levels
+    )
     knee = estimate.knee
-    summary = (f"knee {knee.requests} requests / {knee.tokens} tokens; SLO max "
-               f"{_cell(estimate.slo_max)}; recommended pool {estimate.recommended_pool} "
-               f"({_cell(estimate.profile)})")
+    summary = (
+        f"knee {knee.requests} requests / {knee.tokens} tokens; SLO max "
+        f"{_cell(estimate.slo_max)}; recommended pool {estimate.recommended_pool} "
+        f"({_cell(estimate.profile)})"
+    )
     encoded = base64.b64encode(png).decode("ascii")
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>headroom capacity</title>"
@@ -86,11 +133,13 @@ def render_html(estimate: Any, png: bytes) -> str:
         f"<p>Knee rule: {_cell(knee.rule_reason)}. Kneedle: {_cell(knee.note)}</p>\n"
         f"<img alt='capacity plot' src='data:image/png;base64,{encoded}'>\n"
         "<table><tr>" + "".join(f"<th>{c}</th>" for c in columns) + f"</tr>{rows}</table>\n"
-        "</body></html>\n")
+        "</body></html>\n"
+    )
 
 
-def write_plot(estimate: Any, path: str | Path, size_px: tuple[int, int] = DEFAULT_SIZE_PX
-               ) -> tuple[Path, Path]:
+def write_plot(
+    estimate: Any, path: str | Path, size_px: tuple[int, int] = DEFAULT_SIZE_PX
+) -> tuple[Path, Path]:
     """Write PATH (PNG) and PATH with .html (self-contained); returns both paths."""
     png_path = Path(path)
     if png_path.suffix.lower() == ".html":

@@ -29,15 +29,25 @@ import aiohttp
 
 from collector.analysis.knee import KneeRule, detect_knee, judge_level
 from collector.analysis.levels import LevelStats, summarize_level
-from collector.analysis.probe_request import InflightMeter, RequestSpec, estimate_tokens, send_one
+from collector.analysis.probe_request import RequestSpec, send_one
 from collector.analysis.prompts import PromptPicker, load_prompts
 from collector.analysis.slo import Slo
 from collector.analysis.stats import percentile, seconds
-from collector.upstream import UpstreamClient
+from collector.inflight import Inflight
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
+from collector.tokens import estimate_tokens
+from collector.upstream import UpstreamClient
 
-__all__ = ["ProbeSettings", "LevelRun", "ProbeResult", "ProbeError", "run_probe",
-           "DEFAULT_LEVELS", "new_run_id", "saturation_reason"]
+__all__ = [
+    "ProbeSettings",
+    "LevelRun",
+    "ProbeResult",
+    "ProbeError",
+    "run_probe",
+    "DEFAULT_LEVELS",
+    "new_run_id",
+    "saturation_reason",
+]
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -69,6 +79,7 @@ class ProbeSettings:
     saturation_error_ratio: float = 0.25  # of capacity errors (429/503/timeouts) at one level
     saturation_ttft_factor: float = 10.0  # x SLO / 3, when an SLO is set
     engine_metrics: str = "auto"  # "auto": URL/metrics if it names an engine; "none"; or a URL
+    task_class: str = "all"  # the workload class measured (collector.tasks); all = one workload
     seed: int = 0
     run_id: str | None = None
     api_key: str | None = field(default=None, repr=False)  # sent as a bearer token, never stored
@@ -93,6 +104,9 @@ class ProbeResult:
     url: str
     levels: list[LevelRun]
     stopped_early: str | None = None
+    task_class: str = "all"
+    engine_max_concurrency: int | None = None  # the engine's own ceiling, when it tells it
+    queue_evidence: str = "TTFT growth (the engine's queue was not read)"
 
 
 def new_run_id() -> str:
@@ -105,17 +119,20 @@ def _base_url(url: str) -> str:
     return base[:-3] if base.endswith("/v1") else base
 
 
-async def _resolve_model(session: aiohttp.ClientSession, base: str, model: str | None,
-                         timeout_s: float) -> str:
+async def _resolve_model(
+    session: aiohttp.ClientSession, base: str, model: str | None, timeout_s: float
+) -> str:
     """Fail fast on a dead URL; ask /v1/models for the model when none was given."""
     try:
-        async with session.get(f"{base}/v1/models",
-                               timeout=aiohttp.ClientTimeout(total=timeout_s * 2,
-                                                             sock_connect=timeout_s)) as resp:
+        async with session.get(
+            f"{base}/v1/models", timeout=aiohttp.ClientTimeout(total=timeout_s * 2, sock_connect=timeout_s)
+        ) as resp:
             listing = await resp.json(content_type=None) if resp.status == 200 else {}
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise ProbeError(f"cannot reach {base} ({type(exc).__name__}: {exc or 'timed out'}); "
-                         "check --url and that the server is running") from None
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        raise ProbeError(
+            f"cannot reach {base} ({type(exc).__name__}: {exc or 'timed out'}); "
+            "check --url and that the server is running"
+        ) from None
     except ValueError:
         listing = {}
     if model:
@@ -136,28 +153,33 @@ def saturation_reason(levels: Sequence[LevelStats], settings: ProbeSettings) -> 
     """
     current = levels[-1]
     errors = current.capacity_errors
-    if errors >= KneeRule().min_capacity_errors and \
-            errors / max(current.samples, 1) >= settings.saturation_error_ratio:
-        return (f"{errors} capacity errors (429/503/timeouts) in {current.samples} requests at "
-                f"concurrency {current.concurrency}")
+    if (
+        errors >= KneeRule().min_capacity_errors
+        and errors / max(current.samples, 1) >= settings.saturation_error_ratio
+    ):
+        return (
+            f"{errors} capacity errors (429/503/timeouts) in {current.samples} requests at "
+            f"concurrency {current.concurrency}"
+        )
     knee = detect_knee(levels)
     verdict = judge_level(current, min(levels, key=lambda s: s.concurrency))
     if knee.reached and knee.requests < current.concurrency and verdict.queueing:
         return f"throughput stopped rising at {knee.requests} and {verdict.queueing}"
-    ttft = current.ttft_p95_s if current.ttft_p95_persistent_s is None \
-        else current.ttft_p95_persistent_s
+    ttft = current.ttft_p95_s if current.ttft_p95_persistent_s is None else current.ttft_p95_persistent_s
     if settings.slo.ttft_p95_s is not None and ttft is not None:
         limit = settings.slo.ttft_p95_s * settings.saturation_ttft_factor / 3
         if ttft > limit:
-            return (f"p95 TTFT {ttft:.3f} s at concurrency {current.concurrency} is far beyond "
-                    f"the SLO (limit {limit:.3f} s)")
+            return (
+                f"p95 TTFT {ttft:.3f} s at concurrency {current.concurrency} is far beyond "
+                f"the SLO (limit {limit:.3f} s)"
+            )
     return None
 
 
 class _Level:
     """State of one level while it runs; `check()` decides when measuring may stop."""
 
-    def __init__(self, concurrency: int, settings: ProbeSettings, meter: InflightMeter) -> None:
+    def __init__(self, concurrency: int, settings: ProbeSettings, meter: Inflight) -> None:
         self.concurrency, self.settings, self.meter = concurrency, settings, meter
         self.rows: list[dict[str, Any]] = []
         self.measuring_since: float | None = None
@@ -197,7 +219,8 @@ class _Level:
         measured = self.measured()
         if len(measured) >= settings.max_samples:
             return f"sample cap {settings.max_samples}"
-        if time.time() - self.started >= settings.max_level_s:
+        # the cap counts measuring time: a slow level's warm-up must not eat its window
+        if time.time() - self.measuring_since >= settings.max_level_s:
             return f"time cap {settings.max_level_s:g} s"
         if len(measured) < self.next_check:
             return None
@@ -213,13 +236,20 @@ ProgressFn = Callable[[int, int, int], None]
 
 
 class _Runner:
-    def __init__(self, settings: ProbeSettings, client: UpstreamClient, model: str,
-                 run_id: str, progress: ProgressFn | None, engine: EngineSource | None) -> None:
+    def __init__(
+        self,
+        settings: ProbeSettings,
+        client: UpstreamClient,
+        model: str,
+        run_id: str,
+        progress: ProgressFn | None,
+        engine: EngineSource | None,
+    ) -> None:
         self.settings, self.client, self.model, self.run_id = settings, client, model, run_id
         self.engine = engine
         self.progress = progress or (lambda level, done, cap: None)
         self.picker = PromptPicker(load_prompts(settings.prompts), settings.seed)
-        self.meter = InflightMeter()
+        self.meter = Inflight()
         self.url = _base_url(settings.url) + settings.endpoint
         self.sequence = 0
 
@@ -227,9 +257,13 @@ class _Runner:
         self.sequence += 1
         warm = "-w" if level.measuring_since is None else ""
         prompt = self.picker.next()
-        payload: dict[str, Any] = {"model": self.model, "max_tokens": self.settings.max_tokens,
-                                   "stream": True, "stream_options": {"include_usage": True},
-                                   "temperature": 0}
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.settings.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+        }
         if self.settings.endpoint.endswith("/chat/completions"):
             payload["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -237,15 +271,24 @@ class _Runner:
         if self.settings.ignore_eos:
             payload["ignore_eos"] = True
         request_id = f"{self.run_id}-c{level.concurrency:04d}-{self.sequence:06d}{warm}"
-        return RequestSpec(request_id, self.run_id, self.url, self.settings.endpoint, self.model,
-                           self.settings.max_tokens, payload, estimate_tokens(prompt))
+        return RequestSpec(
+            request_id,
+            self.run_id,
+            self.url,
+            self.settings.endpoint,
+            self.model,
+            self.settings.max_tokens,
+            payload,
+            estimate_tokens(prompt),
+            self.settings.task_class,
+        )
 
     async def _worker(self, level: _Level, delay_s: float) -> None:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         while not level.done.is_set():
-            row = await send_one(self.client, self._spec(level), self.meter, self._waiting)
-            level.rows.append(row)
+            record = await send_one(self.client, self._spec(level), self.meter, self._waiting)
+            level.rows.append(record.as_row())
             level.check()
             self.progress(level.concurrency, len(level.measured()), self.settings.max_samples)
 
@@ -255,12 +298,14 @@ class _Runner:
 
     async def run_level(self, concurrency: int, stagger_s: float = 0.0) -> LevelRun:
         level = _Level(concurrency, self.settings, self.meter)
-        workers = [asyncio.create_task(self._worker(level, i * stagger_s / concurrency))
-                   for i in range(concurrency)]
+        workers = [
+            asyncio.create_task(self._worker(level, i * stagger_s / concurrency)) for i in range(concurrency)
+        ]
         try:
-            await asyncio.wait_for(level.done.wait(), self.settings.max_level_s + 5)
-        except asyncio.TimeoutError:
-            level._stop(f"time cap {self.settings.max_level_s:g} s")
+            # warm-up and measuring together; a level that never warms up ends here
+            await asyncio.wait_for(level.done.wait(), 2 * self.settings.max_level_s + 5)
+        except TimeoutError:
+            level._stop(f"time cap {2 * self.settings.max_level_s:g} s (warm-up included)")
         await asyncio.gather(*workers)  # drain: in-flight requests finish (bounded by timeout)
         return self._finish(level)
 
@@ -274,10 +319,13 @@ class _Runner:
         return LevelRun(level.concurrency, level.rows, stats, level.ended_by)
 
 
-async def run_probe(settings: ProbeSettings, *,
-                    write_rows: Callable[[list[dict[str, Any]]], Any] | None = None,
-                    progress: ProgressFn | None = None,
-                    on_level: Callable[[LevelRun], None] | None = None) -> ProbeResult:
+async def run_probe(
+    settings: ProbeSettings,
+    *,
+    write_rows: Callable[[list[dict[str, Any]]], Any] | None = None,
+    progress: ProgressFn | None = None,
+    on_level: Callable[[LevelRun], None] | None = None,
+) -> ProbeResult:
     """Run the gradient; each level's rows go to `write_rows` (e.g. RequestStore.insert_rows).
 
     Raises ProbeError when the URL is unreachable or the settings are wrong.
@@ -286,12 +334,10 @@ async def run_probe(settings: ProbeSettings, *,
     if not levels or levels[0] < 1:
         raise ProbeError(f"levels {settings.levels!r} must be positive integers, e.g. 1,2,4,8")
     run_id = settings.run_id or new_run_id()
-    timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s,
-                                    sock_connect=settings.connect_timeout_s)
+    timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
     # Through a sidecar, these mark the load as the probe's: tenant label and (where the sidecar
     # reads them) the row's source and run id, so passive curves can leave probe load out.
-    headers = {"X-Tenant-ID": "headroom-probe", "X-Headroom-Source": "probe",
-               "X-Headroom-Run-Id": run_id}
+    headers = {"X-Tenant-ID": "headroom-probe", "X-Headroom-Source": "probe", "X-Headroom-Run-Id": run_id}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
     client = UpstreamClient(max_connections=0, timeout=timeout, headers=headers)
@@ -300,12 +346,11 @@ async def run_probe(settings: ProbeSettings, *,
     try:
         base = _base_url(settings.url)
         assert client.session is not None
-        model = await _resolve_model(client.session, base, settings.model,
-                                     settings.connect_timeout_s)
+        model = await _resolve_model(client.session, base, settings.model, settings.connect_timeout_s)
         if engine is not None:
             await engine.start()
         runner = _Runner(settings, client, model, run_id, progress, engine)
-        result = ProbeResult(run_id, model, settings.url, [])
+        result = ProbeResult(run_id, model, settings.url, [], task_class=settings.task_class)
         stagger_s = 0.0
         for concurrency in levels:
             level = await runner.run_level(concurrency, stagger_s)
@@ -323,11 +368,22 @@ async def run_probe(settings: ProbeSettings, *,
             if why and concurrency != levels[-1]:
                 result.stopped_early = f"stopped after concurrency {concurrency}: {why}"
                 break
+        result.queue_evidence = _queue_evidence(engine)
+        result.engine_max_concurrency = engine.latest.max_concurrency if engine else None
     finally:
         if engine is not None:
             await engine.stop()
         await client.close()
     return result
+
+
+def _queue_evidence(engine: EngineSource | None) -> str:
+    """Where the knee's queueing evidence came from, for the people reading the result."""
+    if engine is None:
+        return "TTFT growth (--engine-metrics none)"
+    if engine.latest.up and engine.latest.waiting is not None:
+        return f"the engine's waiting count ({engine.engine} metrics)"
+    return f"TTFT growth (no engine queue readable: {engine.latest.error or 'no waiting count'})"
 
 
 def _engine_source(settings: ProbeSettings) -> EngineSource | None:

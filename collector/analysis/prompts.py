@@ -18,8 +18,16 @@ _SHORT = (
     "Give one synonym for the word quick.",
     "Count from one to five.",
 )
-_TOPICS = ("capacity planning", "queueing theory", "GPU memory", "batch scheduling",
-           "latency budgets", "token quotas", "prefix caching", "load testing")
+_TOPICS = (
+    "capacity planning",
+    "queueing theory",
+    "GPU memory",
+    "batch scheduling",
+    "latency budgets",
+    "token quotas",
+    "prefix caching",
+    "load testing",
+)
 
 
 def _long_prompt(index: int, words: int = 900) -> str:
@@ -40,8 +48,10 @@ def load_prompts(spec: str) -> list[str]:
         return list(_SHORT) * 4 + [_long_prompt(i) for i in range(5)]  # 20 short : 5 long
     path = Path(spec)
     if not path.is_file():
-        raise ValueError(f"--prompts {spec!r} is neither short, long, mixed nor a readable file; "
-                         "pass one of those or a file with one prompt per line")
+        raise ValueError(
+            f"--prompts {spec!r} is neither short, long, mixed nor a readable file; "
+            "pass one of those or a file with one prompt per line"
+        )
     prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not prompts:
         raise ValueError(f"prompt file {spec} has no non-empty lines; put one prompt per line")

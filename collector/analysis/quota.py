@@ -35,15 +35,24 @@ def _positive(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be positive, got {value!r}")
 
 
-def quota_ceiling(*, mean_e2e_s: float, rpm: float | None = None, tpm: float | None = None,
-                  mean_tokens_per_request: float | None = None) -> QuotaCeiling:
+def quota_ceiling(
+    *,
+    mean_e2e_s: float,
+    rpm: float | None = None,
+    tpm: float | None = None,
+    mean_tokens_per_request: float | None = None,
+) -> QuotaCeiling:
     """Concurrency ceilings from RPM and/or TPM.
 
     Example: RPM 600, TPM 1 000 000, e2e 10 s, 4 000 tokens/request -> by RPM 100, by TPM 41.7,
     ceiling 41, TPM binds.
     """
-    for name, value in (("mean_e2e_s", mean_e2e_s), ("rpm", rpm), ("tpm", tpm),
-                        ("mean_tokens_per_request", mean_tokens_per_request)):
+    for name, value in (
+        ("mean_e2e_s", mean_e2e_s),
+        ("rpm", rpm),
+        ("tpm", tpm),
+        ("mean_tokens_per_request", mean_tokens_per_request),
+    ):
         _positive(name, value)
     if tpm is not None and mean_tokens_per_request is None:
         raise ValueError("a TPM ceiling needs mean_tokens_per_request (input + output tokens)")

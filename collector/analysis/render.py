@@ -17,17 +17,39 @@ def _num(value: float | None, digits: int = 3) -> str:
 def levels_table(estimate: Any, title: str = "concurrency gradient") -> Table:
     """One row per level: rates, p50/p95 TTFT, p95 TPOT/e2e, errors, Little's-law ratio."""
     table = Table(title=title, caption="latencies in seconds; L/λW = Little's-law ratio")
-    for header in ("conc", "n", "req/s", "tok/s", "ttft50", "ttft95", "tpot95", "e2e95",
-                   "429", "err", "L/λW", ""):
+    for header in (
+        "conc",
+        "n",
+        "req/s",
+        "tok/s",
+        "ttft50",
+        "ttft95",
+        "tpot95",
+        "e2e95",
+        "429",
+        "err",
+        "L/λW",
+        "",
+    ):
         table.add_column(header, justify="right", no_wrap=True)
     knee, pool = estimate.knee.requests, estimate.recommended_pool
     for s in estimate.levels:
         marks = " ".join(name for name, at in (("knee", knee), ("pool", pool)) if s.concurrency == at)
         little = s.littles_law.ratio if s.littles_law else None
-        table.add_row(str(s.concurrency), str(s.samples), _num(s.requests_per_s, 1),
-                      _num(s.total_tokens_per_s, 0), _num(s.ttft_p50_s), _num(s.ttft_p95_s),
-                      _num(s.tpot_p95_s), _num(s.e2e_p95_s), f"{s.rate_limited_ratio:.0%}",
-                      f"{s.error_ratio:.0%}", _num(little, 2), marks)
+        table.add_row(
+            str(s.concurrency),
+            str(s.samples),
+            _num(s.requests_per_s, 1),
+            _num(s.total_tokens_per_s, 0),
+            _num(s.ttft_p50_s),
+            _num(s.ttft_p95_s),
+            _num(s.tpot_p95_s),
+            _num(s.e2e_p95_s),
+            f"{s.rate_limited_ratio:.0%}",
+            f"{s.error_ratio:.0%}",
+            _num(little, 2),
+            marks,
+        )
     return table
 
 
@@ -39,8 +61,9 @@ def print_estimate(estimate: Any, console: Console | None = None) -> None:
     reached = "" if knee.reached else " (not reached: the highest level measured; a lower bound)"
     console.print(f"knee: {knee.requests} requests, {knee.tokens} tokens{reached}")
     console.print(f"  rule: {knee.rule_reason}")
-    console.print(f"  Kneedle: throughput {knee.kneedle_throughput}, p95 TTFT "
-                  f"{knee.kneedle_latency}; {knee.note}")
+    console.print(
+        f"  Kneedle: throughput {knee.kneedle_throughput}, p95 TTFT {knee.kneedle_latency}; {knee.note}"
+    )
     slo = "no SLO given" if estimate.slo_max is None else f"{estimate.slo_max}"
     console.print(f"SLO max: {slo}")
     console.print(f"recommended pool ({estimate.profile}): {estimate.recommended_pool}")

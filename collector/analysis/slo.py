@@ -36,9 +36,11 @@ def _within(value: float | None, target: float | None) -> bool:
 
 def meets_slo(level: LevelStats, slo: Slo) -> bool:
     """Whether one level meets every target of the SLO."""
-    return (_within(level.ttft_p95_s, slo.ttft_p95_s)
-            and _within(level.tpot_p95_s, slo.tpot_p95_s)
-            and level.error_ratio <= slo.max_error_ratio)
+    return (
+        _within(level.ttft_p95_s, slo.ttft_p95_s)
+        and _within(level.tpot_p95_s, slo.tpot_p95_s)
+        and level.error_ratio <= slo.max_error_ratio
+    )
 
 
 def slo_max(levels: Sequence[LevelStats], slo: Slo) -> int | None:

@@ -35,8 +35,9 @@ def percentile(values: Sequence[float | None], q: float) -> float | None:
     return data[low] + (data[high] - data[low]) * (position - low)
 
 
-def percentiles(values: Sequence[float | None], qs: Sequence[float] = (0.5, 0.95, 0.99)
-                ) -> tuple[float | None, ...]:
+def percentiles(
+    values: Sequence[float | None], qs: Sequence[float] = (0.5, 0.95, 0.99)
+) -> tuple[float | None, ...]:
     """Several quantiles of the same values in one call; None for each when there is no data."""
     data = finite(values)
     return tuple(percentile(data, q) for q in qs)

@@ -27,8 +27,13 @@ def dashboards() -> None:
 
 
 @dashboards.command("generate")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("dashboards"),
-              show_default=True, help="Directory to write the dashboard JSON into.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("dashboards"),
+    show_default=True,
+    help="Directory to write the dashboard JSON into.",
+)
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when the files in --out differ.")
 def generate_dashboards(out: Path, check: bool) -> None:
     """Write the capacity overview, tenants and capacity review dashboards (deterministic JSON).
@@ -42,18 +47,44 @@ def generate_dashboards(out: Path, check: bool) -> None:
 
 
 @dashboards.command("push")
-@click.option("--grafana-url", required=True, envvar="GRAFANA_URL",
-              help="Base URL, e.g. http://grafana:3000 [env: GRAFANA_URL].")
-@click.option("--token", required=True, envvar="GRAFANA_TOKEN",
-              help="Service-account token with Editor rights [env: GRAFANA_TOKEN].")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, exists=True, path_type=Path),
-              default=Path("dashboards"), show_default=True, help="Directory of generated dashboards.")
-@click.option("--folder", default="llm-headroom", show_default=True, help="Grafana folder (created if missing).")
-@click.option("--datasource-uid", default="headroom-prometheus", show_default=True,
-              help="uid of the Prometheus datasource the dashboards default to.")
-@click.option("--overwrite/--no-overwrite", default=True, show_default=True,
-              help="Replace dashboards with the same uid.")
-def push(grafana_url: str, token: str, directory: Path, folder: str, datasource_uid: str, overwrite: bool) -> None:
+@click.option(
+    "--grafana-url",
+    required=True,
+    envvar="GRAFANA_URL",
+    help="Base URL, e.g. http://grafana:3000 [env: GRAFANA_URL].",
+)
+@click.option(
+    "--token",
+    required=True,
+    envvar="GRAFANA_TOKEN",
+    help="Service-account token with Editor rights [env: GRAFANA_TOKEN].",
+)
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=Path("dashboards"),
+    show_default=True,
+    help="Directory of generated dashboards.",
+)
+@click.option(
+    "--folder", default="llm-headroom", show_default=True, help="Grafana folder (created if missing)."
+)
+@click.option(
+    "--datasource-uid",
+    default="headroom-prometheus",
+    show_default=True,
+    help="uid of the Prometheus datasource the dashboards default to.",
+)
+@click.option(
+    "--overwrite/--no-overwrite",
+    default=True,
+    show_default=True,
+    help="Replace dashboards with the same uid.",
+)
+def push(
+    grafana_url: str, token: str, directory: Path, folder: str, datasource_uid: str, overwrite: bool
+) -> None:
     """Upload the generated dashboards with grafana-client.
 
     \b
@@ -62,14 +93,23 @@ def push(grafana_url: str, token: str, directory: Path, folder: str, datasource_
       GRAFANA_URL=https://grafana.example GRAFANA_TOKEN=glsa_xxx headroom dashboards push --folder capacity
     """
     if not grafana_url.startswith(("http://", "https://")):
-        raise click.BadParameter(f"{grafana_url!r} is not an http(s) URL; expected e.g. http://grafana:3000",
-                                 param_hint="--grafana-url")
+        raise click.BadParameter(
+            f"{grafana_url!r} is not an http(s) URL; expected e.g. http://grafana:3000",
+            param_hint="--grafana-url",
+        )
     try:
         boards = load_dashboards(directory)
         with Progress(transient=True) as progress:
             task = progress.add_task("uploading dashboards", total=len(boards))
-            answers = push_dashboards(grafana_url, token, boards, folder=folder, datasource_uid=datasource_uid,
-                                      overwrite=overwrite, progress=lambda title: progress.advance(task))
+            answers = push_dashboards(
+                grafana_url,
+                token,
+                boards,
+                folder=folder,
+                datasource_uid=datasource_uid,
+                overwrite=overwrite,
+                progress=lambda title: progress.advance(task),
+            )
     except PushError as exc:
         raise click.ClickException(str(exc)) from exc
     for board, answer in zip(boards, answers):

@@ -1,6 +1,6 @@
 """The generated dashboard files, by name: what `headroom dashboards generate` writes.
 
-    dashboard_files(DEFAULT) -> {"headroom-capacity-overview.json": "{...}", ...}
+dashboard_files(DEFAULT) -> {"headroom-capacity-overview.json": "{...}", ...}
 """
 
 from __future__ import annotations

@@ -40,7 +40,9 @@ def load_dashboards(directory: Path) -> list[dict]:
         try:
             boards.append(json.loads(path.read_text(encoding="utf-8")))
         except json.JSONDecodeError as exc:
-            raise PushError(f"{path} is not valid JSON ({exc}); regenerate it with `headroom dashboards generate`") from exc
+            raise PushError(
+                f"{path} is not valid JSON ({exc}); regenerate it with `headroom dashboards generate`"
+            ) from exc
     return boards
 
 
@@ -53,9 +55,16 @@ def _folder_uid(api, title: str) -> str:
     return created["uid"]
 
 
-def push_dashboards(grafana_url: str, token: str, dashboards: Iterable[dict], *, folder: str = "llm-headroom",
-                    datasource_uid: str = "headroom-prometheus", overwrite: bool = True,
-                    progress: Callable[[str], None] = lambda title: None) -> list[dict]:
+def push_dashboards(
+    grafana_url: str,
+    token: str,
+    dashboards: Iterable[dict],
+    *,
+    folder: str = "llm-headroom",
+    datasource_uid: str = "headroom-prometheus",
+    overwrite: bool = True,
+    progress: Callable[[str], None] = lambda title: None,
+) -> list[dict]:
     """Upload `dashboards` into `folder`; returns Grafana's answer per dashboard (uid, url, version)."""
     # lazy: grafana-client (and its HTTP stack) loads only for `headroom dashboards push`
     from grafana_client import GrafanaApi
@@ -68,13 +77,22 @@ def push_dashboards(grafana_url: str, token: str, dashboards: Iterable[dict], *,
         answers = []
         for board in dashboards:
             call = f"POST /api/dashboards/db ({board.get('uid')})"
-            answers.append(api.dashboard.update_dashboard({
-                "dashboard": with_datasource(board, datasource_uid), "folderUid": folder_uid,
-                "overwrite": overwrite, "message": "headroom dashboards push"}))
+            answers.append(
+                api.dashboard.update_dashboard(
+                    {
+                        "dashboard": with_datasource(board, datasource_uid),
+                        "folderUid": folder_uid,
+                        "overwrite": overwrite,
+                        "message": "headroom dashboards push",
+                    }
+                )
+            )
             progress(board.get("title", board.get("uid", "?")))
         return answers
     except GrafanaException as exc:
-        raise PushError(f"Grafana at {grafana_url} refused {call}: {exc.message}. Check the URL, that the token "
-                        f"has Editor rights, and --no-overwrite conflicts") from exc
+        raise PushError(
+            f"Grafana at {grafana_url} refused {call}: {exc.message}. Check the URL, that the token "
+            f"has Editor rights, and --no-overwrite conflicts"
+        ) from exc
     except Exception as exc:  # connection errors come from niquests/urllib3 with varied types
         raise PushError(f"could not reach Grafana at {grafana_url} during {call}: {exc}") from exc

@@ -24,10 +24,14 @@ def _knee_moved(report: dict[str, Any]) -> list[dict[str, str]]:
     now, before = estimate.get("knee_requests"), previous.get("knee_requests")
     if not now or not before or abs(now - before) / before < KNEE_MOVE:
         return []
-    return [{"action": f"Change the pool from {previous.get('recommended_pool')} to "
-                       f"{estimate.get('recommended_pool')} concurrent requests",
-             "reason": f"the knee moved from {before} to {now} requests "
-                       f"(estimates of {previous.get('created_at')} and {estimate.get('created_at')})"}]
+    return [
+        {
+            "action": f"Change the pool from {previous.get('recommended_pool')} to "
+            f"{estimate.get('recommended_pool')} concurrent requests",
+            "reason": f"the knee moved from {before} to {now} requests "
+            f"(estimates of {previous.get('created_at')} and {estimate.get('created_at')})",
+        }
+    ]
 
 
 def _near_knee(report: dict[str, Any]) -> list[dict[str, str]]:
@@ -36,9 +40,13 @@ def _near_knee(report: dict[str, Any]) -> list[dict[str, str]]:
     for caliber in ("requests", "tokens"):
         peak, knee = concurrency.get(f"peak_{caliber}"), concurrency.get(f"knee_{caliber}")
         if peak is not None and knee and peak >= PEAK_SHARE * knee:
-            found.append({"action": f"Add capacity or cap admission ({caliber} caliber)",
-                          "reason": f"peak {caliber} concurrency {peak:g} reached {peak / knee:.0%} "
-                                    f"of the knee {knee:g}"})
+            found.append(
+                {
+                    "action": f"Add capacity or cap admission ({caliber} caliber)",
+                    "reason": f"peak {caliber} concurrency {peak:g} reached {peak / knee:.0%} "
+                    f"of the knee {knee:g}",
+                }
+            )
     return found
 
 
@@ -47,13 +55,21 @@ def _latency(report: dict[str, Any]) -> list[dict[str, str]]:
     ttft = report["latency"]["ttft_s"]
     slo = report["slo"]
     if slo["met"] is False:
-        found.append({"action": "Bring p95 TTFT back inside the SLO (scale out or lower the pool)",
-                      "reason": f"p95 TTFT {ttft['p95']:.3f} s is above the SLO {slo['ttft_p95_s']:.3f} s"})
+        found.append(
+            {
+                "action": "Bring p95 TTFT back inside the SLO (scale out or lower the pool)",
+                "reason": f"p95 TTFT {ttft['p95']:.3f} s is above the SLO {slo['ttft_p95_s']:.3f} s",
+            }
+        )
     rise = ttft.get("change_p95")
     if rise is not None and rise >= TTFT_RISE:
-        found.append({"action": "Find what raised TTFT this period (load mix, prompt length, engine change)",
-                      "reason": f"p95 TTFT rose {rise:.0%} week over week "
-                                f"({ttft['previous']['p95']:.3f} s -> {ttft['p95']:.3f} s)"})
+        found.append(
+            {
+                "action": "Find what raised TTFT this period (load mix, prompt length, engine change)",
+                "reason": f"p95 TTFT rose {rise:.0%} week over week "
+                f"({ttft['previous']['p95']:.3f} s -> {ttft['p95']:.3f} s)",
+            }
+        )
     return found
 
 
@@ -61,31 +77,53 @@ def _failures(report: dict[str, Any]) -> list[dict[str, str]]:
     found = []
     outcomes = report["outcomes"]
     if (outcomes["rate_limited_ratio"] or 0) > RATE_LIMITED:
-        found.append({"action": "Raise the quota or the pool, or shape the heaviest tenants",
-                      "reason": f"{outcomes['rate_limited_ratio']:.1%} of requests were rate-limited (429)"})
+        found.append(
+            {
+                "action": "Raise the quota or the pool, or shape the heaviest tenants",
+                "reason": f"{outcomes['rate_limited_ratio']:.1%} of requests were rate-limited (429)",
+            }
+        )
     if (outcomes["error_ratio"] or 0) > ERRORS:
-        found.append({"action": "Investigate upstream errors and timeouts",
-                      "reason": f"{outcomes['error_ratio']:.1%} of requests failed upstream or timed out"})
+        found.append(
+            {
+                "action": "Investigate upstream errors and timeouts",
+                "reason": f"{outcomes['error_ratio']:.1%} of requests failed upstream or timed out",
+            }
+        )
     return found
 
 
 def _evidence(report: dict[str, Any]) -> list[dict[str, str]]:
     found = []
     if report.get("estimate") is None and report["traffic"]["requests"]:
-        found.append({"action": "Measure the knee: run headroom probe against this model",
-                      "reason": "no capacity estimate is stored, so headroom cannot be judged"})
+        found.append(
+            {
+                "action": "Measure the knee: run headroom probe against this model",
+                "reason": "no capacity estimate is stored, so headroom cannot be judged",
+            }
+        )
     law = report["littles_law"]
     if law["ratio"] is not None and not law["consistent"]:
-        found.append({"action": "Check the request log (clocks, lost rows, counting)",
-                      "reason": f"Little's law is off: measured in-flight {law['measured_inflight']} vs "
-                                f"rate x e2e {law['predicted_inflight']}"})
+        found.append(
+            {
+                "action": "Check the request log (clocks, lost rows, counting)",
+                "reason": f"Little's law is off: measured in-flight {law['measured_inflight']} vs "
+                f"rate x e2e {law['predicted_inflight']}",
+            }
+        )
     return found
 
 
 def recommend_actions(report: dict[str, Any]) -> list[dict[str, str]]:
     """[{'action', 'reason'}] for one model's figures; 'No change' with its reason when nothing trips."""
-    actions = _knee_moved(report) + _near_knee(report) + _latency(report) + _failures(report) + _evidence(report)
+    actions = (
+        _knee_moved(report) + _near_knee(report) + _latency(report) + _failures(report) + _evidence(report)
+    )
     if actions:
         return actions
-    return [{"action": "No change", "reason": "peaks below the knee, latency within SLO and steady, "
-                                              "failures under 1 %"}]
+    return [
+        {
+            "action": "No change",
+            "reason": "peaks below the knee, latency within SLO and steady, failures under 1 %",
+        }
+    ]

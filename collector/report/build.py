@@ -33,12 +33,16 @@ def _subset(columns: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.nd
 def _traffic(rows: dict[str, np.ndarray], previous: dict[str, np.ndarray], span_s: float) -> dict[str, Any]:
     n, prompt, completion = len(rows["model"]), rows["prompt_tokens"].sum(), rows["completion_tokens"].sum()
     return {
-        "requests": n, "requests_per_s": ratio(n, span_s),
-        "prompt_tokens": int(prompt), "completion_tokens": int(completion),
+        "requests": n,
+        "requests_per_s": ratio(n, span_s),
+        "prompt_tokens": int(prompt),
+        "completion_tokens": int(completion),
         "cached_prompt_tokens": int(rows["cached_prompt_tokens"].sum()),
         "prompt_share": ratio(prompt, prompt + completion),
-        "mean_prompt_tokens": ratio(prompt, n), "mean_completion_tokens": ratio(completion, n),
-        "previous_requests": len(previous["model"]), "requests_change": change(n, len(previous["model"]) or None),
+        "mean_prompt_tokens": ratio(prompt, n),
+        "mean_completion_tokens": ratio(completion, n),
+        "previous_requests": len(previous["model"]),
+        "requests_change": change(n, len(previous["model"]) or None),
     }
 
 
@@ -54,9 +58,11 @@ def _outcomes(rows: dict[str, np.ndarray]) -> dict[str, Any]:
     names, counts = np.unique(rows["outcome"].astype(str), return_counts=True)
     by_outcome = {str(name): int(count) for name, count in zip(names, counts)}
     total = len(rows["outcome"])
-    return {"counts": by_outcome,
-            "rate_limited_ratio": ratio(by_outcome.get("rate_limited", 0), total),
-            "error_ratio": ratio(sum(by_outcome.get(name, 0) for name in _ERRORS), total)}
+    return {
+        "counts": by_outcome,
+        "rate_limited_ratio": ratio(by_outcome.get("rate_limited", 0), total),
+        "error_ratio": ratio(sum(by_outcome.get(name, 0) for name in _ERRORS), total),
+    }
 
 
 def _top_tenants(rows: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -64,10 +70,14 @@ def _top_tenants(rows: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     total = tokens.sum()
     tenants = rows["tenant"].astype(str)
     names = np.unique(tenants)
-    ranked = sorted(((float(tokens[tenants == name].sum()), int((tenants == name).sum()), str(name))
-                     for name in names), key=lambda item: (-item[0], item[2]))
-    return [{"tenant": name, "tokens": int(used), "requests": count, "share": ratio(used, total)}
-            for used, count, name in ranked[:TOP_TENANTS]]
+    ranked = sorted(
+        ((float(tokens[tenants == name].sum()), int((tenants == name).sum()), str(name)) for name in names),
+        key=lambda item: (-item[0], item[2]),
+    )
+    return [
+        {"tenant": name, "tokens": int(used), "requests": count, "share": ratio(used, total)}
+        for used, count, name in ranked[:TOP_TENANTS]
+    ]
 
 
 def _curve(rows: dict[str, np.ndarray], column: str) -> list[dict[str, Any]]:
@@ -79,10 +89,15 @@ def _curve(rows: dict[str, np.ndarray], column: str) -> list[dict[str, Any]]:
     for bucket in np.unique(buckets):
         mask = buckets == bucket
         errors = np.isin(subset["outcome"][mask].astype(str), _ERRORS).sum()
-        curve.append({"bucket": int(bucket), "n": int(mask.sum()),
-                      "ttft_p95_s": percentiles(subset["ttft_s"][mask])["p95"],
-                      "tpot_p95_s": percentiles(subset["tpot_s"][mask])["p95"],
-                      "error_ratio": ratio(errors, mask.sum())})
+        curve.append(
+            {
+                "bucket": int(bucket),
+                "n": int(mask.sum()),
+                "ttft_p95_s": percentiles(subset["ttft_s"][mask])["p95"],
+                "tpot_p95_s": percentiles(subset["tpot_s"][mask])["p95"],
+                "error_ratio": ratio(errors, mask.sum()),
+            }
+        )
     return curve
 
 
@@ -102,8 +117,16 @@ def _concurrency(rows: dict[str, np.ndarray], estimate: dict[str, Any]) -> dict[
 
 
 def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
-    keys = ("created_at", "source", "confidence", "knee_requests", "knee_tokens", "slo_max",
-            "recommended_pool", "profile")
+    keys = (
+        "created_at",
+        "source",
+        "confidence",
+        "knee_requests",
+        "knee_tokens",
+        "slo_max",
+        "recommended_pool",
+        "profile",
+    )
     summary = {key: estimate.get(key) for key in keys}
     summary["previous"] = {key: previous.get(key) for key in keys} if previous else None
     return summary
@@ -114,13 +137,21 @@ def _model_report(model: str, inputs: ReportInputs, current: dict, previous: dic
     estimate = inputs.estimates.get(model, {})
     slo = inputs.slo_ttft_p95_s or (estimate.get("slo") or {}).get("ttft_p95_s")
     report = {
-        "model": model, "traffic": _traffic(current, previous, end - start),
-        "latency": _latency(current, previous), "outcomes": _outcomes(current),
-        "concurrency": _concurrency(current, estimate), "top_tenants": _top_tenants(current),
-        "curve": _curve(current, "inflight"), "curve_tokens": _curve(current, "active_tokens"),
-        "littles_law": littles_law(current["admitted"], current["completed"], current["e2e_s"],
-                                   start, end, LITTLES_LAW_TOLERANCE),
-        "estimate": _estimate_summary(estimate, inputs.previous_estimates.get(model, {})) if estimate else None,
+        "model": model,
+        "traffic": _traffic(current, previous, end - start),
+        "latency": _latency(current, previous),
+        "outcomes": _outcomes(current),
+        "concurrency": _concurrency(current, estimate),
+        "top_tenants": _top_tenants(current),
+        "curve": _curve(current, "inflight"),
+        "curve_tokens": _curve(current, "active_tokens"),
+        "littles_law": littles_law(
+            current["admitted"], current["completed"], current["e2e_s"], start, end, LITTLES_LAW_TOLERANCE
+        ),
+        "estimate": _estimate_summary(estimate, inputs.previous_estimates.get(model, {}))
+        if estimate
+        else None,
+        "capacity_by_class": inputs.classes.get(model, []),
     }
     p95 = report["latency"]["ttft_s"]["p95"]
     report["slo"] = {"ttft_p95_s": slo, "met": None if slo is None or p95 is None else p95 <= slo}
@@ -136,6 +167,12 @@ def build_report(inputs: ReportInputs) -> dict[str, Any]:
         current = _subset(inputs.current, inputs.current["model"] == model)
         previous = _subset(inputs.previous, inputs.previous["model"] == model)
         reports.append(_model_report(model, inputs, current, previous))
-    return {"window": {"since": inputs.since.isoformat(), "until": inputs.until.isoformat(),
-                       "previous_since": inputs.previous_since.isoformat()},
-            "slo_ttft_p95_s": inputs.slo_ttft_p95_s, "models": reports}
+    return {
+        "window": {
+            "since": inputs.since.isoformat(),
+            "until": inputs.until.isoformat(),
+            "previous_since": inputs.previous_since.isoformat(),
+        },
+        "slo_ttft_p95_s": inputs.slo_ttft_p95_s,
+        "models": reports,
+    }

@@ -50,8 +50,9 @@ def nearest_power_of_two(values: np.ndarray) -> np.ndarray:
     return np.where(values > 0, buckets, 0.0).astype(np.int64)
 
 
-def littles_law(admitted: np.ndarray, completed: np.ndarray, e2e: np.ndarray, start: float, end: float,
-                tolerance: float) -> dict[str, float | bool | None]:
+def littles_law(
+    admitted: np.ndarray, completed: np.ndarray, e2e: np.ndarray, start: float, end: float, tolerance: float
+) -> dict[str, float | bool | None]:
     """Time-weighted mean in-flight over [start, end] vs completion rate x mean e2e (docs/domain.md §1),
     as collector.analysis.littles_law defines it, on arrays of POSIX seconds."""
     span = end - start
@@ -61,6 +62,9 @@ def littles_law(admitted: np.ndarray, completed: np.ndarray, e2e: np.ndarray, st
     done = known & (completed >= start) & (completed <= end) & ~np.isnan(e2e)
     predicted = float(done.sum() / span * e2e[done].mean()) if span > 0 and done.any() else 0.0
     value = measured / predicted if predicted > 0 else None
-    return {"measured_inflight": round(measured, 4), "predicted_inflight": round(predicted, 4),
-            "ratio": None if value is None else round(value, 4),
-            "consistent": value is not None and not math.isnan(value) and abs(value - 1.0) <= tolerance}
+    return {
+        "measured_inflight": round(measured, 4),
+        "predicted_inflight": round(predicted, 4),
+        "ratio": None if value is None else round(value, 4),
+        "consistent": value is not None and not math.isnan(value) and abs(value - 1.0) <= tolerance,
+    }

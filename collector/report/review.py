@@ -22,8 +22,14 @@ from collector.report.render_md import render_md
 from collector.store.db import RequestStore
 from collector.timewin import parse_duration, utc_now
 
-__all__ = ["FORMATS", "render_report", "build_from_store", "render_report_from_store", "write_report_files",
-           "LATEST_REPORT_NAME"]
+__all__ = [
+    "FORMATS",
+    "render_report",
+    "build_from_store",
+    "render_report_from_store",
+    "write_report_files",
+    "LATEST_REPORT_NAME",
+]
 
 LATEST_REPORT_NAME = "latest.html"
 FORMATS = ("md", "html", "json")
@@ -40,21 +46,30 @@ def render_report(report: dict, fmt: str) -> str:
     raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
 
 
-def build_from_store(store: RequestStore, since: str, now: datetime | None = None,
-                     slo_ttft_p95_s: float | None = None) -> dict:
+def build_from_store(
+    store: RequestStore, since: str, now: datetime | None = None, slo_ttft_p95_s: float | None = None
+) -> dict:
     """The report dict for the window `since` (e.g. '7d') back from `now`."""
     now = now or utc_now()
-    return build_report(collect_inputs(store, now - parse_duration(since), now, slo_ttft_p95_s=slo_ttft_p95_s))
+    return build_report(
+        collect_inputs(store, now - parse_duration(since), now, slo_ttft_p95_s=slo_ttft_p95_s)
+    )
 
 
-def render_report_from_store(store: RequestStore, since: str, fmt: str, now: datetime | None = None,
-                             slo_ttft_p95_s: float | None = None) -> str:
+def render_report_from_store(
+    store: RequestStore,
+    since: str,
+    fmt: str,
+    now: datetime | None = None,
+    slo_ttft_p95_s: float | None = None,
+) -> str:
     """Build and render in one call (the store's /v1/report)."""
     return render_report(build_from_store(store, since, now, slo_ttft_p95_s), fmt)
 
 
-def write_report_files(store: RequestStore, report_dir: Path, since: str, now: datetime, *,
-                       slo_ttft_p95_s: float | None = None) -> list[Path]:
+def write_report_files(
+    store: RequestStore, report_dir: Path, since: str, now: datetime, *, slo_ttft_p95_s: float | None = None
+) -> list[Path]:
     """The weekly job: capacity-review-<date>.{md,html,json} plus latest.html, written atomically."""
     report = build_from_store(store, since, now, slo_ttft_p95_s)
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """Writing generated files, or checking the committed copies: what both `generate` commands do.
 
-    write_or_check({"a.json": "..."}, Path("dashboards"), check=True, command="dashboards generate")
-        -> exit 1 naming a.json when dashboards/a.json is missing or differs byte for byte
+write_or_check({"a.json": "..."}, Path("dashboards"), check=True, command="dashboards generate")
+    -> exit 1 naming a.json when dashboards/a.json is missing or differs byte for byte
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ def write_or_check(files: dict[str, str], out: Path, check: bool, command: str) 
     try:
         written = write_files(files, out)
     except OSError as exc:
-        raise click.ClickException(f"cannot write into --out {out} ({exc.strerror}: {exc.filename}); "
-                                   "pass a directory you can write to") from None
+        raise click.ClickException(
+            f"cannot write into --out {out} ({exc.strerror}: {exc.filename}); "
+            "pass a directory you can write to"
+        ) from None
     for path in written:
         click.echo(f"wrote {path}")

@@ -45,8 +45,12 @@ class R:
     TOKENS_RATE = record("model", "headroom_tokens", "rate5m")
     TOKENS_RATE_INSTANCE = record("instance_model", "headroom_tokens", "rate5m")
     GENERATED_RATE = record("model", "headroom_generated_tokens_total", "rate5m")
-    TTFT_QUANTILE = record("model_quantile", "headroom_time_to_first_token_seconds", "histogram_quantile_rate5m")
-    TPOT_QUANTILE = record("model_quantile", "headroom_time_per_output_token_seconds", "histogram_quantile_rate5m")
+    TTFT_QUANTILE = record(
+        "model_quantile", "headroom_time_to_first_token_seconds", "histogram_quantile_rate5m"
+    )
+    TPOT_QUANTILE = record(
+        "model_quantile", "headroom_time_per_output_token_seconds", "histogram_quantile_rate5m"
+    )
     E2E_QUANTILE = record("model_quantile", "headroom_request_duration_seconds", "histogram_quantile_rate5m")
     E2E_MEAN = record("model", "headroom_request_duration_seconds", "mean_rate5m")
     TTFT_QUANTILE_INSTANCE = record("instance_model_quantile", "headroom_time_to_first_token_seconds",

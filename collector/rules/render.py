@@ -34,8 +34,15 @@ _Dumper.add_representer(str, _represent_str)
 
 def render_yaml(document: dict, command: str) -> str:
     """YAML text of `document` under a do-not-edit header naming `command` (e.g. "alerts generate")."""
-    body = yaml.dump(document, Dumper=_Dumper, sort_keys=True, default_flow_style=False,
-                     allow_unicode=True, width=10_000, indent=2)
+    body = yaml.dump(
+        document,
+        Dumper=_Dumper,
+        sort_keys=True,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=10_000,
+        indent=2,
+    )
     return f"# {GENERATED_NOTICE.format(command=command)}\n{body}"
 
 

@@ -15,8 +15,8 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
 
 from collector.analysis.refresh import refresh_estimates
 from collector.catalog import spec
@@ -34,8 +34,13 @@ _WRITTEN = spec("headroom_log_rows_written_total")
 
 
 def _validation_as_400(request: Request, exc: RequestValidationError) -> JSONResponse:
-    problems = [{"parameter": ".".join(str(p) for p in err.get("loc", ())[1:]) or "body",
-                 "problem": err.get("msg", "invalid")} for err in exc.errors()]
+    problems = [
+        {
+            "parameter": ".".join(str(p) for p in err.get("loc", ())[1:]) or "body",
+            "problem": err.get("msg", "invalid"),
+        }
+        for err in exc.errors()
+    ]
     return JSONResponse(status_code=400, content={"detail": problems})
 
 
@@ -54,8 +59,9 @@ def _lifespan(store: RequestStore, gauges: CapacityGauges | None, job_settings: 
         if gauges is not None:
             await run_in_threadpool(publish_stored, store, gauges)
         if job_settings is not None:
-            scheduler = build_scheduler(store, gauges, job_settings, refresh=refresh_estimates,
-                                        review=write_report_files)
+            scheduler = build_scheduler(
+                store, gauges, job_settings, refresh=refresh_estimates, review=write_report_files
+            )
             scheduler.start()
         app.state.scheduler = scheduler
         try:
@@ -77,37 +83,64 @@ class ReportQuery(BaseModel):
 
 
 def _add_report_routes(app: FastAPI, store: RequestStore, report_dir: Path | None, auth) -> None:
-    @app.get("/v1/report", dependencies=[auth], tags=["report"],
-             summary="Build the capacity review for a window now (md, html or json)")
+    @app.get(
+        "/v1/report",
+        dependencies=[auth],
+        tags=["report"],
+        summary="Build the capacity review for a window now (md, html or json)",
+    )
     async def report(q: Annotated[ReportQuery, Query()]) -> Response:
-        text = await run_in_threadpool(render_report_from_store, store, q.since, q.format,
-                                      None, q.slo_ttft_p95_s)
+        text = await run_in_threadpool(
+            render_report_from_store, store, q.since, q.format, None, q.slo_ttft_p95_s
+        )
         media = {"md": "text/markdown", "html": "text/html", "json": "application/json"}[q.format]
         return Response(text, media_type=media)
 
-    @app.get("/reports/latest", dependencies=[auth], tags=["report"], response_class=HTMLResponse,
-             summary="The latest weekly report written by the scheduled job (self-contained HTML)")
+    @app.get(
+        "/reports/latest",
+        dependencies=[auth],
+        tags=["report"],
+        response_class=HTMLResponse,
+        summary="The latest weekly report written by the scheduled job (self-contained HTML)",
+    )
     async def latest_report() -> HTMLResponse:
         path = (report_dir / LATEST_REPORT_NAME) if report_dir else None
         if path is None or not path.exists():
-            raise HTTPException(404, detail="no weekly report yet; it is written by the weekly job "
-                                            "(or GET /v1/report?format=html builds one now)")
+            raise HTTPException(
+                404,
+                detail="no weekly report yet; it is written by the weekly job "
+                "(or GET /v1/report?format=html builds one now)",
+            )
         return HTMLResponse(path.read_text())
 
 
-def create_store_app(store: RequestStore, token: str, *, gauges: CapacityGauges | None = None,
-                     job_settings: JobSettings | None = None,
-                     report_dir: str | Path | None = None) -> FastAPI:
+def create_store_app(
+    store: RequestStore,
+    token: str,
+    *,
+    gauges: CapacityGauges | None = None,
+    job_settings: JobSettings | None = None,
+    report_dir: str | Path | None = None,
+) -> FastAPI:
     """The store service around an open RequestStore; `token` guards everything but health/metrics."""
     if not token:
-        raise ValueError("create_store_app needs a non-empty token (see collector.service.auth.resolve_token)")
+        raise ValueError(
+            "create_store_app needs a non-empty token (see collector.service.auth.resolve_token)"
+        )
     if report_dir is None and job_settings is not None:
         report_dir = job_settings.report_dir
     registry, written = _registry(gauges)
     auth = Depends(require_token(token))
-    app = FastAPI(title="llm-headroom store", lifespan=_lifespan(store, gauges, job_settings),
-                  description="Ingest, query and review the fleet's request log. "
-                              "Send `Authorization: Bearer <token>` to every /v1 route.")
+    # No /docs or /redoc: FastAPI's pages load their scripts from a public CDN (blank when
+    # air-gapped, blocked by a strict CSP). /openapi.json describes the API for any local viewer.
+    app = FastAPI(
+        title="llm-headroom store",
+        lifespan=_lifespan(store, gauges, job_settings),
+        docs_url=None,
+        redoc_url=None,
+        description="Ingest, query and review the fleet's request log. "
+        "Send `Authorization: Bearer <token>` to every /v1 route.",
+    )
     app.add_exception_handler(RequestValidationError, _validation_as_400)
     app.state.store = store
 

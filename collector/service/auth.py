@@ -66,7 +66,7 @@ def require_token(expected: str):
             raise HTTPException(
                 status_code=401,
                 detail="missing or wrong bearer token: send 'Authorization: Bearer <token>' "
-                       "(the token from --token, HEADROOM_TOKEN or the store's <db>.token file)",
+                "(the token from --token, HEADROOM_TOKEN or the store's <db>.token file)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,23 +20,60 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 
 @click.command("store", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", "db_path", type=click.Path(dir_okay=False), default="headroom-store.duckdb",
-              show_default=True, help="DuckDB file this process alone owns.")
+@click.option(
+    "--db",
+    "db_path",
+    type=click.Path(dir_okay=False),
+    default="headroom-store.duckdb",
+    show_default=True,
+    help="DuckDB file this process alone owns.",
+)
 @click.option("--listen", default="127.0.0.1:9200", show_default=True, help="HOST:PORT to serve on.")
-@click.option("--token", default=None,
-              help="Bearer token for /v1 routes. Default: $HEADROOM_TOKEN, else generated into <db>.token (0600).")
-@click.option("--export-dir", type=click.Path(file_okay=False), default=None,
-              help="Where sealed days go as hive-partitioned Parquet. Default: <db dir>/parquet.")
-@click.option("--retention-days", type=click.IntRange(min=1), default=30, show_default=True,
-              help="Raw rows older than this many days are deleted once exported.")
-@click.option("--report-dir", type=click.Path(file_okay=False), default=None,
-              help="Where the weekly report is written (latest.html is served). Default: <db dir>/reports.")
-@click.option("--report-cron", default="mon 09:00", show_default=True,
-              help="When the weekly report runs: '<day> HH:MM' in UTC.")
-@click.option("--slo-ttft-p95", type=float, default=None, help="p95 TTFT SLO in seconds for estimates and reports.")
+@click.option(
+    "--token",
+    default=None,
+    help="Bearer token for /v1 routes. Default: $HEADROOM_TOKEN, else generated into <db>.token (0600).",
+)
+@click.option(
+    "--export-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where sealed days go as hive-partitioned Parquet. Default: <db dir>/parquet.",
+)
+@click.option(
+    "--retention-days",
+    type=click.IntRange(min=1),
+    default=30,
+    show_default=True,
+    help="Raw rows older than this many days are deleted once exported.",
+)
+@click.option(
+    "--report-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the weekly report is written (latest.html is served). Default: <db dir>/reports.",
+)
+@click.option(
+    "--report-cron",
+    default="mon 09:00",
+    show_default=True,
+    help="When the weekly report runs: '<day> HH:MM' in UTC.",
+)
+@click.option(
+    "--slo-ttft-p95", type=float, default=None, help="p95 TTFT SLO in seconds for estimates and reports."
+)
 @click.option("--no-jobs", is_flag=True, help="Serve only; run no scheduled jobs.")
-def store(db_path: str, listen: str, token: str | None, export_dir: str | None, retention_days: int,
-          report_dir: str | None, report_cron: str, slo_ttft_p95: float | None, no_jobs: bool) -> None:
+def store(
+    db_path: str,
+    listen: str,
+    token: str | None,
+    export_dir: str | None,
+    retention_days: int,
+    report_dir: str | None,
+    report_cron: str,
+    slo_ttft_p95: float | None,
+    no_jobs: bool,
+) -> None:
     """The store service: owns the DuckDB file; sidecars ship rows here (headroom run --store-url).
 
     \b
@@ -55,6 +93,7 @@ def store(db_path: str, listen: str, token: str | None, export_dir: str | None, 
     from collector.store.db import RequestStore
     from collector.store.jobs import JobSettings, parse_weekly_cron
 
+    os.umask(0o077)  # the database, its WAL, exports and reports: readable by this user only
     console = Console(stderr=True)
     host, port = parse_listen(listen)
     try:
@@ -66,20 +105,37 @@ def store(db_path: str, listen: str, token: str | None, export_dir: str | None, 
         request_store = RequestStore(db_path)
     except Exception as exc:  # duckdb.IOException when another process holds the file, or not a DuckDB file
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = ("only one process may own it; stop the other one or point readers at the store's API"
-                if "lock" in first.lower() else "pass a DuckDB file headroom wrote, or a new path")
+        hint = (
+            "only one process may own it; stop the other one or point readers at the store's API"
+            if "lock" in first.lower()
+            else "pass a DuckDB file headroom wrote, or a new path"
+        )
         click.echo(f"Error: cannot open --db {db_path} ({first}); {hint}", err=True)
         sys.exit(1)
     token_value, token_file = resolve_token(token, db_path)
     if token_file is not None:
-        console.print(f"[bold]store token[/] is in {token_file.resolve()} (mode 0600); "
-                      "shippers send it as a Bearer token")
-    settings = None if no_jobs else JobSettings(
-        export_dir=Path(export_dir) if export_dir else base / "parquet", retention_days=retention_days,
-        report_dir=Path(report_dir) if report_dir else base / "reports", report_cron=report_cron,
-        slo_ttft_p95_s=slo_ttft_p95)
-    app = create_store_app(request_store, token_value, gauges=CapacityGauges(), job_settings=settings,
-                           report_dir=Path(report_dir) if report_dir else base / "reports")
+        console.print(
+            f"[bold]store token[/] is in {token_file.resolve()} (mode 0600); "
+            "shippers send it as a Bearer token"
+        )
+    settings = (
+        None
+        if no_jobs
+        else JobSettings(
+            export_dir=Path(export_dir) if export_dir else base / "parquet",
+            retention_days=retention_days,
+            report_dir=Path(report_dir) if report_dir else base / "reports",
+            report_cron=report_cron,
+            slo_ttft_p95_s=slo_ttft_p95,
+        )
+    )
+    app = create_store_app(
+        request_store,
+        token_value,
+        gauges=CapacityGauges(),
+        job_settings=settings,
+        report_dir=Path(report_dir) if report_dir else base / "reports",
+    )
     console.print(f"headroom store: {db_path} ({request_store.count()} rows) on http://{host}:{port}")
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -7,7 +7,8 @@ shipper may resend a batch after a timeout without creating duplicates.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -16,14 +17,23 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
+from collector.record import FIELD_NAMES, INT64_FIELDS, RequestRecord, field_types
 from collector.store.db import RequestStore
-from collector.store.schema import COLUMN_NAMES, COLUMNS
 
-__all__ = ["MAX_BATCH_ROWS", "IngestResult", "parse_batch", "build_ingest_router"]
+__all__ = [
+    "MAX_BATCH_ROWS",
+    "MAX_BODY_BYTES",
+    "MAX_TEXT_CHARS",
+    "IngestResult",
+    "parse_batch",
+    "build_ingest_router",
+]
 
 MAX_BATCH_ROWS = 50_000
-_TIMESTAMP_COLUMNS = frozenset(name for name, sql in COLUMNS if sql.startswith("TIMESTAMPTZ"))
-_KNOWN = frozenset(COLUMN_NAMES)
+MAX_BODY_BYTES = 64 * 2**20  # a full batch of sidecar rows is about 40 MB
+MAX_TEXT_CHARS = 4096  # no column holds text longer than a short reason or an id
+_TYPES = field_types()
+_KNOWN = frozenset(FIELD_NAMES)
 
 
 class IngestResult(BaseModel):
@@ -38,42 +48,62 @@ def _bad(message: str) -> HTTPException:
     return HTTPException(status_code=400, detail=message)
 
 
-def _parse_timestamp(value: Any, column: str, index: int) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
-    if not isinstance(value, str):
-        raise _bad(f"rows[{index}].{column}: expected an ISO-8601 timestamp string, got {type(value).__name__}")
+def _parse_timestamp(value: str, where: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise _bad(f"rows[{index}].{column}: {value[:40]!r} is not an ISO-8601 timestamp") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+        raise _bad(f"{where}: {value[:40]!r} is not an ISO-8601 timestamp") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _parse_row(row: Any, index: int) -> dict[str, Any]:
+def _parse_value(value: Any, column: str, where: str) -> Any:
+    """One JSON value as the record field `column` holds it; raises a 400 naming it."""
+    expected = _TYPES[column]
+    if value is None:
+        return None
+    if expected is datetime and isinstance(value, str):
+        return _parse_timestamp(value, where)
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is int and isinstance(value, int) and not isinstance(value, bool):
+        limit = 2**63 if column in INT64_FIELDS else 2**31
+        if not -limit <= value < limit:
+            raise _bad(f"{where}: {value} is out of range for a {limit.bit_length()}-bit column")
+        return value
+    if isinstance(value, expected) and (expected is bool or not isinstance(value, bool)):
+        if isinstance(value, str) and len(value) > MAX_TEXT_CHARS:
+            raise _bad(f"{where}: {len(value)} characters is over the limit of {MAX_TEXT_CHARS}")
+        return value
+    raise _bad(f"{where}: expected {expected.__name__}, got {type(value).__name__}")
+
+
+def _parse_row(row: Any, index: int) -> RequestRecord:
     if not isinstance(row, dict):
         raise _bad(f"rows[{index}]: expected an object of request-log columns")
     unknown = set(row) - _KNOWN
     if unknown:
-        raise _bad(f"rows[{index}]: unknown column(s) {sorted(unknown)[:5]}; "
-                   "send only collector.store.schema.COLUMN_NAMES")
+        raise _bad(
+            f"rows[{index}]: unknown column(s) {sorted(unknown)[:5]}; "
+            "send only the fields of collector.record.RequestRecord"
+        )
     if not isinstance(row.get("request_id"), str) or not row["request_id"]:
         raise _bad(f"rows[{index}]: request_id is required and must be a non-empty string")
-    for column in _TIMESTAMP_COLUMNS.intersection(row):
-        row[column] = _parse_timestamp(row[column], column, index)
-    return row
+    return RequestRecord(
+        **{column: _parse_value(value, column, f"rows[{index}].{column}") for column, value in row.items()}
+    )
 
 
-def parse_batch(body: bytes) -> list[dict[str, Any]]:
-    """Validate an ingest body into row dicts; raises HTTPException(400) naming the bad part.
+def parse_batch(body: bytes) -> list[RequestRecord]:
+    """Validate an ingest body into records; raises HTTPException(400) naming the bad part.
 
+    Every column is checked against its RequestRecord field's type (and an INTEGER's range).
     Example: b'{"rows":[{"request_id":"a","admitted_at":"2026-11-30T09:00:00+00:00"}]}'
-    -> [{"request_id": "a", "admitted_at": datetime(2026, 11, 30, 9, tzinfo=UTC)}]
+    -> [RequestRecord(request_id="a", admitted_at=datetime(2026, 11, 30, 9, tzinfo=UTC))]
     """
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _bad(f"body is not valid JSON ({exc}); send {{\"rows\": [...]}}") from None
+        raise _bad(f'body is not valid JSON ({exc}); send {{"rows": [...]}}') from None
     rows = payload.get("rows") if isinstance(payload, dict) else None
     if not isinstance(rows, list):
         raise _bad('body must be an object {"rows": [...]}')
@@ -82,21 +112,46 @@ def parse_batch(body: bytes) -> list[dict[str, Any]]:
     return [_parse_row(row, index) for index, row in enumerate(rows)]
 
 
-def _insert(store: RequestStore, rows: list[dict[str, Any]]) -> int:
+def _insert(store: RequestStore, rows: list[RequestRecord]) -> int:
     try:
         return store.insert_rows(rows)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
         raise _bad(f"a column has the wrong type for the request-log schema: {exc}") from None
 
 
-def build_ingest_router(store: RequestStore, on_rows=None) -> APIRouter:
+async def _read_limited(request: Request) -> bytes:
+    """The body, refused with 413 naming the limit once it passes MAX_BODY_BYTES."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large(int(declared))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int) -> HTTPException:
+    return HTTPException(
+        status_code=413,
+        detail=f"body of {size} bytes or more is over the ingest "
+        f"limit of {MAX_BODY_BYTES} bytes (MAX_BODY_BYTES); send smaller batches",
+    )
+
+
+def build_ingest_router(store: RequestStore, on_rows: Callable[[int], object] | None = None) -> APIRouter:
     """The ingest route; `on_rows(inserted)` is called after each batch (for the written counter)."""
     router = APIRouter(tags=["ingest"])
 
-    @router.post("/v1/ingest", response_model=IngestResult,
-                 summary="Store a batch of request-log rows (idempotent by request_id)")
+    @router.post(
+        "/v1/ingest",
+        response_model=IngestResult,
+        summary="Store a batch of request-log rows (idempotent by request_id)",
+    )
     async def ingest(request: Request) -> IngestResult:
-        rows = parse_batch(await request.body())
+        rows = parse_batch(await _read_limited(request))
         inserted = await run_in_threadpool(_insert, store, rows)
         if on_rows is not None:
             on_rows(inserted)

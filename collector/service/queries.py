@@ -53,8 +53,9 @@ class WindowQuery(BaseModel):
             until = parse_instant(self.until, now) if self.until else None
         except ValueError as exc:
             raise HTTPException(400, detail=f"since/until: {exc}") from None
-        filters = {name: getattr(self, name) for name in querysql.FILTER_COLUMNS
-                   if getattr(self, name) is not None}
+        filters = {
+            name: getattr(self, name) for name in querysql.FILTER_COLUMNS if getattr(self, name) is not None
+        }
         return Where(since=since, until=until, filters=filters)
 
 
@@ -69,8 +70,7 @@ def _split_names(value: str, allowed, what: str) -> tuple[str, ...]:
 class GroupedQuery(WindowQuery):
     """A window plus a comma-separated group_by from the whitelist."""
 
-    group_by: str = Field("", max_length=200,
-                          description="comma-separated: " + ", ".join(querysql.GROUP_BY))
+    group_by: str = Field("", max_length=200, description="comma-separated: " + ", ".join(querysql.GROUP_BY))
 
     @field_validator("group_by")
     @classmethod
@@ -87,8 +87,12 @@ class PercentilesQuery(GroupedQuery):
     """Which metric, which quantiles."""
 
     metric: Literal["ttft_s", "tpot_s", "e2e_s", "prompt_tokens", "completion_tokens"] = "ttft_s"
-    quantiles: str = Field("0.5,0.95,0.99", max_length=100, pattern=r"^[0-9.,]+$",
-                           description="comma-separated, each strictly between 0 and 1")
+    quantiles: str = Field(
+        "0.5,0.95,0.99",
+        max_length=100,
+        pattern=r"^[0-9.,]+$",
+        description="comma-separated, each strictly between 0 and 1",
+    )
 
     def quantile_values(self) -> list[float]:
         """Parsed quantiles; 400 unless 1-9 numbers in (0, 1)."""
@@ -97,7 +101,9 @@ class PercentilesQuery(GroupedQuery):
         except ValueError:
             values = []
         if not values or len(values) > 9 or not all(0.0 < q < 1.0 for q in values):
-            raise HTTPException(400, detail=f"quantiles {self.quantiles!r}: give 1-9 numbers in (0, 1), e.g. 0.5,0.95")
+            raise HTTPException(
+                400, detail=f"quantiles {self.quantiles!r}: give 1-9 numbers in (0, 1), e.g. 0.5,0.95"
+            )
         return values
 
 
@@ -145,8 +151,12 @@ def build_query_router(store: RequestStore, dependencies=()) -> APIRouter:
     async def percentiles(q: Annotated[PercentilesQuery, Query()]) -> dict:
         quantiles = q.quantile_values()
         rows = await run(querysql.percentiles_sql(q.metric, quantiles, q.group_names(), q.to_where()))
-        return {"metric": q.metric, "quantiles": quantiles, "group_by": list(q.group_names()),
-                "rows": _percentile_rows(rows, quantiles)}
+        return {
+            "metric": q.metric,
+            "quantiles": quantiles,
+            "group_by": list(q.group_names()),
+            "rows": _percentile_rows(rows, quantiles),
+        }
 
     @router.get("/curve", summary="Passive capacity curve by concurrency bucket (requests or tokens)")
     async def curve(q: Annotated[CurveQuery, Query()]) -> dict:

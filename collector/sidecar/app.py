@@ -1,9 +1,11 @@
 """create_app: the sidecar's HTTP surface, serving and running the parts it is given.
 
 Routes: POST /v1/chat/completions and /v1/completions (accounted), any other /v1/* (passed
-through), GET /metrics (Prometheus text format), GET /healthz. The lifespan opens the pooled
-upstream client, starts the engine poller and the in-process store's jobs, and on shutdown stops
-them and closes every sink, which writes every request-log row that is still queued.
+through), GET /metrics (Prometheus text format, rendered in a worker thread so a large scrape
+never stalls the proxy), GET /healthz. Every path is normalised first
+(collector.sidecar.paths). The lifespan opens the pooled upstream client, starts the engine
+poller and the in-process store's jobs, and on shutdown stops them and closes every sink, which
+writes every request-log row that is still queued.
 
 Which parts a sidecar has (sources, sinks, jobs) is decided in one place, collector.sidecar.wiring;
 this module never looks at the config to choose them.
@@ -11,9 +13,10 @@ this module never looks at the config to choose them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,7 +30,10 @@ from starlette.routing import Route
 from collector import __version__
 from collector.record import RowSink
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.proxy import CompletionsProxy, PassThrough
+from collector.sidecar.faults import FaultLog
+from collector.sidecar.passthrough import PassThrough
+from collector.sidecar.paths import PathNormaliser
+from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
 from collector.sidecar.tenants import LabelCap
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource
@@ -54,10 +60,12 @@ def _upstream_client(config: SidecarConfig) -> UpstreamClient:
     """The pooled upstream client: connect fast or fail; between chunks a prefill may take minutes."""
     return UpstreamClient(
         max_connections=config.max_connections,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.connect_timeout_s,
-                                      sock_read=config.read_timeout_s),
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
+        ),
         auto_decompress=False,  # bytes reach the client exactly as the upstream sent them
-        skip_auto_headers=("User-Agent",))
+        skip_auto_headers=("User-Agent",),
+    )
 
 
 def _without_credentials(url: str) -> str:
@@ -66,11 +74,28 @@ def _without_credentials(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
-def _lifespan(parts: SidecarParts, session: UpstreamClient):
+class _DeliberateBreak(logging.Filter):
+    """Drop uvicorn's ERROR for a response we end without its last message on purpose.
+
+    When the upstream breaks a stream after the headers, the proxy returns without the final
+    body so the client sees the break; uvicorn then logs an ERROR per request. The sidecar's
+    FaultLog already says it once per interval, and the row and counter have it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing response."
+
+
+_QUIET_BREAKS = _DeliberateBreak()
+
+
+def _lifespan(
+    parts: SidecarParts, session: UpstreamClient
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """Start the upstream client, the engine poller and the jobs; stop them, then close the sinks."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await session.open()
         if parts.engine is not None:
             await parts.engine.start()
@@ -96,26 +121,64 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
     for sink in parts.sinks:
         tracker.add_row_sink(sink.submit)
     session = _upstream_client(config)
-    app = FastAPI(title="llm-headroom sidecar", version=__version__, lifespan=_lifespan(parts, session),
-                  docs_url=None, redoc_url=None, openapi_url=None)
-    proxy = CompletionsProxy(session, config.upstream, tracker, tenant_header=config.tenant_header,
-                             tenant_cap=LabelCap(config.max_tenants),
-                             model_cap=LabelCap(config.max_models), engine=parts.engine)
+    app = FastAPI(
+        title="llm-headroom sidecar",
+        version=__version__,
+        lifespan=_lifespan(parts, session),
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_middleware(PathNormaliser)
+    logging.getLogger("uvicorn.error").addFilter(_QUIET_BREAKS)  # a set: adding twice is once
+    faults = FaultLog(log)
+    limits = ProxyLimits(
+        max_request_body_bytes=config.max_request_body_bytes,
+        max_buffered_response_bytes=config.max_buffered_response_bytes,
+        max_sse_event_bytes=config.max_sse_event_bytes,
+    )
+    proxy = CompletionsProxy(
+        session,
+        config.upstream,
+        tracker,
+        tenant_header=config.tenant_header,
+        tenant_cap=LabelCap(config.max_tenants),
+        model_cap=LabelCap(config.max_models),
+        engine=parts.engine,
+        limits=limits,
+        faults=faults,
+        read_timeout_s=config.read_timeout_s,
+    )
     for path in ACCOUNTED_PATHS:
         app.router.routes.append(Route(path, proxy, methods=["POST"]))
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        return Response(generate_latest(parts.registry), media_type=CONTENT_TYPE_LATEST)
+        # off the event loop: the live gauges read the tracker's dicts, which is safe under the GIL
+        text = await asyncio.to_thread(generate_latest, parts.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
-        return JSONResponse({"status": "ok", "inflight_requests": len(tracker.live),
-                             "upstream": _without_credentials(config.upstream),
-                             "instance": config.instance})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "inflight_requests": len(tracker.live),
+                "upstream": _without_credentials(config.upstream),
+                "instance": config.instance,
+            }
+        )
 
-    app.router.routes.append(Route("/v1/{path:path}", PassThrough(session, config.upstream),
-                                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]))
+    passthrough = PassThrough(
+        session,
+        config.upstream,
+        faults=faults,
+        max_request_body_bytes=config.max_request_body_bytes,
+        read_timeout_s=config.read_timeout_s,
+    )
+    app.router.routes.append(
+        Route("/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    )
     app.state.config, app.state.tracker, app.state.registry = config, tracker, parts.registry
     app.state.scheduler = parts.scheduler
     return app

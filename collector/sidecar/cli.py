@@ -16,47 +16,196 @@ __all__ = ["run"]
 
 
 @click.command("run")
-@click.option("--upstream", required=True, metavar="URL",
-              help="Base URL of the OpenAI-compatible engine, e.g. http://127.0.0.1:8000.")
-@click.option("--listen", default="127.0.0.1:9100", show_default=True, metavar="HOST:PORT",
-              help="Where the proxy, /metrics and /healthz listen.")
-@click.option("--db", "db_path", default="headroom.duckdb", show_default=True, metavar="PATH",
-              help="DuckDB request log owned by this process (ignored with --store-url).")
-@click.option("--instance", default=socket.gethostname(), show_default="hostname",
-              help="Name of this sidecar in rows and labels.")
-@click.option("--tenant-header", default="X-Tenant-ID", show_default=True,
-              help="Request header naming the tenant.")
-@click.option("--max-tenants", default=50, show_default=True, type=click.IntRange(1),
-              help="Distinct tenant label values before the rest become 'other'.")
-@click.option("--engine", default="auto", show_default=True, metavar="NAME",
-              help="Which engine's /metrics to read: auto|none|vllm|sglang|tgi|llamacpp|generic "
-                   "(auto recognises it; none turns it off; generic needs --engine-mapping).")
-@click.option("--engine-mapping", type=click.Path(exists=True, dir_okay=False), metavar="PATH",
-              help="YAML mapping for --engine generic (format in docs/engines.md).")
+@click.option(
+    "--upstream",
+    required=True,
+    metavar="URL",
+    help="Base URL of the OpenAI-compatible engine, e.g. http://127.0.0.1:8000.",
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:9100",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Where the proxy, /metrics and /healthz listen.",
+)
+@click.option(
+    "--db",
+    "db_path",
+    default="headroom.duckdb",
+    show_default=True,
+    metavar="PATH",
+    help="DuckDB request log owned by this process (ignored with --store-url).",
+)
+@click.option(
+    "--instance",
+    default=socket.gethostname(),
+    show_default="hostname",
+    help="Name of this sidecar in rows and labels.",
+)
+@click.option(
+    "--tenant-header", default="X-Tenant-ID", show_default=True, help="Request header naming the tenant."
+)
+@click.option(
+    "--max-tenants",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Distinct tenant label values before the rest become 'other'.",
+)
+@click.option(
+    "--engine",
+    default="auto",
+    show_default=True,
+    metavar="NAME",
+    help="Which engine's /metrics to read: auto|none|vllm|sglang|tgi|llamacpp|generic "
+    "(auto recognises it; none turns it off; generic needs --engine-mapping).",
+)
+@click.option(
+    "--engine-mapping",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="PATH",
+    help="YAML mapping for --engine generic (format in docs/engines.md).",
+)
 @click.option("--engine-metrics-url", metavar="URL", help="Engine metrics URL [default: UPSTREAM/metrics].")
-@click.option("--engine-poll-interval", default=1.0, show_default=True, type=click.FloatRange(0.05),
-              help="Seconds between engine metric polls.")
+@click.option(
+    "--engine-poll-interval",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.05),
+    help="Seconds between engine metric polls.",
+)
 @click.option("--store-url", metavar="URL", help="Ship rows to a `headroom store` service instead of --db.")
 @click.option("--store-token", envvar="HEADROOM_TOKEN", help="Token for --store-url [env: HEADROOM_TOKEN].")
-@click.option("--spool-dir", metavar="PATH", show_default="./headroom-spool",
-              help="On-disk spool for --store-url outages (bounded; replayed when the store is back).")
-@click.option("--otlp-endpoint", metavar="URL",
-              envvar=["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
-              help="Emit one OpenTelemetry span per request over OTLP/HTTP "
-                   "[env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT].")
-@click.option("--read-timeout", default=600.0, show_default=True, type=click.FloatRange(1),
-              help="Seconds to wait for the next upstream bytes before giving up (outcome timeout).")
-@click.option("--jobs/--no-jobs", default=True, show_default=True,
-              help="Run the scheduled jobs (rollups, retention, capacity refresh, weekly report) "
-                   "on the in-process store.")
-@click.option("--retention-days", default=30, show_default=True, type=click.IntRange(1),
-              help="Raw rows older than this are exported to Parquet beside --db, then deleted.")
-@click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
-def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_mapping,
-        engine_metrics_url,
-        engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, read_timeout,
-        jobs, retention_days, log_level) -> None:
+@click.option(
+    "--spool-dir",
+    metavar="PATH",
+    show_default="./headroom-spool",
+    help="On-disk spool for --store-url outages (bounded; replayed when the store is back).",
+)
+@click.option(
+    "--otlp-endpoint",
+    metavar="URL",
+    envvar=["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
+    help="Emit one OpenTelemetry span per request over OTLP/HTTP "
+    "[env: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_EXPORTER_OTLP_ENDPOINT].",
+)
+@click.option(
+    "--read-timeout",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Seconds to wait for the next upstream bytes before giving up (outcome timeout).",
+)
+@click.option(
+    "--max-request-body-bytes",
+    default=64 * 2**20,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="BYTES",
+    help="Largest request body accepted; past it 413 JSON and a row.",
+)
+@click.option(
+    "--max-buffered-response-bytes",
+    default=16 * 2**20,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="BYTES",
+    help="Most of a non-streamed answer kept to read its usage (it always streams through; "
+    "past this its tokens are estimated).",
+)
+@click.option(
+    "--max-sse-event-bytes",
+    default=2**20,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="BYTES",
+    help="Largest SSE event; a longer one ends the stream as upstream_error.",
+)
+@click.option(
+    "--header-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    metavar="SECONDS",
+    help="A connection must send its request headers within this (else 408).",
+)
+@click.option(
+    "--idle-timeout",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    metavar="SECONDS",
+    help="Idle kept-alive client connections close after this.",
+)
+@click.option(
+    "--max-client-connections",
+    default=4096,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Open client connections at most; a new one past it gets 503 and is closed.",
+)
+@click.option(
+    "--jobs/--no-jobs",
+    default=True,
+    show_default=True,
+    help="Run the scheduled jobs (rollups, retention, capacity refresh, weekly report) "
+    "on the in-process store.",
+)
+@click.option(
+    "--retention-days",
+    default=30,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Raw rows older than this are exported to Parquet beside --db, then deleted.",
+)
+@click.option(
+    "--probe-db",
+    "probe_dbs",
+    multiple=True,
+    metavar="PATH",
+    type=click.Path(dir_okay=False),
+    help="A DuckDB file `headroom probe --db PATH` writes while this sidecar owns --db: "
+    "its capacity estimates are copied in and published (repeatable).",
+)
+@click.option(
+    "--probe-max-age",
+    default="7d",
+    show_default=True,
+    metavar="DURATION",
+    help="A probe estimate beats traffic's for this long (e.g. 24h, 7d).",
+)
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
+def run(
+    upstream,
+    listen,
+    db_path,
+    instance,
+    tenant_header,
+    max_tenants,
+    engine,
+    engine_mapping,
+    engine_metrics_url,
+    engine_poll_interval,
+    store_url,
+    store_token,
+    spool_dir,
+    otlp_endpoint,
+    read_timeout,
+    max_request_body_bytes,
+    max_buffered_response_bytes,
+    max_sse_event_bytes,
+    header_timeout,
+    idle_timeout,
+    max_client_connections,
+    jobs,
+    retention_days,
+    probe_dbs,
+    probe_max_age,
+    log_level,
+) -> None:
     """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
 
     \b
@@ -66,40 +215,84 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
+      headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
     """
     # lazy: `headroom run --help` must not load DuckDB and the whole sidecar
     import duckdb
 
+    from collector.sidecar.server import raise_file_limit, uvicorn_options
     from collector.sidecar.wiring import build_sidecar
     from collector.store.schema import SchemaTooNew
 
+    os.umask(0o077)  # the request log, its WAL and the spool are readable by this user only
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # APScheduler narrates every job it adds and runs at INFO; its warnings still show.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.getLevelName(log_level.upper())))
     try:
         host, port = parse_listen(listen)
         config = SidecarConfig(
-            upstream=upstream, listen_host=host, listen_port=port,
-            db_path=None if store_url else db_path, instance=instance, tenant_header=tenant_header,
-            max_tenants=max_tenants, store_url=store_url, store_token=store_token,
-            spool_dir=spool_dir, engine=engine, engine_metrics_url=engine_metrics_url,
-            engine_poll_interval_s=engine_poll_interval, engine_mapping=engine_mapping,
-            otlp_endpoint=otlp_endpoint, read_timeout_s=read_timeout, jobs=jobs,
-            retention_days=retention_days)
+            upstream=upstream,
+            listen_host=host,
+            listen_port=port,
+            db_path=None if store_url else db_path,
+            instance=instance,
+            tenant_header=tenant_header,
+            max_tenants=max_tenants,
+            store_url=store_url,
+            store_token=store_token,
+            spool_dir=spool_dir,
+            engine=engine,
+            engine_metrics_url=engine_metrics_url,
+            engine_poll_interval_s=engine_poll_interval,
+            engine_mapping=engine_mapping,
+            otlp_endpoint=otlp_endpoint,
+            read_timeout_s=read_timeout,
+            jobs=jobs,
+            retention_days=retention_days,
+            max_request_body_bytes=max_request_body_bytes,
+            max_buffered_response_bytes=max_buffered_response_bytes,
+            max_sse_event_bytes=max_sse_event_bytes,
+            header_timeout_s=header_timeout,
+            idle_timeout_s=idle_timeout,
+            max_client_connections=max_client_connections,
+            probe_dbs=tuple(probe_dbs),
+            probe_max_age=probe_max_age,
+        )
         app = build_sidecar(config)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     except (duckdb.Error, SchemaTooNew) as exc:  # locked by another process, not DuckDB, too new
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        hint = ("only one process may own it: stop the other one, or run `headroom store` and pass "
-                "--store-url" if "lock" in first.lower()
-                else "" if isinstance(exc, SchemaTooNew)
-                else "pass a DuckDB file headroom wrote, or a new path")
-        raise click.ClickException(f"cannot open --db {db_path} ({first})"
-                                   + (f"; {hint}" if hint else "")) from None
-    click.echo(f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
-               f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=30)
+        hint = (
+            "only one process may own it: stop the other one, or run `headroom store` and pass --store-url"
+            if "lock" in first.lower()
+            else ""
+            if isinstance(exc, SchemaTooNew)
+            else "pass a DuckDB file headroom wrote, or a new path"
+        )
+        raise click.ClickException(
+            f"cannot open --db {db_path} ({first})" + (f"; {hint}" if hint else "")
+        ) from None
+    click.echo(
+        f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
+        f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})",
+        err=True,
+    )
+    # descriptors for every allowed client, the upstream pool, and the files the sidecar opens
+    raise_file_limit(max_client_connections + config.max_connections + 256)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=30,
+        **uvicorn_options(
+            app.state.registry,
+            header_timeout_s=header_timeout,
+            idle_timeout_s=idle_timeout,
+            max_connections=max_client_connections,
+        ),
+    )

@@ -31,12 +31,21 @@ class SidecarConfig:
     # The store's scheduled jobs run only where this sidecar owns its database (db_path, no store_url).
     jobs: bool = True
     retention_days: int = 30
+    probe_dbs: tuple[str, ...] = ()  # `headroom probe --db` files whose estimates to import
+    probe_max_age: str = "7d"  # how long a probe estimate beats traffic's
     source: str = "traffic"
     run_id: str | None = None
     # Upstream client: connect fast or fail; between two chunks a long prefill may take minutes.
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0
     max_connections: int = 1024
+    # Bounds on clients (docs/sidecar.md, "Limits"): a breach is a JSON error naming the flag.
+    max_request_body_bytes: int = 64 * 2**20
+    max_buffered_response_bytes: int = 16 * 2**20
+    max_sse_event_bytes: int = 2**20
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 5.0
+    max_client_connections: int = 4096
     log_queue_rows: int = 50_000
     log_batch_rows: int = 1_000
     log_flush_interval_s: float = 0.5
@@ -48,11 +57,20 @@ class SidecarConfig:
                 f"--upstream {self.upstream!r} is not an http(s) URL; "
                 "expected e.g. http://127.0.0.1:8000 (the engine's OpenAI-compatible base URL)"
             )
-        for name, url in (("--engine-metrics-url", self.engine_metrics_url),
-                          ("--store-url", self.store_url)):
+        for name, url in (("--engine-metrics-url", self.engine_metrics_url), ("--store-url", self.store_url)):
             if url is not None and not url.startswith(("http://", "https://")):
-                raise ValueError(f"{name} {url!r} is not an http(s) URL; "
-                                 "expected e.g. http://127.0.0.1:8000/metrics")
+                raise ValueError(
+                    f"{name} {url!r} is not an http(s) URL; expected e.g. http://127.0.0.1:8000/metrics"
+                )
         if self.max_tenants < 1:
             raise ValueError(f"--max-tenants must be at least 1, got {self.max_tenants}")
-
+        for flag, value in (
+            ("--max-request-body-bytes", self.max_request_body_bytes),
+            ("--max-buffered-response-bytes", self.max_buffered_response_bytes),
+            ("--max-sse-event-bytes", self.max_sse_event_bytes),
+            ("--max-client-connections", self.max_client_connections),
+            ("--header-timeout", self.header_timeout_s),
+            ("--idle-timeout", self.idle_timeout_s),
+        ):
+            if value <= 0:
+                raise ValueError(f"{flag} must be positive, got {value}")

@@ -1,11 +1,11 @@
 """OpenTelemetry export of finished requests: one GenAI span per request, off by default.
 
-`OtelSink` is a RowSink (collector.record): the sidecar hands it the finished row dict, the same
-one the request log stores, and it turns that row into one span that follows the OpenTelemetry GenAI
-semantic conventions:
+`OtelSink` is a RowSink (collector.record): the sidecar hands it the finished RequestRecord, the
+same one the request log stores, and it turns that record into one span that follows the
+OpenTelemetry GenAI semantic conventions:
 
-    {"endpoint": "/v1/chat/completions", "model": "m", "admitted_at": t0, "first_token_at": t1,
-     "completed_at": t2, "prompt_tokens": 12, "completion_tokens": 30, "outcome": "ok", ...}
+    RequestRecord(endpoint="/v1/chat/completions", model="m", admitted_at=t0, first_token_at=t1,
+                  completed_at=t2, prompt_tokens=12, completion_tokens=30, outcome="ok", ...)
     -> span "chat m" [t0, t2], kind CLIENT, gen_ai.operation.name="chat",
        gen_ai.request.model="m", gen_ai.usage.input_tokens=12, gen_ai.usage.output_tokens=30,
        event "gen_ai.first_token" at t1 (and gen_ai.response.time_to_first_chunk = t1 - t0)
@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["OtelSink", "traces_url", "span_name", "span_attributes",
-           "FIRST_TOKEN_EVENT"]
+from collector.record import RequestRecord
+
+__all__ = ["OtelSink", "traces_url", "span_name", "span_attributes", "ROW_ATTRIBUTES", "FIRST_TOKEN_EVENT"]
 
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
 _log = logging.getLogger(__name__)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def traces_url(endpoint: str) -> str:
@@ -57,7 +57,7 @@ def _ns(moment: datetime | None) -> int | None:
     if moment is None:
         return None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     delta = moment - _EPOCH
     return ((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds) * 1_000
 
@@ -67,14 +67,15 @@ def _operation(endpoint: str | None) -> str:
     return "chat" if endpoint and "chat" in endpoint else "text_completion"
 
 
-def span_name(row: Mapping[str, Any]) -> str:
+def span_name(record: RequestRecord) -> str:
     """Span name per the GenAI conventions: "{operation} {model}", or the operation alone."""
-    operation = _operation(row.get("endpoint"))
-    return f"{operation} {row['model']}" if row.get("model") else operation
+    operation = _operation(record.endpoint)
+    return f"{operation} {record.model}" if record.model else operation
 
 
-# (span attribute, row key). Only non-NULL values are set; never prompt or completion text.
-_ROW_ATTRIBUTES = (
+# (span attribute, record field). Only non-NULL values are set; never prompt or completion text.
+# tests/test_record.py checks that every field named here is a RequestRecord field.
+ROW_ATTRIBUTES = (
     ("gen_ai.request.model", "model"),
     ("gen_ai.request.max_tokens", "max_tokens"),
     ("gen_ai.request.stream", "stream"),
@@ -99,17 +100,17 @@ _ROW_ATTRIBUTES = (
 )
 
 
-def span_attributes(row: Mapping[str, Any], server: tuple[str, int] | None = None) -> dict[str, Any]:
-    """GenAI span attributes for one finished row (pure; see the module docstring for an example)."""
-    attributes: dict[str, Any] = {"gen_ai.operation.name": _operation(row.get("endpoint"))}
-    for attribute, key in _ROW_ATTRIBUTES:
-        value = row.get(key)
+def span_attributes(record: RequestRecord, server: tuple[str, int] | None = None) -> dict[str, Any]:
+    """GenAI span attributes for one finished record (pure; see the module docstring for an example)."""
+    attributes: dict[str, Any] = {"gen_ai.operation.name": _operation(record.endpoint)}
+    for attribute, name in ROW_ATTRIBUTES:
+        value = getattr(record, name)
         if value is not None:
             attributes[attribute] = value
     if server is not None:
         attributes["server.address"], attributes["server.port"] = server
-    if row.get("outcome") not in (None, "ok"):
-        attributes["error.type"] = row["outcome"]
+    if record.outcome not in (None, "ok"):
+        attributes["error.type"] = record.outcome
     return attributes
 
 
@@ -131,8 +132,14 @@ class OtelSink:
     BatchSpanProcessor, so export never runs on the event loop.
     """
 
-    def __init__(self, endpoint: str | None = None, exporter: Any = None, *,
-                 upstream: str | None = None, service_name: str = "headroom-sidecar") -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        exporter: Any = None,
+        *,
+        upstream: str | None = None,
+        service_name: str = "headroom-sidecar",
+    ) -> None:
         # lazy: the OpenTelemetry SDK loads only when spans are turned on (--otlp-endpoint)
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -153,30 +160,32 @@ class OtelSink:
         self.spans_emitted = 0
         self.spans_failed = 0
 
-    def submit(self, row: Mapping[str, Any]) -> None:
-        """Turn one finished row into one ended span; never raises into the request path."""
+    def submit(self, record: RequestRecord) -> None:
+        """Turn one finished record into one ended span; never raises into the request path."""
         try:
-            self._emit(row)
+            self._emit(record)
         except Exception:  # tracing must never break a request; count it and go on
             self.spans_failed += 1
-            _log.exception("could not build the span of request %s", row.get("request_id"))
+            _log.exception("could not build the span of request %s", record.request_id)
 
-    def _emit(self, row: Mapping[str, Any]) -> None:
+    def _emit(self, record: RequestRecord) -> None:
         from opentelemetry.trace import SpanKind, Status, StatusCode  # lazy, as in __init__
 
-        start_ns = _ns(row.get("admitted_at"))
+        start_ns = _ns(record.admitted_at)
         if start_ns is None:
             return
-        end_ns = _ns(row.get("completed_at")) or start_ns
+        end_ns = _ns(record.completed_at) or start_ns
         span = self._tracer.start_span(
-            span_name(row), kind=SpanKind.CLIENT, start_time=start_ns,
-            attributes=span_attributes(row, self._server),
+            span_name(record),
+            kind=SpanKind.CLIENT,
+            start_time=start_ns,
+            attributes=span_attributes(record, self._server),
         )
-        first_token_ns = _ns(row.get("first_token_at"))
+        first_token_ns = _ns(record.first_token_at)
         if first_token_ns is not None:
             span.add_event(FIRST_TOKEN_EVENT, timestamp=first_token_ns)
-        if row.get("outcome") not in (None, "ok"):
-            span.set_status(Status(StatusCode.ERROR, row.get("error") or row["outcome"]))
+        if record.outcome not in (None, "ok"):
+            span.set_status(Status(StatusCode.ERROR, record.error or record.outcome))
         span.end(end_time=end_ns)
         self.spans_emitted += 1
 

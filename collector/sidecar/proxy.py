@@ -1,311 +1,240 @@
-"""The proxy's ASGI handlers: accounted completions endpoints and the untouched pass-through.
+"""The proxy's ASGI handler for the accounted completions endpoints: one owner of a request's life.
 
 Raw ASGI rather than framework responses, because the proxy must (1) learn the upstream status
 before it starts the client's response, yet (2) keep the upstream wait cancellable when the client
-goes away. Each accounted request runs its upstream exchange in a task while a watcher awaits the
-client's `http.disconnect`; whichever ends first decides. The terminal transition is synchronous
-and idempotent, so the `finally` blocks here can always complete it, even under cancellation
-(the gauge leak peers had, docs/domain.md §9).
+goes away. `CompletionsProxy.__call__` owns each request from admission to its last byte:
+
+    read the body (bounded) -> admit -> exchange with the upstream, watched for a disconnect
+    -> finish (the one call of Tracker.finish) -> send the last byte
+
+The exchange and its relays (collector.sidecar.relay) return an `Ending` that says what happened;
+they never finish the request and never send the last byte. The terminal transition is
+synchronous and idempotent and sits in a `finally`, so it completes even under cancellation (the
+gauge leak peers had, docs/domain.md §9). Once the client has its last byte, the row and the
+counters exist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+from typing import Any
 
-import aiohttp
-import orjson
-from yarl import URL
-
+from collector.sidecar.faults import FaultLog
+from collector.sidecar.relay import (
+    BodyTooLarge,
+    ClientChannel,
+    Ending,
+    describe_failure,
+    end_on_connection_loss,
+    read_body,
+    relay_body,
+    relay_stream,
+    request_headers,
+    response_headers,
+    target_url,
+    wait_disconnect,
+)
 from collector.sidecar.requests import ParsedRequest, parse_request
-from collector.sidecar.tenants import resolve_tenant
+from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
-from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
+from collector.sources import EngineSource
 from collector.upstream import UpstreamClient
 
-__all__ = ["CompletionsProxy", "PassThrough", "outcome_for_status"]
+__all__ = ["CompletionsProxy", "ProxyLimits"]
 
 log = logging.getLogger(__name__)
 
-_HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
-})
-_USAGE_NULL = b',"usage":null'
+Scope = dict[str, Any]
 
 
-def outcome_for_status(status: int) -> str:
-    """Outcome of a request the upstream answered with `status`, e.g. 429 -> 'rate_limited'.
+class ProxyLimits:
+    """The bounds on one request (each a `headroom run` flag; docs/sidecar.md has the defaults)."""
 
-    503 is `overloaded`: an engine shedding load (vLLM's --max-num-queued-reqs) or a gateway with
-    no healthy engine behind it. Both 429 and 503 count as load shedding and as errors.
-    """
-    if status == 429:
-        return "rate_limited"
-    if status == 503:
-        return "overloaded"
-    if status >= 500:
-        return "upstream_error"
-    if status >= 400:
-        return "bad_request"
-    return "ok"
+    __slots__ = ("max_request_body_bytes", "max_buffered_response_bytes", "max_sse_event_bytes")
 
-
-def _request_headers(scope: dict, *, identity: bool) -> list[tuple[str, str]]:
-    headers = [(k.decode("latin-1"), v.decode("latin-1"))
-               for k, v in scope["headers"] if k not in _HOP_BY_HOP]
-    if identity:  # the proxy reads the stream, so it must arrive uncompressed
-        headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"]
-        headers.append(("Accept-Encoding", "identity"))
-    return headers
+    def __init__(
+        self,
+        *,
+        max_request_body_bytes: int = 64 * 2**20,
+        max_buffered_response_bytes: int = 16 * 2**20,
+        max_sse_event_bytes: int = 2**20,
+    ) -> None:
+        self.max_request_body_bytes = max_request_body_bytes
+        self.max_buffered_response_bytes = max_buffered_response_bytes
+        self.max_sse_event_bytes = max_sse_event_bytes
 
 
-def _response_headers(raw: tuple[tuple[bytes, bytes], ...], *, keep_length: bool) -> list:
-    return [(k, v) for k, v in raw
-            if (k.lower() not in _HOP_BY_HOP) or (keep_length and k.lower() == b"content-length")]
-
-
-def _target(upstream: str, scope: dict) -> URL:
-    """Upstream URL for this request: the path as the client encoded it, and its query string.
-
-    `scope["path"]` is percent-decoded (a model id `org%2Fname` would become two segments), so the
-    raw path is forwarded, unquoted by nobody.
-    """
-    raw = scope.get("raw_path")
-    query = scope.get("query_string")
-    tail = ("?" + query.decode("latin-1")) if query else ""
-    if raw:
-        return URL(upstream + raw.decode("latin-1") + tail, encoded=True)
-    return URL(upstream + scope["path"] + tail)
-
-
-def _header(scope: dict, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
-
-
-async def _read_body(receive) -> bytes | None:
-    """The whole request body, or None when the client disconnected before sending it."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _wait_disconnect(receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _send_error(send, status: int, message: str, kind: str) -> None:
-    body = orjson.dumps({"error": {"message": message, "type": kind, "code": status}})
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+_PROBE_ID = re.compile(r"probe-[A-Za-z0-9._:-]{1,120}")
+_TASK_CLASS = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")  # the class a probe's workload measures
+_MAX_TASK_CLASSES = 16  # named by probes: few, but a client could send anything
+_SHUT_DOWN = Ending("client_cancelled", "sidecar shut down")
+_CLIENT_GONE = Ending("client_cancelled", "client disconnected")
 
 
 class CompletionsProxy:
-    """ASGI app for POST /v1/chat/completions and /v1/completions: proxied and accounted."""
+    """ASGI app for POST /v1/chat/completions and /v1/completions: accounted, with usage injected."""
 
-    def __init__(self, client: UpstreamClient, upstream: str,
-                 tracker: Tracker, *, tenant_header: str, tenant_cap, model_cap,
-                 engine=None) -> None:
+    def __init__(
+        self,
+        client: UpstreamClient,
+        upstream: str,
+        tracker: Tracker,
+        *,
+        tenant_header: str,
+        tenant_cap: LabelCap,
+        model_cap: LabelCap,
+        engine: EngineSource | None = None,
+        limits: ProxyLimits | None = None,
+        faults: FaultLog | None = None,
+        read_timeout_s: float = 600.0,
+    ) -> None:
         self._client = client
         self._upstream = upstream
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
         self._tenant_cap, self._model_cap = tenant_cap, model_cap
+        self._task_cap = LabelCap(_MAX_TASK_CLASSES)  # named by probes: few, but a client could lie
         self._engine = engine
+        self._limits = limits or ProxyLimits()
+        self._faults = faults or FaultLog(log)
+        self._read_timeout_s = read_timeout_s
 
-    async def __call__(self, scope, receive, send) -> None:
-        body = await _read_body(receive)
-        if body is None:
-            return  # never admitted: the client left before its request was read
-        parsed = parse_request(body)
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        client = ClientChannel(send)
+        refusal: Ending | None
+        try:
+            body = await read_body(receive, scope, self._limits.max_request_body_bytes)
+        except BodyTooLarge as exc:
+            parsed, refusal = (
+                parse_request(b""),
+                Ending("bad_request", str(exc), answer=413, limit="--max-request-body-bytes"),
+            )
+        else:
+            if body is None:
+                return  # never admitted: the client left before its request was read
+            parsed = parse_request(body)
+            refusal = None if parsed.refusal is None else Ending("bad_request", parsed.refusal, answer=400)
         request = self._admit(scope, parsed)
-        work = asyncio.ensure_future(self._exchange(request, parsed, scope, send))
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        ending = _SHUT_DOWN  # unless the exchange says otherwise, this task was cancelled
+        try:
+            ending = refusal or await self._watched(request, parsed, scope, receive, client)
+        finally:
+            # our own answer's status only where it will be sent: a started response keeps the upstream's
+            self._tracker.finish(
+                request,
+                ending.outcome,
+                error=ending.error,
+                status_code=None if client.started else ending.answer,
+            )
+        await client.end(ending)
+
+    def _admit(self, scope: Scope, parsed: ParsedRequest) -> LiveRequest:
+        tenant = resolve_tenant(_header(scope, self._tenant_header), _header(scope, b"authorization"))
+        probe = _header(scope, b"x-headroom-source") == "probe"  # `headroom probe` marks its load
+        run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None if probe else None
+        # the probe's own id carries the level (probe-...-c0008-000123): the stored run is then
+        # estimated from this sidecar's rows; never an id already live (gauges key on it)
+        probe_id = (_header(scope, b"x-headroom-request-id") or "") if probe else ""
+        keep_id = _PROBE_ID.fullmatch(probe_id) is not None and probe_id not in self._tracker.live
+        snapshot = self._engine.latest if self._engine is not None else None
+        request = LiveRequest(
+            parsed.model,
+            tenant,
+            scope["path"],
+            parsed.stream,
+            parsed.max_tokens,
+            parsed.prompt_tokens_estimate,
+            model_label=self._model_cap(parsed.model),
+            tenant_label=self._tenant_cap(tenant),
+            source="probe" if probe else None,
+            run_id=run_id,
+            request_id=probe_id if keep_id else None,
+            engine_waiting=snapshot.waiting if snapshot is not None else None,
+            kv_usage=snapshot.kv_usage_ratio if snapshot is not None else None,
+        )
+        task = (_header(scope, b"x-headroom-task-class") or "") if probe else ""
+        if _TASK_CLASS.fullmatch(task):
+            request.task_class, request.task_class_label = task, self._task_cap(task)
+        self._tracker.admit(request)
+        return request
+
+    async def _watched(
+        self, request: LiveRequest, parsed: ParsedRequest, scope: Scope, receive: Any, client: ClientChannel
+    ) -> Ending:
+        """The exchange, raced against the client's disconnect.
+
+        A disconnect seen before the last byte is sent means the client never had the whole
+        answer: client_cancelled, even when the exchange finished in the same loop step (a
+        relay that finds every byte buffered runs to its end without yielding, so the watcher,
+        already woken, gets one more step before the decision).
+        """
+        work = asyncio.ensure_future(self._exchange(request, parsed, scope, client))
+        watcher = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if not watcher.done():
+                await asyncio.sleep(0)
         finally:
-            # the watcher only ends on the client's disconnect; otherwise this task was cancelled
-            # (the server's graceful-shutdown timeout), which the row must not blame on the client
             gone = watcher.done() and not watcher.cancelled()
             watcher.cancel()
             if not work.done():
                 work.cancel()  # client gone (or server shutdown): stop the upstream exchange
-            self._tracker.finish(request, "client_cancelled",
-                                 error="client disconnected" if gone else "sidecar shut down")
+        if not gone and work.done() and not work.cancelled():
+            return work.result()
+        client.gone = True
+        return _CLIENT_GONE
 
-    def _admit(self, scope: dict, parsed: ParsedRequest) -> LiveRequest:
-        tenant = resolve_tenant(_header(scope, self._tenant_header), _header(scope, b"authorization"))
-        request = LiveRequest(parsed.model, tenant, scope["path"], parsed.stream, parsed.max_tokens,
-                              parsed.prompt_tokens_estimate, model_label=self._model_cap(parsed.model),
-                              tenant_label=self._tenant_cap(tenant))
-        if _header(scope, b"x-headroom-source") == "probe":  # `headroom probe` marks its load
-            request.source = "probe"
-            request.run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None
-        snapshot = getattr(self._engine, "latest", None)
-        if snapshot is not None:
-            request.engine_waiting = getattr(snapshot, "waiting", None)
-            request.kv_usage = getattr(snapshot, "kv_usage_ratio", None)
-        self._tracker.admit(request)
-        return request
-
-    async def _exchange(self, request: LiveRequest, parsed: ParsedRequest, scope, send) -> None:
-        started = False
-        outcome, error = "upstream_error", None
+    async def _exchange(
+        self, request: LiveRequest, parsed: ParsedRequest, scope: Scope, client: ClientChannel
+    ) -> Ending:
+        """Send upstream, relay the answer; returns how it ended and never raises (but cancels)."""
         try:
-            url = _target(self._upstream, scope)
-            headers = _request_headers(scope, identity=True)
-            upstream = await self._client.request("POST", url, data=parsed.body, headers=headers,
-                                                  allow_redirects=False)
-            if upstream.retries:
-                self._tracker.retried(request, upstream.retry_reason or "stale_connection")
+            upstream = await self._client.request(
+                "POST",
+                target_url(self._upstream, scope),
+                data=parsed.body,
+                headers=request_headers(scope, identity=True),
+                allow_redirects=False,
+            )
+        except Exception as exc:
+            return self._failed(exc)
+        if upstream.retries:
+            self._tracker.retried(request, upstream.retry_reason or "stale_connection")
+        try:
             async with upstream.response as resp:
-                self._tracker.first_byte(request)
-                request.status_code = resp.status
-                outcome = outcome_for_status(resp.status)
-                streaming = parsed.stream and resp.status == 200 and \
-                    resp.content_type == "text/event-stream"
-                await send({"type": "http.response.start", "status": resp.status,
-                            "headers": _response_headers(resp.raw_headers, keep_length=not streaming)})
-                started = True
-                if streaming:
-                    await self._relay_stream(request, parsed, resp, send, outcome)
-                else:
-                    await self._relay_body(request, resp, send, outcome)
-                return
-        except asyncio.CancelledError:
-            outcome, error = "client_cancelled", "client disconnected"
-            raise
-        except asyncio.TimeoutError:
-            outcome, error = "timeout", "upstream read timed out"
-            await self._fail(request, send, started, 504, outcome, error)
-        except aiohttp.ClientError as exc:
-            outcome, error = "upstream_error", f"{type(exc).__name__}: {str(exc)[:120]}"
-            await self._fail(request, send, started, 502, outcome, error)
-        except Exception as exc:  # never let upstream input crash the sidecar
-            log.exception("unexpected proxy error")
-            outcome, error = "upstream_error", f"proxy error: {type(exc).__name__}"
-            await self._fail(request, send, started, 502, outcome, error)
-        finally:
-            self._tracker.finish(request, outcome, error=error)
+                end_on_connection_loss(resp)
+                self._tracker.responded(request, resp.status)
+                if resp.status == 200 and resp.content_type == "text/event-stream":
+                    await client.start(resp.status, response_headers(resp.raw_headers, keep_length=False))
+                    return await relay_stream(
+                        self._tracker,
+                        request,
+                        parsed.usage_injected,
+                        resp,
+                        client,
+                        self._limits.max_sse_event_bytes,
+                    )
+                await client.start(resp.status, response_headers(resp.raw_headers, keep_length=True))
+                return await relay_body(
+                    self._tracker, request, resp, client, self._limits.max_buffered_response_bytes
+                )
+        except Exception as exc:
+            return self._failed(exc)
 
-    async def _fail(self, request: LiveRequest, send, started: bool, status: int, outcome: str,
-                    error: str) -> None:
-        """Finish a failed exchange; answer the client ourselves if nothing was sent yet.
-
-        After the response started, returning without its end makes uvicorn close the
-        connection: the client sees the break, as it would have seen it from the upstream.
-        """
-        if started:
-            self._tracker.finish(request, outcome, error=error)
-            return
-        self._tracker.finish(request, outcome, status_code=status, error=error)
-        await _send_error(send, status, f"{outcome}: {error}", outcome)
-
-    async def _relay_body(self, request: LiveRequest, resp: aiohttp.ClientResponse, send,
-                          outcome: str) -> None:
-        """Buffer a non-streamed answer, read its usage, finish, then hand it to the client."""
-        body = await resp.read()
-        if resp.status == 200:
-            try:
-                payload = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                payload = None
-            usage = payload.get("usage") if isinstance(payload, dict) else None
-            if isinstance(usage, dict):
-                request.usage = usage
-        # Finish before the last send: once the client has its answer, the row and counters exist.
-        self._tracker.finish(request, outcome)
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-    async def _relay_stream(self, request: LiveRequest, parsed: ParsedRequest,
-                            resp: aiohttp.ClientResponse, send, outcome: str) -> None:
-        """Forward events as they complete; finish the request just before the final send."""
-        splitter = EventSplitter()
-        tracker, strip = self._tracker, parsed.usage_injected
-        malformed = errored = False
-        async for data in resp.content.iter_any():
-            complete, events = splitter.feed(data)
-            kept = None  # None: forward `complete` exactly as received
-            for index, event in enumerate(events):
-                info = inspect_event(event)
-                if info is None or info is DONE:
-                    pass
-                elif info is MALFORMED:
-                    malformed = True
-                elif info is ERROR:  # the engine failed mid-stream and said so
-                    errored = True
-                else:
-                    if info.tokens_estimate:
-                        tracker.generated(request, info.tokens_estimate)
-                    if info.usage is not None:
-                        request.usage = info.usage  # cumulative: replace, never sum
-                        if strip and info.usage_only:  # the usage chunk we asked for
-                            kept = events[:index] if kept is None else kept
-                            continue
-                    if strip and _USAGE_NULL in event:
-                        kept = events[:index] if kept is None else kept
-                        event = event.replace(_USAGE_NULL, b"")
-                if kept is not None:
-                    kept.append(event)
-            body = complete if kept is None else splitter.join(kept)
-            if body:
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-        rest = splitter.remainder()
-        if rest:
-            await send({"type": "http.response.body", "body": rest, "more_body": True})
-        error = "malformed event in stream" if malformed else "error event in stream" if errored \
-            else "stream ended inside an event" if rest.strip() else None
-        self._tracker.finish(request, "upstream_error" if error else outcome, error=error)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    def _failed(self, exc: Exception) -> Ending:
+        """The Ending of an exchange that raised, and one rate-limited WARNING for its class."""
+        ending = describe_failure(exc, self._read_timeout_s)
+        if ending.error is not None and ending.error.startswith("proxy error"):
+            self._faults.warn("proxy_error", f"unexpected proxy failure: {ending.error}", exc=exc)
+        else:
+            self._faults.warn(ending.outcome, f"upstream request failed: {ending.error}")
+        return ending
 
 
-class PassThrough:
-    """ASGI app for every other /v1/* path: forwarded as-is, streamed back, not accounted."""
-
-    def __init__(self, client: UpstreamClient, upstream: str) -> None:
-        self._client, self._upstream = client, upstream
-
-    async def __call__(self, scope, receive, send) -> None:
-        body = await _read_body(receive)
-        if body is None:
-            return
-        work = asyncio.ensure_future(self._forward(scope, body, send))
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
-            await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watcher.cancel()
-            if not work.done():
-                work.cancel()  # client gone: drop the upstream request (a stream would run on)
-
-    async def _forward(self, scope, body: bytes, send) -> None:
-        url = _target(self._upstream, scope)
-        started = False
-        try:
-            upstream = await self._client.request(scope["method"], url, data=body or None,
-                                                  headers=_request_headers(scope, identity=False),
-                                                  allow_redirects=False)
-            async with upstream.response as resp:
-                await send({"type": "http.response.start", "status": resp.status,
-                            "headers": _response_headers(resp.raw_headers, keep_length=True)})
-                started = True
-                async for data in resp.content.iter_any():
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            if not started:
-                await _send_error(send, 502, f"upstream failed: {type(exc).__name__}", "upstream_error")
-        except Exception as exc:  # never let client or upstream input crash the request unanswered
-            log.exception("unexpected pass-through error")
-            if not started:
-                await _send_error(send, 502, f"proxy error: {type(exc).__name__}", "upstream_error")
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None

@@ -1,25 +1,39 @@
 """Reading an OpenAI request body: model, stream flags, max_tokens, and a prompt-token estimate.
 
-Prompt-token estimate (no tokenizer in the sidecar, by design: it must work for any model):
-ceil(characters / 4) over every text part, plus 3 tokens of framing per chat message (a
-/v1/completions prompt of token IDs counts one per ID). "About four
-characters per token" is OpenAI's published rule of thumb for English with BPE tokenizers; the
-per-message framing matches the chat templates' role markers. It feeds the live token caliber at
-admission; the row's `prompt_tokens` is replaced by upstream `usage` when the engine reports it
-(`usage_source='upstream'`), so the estimate never reaches the request log when usage exists.
+Prompt-token estimate: collector.tokens' rule (4 characters per token, rounded down, at least 1)
+over every text part, plus 3 tokens of framing per chat message (a /v1/completions prompt of
+token IDs counts one per ID); the per-message framing matches the chat templates' role markers.
+It feeds the live token caliber at admission; the row's `prompt_tokens` is replaced by upstream
+`usage` when the engine reports it (`usage_source='upstream'`).
+
+The body the engine gets is the client's, byte for byte, except for the one field the sidecar
+adds to a streamed request that did not set it: `"include_usage":true` in `stream_options`. It is
+spliced into the bytes, never re-serialised, so integers beyond 64 bits, key order, whitespace
+and nesting deeper than a serialiser allows reach the engine unchanged:
+
+    {"model":"m","stream":true}  ->  {"stream_options":{"include_usage":true},"model":"m","stream":true}
+    {"stream":true,"stream_options":{"x":1}}  ->  {"stream":true,"stream_options":{"include_usage":true,"x":1}}
+
+A body that is not a JSON object we can read (bad UTF-8, not JSON, nested past orjson's 1,024
+levels, an array) is refused by the proxy with 400 and a row (`refusal` says why).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
-__all__ = ["ParsedRequest", "parse_request", "estimate_text_tokens"]
+from collector.tokens import estimate_tokens, tokens_for_characters
 
-_CHARS_PER_TOKEN = 4
+__all__ = ["ParsedRequest", "parse_request", "splice_include_usage"]
+
 _TOKENS_PER_MESSAGE = 3
 _MAX_MODEL_CHARS = 128
+_OPTIONS_KEY = re.compile(rb'"stream_options"\s*:\s*\{')
+_INCLUDE_USAGE = b'"include_usage":true'
 
 
 @dataclass(slots=True)
@@ -32,20 +46,18 @@ class ParsedRequest:
     max_tokens: int | None
     prompt_tokens_estimate: int
     usage_injected: bool  # the proxy asked upstream for usage; strip it before the client sees it
-    valid_json: bool
-
-
-def estimate_text_tokens(text: str) -> int:
-    """Tokens in `text` by the 4-characters rule, e.g. 'hello world!' -> 3; '' -> 0."""
-    return -(-len(text) // _CHARS_PER_TOKEN)
+    refusal: str | None = None  # why the proxy answers 400 itself instead of forwarding
 
 
 def _content_tokens(content: object) -> int:
     if isinstance(content, str):
-        return estimate_text_tokens(content)
+        return estimate_tokens(content)
     if isinstance(content, list):  # multi-part content: count the text parts
-        return sum(estimate_text_tokens(part["text"]) for part in content
-                   if isinstance(part, dict) and isinstance(part.get("text"), str))
+        return sum(
+            estimate_tokens(part["text"])
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
     return 0
 
 
@@ -54,38 +66,41 @@ def _prompt_tokens(prompt: object) -> int:
     if isinstance(prompt, list):
         if prompt and all(isinstance(p, int) for p in prompt):
             return len(prompt)  # already tokens
-        return sum(len(p) if isinstance(p, list) and all(isinstance(i, int) for i in p)
-                   else _content_tokens(p) for p in prompt)
+        return sum(
+            len(p) if isinstance(p, list) and all(isinstance(i, int) for i in p) else _content_tokens(p)
+            for p in prompt
+        )
     return _content_tokens(prompt)
 
 
-def _estimate_prompt(payload: dict) -> int:
+def _estimate_prompt(payload: dict[str, Any]) -> int:
     messages = payload.get("messages")
     if isinstance(messages, list):
-        return sum(_TOKENS_PER_MESSAGE + _content_tokens(m.get("content"))
-                   for m in messages if isinstance(m, dict))
+        return sum(
+            _TOKENS_PER_MESSAGE + _content_tokens(m.get("content")) for m in messages if isinstance(m, dict)
+        )
     return _prompt_tokens(payload.get("prompt"))
 
 
-def _max_tokens(payload: dict) -> int | None:
+def _max_tokens(payload: dict[str, Any]) -> int | None:
     value = payload.get("max_completion_tokens", payload.get("max_tokens"))
     valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
     return value if valid else None  # beyond the INTEGER column it is no useful limit anyway
 
 
 def parse_request(body: bytes) -> ParsedRequest:
-    """Parse a completions body; inject `stream_options.include_usage` when the client left it unset.
+    """Read a completions body; splice in `stream_options.include_usage` when a stream left it unset.
 
-    A body that is not a JSON object is forwarded untouched (the engine answers it), with model
-    'unknown' and an estimate from its length, so bad input is still accounted and logged.
+    Never raises: a body we cannot read comes back with `refusal` set (model 'unknown', an
+    estimate from its length), so the proxy answers 400 and still writes the request's row.
     """
     try:
         payload = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        payload = None
+    except orjson.JSONDecodeError as exc:
+        reason = "nested too deeply" if "depth" in str(exc) else "not valid JSON"
+        return _refused(body, f"request body is {reason}; send one JSON object")
     if not isinstance(payload, dict):
-        return ParsedRequest(body, "unknown", False, None, -(-len(body) // _CHARS_PER_TOKEN),
-                             False, False)
+        return _refused(body, f"request body is a JSON {type(payload).__name__}, not an object")
     model = payload.get("model")
     model = model[:_MAX_MODEL_CHARS] if isinstance(model, str) and model else "unknown"
     stream = payload.get("stream") is True
@@ -94,8 +109,31 @@ def parse_request(body: bytes) -> ParsedRequest:
         options = payload.get("stream_options")
         # a non-object stream_options is the client's error: forward it untouched for the engine
         if options is None or (isinstance(options, dict) and "include_usage" not in options):
-            payload["stream_options"] = {**(options or {}), "include_usage": True}
-            body = orjson.dumps(payload)
-            injected = True
-    return ParsedRequest(body, model, stream, _max_tokens(payload), _estimate_prompt(payload),
-                         injected, True)
+            spliced = splice_include_usage(body, options)
+            injected = spliced is not None
+            body = spliced if spliced is not None else body
+    return ParsedRequest(body, model, stream, _max_tokens(payload), _estimate_prompt(payload), injected)
+
+
+def _refused(body: bytes, reason: str) -> ParsedRequest:
+    return ParsedRequest(body, "unknown", False, None, tokens_for_characters(len(body)), False, reason)
+
+
+def splice_include_usage(body: bytes, options: dict[str, Any] | None) -> bytes | None:
+    """`body` with include_usage added to its top-level stream_options (created when None).
+
+    Works on the bytes: the only change is the inserted text. Returns None when the top-level
+    stream_options object cannot be located (the request then goes out unchanged).
+    """
+    if options is None:
+        start = body.index(b"{") + 1  # the top-level object: orjson has read it
+        return body[:start] + b'"stream_options":{' + _INCLUDE_USAGE + b"}," + body[start:]
+    expected = {"include_usage": True, **options}
+    for match in _OPTIONS_KEY.finditer(body):  # a nested object may have the same key: check
+        end = match.end()
+        separator = b"" if body[end:].lstrip()[:1] == b"}" else b","
+        candidate = body[:end] + _INCLUDE_USAGE + separator + body[end:]
+        spliced = orjson.loads(candidate).get("stream_options")
+        if spliced == expected:
+            return candidate
+    return None

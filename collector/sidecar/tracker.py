@@ -14,12 +14,16 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from collector.catalog import spec
+from collector.inflight import Inflight
+from collector.record import OUTCOMES, RequestRecord, time_per_output_token
+from collector.tasks import UNSPECIFIED, classify, classify_finished
 
 __all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
 
@@ -30,25 +34,59 @@ _ID_COUNTER = itertools.count()
 
 log = logging.getLogger(__name__)
 
-OUTCOMES = ("ok", "rate_limited", "overloaded", "client_cancelled", "upstream_error", "timeout",
-            "bad_request")
-
 
 class LiveRequest:
-    """Mutable state of one in-flight request. Text is never kept: only counts and times."""
+    """State of one in-flight request, changed only through its Tracker. Never any text."""
 
     __slots__ = (
-        "request_id", "model", "model_label", "tenant", "tenant_label", "endpoint", "stream", "max_tokens",
-        "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
-        "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
-        "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
-        "source", "run_id", "upstream_retries",
+        "request_id",
+        "model",
+        "model_label",
+        "tenant",
+        "tenant_label",
+        "endpoint",
+        "stream",
+        "max_tokens",
+        "admitted_mono",
+        "admitted_wall",
+        "first_byte_mono",
+        "first_token_mono",
+        "prompt_tokens",
+        "generated_tokens",
+        "usage",
+        "status_code",
+        "outcome",
+        "error",
+        "inflight_at_admit",
+        "active_tokens_at_admit",
+        "engine_waiting",
+        "kv_usage",
+        "done",
+        "source",
+        "run_id",
+        "upstream_retries",
+        "task_class",
+        "task_class_label",
     )
 
-    def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
-                 max_tokens: int | None, prompt_tokens_estimate: int, *,
-                 model_label: str | None = None, tenant_label: str | None = None) -> None:
-        self.request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+    def __init__(
+        self,
+        model: str,
+        tenant: str,
+        endpoint: str,
+        stream: bool,
+        max_tokens: int | None,
+        prompt_tokens_estimate: int,
+        *,
+        model_label: str | None = None,
+        tenant_label: str | None = None,
+        source: str | None = None,
+        run_id: str | None = None,
+        request_id: str | None = None,
+        engine_waiting: int | None = None,
+        kv_usage: float | None = None,
+    ) -> None:
+        self.request_id = request_id or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
         self.model, self.tenant = model, tenant
         self.model_label = model_label or model  # capped label values; the row keeps the real ones
         self.tenant_label = tenant_label or tenant
@@ -59,18 +97,20 @@ class LiveRequest:
         self.first_token_mono: float | None = None
         self.prompt_tokens = prompt_tokens_estimate
         self.generated_tokens = 0
-        self.usage: dict | None = None
+        self.usage: dict[str, Any] | None = None
         self.status_code: int | None = None
         self.outcome: str | None = None
         self.error: str | None = None
         self.inflight_at_admit = 0
         self.active_tokens_at_admit = 0
-        self.engine_waiting: int | None = None
-        self.kv_usage: float | None = None
+        self.engine_waiting, self.kv_usage = engine_waiting, kv_usage  # the latest engine scrape
         self.done = False
-        self.source: str | None = None  # None: the tracker's own (traffic); 'probe' for probe load
-        self.run_id: str | None = None
+        self.source = source  # None: the tracker's own (traffic); 'probe' for probe load
+        self.run_id = run_id
         self.upstream_retries = 0
+        # the class it declared (max_tokens), or one the probe named; the label is capped
+        self.task_class = classify(max_tokens)
+        self.task_class_label = self.task_class
 
     @property
     def active_tokens(self) -> int:
@@ -81,20 +121,28 @@ class LiveRequest:
 def _wall(request: LiveRequest, mono: float | None) -> datetime | None:
     if mono is None:
         return None
-    return datetime.fromtimestamp(request.admitted_wall, timezone.utc) + timedelta(
-        seconds=mono - request.admitted_mono)
+    return datetime.fromtimestamp(request.admitted_wall, UTC) + timedelta(
+        seconds=mono - request.admitted_mono
+    )
 
 
 class Tracker:
-    """Owns the live set and the per-request metrics; `finish` turns a request into one row."""
+    """Owns the live set and the per-request metrics; `finish` turns a request into one record."""
 
-    def __init__(self, registry: CollectorRegistry, *, instance: str, source: str = "traffic",
-                 run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        instance: str,
+        source: str = "traffic",
+        run_id: str | None = None,
+    ) -> None:
         self.instance, self.source, self.run_id = instance, source, run_id
         self.live: dict[str, LiveRequest] = {}
-        self.active_tokens_total = 0  # running sum, for the admission snapshot in O(1)
+        self.load = Inflight()  # running sums, for the admission snapshot in O(1)
         self._label_sets: set[tuple[str, str]] = set()
-        self._row_sinks: list[Callable[[dict], None]] = []
+        self._task_label_sets: set[tuple[str, str]] = set()
+        self._row_sinks: list[Callable[[RequestRecord], None]] = []
         self.requests = _metric(Counter, "headroom_requests_total", registry)
         self.prompt_tokens = _metric(Counter, "headroom_prompt_tokens_total", registry)
         self.generated_tokens = _metric(Counter, "headroom_generated_tokens_total", registry)
@@ -104,23 +152,28 @@ class Tracker:
         self.retries = _metric(Counter, "headroom_upstream_retries_total", registry)
         registry.register(_LiveGauges(self))
 
-    def add_row_sink(self, sink: Callable[[dict], None]) -> None:
-        """Call `sink(row)` once per finished request (must not block)."""
+    @property
+    def active_tokens_total(self) -> int:
+        """Σ active tokens of the live requests."""
+        return self.load.tokens
+
+    def add_row_sink(self, sink: Callable[[RequestRecord], None]) -> None:
+        """Call `sink(record)` once per finished request (must not block)."""
         self._row_sinks.append(sink)
 
     # --- lifecycle ----------------------------------------------------------------------------
     def admit(self, request: LiveRequest) -> None:
         """Admitted: inflight += 1, active_tokens += prompt estimate; snapshot both, self included."""
         self.live[request.request_id] = request
-        self.active_tokens_total += request.prompt_tokens
-        request.inflight_at_admit = len(self.live)
-        request.active_tokens_at_admit = self.active_tokens_total
+        request.inflight_at_admit, request.active_tokens_at_admit = self.load.admit(request.prompt_tokens)
         self._label_sets.add((request.model_label, request.tenant_label))
+        self._task_label_sets.add((request.model_label, request.task_class_label))
 
-    def first_byte(self, request: LiveRequest) -> None:
-        """First bytes (response headers) arrived from upstream."""
+    def responded(self, request: LiveRequest, status_code: int) -> None:
+        """The upstream's status line and headers arrived: first byte, and the status."""
         if request.first_byte_mono is None:
             request.first_byte_mono = time.monotonic()
+        request.status_code = status_code
 
     def retried(self, request: LiveRequest, reason: str) -> None:
         """The request was sent again on a fresh connection after a stale pooled one failed."""
@@ -132,87 +185,119 @@ class Tracker:
         if request.first_token_mono is None:
             request.first_token_mono = time.monotonic()
         request.generated_tokens += tokens
-        self.active_tokens_total += tokens
+        self.load.generated(tokens)
 
-    def finish(self, request: LiveRequest, outcome: str, *, status_code: int | None = None,
-               error: str | None = None) -> dict | None:
-        """Terminal transition, exactly once: leave the live set, count, observe, emit the row.
+    def reported_usage(self, request: LiveRequest, usage: dict[str, Any]) -> None:
+        """The upstream's `usage` object (cumulative: the latest replaces any earlier one)."""
+        request.usage = usage
 
-        Later calls return None and change nothing, so every exit path may call it. Synchronous
-        on purpose: it must complete inside a `finally` while the task is being cancelled.
+    def finish(
+        self, request: LiveRequest, outcome: str, *, status_code: int | None = None, error: str | None = None
+    ) -> RequestRecord | None:
+        """Terminal transition, exactly once: leave the live set, count, observe, emit the record.
+
+        Later calls return None and change nothing. Synchronous on purpose: it must complete
+        inside a `finally` while the task is being cancelled.
         """
         if request.done:
             return None
         request.done = True
         completed_mono = time.monotonic()
         if self.live.pop(request.request_id, None) is not None:
-            self.active_tokens_total -= request.active_tokens
+            self.load.release(request.active_tokens)
         request.outcome = outcome
         request.status_code = status_code if status_code is not None else request.status_code
         request.error = error or request.error
-        row = self._row(request, completed_mono)
-        self._observe(request, row)
+        record = self._record(request, completed_mono)
+        self._observe(request, record)
         for sink in self._row_sinks:
             try:
-                sink(row)
+                sink(record)
             except Exception:  # an exporter's bug must not cut the client's stream or starve others
                 log.exception("request-log row sink %r failed", sink)
-        return row
+        return record
 
     # --- internals ----------------------------------------------------------------------------
-    def _row(self, request: LiveRequest, completed_mono: float) -> dict:
-        usage = request.usage
-        prompt, completion, cached = request.prompt_tokens, request.generated_tokens, None
-        usage_source = "estimated"
-        if usage is not None:
-            usage_source = "upstream"
-            prompt = _int(usage.get("prompt_tokens"), prompt)
-            completion = _int(usage.get("completion_tokens"), completion)
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict):
-                cached = _int(details.get("cached_tokens"), None)
+    def _record(self, request: LiveRequest, completed_mono: float) -> RequestRecord:
+        prompt, completion, cached, usage_source = _token_counts(request)
         e2e = completed_mono - request.admitted_mono
         ttft = None if request.first_token_mono is None else request.first_token_mono - request.admitted_mono
-        tpot = (e2e - ttft) / (completion - 1) if ttft is not None and completion > 1 else None
-        return {
-            "request_id": request.request_id, "source": request.source or self.source,
-            "run_id": request.run_id or self.run_id,
-            "instance": self.instance, "model": request.model, "tenant": request.tenant,
-            "endpoint": request.endpoint, "stream": request.stream,
-            "admitted_at": _wall(request, request.admitted_mono),
-            "first_byte_at": _wall(request, request.first_byte_mono),
-            "first_token_at": _wall(request, request.first_token_mono),
-            "completed_at": _wall(request, completed_mono),
-            "status_code": request.status_code, "outcome": request.outcome, "error": request.error,
-            "prompt_tokens": prompt, "cached_prompt_tokens": cached,
-            "completion_tokens": completion, "max_tokens": request.max_tokens,
-            "usage_source": usage_source, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
-            "inflight_at_admit": request.inflight_at_admit,
-            "active_tokens_at_admit": request.active_tokens_at_admit,
-            "engine_waiting_at_admit": request.engine_waiting,
-            "kv_usage_at_admit": request.kv_usage,
-            "upstream_retries": request.upstream_retries,
-        }
+        return RequestRecord(
+            request_id=request.request_id,
+            source=request.source or self.source,
+            run_id=request.run_id or self.run_id,
+            instance=self.instance,
+            model=request.model,
+            tenant=request.tenant,
+            endpoint=request.endpoint,
+            stream=request.stream,
+            admitted_at=_wall(request, request.admitted_mono),
+            first_byte_at=_wall(request, request.first_byte_mono),
+            first_token_at=_wall(request, request.first_token_mono),
+            completed_at=_wall(request, completed_mono),
+            status_code=request.status_code,
+            outcome=request.outcome,
+            error=request.error,
+            prompt_tokens=prompt,
+            cached_prompt_tokens=cached,
+            completion_tokens=completion,
+            max_tokens=request.max_tokens,
+            usage_source=usage_source,
+            ttft_s=ttft,
+            tpot_s=time_per_output_token(e2e, ttft, completion),
+            e2e_s=e2e,
+            inflight_at_admit=request.inflight_at_admit,
+            active_tokens_at_admit=request.active_tokens_at_admit,
+            engine_waiting_at_admit=request.engine_waiting,
+            kv_usage_at_admit=request.kv_usage,
+            upstream_retries=request.upstream_retries,
+            task_class=request.task_class
+            if request.task_class != UNSPECIFIED
+            else classify_finished(request.max_tokens, completion),
+        )
 
-    def _observe(self, request: LiveRequest, row: dict) -> None:
-        model, tenant = request.model_label, request.tenant_label
-        self.requests.labels(model, tenant, row["outcome"]).inc()
-        self.prompt_tokens.labels(model, tenant).inc(row["prompt_tokens"] or 0)
-        self.generated_tokens.labels(model, tenant).inc(row["completion_tokens"] or 0)
-        self.duration.labels(model, row["outcome"]).observe(row["e2e_s"])
-        if row["ttft_s"] is not None:
-            self.ttft.labels(model).observe(row["ttft_s"])
-        if row["tpot_s"] is not None:
-            self.tpot.labels(model).observe(row["tpot_s"])
+    def _observe(self, request: LiveRequest, record: RequestRecord) -> None:
+        model, tenant, outcome = request.model_label, request.tenant_label, record.outcome
+        self.requests.labels(model, tenant, outcome).inc()
+        self.prompt_tokens.labels(model, tenant).inc(record.prompt_tokens or 0)
+        self.generated_tokens.labels(model, tenant).inc(record.completion_tokens or 0)
+        self.duration.labels(model, outcome).observe(record.e2e_s)
+        if record.ttft_s is not None:
+            self.ttft.labels(model).observe(record.ttft_s)
+        if record.tpot_s is not None:
+            self.tpot.labels(model).observe(record.tpot_s)
 
 
-def _int(value: object, default: int | None) -> int | None:
-    """An explicit 0 in usage is a value, not a missing field; a count no INTEGER column holds is not."""
+def _token_counts(request: LiveRequest) -> tuple[int, int, int | None, str]:
+    """(prompt, completion, cached, usage_source): the upstream's usage where every count is valid.
+
+    A count the upstream sent that no INTEGER column holds (negative, beyond 2**31, a string, a
+    float) is rejected: that count falls back to the estimate and the row says 'estimated'.
+    """
+    usage = request.usage
+    prompt, completion = request.prompt_tokens, request.generated_tokens
+    if usage is None:
+        return prompt, completion, None, "estimated"
+    upstream_prompt = _count(usage.get("prompt_tokens"))
+    upstream_completion = _count(usage.get("completion_tokens"))
+    details = usage.get("prompt_tokens_details")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    trusted = upstream_prompt is not None and upstream_completion is not None
+    return (
+        prompt if upstream_prompt is None else upstream_prompt,
+        completion if upstream_completion is None else upstream_completion,
+        cached,
+        "upstream" if trusted else "estimated",
+    )
+
+
+def _count(value: object) -> int | None:
+    """A usage count an INTEGER column holds; an explicit 0 is a value, not a missing field."""
     valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
-    return value if valid else default
+    return value if valid and isinstance(value, int) else None
 
 
-def _metric(cls, name: str, registry: CollectorRegistry):
+def _metric(cls: Any, name: str, registry: CollectorRegistry) -> Any:
     entry = spec(name)
     kwargs = {"buckets": entry.buckets} if entry.buckets else {}
     return cls(name, entry.help, entry.labels, registry=registry, **kwargs)
@@ -229,16 +314,42 @@ class _LiveGauges:
         self._tracker = tracker
 
     def collect(self) -> Iterable[Metric]:
-        sums = dict.fromkeys(self._tracker._label_sets, (0, 0))
-        for request in list(self._tracker.live.values()):
-            key = (request.model_label, request.tenant_label)
-            count, tokens = sums.get(key, (0, 0))
-            sums[key] = (count + 1, tokens + request.active_tokens)
-        inflight_spec, tokens_spec = spec("headroom_inflight_requests"), spec("headroom_active_tokens")
-        inflight = GaugeMetricFamily(inflight_spec.name, inflight_spec.help, labels=inflight_spec.labels)
-        tokens = GaugeMetricFamily(tokens_spec.name, tokens_spec.help, labels=tokens_spec.labels)
-        for key in sorted(sums):
-            inflight.add_metric(key, sums[key][0])
-            tokens.add_metric(key, sums[key][1])
-        yield inflight
-        yield tokens
+        live = list(self._tracker.live.values())
+        yield from _caliber_families(
+            live,
+            self._tracker._label_sets,
+            ("model_label", "tenant_label"),
+            "headroom_inflight_requests",
+            "headroom_active_tokens",
+        )
+        yield from _caliber_families(
+            live,
+            self._tracker._task_label_sets,
+            ("model_label", "task_class_label"),
+            "headroom_task_inflight_requests",
+            "headroom_task_active_tokens",
+        )
+
+
+def _caliber_families(
+    live: list[LiveRequest],
+    seen: set[tuple[str, str]],
+    keys: tuple[str, str],
+    inflight_name: str,
+    tokens_name: str,
+) -> Iterable[Metric]:
+    """Both calibers summed per label pair of `keys`; every pair ever seen exports (0 when idle)."""
+    sums = dict.fromkeys(seen, (0, 0))
+    first, second = keys
+    for request in live:
+        key = (getattr(request, first), getattr(request, second))
+        count, weight = sums.get(key, (0, 0))
+        sums[key] = (count + 1, weight + request.active_tokens)
+    inflight_spec, tokens_spec = spec(inflight_name), spec(tokens_name)
+    inflight = GaugeMetricFamily(inflight_spec.name, inflight_spec.help, labels=inflight_spec.labels)
+    tokens = GaugeMetricFamily(tokens_spec.name, tokens_spec.help, labels=tokens_spec.labels)
+    for key in sorted(sums):
+        inflight.add_metric(key, sums[key][0])
+        tokens.add_metric(key, sums[key][1])
+    yield inflight
+    yield tokens

@@ -42,8 +42,13 @@ from collector.store.writer import BatchSink, LogWriter
 __all__ = ["build_sidecar"]
 
 
-def build_sidecar(config: SidecarConfig, *, sinks: Sequence[RowSink] = (), log_sink: BatchSink | None = None,
-                  engine: EngineSource | None = None) -> FastAPI:
+def build_sidecar(
+    config: SidecarConfig,
+    *,
+    sinks: Sequence[RowSink] = (),
+    log_sink: BatchSink | None = None,
+    engine: EngineSource | None = None,
+) -> FastAPI:
     """The sidecar `config` describes, as an ASGI app (see the module docstring for the parts).
 
     Raises ValueError naming the bad setting (an unknown engine, a broken mapping file, a bad
@@ -58,13 +63,27 @@ def build_sidecar(config: SidecarConfig, *, sinks: Sequence[RowSink] = (), log_s
     registry.register(SourceHealth([source for source in (engine, GpuCollector()) if source is not None]))
     extra = [*_otel_sinks(config), *sinks]
     store = _own_store(config) if log_sink is None else None
-    batch_sink = log_sink if log_sink is not None else store or _shipper(config)
-    log = None if batch_sink is None else LogWriter(
-        batch_sink, registry, max_queue_rows=config.log_queue_rows, batch_rows=config.log_batch_rows,
-        flush_interval_s=config.log_flush_interval_s, owns_sink=log_sink is None)
+    shipper = _shipper(config) if log_sink is None and store is None else None
+    batch_sink = log_sink if log_sink is not None else store or shipper
+    log = (
+        None
+        if batch_sink is None
+        else LogWriter(
+            batch_sink,
+            registry,
+            max_queue_rows=config.log_queue_rows,
+            batch_rows=config.log_batch_rows,
+            flush_interval_s=config.log_flush_interval_s,
+            owns_sink=log_sink is None,
+        )
+    )
+    if shipper is not None and log is not None:
+        registry.register(shipper)  # spool depth, shipping lag, store up
+        shipper.on_replayed = log.written.inc  # spooled rows count as written once the store has them
     scheduler = _scheduler(config, store, capacity) if store is not None and config.jobs else None
-    parts = SidecarParts(registry, tracker, sinks=[*([log] if log else []), *extra], engine=engine,
-                         scheduler=scheduler)
+    parts = SidecarParts(
+        registry, tracker, sinks=[*([log] if log else []), *extra], engine=engine, scheduler=scheduler
+    )
     app = create_app(config, parts)
     app.state.capacity, app.state.writer, app.state.batch_sink = capacity, log, batch_sink
     return app
@@ -75,8 +94,9 @@ def _engine_source(config: SidecarConfig) -> EngineSource | None:
     if config.engine == "none":
         return None
     metrics_url = config.engine_metrics_url or default_metrics_url(config.upstream)
-    return build_engine_source(config.engine, metrics_url, config.engine_poll_interval_s,
-                               mapping_path=config.engine_mapping)
+    return build_engine_source(
+        config.engine, metrics_url, config.engine_poll_interval_s, mapping_path=config.engine_mapping
+    )
 
 
 def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
@@ -103,6 +123,11 @@ def _shipper(config: SidecarConfig) -> StoreShipper | None:
 def _scheduler(config: SidecarConfig, store: RequestStore, capacity: CapacityGauges) -> BackgroundScheduler:
     """The store's jobs on the in-process store; Parquet exports and reports go beside the file."""
     base = Path(config.db_path or "headroom.duckdb")
-    settings = JobSettings(export_dir=base.with_suffix(".parquet"), report_dir=base.with_suffix(".reports"),
-                           retention_days=config.retention_days)
+    settings = JobSettings(
+        export_dir=base.with_suffix(".parquet"),
+        report_dir=base.with_suffix(".reports"),
+        retention_days=config.retention_days,
+        estimate_files=config.probe_dbs,
+        probe_max_age=config.probe_max_age,
+    )
     return build_scheduler(store, capacity, settings, refresh=refresh_estimates, review=write_report_files)

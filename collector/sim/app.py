@@ -18,8 +18,16 @@ from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel
 from collector.sim.engine import Engine, Stream
 from collector.sim.metrics import EngineMetricsCollector, render_metrics
-from collector.sim.openai import (DONE, BadRequest, ParsedRequest, chunk, full_response,
-                                  parse_request, sse, usage_chunk)
+from collector.sim.openai import (
+    DONE,
+    BadRequest,
+    ParsedRequest,
+    chunk,
+    full_response,
+    parse_request,
+    sse,
+    usage_chunk,
+)
 from collector.sim.scheduler import QueueFull, SimRequest
 from collector.sim.slots import slots_view
 
@@ -62,7 +70,7 @@ async def _stream_events(engine: Engine, stream: Stream, req: ParsedRequest, mod
                 return
     finally:
         if not stream.finished:
-            engine.abort(stream)   # client went away: free the slot and its KV blocks
+            engine.abort(stream)  # client went away: free the slot and its KV blocks
 
 
 async def _complete(engine: Engine, request: Request, chat: bool) -> Response:
@@ -79,29 +87,35 @@ async def _complete(engine: Engine, request: Request, chat: bool) -> Response:
     try:
         stream = engine.submit(sim_request)
     except QueueFull as exc:
-        return _error(429, f"engine queue is full: {exc}; retry later", "rate_limit_error",
-                      {"Retry-After": str(RETRY_AFTER_S)})
+        return _error(
+            429,
+            f"engine queue is full: {exc}; retry later",
+            "rate_limit_error",
+            {"Retry-After": str(RETRY_AFTER_S)},
+        )
     if parsed.stream:
-        return StreamingResponse(_stream_events(engine, stream, parsed, model),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            _stream_events(engine, stream, parsed, model), media_type="text/event-stream"
+        )
     return await _wait_whole(engine, stream, request, parsed, model)
 
 
-async def _wait_whole(engine: Engine, stream: Stream, request: Request, parsed: ParsedRequest,
-                      model: str) -> Response:
+async def _wait_whole(
+    engine: Engine, stream: Stream, request: Request, parsed: ParsedRequest, model: str
+) -> Response:
     """Non-streaming: wait for the last token, checking every DISCONNECT_POLL_S for a client gone."""
     loop = asyncio.get_running_loop()
     next_check = loop.time() + DISCONNECT_POLL_S
     while not stream.finished:
         try:
             await asyncio.wait_for(stream.changed.wait(), DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         stream.changed.clear()
         if not stream.finished and loop.time() >= next_check:
             next_check = loop.time() + DISCONNECT_POLL_S
             if await request.is_disconnected():
-                engine.abort(stream)     # like vLLM: a client that left frees its slot
+                engine.abort(stream)  # like vLLM: a client that left frees its slot
                 return Response(status_code=499)
     return JSONResponse(full_response(parsed, model, stream.request.generated))
 
@@ -110,8 +124,7 @@ def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = Non
     """Build the simulator app; the engine loop runs while the app's lifespan is active."""
     config = config or SimConfig()
     engine = Engine(config, cost)
-    metrics = EngineMetricsCollector(engine.state, config.flavor, config.model,
-                                     config.vllm_legacy_kv_metric)
+    metrics = EngineMetricsCollector(engine.state, config.flavor, config.model, config.vllm_legacy_kv_metric)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -134,9 +147,18 @@ def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = Non
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{
-            "id": config.model, "object": "model", "created": 0, "owned_by": "headroom-sim",
-            "max_model_len": config.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": config.model,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "headroom-sim",
+                    "max_model_len": config.max_model_len,
+                }
+            ],
+        }
 
     @app.get("/metrics")
     async def engine_metrics() -> Response:

@@ -33,20 +33,28 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
             raise ValueError(f"flavor {self.flavor!r} is not one of {', '.join(FLAVORS)}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size",
-                     "mean_output_tokens", "max_model_len", "stream_interval"):
+        for name in (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "kv_cache_tokens",
+            "block_size",
+            "mean_output_tokens",
+            "max_model_len",
+            "stream_interval",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.cost_profile not in COST_PROFILES:
-            raise ValueError(f"cost_profile {self.cost_profile!r} is not one of "
-                             f"{', '.join(COST_PROFILES)}")
+            raise ValueError(f"cost_profile {self.cost_profile!r} is not one of {', '.join(COST_PROFILES)}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting={self.max_waiting} must be 0 or more")
         if not self.speed > 0:
             raise ValueError(f"speed={self.speed} must be positive (2.0 = twice as fast as real time)")
         if self.kv_cache_tokens < self.block_size:
-            raise ValueError(f"kv_cache_tokens={self.kv_cache_tokens} is smaller than one block "
-                             f"({self.block_size} tokens); raise --kv-cache-tokens")
+            raise ValueError(
+                f"kv_cache_tokens={self.kv_cache_tokens} is smaller than one block "
+                f"({self.block_size} tokens); raise --kv-cache-tokens"
+            )
 
     @property
     def num_blocks(self) -> int:

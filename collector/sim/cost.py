@@ -35,19 +35,20 @@ __all__ = ["CostModel", "COST_PROFILES", "blocks_for", "predicted_knee"]
 class CostModel:
     """Roofline coefficients; all times in simulated seconds."""
 
-    params: float = 8.0e9               # model parameters
-    bytes_per_param: float = 2.0        # fp16 weights
+    params: float = 8.0e9  # model parameters
+    bytes_per_param: float = 2.0  # fp16 weights
     layers: int = 32
     hidden_size: int = 4096
     kv_bytes_per_token: float = 131072  # 2 (K,V) x 32 layers x 8 kv heads x 128 dims x 2 bytes
-    memory_bandwidth: float = 1.5e12    # bytes/s actually achieved (~75 % of 2 TB/s)
-    compute_flops: float = 2.0e14       # FLOP/s actually achieved (~60 % of 312 TFLOPS)
-    step_overhead_s: float = 0.002      # scheduler, sampling and kernel launches per step
-    head_params: float = 0.0            # output-head parameters, computed for sampled tokens only
-    overlap: bool = True                # memory and compute overlap (GPU) or add up (CPU)
+    memory_bandwidth: float = 1.5e12  # bytes/s actually achieved (~75 % of 2 TB/s)
+    compute_flops: float = 2.0e14  # FLOP/s actually achieved (~60 % of 312 TFLOPS)
+    step_overhead_s: float = 0.002  # scheduler, sampling and kernel launches per step
+    head_params: float = 0.0  # output-head parameters, computed for sampled tokens only
+    overlap: bool = True  # memory and compute overlap (GPU) or add up (CPU)
 
-    def step_seconds(self, decode_seqs: int, kv_tokens_read: int,
-                     prefill_chunks: tuple[tuple[int, int], ...] = ()) -> float:
+    def step_seconds(
+        self, decode_seqs: int, kv_tokens_read: int, prefill_chunks: tuple[tuple[int, int], ...] = ()
+    ) -> float:
         """Time of one step.
 
         decode_seqs: requests emitting one token; kv_tokens_read: KV tokens attended over by the
@@ -62,8 +63,12 @@ class CostModel:
         memory_s = (weight_bytes + self.kv_bytes_per_token * kv_tokens_read) / self.memory_bandwidth
         linear_flops = 2.0 * self.params * tokens + 2.0 * self.head_params * sampled
         # attention scores + weighted sum: 4 * layers * hidden per (query token, key token) pair
-        attention_flops = 4.0 * self.layers * self.hidden_size * sum(
-            chunk * (context + chunk / 2.0) for chunk, context in prefill_chunks)
+        attention_flops = (
+            4.0
+            * self.layers
+            * self.hidden_size
+            * sum(chunk * (context + chunk / 2.0) for chunk, context in prefill_chunks)
+        )
         compute_s = (linear_flops + attention_flops) / self.compute_flops
         busy_s = max(memory_s, compute_s) if self.overlap else memory_s + compute_s
         return busy_s + self.step_overhead_s
@@ -76,9 +81,18 @@ class CostModel:
 COST_PROFILES: dict[str, CostModel] = {
     "gpu": CostModel(),
     # Gemma-3-270M: 100M body + 168M tied output head, Q4_K_M (~4.5 bits), 2 CPU cores
-    "cpu": CostModel(params=1.0e8, head_params=1.68e8, bytes_per_param=0.56, layers=18,
-                     hidden_size=640, kv_bytes_per_token=18432, memory_bandwidth=2.0e10,
-                     compute_flops=6.0e10, step_overhead_s=0.002, overlap=False),
+    "cpu": CostModel(
+        params=1.0e8,
+        head_params=1.68e8,
+        bytes_per_param=0.56,
+        layers=18,
+        hidden_size=640,
+        kv_bytes_per_token=18432,
+        memory_bandwidth=2.0e10,
+        compute_flops=6.0e10,
+        step_overhead_s=0.002,
+        overlap=False,
+    ),
 }
 
 
@@ -87,8 +101,9 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size) if tokens > 0 else 0
 
 
-def predicted_knee(max_num_seqs: int, kv_cache_tokens: int, block_size: int,
-                   prompt_tokens: int, output_tokens: int) -> int:
+def predicted_knee(
+    max_num_seqs: int, kv_cache_tokens: int, block_size: int, prompt_tokens: int, output_tokens: int
+) -> int:
     """Largest batch the engine can run for fixed-length requests: the throughput knee.
 
     min(max_num_seqs, floor(num_blocks / blocks per request at full length)); the KV term is the

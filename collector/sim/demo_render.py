@@ -21,16 +21,30 @@ def _triple(level: dict, metric: str) -> str:
 
 def _level_table(summary: dict) -> Table:
     table = Table(title=f"Per concurrency level, exact percentiles from {summary['db']}")
-    for name in ("conc.", "requests", "429", "out tok/s", "TTFT p50 / p95 / p99 ms",
-                 "TPOT p50 / p95 / p99 ms", "peak in-flight", "peak active tok"):
+    for name in (
+        "conc.",
+        "requests",
+        "429",
+        "out tok/s",
+        "TTFT p50 / p95 / p99 ms",
+        "TPOT p50 / p95 / p99 ms",
+        "peak in-flight",
+        "peak active tok",
+    ):
         table.add_column(name, justify="right", no_wrap=True)
     peaks = summary["calibers"]["per_level_peaks"]
     for level in summary["levels"]:
         peak = peaks.get(level["concurrency"], {})
-        table.add_row(str(level["concurrency"]), str(level["requests"]), str(level["rate_limited"]),
-                      f"{level['output_tokens_per_s'] or 0:.0f}", _triple(level, "ttft"),
-                      _triple(level, "tpot"), f"{peak.get('inflight', 0):.0f}",
-                      f"{peak.get('active_tokens', 0):.0f}")
+        table.add_row(
+            str(level["concurrency"]),
+            str(level["requests"]),
+            str(level["rate_limited"]),
+            f"{level['output_tokens_per_s'] or 0:.0f}",
+            _triple(level, "ttft"),
+            _triple(level, "tpot"),
+            f"{peak.get('inflight', 0):.0f}",
+            f"{peak.get('active_tokens', 0):.0f}",
+        )
     return table
 
 
@@ -40,25 +54,37 @@ def render_summary(summary: dict, console: Console) -> None:
     calibers = summary["calibers"]
     course = calibers["time_course"]
     console.print(f"\n[bold]Both calibers over time[/] ({len(course)} scrapes of the sidecar's /metrics)")
-    console.print(f"  in-flight requests  peak {calibers['peak_inflight']:.0f}  "
-                  f"{sparkline([s.get('inflight', 0.0) for s in course])}")
-    console.print(f"  active tokens       peak {calibers['peak_active_tokens']:.0f}  "
-                  f"{sparkline([s.get('active_tokens', 0.0) for s in course])}")
-    console.print(f"  engine waiting      peak {max((s.get('engine_waiting', 0.0) for s in course), default=0):.0f}  "
-                  f"{sparkline([s.get('engine_waiting', 0.0) for s in course])}")
+    console.print(
+        f"  in-flight requests  peak {calibers['peak_inflight']:.0f}  "
+        f"{sparkline([s.get('inflight', 0.0) for s in course])}"
+    )
+    console.print(
+        f"  active tokens       peak {calibers['peak_active_tokens']:.0f}  "
+        f"{sparkline([s.get('active_tokens', 0.0) for s in course])}"
+    )
+    console.print(
+        f"  engine waiting      peak {max((s.get('engine_waiting', 0.0) for s in course), default=0):.0f}  "
+        f"{sparkline([s.get('engine_waiting', 0.0) for s in course])}"
+    )
     capacity = summary.get("capacity")
     if capacity:
         knee = capacity["knee"]
-        console.print(f"\n[bold]Capacity[/]: knee at {knee['requests']} requests / {knee['tokens']} "
-                      f"active tokens ({knee['rule_reason']}); recommended pool "
-                      f"{capacity['recommended_pool']} ({capacity['profile']}); "
-                      f"simulator max_num_seqs={summary['sim']['max_num_seqs']}")
+        console.print(
+            f"\n[bold]Capacity[/]: knee at {knee['requests']} requests / {knee['tokens']} "
+            f"active tokens ({knee['rule_reason']}); recommended pool "
+            f"{capacity['recommended_pool']} ({capacity['profile']}); "
+            f"simulator max_num_seqs={summary['sim']['max_num_seqs']}"
+        )
     else:
-        console.print("\n[bold]Capacity[/]: analysis not available in this build; the table above is the raw data")
-    console.print(f"\n[bold]Where things live[/]\n  request log  {summary['db']}\n"
-                  f"  review       headroom report --db {summary['db']} --since 1d\n"
-                  f"  sidecar      {summary['sidecar_url']}/metrics (headroom_*, incl. headroom_capacity_*)\n"
-                  f"  engine       {summary['sim_url']}/metrics (vllm:*) and /sim/state")
+        console.print(
+            "\n[bold]Capacity[/]: analysis not available in this build; the table above is the raw data"
+        )
+    console.print(
+        f"\n[bold]Where things live[/]\n  request log  {summary['db']}\n"
+        f"  review       headroom report --db {summary['db']} --since 1d\n"
+        f"  sidecar      {summary['sidecar_url']}/metrics (headroom_*, incl. headroom_capacity_*)\n"
+        f"  engine       {summary['sim_url']}/metrics (vllm:*) and /sim/state"
+    )
     if summary.get("serving"):
         console.print("  both keep serving until Ctrl-C")
     else:

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from collector.analysis.estimate import build_estimate, publish_estimates, save_estimate
+from collector.analysis.estimate import build_estimate, save_estimate
 from collector.analysis.levels import summarize_level
+from collector.analysis.publish import publish
 from collector.analysis.slo import Slo
 from collector.sim.workload import CaliberSample
 
-__all__ = ["LevelWindow", "level_table", "caliber_course", "capacity_estimate", "sparkline",
-           "LEVEL_SQL", "TOKENS_SQL"]
+__all__ = [
+    "LevelWindow",
+    "level_table",
+    "caliber_course",
+    "capacity_estimate",
+    "sparkline",
+    "LEVEL_SQL",
+    "TOKENS_SQL",
+]
 
 # One level = requests admitted while its workers were sending: [start, stop).
 LEVEL_SQL = """
@@ -52,9 +60,13 @@ class LevelWindow:
 
     def to_dict(self) -> dict[str, Any]:
         """ISO-8601 times for JSON."""
-        return {"concurrency": self.concurrency, "start": self.start.isoformat(),
-                "measure_from": self.measure_from.isoformat(), "stop": self.stop.isoformat(),
-                "end": self.end.isoformat()}
+        return {
+            "concurrency": self.concurrency,
+            "start": self.start.isoformat(),
+            "measure_from": self.measure_from.isoformat(),
+            "stop": self.stop.isoformat(),
+            "end": self.end.isoformat(),
+        }
 
 
 def _quantiles(values: Sequence[float] | None) -> tuple[float | None, float | None, float | None]:
@@ -69,11 +81,19 @@ def level_table(store, windows: Sequence[LevelWindow]) -> list[dict]:
         tokens = store.query(TOKENS_SQL, [window.measure_from, window.stop])[0][0]
         span_s = (window.stop - window.measure_from).total_seconds()
         ttft, tpot = _quantiles(row.pop("ttft")), _quantiles(row.pop("tpot"))
-        table.append(window.to_dict() | row | {
-            "ttft_p50_s": ttft[0], "ttft_p95_s": ttft[1], "ttft_p99_s": ttft[2],
-            "tpot_p50_s": tpot[0], "tpot_p95_s": tpot[1], "tpot_p99_s": tpot[2],
-            "output_tokens_per_s": float(tokens) / span_s if span_s > 0 else None,
-        })
+        table.append(
+            window.to_dict()
+            | row
+            | {
+                "ttft_p50_s": ttft[0],
+                "ttft_p95_s": ttft[1],
+                "ttft_p99_s": ttft[2],
+                "tpot_p50_s": tpot[0],
+                "tpot_p95_s": tpot[1],
+                "tpot_p99_s": tpot[2],
+                "output_tokens_per_s": float(tokens) / span_s if span_s > 0 else None,
+            }
+        )
     return table
 
 
@@ -82,20 +102,24 @@ def sparkline(values: Sequence[float], width: int = 60) -> str:
     if not values:
         return ""
     step = max(1, -(-len(values) // width))
-    points = [max(values[i:i + step]) for i in range(0, len(values), step)]
+    points = [max(values[i : i + step]) for i in range(0, len(values), step)]
     top = max(points) or 1.0
     return "".join(_BARS[min(len(_BARS) - 1, int(v / top * (len(_BARS) - 1) + 0.5))] for v in points)
 
 
 def caliber_course(samples: Sequence[CaliberSample], levels: Sequence[int]) -> dict:
     """Peaks overall and per level, plus the sampled time course of both calibers."""
+
     def series(key: str, chosen=samples) -> list[float]:
         return [s.values.get(key, 0.0) for s in chosen]
+
     per_level = {}
     for level in levels:
         chosen = [s for s in samples if s.level == level]
-        per_level[level] = {key: max(series(key, chosen), default=0.0)
-                            for key in ("inflight", "active_tokens", "engine_waiting", "kv_usage")}
+        per_level[level] = {
+            key: max(series(key, chosen), default=0.0)
+            for key in ("inflight", "active_tokens", "engine_waiting", "kv_usage")
+        }
     return {
         "peak_inflight": max(series("inflight"), default=0.0),
         "peak_active_tokens": max(series("active_tokens"), default=0.0),
@@ -104,23 +128,35 @@ def caliber_course(samples: Sequence[CaliberSample], levels: Sequence[int]) -> d
     }
 
 
-def capacity_estimate(store, windows: Sequence[LevelWindow], model: str,
-                      slo_ttft_p95_s: float | None, gauges=None) -> dict | None:
+def capacity_estimate(
+    store, windows: Sequence[LevelWindow], model: str, slo_ttft_p95_s: float | None, gauges=None
+) -> dict | None:
     """Knee and recommended pool from collector.analysis (saved and published); None under 2 levels."""
     levels = []
     for w in windows:
-        rows = store.query_dicts("SELECT * FROM requests WHERE admitted_at >= ? AND admitted_at < ? "
-                                 "ORDER BY admitted_at", [w.start, w.end])
+        rows = store.query_dicts(
+            "SELECT * FROM requests WHERE admitted_at >= ? AND admitted_at < ? ORDER BY admitted_at",
+            [w.start, w.end],
+        )
         if rows:
-            levels.append(summarize_level(rows, w.concurrency,
-                                          window=(w.measure_from.timestamp(), w.stop.timestamp())))
+            levels.append(
+                summarize_level(rows, w.concurrency, window=(w.measure_from.timestamp(), w.stop.timestamp()))
+            )
     if len(levels) < 2:
         return None
-    estimate = build_estimate(levels, slo=Slo(ttft_p95_s=slo_ttft_p95_s), model=model,
-                              source="traffic", run_id=None)
+    # the demo's load is a concurrency gradient: a probe run, by what it measures
+    run_id = f"demo-{windows[0].start:%Y%m%dT%H%M%SZ}"
+    estimate = build_estimate(
+        levels, slo=Slo(ttft_p95_s=slo_ttft_p95_s), model=model, source="probe", run_id=run_id
+    )
     save_estimate(store, estimate)
-    if gauges is not None:
-        publish_estimates(gauges, [estimate])
+    # what is published comes from the one decision every reader shares (collector.analysis.publish)
+    decision = next(d for d in publish(store, gauges, datetime.now(UTC)) if d.model == model)
     data = estimate.to_dict()
-    return {"knee": data["knee"], "slo_max": data["slo_max"],
-            "recommended_pool": data["recommended_pool"], "profile": data["profile"]}
+    return {
+        "knee": data["knee"],
+        "slo_max": data["slo_max"],
+        "recommended_pool": data["recommended_pool"],
+        "profile": data["profile"],
+        "published": {"knee_requests": decision.knee_requests, "reason": decision.reason},
+    }

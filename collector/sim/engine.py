@@ -82,7 +82,7 @@ class Engine:
                 deadline = loop.time()
                 continue
             plan = self.scheduler.plan_step()
-            if plan.scheduled_tokens == 0:       # nothing fits now; wait for an arrival or abort
+            if plan.scheduled_tokens == 0:  # nothing fits now; wait for an arrival or abort
                 await self._idle()
                 deadline = loop.time()
                 continue

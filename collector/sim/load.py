@@ -46,8 +46,9 @@ class LevelResult:
 async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestResult:
     started = time.monotonic()
     first, tokens = None, 0
-    async with session.post(url, data=orjson.dumps(body),
-                            headers={"Content-Type": "application/json"}) as response:
+    async with session.post(
+        url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+    ) as response:
         if response.status != 200:
             await response.read()
             return RequestResult(response.status, started, None, time.monotonic(), 0)
@@ -68,8 +69,9 @@ def _content(choice: dict) -> bool:
     return bool(delta.get("content")) if delta is not None else bool(choice.get("text"))
 
 
-async def _worker(session, url, payload: Payload, worker: int, stop_at: float,
-                  results: list, backoff_s: float) -> None:
+async def _worker(
+    session, url, payload: Payload, worker: int, stop_at: float, results: list, backoff_s: float
+) -> None:
     index = 0
     while time.monotonic() < stop_at:
         body = payload(worker, index) | {"stream": True, "stream_options": {"include_usage": True}}
@@ -80,12 +82,19 @@ async def _worker(session, url, payload: Payload, worker: int, stop_at: float,
         results.append(result)
         index += 1
         if result.status != 200:
-            await asyncio.sleep(backoff_s)   # 429 or error: do not spin
+            await asyncio.sleep(backoff_s)  # 429 or error: do not spin
 
 
-async def run_level(base_url: str, concurrency: int, duration_s: float, payload: Payload, *,
-                    warmup_s: float = 0.0, path: str = "/v1/chat/completions",
-                    backoff_s: float = 0.05) -> LevelResult:
+async def run_level(
+    base_url: str,
+    concurrency: int,
+    duration_s: float,
+    payload: Payload,
+    *,
+    warmup_s: float = 0.0,
+    path: str = "/v1/chat/completions",
+    backoff_s: float = 0.05,
+) -> LevelResult:
     """Run `concurrency` closed-loop workers for warmup_s + duration_s; measure the last duration_s.
 
     Workers stop sending at the end of the window and in-flight requests complete (bounded by the
@@ -99,8 +108,12 @@ async def run_level(base_url: str, concurrency: int, duration_s: float, payload:
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await asyncio.gather(*(_worker(session, base_url.rstrip("/") + path, payload, w, window[1],
-                                       results, backoff_s) for w in range(concurrency)))
+        await asyncio.gather(
+            *(
+                _worker(session, base_url.rstrip("/") + path, payload, w, window[1], results, backoff_s)
+                for w in range(concurrency)
+            )
+        )
     return LevelResult(concurrency, results, window)
 
 

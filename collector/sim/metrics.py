@@ -38,49 +38,103 @@ class EngineMetricsCollector:
 
     def _vllm(self, s: dict):
         labels, values = ["model_name", "engine"], [self._model, "0"]
-        yield _gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                     labels, values, s["running"])
-        yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                     labels, values, s["waiting"])
+        yield _gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            labels,
+            values,
+            s["running"],
+        )
+        yield _gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            labels,
+            values,
+            s["waiting"],
+        )
         kv_name = "vllm:gpu_cache_usage_perc" if self._legacy_vllm_kv else "vllm:kv_cache_usage_perc"
-        yield _gauge(kv_name, "KV-cache usage. 1 means 100 percent usage.",
-                     labels, values, s["kv_usage_ratio"])
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 labels=["block_size", "num_gpu_blocks", "engine"])
-        info.add_metric([str(s["kv_capacity_tokens"] // s["kv_total_blocks"]),
-                         str(s["kv_total_blocks"]), "0"], 1.0)
+        yield _gauge(
+            kv_name, "KV-cache usage. 1 means 100 percent usage.", labels, values, s["kv_usage_ratio"]
+        )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "num_gpu_blocks", "engine"],
+        )
+        info.add_metric(
+            [str(s["kv_capacity_tokens"] // s["kv_total_blocks"]), str(s["kv_total_blocks"]), "0"], 1.0
+        )
         yield info
-        yield _counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                       labels, values, s["prompt_tokens_total"])
-        yield _counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                       labels, values, s["generation_tokens_total"])
-        yield _counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                       labels, values, s["preemptions_total"])
+        yield _counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            labels,
+            values,
+            s["prompt_tokens_total"],
+        )
+        yield _counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            labels,
+            values,
+            s["generation_tokens_total"],
+        )
+        yield _counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            labels,
+            values,
+            s["preemptions_total"],
+        )
 
     def _sglang(self, s: dict):
         labels, values = ["model_name"], [self._model]
-        yield _gauge("sglang:num_running_reqs", "The number of running requests.",
-                     labels, values, s["running"])
-        yield _gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.",
-                     labels, values, s["waiting"])
+        yield _gauge(
+            "sglang:num_running_reqs", "The number of running requests.", labels, values, s["running"]
+        )
+        yield _gauge(
+            "sglang:num_queue_reqs",
+            "The number of requests in the waiting queue.",
+            labels,
+            values,
+            s["waiting"],
+        )
         yield _gauge("sglang:token_usage", "The token usage.", labels, values, s["kv_usage_ratio"])
-        yield _gauge("sglang:max_total_num_tokens",
-                     "Maximum total number of tokens in the KV cache pool.",
-                     labels, values, s["kv_capacity_tokens"])
-        yield _counter("sglang:prompt_tokens", "Number of prefill tokens processed.",
-                       labels, values, s["prompt_tokens_total"])
-        yield _counter("sglang:generation_tokens", "Number of generation tokens processed.",
-                       labels, values, s["generation_tokens_total"])
+        yield _gauge(
+            "sglang:max_total_num_tokens",
+            "Maximum total number of tokens in the KV cache pool.",
+            labels,
+            values,
+            s["kv_capacity_tokens"],
+        )
+        yield _counter(
+            "sglang:prompt_tokens",
+            "Number of prefill tokens processed.",
+            labels,
+            values,
+            s["prompt_tokens_total"],
+        )
+        yield _counter(
+            "sglang:generation_tokens",
+            "Number of generation tokens processed.",
+            labels,
+            values,
+            s["generation_tokens_total"],
+        )
 
     def _llamacpp(self, s: dict):
-        yield _counter("llamacpp:prompt_tokens", "Number of prompt tokens processed.",
-                       [], [], s["prompt_tokens_total"])
-        yield _counter("llamacpp:tokens_predicted", "Number of generation tokens processed.",
-                       [], [], s["generation_tokens_total"])
-        yield _gauge("llamacpp:requests_processing", "Number of requests processing.",
-                     [], [], s["running"])
-        yield _gauge("llamacpp:requests_deferred", "Number of requests deferred.",
-                     [], [], s["waiting"])
+        yield _counter(
+            "llamacpp:prompt_tokens", "Number of prompt tokens processed.", [], [], s["prompt_tokens_total"]
+        )
+        yield _counter(
+            "llamacpp:tokens_predicted",
+            "Number of generation tokens processed.",
+            [],
+            [],
+            s["generation_tokens_total"],
+        )
+        yield _gauge("llamacpp:requests_processing", "Number of requests processing.", [], [], s["running"])
+        yield _gauge("llamacpp:requests_deferred", "Number of requests deferred.", [], [], s["waiting"])
 
 
 def _gauge(name: str, help_text: str, labels: list[str], values: list[str], value: float):

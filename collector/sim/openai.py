@@ -15,11 +15,18 @@ from dataclasses import dataclass
 import orjson
 
 from collector.sim.config import SimConfig
-from collector.sim.output import (OutputPlan, count_chat_tokens, count_text_tokens, message_text,
-                                  plan_output)
+from collector.sim.output import OutputPlan, count_chat_tokens, count_text_tokens, message_text, plan_output
 
-__all__ = ["BadRequest", "ParsedRequest", "parse_request", "chunk", "usage_chunk", "full_response",
-           "sse", "DONE"]
+__all__ = [
+    "BadRequest",
+    "ParsedRequest",
+    "parse_request",
+    "chunk",
+    "usage_chunk",
+    "full_response",
+    "sse",
+    "DONE",
+]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -80,13 +87,29 @@ def parse_request(body: object, chat: bool, config: SimConfig) -> ParsedRequest:
     if prompt_tokens + max_tokens > limit:
         raise BadRequest(
             f"this model's maximum context length is {limit} tokens; the request has "
-            f"{prompt_tokens} prompt tokens and max_tokens={max_tokens}: shorten one of them")
+            f"{prompt_tokens} prompt tokens and max_tokens={max_tokens}: shorten one of them"
+        )
     options = body.get("stream_options") or {}
-    plan = plan_output(config.seed, text, body.get("seed"), max_tokens,
-                       bool(body.get("ignore_eos", False)), config.mean_output_tokens, _stops(body))
+    plan = plan_output(
+        config.seed,
+        text,
+        body.get("seed"),
+        max_tokens,
+        bool(body.get("ignore_eos", False)),
+        config.mean_output_tokens,
+        _stops(body),
+    )
     prefix = "chatcmpl-" if chat else "cmpl-"
-    return ParsedRequest(chat, bool(body.get("stream", False)), bool(options.get("include_usage")),
-                         prompt_tokens, plan, max_tokens, prefix + uuid.uuid4().hex, int(time.time()))
+    return ParsedRequest(
+        chat,
+        bool(body.get("stream", False)),
+        bool(options.get("include_usage")),
+        prompt_tokens,
+        plan,
+        max_tokens,
+        prefix + uuid.uuid4().hex,
+        int(time.time()),
+    )
 
 
 def sse(obj: dict) -> bytes:
@@ -96,15 +119,17 @@ def sse(obj: dict) -> bytes:
 
 def _envelope(req: ParsedRequest, model: str, choices: list) -> dict:
     kind = "chat.completion.chunk" if req.chat else "text_completion"
-    return {"id": req.response_id, "object": kind, "created": req.created, "model": model,
-            "choices": choices}
+    return {"id": req.response_id, "object": kind, "created": req.created, "model": model, "choices": choices}
 
 
-def chunk(req: ParsedRequest, model: str, text: str | None, finish_reason: str | None = None,
-          role: bool = False) -> dict:
+def chunk(
+    req: ParsedRequest, model: str, text: str | None, finish_reason: str | None = None, role: bool = False
+) -> dict:
     """A streamed chunk: role-only (role=True), content, or final (finish_reason set)."""
     if req.chat:
-        delta = {"role": "assistant", "content": None} if role else ({} if text is None else {"content": text})
+        delta = (
+            {"role": "assistant", "content": None} if role else ({} if text is None else {"content": text})
+        )
         choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": finish_reason}
@@ -113,8 +138,11 @@ def chunk(req: ParsedRequest, model: str, text: str | None, finish_reason: str |
 
 def usage(req: ParsedRequest, completion_tokens: int) -> dict:
     """The usage object: prompt, completion and total tokens."""
-    return {"prompt_tokens": req.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": req.prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": req.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": req.prompt_tokens + completion_tokens,
+    }
 
 
 def usage_chunk(req: ParsedRequest, model: str, completion_tokens: int) -> dict:
@@ -126,11 +154,20 @@ def full_response(req: ParsedRequest, model: str, completion_tokens: int) -> dic
     """A non-streaming completion with usage."""
     text = "".join(req.plan.tokens)
     if req.chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": req.plan.finish_reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": req.plan.finish_reason,
+        }
         kind = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "finish_reason": req.plan.finish_reason}
         kind = "text_completion"
-    return {"id": req.response_id, "object": kind, "created": req.created, "model": model,
-            "choices": [choice], "usage": usage(req, completion_tokens)}
+    return {
+        "id": req.response_id,
+        "object": kind,
+        "created": req.created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage(req, completion_tokens),
+    }

@@ -14,14 +14,17 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["count_text_tokens", "count_chat_tokens", "plan_output", "OutputPlan",
-           "CHAT_TEMPLATE_TOKENS"]
+__all__ = ["count_text_tokens", "count_chat_tokens", "plan_output", "OutputPlan", "CHAT_TEMPLATE_TOKENS"]
 
 CHAT_TEMPLATE_TOKENS = 3
-_VOCAB = tuple(f" {w}" for w in (
-    "the capacity of a serving engine is the largest concurrency that meets its latency target "
-    "while tokens flow through prefill and decode steps and the cache holds every active sequence "
-    "so queues stay short and throughput keeps rising until the batch is full").split())
+_VOCAB = tuple(
+    f" {w}"
+    for w in (
+        "the capacity of a serving engine is the largest concurrency that meets its latency target "
+        "while tokens flow through prefill and decode steps and the cache holds every active sequence "
+        "so queues stay short and throughput keeps rising until the batch is full"
+    ).split()
+)
 
 
 def count_text_tokens(text: str) -> int:
@@ -55,8 +58,15 @@ def _rng(seed: int, prompt_text: str, request_seed: int | None) -> random.Random
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def plan_output(seed: int, prompt_text: str, request_seed: int | None, max_tokens: int,
-                ignore_eos: bool, mean_output_tokens: int, stop: tuple[str, ...] = ()) -> OutputPlan:
+def plan_output(
+    seed: int,
+    prompt_text: str,
+    request_seed: int | None,
+    max_tokens: int,
+    ignore_eos: bool,
+    mean_output_tokens: int,
+    stop: tuple[str, ...] = (),
+) -> OutputPlan:
     """Seeded output: max_tokens with ignore_eos, else 1 + Exp(mean) capped; cut at a stop string."""
     rng = _rng(seed, prompt_text, request_seed)
     eos_length = 1 + int(rng.expovariate(1.0 / mean_output_tokens))

@@ -32,9 +32,9 @@ class SimRequest:
 
     request_id: str
     prompt_tokens: int
-    output_tokens: int          # target length: max_tokens, the seeded EOS or the stop sequence
-    generated: int = 0          # tokens sampled so far (survive preemption: already streamed)
-    computed: int = 0           # tokens whose KV is in the cache
+    output_tokens: int  # target length: max_tokens, the seeded EOS or the stop sequence
+    generated: int = 0  # tokens sampled so far (survive preemption: already streamed)
+    computed: int = 0  # tokens whose KV is in the cache
     blocks: int = 0
     preemptions: int = 0
     prompt_counted: bool = False
@@ -119,7 +119,7 @@ class Scheduler:
             request = self.running[index]
             tokens = min(request.num_tokens - request.computed, budget)
             if not self._grow(request, request.computed + tokens):
-                victim = self.running.pop()          # lowest priority: admitted last
+                victim = self.running.pop()  # lowest priority: admitted last
                 self._preempt(victim, plan)
                 if victim is request:
                     break
@@ -134,7 +134,7 @@ class Scheduler:
             request = self.waiting[0]
             tokens = min(request.num_tokens - request.computed, budget)
             if not self._grow(request, request.num_tokens):
-                return                                # head-of-line waits for blocks (FCFS)
+                return  # head-of-line waits for blocks (FCFS)
             self.waiting.popleft()
             self.running.append(request)
             scheduled.append((request, tokens, request.computed))
@@ -150,7 +150,7 @@ class Scheduler:
             else:
                 chunks.append((tokens, before))
             plan.scheduled_tokens += tokens
-            if request.computed == request.num_tokens:   # caught up: sample the next token
+            if request.computed == request.num_tokens:  # caught up: sample the next token
                 self._sample(request, plan)
         plan.duration_s = self.cost.step_seconds(decode_seqs, kv_read, tuple(chunks))
 

@@ -18,19 +18,26 @@ def slots_view(scheduler: Scheduler) -> list[dict]:
     slots = []
     for slot_id in range(config.max_num_seqs):
         request = scheduler.running[slot_id] if slot_id < len(scheduler.running) else None
-        slot = {"id": slot_id, "n_ctx": n_ctx, "speculative": False,
-                "is_processing": request is not None}
+        slot = {"id": slot_id, "n_ctx": n_ctx, "speculative": False, "is_processing": request is not None}
         if request is not None:
             slot |= {
                 "id_task": slot_id,
                 "n_prompt_tokens": request.prompt_tokens,
                 "n_prompt_tokens_processed": min(request.computed, request.prompt_tokens),
                 "n_prompt_tokens_cache": 0,
-                "params": {"max_tokens": request.output_tokens, "n_predict": request.output_tokens,
-                           "stream": True},
-                "next_token": [{"has_next_token": not request.done, "has_new_line": False,
-                                "n_remain": request.output_tokens - request.generated,
-                                "n_decoded": request.generated}],
+                "params": {
+                    "max_tokens": request.output_tokens,
+                    "n_predict": request.output_tokens,
+                    "stream": True,
+                },
+                "next_token": [
+                    {
+                        "has_next_token": not request.done,
+                        "has_new_line": False,
+                        "n_remain": request.output_tokens - request.generated,
+                        "n_decoded": request.generated,
+                    }
+                ],
             }
         slots.append(slot)
     return slots

@@ -36,6 +36,7 @@ def mixed_payload(seed: int, long_every: int = 10, long_words: int = 300, max_to
     Output length is locked (max_tokens + ignore_eos, docs/domain.md §7) so levels compare like for like.
     Example: a short body asks one question (~20 tokens); a long one carries ~600 tokens.
     """
+
     def make(worker: int, index: int) -> dict:
         rng = random.Random(seed * 1_000_003 + worker * 10_007 + index)
         topic = rng.choice(_TOPICS)
@@ -43,8 +44,13 @@ def mixed_payload(seed: int, long_every: int = 10, long_words: int = 300, max_to
         if rng.randrange(long_every) == 0:
             document = " ".join(rng.choice(_TOPICS) for _ in range(long_words))
             content = f"[{worker}-{index}] Summarise this report on {topic}:\n{document}"
-        return {"model": "headroom-sim", "max_tokens": max_tokens, "ignore_eos": True,
-                "messages": [{"role": "user", "content": content}]}
+        return {
+            "model": "headroom-sim",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": content}],
+        }
+
     return make
 
 
@@ -90,11 +96,11 @@ class CaliberSampler:
                     async with session.get(self.metrics_url) as response:
                         values = parse_calibers(await response.text())
                     self.samples.append(CaliberSample(time.monotonic() - start, self.level, values))
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                except (TimeoutError, aiohttp.ClientError, ValueError):
                     pass
                 try:
                     await asyncio.wait_for(self._stop.wait(), self.interval_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     def stop(self) -> None:

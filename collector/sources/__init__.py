@@ -20,8 +20,7 @@ from collector.sources.base import EngineSnapshot
 from collector.sources.generic import load_mapping
 from collector.sources.poller import EngineSource
 
-__all__ = ["ENGINES", "EngineSnapshot", "EngineSource", "build_engine_source",
-           "default_metrics_url"]
+__all__ = ["ENGINES", "EngineSnapshot", "EngineSource", "build_engine_source", "default_metrics_url"]
 
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "generic", "auto", "none")
 
@@ -45,9 +44,14 @@ def _split_engine(engine: str, mapping_path: str | Path | None) -> tuple[str, st
     return name, mapping_path
 
 
-def build_engine_source(engine: str, metrics_url: str | None, poll_interval_s: float = 1.0, *,
-                        timeout_s: float | None = None,
-                        mapping_path: str | Path | None = None) -> EngineSource | None:
+def build_engine_source(
+    engine: str,
+    metrics_url: str | None,
+    poll_interval_s: float = 1.0,
+    *,
+    timeout_s: float | None = None,
+    mapping_path: str | Path | None = None,
+) -> EngineSource | None:
     """An unstarted EngineSource for `engine` (None for 'none'); raises ValueError on bad input.
 
     `timeout_s` bounds each poll (default: the poll interval, at least 0.5 s and at most 2 s).
@@ -64,12 +68,18 @@ def build_engine_source(engine: str, metrics_url: str | None, poll_interval_s: f
         timeout_s = min(max(poll_interval_s, 0.5), 2.0)
     if name == "generic":
         if mapping_path is None:
-            raise ValueError("--engine generic needs a mapping: --engine generic:mapping.yaml "
-                             "(format in docs/engines.md)")
+            raise ValueError(
+                "--engine generic needs a mapping: --engine generic:mapping.yaml (format in docs/engines.md)"
+            )
         mapping = load_mapping(mapping_path)
-        return EngineSource(mapping.engine, scrapers.generic_scraper(mapping, metrics_url),
-                            poll_interval_s=poll_interval_s, timeout_s=timeout_s)
-    scrape = {"auto": lambda: scrapers.auto_scraper(metrics_url),
-              "llamacpp": lambda: scrapers.llamacpp_scraper(metrics_url)}.get(
-        name, lambda: scrapers.text_scraper(scrapers.PARSERS[name], metrics_url))()
+        return EngineSource(
+            mapping.engine,
+            scrapers.generic_scraper(mapping, metrics_url),
+            poll_interval_s=poll_interval_s,
+            timeout_s=timeout_s,
+        )
+    scrape = {
+        "auto": lambda: scrapers.auto_scraper(metrics_url),
+        "llamacpp": lambda: scrapers.llamacpp_scraper(metrics_url),
+    }.get(name, lambda: scrapers.text_scraper(scrapers.PARSERS[name], metrics_url))()
     return EngineSource(name, scrape, poll_interval_s=poll_interval_s, timeout_s=timeout_s)

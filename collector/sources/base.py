@@ -52,11 +52,11 @@ class EngineSnapshot:
     error: str | None = None
 
     @classmethod
-    def down(cls, engine: str, error: str) -> "EngineSnapshot":
+    def down(cls, engine: str, error: str) -> EngineSnapshot:
         """A snapshot for a failed poll: nothing is known, so every value is None."""
         return cls(engine=engine, up=False, error=error)
 
-    def with_engine(self, engine: str) -> "EngineSnapshot":
+    def with_engine(self, engine: str) -> EngineSnapshot:
         """The same snapshot under another engine label (used by `auto`)."""
         return replace(self, engine=engine)
 
@@ -116,8 +116,11 @@ class FieldRule:
     def matching(self, samples: Samples) -> list[tuple[dict[str, str], float]]:
         """The label sets of the first listed name that has any matching sample."""
         for name in self.names:
-            rows = [(labels, value) for labels, value in samples.get(name, ())
-                    if all(labels.get(key) == want for key, want in self.labels)]
+            rows = [
+                (labels, value)
+                for labels, value in samples.get(name, ())
+                if all(labels.get(key) == want for key, want in self.labels)
+            ]
             if rows:
                 return rows
         return []
@@ -144,31 +147,41 @@ def model_from(samples: Samples, rules: list[FieldRule], label: str | None) -> s
     if not label:
         return None
     for rule in rules:
-        models = sorted({labels[label] for labels, _ in rule.matching(samples)
-                         if labels.get(label)})
+        models = sorted({labels[label] for labels, _ in rule.matching(samples) if labels.get(label)})
         if models:
             return models[0]
     return None
 
 
-def snapshot_from_rules(engine: str, samples: Samples, *, running: FieldRule | None = None,
-                        waiting: FieldRule | None = None, kv_usage: FieldRule | None = None,
-                        kv_capacity: FieldRule | None = None,
-                        model_label: str | None = None) -> EngineSnapshot:
+def snapshot_from_rules(
+    engine: str,
+    samples: Samples,
+    *,
+    running: FieldRule | None = None,
+    waiting: FieldRule | None = None,
+    kv_usage: FieldRule | None = None,
+    kv_capacity: FieldRule | None = None,
+    model_label: str | None = None,
+) -> EngineSnapshot:
     """Apply the rules; raises ExpositionError when none of them matched anything.
 
     A page with none of the engine's metrics is most often the wrong URL (or another engine),
     and reporting it as "up with no data" would hide that.
     """
     rules = [rule for rule in (running, waiting, kv_usage, kv_capacity) if rule is not None]
-    values = [rule.apply(samples) if rule else None
-              for rule in (running, waiting, kv_usage, kv_capacity)]
+    values = [rule.apply(samples) if rule else None for rule in (running, waiting, kv_usage, kv_capacity)]
     if all(value is None for value in values):
         wanted = ", ".join(name for rule in rules for name in rule.names)
-        raise ExpositionError(f"none of the {engine} metrics ({wanted}) are on this page; "
-                              f"check --engine and --engine-metrics-url")
+        raise ExpositionError(
+            f"none of the {engine} metrics ({wanted}) are on this page; "
+            f"check --engine and --engine-metrics-url"
+        )
     return EngineSnapshot(
-        engine=engine, up=True, model=model_from(samples, rules, model_label),
-        running=_as_int(values[0]), waiting=_as_int(values[1]),
-        kv_usage_ratio=values[2], kv_capacity_tokens=_as_int(values[3]),
+        engine=engine,
+        up=True,
+        model=model_from(samples, rules, model_label),
+        running=_as_int(values[0]),
+        waiting=_as_int(values[1]),
+        kv_usage_ratio=values[2],
+        kv_capacity_tokens=_as_int(values[3]),
     )

@@ -10,13 +10,19 @@ from collector.sources.base import Samples
 
 __all__ = ["PREFIXES", "detect_engine"]
 
-PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_", "llamacpp": "llamacpp:",
-            "headroom": "headroom_engine_"}
+PREFIXES = {
+    "vllm": "vllm:",
+    "sglang": "sglang:",
+    "tgi": "tgi_",
+    "llamacpp": "llamacpp:",
+    "headroom": "headroom_engine_",
+}
 
 
 def detect_engine(samples: Samples) -> str | None:
     """The engine whose prefix most sample names carry, or None when no prefix matches."""
-    counts = {engine: sum(1 for name in samples if name.startswith(prefix))
-              for engine, prefix in PREFIXES.items()}
+    counts = {
+        engine: sum(1 for name in samples if name.startswith(prefix)) for engine, prefix in PREFIXES.items()
+    }
     best = max(counts, key=counts.get)
     return best if counts[best] else None

@@ -22,13 +22,16 @@ from pathlib import Path
 
 import yaml
 
-from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
-                                    snapshot_from_rules)
+from collector.sources.base import EngineSnapshot, FieldRule, names_of, parse_exposition, snapshot_from_rules
 
 __all__ = ["GenericMapping", "MappingError", "load_mapping", "mapping_from_dict", "parse_generic"]
 
-_FIELDS = {"running": "running", "waiting": "waiting", "kv_usage_ratio": "kv_usage",
-           "kv_capacity_tokens": "kv_capacity"}
+_FIELDS = {
+    "running": "running",
+    "waiting": "waiting",
+    "kv_usage_ratio": "kv_usage",
+    "kv_capacity_tokens": "kv_capacity",
+}
 _RULE_KEYS = {"metric", "labels", "scale", "aggregate"}
 
 
@@ -47,8 +50,11 @@ class GenericMapping:
 
 def _names(value: object, where: str) -> tuple[str, ...]:
     names = (value,) if isinstance(value, str) else value
-    if not isinstance(names, (list, tuple)) or not names or \
-            not all(isinstance(name, str) and name for name in names):
+    if (
+        not isinstance(names, (list, tuple))
+        or not names
+        or not all(isinstance(name, str) and name for name in names)
+    ):
         raise MappingError(f"{where}: give a metric name or a list of names, got {value!r}")
     return tuple(names)
 
@@ -58,16 +64,17 @@ def _rule(value: object, where: str) -> FieldRule:
         return FieldRule(_names(value, where))
     unknown = set(value) - _RULE_KEYS
     if unknown:
-        raise MappingError(f"{where}: unknown keys {sorted(unknown)}; "
-                           f"allowed: {sorted(_RULE_KEYS)}")
+        raise MappingError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}")
     labels = value.get("labels") or {}
     if not isinstance(labels, dict):
         raise MappingError(f"{where}.labels: give a mapping of label: value, got {labels!r}")
     try:
-        return FieldRule(_names(value.get("metric"), f"{where}.metric"),
-                         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-                         aggregate=value.get("aggregate", "sum"),
-                         scale=float(value.get("scale", 1.0)))
+        return FieldRule(
+            _names(value.get("metric"), f"{where}.metric"),
+            labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+            aggregate=value.get("aggregate", "sum"),
+            scale=float(value.get("scale", 1.0)),
+        )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, MappingError):
             raise
@@ -80,13 +87,17 @@ def mapping_from_dict(data: object, origin: str = "mapping") -> GenericMapping:
         raise MappingError(f"{origin}: expected a YAML mapping with keys engine, running, ...")
     unknown = set(data) - set(_FIELDS) - {"engine", "model_label"}
     if unknown:
-        raise MappingError(f"{origin}: unknown keys {sorted(unknown)}; "
-                           f"allowed: engine, model_label, {', '.join(_FIELDS)}")
+        raise MappingError(
+            f"{origin}: unknown keys {sorted(unknown)}; allowed: engine, model_label, {', '.join(_FIELDS)}"
+        )
     engine = data.get("engine")
     if not isinstance(engine, str) or not engine:
         raise MappingError(f"{origin}: 'engine' must name the engine (used as the engine label)")
-    rules = {target: _rule(data[key], f"{origin}: {key}")
-             for key, target in _FIELDS.items() if data.get(key) is not None}
+    rules = {
+        target: _rule(data[key], f"{origin}: {key}")
+        for key, target in _FIELDS.items()
+        if data.get(key) is not None
+    }
     if not rules:
         raise MappingError(f"{origin}: map at least one of {', '.join(_FIELDS)}")
     return GenericMapping(engine, rules, data.get("model_label"))
@@ -105,5 +116,9 @@ def load_mapping(path: str | Path) -> GenericMapping:
 
 def parse_generic(text: str, mapping: GenericMapping) -> EngineSnapshot:
     """Parse any /metrics page with a mapping into an EngineSnapshot."""
-    return snapshot_from_rules(mapping.engine, parse_exposition(text, names_of(mapping.rules)),
-                               model_label=mapping.model_label, **mapping.rules)
+    return snapshot_from_rules(
+        mapping.engine,
+        parse_exposition(text, names_of(mapping.rules)),
+        model_label=mapping.model_label,
+        **mapping.rules,
+    )

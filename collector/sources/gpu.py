@@ -29,9 +29,13 @@ __all__ = ["GpuCollector", "GpuReading"]
 
 log = logging.getLogger(__name__)
 
-_FIELDS = ("headroom_gpu_utilization_ratio", "headroom_gpu_memory_bandwidth_utilization_ratio",
-           "headroom_gpu_memory_used_bytes", "headroom_gpu_memory_total_bytes",
-           "headroom_gpu_power_watts")
+_FIELDS = (
+    "headroom_gpu_utilization_ratio",
+    "headroom_gpu_memory_bandwidth_utilization_ratio",
+    "headroom_gpu_memory_used_bytes",
+    "headroom_gpu_memory_total_bytes",
+    "headroom_gpu_power_watts",
+)
 
 
 @dataclass(frozen=True)
@@ -100,8 +104,9 @@ class GpuCollector:
     @staticmethod
     def _describe(index: int) -> _Device:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return _Device(index, handle, _text(pynvml.nvmlDeviceGetUUID(handle)),
-                       _text(pynvml.nvmlDeviceGetName(handle)))
+        return _Device(
+            index, handle, _text(pynvml.nvmlDeviceGetUUID(handle)), _text(pynvml.nvmlDeviceGetName(handle))
+        )
 
     def read(self) -> list[GpuReading] | None:
         """Read every cached GPU now; None when NVML or GPUs are unavailable."""
@@ -122,14 +127,18 @@ class GpuCollector:
 
 def _utilization(handle) -> dict[str, float]:
     rates = pynvml.nvmlDeviceGetUtilizationRates(handle)  # percent over the last sample period
-    return {"headroom_gpu_utilization_ratio": rates.gpu / 100.0,
-            "headroom_gpu_memory_bandwidth_utilization_ratio": rates.memory / 100.0}
+    return {
+        "headroom_gpu_utilization_ratio": rates.gpu / 100.0,
+        "headroom_gpu_memory_bandwidth_utilization_ratio": rates.memory / 100.0,
+    }
 
 
 def _memory(handle) -> dict[str, float]:
     info = pynvml.nvmlDeviceGetMemoryInfo(handle)  # bytes
-    return {"headroom_gpu_memory_used_bytes": float(info.used),
-            "headroom_gpu_memory_total_bytes": float(info.total)}
+    return {
+        "headroom_gpu_memory_used_bytes": float(info.used),
+        "headroom_gpu_memory_total_bytes": float(info.total),
+    }
 
 
 def _power(handle) -> dict[str, float]:
@@ -161,11 +170,13 @@ def gpu_families(readings: list[GpuReading] | None) -> list:
     if not readings:
         up.add_sample(up_spec.name, {}, 0.0)
         return [up]
-    families = {name: GaugeMetricFamily(name, spec(name).help, labels=list(spec(name).labels))
-                for name in _FIELDS}
+    families = {
+        name: GaugeMetricFamily(name, spec(name).help, labels=list(spec(name).labels)) for name in _FIELDS
+    }
     for reading in readings:
-        up.add_sample(up_spec.name, dict(zip(up_spec.labels, reading.device.labels)),
-                      1.0 if reading.up else 0.0)
+        up.add_sample(
+            up_spec.name, dict(zip(up_spec.labels, reading.device.labels)), 1.0 if reading.up else 0.0
+        )
         for name, value in reading.values.items():
             families[name].add_metric(reading.device.labels, value)
     return [up] + [family for family in families.values() if family.samples]

@@ -7,8 +7,9 @@ queue without knowing which engine sits behind. Counts are summed over label set
 
 from __future__ import annotations
 
-from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
-                                    snapshot_from_rules)
+from dataclasses import replace
+
+from collector.sources.base import EngineSnapshot, FieldRule, names_of, parse_exposition, snapshot_from_rules
 
 __all__ = ["ENGINE", "RULES", "parse_headroom"]
 
@@ -19,9 +20,13 @@ RULES = {
     "kv_usage": FieldRule(("headroom_engine_kv_cache_usage_ratio",), aggregate="max"),
     "kv_capacity": FieldRule(("headroom_engine_kv_cache_capacity_tokens",)),
 }
-NAMES = names_of(RULES)
+_CEILING = FieldRule(("headroom_engine_max_concurrency_requests",))
+NAMES = names_of(RULES, *_CEILING.names)
 
 
 def parse_headroom(text: str) -> EngineSnapshot:
     """Parse a sidecar's /metrics page into the snapshot of the engine behind it."""
-    return snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), model_label="model", **RULES)
+    samples = parse_exposition(text, NAMES)
+    snapshot = snapshot_from_rules(ENGINE, samples, model_label="model", **RULES)
+    ceiling = _CEILING.apply(samples)
+    return snapshot if ceiling is None else replace(snapshot, max_concurrency=int(ceiling))

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
-                                    snapshot_from_rules)
+from collector.sources.base import EngineSnapshot, FieldRule, names_of, parse_exposition, snapshot_from_rules
 
 __all__ = ["ENGINE", "RULES", "parse_llamacpp", "kv_from_slots", "slots_url"]
 

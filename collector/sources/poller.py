@@ -40,11 +40,19 @@ class ScrapeError(RuntimeError):
 class EngineSource:
     """Polls one engine in the background; `.latest` is always a snapshot (maybe a down one)."""
 
-    def __init__(self, engine: str, scrape: Scrape, *, poll_interval_s: float = 1.0,
-                 timeout_s: float = 2.0, source: str = "engine") -> None:
+    def __init__(
+        self,
+        engine: str,
+        scrape: Scrape,
+        *,
+        poll_interval_s: float = 1.0,
+        timeout_s: float = 2.0,
+        source: str = "engine",
+    ) -> None:
         if poll_interval_s <= 0 or timeout_s <= 0:
-            raise ValueError(f"poll interval ({poll_interval_s}) and timeout ({timeout_s}) "
-                             "must be positive seconds")
+            raise ValueError(
+                f"poll interval ({poll_interval_s}) and timeout ({timeout_s}) must be positive seconds"
+            )
         self.engine = engine
         self.poll_interval_s = poll_interval_s
         self.timeout_s = timeout_s
@@ -62,8 +70,8 @@ class EngineSource:
         if self._task is not None:
             return
         self._client = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-            connector=aiohttp.TCPConnector(limit=2))
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=aiohttp.TCPConnector(limit=2)
+        )
         self._stopping = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name=f"headroom-engine-{self.engine}")
 
@@ -88,7 +96,7 @@ class EngineSource:
             delay = max(0.0, self.poll_interval_s - (time.monotonic() - started))
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def poll_once(self) -> EngineSnapshot:
@@ -160,11 +168,13 @@ def engine_families(snapshot: EngineSnapshot) -> list:
     up.add_metric([snapshot.engine], 1.0 if snapshot.up else 0.0)
     families = [up]
     labels = [snapshot.engine, snapshot.model or ""]
-    for name, value in (("headroom_engine_requests_running", snapshot.running),
-                        ("headroom_engine_requests_waiting", snapshot.waiting),
-                        ("headroom_engine_kv_cache_usage_ratio", snapshot.kv_usage_ratio),
-                        ("headroom_engine_kv_cache_capacity_tokens", snapshot.kv_capacity_tokens),
-                        ("headroom_engine_max_concurrency_requests", snapshot.max_concurrency)):
+    for name, value in (
+        ("headroom_engine_requests_running", snapshot.running),
+        ("headroom_engine_requests_waiting", snapshot.waiting),
+        ("headroom_engine_kv_cache_usage_ratio", snapshot.kv_usage_ratio),
+        ("headroom_engine_kv_cache_capacity_tokens", snapshot.kv_capacity_tokens),
+        ("headroom_engine_max_concurrency_requests", snapshot.max_concurrency),
+    ):
         if value is not None:  # unknown is absent, never a fake zero
             family = _gauge(name)
             family.add_metric(labels, float(value))

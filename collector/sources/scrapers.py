@@ -33,8 +33,10 @@ PARSERS: dict[str, Callable[[str], EngineSnapshot]] = {
 
 def text_scraper(parse: Callable[[str], EngineSnapshot], metrics_url: str) -> Scrape:
     """Scrape one /metrics page and parse it with `parse`."""
+
     async def scrape(fetch: Fetch) -> EngineSnapshot:
         return await asyncio.to_thread(parse, await fetch(metrics_url))
+
     return scrape
 
 
@@ -58,6 +60,7 @@ def llamacpp_scraper(metrics_url: str) -> Scrape:
             slots_task.cancel()
             raise
         return await asyncio.to_thread(parse_llamacpp, text, await slots_task)
+
     return scrape
 
 
@@ -76,9 +79,15 @@ def auto_scraper(metrics_url: str) -> Scrape:
         text = await fetch(metrics_url)
         engine = detect_engine(await asyncio.to_thread(parse_exposition, text))
         if engine is None:
-            raise ExpositionError(f"{metrics_url} shows no vllm, sglang, tgi or llamacpp metrics; "
-                                  "pass --engine explicitly (or generic with a mapping)")
-        known["engine"] = (llamacpp_scraper(metrics_url) if engine == "llamacpp"
-                           else text_scraper(PARSERS[engine], metrics_url))
+            raise ExpositionError(
+                f"{metrics_url} shows no vllm, sglang, tgi or llamacpp metrics; "
+                "pass --engine explicitly (or generic with a mapping)"
+            )
+        known["engine"] = (
+            llamacpp_scraper(metrics_url)
+            if engine == "llamacpp"
+            else text_scraper(PARSERS[engine], metrics_url)
+        )
         return await known["engine"](fetch)
+
     return scrape

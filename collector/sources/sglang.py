@@ -7,8 +7,7 @@ the fullest rank.
 
 from __future__ import annotations
 
-from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
-                                    snapshot_from_rules)
+from collector.sources.base import EngineSnapshot, FieldRule, names_of, parse_exposition, snapshot_from_rules
 
 __all__ = ["ENGINE", "RULES", "parse_sglang"]
 
@@ -24,5 +23,4 @@ NAMES = names_of(RULES)
 
 def parse_sglang(text: str) -> EngineSnapshot:
     """Parse an SGLang /metrics page into an EngineSnapshot."""
-    return snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), model_label="model_name",
-                               **RULES)
+    return snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), model_label="model_name", **RULES)

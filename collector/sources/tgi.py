@@ -7,8 +7,7 @@ carry no model name.
 
 from __future__ import annotations
 
-from collector.sources.base import (EngineSnapshot, FieldRule, names_of, parse_exposition,
-                                    snapshot_from_rules)
+from collector.sources.base import EngineSnapshot, FieldRule, names_of, parse_exposition, snapshot_from_rules
 
 __all__ = ["ENGINE", "RULES", "parse_tgi"]
 

@@ -13,8 +13,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from collector.sources.base import (EngineSnapshot, FieldRule, Samples, names_of,
-                                    parse_exposition, snapshot_from_rules)
+from collector.sources.base import (
+    EngineSnapshot,
+    FieldRule,
+    Samples,
+    names_of,
+    parse_exposition,
+    snapshot_from_rules,
+)
 
 __all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens", "max_concurrency"]
 
@@ -22,8 +28,7 @@ ENGINE = "vllm"
 RULES = {
     "running": FieldRule(("vllm:num_requests_running",)),
     "waiting": FieldRule(("vllm:num_requests_waiting",)),
-    "kv_usage": FieldRule(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-                          aggregate="max"),
+    "kv_usage": FieldRule(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), aggregate="max"),
 }
 NAMES = names_of(RULES, "vllm:cache_config_info")
 
@@ -61,5 +66,6 @@ def parse_vllm(text: str) -> EngineSnapshot:
     """Parse a vLLM /metrics page into an EngineSnapshot."""
     samples = parse_exposition(text, NAMES)
     snapshot = snapshot_from_rules(ENGINE, samples, model_label="model_name", **RULES)
-    return replace(snapshot, kv_capacity_tokens=kv_capacity_tokens(samples),
-                   max_concurrency=max_concurrency(samples))
+    return replace(
+        snapshot, kv_capacity_tokens=kv_capacity_tokens(samples), max_concurrency=max_concurrency(samples)
+    )

@@ -53,9 +53,9 @@ class PublishedCapacity:
 
     model: str
     task_class: str = ALL_TASKS
-    source: str = "probe"          # probe | traffic
-    confidence: str = "medium"     # high | medium | low
-    estimated_at: float = 0.0      # POSIX seconds when the estimate was made
+    source: str = "probe"  # probe | traffic
+    confidence: str = "medium"  # high | medium | low
+    estimated_at: float = 0.0  # POSIX seconds when the estimate was made
     knee_requests: float | None = None
     knee_tokens: float | None = None
     slo_max_requests: float | None = None

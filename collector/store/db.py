@@ -8,6 +8,7 @@ never with a per-row `executemany` (docs/domain.md §11).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from collector.record import RequestRecord
 from collector.store.schema import COLUMN_NAMES, COLUMNS, migrate
 
 __all__ = ["RequestStore", "ARROW_SCHEMA", "rows_to_arrow"]
@@ -32,21 +34,29 @@ ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[sql.split()[0]]) for name, sql in 
 _COLUMN_LIST = ", ".join(COLUMN_NAMES)
 
 
-def rows_to_arrow(rows: Sequence[Mapping[str, Any]], *, lenient: bool = False) -> pa.Table:
-    """Turn row dicts (missing keys are NULL) into one Arrow table in contract column order.
+Rows = Sequence[RequestRecord | Mapping[str, Any]]
 
-    Example: [{"request_id": "a", "ttft_s": 0.2}] -> a 1-row table with 27 columns, 25 of them NULL.
+
+def _column_values(rows: Rows, name: str) -> list[Any]:
+    return [row.get(name) if isinstance(row, Mapping) else getattr(row, name) for row in rows]
+
+
+def rows_to_arrow(rows: Rows, *, lenient: bool = False) -> pa.Table:
+    """Turn records or row dicts (missing keys are NULL) into one Arrow table in column order.
+
+    Example: [{"request_id": "a", "ttft_s": 0.2}] -> a 1-row table with 28 columns, 26 of them NULL.
     A value of the wrong type or out of its column's range raises (the store's ingest answers
     400), or with `lenient` becomes NULL so that it alone is lost, not its batch.
     """
-    columns = {name: [row.get(name) for row in rows] for name in COLUMN_NAMES}
+    columns = {name: _column_values(rows, name) for name in COLUMN_NAMES}
     try:
         return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
         if not lenient:
             raise
-        return pa.Table.from_arrays([_column(columns[f.name], f.type) for f in ARROW_SCHEMA],
-                                    schema=ARROW_SCHEMA)
+        return pa.Table.from_arrays(
+            [_column(columns[f.name], f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA
+        )
 
 
 def _column(values: list, arrow_type: pa.DataType) -> pa.Array:
@@ -69,13 +79,16 @@ class RequestStore:
 
     def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        new = self.path != ":memory:" and not Path(self.path).exists()
+        if new:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._con = duckdb.connect(self.path, read_only=read_only)
+        if new and Path(self.path).exists():
+            os.chmod(self.path, 0o600)  # rows carry tenants and timings: the owner's alone
         self._lock = threading.Lock()
         self.migrated_from = None if read_only else migrate(self._con)
 
-    def insert_rows(self, rows: Sequence[Mapping[str, Any]], *, lenient: bool = False) -> int:
+    def insert_rows(self, rows: Rows, *, lenient: bool = False) -> int:
         """Insert a batch; rows whose request_id already exists are ignored. Returns rows added.
 
         A value that does not fit its column raises, or with `lenient` is stored as NULL.
@@ -91,7 +104,7 @@ class RequestStore:
             after = self._con.execute("SELECT count(*) FROM requests").fetchone()[0]
         return int(after - before)
 
-    def write_batch(self, rows: Sequence[Mapping[str, Any]]) -> None:
+    def write_batch(self, rows: Rows) -> None:
         """BatchSink interface for the LogWriter: insert the batch (duplicates ignored).
 
         Lenient: one bad value (say a client's max_tokens beyond INTEGER) must not cost the other

@@ -33,8 +33,16 @@ from collector.store.retention import export_and_expire
 from collector.store.rollup import rollup_recent
 from collector.timewin import parse_duration, utc_now
 
-__all__ = ["JobSettings", "ScheduledJob", "RefreshEstimates", "WriteReport", "job_table",
-           "build_scheduler", "run_due", "parse_weekly_cron"]
+__all__ = [
+    "JobSettings",
+    "ScheduledJob",
+    "RefreshEstimates",
+    "WriteReport",
+    "job_table",
+    "build_scheduler",
+    "run_due",
+    "parse_weekly_cron",
+]
 
 log = logging.getLogger(__name__)
 _WEEKLY = re.compile(r"^(mon|tue|wed|thu|fri|sat|sun)\s+([01]?\d|2[0-3]):([0-5]\d)$")
@@ -44,13 +52,17 @@ _WEEKLY = re.compile(r"^(mon|tue|wed|thu|fri|sat|sun)\s+([01]?\d|2[0-3]):([0-5]\
 class JobSettings:
     """What the jobs do and when. Times are UTC unless `timezone` says otherwise."""
 
-    export_dir: Path | None = None          # None: no Parquet export and no retention
+    export_dir: Path | None = None  # None: no Parquet export and no retention
     retention_days: int = 30
-    report_dir: Path | None = None          # None: no weekly report
-    report_cron: str = "mon 09:00"          # "<day of week> HH:MM"
+    report_dir: Path | None = None  # None: no weekly report
+    report_cron: str = "mon 09:00"  # "<day of week> HH:MM"
     report_since: str = "7d"
-    estimate_interval_s: float = 900.0
+    estimate_interval_s: float = 900.0  # the traffic refresh (passive curves)
     estimate_window: str = "24h"
+    probe_check_interval_s: float = 5.0  # finished probe runs -> estimate -> gauges
+    probe_quiet_s: float = 10.0  # a run is finished this long after its last request
+    estimate_files: tuple[str, ...] = ()  # other DuckDB files whose estimates to import
+    probe_max_age: str = "7d"  # a probe estimate beats traffic's this long
     slo_ttft_p95_s: float | None = None
     profile: str = "interactive"
     timezone: str = "UTC"
@@ -58,17 +70,37 @@ class JobSettings:
 
 
 class RefreshEstimates(Protocol):
-    """The capacity job's work: estimate each active model, save, publish to the gauges."""
+    """The capacity jobs' work: estimate finished probe runs (and, with `traffic`, each active
+    model's traffic), save, publish the decision to the gauges."""
 
-    def __call__(self, store: RequestStore, gauges: CapacityGauges | None, now: datetime, *,
-                 window: timedelta, slo_ttft_p95_s: float | None, profile: str) -> Any: ...
+    def __call__(
+        self,
+        store: RequestStore,
+        gauges: CapacityGauges | None,
+        now: datetime,
+        *,
+        window: timedelta,
+        slo_ttft_p95_s: float | None,
+        profile: str,
+        traffic: bool,
+        probe_quiet_s: float,
+        estimate_files: tuple[str, ...],
+        probe_max_age: timedelta,
+    ) -> Any: ...
 
 
 class WriteReport(Protocol):
     """The weekly job's work: write the capacity review for [now - since, now) into report_dir."""
 
-    def __call__(self, store: RequestStore, report_dir: Path, since: str, now: datetime, *,
-                 slo_ttft_p95_s: float | None) -> Any: ...
+    def __call__(
+        self,
+        store: RequestStore,
+        report_dir: Path,
+        since: str,
+        now: datetime,
+        *,
+        slo_ttft_p95_s: float | None,
+    ) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -97,21 +129,45 @@ def _retention(store: RequestStore, settings: JobSettings) -> Callable[[datetime
     return lambda now: export_and_expire(store, settings.export_dir, settings.retention_days, now)
 
 
-def _estimates(store: RequestStore, gauges: CapacityGauges | None, settings: JobSettings,
-               refresh: RefreshEstimates) -> Callable[[datetime], Any]:
+def _estimates(
+    store: RequestStore,
+    gauges: CapacityGauges | None,
+    settings: JobSettings,
+    refresh: RefreshEstimates,
+    traffic: bool,
+) -> Callable[[datetime], Any]:
     window = parse_duration(settings.estimate_window)
-    return lambda now: refresh(store, gauges, now, window=window,
-                               slo_ttft_p95_s=settings.slo_ttft_p95_s, profile=settings.profile)
+    probe_max_age = parse_duration(settings.probe_max_age)
+    return lambda now: refresh(
+        store,
+        gauges,
+        now,
+        window=window,
+        probe_max_age=probe_max_age,
+        slo_ttft_p95_s=settings.slo_ttft_p95_s,
+        profile=settings.profile,
+        traffic=traffic,
+        probe_quiet_s=settings.probe_quiet_s,
+        estimate_files=settings.estimate_files,
+    )
 
 
-def _weekly_report(store: RequestStore, settings: JobSettings, review: WriteReport) -> Callable[[datetime], Any]:
-    return lambda now: review(store, Path(settings.report_dir), settings.report_since, now,
-                              slo_ttft_p95_s=settings.slo_ttft_p95_s)
+def _weekly_report(
+    store: RequestStore, settings: JobSettings, review: WriteReport
+) -> Callable[[datetime], Any]:
+    return lambda now: review(
+        store, Path(settings.report_dir), settings.report_since, now, slo_ttft_p95_s=settings.slo_ttft_p95_s
+    )
 
 
-def job_table(store: RequestStore, gauges: CapacityGauges | None, settings: JobSettings, *,
-              refresh: RefreshEstimates | None = None,
-              review: WriteReport | None = None) -> list[ScheduledJob]:
+def job_table(
+    store: RequestStore,
+    gauges: CapacityGauges | None,
+    settings: JobSettings,
+    *,
+    refresh: RefreshEstimates | None = None,
+    review: WriteReport | None = None,
+) -> list[ScheduledJob]:
     """The jobs these settings (and the work given) enable, with their triggers.
 
     Interval triggers start at settings.clock().
@@ -119,14 +175,35 @@ def job_table(store: RequestStore, gauges: CapacityGauges | None, settings: JobS
     tz = settings.timezone
     jobs = [ScheduledJob("rollup", CronTrigger(minute=5, timezone=tz), _rollup(store))]
     if settings.export_dir is not None:
-        jobs.append(ScheduledJob("retention", CronTrigger(hour=0, minute=15, timezone=tz),
-                                 _retention(store, settings)))
+        jobs.append(
+            ScheduledJob(
+                "retention", CronTrigger(hour=0, minute=15, timezone=tz), _retention(store, settings)
+            )
+        )
     if refresh is not None and settings.estimate_interval_s > 0:
-        trigger = IntervalTrigger(seconds=settings.estimate_interval_s, start_date=settings.clock(), timezone=tz)
-        jobs.append(ScheduledJob("capacity_estimates", trigger, _estimates(store, gauges, settings, refresh)))
+        trigger = IntervalTrigger(
+            seconds=settings.estimate_interval_s, start_date=settings.clock(), timezone=tz
+        )
+        jobs.append(
+            ScheduledJob(
+                "capacity_estimates", trigger, _estimates(store, gauges, settings, refresh, traffic=True)
+            )
+        )
+    if refresh is not None and settings.probe_check_interval_s > 0:
+        trigger = IntervalTrigger(
+            seconds=settings.probe_check_interval_s, start_date=settings.clock(), timezone=tz
+        )
+        jobs.append(
+            ScheduledJob("probe_runs", trigger, _estimates(store, gauges, settings, refresh, traffic=False))
+        )
     if review is not None and settings.report_dir is not None:
-        jobs.append(ScheduledJob("weekly_report", parse_weekly_cron(settings.report_cron, tz),
-                                 _weekly_report(store, settings, review)))
+        jobs.append(
+            ScheduledJob(
+                "weekly_report",
+                parse_weekly_cron(settings.report_cron, tz),
+                _weekly_report(store, settings, review),
+            )
+        )
     return jobs
 
 
@@ -140,15 +217,30 @@ def _guarded(job: ScheduledJob, clock: Callable[[], datetime]) -> Callable[[], N
     return run
 
 
-def build_scheduler(store: RequestStore, gauges: CapacityGauges | None, settings: JobSettings | None = None, *,
-                    refresh: RefreshEstimates | None = None,
-                    review: WriteReport | None = None) -> BackgroundScheduler:
+def build_scheduler(
+    store: RequestStore,
+    gauges: CapacityGauges | None,
+    settings: JobSettings | None = None,
+    *,
+    refresh: RefreshEstimates | None = None,
+    review: WriteReport | None = None,
+) -> BackgroundScheduler:
     """An APScheduler BackgroundScheduler (not started) running job_table(); call .start()."""
     settings = settings or JobSettings()
     scheduler = BackgroundScheduler(timezone=settings.timezone)
     for job in job_table(store, gauges, settings, refresh=refresh, review=review):
-        scheduler.add_job(_guarded(job, settings.clock), job.trigger, id=job.name, name=job.name,
-                          coalesce=True, max_instances=1, misfire_grace_time=3600)
+        # the capacity gauges must not stay empty until the first interval has passed
+        first = {"next_run_time": settings.clock()} if job.name == "capacity_estimates" else {}
+        scheduler.add_job(
+            _guarded(job, settings.clock),
+            job.trigger,
+            id=job.name,
+            name=job.name,
+            coalesce=True,
+            max_instances=1,
+            misfire_grace_time=3600,
+            **first,
+        )
     return scheduler
 
 

@@ -11,7 +11,7 @@ a day already expired are appended as extra files, then deleted.
 from __future__ import annotations
 
 import shutil
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 
 from collector.store.db import RequestStore
@@ -28,7 +28,7 @@ _DAY = "CAST(timezone('UTC', admitted_at) AS DATE)"
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
     """[00:00, next 00:00) of a UTC day, tz-aware."""
-    start = datetime.combine(day, time(0), tzinfo=timezone.utc)
+    start = datetime.combine(day, time(0), tzinfo=UTC)
     return start, start + timedelta(days=1)
 
 
@@ -47,14 +47,18 @@ def export_day(store: RequestStore, export_dir: Path, day: date, *, append: bool
 
 
 def _raw_counts(store: RequestStore, before: date) -> dict[date, int]:
-    rows = store.query(f"SELECT {_DAY} AS day, count(*) FROM requests WHERE admitted_at < ? "
-                       "GROUP BY day ORDER BY day", [day_bounds(before)[0]])
+    rows = store.query(
+        f"SELECT {_DAY} AS day, count(*) FROM requests WHERE admitted_at < ? GROUP BY day ORDER BY day",
+        [day_bounds(before)[0]],
+    )
     return {day: int(n) for day, n in rows}
 
 
 def _records(store: RequestStore) -> dict[date, tuple[int, bool]]:
-    return {day: (int(rows), bool(expired)) for day, rows, expired in
-            store.query("SELECT day, rows, expired FROM parquet_exports")}
+    return {
+        day: (int(rows), bool(expired))
+        for day, rows, expired in store.query("SELECT day, rows, expired FROM parquet_exports")
+    }
 
 
 def _record(store: RequestStore, day: date, rows: int, expired: bool, now: datetime) -> None:
@@ -65,12 +69,16 @@ def _expire(store: RequestStore, export_dir: Path, day: date) -> None:
     """Delete the day's raw rows that its Parquet files hold (a row that arrived after the export
     stays, and is appended by the next run)."""
     files = str(export_dir / f"day={day.isoformat()}" / "*.parquet")
-    store.execute("DELETE FROM requests WHERE admitted_at >= ? AND admitted_at < ? AND request_id IN "
-                  "(SELECT request_id FROM read_parquet(?))", [*day_bounds(day), files])
+    store.execute(
+        "DELETE FROM requests WHERE admitted_at >= ? AND admitted_at < ? AND request_id IN "
+        "(SELECT request_id FROM read_parquet(?))",
+        [*day_bounds(day), files],
+    )
 
 
-def export_and_expire(store: RequestStore, export_dir: str | Path, retention_days: int,
-                      now: datetime) -> dict[str, list[date]]:
+def export_and_expire(
+    store: RequestStore, export_dir: str | Path, retention_days: int, now: datetime
+) -> dict[str, list[date]]:
     """The retention job: export sealed days (before today, UTC) and expire those past retention.
 
     Returns {"exported": [...], "expired": [...]} for logs and tests.
@@ -80,7 +88,7 @@ def export_and_expire(store: RequestStore, export_dir: str | Path, retention_day
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
     store.execute(EXPORTS_DDL)
-    today = now.astimezone(timezone.utc).date()
+    today = now.astimezone(UTC).date()
     oldest_kept = today - timedelta(days=retention_days)
     records = _records(store)
     done: dict[str, list[date]] = {"exported": [], "expired": []}

@@ -7,7 +7,7 @@ late rows (replayed from a sidecar's spool) land in the right hour.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from collector.store.db import RequestStore
 
@@ -39,7 +39,7 @@ GROUP BY ALL"""
 
 def truncate_to_hour(moment: datetime) -> datetime:
     """2026-11-30T09:47:12Z -> 2026-11-30T09:00:00Z (tz-aware UTC)."""
-    return moment.astimezone(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
 def ensure_rollup_table(store: RequestStore) -> None:
@@ -55,8 +55,9 @@ def rollup_hours(store: RequestStore, start: datetime, end: datetime) -> int:
     ensure_rollup_table(store)
     store.execute("DELETE FROM requests_hourly WHERE hour >= ? AND hour < ?", [start, end])
     store.execute(_INSERT, [start, end])
-    return int(store.query("SELECT count(*) FROM requests_hourly WHERE hour >= ? AND hour < ?",
-                           [start, end])[0][0])
+    return int(
+        store.query("SELECT count(*) FROM requests_hourly WHERE hour >= ? AND hour < ?", [start, end])[0][0]
+    )
 
 
 def rollup_recent(store: RequestStore, now: datetime, lookback: timedelta = timedelta(hours=3)) -> int:

@@ -1,5 +1,8 @@
 """The `requests` table (contract in docs/design.md §4.5) and its versioned migrations.
 
+The columns are collector.record.RequestRecord's fields, in order, with the DuckDB type of each
+field's Python type.
+
 The schema version lives in a one-row table `headroom_schema`. Opening a file written by an older
 program runs each migration in order inside one transaction, so rows are never lost: a migration
 only ever adds columns or tables.
@@ -7,49 +10,59 @@ only ever adds columns or tables.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import duckdb
 
-__all__ = ["COLUMNS", "COLUMN_NAMES", "SCHEMA_VERSION", "MIGRATIONS", "SchemaTooNew", "migrate",
-           "schema_version"]
+from collector.record import INT64_FIELDS, field_types
 
-# (name, DuckDB type) in table order. The contract; other parts and external readers depend on it.
-COLUMNS: tuple[tuple[str, str], ...] = (
-    ("request_id", "VARCHAR PRIMARY KEY"),
-    ("source", "VARCHAR"),
-    ("run_id", "VARCHAR"),
-    ("instance", "VARCHAR"),
-    ("model", "VARCHAR"),
-    ("tenant", "VARCHAR"),
-    ("endpoint", "VARCHAR"),
-    ("stream", "BOOLEAN"),
-    ("admitted_at", "TIMESTAMPTZ"),
-    ("first_byte_at", "TIMESTAMPTZ"),
-    ("first_token_at", "TIMESTAMPTZ"),
-    ("completed_at", "TIMESTAMPTZ"),
-    ("status_code", "INTEGER"),
-    ("outcome", "VARCHAR"),
-    ("error", "VARCHAR"),
-    ("prompt_tokens", "INTEGER"),
-    ("cached_prompt_tokens", "INTEGER"),
-    ("completion_tokens", "INTEGER"),
-    ("max_tokens", "INTEGER"),
-    ("usage_source", "VARCHAR"),
-    ("ttft_s", "DOUBLE"),
-    ("tpot_s", "DOUBLE"),
-    ("e2e_s", "DOUBLE"),
-    ("inflight_at_admit", "INTEGER"),
-    ("active_tokens_at_admit", "BIGINT"),
-    ("engine_waiting_at_admit", "INTEGER"),
-    ("kv_usage_at_admit", "DOUBLE"),
-    ("upstream_retries", "INTEGER"),
+__all__ = [
+    "COLUMNS",
+    "COLUMN_NAMES",
+    "SCHEMA_VERSION",
+    "MIGRATIONS",
+    "SchemaTooNew",
+    "migrate",
+    "schema_version",
+]
+
+# The DuckDB type of each record field's Python type; INT64_FIELDS are BIGINT.
+_SQL_TYPES: dict[type, str] = {
+    str: "VARCHAR",
+    bool: "BOOLEAN",
+    datetime: "TIMESTAMPTZ",
+    int: "INTEGER",
+    float: "DOUBLE",
+}
+
+
+def _sql_type(name: str, python_type: type) -> str:
+    sql = "BIGINT" if name in INT64_FIELDS else _SQL_TYPES[python_type]
+    return f"{sql} PRIMARY KEY" if name == "request_id" else sql
+
+
+# (name, DuckDB type) in table order, from collector.record.RequestRecord's fields. The contract;
+# other parts and external readers depend on it (e.g. ("request_id", "VARCHAR PRIMARY KEY")).
+COLUMNS: tuple[tuple[str, str], ...] = tuple(
+    (name, _sql_type(name, python_type)) for name, python_type in field_types().items()
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 
 # Version 1 shipped without the engine snapshot and prefix-cache columns; version 2 added them.
-# Version 3 added upstream_retries (a request re-sent after a stale pooled connection).
-_V1_COLUMNS = tuple(c for c in COLUMNS if c[0] not in
-                    ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit",
-                     "upstream_retries"))
+# Version 3 added upstream_retries (a request re-sent after a stale pooled connection), version 4
+# task_class (collector.tasks: short, medium, long, or what a probe's workload named).
+_V1_COLUMNS = tuple(
+    c
+    for c in COLUMNS
+    if c[0]
+    not in (
+        "cached_prompt_tokens",
+        "engine_waiting_at_admit",
+        "kv_usage_at_admit",
+        "upstream_retries",
+        "task_class",
+    )
+)
 
 
 def _ddl(columns: tuple[tuple[str, str], ...]) -> str:
@@ -71,8 +84,12 @@ def _v3(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS upstream_retries INTEGER")
 
 
+def _v4(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS task_class VARCHAR")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3)
+MIGRATIONS = (_v1, _v2, _v3, _v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
 
@@ -87,9 +104,10 @@ def schema_version(con: duckdb.DuckDBPyConnection) -> int:
     row = con.execute("SELECT max(version) FROM headroom_schema").fetchone()
     if row and row[0] is not None:
         return int(row[0])
-    has_requests = con.execute(
+    found = con.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'requests'"
-    ).fetchone()[0]
+    ).fetchone()
+    has_requests = bool(found and found[0])
     return 1 if has_requests else 0
 
 

@@ -1,59 +1,116 @@
 """StoreShipper: a BatchSink that POSTs request-log batches to `headroom store` without losing them.
 
-Each batch is sent with retries and exponential backoff. When the store stays unreachable the
-batch goes to a bounded on-disk spool; while anything is spooled, new batches join the spool (no
-waiting in the writer thread) and a background thread replays it, oldest first, with backoff,
-once the store answers again. Ingest is idempotent by request_id, so a batch resent after a lost
-reply creates no duplicates. A full spool raises RowsDropped("spool_full", n).
+Live batches (from the LogWriter's thread) go straight to the store, with a few retries. When
+the store stays unreachable the batch goes to a bounded on-disk spool, and while the store is
+known to be down new batches join the spool at once (the writer thread never waits on a dead
+store). A replay thread drains the spool concurrently with live shipping:
+
+- **Live first, backlog beside it.** Once the store answers again, live batches go straight to
+  it, and the replay thread sends the backlog, oldest first, in merged batches of up to
+  `replay_batch_rows` rows (spooled payloads are joined byte for byte, never re-parsed). A
+  merged batch costs one POST and one insert, so the drain outpaces the inflow it catches up
+  with: at 5,000 rows per POST, a backlog of 100,000 rows is 20 POSTs.
+- **Back-pressure.** The spool is bounded (`max_spool_bytes`); a batch that does not fit is
+  dropped and counted (RowsDropped "spool_full"). The store caps an ingest body at 64 MiB, so a
+  merged batch stays under `replay_batch_bytes`.
+- **Order.** Rows carry their own timestamps and ingest is idempotent by request_id, so live
+  rows overtaking spooled ones, or a batch resent after a lost reply, change nothing.
+
+Health metrics (collect()): headroom_log_spool_files, _bytes, _oldest_age_seconds,
+headroom_log_rows_spooled_total, headroom_log_ship_lag_seconds (age of the oldest row the store
+has not accepted: the oldest spooled batch, or a live batch being sent) and headroom_store_up.
+Rows count as written (LogWriter's headroom_log_rows_written_total) only once the store accepts
+them: `write_batch` returns how many it accepted now, `on_replayed` hears of the rest.
 
 It lives with the store, not the sidecar, because both the sidecar (`headroom run --store-url`,
-behind its LogWriter) and the probe (`headroom probe --store-url`) ship rows through it, and the
-sidecar depends on the analysis package the probe is part of.
+behind its LogWriter) and the probe (`headroom probe --store-url`) ship rows through it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from collector.store.spool import Spool
+from collector.catalog import spec
+from collector.record import RequestRecord
+from collector.store.spool import Spool, SpoolEntry
 from collector.store.writer import RowsDropped
 
-__all__ = ["StoreShipper", "DEFAULT_SPOOL_DIR"]
+__all__ = ["StoreShipper", "DEFAULT_SPOOL_DIR", "merge_payloads"]
 
 DEFAULT_SPOOL_DIR = "headroom-spool"  # beside the working directory, like the default headroom.duckdb
 
 log = logging.getLogger(__name__)
 _RETRYABLE = {408, 425, 429, 500, 502, 503, 504}
 _NOT_YET = {401, 403}  # a token problem: keep the rows until the operator fixes it
+_HEAD, _TAIL = b'{"rows":[', b"]}"
 
 
 class _Rejected(Exception):
     """The store refused the payload itself (400/413/422): resending cannot help."""
 
 
+def merge_payloads(payloads: Iterable[bytes]) -> bytes:
+    """One ingest body from several, joined as bytes: {"rows":[a]} + {"rows":[b,c]} -> {"rows":[a,b,c]}."""
+    inner = [payload[len(_HEAD) : -len(_TAIL)] for payload in payloads]
+    return _HEAD + b",".join(part for part in inner if part) + _TAIL
+
+
+def _mergeable(payload: bytes) -> bool:
+    return payload.startswith(_HEAD) and payload.endswith(_TAIL)
+
+
 class StoreShipper:
     """POST batches to `<url>/v1/ingest` with a bearer token; spool to `spool_dir` when it fails."""
 
-    def __init__(self, url: str, token: str | None, spool_dir=None, *, max_spool_bytes: int = 256 * 2**20,
-                 max_attempts: int = 3, backoff_initial_s: float = 0.2, backoff_max_s: float = 10.0,
-                 timeout_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        spool_dir: str | Path | None = None,
+        *,
+        max_spool_bytes: int = 256 * 2**20,
+        max_attempts: int = 3,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 10.0,
+        timeout_s: float = 10.0,
+        replay_batch_rows: int = 5_000,
+        replay_batch_bytes: int = 8 * 2**20,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"store url {url!r} must start with http:// or https://, e.g. http://127.0.0.1:9200")
+            raise ValueError(
+                f"store url {url!r} must start with http:// or https://, e.g. http://127.0.0.1:9200"
+            )
         if not token:
-            log.warning("no store token given (--store-token or HEADROOM_TOKEN); the store will answer 401 "
-                        "and rows will wait in the spool")
+            log.warning(
+                "no store token given (--store-token or HEADROOM_TOKEN); the store will answer 401 "
+                "and rows will wait in the spool"
+            )
         self.ingest_url = url.rstrip("/") + "/v1/ingest"
         self.spool = Spool(spool_dir if spool_dir is not None else DEFAULT_SPOOL_DIR, max_spool_bytes)
-        self.max_attempts, self.backoff_initial_s, self.backoff_max_s = max_attempts, backoff_initial_s, backoff_max_s
-        self._client = httpx.Client(timeout=timeout_s, transport=transport,
-                                    headers={"Authorization": f"Bearer {token or ''}",
-                                             "Content-Type": "application/json"})
+        self.max_attempts, self.backoff_initial_s, self.backoff_max_s = (
+            max_attempts,
+            backoff_initial_s,
+            backoff_max_s,
+        )
+        self.replay_batch_rows, self.replay_batch_bytes = replay_batch_rows, replay_batch_bytes
+        headers = {"Authorization": f"Bearer {token or ''}", "Content-Type": "application/json"}
+        # one client per thread: the writer's live sends and the replay never share a connection
+        self._live = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
+        self._backlog = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
         self.sent_rows = self.spooled_rows = self.replayed_rows = 0
+        self.store_up: bool | None = None  # None until the first shipment
+        self.on_replayed: Callable[[int], object] | None = None  # rows the store took from the spool
+        self._sending_since_ns: int | None = None
         self._replay_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -61,50 +118,79 @@ class StoreShipper:
         self._thread.start()
 
     # --- BatchSink -----------------------------------------------------------------------------
-    def write_batch(self, rows: Sequence[dict]) -> None:
-        """Send `rows` now, or spool them; raises RowsDropped when they can be neither."""
+    def write_batch(self, rows: Sequence[RequestRecord | Mapping[str, Any]]) -> int:
+        """Send `rows` now, or spool them; returns rows the store accepted (0 when spooled).
+
+        Raises RowsDropped when they can be neither sent nor spooled.
+        """
         if not rows:
-            return
-        payload = orjson.dumps({"rows": list(rows)})
-        if not self.spool.files():
+            return 0
+        payload = orjson.dumps({"rows": list(rows)})  # records serialise field by field
+        if self.store_up is not False:  # up, or not known yet: try now
+            self._sending_since_ns = time.time_ns()
             try:
-                if self._send_with_retry(payload):
+                if self._send_with_retry(self._live, payload):
                     self.sent_rows += len(rows)
-                    return
+                    return len(rows)
             except _Rejected as exc:
                 raise RowsDropped("store_rejected", len(rows)) from exc
+            finally:
+                self._sending_since_ns = None
         self._spool(payload, len(rows))
+        return 0
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the replay thread after one last replay attempt; rows left stay on disk."""
+        """Stop the replay thread after one last replay attempt; rows left stay on disk. Idempotent."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
         self.replay()
-        self._client.close()
+        self._live.close()
+        self._backlog.close()
 
     # --- sending ---------------------------------------------------------------------------------
-    def _post(self, payload: bytes) -> bool:
+    def _post(self, client: httpx.Client, payload: bytes) -> bool:
         """One attempt: True accepted, False retry later; raises _Rejected when resending is useless."""
         try:
-            response = self._client.post(self.ingest_url, content=payload)
+            response = client.post(self.ingest_url, content=payload)
         except httpx.HTTPError as exc:
-            log.debug("store unreachable at %s: %s", self.ingest_url, exc)
-            return False
+            log.debug("store unreachable at %s: %s", self.ingest_url, type(exc).__name__)
+            return self._store_answered(False)
         if response.status_code == 200:
-            return True
+            return self._store_answered(True)
         if response.status_code in _NOT_YET:
-            log.error("store at %s refused the token (HTTP %s); spooling until it is fixed",
-                      self.ingest_url, response.status_code)
-            return False
+            if self.store_up is not False:
+                log.error(
+                    "store at %s refused the token (HTTP %s); spooling until it is fixed",
+                    self.ingest_url,
+                    response.status_code,
+                )
+            return self._store_answered(False)
         if response.status_code in _RETRYABLE:
-            return False
-        raise _Rejected(f"HTTP {response.status_code}: {response.text[:200]}")
+            return self._store_answered(False)
+        self._store_answered(True)
+        raise _Rejected(f"HTTP {response.status_code}")
 
-    def _send_with_retry(self, payload: bytes) -> bool:
+    def _store_answered(self, up: bool) -> bool:
+        """Record the store's state; log the transitions only (one line per outage, not per batch)."""
+        if up and self.store_up is False:
+            log.warning("store at %s is back; replaying %d spooled rows", self.ingest_url, self.spool.rows())
+        elif not up and self.store_up is not False:
+            log.warning(
+                "store at %s is unreachable; spooling rows to %s (bounded at %d MiB)",
+                self.ingest_url,
+                self.spool.directory,
+                self.spool.max_bytes // 2**20,
+            )
+        self.store_up = up
+        return up
+
+    def _send_with_retry(self, client: httpx.Client, payload: bytes) -> bool:
         delay = self.backoff_initial_s
         for attempt in range(self.max_attempts):
-            if self._post(payload):
+            if self._post(client, payload):
                 return True
             if attempt + 1 < self.max_attempts and self._stop.wait(delay):
                 break
@@ -119,31 +205,88 @@ class StoreShipper:
 
     # --- replay ------------------------------------------------------------------------------------
     def replay(self) -> int:
-        """Send spooled payloads oldest first until one fails; returns rows delivered."""
+        """Send the spool oldest first, in merged batches, until it is empty or a send fails.
+
+        Returns the rows the store accepted. A merged batch the store rejects is resent file by
+        file, so only a bad file is discarded.
+        """
         delivered = 0
         with self._replay_lock:
-            for path in self.spool.files():
-                try:
-                    if not self._post(path.read_bytes()):
-                        break
-                except _Rejected as exc:
-                    log.error("store rejected spooled batch %s (%s); discarding it", path.name, exc)
-                    self.spool.remove(path)
-                    continue
-                delivered += self.spool.rows_in(path)
-                self.spool.remove(path)
-        self.replayed_rows += delivered
+            while entries := self.spool.take(self.replay_batch_rows, self.replay_batch_bytes):
+                accepted = self._replay_entries(entries)
+                if accepted is None:
+                    break
+                delivered += accepted
         return delivered
+
+    def _replay_entries(self, entries: list[SpoolEntry]) -> int | None:
+        """Send these entries as one body; rows accepted, or None when the store is not taking any."""
+        payloads = [entry.path.read_bytes() for entry in entries]
+        if len(entries) > 1 and all(_mergeable(payload) for payload in payloads):
+            try:
+                if not self._post(self._backlog, merge_payloads(payloads)):
+                    return None
+                return self._accepted(entries)
+            except _Rejected:
+                pass  # one of them is bad: find it below
+        accepted = 0
+        for entry, payload in zip(entries, payloads):
+            try:
+                if not self._post(self._backlog, payload):
+                    return accepted or None
+                accepted += self._accepted([entry])
+            except _Rejected as exc:
+                log.error("store rejected spooled batch %s (%s); discarding it", entry.path.name, exc)
+                self.spool.remove([entry])
+        return accepted
+
+    def _accepted(self, entries: list[SpoolEntry]) -> int:
+        rows = sum(entry.rows for entry in entries)
+        self.spool.remove(entries)
+        self.replayed_rows += rows
+        if self.on_replayed is not None:
+            self.on_replayed(rows)
+        return rows
 
     def _replay_loop(self) -> None:
         delay = self.backoff_initial_s
         while not self._stop.is_set():
-            if not self.spool.files():
+            if not len(self.spool):
                 self._wake.wait(5.0)
                 self._wake.clear()
                 delay = self.backoff_initial_s
                 continue
+            self.replay()
+            if not len(self.spool):
+                continue
             if self._stop.wait(delay):
                 break
-            self.replay()
-            delay = self.backoff_initial_s if not self.spool.files() else min(delay * 2, self.backoff_max_s)
+            delay = min(delay * 2, self.backoff_max_s)
+
+    # --- metrics ----------------------------------------------------------------------------------
+    def collect(self) -> Iterable[Metric]:
+        """The shipping-health families (a prometheus_client collector; see the module docstring)."""
+        now_ns = time.time_ns()
+        oldest = self.spool.oldest_ns()
+        sending = self._sending_since_ns
+        waiting = [t for t in (oldest, sending) if t is not None]
+        yield _gauge("headroom_log_spool_files", len(self.spool))
+        yield _gauge("headroom_log_spool_bytes", self.spool.size_bytes())
+        yield _gauge(
+            "headroom_log_spool_oldest_age_seconds",
+            0.0 if oldest is None else max(0.0, (now_ns - oldest) / 1e9),
+        )
+        yield _gauge(
+            "headroom_log_ship_lag_seconds", max(0.0, (now_ns - min(waiting)) / 1e9) if waiting else 0.0
+        )
+        spooled = spec("headroom_log_rows_spooled_total")
+        counter = CounterMetricFamily(spooled.name, spooled.help)
+        counter.add_metric([], self.spooled_rows)
+        yield counter
+        if self.store_up is not None:
+            yield _gauge("headroom_store_up", 1.0 if self.store_up else 0.0)
+
+
+def _gauge(name: str, value: float) -> GaugeMetricFamily:
+    entry = spec(name)
+    return GaugeMetricFamily(entry.name, entry.help, value=value)

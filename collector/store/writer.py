@@ -20,7 +20,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from collector.catalog import spec
-from collector.record import Row
+from collector.record import RequestRecord
 
 __all__ = ["BatchSink", "LogWriter", "RowsDropped"]
 
@@ -29,9 +29,13 @@ _STOP = object()
 
 
 class BatchSink(Protocol):
-    """Where batches of rows go. Raising means the batch (or `RowsDropped.count` of it) is lost."""
+    """Where batches of rows go. Raising means the batch (or `RowsDropped.count` of it) is lost.
 
-    def write_batch(self, rows: Sequence[Row]) -> None: ...
+    `write_batch` returns how many rows its destination accepted now, None meaning all of them;
+    the StoreShipper returns 0 for a batch it spooled (those count once the store accepts them).
+    """
+
+    def write_batch(self, rows: Sequence[RequestRecord]) -> int | None: ...
 
     def close(self) -> None: ...
 
@@ -54,27 +58,36 @@ class _Flush:
 class LogWriter:
     """RowSink: bounded queue + one writer thread + pipeline-health metrics, in front of a BatchSink."""
 
-    def __init__(self, sink: BatchSink, registry: CollectorRegistry | None = None, *,
-                 max_queue_rows: int = 50_000, batch_rows: int = 1_000,
-                 flush_interval_s: float = 0.5, owns_sink: bool = False) -> None:
+    def __init__(
+        self,
+        sink: BatchSink,
+        registry: CollectorRegistry | None = None,
+        *,
+        max_queue_rows: int = 50_000,
+        batch_rows: int = 1_000,
+        flush_interval_s: float = 0.5,
+        owns_sink: bool = False,
+    ) -> None:
         self.sink, self.owns_sink = sink, owns_sink
         self.batch_rows, self.flush_interval_s = batch_rows, flush_interval_s
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue_rows)
-        self.written = Counter(_name("headroom_log_rows_written_total"),
-                               spec("headroom_log_rows_written_total").help, registry=registry)
+        self.written = Counter(
+            _name("headroom_log_rows_written_total"),
+            spec("headroom_log_rows_written_total").help,
+            registry=registry,
+        )
         dropped = spec("headroom_log_rows_dropped_total")
         self.dropped = Counter(_name(dropped.name), dropped.help, dropped.labels, registry=registry)
-        depth = Gauge("headroom_log_queue_rows", spec("headroom_log_queue_rows").help,
-                      registry=registry)
+        depth = Gauge("headroom_log_queue_rows", spec("headroom_log_queue_rows").help, registry=registry)
         depth.set_function(self._queue.qsize)
         self._thread = threading.Thread(target=self._run, name="headroom-log-writer", daemon=True)
         self._closed = False
         self._thread.start()
 
-    def submit(self, row: Row) -> None:
-        """Enqueue one row without blocking; a full queue drops it (counted, reason queue_full)."""
+    def submit(self, record: RequestRecord) -> None:
+        """Enqueue one record without blocking; a full queue drops it (counted, reason queue_full)."""
         try:
-            self._queue.put_nowait(row)
+            self._queue.put_nowait(record)
         except queue.Full:
             self.dropped.labels("queue_full").inc()
 
@@ -110,9 +123,12 @@ class LogWriter:
             pass
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
-            log.error("request-log writer did not finish within %.0f s; about %d queued rows are "
-                      "lost (is the database locked or its disk stuck?)", timeout_s,
-                      self._queue.qsize())
+            log.error(
+                "request-log writer did not finish within %.0f s; about %d queued rows are "
+                "lost (is the database locked or its disk stuck?)",
+                timeout_s,
+                self._queue.qsize(),
+            )
         if self.owns_sink:
             self.sink.close()
 
@@ -124,9 +140,9 @@ class LogWriter:
             for marker in markers:
                 marker.event.set()
 
-    def _collect(self) -> tuple[list[dict], list[_Flush], bool]:
+    def _collect(self) -> tuple[list[RequestRecord], list[_Flush], bool]:
         """Wait for a first item, then take what else is queued up to the batch size."""
-        batch: list[dict] = []
+        batch: list[RequestRecord] = []
         markers: list[_Flush] = []
         try:
             item = self._queue.get(timeout=self.flush_interval_s)
@@ -146,8 +162,8 @@ class LogWriter:
             except queue.Empty:
                 return batch, markers, False
 
-    def _drain(self, markers: list[_Flush]) -> list[dict]:
-        rest: list[dict] = []
+    def _drain(self, markers: list[_Flush]) -> list[RequestRecord]:
+        rest: list[RequestRecord] = []
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -158,11 +174,11 @@ class LogWriter:
             elif item is not _STOP:
                 rest.append(item)
 
-    def _write(self, batch: list[dict]) -> None:
+    def _write(self, batch: list[RequestRecord]) -> None:
         for start in range(0, len(batch), self.batch_rows):
-            part = batch[start:start + self.batch_rows]
+            part = batch[start : start + self.batch_rows]
             try:
-                self.sink.write_batch(part)
+                accepted = self.sink.write_batch(part)
             except RowsDropped as exc:
                 lost = min(exc.count, len(part))
                 self.dropped.labels(exc.reason).inc(lost)
@@ -171,7 +187,7 @@ class LogWriter:
                 log.exception("request-log sink failed; %d rows dropped", len(part))
                 self.dropped.labels("db_error").inc(len(part))
             else:
-                self.written.inc(len(part))
+                self.written.inc(len(part) if accepted is None else accepted)
 
 
 def _name(counter_name: str) -> str:

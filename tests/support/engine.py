@@ -1,7 +1,5 @@
-"""A small fake engine for the source tests: /metrics that can hang, fail or send garbage.
-
-Imported by the other test_sources_* files; it has no tests of its own.
-"""
+"""A fake engine's monitoring side for the source tests: /metrics (and llama.cpp's /slots) that
+can hang, fail or send garbage. The OpenAI side of an engine is support.upstream."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from collector.serving import serve_in_thread
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 GARBAGE = ("\x00\x01 not metrics {{{ " * 4000).encode()  # ~80 kB of junk, like a broken proxy page
 
 
@@ -42,17 +40,25 @@ class FakeEngine:
 
     async def _slots(self) -> Response:
         if self.slots is None:  # what llama-server answers with --no-slots
-            return JSONResponse({"error": {"code": 501, "message": "slots endpoint is disabled"}},
-                                status_code=501)
+            return JSONResponse(
+                {"error": {"code": 501, "message": "slots endpoint is disabled"}}, status_code=501
+            )
         return JSONResponse(self.slots)
 
     async def _chat(self, request: Request) -> JSONResponse:
         await request.body()
-        return JSONResponse({
-            "id": "cmpl-fake", "object": "chat.completion", "created": 0, "model": "fake",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "ok"}}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+        return JSONResponse(
+            {
+                "id": "cmpl-fake",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "fake",
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}
+                ],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+            }
+        )
 
     def app(self) -> FastAPI:
         app = FastAPI()

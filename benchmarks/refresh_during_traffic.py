@@ -1,0 +1,159 @@
+"""Does the capacity refresh disturb the proxy? Paced streams through a sidecar whose in-process
+store holds 1 M rows, TTFT compared between quiet phases and phases with a refresh running.
+
+The sidecar runs in this process (as `headroom run` does: the refresh in a background thread of
+the proxy's own process); the upstream and the load generator are separate processes, so only
+the sidecar's interpreter is shared with the refresh. Phases alternate (quiet, refresh, quiet,
+refresh ...) in the same run; each request's TTFT is attributed to the phase it was admitted in.
+
+    python benchmarks/refresh_during_traffic.py --rows 1000000 --streams 64 --phase-seconds 20
+
+Prints one JSON object: TTFT p50/p99 per phase kind, the difference, and refresh durations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import BODY, PYTHON, ROOT, free_port, start  # noqa: E402
+
+from collector.analysis.refresh import refresh_estimates  # noqa: E402
+from collector.serving import serve_in_thread  # noqa: E402
+from collector.sidecar.config import SidecarConfig  # noqa: E402
+from collector.sidecar.wiring import build_sidecar  # noqa: E402
+from collector.store.db import RequestStore  # noqa: E402
+from collector.store.synthetic import synthetic_rows  # noqa: E402
+
+
+def fill(path: Path, rows: int) -> None:
+    """A request log of `rows` traffic rows over the last 23 hours (batches of 100k)."""
+    store = RequestStore(path)
+    start_at = datetime.now(UTC) - timedelta(hours=23)
+    step = timedelta(hours=23) / max(rows // 100_000, 1)
+    for batch in range(max(rows // 100_000, 1)):
+        store.insert_rows(
+            synthetic_rows(min(100_000, rows), start_at + step * batch, span=step, prefix=f"b{batch}")
+        )
+    store.close()
+
+
+async def client(url: str, streams: int, seconds: float, chunks: int, pace_ms: int) -> list:
+    """Paced closed-loop streams for `seconds`; returns [(admitted wall time, TTFT s), ...]."""
+    results: list[tuple[float, float]] = []
+    headers = {"x-chunks": str(chunks), "x-pace-ms": str(pace_ms)}
+    stop = time.monotonic() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=streams)) as session:
+
+        async def worker() -> None:
+            while time.monotonic() < stop:
+                admitted, began = time.time(), time.perf_counter()
+                async with session.post(url, json=BODY, headers=headers) as response:
+                    first = None
+                    async for data in response.content.iter_any():
+                        if first is None and b'"content":"' in data:
+                            first = time.perf_counter() - began
+                results.append((admitted, first if first is not None else float("nan")))
+
+        await asyncio.gather(*(worker() for _ in range(streams)))
+    return results
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(int(len(ordered) * q), len(ordered) - 1)] * 1000, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--phase-seconds", type=float, default=20.0)
+    parser.add_argument("--phases", type=int, default=4, help="quiet/refresh pairs x 2")
+    parser.add_argument("--db", default="/tmp/headroom-refresh-bench.duckdb")
+    parser.add_argument(
+        "--client", nargs=4, metavar=("URL", "STREAMS", "SECONDS", "OUT"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.client:  # the load generator's own process
+        url, streams, seconds, out = args.client
+        result = asyncio.run(client(url, int(streams), float(seconds), 100, 20))  # 50 tok/s
+        Path(out).write_text(json.dumps(result))
+        return
+    db = Path(args.db)
+    if not db.exists():
+        fill(db, args.rows)
+    port = free_port()
+    upstream = start([PYTHON, "benchmarks/stream_upstream.py", str(port)], f"http://127.0.0.1:{port}/")
+    app = build_sidecar(
+        SidecarConfig(upstream=f"http://127.0.0.1:{port}", db_path=str(db), engine="none", jobs=False)
+    )
+    sidecar = serve_in_thread(app)
+    store = app.state.batch_sink
+    out = Path("/tmp/headroom-refresh-bench-client.json")
+    total = args.phase_seconds * args.phases
+    load = subprocess.Popen(
+        [
+            PYTHON,
+            __file__,
+            "--client",
+            sidecar.url + "/v1/chat/completions",
+            str(args.streams),
+            str(total + 2),
+            str(out),
+        ],
+        cwd=ROOT,
+    )
+    phases, durations = [], []
+    time.sleep(2.0)  # let the streams ramp up before the first phase
+    for index in range(args.phases):
+        kind, began = ("refresh" if index % 2 else "quiet"), time.time()
+        end = began + args.phase_seconds
+        if kind == "refresh":
+            while time.time() < end:  # the refresh back to back, as a slow job would run
+                t0 = time.perf_counter()
+                worker = threading.Thread(
+                    target=refresh_estimates,
+                    args=(store, app.state.capacity, datetime.now(UTC)),
+                    kwargs={"window": timedelta(hours=24)},
+                )
+                worker.start()
+                worker.join()
+                durations.append(time.perf_counter() - t0)
+        else:
+            time.sleep(args.phase_seconds)
+        phases.append((kind, began, time.time()))
+    load.wait()
+    sidecar.stop()
+    upstream.terminate()
+    samples = json.loads(out.read_text())
+    by_kind: dict[str, list[float]] = {"quiet": [], "refresh": []}
+    for admitted, ttft in samples:
+        for kind, began, ended in phases:
+            if began <= admitted < ended and ttft == ttft:
+                by_kind[kind].append(ttft)
+    summary = {
+        kind: {"requests": len(v), "ttft_p50_ms": _pct(v, 0.5), "ttft_p99_ms": _pct(v, 0.99)}
+        for kind, v in by_kind.items()
+    }
+    summary["p99_added_by_refresh_ms"] = round(
+        summary["refresh"]["ttft_p99_ms"] - summary["quiet"]["ttft_p99_ms"], 2
+    )
+    summary["refresh_s"] = {"runs": len(durations), "median": round(statistics.median(durations), 2)}
+    summary["rows"] = args.rows
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""Relaying one upstream answer to the client, and saying how it ended (an `Ending`).
+
+The relays forward bytes as they arrive and tell the tracker what they see (tokens, usage); they
+never finish a request and never send the response's last message: they return an `Ending`, and
+the proxy finishes the request, then calls `ClientChannel.end(ending)`, which sends the last byte
+(or our own JSON error when nothing was sent yet, or nothing at all, so the client sees the break
+where the upstream broke).
+
+Errors are ours: an Ending's `error` (the row's `error` column, the 502 body) is a short
+description and an exception *type*, never an exception's text, which for aiohttp's parser
+quotes the upstream's bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+from yarl import URL
+
+from collector.record import outcome_for_status
+from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, EventTooLarge, inspect_event
+
+__all__ = [
+    "Ending",
+    "ClientChannel",
+    "BodyTooLarge",
+    "read_body",
+    "wait_disconnect",
+    "request_headers",
+    "response_headers",
+    "target_url",
+    "end_on_connection_loss",
+    "describe_failure",
+    "relay_body",
+    "relay_stream",
+    "send_error",
+]
+
+Scope = dict[str, Any]
+
+# Not forwarded: hop-by-hop headers (RFC 9110 §7.6.1), the length we may change, and `Expect`:
+# uvicorn already answered the client's 100-continue, and an upstream that ignores it would
+# make the request wait for a 100 that never comes.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailers",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"expect",
+    }
+)
+_USAGE_NULL = b',"usage":null'
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How an exchange ended: its outcome, our short reason, and what the client still needs.
+
+    `answer` is the status of our own JSON error, sent only when the response has not started;
+    `limit` names the flag a refused request went past; `complete` says the upstream ended its
+    answer properly, so ours ends properly too, with `last` as its final bytes.
+    """
+
+    outcome: str
+    error: str | None = None
+    answer: int | None = None
+    limit: str | None = None
+    complete: bool = False
+    last: bytes = b""
+
+
+class ClientChannel:
+    """The client's side of one request: the ASGI sends, and whether the response has started."""
+
+    __slots__ = ("_send", "started", "gone")
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self.started = False
+        self.gone = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Send the status and headers. Marked started *before* the await: a cancel inside it
+        must never lead to a second start (uvicorn's "Expected ASGI message" RuntimeError)."""
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes) -> None:
+        """Forward bytes; more follow."""
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end_body(self) -> None:
+        """End a response whose bytes were all forwarded."""
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def end(self, ending: Ending) -> None:
+        """The last message: our JSON error, the final bytes, or nothing (the break shows)."""
+        if self.gone:
+            return
+        if not self.started:
+            if ending.answer is not None:
+                self.started = True
+                await send_error(self._send, ending.answer, ending.outcome, ending.error or "", ending.limit)
+            return
+        if ending.complete:
+            await self._send({"type": "http.response.body", "body": ending.last, "more_body": False})
+
+
+async def send_error(send: Any, status: int, kind: str, message: str, limit: str | None = None) -> None:
+    """An OpenAI-style JSON error: {"error": {"message", "type", "code"[, "limit"]}}."""
+    error: dict[str, Any] = {"message": message, "type": kind, "code": status}
+    if limit is not None:
+        error["limit"] = limit
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": orjson.dumps({"error": error}), "more_body": False})
+
+
+class BodyTooLarge(Exception):
+    """The request body passed the limit; the message names the limit and the flag."""
+
+
+async def read_body(receive: Any, scope: Scope, limit: int) -> bytes | None:
+    """The whole request body, None when the client left first; BodyTooLarge past `limit` bytes.
+
+    A declared Content-Length over the limit is refused before a byte of the body is read (so a
+    client that sent `Expect: 100-continue` never uploads it).
+    """
+    declared = _content_length(scope)
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(_too_large(declared, limit))
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(_too_large(size, limit))
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> str:
+    return (
+        f"request body of {size} bytes or more is over the limit of {limit} bytes (--max-request-body-bytes)"
+    )
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope["headers"]:
+        if key == b"content-length" and value.isdigit():
+            return int(value)
+    return None
+
+
+async def wait_disconnect(receive: Any) -> None:
+    """Return when the client disconnects."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def request_headers(scope: Scope, *, identity: bool) -> list[tuple[str, str]]:
+    """The client's headers for the upstream, less hop-by-hop ones (and compression if `identity`)."""
+    headers = [
+        (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP_BY_HOP
+    ]
+    if identity:  # the proxy reads the stream, so it must arrive uncompressed
+        headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"]
+        headers.append(("Accept-Encoding", "identity"))
+    return headers
+
+
+def response_headers(raw: tuple[tuple[bytes, bytes], ...], *, keep_length: bool) -> list[tuple[bytes, bytes]]:
+    """The upstream's headers for the client, less hop-by-hop ones (Content-Length if kept)."""
+    return [
+        (k, v)
+        for k, v in raw
+        if (k.lower() not in _HOP_BY_HOP) or (keep_length and k.lower() == b"content-length")
+    ]
+
+
+def target_url(upstream: str, scope: Scope) -> URL:
+    """Upstream URL for this request: the (normalised) raw path and the query string.
+
+    `scope["path"]` is percent-decoded (a model id `org%2Fname` would become two segments), so the
+    raw path is forwarded, unquoted by nobody; collector.sidecar.paths has already normalised it.
+    """
+    raw = scope.get("raw_path")
+    query = scope.get("query_string")
+    tail = ("?" + query.decode("latin-1")) if query else ""
+    if raw:
+        return URL(upstream + raw.decode("latin-1") + tail, encoded=True)
+    return URL(upstream + scope["path"] + tail)
+
+
+def end_on_connection_loss(response: aiohttp.ClientResponse) -> None:
+    """Make a body read fail at once when the upstream connection dies before the body ended.
+
+    aiohttp (3.14) closes the connection when its parser rejects the body (say, a broken chunk
+    size line after two good events) but never wakes the reader, and drops the read timeout:
+    the read would hang until the client gives up. One callback per response, none per chunk.
+    """
+    connection = response.connection
+    protocol = connection.protocol if connection is not None else None
+    if protocol is None:
+        return
+
+    def lost(_: object = None) -> None:
+        if not response.content.is_eof() and response.content.exception() is None:
+            response.content.set_exception(aiohttp.ClientPayloadError("connection lost mid-body"))
+
+    closed = protocol.closed
+    if closed is None:  # already lost before we asked
+        lost()
+    else:
+        closed.add_done_callback(lost)
+
+
+_DESCRIPTIONS: tuple[tuple[type[BaseException], str], ...] = (
+    (aiohttp.ClientConnectorError, "cannot connect to the upstream"),
+    (aiohttp.ServerDisconnectedError, "the upstream closed the connection"),
+    (aiohttp.ClientPayloadError, "the upstream's response body broke off or was malformed"),
+    (aiohttp.ClientResponseError, "the upstream's response could not be parsed"),
+    (aiohttp.ClientOSError, "the upstream connection failed"),
+    (aiohttp.ClientError, "the upstream request failed"),
+)
+
+
+def describe_failure(exc: BaseException, read_timeout_s: float) -> Ending:
+    """The Ending of an exchange that raised `exc`: outcome, our words and the exception's type.
+
+    Example: ClientPayloadError(<upstream bytes>) -> Ending('upstream_error', "the upstream's
+    response body broke off or was malformed (ClientPayloadError)", answer=502).
+    """
+    name = type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return Ending("timeout", f"could not connect to the upstream in time ({name})", answer=504)
+    if isinstance(exc, asyncio.TimeoutError):
+        return Ending(
+            "timeout",
+            f"the upstream sent nothing for {read_timeout_s:g} s (--read-timeout; {name})",
+            answer=504,
+        )
+    if isinstance(exc, EventTooLarge):
+        return Ending("upstream_error", str(exc), answer=502, limit="--max-sse-event-bytes")
+    for kind, words in _DESCRIPTIONS:
+        if isinstance(exc, kind):
+            return Ending("upstream_error", f"{words} ({name})", answer=502)
+    return Ending("upstream_error", f"proxy error: {name}", answer=502)
+
+
+async def relay_body(
+    tracker: Tracker,
+    request: LiveRequest,
+    response: aiohttp.ClientResponse,
+    client: ClientChannel,
+    keep_limit: int,
+) -> Ending:
+    """Stream a non-SSE answer through; read the usage of a 200 from what was kept.
+
+    Bytes go to the client as they arrive, except the chunk that completes a declared
+    Content-Length: it is held back as the Ending's `last`, so the request is finished before
+    the client has all of it (a Content-Length client is done at its last byte; a chunked one
+    only at the end we send after finishing). Up to `keep_limit` bytes of a 200 are kept to read
+    its `usage`; past it the answer still streams through, its tokens estimated.
+    """
+    keep: list[bytes] | None = [] if response.status == 200 else None
+    declared = response.content_length
+    kept = received = 0
+    held = b""
+    async for data in response.content.iter_any():
+        received += len(data)
+        if declared is not None and received >= declared:
+            held += data  # the last piece of a known length: after the finish
+        else:
+            await client.body(data)
+        if keep is not None:
+            kept += len(data)
+            if kept <= keep_limit:
+                keep.append(data)
+            else:
+                keep = None  # too big to read: forwarded unread, tokens estimated
+    if keep:
+        usage = _usage(b"".join(keep))
+        if usage is not None:
+            tracker.reported_usage(request, usage)
+    return Ending(outcome_for_status(response.status), complete=True, last=held)
+
+
+def _usage(body: bytes) -> dict[str, Any] | None:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+async def relay_stream(
+    tracker: Tracker,
+    request: LiveRequest,
+    strip_usage: bool,
+    response: aiohttp.ClientResponse,
+    client: ClientChannel,
+    max_event_bytes: int,
+) -> Ending:
+    """Forward SSE events as they complete, reading each; strip the usage chunk we asked for.
+
+    An event over `max_event_bytes` that has not ended raises EventTooLarge (the stream ends as
+    upstream_error); the splitter keeps memory at that bound per stream.
+    """
+    splitter = EventSplitter(max_event_bytes)
+    malformed = errored = False
+    async for data in response.content.iter_any():
+        complete, events = splitter.feed(data)
+        kept: list[bytes] | None = None  # None: forward `complete` exactly as received
+        for index, event in enumerate(events):
+            info = inspect_event(event)
+            if info is None or info is DONE:
+                pass
+            elif info is MALFORMED:
+                malformed = True
+            elif info is ERROR:  # the engine failed mid-stream and said so
+                errored = True
+            else:
+                if info.tokens_estimate:
+                    tracker.generated(request, info.tokens_estimate)
+                if info.usage is not None:
+                    tracker.reported_usage(request, info.usage)  # cumulative: replace, never sum
+                    if strip_usage and info.usage_only:  # the usage chunk we asked for
+                        kept = events[:index] if kept is None else kept
+                        continue
+                if strip_usage and _USAGE_NULL in event:
+                    kept = events[:index] if kept is None else kept
+                    event = event.replace(_USAGE_NULL, b"")
+            if kept is not None:
+                kept.append(event)
+        body = complete if kept is None else splitter.join(kept)
+        if body:
+            await client.body(body)
+    rest = splitter.remainder()
+    error = (
+        "malformed event in stream"
+        if malformed
+        else "error event in stream"
+        if errored
+        else "stream ended inside an event"
+        if rest.strip()
+        else None
+    )
+    outcome = "upstream_error" if error else outcome_for_status(response.status)
+    return Ending(outcome, error, complete=True, last=rest)

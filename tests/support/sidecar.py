@@ -1,0 +1,85 @@
+"""A real sidecar (build_sidecar, served by uvicorn) in front of the fake upstream, on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from collector.serving import ServerHandle, serve_in_thread
+from collector.sidecar.config import SidecarConfig
+from collector.sidecar.wiring import build_sidecar
+from support.upstream import FakeUpstream
+from support.waiting import wait_until
+
+__all__ = ["Rig", "sidecar_rig", "gauge_values", "live_gauges", "wait_until", "CHAT"]
+
+
+@dataclass
+class Rig:
+    fake: FakeUpstream
+    sidecar: ServerHandle
+    app: Any
+
+    @property
+    def upstream(self) -> FakeUpstream:
+        return self.fake
+
+    @property
+    def url(self) -> str:
+        return self.sidecar.url
+
+    def rows(
+        self, sql: str = "SELECT * FROM requests ORDER BY admitted_at", params: tuple[Any, ...] = ()
+    ) -> list[dict[str, Any]]:
+        """Flush the writer, then read rows through the sidecar's own store."""
+        assert self.app.state.writer.flush(), "log writer did not flush in time"
+        return self.app.state.batch_sink.query_dicts(sql, params)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """{(sample name, sorted label items): value} from a live /metrics scrape."""
+        text = httpx.get(self.url + "/metrics").text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+
+@contextlib.contextmanager
+def sidecar_rig(tmp_path: Path, **config: Any) -> Iterator[Rig]:
+    """Start the fake upstream and a sidecar in front of it; stop both (flushing the log) at exit."""
+    fake = FakeUpstream()
+    settings: dict[str, Any] = {"db_path": str(tmp_path / "log.duckdb"), "instance": "test", "jobs": False}
+    cfg = SidecarConfig(upstream=fake.url, **(settings | config))
+    app = build_sidecar(cfg)
+    sidecar = serve_in_thread(app, timeout_graceful_shutdown=5)
+    try:
+        yield Rig(fake, sidecar, app)
+    finally:
+        sidecar.stop()
+        fake.stop()
+
+
+def gauge_values(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str) -> list[float]:
+    return [value for (sample, _), value in metrics.items() if sample == name]
+
+
+def live_gauges(rig: Rig) -> list[float]:
+    """Every in-flight and active-token sample the sidecar exports now."""
+    metrics = rig.metrics()
+    return gauge_values(metrics, "headroom_inflight_requests") + gauge_values(
+        metrics, "headroom_active_tokens"
+    )
+
+
+CHAT = {
+    "model": "m1",
+    "stream": True,
+    "messages": [{"role": "user", "content": "tell me a long story please"}],
+}

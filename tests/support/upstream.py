@@ -1,0 +1,446 @@
+"""The one fake OpenAI-compatible upstream of the suite, on raw sockets so that it can break HTTP.
+
+It runs an asyncio server on 127.0.0.1 in its own thread and writes every byte itself, so besides
+well-formed answers it can send what no framework would: broken chunked framing, an event that
+never ends, a connection that serves one request and drops the next (llama.cpp's keep-alive
+habit). Behaviour is chosen per request by the `x-fake` header, so request bodies stay untouched
+and the same request sent directly and through the sidecar gets the same bytes:
+
+    ok (default)    a chat stream of `x-fake-tokens` tokens (5), usage when asked; JSON when not streamed
+    usage-null      vLLM style: every chunk carries "usage":null when usage is on
+    429 500 400 503 a JSON error with that status
+    reset           the connection dies after two tokens
+    malformed       a chunk that is not JSON
+    error-event     vLLM's `data: {"error": ...}` after two tokens, then [DONE]
+    error-field     llama.cpp's `error: {...}` line instead
+    hang            never answers; stall: one token, then silence
+    broken-framing  two good events, an invalid chunk-size line, then the connection closes
+    endless-event   one event that never ends (bounded: `x-fake-size` bytes, default 64 MiB)
+    huge-event      one complete event of `x-fake-size` bytes (default 4 MiB), then [DONE]
+    non-sse         a stream answered as application/x-ndjson: a first line, then (after the
+                    gate of `x-test-id` opens, at most 10 s) the rest
+    usage-negative, usage-huge, usage-string, usage-float: the usage chunk's counts are wrong
+    gate-headers    waits for the gate of `x-test-id` before it sends the headers
+    garbage-head    a status line and a header line no HTTP parser accepts (quoting `x-fake-text`)
+    scripted        the body's `x_fake_stream` (base64) as the SSE body, cut where its
+                    `x_fake_cuts` say (for fuzzing)
+
+`x-fake-delay` sets the seconds between chunks, `x-fake-text` the text of each token (default
+` tok<i>`) and of the bytes a broken answer carries. Connection habits are constructor flags:
+`one_request_per_connection` (answer, keep the socket open without saying `Connection: close`,
+then drop it when a second request arrives), `drop_fresh` (read a request, then hang up), and
+`status` (every completions answer is that status). Paths: /v1/models, /v1/moved (307),
+/v1/slow (ticks until the client leaves), /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import threading
+from typing import Any
+
+__all__ = ["FakeUpstream", "ID", "CREATED", "MODEL", "prompt_tokens", "sse_chunk"]
+
+ID, CREATED, MODEL = "chatcmpl-fake", 1796035172, "fake-model"
+_REASONS = {
+    200: "OK",
+    307: "Temporary Redirect",
+    400: "Bad Request",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+_BAD_USAGE = {"usage-negative": -5, "usage-huge": 2**40, "usage-string": "7", "usage-float": 7.5}
+
+
+def sse_chunk(delta: dict[str, Any], finish: str | None = None, usage_null: bool = False) -> bytes:
+    """One chat.completion.chunk event, as engines frame it."""
+    body: dict[str, Any] = {
+        "choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+        "created": CREATED,
+        "id": ID,
+        "model": MODEL,
+        "object": "chat.completion.chunk",
+    }
+    if usage_null:
+        body["usage"] = None
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _usage(prompt: int, completion: Any) -> dict[str, Any]:
+    total = prompt + completion if isinstance(completion, int) else prompt
+    return {
+        "completion_tokens": completion,
+        "prompt_tokens": prompt,
+        "total_tokens": total,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
+
+
+def prompt_tokens(payload: dict[str, Any]) -> int:
+    """The fake's 'tokenizer': one token per whitespace word, plus 2 per message."""
+    messages = payload.get("messages") or []
+    return sum(2 + len(str(m.get("content", "")).split()) for m in messages) or 1
+
+
+def _chunked(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+class _Request:
+    __slots__ = ("method", "raw_path", "query", "headers", "body")
+
+    def __init__(self, method: str, target: bytes, headers: dict[str, str], body: bytes) -> None:
+        path, _, query = target.partition(b"?")
+        self.method, self.raw_path, self.query, self.headers, self.body = method, path, query, headers, body
+
+
+class FakeUpstream:
+    """Serve on 127.0.0.1 in a background thread; `.url`, `.stop()`, usable as a context manager.
+
+    Records: `requests` (completions bodies and headers), `targets` (raw path, query string) of
+    every request, `requests_read` and `connections`.
+    """
+
+    def __init__(
+        self, *, one_request_per_connection: bool = False, drop_fresh: bool = False, status: int | None = None
+    ) -> None:
+        self.one_request_per_connection, self.drop_fresh, self.status = (
+            one_request_per_connection,
+            drop_fresh,
+            status,
+        )
+        self.requests: list[dict[str, Any]] = []
+        self.targets: list[tuple[bytes, bytes]] = []
+        self.requests_read = 0
+        self.connections = 0
+        self.slow_client_left = threading.Event()  # /v1/slow saw its client (the proxy) leave
+        self._arrivals: dict[str, threading.Event] = {}
+        self._gates: dict[str, threading.Event] = {}
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-upstream", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake upstream did not start")
+
+    # --- control -------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def expect(self, test_id: str) -> threading.Event:
+        """Set when a completions request with header `x-test-id: test_id` has arrived."""
+        return self._arrivals.setdefault(test_id, threading.Event())
+
+    def gate(self, test_id: str) -> threading.Event:
+        """Set it to let a `non-sse` or `gate-headers` request with this `x-test-id` go on."""
+        return self._gates.setdefault(test_id, threading.Event())
+
+    def stop(self) -> None:
+        """Close the listener and every connection, then stop the loop."""
+
+        def _close() -> None:
+            self._server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(_close)
+        self._thread.join(10)
+
+    def __enter__(self) -> FakeUpstream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, sock=sock))
+        self._ready.set()
+        self._loop.run_forever()
+
+    # --- HTTP ----------------------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.add(writer)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # engines answer at once; Nagle would hold a chunk for a delayed ACK
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            for _ in range(10_000):  # requests per connection: bounded
+                request = await _read_request(reader)
+                if request is None or not await self._answer(request, reader, writer):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _answer(
+        self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Answer one request; False when the connection must close."""
+        self.targets.append((request.raw_path, request.query))
+        path = request.raw_path.decode("latin-1")
+        if path.startswith("/v1/models"):
+            return await _json(writer, 200, {"object": "list", "data": [{"id": MODEL}]})
+        if path == "/v1/moved":  # a redirect is the client's to follow, not the proxy's
+            return await _send(writer, 307, b"", "text/plain", [("location", "/v1/models")])
+        if path == "/v1/slow":
+            return await self._slow(reader, writer)
+        if path == "/metrics":
+            return await _send(writer, 200, b"# no metrics\n", "text/plain")
+        self.requests_read += 1
+        if self.drop_fresh:
+            return False  # read, then gone: the request reached the server
+        payload = json.loads(request.body or b"{}")
+        self.requests.append({"payload": payload, "headers": request.headers})
+        test_id = request.headers.get("x-test-id")
+        if test_id:
+            self.expect(test_id).set()
+        mode = request.headers.get("x-fake", "ok")
+        await self._completion(request, payload, mode, reader, writer)
+        if self.one_request_per_connection:
+            await reader.read(1)  # the next request on this socket is dropped unread
+            return False
+        return mode not in ("reset", "broken-framing", "endless-event", "hang", "stall", "garbage-head")
+
+    async def _completion(
+        self,
+        request: _Request,
+        payload: dict[str, Any],
+        mode: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        status = self.status or (int(mode) if mode.isdigit() else 200)
+        if status == 429:
+            await _json(
+                writer, 429, {"error": {"message": "slow down", "type": "rate_limit"}}, [("retry-after", "7")]
+            )
+            return
+        if status != 200:
+            await _json(writer, status, {"error": {"message": "boom"}})
+            return
+        if mode == "hang":
+            await reader.read()  # until the client gives up
+            return
+        if mode == "garbage-head":
+            text = request.headers.get("x-fake-text", "upstream secret")
+            writer.write(f"HTTP/1.1 200 OK\r\nBroken header {text}\r\n\r\n".encode())
+            await writer.drain()
+            return
+        if mode == "scripted":
+            await _scripted(writer, payload)
+            return
+        if mode == "gate-headers":
+            await self._wait_gate(request)
+        tokens = int(request.headers.get("x-fake-tokens", "5"))
+        if not payload.get("stream"):
+            await _json(writer, 200, _completion(payload, tokens))
+            return
+        await self._stream(request, payload, mode, tokens, reader, writer)
+
+    async def _wait_gate(self, request: _Request) -> None:
+        gate = self.gate(request.headers.get("x-test-id", ""))
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 10)
+
+    async def _stream(
+        self,
+        request: _Request,
+        payload: dict[str, Any],
+        mode: str,
+        tokens: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        usage_on = (payload.get("stream_options") or {}).get("include_usage") is True
+        null = mode == "usage-null" and usage_on
+        delay = float(request.headers.get("x-fake-delay", "0"))
+        content_type = "application/x-ndjson" if mode == "non-sse" else "text/event-stream"
+        _head(writer, 200, content_type, [("x-upstream", "fake")], chunked=True)
+        if mode == "non-sse":
+            writer.write(_chunked(b'{"part":1}\n'))
+            await writer.drain()
+            await self._wait_gate(request)
+            writer.write(_chunked(b'{"part":2}\n') + b"0\r\n\r\n")
+            await writer.drain()
+            return
+        if mode in ("endless-event", "huge-event"):
+            await _big_event(writer, mode, int(request.headers.get("x-fake-size", "0")))
+            return
+        writer.write(_chunked(sse_chunk({"role": "assistant", "content": None}, usage_null=null)))
+        for i in range(tokens):
+            if delay:
+                await asyncio.sleep(delay)
+            if mode == "malformed" and i == 1:
+                writer.write(_chunked(b"data: {not json\n\n"))
+                continue
+            if mode in ("error-event", "error-field") and i == 2:  # the engine fails mid-stream
+                writer.write(
+                    _chunked(
+                        b'data: {"error":{"object":"error","message":"engine died",'
+                        b'"type":"InternalServerError","code":500}}\n\n'
+                        if mode == "error-event"
+                        else b'error: {"code":500,"message":"x"}\n\n'
+                    )
+                )
+                writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                return
+            if mode in ("reset", "broken-framing") and i == 2:
+                if mode == "broken-framing":
+                    await writer.drain()
+                    await asyncio.sleep(0.05)  # the good events arrive first, on their own
+                    text = request.headers.get("x-fake-text", "secret completion text").encode()
+                    writer.write(b"zz-not-a-chunk-size " + text + b"\r\n" + text + b"\r\n")
+                await writer.drain()
+                writer.transport.abort()
+                return
+            if mode == "stall" and i == 1:
+                await writer.drain()
+                await reader.read()
+                return
+            text = request.headers.get("x-fake-text", f" tok{i}")
+            writer.write(_chunked(sse_chunk({"content": text}, usage_null=null)))
+        writer.write(_chunked(sse_chunk({}, finish="length", usage_null=null)))
+        if usage_on:
+            completion = _BAD_USAGE.get(mode, tokens)
+            final = {
+                "choices": [],
+                "created": CREATED,
+                "id": ID,
+                "model": MODEL,
+                "object": "chat.completion.chunk",
+                "usage": _usage(prompt_tokens(payload), completion),
+            }
+            writer.write(_chunked(b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n"))
+        writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+
+    async def _slow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        _head(writer, 200, "text/event-stream", [], chunked=True)
+
+        async def tick() -> None:
+            for i in range(1000):
+                writer.write(_chunked(b"data: %d\n\n" % i))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.ensure_future(tick())
+        await reader.read()  # until the client (the proxy) leaves
+        ticker.cancel()
+        self.slow_client_left.set()
+        return False
+
+
+async def _scripted(writer: asyncio.StreamWriter, payload: dict[str, Any]) -> None:
+    """Write the payload's base64 `x_fake_stream` as an SSE body, in pieces cut at `x_fake_cuts`."""
+    data = base64.b64decode(payload.get("x_fake_stream", ""))
+    cuts = sorted({int(c) for c in payload.get("x_fake_cuts", []) if 0 < int(c) < len(data)})
+    _head(writer, 200, "text/event-stream", [], chunked=True)
+    for start, end in zip([0, *cuts], [*cuts, len(data)]):
+        if end > start:
+            writer.write(_chunked(data[start:end]))
+            await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+async def _big_event(writer: asyncio.StreamWriter, mode: str, size: int) -> None:
+    """One event of `size` bytes written 4 KiB at a time; `endless-event` never terminates it."""
+    size = size or (64 * 2**20 if mode == "endless-event" else 4 * 2**20)
+    writer.write(_chunked(b'data: {"choices":[{"delta":{"content":"'))
+    piece = _chunked(b"x" * 4096)
+    for _ in range(size // 4096):
+        writer.write(piece)
+        await writer.drain()  # raises once the reader (the proxy) has hung up
+    if mode == "huge-event":
+        writer.write(_chunked(b'"}}]}\n\n') + _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> _Request | None:
+    """One HTTP/1.1 request (Content-Length or chunked body); None at a clean end of connection."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n")).strip() or b"0", 16):
+            body += await reader.readexactly(size + 2)
+            body = body[:-2]
+        await reader.readuntil(b"\r\n")
+    else:
+        length = int(headers.get("content-length", "0"))
+        body = await reader.readexactly(length) if length else b""  # Expect: 100-continue ignored
+    return _Request(method, target.encode("latin-1"), headers, body)
+
+
+def _head(
+    writer: asyncio.StreamWriter,
+    status: int,
+    content_type: str,
+    extra: list[tuple[str, str]],
+    *,
+    chunked: bool = False,
+    length: int | None = None,
+    body: bytes = b"",
+) -> None:
+    """Write the status line and headers (and `body`) in one write: one segment, no Nagle wait."""
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"content-type: {content_type}"]
+    lines += [f"{name}: {value}" for name, value in extra]
+    lines.append("transfer-encoding: chunked" if chunked else f"content-length: {length or 0}")
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+
+
+async def _send(
+    writer: asyncio.StreamWriter,
+    status: int,
+    body: bytes,
+    content_type: str,
+    extra: list[tuple[str, str]] | None = None,
+) -> bool:
+    _head(writer, status, content_type, extra or [], length=len(body), body=body)
+    await writer.drain()
+    return True
+
+
+async def _json(
+    writer: asyncio.StreamWriter, status: int, obj: object, extra: list[tuple[str, str]] | None = None
+) -> bool:
+    return await _send(writer, status, json.dumps(obj).encode(), "application/json", extra)
+
+
+def _completion(payload: dict[str, Any], tokens: int) -> dict[str, Any]:
+    return {
+        "id": ID,
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "message": {"role": "assistant", "content": " tok" * tokens},
+            }
+        ],
+        "usage": _usage(prompt_tokens(payload), tokens),
+    }

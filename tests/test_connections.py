@@ -1,0 +1,146 @@
+"""Connections that never become requests: header timeout (408), connection cap (503), and a real
+`headroom run` that keeps answering canaries within 100 ms p99 while 2,000 idle connections and
+100 slowloris connections are open. The run also checks the modes of the files it writes.
+"""
+
+from __future__ import annotations
+
+import socket
+import stat
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+from support.processes import headroom_process
+from support.upstream import FakeUpstream
+
+from collector.serving import serve_in_thread
+from collector.sidecar.config import SidecarConfig
+from collector.sidecar.server import raise_file_limit, uvicorn_options
+from collector.sidecar.wiring import build_sidecar
+
+IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60
+
+
+def _guarded(tmp_path, fake: FakeUpstream, **bounds):
+    app = build_sidecar(SidecarConfig(upstream=fake.url, db_path=str(tmp_path / "log.duckdb"), jobs=False))
+    options = uvicorn_options(
+        app.state.registry,
+        **{"header_timeout_s": 10.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds},
+    )
+    return app, serve_in_thread(app, **options)
+
+
+def _refused(app, reason: str) -> float | None:
+    return app.state.registry.get_sample_value("headroom_connections_refused_total", {"reason": reason})
+
+
+def test_headers_not_complete_in_time_get_408_and_the_connection_closes(tmp_path):
+    with FakeUpstream() as fake:
+        app, handle = _guarded(tmp_path, fake, header_timeout_s=0.3)
+        try:
+            with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as slow:
+                slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # never finished
+                answer = slow.recv(4096)
+                assert slow.recv(4096) == b""  # closed after the answer
+            assert answer.startswith(b"HTTP/1.1 408") and b"--header-timeout" in answer
+            assert _refused(app, "header_timeout") == 1
+        finally:
+            handle.stop()
+
+
+def test_past_the_connection_cap_a_new_connection_gets_503_at_once(tmp_path):
+    with FakeUpstream() as fake:
+        app, handle = _guarded(tmp_path, fake, max_connections=5)
+        held = [socket.create_connection(("127.0.0.1", handle.port)) for _ in range(5)]
+        try:
+            with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as extra:
+                answer = extra.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503") and b"--max-client-connections" in answer
+            assert _refused(app, "connection_cap") == 1
+            for sock in held:
+                sock.close()
+        finally:
+            handle.stop()
+
+
+def _slowloris(port: int, stop: threading.Event, opened: list[socket.socket]) -> None:
+    """SLOWLORIS connections that send one header byte every half second, never finishing."""
+    for _ in range(SLOWLORIS):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        opened.append(sock)
+    for _ in range(120):  # bounded: at most a minute
+        if stop.wait(0.5):
+            return
+        for sock in opened:
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                pass
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_canaries_answered_within_100_ms_p99_with_2000_idle_and_100_slowloris(tmp_path):
+    raise_file_limit(IDLE + SLOWLORIS + 512)  # this process holds the other end of every socket
+    db = tmp_path / "data" / "log.duckdb"
+    with (
+        FakeUpstream() as fake,
+        headroom_process(
+            "run",
+            "--upstream",
+            fake.url,
+            "--db",
+            str(db),
+            "--engine",
+            "none",
+            "--no-jobs",
+            health="/healthz",
+            log=tmp_path / "sidecar.log",
+        ) as url,
+    ):
+        port = int(url.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(IDLE)]
+        stop, slow = threading.Event(), []
+        loris = threading.Thread(target=_slowloris, args=(port, stop, slow), daemon=True)
+        loris.start()
+        try:
+            took = []
+            # TCP_NODELAY: else Nagle holds the body behind the headers for a delayed ACK (40 ms)
+            nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+            with httpx.Client(timeout=5, transport=nodelay) as client:
+                for index in range(CANARIES):
+                    began = time.perf_counter()
+                    response = client.post(
+                        url + "/v1/chat/completions",
+                        json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]},
+                    )
+                    took.append(time.perf_counter() - began)
+                    assert response.status_code == 200, (index, response.text)
+            modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in db.parent.iterdir()}
+            metrics = httpx.get(url + "/metrics", timeout=5).text
+        finally:
+            stop.set()
+            loris.join(10)
+            for sock in idle + slow:
+                sock.close()
+    took.sort()
+    p99 = took[int(len(took) * 0.99) - 1]
+    print(
+        f"\ncanaries: p50 {took[len(took) // 2] * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms "
+        f"with {IDLE} idle and {SLOWLORIS} slowloris connections"
+    )
+    assert p99 < 0.100
+    assert len(slow) == SLOWLORIS and "headroom_connections_refused_total" in metrics
+    assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
+    assert modes and set(modes.values()) == {0o600}, modes  # the DuckDB file and its WAL
+
+
+def test_registry_of_a_guard_counts_refusals_by_reason():
+    registry = CollectorRegistry()
+    protocol = uvicorn_options(registry, header_timeout_s=1, idle_timeout_s=1, max_connections=1)["http"]
+    protocol.refused.labels("header_timeout").inc()
+    assert registry.get_sample_value("headroom_connections_refused_total", {"reason": "header_timeout"}) == 1
