@@ -32,13 +32,26 @@ def main() -> None:
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as workdir:
             result = run_scenario(SCENARIOS[args.scenario], DEFAULT, Path(workdir))
-        runs.append({stage: round(result.timings_s[stage], 2) for stage in STAGES}
-                    | {"samples": int(result.timings_s["samples"]), "passed": result.passed,
-                       "instant_queries": int(result.timings_s["instant_queries"])})
+        runs.append(
+            {stage: round(result.timings_s[stage], 2) for stage in STAGES}
+            | {
+                "samples": int(result.timings_s["samples"]),
+                "passed": result.passed,
+                "instant_queries": int(result.timings_s["instant_queries"]),
+            }
+        )
     scenario = SCENARIOS[args.scenario]
-    print(json.dumps({"scenario": args.scenario, "simulated_hours": scenario.duration_s / 3600, "runs": runs,
-                      "median": {stage: statistics.median(run[stage] for run in runs) for stage in STAGES}},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                "scenario": args.scenario,
+                "simulated_hours": scenario.duration_s / 3600,
+                "runs": runs,
+                "median": {stage: statistics.median(run[stage] for run in runs) for stage in STAGES},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -35,19 +35,34 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as workdir:
             result = run_scenario(scenario, DEFAULT, Path(workdir))
         t = result.timeline
-        rows.append({"seed": seed, "passed": result.passed,
-                     "breach_min": _minutes(t.first_breach.start - t.start) if t.first_breach else None,
-                     "breach_kind": t.first_breach.kind if t.first_breach else None,
-                     "lead_warning_min": _minutes(t.lead_warning_s), "lead_page_min": _minutes(t.lead_page_s),
-                     "false_pages": len(t.false_pages), "false_warnings": len(t.false_warnings)})
+        rows.append(
+            {
+                "seed": seed,
+                "passed": result.passed,
+                "breach_min": _minutes(t.first_breach.start - t.start) if t.first_breach else None,
+                "breach_kind": t.first_breach.kind if t.first_breach else None,
+                "lead_warning_min": _minutes(t.lead_warning_s),
+                "lead_page_min": _minutes(t.lead_page_s),
+                "false_pages": len(t.false_pages),
+                "false_warnings": len(t.false_warnings),
+            }
+        )
 
     def span(key: str) -> list:
         values = [row[key] for row in rows if row[key] is not None]
         return [min(values), max(values)] if values else []
 
-    print(json.dumps({"scenario": args.scenario, "seeds": rows,
-                      "range": {key: span(key) for key in ("breach_min", "lead_warning_min", "lead_page_min")},
-                      "passed": sum(row["passed"] for row in rows)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "scenario": args.scenario,
+                "seeds": rows,
+                "range": {key: span(key) for key in ("breach_min", "lead_warning_min", "lead_page_min")},
+                "passed": sum(row["passed"] for row in rows),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

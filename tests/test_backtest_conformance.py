@@ -24,14 +24,32 @@ from collector.backtest.openmetrics import SeriesSet
 
 pytestmark = pytest.mark.integration
 START, MINUTES = 1_767_571_200.0, 90
-RULES = [{"name": "conformance", "rules": [
-    {"alert": "Above5", "expr": "x > 5", "for": "2m", "keep_firing_for": "3m", "labels": {"severity": "warning"}},
-    {"alert": "Above3", "expr": "x > 3", "for": "0s"},
-    {"alert": "Sticky", "expr": 'x > 7\nor\n(x > 4 and on (job) ALERTS{alertname="Sticky", alertstate="firing"})',
-     "for": "1m"},
-    {"alert": "Both", "expr": 'count by (job) (ALERTS{alertstate="firing", alertname=~"Above5|Above3"}) >= 2',
-     "for": "1m", "labels": {"severity": "critical"}},
-]}]
+RULES = [
+    {
+        "name": "conformance",
+        "rules": [
+            {
+                "alert": "Above5",
+                "expr": "x > 5",
+                "for": "2m",
+                "keep_firing_for": "3m",
+                "labels": {"severity": "warning"},
+            },
+            {"alert": "Above3", "expr": "x > 3", "for": "0s"},
+            {
+                "alert": "Sticky",
+                "expr": 'x > 7\nor\n(x > 4 and on (job) ALERTS{alertname="Sticky", alertstate="firing"})',
+                "for": "1m",
+            },
+            {
+                "alert": "Both",
+                "expr": 'count by (job) (ALERTS{alertstate="firing", alertname=~"Above5|Above3"}) >= 2',
+                "for": "1m",
+                "labels": {"severity": "critical"},
+            },
+        ],
+    }
+]
 
 
 def _walk() -> list[int]:
@@ -53,11 +71,24 @@ def _promtool_document(episodes, values: list[int]) -> dict:
         checks = []
         for minute in range(MINUTES + 1):
             firing = _firing(episodes, rule["alert"], START + 60 * minute)
-            checks.append({"eval_time": f"{minute}m", "alertname": rule["alert"],
-                           "exp_alerts": [{"exp_labels": {k: v for k, v in labels.items() if k != "alertname"}}
-                                          for labels in firing]})
-        tests.append({"name": rule["alert"], "interval": "1m", "alert_rule_test": checks,
-                      "input_series": [{"series": 'x{job="t"}', "values": " ".join(map(str, values))}]})
+            checks.append(
+                {
+                    "eval_time": f"{minute}m",
+                    "alertname": rule["alert"],
+                    "exp_alerts": [
+                        {"exp_labels": {k: v for k, v in labels.items() if k != "alertname"}}
+                        for labels in firing
+                    ],
+                }
+            )
+        tests.append(
+            {
+                "name": rule["alert"],
+                "interval": "1m",
+                "alert_rule_test": checks,
+                "input_series": [{"series": 'x{job="t"}', "values": " ".join(map(str, values))}],
+            }
+        )
     return {"rule_files": ["conformance.rules.yaml"], "evaluation_interval": "1m", "tests": tests}
 
 
@@ -68,16 +99,28 @@ def backtested(tmp_path_factory):
     series = SeriesSet()
     for minute, value in enumerate(values):
         series.add("x", {"job": "t"}, START + 60 * minute, value)
-    evaluation = evaluate(series, RuleSet([], RULES), START, START + 60 * MINUTES, interval_s=60, lookback_s=60,
-                          workdir=tmp_path_factory.mktemp("conformance"))
+    evaluation = evaluate(
+        series,
+        RuleSet([], RULES),
+        START,
+        START + 60 * MINUTES,
+        interval_s=60,
+        lookback_s=60,
+        workdir=tmp_path_factory.mktemp("conformance"),
+    )
     return evaluation, values
 
 
 def _promtool(document: dict, directory) -> subprocess.CompletedProcess:
     (directory / "conformance.rules.yaml").write_text(yaml.safe_dump({"groups": RULES}))
     (directory / "test.yaml").write_text(yaml.safe_dump(document))
-    return subprocess.run([require_tool("promtool"), "test", "rules", "test.yaml"], cwd=directory,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [require_tool("promtool"), "test", "rules", "test.yaml"],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_every_state_change_matches_promtool(backtested, tmp_path):
@@ -94,11 +137,14 @@ def test_a_wrong_expectation_fails_promtool(backtested, tmp_path):
     evaluation, values = backtested
     machine = AlertMachine("Above5", hold_s=120)
     for minute, value in enumerate(values):
-        machine.step(START + 60 * minute, {(("alertname", "Above5"), ("job", "t"), ("severity", "warning")): value}
-                     if value > 5 else {})
+        machine.step(
+            START + 60 * minute,
+            {(("alertname", "Above5"), ("job", "t"), ("severity", "warning")): value} if value > 5 else {},
+        )
     others = [e for e in evaluation.episodes if e.label("alertname") != "Above5"]
-    assert [(e.firing_at, e.ended_at) for e in machine.episodes if e.fired] != \
-        [(e.firing_at, e.ended_at) for e in evaluation.episodes if e.label("alertname") == "Above5" and e.fired]
+    assert [(e.firing_at, e.ended_at) for e in machine.episodes if e.fired] != [
+        (e.firing_at, e.ended_at) for e in evaluation.episodes if e.label("alertname") == "Above5" and e.fired
+    ]
     result = _promtool(_promtool_document(others + machine.episodes, values), tmp_path)
     assert result.returncode != 0 and "alertname: Above5" in result.stdout + result.stderr
 
@@ -111,18 +157,26 @@ def test_state_machine_rules_by_hand():
     for t, result in enumerate([on, off, on, on, on, off, on, off, off, off, on]):
         machine.step(60.0 * t, result)
     first, second, third = machine.episodes
-    assert (first.pending_at, first.firing_at, first.ended_at) == (0, None, 60)       # dropped while pending
-    assert (second.pending_at, second.firing_at, second.ended_at) == (120, 240, 540)   # kept 2 misses, reset by t=6
+    assert (first.pending_at, first.firing_at, first.ended_at) == (0, None, 60)  # dropped while pending
+    assert (second.pending_at, second.firing_at, second.ended_at) == (
+        120,
+        240,
+        540,
+    )  # kept 2 misses, reset by t=6
     assert (third.pending_at, third.firing_at, third.ended_at) == (600, None, None)
     assert machine.alerts() == [{"alertname": "A", "alertstate": "pending"}]
 
 
 def test_alerts_substitution_and_helpers():
-    alerts = [{"alertname": "Q", "alertstate": "firing", "model": "m"},
-              {"alertname": "T", "alertstate": "pending", "model": "m"}]
+    alerts = [
+        {"alertname": "Q", "alertstate": "firing", "model": "m"},
+        {"alertname": "T", "alertstate": "pending", "model": "m"},
+    ]
     expr, matched = substitute('count by (model) (ALERTS{alertstate="firing", alertname=~"Q|R"})', alerts)
-    assert matched and expr == ('count by (model) ((label_replace(label_replace(label_replace(vector(1), '
-                                '"alertname", "Q", "", ""), "alertstate", "firing", "", ""), "model", "m", "", "")))')
+    assert matched and expr == (
+        "count by (model) ((label_replace(label_replace(label_replace(vector(1), "
+        '"alertname", "Q", "", ""), "alertstate", "firing", "", ""), "model", "m", "", "")))'
+    )
     assert substitute('ALERTS{alertname="Z"}', alerts) == (EMPTY_VECTOR, False)
     assert parse_duration("1h30m") == 5400 and parse_duration(None) == 0
     with pytest.raises(ValueError, match="not a Prometheus duration"):

@@ -27,22 +27,38 @@ from collector.backtest.scenario_series import scenario_series
 from collector.backtest.simulate import simulate
 from collector.cli import main
 from collector.rules.config import DEFAULT
-from collector.serving import serve_in_thread
 from collector.service.app import create_store_app
+from collector.serving import serve_in_thread
 from collector.store.db import RequestStore
 from collector.store.estimates import save_estimate
 
 TOKEN = "replay-token"
-SIDECAR = {"headroom_inflight_requests", "headroom_active_tokens", "headroom_requests_total",
-           "headroom_prompt_tokens_total", "headroom_generated_tokens_total", "up"} | {
-    f"{name}_{suffix}" for name in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
+SIDECAR = {
+    "headroom_inflight_requests",
+    "headroom_active_tokens",
+    "headroom_requests_total",
+    "headroom_prompt_tokens_total",
+    "headroom_generated_tokens_total",
+    "up",
+} | {f"{name}_{suffix}" for name in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
 
 
 def _estimate(model: str, created: float) -> dict:
     """A saved estimate in its documented JSON form: a knee of 32 requests and 40k tokens, pool 24."""
     knee = KneeResult(32, 40000, True, "plateau", 32, 32, True, "")
-    return CapacityEstimate(model, "probe", None, "interactive", [], knee, Slo(), 28, 30000, 24,
-                            created_at=datetime.fromtimestamp(created, UTC)).to_dict()
+    return CapacityEstimate(
+        model,
+        "probe",
+        None,
+        "interactive",
+        [],
+        knee,
+        Slo(),
+        28,
+        30000,
+        24,
+        created_at=datetime.fromtimestamp(created, UTC),
+    ).to_dict()
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +74,11 @@ def logged(tmp_path_factory):
 
 
 def _sidecar_samples(series, until: float) -> dict:
-    return {key: [(t, v) for t, v in series.samples(key) if t <= until] for key in series.keys() if key[0] in SIDECAR}
+    return {
+        key: [(t, v) for t, v in series.samples(key) if t <= until]
+        for key in series.keys()
+        if key[0] in SIDECAR
+    }
 
 
 def test_rows_read_back_rebuild_the_series_the_scenario_exported(logged):
@@ -73,19 +93,30 @@ def test_rows_read_back_rebuild_the_series_the_scenario_exported(logged):
     mine = _sidecar_samples(exported, until)
     theirs = {key: [(t, v) for t, v in replayed.samples(key) if t <= until] for key in mine}
     assert len(mine) > 50 and mine.keys() == theirs.keys()
-    for key, points in mine.items():   # equal, but for the microseconds a TIMESTAMPTZ keeps in the sums
+    for key, points in mine.items():  # equal, but for the microseconds a TIMESTAMPTZ keeps in the sums
         assert [t for t, _ in points] == [t for t, _ in theirs[key]]
         assert [v for _, v in points] == pytest.approx([v for _, v in theirs[key]], rel=1e-5), key
-    knees = {key[0]: replayed.samples(key)[0][1] for key in replayed.keys() if key[0].startswith("headroom_capacity_")}
-    assert knees == {"headroom_capacity_knee_requests": 32.0, "headroom_capacity_knee_tokens": 40000.0,
-                     "headroom_capacity_recommended_pool_requests": 24.0}
+    knees = {
+        key[0]: replayed.samples(key)[0][1]
+        for key in replayed.keys()
+        if key[0].startswith("headroom_capacity_")
+    }
+    assert knees == {
+        "headroom_capacity_knee_requests": 32.0,
+        "headroom_capacity_knee_tokens": 40000.0,
+        "headroom_capacity_recommended_pool_requests": 24.0,
+    }
     assert not {key[0] for key in replayed.keys()} & set(ENGINE_SIDE), "engine series are never invented"
 
 
 def test_what_rows_cannot_tell_is_named():
     rules = generated_rules(DEFAULT)
     needed, blind = missing_series(rules.alerts(), rules.records())
-    assert {"headroom_engine_requests_waiting", "headroom_engine_kv_cache_usage_ratio", "headroom_store_up"} <= set(needed)
+    assert {
+        "headroom_engine_requests_waiting",
+        "headroom_engine_kv_cache_usage_ratio",
+        "headroom_store_up",
+    } <= set(needed)
     assert {"HeadroomKVCacheNearFull", "HeadroomQueueNotDraining", "HeadroomStoreUnreachable"} <= set(blind)
     assert "HeadroomTTFTBudgetBurnFast" not in blind and "HeadroomConcurrencyNearKnee" not in blind
 
@@ -115,8 +146,22 @@ def test_a_store_service_gives_the_same_records(logged):
 def test_a_demo_log_replays_and_the_knee_alert_fires_where_the_load_crossed_the_knee(tmp_path):
     require_tool("prometheus")
     db, summary_path = tmp_path / "demo.duckdb", tmp_path / "demo.json"
-    demo = CliRunner().invoke(main, ["demo", "--speed", "8", "--levels", "4,16,32", "--level-seconds", "5",
-                                     "--db", str(db), "--json", str(summary_path)])
+    demo = CliRunner().invoke(
+        main,
+        [
+            "demo",
+            "--speed",
+            "8",
+            "--levels",
+            "4,16,32",
+            "--level-seconds",
+            "5",
+            "--db",
+            str(db),
+            "--json",
+            str(summary_path),
+        ],
+    )
     assert demo.exit_code == 0, demo.output
     summary = json.loads(summary_path.read_text())
     knee = summary["capacity"]["knee"]["requests"]
@@ -124,13 +169,20 @@ def test_a_demo_log_replays_and_the_knee_alert_fires_where_the_load_crossed_the_
     config = tmp_path / "fast.yaml"
     config.write_text("for: {HeadroomConcurrencyNearKnee: 0s}\n")
     # 60x: each 5-second level fills the rules' 5-minute windows; concurrency is the same at any scale
-    replay = CliRunner().invoke(main, ["alerts", "backtest", "--db", str(db), "--time-scale", "60",
-                                       "--config", str(config), "--json", "-"])
+    replay = CliRunner().invoke(
+        main,
+        ["alerts", "backtest", "--db", str(db), "--time-scale", "60", "--config", str(config), "--json", "-"],
+    )
     assert replay.exit_code == 0, replay.output
-    result = json.loads(replay.output[replay.output.index("{"):])
+    result = json.loads(replay.output[replay.output.index("{") :])
     start = datetime.fromisoformat(result["start"]["at"]).timestamp()
-    fired = [a for a in result["alerts"] if a["alert"] == "HeadroomConcurrencyNearKnee" and a["firing"]
-             and a["labels"]["caliber"] == "requests"]
+    fired = [
+        a
+        for a in result["alerts"]
+        if a["alert"] == "HeadroomConcurrencyNearKnee"
+        and a["firing"]
+        and a["labels"]["caliber"] == "requests"
+    ]
     assert fired, result["alerts"]
     first_wall = start + min(a["firing"]["offset_s"] for a in fired) / 60
     levels = {level["concurrency"]: level for level in summary["levels"]}
@@ -162,8 +214,20 @@ def test_a_missed_expectation_exits_1_and_the_outputs_say_why(tmp_path):
     late = tmp_path / "late.yaml"
     late.write_text("for: {HeadroomEngineScrapeFailing: 30m}\n")
     picture = tmp_path / "down.png"
-    result = CliRunner().invoke(main, ["alerts", "backtest", "engine_metrics_down", "--config", str(late),
-                                       "--json", str(tmp_path / "down.json"), "--plot", str(picture)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "alerts",
+            "backtest",
+            "engine_metrics_down",
+            "--config",
+            str(late),
+            "--json",
+            str(tmp_path / "down.json"),
+            "--plot",
+            str(picture),
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert "FAIL  HeadroomEngineScrapeFailing fires within 5m: never fired" in result.output
     document = json.loads((tmp_path / "down.json").read_text())

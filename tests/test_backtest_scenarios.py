@@ -34,6 +34,7 @@ def backtest(tmp_path_factory):
         if name not in done:
             done[name] = run_scenario(SCENARIOS[name], DEFAULT, tmp_path_factory.mktemp(name))
         return done[name]
+
     return run
 
 
@@ -63,7 +64,9 @@ def test_token_shift_warns_on_tokens_before_the_breach_while_request_caliber_sta
     breach = timeline.first_breach.start
     early = [s for s in timeline.fired if s.firing_at < breach]
     assert any(s.name == "HeadroomTokenCaliberDivergence" or matches('{caliber="tokens"}', s) for s in early)
-    assert not [s for s in early if matches('{caliber="requests"}', s) or s.name == "HeadroomQueueNotDraining"]
+    assert not [
+        s for s in early if matches('{caliber="requests"}', s) or s.name == "HeadroomQueueNotDraining"
+    ]
 
 
 def _first_firing(timeline, name: str) -> float:
@@ -84,7 +87,14 @@ def test_kv_saturation_storm_and_metrics_down_each_raise_their_own_alert_in_time
 
 def test_the_composite_fires_only_where_a_latency_and_a_saturation_signal_coincide(backtest):
     fired = 0
-    for name in ("ramp", "kv_saturation", "token_shift", "shedding_storm", "engine_metrics_down", "engine_outage"):
+    for name in (
+        "ramp",
+        "kv_saturation",
+        "token_shift",
+        "shedding_storm",
+        "engine_metrics_down",
+        "engine_outage",
+    ):
         result = backtest(name)
         composite = [c for c in result.checks if c.what.startswith("the composite")]
         assert all(c.ok for c in composite), render_text(result)

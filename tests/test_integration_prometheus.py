@@ -199,8 +199,18 @@ def stack(tmp_path):
             engine_poll_interval_s=0.5,
         )
         app = build_sidecar(config, log_sink=store)
-        app.state.capacity.replace([PublishedCapacity(MODEL, knee_requests=KNEE_REQUESTS, knee_tokens=2000,
-                                                      slo_max_requests=3, slo_max_tokens=1500, recommended_pool=3)])
+        app.state.capacity.replace(
+            [
+                PublishedCapacity(
+                    MODEL,
+                    knee_requests=KNEE_REQUESTS,
+                    knee_tokens=2000,
+                    slo_max_requests=3,
+                    slo_max_tokens=1500,
+                    recommended_pool=3,
+                )
+            ]
+        )
         sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
         handles.append(sidecar)
         webhook = Webhook("HeadroomConcurrencyNearKnee")

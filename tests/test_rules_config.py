@@ -55,19 +55,22 @@ def test_the_documented_example_sets_every_section(example):
     assert set(config.receivers) == {"page", "ticket"}
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"sidecar": "x"}, "unknown key(s) sidecar"),
-    ({"thresholds": {"knee_warnings_ratio": 0.8}}, "unknown key(s) knee_warnings_ratio"),
-    ({"slo": {"ttft_seconds": 1.7}}, "not a TTFT histogram bucket"),
-    ({"models": {"m": {"ttft_seconds": 1.7}}}, "SLO of m: ttft_seconds=1.7"),
-    ({"models": {"m": {"ttft_objective": None}}}, "ttft_objective cannot be null"),
-    ({"for": {"HeadroomQueueNotDraining": "ten minutes"}}, "'ten minutes' is not a Prometheus duration"),
-    ({"for": {"HeadroomNoSuchAlert": "5m"}}, "unknown key(s) HeadroomNoSuchAlert"),
-    ({"extra_labels": {"bad-name": "x"}}, "not a usable label name"),
-    ({"thresholds": {"knee_warning_ratio": "high"}}, "must be a number"),
-    ({"receivers": {"page": {"url": "http://x"}}}, "Alertmanager receiver body"),
-    ({"slo": []}, "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"sidecar": "x"}, "unknown key(s) sidecar"),
+        ({"thresholds": {"knee_warnings_ratio": 0.8}}, "unknown key(s) knee_warnings_ratio"),
+        ({"slo": {"ttft_seconds": 1.7}}, "not a TTFT histogram bucket"),
+        ({"models": {"m": {"ttft_seconds": 1.7}}}, "SLO of m: ttft_seconds=1.7"),
+        ({"models": {"m": {"ttft_objective": None}}}, "ttft_objective cannot be null"),
+        ({"for": {"HeadroomQueueNotDraining": "ten minutes"}}, "'ten minutes' is not a Prometheus duration"),
+        ({"for": {"HeadroomNoSuchAlert": "5m"}}, "unknown key(s) HeadroomNoSuchAlert"),
+        ({"extra_labels": {"bad-name": "x"}}, "not a usable label name"),
+        ({"thresholds": {"knee_warning_ratio": "high"}}, "must be a number"),
+        ({"receivers": {"page": {"url": "http://x"}}}, "Alertmanager receiver body"),
+        ({"slo": []}, "must be a mapping"),
+    ],
+)
 def test_errors_name_the_key_and_what_would_do(data, message):
     with pytest.raises(ConfigError) as caught:
         config_from_dict(data)
@@ -85,13 +88,28 @@ def test_unreadable_and_invalid_files_are_named(tmp_path):
 
 def test_generate_with_the_config_and_flags(example, tmp_path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["alerts", "generate", "--config", str(example), "--out", str(out),
-                                       "--label", "team=llm", "--sidecar-job", "edge-sidecar"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "alerts",
+            "generate",
+            "--config",
+            str(example),
+            "--out",
+            str(out),
+            "--label",
+            "team=llm",
+            "--sidecar-job",
+            "edge-sidecar",
+        ],
+    )
     assert result.exit_code == 0, result.output
     groups = yaml.safe_load((out / ALERTS_FILE).read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
     assert all(rule["labels"]["cluster"] == "prod-eu" and rule["labels"]["team"] == "llm" for rule in rules)
-    assert next(r for r in rules if r["alert"] == "HeadroomSidecarDown")["expr"] == 'up{job="edge-sidecar"} == 0'
+    assert (
+        next(r for r in rules if r["alert"] == "HeadroomSidecarDown")["expr"] == 'up{job="edge-sidecar"} == 0'
+    )
     classes = {r["labels"].get("slo_class") for r in rules if r["alert"] == "HeadroomTTFTBudgetBurnFast"}
     assert classes == {"default", "llama-70b"}, "batch-embedder has no TTFT SLO, so no TTFT rule"
     bad = CliRunner().invoke(main, ["alerts", "generate", "--label", "novalue", "--out", str(out)])
@@ -107,16 +125,22 @@ def test_the_example_regenerates_rules_that_promtool_and_amtool_accept(example, 
     promtool, amtool = require_tool("promtool"), require_tool("amtool")
     write_files(alert_files(load_config(example)), tmp_path)
     files = sorted(str(p) for p in tmp_path.glob("*.rules.yaml"))
-    for command in ([promtool, "check", "rules", *files], [promtool, "test", "rules", TEST_FILE],
-                    [amtool, "check-config", "alertmanager.yml"]):
+    for command in (
+        [promtool, "check", "rules", *files],
+        [promtool, "test", "rules", TEST_FILE],
+        [amtool, "check-config", "alertmanager.yml"],
+    ):
         result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
     manager = yaml.safe_load((tmp_path / "alertmanager.yml").read_text())
     kinds = {r["name"]: sorted(k for k in r if k.endswith("_configs")) for r in manager["receivers"]}
     assert kinds == {"page": ["pagerduty_configs"], "ticket": ["slack_configs"]}
     tests = yaml.safe_load((tmp_path / TEST_FILE).read_text())["tests"]
-    assert any('le="3.0"' in s["series"] and 'model="llama-70b"' in s["series"]
-               for group in tests for s in group["input_series"]), "the per-model SLO has its own promtool case"
+    assert any(
+        'le="3.0"' in s["series"] and 'model="llama-70b"' in s["series"]
+        for group in tests
+        for s in group["input_series"]
+    ), "the per-model SLO has its own promtool case"
 
 
 @pytest.mark.integration

@@ -115,22 +115,38 @@ def test_signals_and_the_composite_that_needs_a_latency_and_a_saturation_signal(
 
 # The pages: what users feel (SLO burn, a full cache with a queue behind it, a sidecar gone), the
 # capacity forecast (the one page before users are hurt) and the any-two composite.
-PAGES = {"HeadroomAvailabilityBudgetBurnFast", "HeadroomTTFTBudgetBurnFast", "HeadroomE2EBudgetBurnFast",
-         "HeadroomKVCacheExhausted", "HeadroomCapacityForecast", "HeadroomNearCapacityLimit",
-         "HeadroomSidecarDown", "HeadroomSidecarJobAbsent"}
+PAGES = {
+    "HeadroomAvailabilityBudgetBurnFast",
+    "HeadroomTTFTBudgetBurnFast",
+    "HeadroomE2EBudgetBurnFast",
+    "HeadroomKVCacheExhausted",
+    "HeadroomCapacityForecast",
+    "HeadroomNearCapacityLimit",
+    "HeadroomSidecarDown",
+    "HeadroomSidecarJobAbsent",
+}
 
 
 def test_pages_are_symptoms_and_causes_only_warn():
     severities = {r["alert"]: r["labels"]["severity"] for r in _alert_rules()}
     assert {name for name, severity in severities.items() if severity == "critical"} == PAGES
-    for cause in ("HeadroomKVCacheNearFull", "HeadroomQueueNotDraining", "HeadroomTTFTRising",
-                  "HeadroomEngineScrapeFailing", "HeadroomStoreUnreachable", "HeadroomSlowReplica"):
+    for cause in (
+        "HeadroomKVCacheNearFull",
+        "HeadroomQueueNotDraining",
+        "HeadroomTTFTRising",
+        "HeadroomEngineScrapeFailing",
+        "HeadroomStoreUnreachable",
+        "HeadroomSlowReplica",
+    ):
         assert severities[cause] == "warning", cause
 
 
 def test_a_full_kv_cache_pages_only_with_requests_queueing_and_the_warning_has_hysteresis():
     by_name = {rule["alert"]: rule for rule in _alert_rules()}
-    assert 'ALERTS{alertname="HeadroomKVCacheNearFull", alertstate="firing"}' in by_name["HeadroomKVCacheNearFull"]["expr"]
+    assert (
+        'ALERTS{alertname="HeadroomKVCacheNearFull", alertstate="firing"}'
+        in by_name["HeadroomKVCacheNearFull"]["expr"]
+    )
     assert "headroom_engine_requests_waiting" in by_name["HeadroomKVCacheExhausted"]["expr"]
 
 
@@ -148,8 +164,10 @@ def test_availability_counts_every_answered_request_and_burn_rates_need_traffic(
 
 def test_latency_per_replica_and_a_vanished_job_are_watched():
     records = {r["record"]: r["expr"] for g in _groups(RECORDING_FILE) for r in g["rules"]}
-    assert "instance, model, le" in records["instance_model_quantile:headroom_time_to_first_token_seconds:"
-                                            "histogram_quantile_rate5m"]
+    assert (
+        "instance, model, le"
+        in records["instance_model_quantile:headroom_time_to_first_token_seconds:histogram_quantile_rate5m"]
+    )
     by_name = {rule["alert"]: rule for rule in _alert_rules()}
     assert by_name["HeadroomSidecarJobAbsent"]["expr"] == f"absent(up{{{DEFAULT.job_selector}}})"
     assert DEFAULT.job_selector == 'job="headroom-sidecar"'
@@ -160,7 +178,7 @@ def test_the_knee_ratio_reads_the_new_gauges_and_a_task_class_is_optional():
     ratio = records["instance_model_task_class_caliber:headroom_concurrency:avg5m_knee_ratio"]
     assert "headroom_capacity_knee_requests" in ratio and "headroom_capacity_knee_tokens" in ratio
     assert "headroom_capacity_knee{" not in ratio and "headroom_capacity_knee)" not in ratio
-    assert 'task_class!=""' in ratio and 'task_class="all"' in ratio
+    assert "headroom_task_inflight_requests" in ratio and 'task_class="all"' in ratio
 
 
 def test_every_alert_has_promtool_cases_on_both_sides_of_for():

@@ -70,7 +70,9 @@ def test_promtool_unit_tests_catch_a_missing_for_duration(tmp_path):
     result = _run(promtool, "test", "rules", TEST_FILE, cwd=tmp_path)
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    failed = {line.split(",")[0].split(":")[1].strip() for line in output.splitlines() if "alertname:" in line}
+    failed = {
+        line.split(",")[0].split(":")[1].strip() for line in output.splitlines() if "alertname:" in line
+    }
     assert failed == set(DEFAULT.for_durations), output[-3000:]  # every alert, not most
 
 
@@ -79,8 +81,10 @@ def test_amtool_accepts_config_and_routes_page_vs_ticket():
     config = str(ALERTS / "alertmanager.yml")
     result = _run(amtool, "check-config", config)
     assert result.returncode == 0, result.stdout + result.stderr
-    for labels, receiver in ((["severity=critical", "alertname=HeadroomKVCacheExhausted", "model=m"], "page"),
-                             (["severity=warning", "alertname=HeadroomKVCacheNearFull", "model=m"], "ticket")):
+    for labels, receiver in (
+        (["severity=critical", "alertname=HeadroomKVCacheExhausted", "model=m"], "page"),
+        (["severity=warning", "alertname=HeadroomKVCacheNearFull", "model=m"], "ticket"),
+    ):
         routed = _run(amtool, "config", "routes", "test", f"--config.file={config}", *labels)
         assert routed.returncode == 0 and routed.stdout.strip() == receiver, routed.stdout + routed.stderr
 

@@ -1,14 +1,15 @@
 """Alert: one alerting rule before rendering, and how it becomes a Prometheus rule under a config.
 
-    Alert("HeadroomX", "group", "up == 0", "critical", "<instance> down", "...").to_rule(DEFAULT)
-        -> {"alert": "HeadroomX", "expr": "up == 0", "for": "2m", "labels": {"severity": "critical"},
-            "annotations": {"summary": "{{ $labels.instance }} down", ...,
-                            "runbook_url": "https://.../runbooks.md#headroomx"}}
+Alert("HeadroomX", "group", "up == 0", "critical", "<instance> down", "...").to_rule(DEFAULT)
+    -> {"alert": "HeadroomX", "expr": "up == 0", "for": "2m", "labels": {"severity": "critical"},
+        "annotations": {"summary": "{{ $labels.instance }} down", ...,
+                        "runbook_url": "https://.../runbooks.md#headroomx"}}
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from collector.alerts.templating import to_go
 from collector.rules.config import RulesConfig
@@ -42,9 +43,9 @@ class Alert:
         """severity, the alert's own labels, then the config's extra labels (e.g. cluster)."""
         return {"severity": self.severity, **self.labels, **config.extra_labels}
 
-    def to_rule(self, config: RulesConfig) -> dict:
+    def to_rule(self, config: RulesConfig) -> dict[str, Any]:
         """The Prometheus rule dict for this alert under `config`."""
-        rule = {
+        rule: dict[str, Any] = {
             "alert": self.name,
             "expr": self.expr,
             "for": config.for_duration(self.name),

@@ -14,6 +14,8 @@ in collector.alerts.slo_alerts, the pipeline in collector.alerts.pipeline_alerts
 
 from __future__ import annotations
 
+from typing import Any
+
 from collector.alerts.alert import Alert, number
 from collector.alerts.pipeline_alerts import pipeline_alerts
 from collector.alerts.slo_alerts import latency_matcher, requests_in, slo_alerts
@@ -27,8 +29,13 @@ __all__ = ["Alert", "alerts", "alerting_groups", "SIGNALS", "SIGNAL_KINDS"]
 # label `signal` of the scale-out signals (docs/domain.md §5) and `signal_kind`: the composite
 # pages when a latency signal and a saturation signal fire together for a model.
 SIGNALS = ("ttft_rising", "tail_latency", "queue_not_draining", "gpu_saturated_flat", "near_knee")
-SIGNAL_KINDS = {"ttft_rising": "latency", "tail_latency": "latency", "queue_not_draining": "saturation",
-                "gpu_saturated_flat": "saturation", "near_knee": "saturation"}
+SIGNAL_KINDS = {
+    "ttft_rising": "latency",
+    "tail_latency": "latency",
+    "queue_not_draining": "saturation",
+    "gpu_saturated_flat": "saturation",
+    "near_knee": "saturation",
+}
 
 
 def _signal(name: str) -> dict[str, str]:
@@ -39,51 +46,76 @@ def _latency_signals(c: RulesConfig) -> list[Alert]:
     found, trend, classes = [], c.ttft_trend_window, slo_classes(c, "ttft")
     for slo_class in classes:
         p95 = R.TTFT_QUANTILE + selector('quantile="0.95"', slo_class.matcher)
-        target = slo_class.slo.ttft_seconds
-        found.append(Alert(
-            "HeadroomTTFTRising", "headroom-capacity-signals",
-            f"{p95} > {number(c.ttft_soft_bound_seconds)}\nand deriv({p95}[{trend}]) > 0\n"
-            f"and predict_linear({p95}[{trend}], 3600) > {number(target)}\n"
-            f"and on (model) {requests_in('ttft', slo_class.matcher)} >= {c.slo_min_requests}",
-            "warning", "TTFT is rising on <model>",
-            f"p95 time to first token of <model> is <value:humanizeDuration>, still climbing, and on "
-            f"the {trend} trend it crosses the {target:g}s SLO within the hour: prefill is queueing.",
-            _signal("ttft_rising") | slo_class.labels(classes)))
+        target = slo_class.target
+        found.append(
+            Alert(
+                "HeadroomTTFTRising",
+                "headroom-capacity-signals",
+                f"{p95} > {number(c.ttft_soft_bound_seconds)}\nand deriv({p95}[{trend}]) > 0\n"
+                f"and predict_linear({p95}[{trend}], 3600) > {number(target)}\n"
+                f"and on (model) {requests_in('ttft', slo_class.matcher)} >= {c.slo_min_requests}",
+                "warning",
+                "TTFT is rising on <model>",
+                f"p95 time to first token of <model> is <value:humanizeDuration>, still climbing, and on "
+                f"the {trend} trend it crosses the {target:g}s SLO within the hour: prefill is queueing.",
+                _signal("ttft_rising") | slo_class.labels(classes),
+            )
+        )
     p99 = R.TTFT_QUANTILE + selector('quantile="0.99"', latency_matcher(c))
     if slo_classes(c, "ttft"):
-        found.append(Alert(
-            "HeadroomTailLatencyOverSLO", "headroom-capacity-signals",
-            f"{p99} > {number(c.ttft_p99_tolerance_seconds)}\n"
-            f"and on (model) {requests_in('ttft', latency_matcher(c))} >= {c.slo_min_requests}",
-            "warning", "Tail TTFT of <model> beyond tolerance",
-            f"p99 time to first token of <model> is <value:humanizeDuration> (tolerance "
-            f"{c.ttft_p99_tolerance_seconds:g}s): a few long requests are holding the batch.",
-            _signal("tail_latency")))
+        found.append(
+            Alert(
+                "HeadroomTailLatencyOverSLO",
+                "headroom-capacity-signals",
+                f"{p99} > {number(c.ttft_p99_tolerance_seconds)}\n"
+                f"and on (model) {requests_in('ttft', latency_matcher(c))} >= {c.slo_min_requests}",
+                "warning",
+                "Tail TTFT of <model> beyond tolerance",
+                f"p99 time to first token of <model> is <value:humanizeDuration> (tolerance "
+                f"{c.ttft_p99_tolerance_seconds:g}s): a few long requests are holding the batch.",
+                _signal("tail_latency"),
+            )
+        )
     return found
 
 
 def _saturation_signals(c: RulesConfig) -> list[Alert]:
     return [
-        Alert("HeadroomQueueNotDraining", "headroom-capacity-signals",
-              f"min_over_time({R.WAITING}[{c.queue_window}]) > 0",
-              "warning", "Engine queue for <model> never drains",
-              f"At least <value> requests for <model> have been waiting in the engine at every scrape "
-              f"for {c.queue_window}: supply is saturated.", _signal("queue_not_draining")),
-        Alert("HeadroomGPUSaturatedThroughputFlat", "headroom-capacity-signals",
-              f"{R.TOKENS_RATE_INSTANCE}\n/ ({R.TOKENS_RATE_INSTANCE} offset {c.flat_lookback})\n"
-              f"< {number(c.throughput_flat_ratio)}\n"
-              f"and on (instance) ({R.GPU_UTILIZATION} > {number(c.gpu_saturated_ratio)})\n"
-              f"and on (instance) ({R.WAITING_INSTANCE} > 0)",
-              "warning", "GPU saturated but throughput flat on <instance>",
-              f"The GPU on <instance> is over {c.gpu_saturated_ratio:.0%} busy with requests waiting, yet "
-              f"tokens/s for <model> is <value:humanizePercentage> of {c.flat_lookback} ago: the "
-              f"bottleneck moved to memory bandwidth or scheduling.", _signal("gpu_saturated_flat")),
-        Alert("HeadroomConcurrencyNearKnee", "headroom-capacity-signals",
-              f"{R.KNEE_RATIO} > {number(c.knee_warning_ratio)}",
-              "warning", "<model> concurrency near its measured knee (<caliber>, task class <task_class>)",
-              f"The 5-minute mean <caliber> concurrency of <model> on <instance> is <value:humanizePercentage> "
-              f"of the measured knee for task class <task_class> (warns above {c.knee_warning_ratio:.0%}): "
-              f"past this point latency climbs and throughput stops rising.", _signal("near_knee")),
+        Alert(
+            "HeadroomQueueNotDraining",
+            "headroom-capacity-signals",
+            f"min_over_time({R.WAITING}[{c.queue_window}]) > 0",
+            "warning",
+            "Engine queue for <model> never drains",
+            f"At least <value> requests for <model> have been waiting in the engine at every scrape "
+            f"for {c.queue_window}: supply is saturated.",
+            _signal("queue_not_draining"),
+        ),
+        Alert(
+            "HeadroomGPUSaturatedThroughputFlat",
+            "headroom-capacity-signals",
+            f"{R.TOKENS_RATE_INSTANCE}\n/ ({R.TOKENS_RATE_INSTANCE} offset {c.flat_lookback})\n"
+            f"< {number(c.throughput_flat_ratio)}\n"
+            f"and on (instance) ({R.GPU_UTILIZATION} > {number(c.gpu_saturated_ratio)})\n"
+            f"and on (instance) ({R.WAITING_INSTANCE} > 0)",
+            "warning",
+            "GPU saturated but throughput flat on <instance>",
+            f"The GPU on <instance> is over {c.gpu_saturated_ratio:.0%} busy with requests waiting, yet "
+            f"tokens/s for <model> is <value:humanizePercentage> of {c.flat_lookback} ago: the "
+            f"bottleneck moved to memory bandwidth or scheduling.",
+            _signal("gpu_saturated_flat"),
+        ),
+        Alert(
+            "HeadroomConcurrencyNearKnee",
+            "headroom-capacity-signals",
+            f"{R.KNEE_RATIO} > {number(c.knee_warning_ratio)}",
+            "warning",
+            "<model> concurrency near its measured knee (<caliber>, task class <task_class>)",
+            f"The 5-minute mean <caliber> concurrency of <model> on <instance> is <value:humanizePercentage> "
+            f"of the measured knee for task class <task_class> (warns above {c.knee_warning_ratio:.0%}): "
+            f"past this point latency climbs and throughput stops rising.",
+            _signal("near_knee"),
+        ),
     ]
 
 
@@ -92,13 +124,16 @@ def _composite() -> Alert:
         return f'count by (model) (ALERTS{{alertstate="firing", signal_kind="{kind}"}})'
 
     return Alert(
-        "HeadroomNearCapacityLimit", "headroom-capacity-composite",
+        "HeadroomNearCapacityLimit",
+        "headroom-capacity-composite",
         'count by (model) (\n  count by (model, signal) (ALERTS{alertstate="firing", signal!=""})\n)\n'
         f"and on (model) {firing('latency')}\nand on (model) {firing('saturation')}",
-        "critical", "<model> is near its capacity limit",
+        "critical",
+        "<model> is near its capacity limit",
         "<value> scale-out signals are firing at once for <model>, latency and saturation together: "
         "users are starting to wait because the deployment is full. Add replicas or shed load.",
-        {"component": "capacity"})
+        {"component": "capacity"},
+    )
 
 
 def _hysteresis(alert: str, expr: str, raise_at: float, clear_below: float, on: str) -> str:
@@ -109,68 +144,122 @@ def _hysteresis(alert: str, expr: str, raise_at: float, clear_below: float, on: 
 def _capacity(c: RulesConfig) -> list[Alert]:
     # Raw series, not the instance_model records: a rule reading records of another group sees
     # them one evaluation late or not, and the 5m averages would depend on that race.
-    window, tokens, inflight = c.divergence_window, sample("headroom_active_tokens"), sample("headroom_inflight_requests")
-    tokens_now, tokens_then = (f"sum by (instance, model) (avg_over_time({tokens}[5m]))",
-                               f"sum by (instance, model) (avg_over_time({tokens}[5m] offset {window}))")
-    inflight_now, inflight_then = (f"sum by (instance, model) (avg_over_time({inflight}[5m]))",
-                                   f"sum by (instance, model) (avg_over_time({inflight}[5m] offset {window}))")
+    window, tokens, inflight = (
+        c.divergence_window,
+        sample("headroom_active_tokens"),
+        sample("headroom_inflight_requests"),
+    )
+    tokens_now, tokens_then = (
+        f"sum by (instance, model) (avg_over_time({tokens}[5m]))",
+        f"sum by (instance, model) (avg_over_time({tokens}[5m] offset {window}))",
+    )
+    inflight_now, inflight_then = (
+        f"sum by (instance, model) (avg_over_time({inflight}[5m]))",
+        f"sum by (instance, model) (avg_over_time({inflight}[5m] offset {window}))",
+    )
     kv, waiting = sample("headroom_engine_kv_cache_usage_ratio"), sample("headroom_engine_requests_waiting")
     kv_mean = f"max by (instance, model) (avg_over_time({kv}[5m]))"
     ratio, step = R.KNEE_RATIO, c.knee_forecast_step
-    trend = (f"{ratio} > {number(c.knee_forecast_min_ratio)}\n"
-             f"and predict_linear({ratio}[{c.knee_forecast_window}], {_seconds(c.knee_forecast_horizon)}) > 1")
-    low = [f"min_over_time({ratio}[{step}]{'' if k == 0 else f' offset {k * _seconds(step)}s'})" for k in range(3)]
+    trend = (
+        f"{ratio} > {number(c.knee_forecast_min_ratio)}\n"
+        f"and predict_linear({ratio}[{c.knee_forecast_window}], {_seconds(c.knee_forecast_horizon)}) > 1"
+    )
+    low = [
+        f"min_over_time({ratio}[{step}]{'' if k == 0 else f' offset {k * _seconds(step)}s'})"
+        for k in range(3)
+    ]
     rise = number(c.knee_forecast_min_rise)
     sustained = f"{low[0]} > {low[1]} + {rise}\nand {low[1]} > {low[2]} + {rise}"
     return [
-        Alert("HeadroomConcurrencyRising", "headroom-capacity", trend,
-              "warning", "<model> concurrency is climbing towards its knee (<caliber>, task class <task_class>)",
-              f"On the trend of the last {c.knee_forecast_window}, <caliber> concurrency of <model> on <instance> "
-              f"reaches the measured knee within {c.knee_forecast_horizon}; it is at <value:humanizePercentage> "
-              f"of it now. Plan replicas before the peak.", {"component": "capacity"}),
-        Alert("HeadroomCapacityForecast", "headroom-capacity", f"{trend}\nand {sustained}",
-              "critical", "<model> is heading for its knee (<caliber>, task class <task_class>)",
-              f"<caliber> concurrency of <model> on <instance> has climbed through the last three "
-              f"{c.knee_forecast_step} windows and on its {c.knee_forecast_window} trend reaches the measured "
-              f"knee within {c.knee_forecast_horizon}; it is at <value:humanizePercentage> of it now. Add "
-              f"replicas before users queue.", {"component": "capacity"}),
-        Alert("HeadroomKVCacheNearFull", "headroom-capacity",
-              _hysteresis("HeadroomKVCacheNearFull", kv_mean, c.kv_warning_ratio, c.kv_warning_clear_ratio,
-                          "instance, model"),
-              "warning", "KV cache of <model> on <instance> nearly full",
-              f"KV-cache usage of <model> on <instance> averaged <value:humanizePercentage> over 5 minutes "
-              f"(raised above {c.kv_warning_ratio:.0%}, clears below {c.kv_warning_clear_ratio:.0%}): new long "
-              f"requests will queue or preempt running ones.", {"family": "kv_cache"}),
-        Alert("HeadroomKVCacheExhausted", "headroom-capacity",
-              f"{kv_mean} > {number(c.kv_warning_ratio)}\n"
-              f"and on (instance, model) sum by (instance, model) (min_over_time({waiting}[5m])) > 0",
-              "critical", "KV cache of <model> on <instance> full and requests queueing",
-              f"KV-cache usage of <model> on <instance> averaged <value:humanizePercentage> over 5 minutes "
-              f"while requests waited in the engine at every scrape: the cache is the bottleneck and users "
-              f"queue behind it.", {"family": "kv_cache"}),
-        Alert("HeadroomTokenCaliberDivergence", "headroom-capacity",
-              f"{tokens_now}\n/ {tokens_then}\n> {number(c.tokens_growth_ratio)}\n"
-              f"and on (instance, model)\nabs({inflight_now} - {inflight_then})\n"
-              f"<= {number(c.inflight_flat_tolerance)} * {inflight_then}\n"
-              f"and on (instance, model) {inflight_then} >= {c.divergence_min_inflight}",
-              "warning", "Active tokens climbing while in-flight requests are flat on <instance>",
-              f"Active tokens of <model> on <instance> grew <value:humanize>x in {window} while "
-              f"in-flight requests stayed flat: long requests are eating the token budget.",
-              {"component": "capacity"}),
-        Alert("HeadroomLoadShedding", "headroom-capacity",
-              f"{R.SHED_RATIO} > {number(c.load_shedding_ratio)}",
-              "warning", "<model> is shedding load (429/503)",
-              f"<value:humanizePercentage> of requests to <model> were refused with 429 or 503 over the "
-              f"last 5 minutes (threshold {c.load_shedding_ratio:.0%}).", {"component": "capacity"}),
-        Alert("HeadroomSlowReplica", "headroom-capacity",
-              f'{R.TTFT_QUANTILE_INSTANCE} > {number(c.ttft_soft_bound_seconds)}\n'
-              f'and {R.TTFT_QUANTILE_INSTANCE}\n> on (model) group_left ()\n'
-              f'({number(c.slow_replica_ratio)} * quantile by (model) (0.5, {R.TTFT_QUANTILE_INSTANCE}))\n'
-              f"and on (instance, model) {requests_in('ttft', by='instance, model')} >= {c.slo_min_requests}",
-              "warning", "Replica <instance> of <model> is slow",
-              f"p95 TTFT of <model> on <instance> is <value:humanizeDuration>, over "
-              f"{c.slow_replica_ratio:g}x the median of its replicas: throttling, a noisy neighbour or a "
-              f"bad node. Drain it and compare.", {"component": "capacity"}),
+        Alert(
+            "HeadroomConcurrencyRising",
+            "headroom-capacity",
+            trend,
+            "warning",
+            "<model> concurrency is climbing towards its knee (<caliber>, task class <task_class>)",
+            f"On the trend of the last {c.knee_forecast_window}, <caliber> concurrency of <model> on <instance> "
+            f"reaches the measured knee within {c.knee_forecast_horizon}; it is at <value:humanizePercentage> "
+            f"of it now. Plan replicas before the peak.",
+            {"component": "capacity"},
+        ),
+        Alert(
+            "HeadroomCapacityForecast",
+            "headroom-capacity",
+            f"{trend}\nand {sustained}",
+            "critical",
+            "<model> is heading for its knee (<caliber>, task class <task_class>)",
+            f"<caliber> concurrency of <model> on <instance> has climbed through the last three "
+            f"{c.knee_forecast_step} windows and on its {c.knee_forecast_window} trend reaches the measured "
+            f"knee within {c.knee_forecast_horizon}; it is at <value:humanizePercentage> of it now. Add "
+            f"replicas before users queue.",
+            {"component": "capacity"},
+        ),
+        Alert(
+            "HeadroomKVCacheNearFull",
+            "headroom-capacity",
+            _hysteresis(
+                "HeadroomKVCacheNearFull",
+                kv_mean,
+                c.kv_warning_ratio,
+                c.kv_warning_clear_ratio,
+                "instance, model",
+            ),
+            "warning",
+            "KV cache of <model> on <instance> nearly full",
+            f"KV-cache usage of <model> on <instance> averaged <value:humanizePercentage> over 5 minutes "
+            f"(raised above {c.kv_warning_ratio:.0%}, clears below {c.kv_warning_clear_ratio:.0%}): new long "
+            f"requests will queue or preempt running ones.",
+            {"family": "kv_cache"},
+        ),
+        Alert(
+            "HeadroomKVCacheExhausted",
+            "headroom-capacity",
+            f"{kv_mean} > {number(c.kv_warning_ratio)}\n"
+            f"and on (instance, model) sum by (instance, model) (min_over_time({waiting}[5m])) > 0",
+            "critical",
+            "KV cache of <model> on <instance> full and requests queueing",
+            "KV-cache usage of <model> on <instance> averaged <value:humanizePercentage> over 5 minutes "
+            "while requests waited in the engine at every scrape: the cache is the bottleneck and users "
+            "queue behind it.",
+            {"family": "kv_cache"},
+        ),
+        Alert(
+            "HeadroomTokenCaliberDivergence",
+            "headroom-capacity",
+            f"{tokens_now}\n/ {tokens_then}\n> {number(c.tokens_growth_ratio)}\n"
+            f"and on (instance, model)\nabs({inflight_now} - {inflight_then})\n"
+            f"<= {number(c.inflight_flat_tolerance)} * {inflight_then}\n"
+            f"and on (instance, model) {inflight_then} >= {c.divergence_min_inflight}",
+            "warning",
+            "Active tokens climbing while in-flight requests are flat on <instance>",
+            f"Active tokens of <model> on <instance> grew <value:humanize>x in {window} while "
+            f"in-flight requests stayed flat: long requests are eating the token budget.",
+            {"component": "capacity"},
+        ),
+        Alert(
+            "HeadroomLoadShedding",
+            "headroom-capacity",
+            f"{R.SHED_RATIO} > {number(c.load_shedding_ratio)}",
+            "warning",
+            "<model> is shedding load (429/503)",
+            f"<value:humanizePercentage> of requests to <model> were refused with 429 or 503 over the "
+            f"last 5 minutes (threshold {c.load_shedding_ratio:.0%}).",
+            {"component": "capacity"},
+        ),
+        Alert(
+            "HeadroomSlowReplica",
+            "headroom-capacity",
+            f"{R.TTFT_QUANTILE_INSTANCE} > {number(c.ttft_soft_bound_seconds)}\n"
+            f"and {R.TTFT_QUANTILE_INSTANCE}\n> on (model) group_left ()\n"
+            f"({number(c.slow_replica_ratio)} * quantile by (model) (0.5, {R.TTFT_QUANTILE_INSTANCE}))\n"
+            f"and on (instance, model) {requests_in('ttft', by='instance, model')} >= {c.slo_min_requests}",
+            "warning",
+            "Replica <instance> of <model> is slow",
+            f"p95 TTFT of <model> on <instance> is <value:humanizeDuration>, over "
+            f"{c.slow_replica_ratio:g}x the median of its replicas: throttling, a noisy neighbour or a "
+            f"bad node. Drain it and compare.",
+            {"component": "capacity"},
+        ),
     ]
 
 
@@ -181,13 +270,19 @@ def _seconds(duration: str) -> int:
 
 def alerts(config: RulesConfig) -> list[Alert]:
     """Every alert, in the order it is rendered (several rules may share a name: one per SLO class)."""
-    return (_latency_signals(config) + _saturation_signals(config) + [_composite()] + _capacity(config)
-            + slo_alerts(config) + pipeline_alerts(config))
+    return (
+        _latency_signals(config)
+        + _saturation_signals(config)
+        + [_composite()]
+        + _capacity(config)
+        + slo_alerts(config)
+        + pipeline_alerts(config)
+    )
 
 
-def alerting_groups(config: RulesConfig) -> list[dict]:
+def alerting_groups(config: RulesConfig) -> list[dict[str, Any]]:
     """Alert rule groups in first-appearance order of their group names."""
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for alert in alerts(config):
         groups.setdefault(alert.group, []).append(alert.to_rule(config))
     return [{"name": name, "rules": rules} for name, rules in groups.items()]

@@ -13,6 +13,7 @@ receiver syntax, passed through). The rendered file ends with a commented exampl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Receivers", "PRODUCTION_RECEIVERS", "alertmanager_config", "RECEIVER_EXAMPLE"]
 
@@ -31,8 +32,9 @@ class Receivers:
 
 # Placeholders for the bridges in front of your pager and ticket tracker; replace them through
 # `receivers:` in the rules config (see RECEIVER_EXAMPLE) rather than by editing the file.
-PRODUCTION_RECEIVERS = Receivers(page_url="http://alert-bridge:9095/page",
-                                 ticket_url="http://alert-bridge:9095/ticket")
+PRODUCTION_RECEIVERS = Receivers(
+    page_url="http://alert-bridge:9095/page", ticket_url="http://alert-bridge:9095/ticket"
+)
 
 # Appended, commented, to alerts/alertmanager.yml: real receiver types, as a config file names them.
 RECEIVER_EXAMPLE = """\
@@ -58,13 +60,15 @@ RECEIVER_EXAMPLE = """\
 """
 
 
-def _receiver(name: str, url: str, configured: dict | None) -> dict:
+def _receiver(name: str, url: str, configured: dict[str, Any] | None) -> dict[str, Any]:
     if configured:
         return {"name": name, **configured}
     return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
 
 
-def alertmanager_config(receivers: Receivers = PRODUCTION_RECEIVERS, configured: dict[str, dict] | None = None) -> dict:
+def alertmanager_config(
+    receivers: Receivers = PRODUCTION_RECEIVERS, configured: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The Alertmanager configuration document; `configured` maps route -> a real receiver body."""
     configured = configured or {}
     return {
@@ -75,19 +79,28 @@ def alertmanager_config(receivers: Receivers = PRODUCTION_RECEIVERS, configured:
             "group_interval": receivers.group_interval,
             "repeat_interval": receivers.repeat_interval_ticket,
             "routes": [
-                {"receiver": "page", "matchers": ['severity="critical"'],
-                 "repeat_interval": receivers.repeat_interval_page},
+                {
+                    "receiver": "page",
+                    "matchers": ['severity="critical"'],
+                    "repeat_interval": receivers.repeat_interval_page,
+                },
                 {"receiver": "ticket", "matchers": ['severity="warning"']},
             ],
         },
-        "receivers": [_receiver("page", receivers.page_url, configured.get("page")),
-                      _receiver("ticket", receivers.ticket_url, configured.get("ticket"))],
+        "receivers": [
+            _receiver("page", receivers.page_url, configured.get("page")),
+            _receiver("ticket", receivers.ticket_url, configured.get("ticket")),
+        ],
         "inhibit_rules": [
-            {"source_matchers": ['severity="critical"', 'family=~".+"'],
-             "target_matchers": ['severity="warning"', 'family=~".+"'],
-             "equal": ["family", "model"]},
-            {"source_matchers": ['alertname="HeadroomNearCapacityLimit"'],
-             "target_matchers": ['signal=~".+"'],
-             "equal": ["model"]},
+            {
+                "source_matchers": ['severity="critical"', 'family=~".+"'],
+                "target_matchers": ['severity="warning"', 'family=~".+"'],
+                "equal": ["family", "model"],
+            },
+            {
+                "source_matchers": ['alertname="HeadroomNearCapacityLimit"'],
+                "target_matchers": ['signal=~".+"'],
+                "equal": ["model"],
+            },
         ],
     }

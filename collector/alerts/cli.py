@@ -6,7 +6,9 @@ simulator this package may not import); `rules_config()` turns the shared option
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -30,29 +32,53 @@ Examples:
 """
 
 
-def config_options(command):
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def config_options(command: _Command) -> _Command:
     """--config and the common overrides, shared by `generate` and `backtest`."""
-    for option in reversed((
-        click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="YAML file of SLOs, thresholds, for: durations, job selector, labels, receivers "
-                          "(docs/rules.md, 'Configuration file'); omitted keys keep the defaults."),
-        click.option("--sidecar-job", default=None, metavar="NAME",
-                     help=f"Prometheus job of the sidecars [default: {DEFAULT.sidecar_job}]."),
-        click.option("--runbook-base-url", default=None, metavar="URL",
-                     help="Absolute URL of docs/runbooks.md in your fork (runbook_url of every alert)."),
-        click.option("--label", "labels", multiple=True, metavar="NAME=VALUE",
-                     help="A label added to every alert, e.g. --label cluster=prod-eu (repeatable)."),
-    )):
+    for option in reversed(
+        (
+            click.option(
+                "--config",
+                "config_path",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="YAML file of SLOs, thresholds, for: durations, job selector, labels, receivers "
+                "(docs/rules.md, 'Configuration file'); omitted keys keep the defaults.",
+            ),
+            click.option(
+                "--sidecar-job",
+                default=None,
+                metavar="NAME",
+                help=f"Prometheus job of the sidecars [default: {DEFAULT.sidecar_job}].",
+            ),
+            click.option(
+                "--runbook-base-url",
+                default=None,
+                metavar="URL",
+                help="Absolute URL of docs/runbooks.md in your fork (runbook_url of every alert).",
+            ),
+            click.option(
+                "--label",
+                "labels",
+                multiple=True,
+                metavar="NAME=VALUE",
+                help="A label added to every alert, e.g. --label cluster=prod-eu (repeatable).",
+            ),
+        )
+    ):
         command = option(command)
     return command
 
 
-def rules_config(config_path: Path | None, sidecar_job: str | None, runbook_base_url: str | None,
-                 labels: tuple[str, ...]) -> RulesConfig:
+def rules_config(
+    config_path: Path | None, sidecar_job: str | None, runbook_base_url: str | None, labels: tuple[str, ...]
+) -> RulesConfig:
     """The RulesConfig the options describe: defaults, then the file, then the flags."""
     try:
         config = load_config(config_path) if config_path else DEFAULT
-        overrides: dict = {}
+        overrides: dict[str, Any] = {}
         if sidecar_job:
             overrides["sidecar_job"] = sidecar_job
         if runbook_base_url:
@@ -61,7 +87,9 @@ def rules_config(config_path: Path | None, sidecar_job: str | None, runbook_base
         for text in labels:
             name, sep, value = text.partition("=")
             if not sep or not name:
-                raise click.BadParameter(f"{text!r} is not NAME=VALUE, e.g. cluster=prod-eu", param_hint="--label")
+                raise click.BadParameter(
+                    f"{text!r} is not NAME=VALUE, e.g. cluster=prod-eu", param_hint="--label"
+                )
             pairs[name.strip()] = value.strip()
         if pairs:
             overrides["extra_labels"] = pairs
@@ -71,12 +99,23 @@ def rules_config(config_path: Path | None, sidecar_job: str | None, runbook_base
 
 
 @click.command("generate")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("alerts"),
-              show_default=True, help="Directory to write the rules into.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("alerts"),
+    show_default=True,
+    help="Directory to write the rules into.",
+)
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when the files in --out differ.")
 @config_options
-def generate_alerts(out: Path, check: bool, config_path: Path | None, sidecar_job: str | None,
-                    runbook_base_url: str | None, labels: tuple[str, ...]) -> None:
+def generate_alerts(
+    out: Path,
+    check: bool,
+    config_path: Path | None,
+    sidecar_job: str | None,
+    runbook_base_url: str | None,
+    labels: tuple[str, ...],
+) -> None:
     """Write *.rules.yaml, the promtool test file and alertmanager.yml (deterministic YAML).
 
     The committed alerts/ are the defaults; a --config file (or the flags) renders your own,

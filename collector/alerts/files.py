@@ -10,7 +10,12 @@ up the promtool test file beside them.
 from __future__ import annotations
 
 from collector.alerts.alerting import alerting_groups
-from collector.alerts.alertmanager import PRODUCTION_RECEIVERS, RECEIVER_EXAMPLE, Receivers, alertmanager_config
+from collector.alerts.alertmanager import (
+    PRODUCTION_RECEIVERS,
+    RECEIVER_EXAMPLE,
+    Receivers,
+    alertmanager_config,
+)
 from collector.alerts.promtool_tests import unit_test_document
 from collector.alerts.recording import recording_groups
 from collector.alerts.recording_tests import recording_test_groups

@@ -1,8 +1,8 @@
 """What promtool test cases are made of: Case, promtool's series notation, Prometheus' number formats.
 
-    steps((0, 2), (3, 1))        -> "0 0 3"
-    counter((1, 2), (5, 1))      -> "0 1 2 7"
-    humanize_duration(2000)      -> "33m 20s"   (what `{{ $value | humanizeDuration }}` prints)
+steps((0, 2), (3, 1))        -> "0 0 3"
+counter((1, 2), (5, 1))      -> "0 1 2 7"
+humanize_duration(2000)      -> "33m 20s"   (what `{{ $value | humanizeDuration }}` prints)
 """
 
 from __future__ import annotations
@@ -97,5 +97,5 @@ class Case:
     name: str
     alert: str
     series: dict[str, str]
-    checks: tuple[tuple[str, tuple[tuple[dict, str], ...]], ...]
+    checks: tuple[tuple[str, tuple[tuple[dict[str, str], str], ...]], ...]
     rule: int = 0

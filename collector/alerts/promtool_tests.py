@@ -11,17 +11,20 @@ are complete.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from collector.alerts.alerting import Alert, alerting_groups, alerts
 from collector.alerts.promtool_cases import cases
-from collector.alerts.recording import recording_groups
 from collector.alerts.promtool_support import Case
+from collector.alerts.recording import recording_groups
 from collector.alerts.templating import to_text
 from collector.rules.config import RulesConfig
 
 __all__ = ["Case", "unit_test_document"]
 
 
-def _expected(alert: Alert, config: RulesConfig, labels: dict, value_text: str) -> dict:
+def _expected(alert: Alert, config: RulesConfig, labels: dict[str, Any], value_text: str) -> dict[str, Any]:
     rule = alert.to_rule(config)
     full = {**rule["labels"], **labels}
     return {
@@ -34,21 +37,26 @@ def _expected(alert: Alert, config: RulesConfig, labels: dict, value_text: str) 
     }
 
 
-def _group(case: Case, by_name: dict[str, list[Alert]], config: RulesConfig) -> dict:
+def _group(case: Case, by_name: dict[str, list[Alert]], config: RulesConfig) -> dict[str, Any]:
     alert = by_name[case.alert][case.rule]
     return {
         "name": f"{case.alert}: {case.name}",
         "interval": "1m",
         "input_series": [{"series": s, "values": v} for s, v in case.series.items()],
         "alert_rule_test": [
-            {"eval_time": at, "alertname": case.alert,
-             "exp_alerts": [_expected(alert, config, labels, value) for labels, value in firing]}
+            {
+                "eval_time": at,
+                "alertname": case.alert,
+                "exp_alerts": [_expected(alert, config, labels, value) for labels, value in firing],
+            }
             for at, firing in case.checks
         ],
     }
 
 
-def unit_test_document(config: RulesConfig, rule_files: list[str], extra_groups: list[dict] = ()) -> dict:
+def unit_test_document(
+    config: RulesConfig, rule_files: list[str], extra_groups: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
     """The promtool test file: one group per case of `config`, then `extra_groups` (recording rules)."""
     by_name: dict[str, list[Alert]] = {}
     for alert in alerts(config):

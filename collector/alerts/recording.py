@@ -6,10 +6,10 @@ evaluation order (a rule may read the ones above it in its group).
 
 Two designs worth knowing:
 
-- **Knee ratio per task class.** Live series carry `task_class` once the capacity engineer's
-  per-class concurrency lands, and do not today. One rule compares each class with its own knee
-  (`task_class!="all"` gauges; silent while live series have no class), another compares every
-  request together with the `task_class="all"` knee, so both kinds of series work unchanged.
+- **Knee ratio per task class.** Each class's live concurrency (`headroom_task_inflight_requests`,
+  `headroom_task_active_tokens`) is compared with its own knee where one is published
+  (`task_class!="all"`; silent otherwise), and every request together with the
+  `task_class="all"` knee, so a model measured only over all its traffic works unchanged.
 - **SLOs per model.** Each distinct target is its own expression, selected by a `model` matcher
   (collector.alerts.slo_classes) and `or`ed into the one rule of its record name (promtool
   lints duplicate record names); without per-model SLOs there is one expression.
@@ -17,7 +17,9 @@ Two designs worth knowing:
 
 from __future__ import annotations
 
-from collector.alerts.slo_classes import selector, slo_classes, target_seconds
+from typing import Any
+
+from collector.alerts.slo_classes import selector, slo_classes
 from collector.rules.config import RulesConfig
 from collector.rules.naming import le_label, sample
 from collector.rules.records import QUANTILES, RATE_WINDOW, SLO_WINDOWS, R
@@ -29,12 +31,20 @@ __all__ = ["recording_groups", "ERROR_OUTCOMES", "SHED_OUTCOMES"]
 # cancelled was never answered.
 ERROR_OUTCOMES = ("rate_limited", "overloaded", "upstream_error", "timeout")
 SHED_OUTCOMES = ("rate_limited", "overloaded")
-_CALIBERS = (("requests", "headroom_inflight_requests", "headroom_capacity_knee_requests"),
-             ("tokens", "headroom_active_tokens", "headroom_capacity_knee_tokens"))
+# caliber -> (every request, per task class, the knee gauge)
+_CALIBERS = (
+    (
+        "requests",
+        "headroom_inflight_requests",
+        "headroom_task_inflight_requests",
+        "headroom_capacity_knee_requests",
+    ),
+    ("tokens", "headroom_active_tokens", "headroom_task_active_tokens", "headroom_capacity_knee_tokens"),
+)
 
 
-def _rule(name: str, expr: str, **labels: str) -> dict:
-    rule = {"record": name, "expr": expr}
+def _rule(name: str, expr: str, **labels: str) -> dict[str, Any]:
+    rule: dict[str, Any] = {"record": name, "expr": expr}
     if labels:
         rule["labels"] = labels
     return rule
@@ -44,32 +54,38 @@ def _caliber(expr: str, caliber: str) -> str:
     return f'label_replace({expr}, "caliber", "{caliber}", "", "")'
 
 
-def _knee_ratio_rule() -> dict:
+def _knee_ratio_rule() -> dict[str, Any]:
     """One rule (Prometheus lints duplicate record names): per class and for every request, both calibers."""
     parts = []
-    for caliber, live, knee in _CALIBERS:
-        live, knee = sample(live), sample(knee)
-        per_class = (f'sum by (instance, model, task_class) (avg_over_time({live}{{task_class!=""}}[{RATE_WINDOW}]))\n'
-                     f'/ on (model, task_class) group_left ()\n'
-                     f'max by (model, task_class) ({knee}{{task_class!="all"}})')
-        every = (f'label_replace(sum by (instance, model) (avg_over_time({live}[{RATE_WINDOW}])), '
-                 f'"task_class", "all", "", "")\n'
-                 f'/ on (model, task_class) group_left ()\n'
-                 f'max by (model, task_class) ({knee}{{task_class="all"}})')
+    for caliber, live, per_task, knee in _CALIBERS:
+        live, per_task, knee = sample(live), sample(per_task), sample(knee)
+        per_class = (
+            f"sum by (instance, model, task_class) (avg_over_time({per_task}[{RATE_WINDOW}]))\n"
+            f"/ on (model, task_class) group_left ()\n"
+            f'max by (model, task_class) ({knee}{{task_class!="all"}})'
+        )
+        every = (
+            f"label_replace(sum by (instance, model) (avg_over_time({live}[{RATE_WINDOW}])), "
+            f'"task_class", "all", "", "")\n'
+            f"/ on (model, task_class) group_left ()\n"
+            f'max by (model, task_class) ({knee}{{task_class="all"}})'
+        )
         parts += [_caliber(f"(\n{per_class}\n)", caliber), _caliber(f"(\n{every}\n)", caliber)]
     return _rule(R.KNEE_RATIO, "\nor\n".join(parts))
 
 
-def _concurrency_rules() -> list[dict]:
+def _concurrency_rules() -> list[dict[str, Any]]:
     inflight, tokens = sample("headroom_inflight_requests"), sample("headroom_active_tokens")
     return [
         _rule(R.INFLIGHT_INSTANCE, f"sum by (instance, model) ({inflight})"),
         _rule(R.TOKENS_INSTANCE, f"sum by (instance, model) ({tokens})"),
         _rule(R.INFLIGHT, f"sum by (model) ({inflight})"),
         _rule(R.ACTIVE_TOKENS, f"sum by (model) ({tokens})"),
-        _rule(R.CONCURRENCY,
-              f'label_replace({R.INFLIGHT_INSTANCE}, "caliber", "requests", "", "")\n'
-              f'or\nlabel_replace({R.TOKENS_INSTANCE}, "caliber", "tokens", "", "")'),
+        _rule(
+            R.CONCURRENCY,
+            f'label_replace({R.INFLIGHT_INSTANCE}, "caliber", "requests", "", "")\n'
+            f'or\nlabel_replace({R.TOKENS_INSTANCE}, "caliber", "tokens", "", "")',
+        ),
         # Silent (no series) for a model, class and caliber without a published knee.
         _knee_ratio_rule(),
     ]
@@ -83,7 +99,7 @@ def _outcomes(outcomes: tuple[str, ...]) -> str:
     return f'{{outcome=~"{"|".join(outcomes)}"}}'
 
 
-def _traffic_rules(w: str) -> list[dict]:
+def _traffic_rules(w: str) -> list[dict[str, Any]]:
     requests = sample("headroom_requests_total")
     prompt, generated = sample("headroom_prompt_tokens_total"), sample("headroom_generated_tokens_total")
     limited = _rate(requests, "model", w, '{outcome="rate_limited"}')
@@ -96,16 +112,20 @@ def _traffic_rules(w: str) -> list[dict]:
         _rule(R.SHED_RATIO, f"(\n  {shed}\n  or {R.REQUESTS_RATE} * 0\n)\n/ {R.REQUESTS_RATE}"),
         _rule(R.GENERATED_RATE, _rate(generated, "model", w)),
         _rule(R.TOKENS_RATE, f"{_rate(prompt, 'model', w)}\n+ {R.GENERATED_RATE}"),
-        _rule(R.TOKENS_RATE_INSTANCE,
-              f"{_rate(prompt, 'instance, model', w)}\n+ {_rate(generated, 'instance, model', w)}"),
+        _rule(
+            R.TOKENS_RATE_INSTANCE,
+            f"{_rate(prompt, 'instance, model', w)}\n+ {_rate(generated, 'instance, model', w)}",
+        ),
     ]
 
 
-def _latency_rules(w: str) -> list[dict]:
+def _latency_rules(w: str) -> list[dict[str, Any]]:
     rules = []
-    for name, metric in ((R.TTFT_QUANTILE, "headroom_time_to_first_token_seconds"),
-                         (R.TPOT_QUANTILE, "headroom_time_per_output_token_seconds"),
-                         (R.E2E_QUANTILE, "headroom_request_duration_seconds")):
+    for name, metric in (
+        (R.TTFT_QUANTILE, "headroom_time_to_first_token_seconds"),
+        (R.TPOT_QUANTILE, "headroom_time_per_output_token_seconds"),
+        (R.E2E_QUANTILE, "headroom_request_duration_seconds"),
+    ):
         for quantile in QUANTILES:
             expr = f"histogram_quantile({quantile}, {_rate(sample(metric, 'bucket'), 'model, le', w)})"
             rules.append(_rule(name, expr, quantile=quantile))
@@ -113,8 +133,12 @@ def _latency_rules(w: str) -> list[dict]:
     ttft = _rate(sample("headroom_time_to_first_token_seconds", "bucket"), "instance, model, le", w)
     rules.append(_rule(R.TTFT_QUANTILE_INSTANCE, f"histogram_quantile(0.95, {ttft})", quantile="0.95"))
     duration = "headroom_request_duration_seconds"
-    rules.append(_rule(R.E2E_MEAN, f"{_rate(sample(duration, 'sum'), 'model', w)}\n"
-                                   f"/ {_rate(sample(duration, 'count'), 'model', w)}"))
+    rules.append(
+        _rule(
+            R.E2E_MEAN,
+            f"{_rate(sample(duration, 'sum'), 'model', w)}\n/ {_rate(sample(duration, 'count'), 'model', w)}",
+        )
+    )
     return rules
 
 
@@ -125,27 +149,32 @@ def _miss_ratio(kind: str, window: str, matcher: str, target_s: float) -> str:
         failed = _rate(requests, "model", window, selector(matcher, f'outcome=~"{"|".join(ERROR_OUTCOMES)}"'))
         answered = _rate(requests, "model", window, selector(matcher, 'outcome!="client_cancelled"'))
         return f"(\n  {failed}\n  or {answered} * 0\n)\n/ {answered}"
-    metric, extra = (("headroom_time_to_first_token_seconds", "") if kind == "ttft"
-                     else ("headroom_request_duration_seconds", 'outcome="ok"'))
-    good = _rate(sample(metric, "bucket"), "model", window, selector(matcher, extra, f'le="{le_label(target_s)}"'))
+    metric, extra = (
+        ("headroom_time_to_first_token_seconds", "")
+        if kind == "ttft"
+        else ("headroom_request_duration_seconds", 'outcome="ok"')
+    )
+    good = _rate(
+        sample(metric, "bucket"), "model", window, selector(matcher, extra, f'le="{le_label(target_s)}"')
+    )
     total = _rate(sample(metric, "count"), "model", window, selector(matcher, extra))
     return f"1 - (\n  {good}\n  / {total}\n)"
 
 
-def _slo_rules(config: RulesConfig) -> list[dict]:
+def _slo_rules(config: RulesConfig) -> list[dict[str, Any]]:
     """One rule per SLI and window; per-model SLO classes are `or`ed into it (disjoint model matchers)."""
     rules = []
     for kind in ("ttft", "e2e", "availability"):
         classes = slo_classes(config, kind)
         for window in SLO_WINDOWS:
-            parts = [_miss_ratio(kind, window, c.matcher, target_seconds(c.slo, kind)) for c in classes]
+            parts = [_miss_ratio(kind, window, c.matcher, c.target) for c in classes]
             if parts:
                 expr = parts[0] if len(parts) == 1 else "\nor\n".join(f"(\n{p}\n)" for p in parts)
                 rules.append(_rule(R.slo_misses(window, kind), expr))
     return rules
 
 
-def _engine_rules() -> list[dict]:
+def _engine_rules() -> list[dict[str, Any]]:
     waiting = sample("headroom_engine_requests_waiting")
     return [
         _rule(R.WAITING, f"sum by (model) ({waiting})"),
@@ -156,7 +185,7 @@ def _engine_rules() -> list[dict]:
     ]
 
 
-def recording_groups(config: RulesConfig) -> list[dict]:
+def recording_groups(config: RulesConfig) -> list[dict[str, Any]]:
     """The recording-rule groups, in evaluation order (a rule may read the ones above it)."""
     w = RATE_WINDOW
     return [

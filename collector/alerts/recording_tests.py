@@ -12,8 +12,9 @@ Concurrency: tenants of 3 and 5 requests -> 8 in flight; a knee of 10 (task clas
 
 from __future__ import annotations
 
+from typing import Any
+
 from collector.rules.config import RulesConfig
-from collector.rules.naming import le_label
 from collector.rules.records import R
 
 __all__ = ["recording_test_groups"]
@@ -23,21 +24,24 @@ _KNEE = 'headroom_capacity_knee_requests{instance="a",model="m",task_class="all"
 _M, _I = {"model": "m"}, {"instance": "a", "model": "m"}
 
 
-def _series(name: str, values: str) -> dict:
+def _series(name: str, values: str) -> dict[str, Any]:
     return {"series": name, "values": values}
 
 
-def _expect(expr: str, *samples: tuple[dict, float]) -> dict:
+def _expect(expr: str, *samples: tuple[dict[str, str], float]) -> dict[str, Any]:
     """Check `expr` at 10m, rounded to 1e-4 so float noise in rate() does not hide the hand value."""
-    return {"eval_time": "10m", "expr": f"round({expr}, 0.0001)",
-            "exp_samples": [{"labels": _labels(labels), "value": value} for labels, value in samples]}
+    return {
+        "eval_time": "10m",
+        "expr": f"round({expr}, 0.0001)",
+        "exp_samples": [{"labels": _labels(labels), "value": value} for labels, value in samples],
+    }
 
 
-def _labels(labels: dict) -> str:
+def _labels(labels: dict[str, Any]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-def _inputs() -> list[dict]:
+def _inputs() -> list[dict[str, Any]]:
     bucket = 'headroom_time_to_first_token_seconds_bucket{instance="a",model="m",le="%s"}'
     duration = 'headroom_request_duration_seconds_%s{instance="a",model="m",outcome="ok"%s}'
     return [
@@ -59,7 +63,7 @@ def _inputs() -> list[dict]:
     ]
 
 
-def recording_test_groups(config: RulesConfig) -> list[dict]:
+def recording_test_groups(config: RulesConfig) -> list[dict[str, Any]]:
     """The recording-rule checks for the rules generated under `config`.
 
     The SLO-miss checks read the 2 s TTFT and 60 s duration buckets, so they run when the default
@@ -82,9 +86,11 @@ def recording_test_groups(config: RulesConfig) -> list[dict]:
         checks.append(_expect(R.slo_misses("5m"), (_M, 0.04)))
     if config.default_slo.e2e_seconds == 60.0:
         checks.append(_expect(R.slo_misses("5m", "e2e"), (_M, 0.01)))
-    return [{
-        "name": "recording rules: quantiles, SLO misses, calibers, knee ratio, shed and 429 ratios",
-        "interval": "1m",
-        "input_series": _inputs(),
-        "promql_expr_test": checks,
-    }]
+    return [
+        {
+            "name": "recording rules: quantiles, SLO misses, calibers, knee ratio, shed and 429 ratios",
+            "interval": "1m",
+            "input_series": _inputs(),
+            "promql_expr_test": checks,
+        }
+    ]

@@ -24,8 +24,11 @@ __all__ = ["slo_alerts", "latency_matcher", "requests_in", "FAST_BURNS", "SLOW_B
 
 FAST_BURNS = (("1h", "5m", 14.4), ("6h", "30m", 6.0))
 SLOW_BURN = ("3d", "6h", 1.0)
-_TITLES = {"availability": ("Availability", "failed"), "ttft": ("TTFT", "missed the {target} TTFT SLO"),
-           "e2e": ("E2E", "missed the {target} end-to-end SLO")}
+_TITLES = {
+    "availability": ("Availability", "failed"),
+    "ttft": ("TTFT", "missed the {target} TTFT SLO"),
+    "e2e": ("E2E", "missed the {target} end-to-end SLO"),
+}
 
 
 def _indent(text: str) -> str:
@@ -51,8 +54,10 @@ def _per_5m(window: str) -> int:
 
 def _burn(kind: str, matcher: str, long: str, short: str, factor: float, budget: float) -> str:
     limit = number(factor * budget)
-    return (f"{R.slo_misses(long, kind)}{selector(matcher)} > {limit}\n"
-            f"and {R.slo_misses(short, kind)}{selector(matcher)} > {limit}")
+    return (
+        f"{R.slo_misses(long, kind)}{selector(matcher)} > {limit}\n"
+        f"and {R.slo_misses(short, kind)}{selector(matcher)} > {limit}"
+    )
 
 
 def _what(kind: str, slo_class: SloClass) -> str:
@@ -62,22 +67,38 @@ def _what(kind: str, slo_class: SloClass) -> str:
 
 def _pair(kind: str, slo_class: SloClass, classes: list[SloClass], c: RulesConfig) -> list[Alert]:
     title, budget, matcher = _TITLES[kind][0], slo_class.slo.budget(kind), slo_class.matcher
-    fast = "\nor\n".join(f"(\n{_indent(_burn(kind, matcher, long, short, factor, budget))}\n)"
-                         for long, short, factor in FAST_BURNS)
+    fast = "\nor\n".join(
+        f"(\n{_indent(_burn(kind, matcher, long, short, factor, budget))}\n)"
+        for long, short, factor in FAST_BURNS
+    )
     fast_expr = f"(\n{_indent(fast)}\n)\nand on (model) {requests_in(kind, matcher)} >= {c.slo_min_requests}"
     long, short, factor = SLOW_BURN
-    slow_expr = (f"{_burn(kind, matcher, long, short, factor, budget)}\n"
-                 f"and on (model) {requests_in(kind, matcher, short)} >= {c.slo_min_requests * _per_5m(short)}")
+    slow_expr = (
+        f"{_burn(kind, matcher, long, short, factor, budget)}\n"
+        f"and on (model) {requests_in(kind, matcher, short)} >= {c.slo_min_requests * _per_5m(short)}"
+    )
     family = {"family": f"{kind}_slo"} | slo_class.labels(classes)
     return [
-        Alert(f"Headroom{title}BudgetBurnFast", "headroom-slo", fast_expr, "critical",
-              f"<model> is burning its {title} error budget fast",
-              f"<value:humanizePercentage> of requests to <model> {_what(kind, slo_class)} over the long "
-              f"window; at this burn rate the 30-day budget of {budget:.2%} is gone within days.", family),
-        Alert(f"Headroom{title}BudgetBurnSlow", "headroom-slo", slow_expr,
-              "warning", f"<model> is slowly burning its {title} error budget",
-              f"<value:humanizePercentage> of requests to <model> {_what(kind, slo_class)} over 3 days, more "
-              f"than the {budget:.2%} budget allows.", family),
+        Alert(
+            f"Headroom{title}BudgetBurnFast",
+            "headroom-slo",
+            fast_expr,
+            "critical",
+            f"<model> is burning its {title} error budget fast",
+            f"<value:humanizePercentage> of requests to <model> {_what(kind, slo_class)} over the long "
+            f"window; at this burn rate the 30-day budget of {budget:.2%} is gone within days.",
+            family,
+        ),
+        Alert(
+            f"Headroom{title}BudgetBurnSlow",
+            "headroom-slo",
+            slow_expr,
+            "warning",
+            f"<model> is slowly burning its {title} error budget",
+            f"<value:humanizePercentage> of requests to <model> {_what(kind, slo_class)} over 3 days, more "
+            f"than the {budget:.2%} budget allows.",
+            family,
+        ),
     ]
 
 

@@ -28,9 +28,10 @@ class SloClass:
 
     matcher: str
     slo: Slo
-    name: str = "default"   # "default" or the model's name
+    name: str = "default"  # "default" or the model's name
+    target: float = 0.0  # the latency target of the class's SLI (0 for availability, which has none)
 
-    def labels(self, classes: list["SloClass"]) -> dict[str, str]:
+    def labels(self, classes: list[SloClass]) -> dict[str, str]:
         """{"slo_class": name} when rules of one alert differ by class (promtool lints same-name twins)."""
         return {"slo_class": self.name} if len(classes) > 1 else {}
 
@@ -53,13 +54,15 @@ def slo_classes(config: RulesConfig, kind: str) -> list[SloClass]:
     """The classes of `kind` (ttft, e2e, availability): the default first, then each configured model."""
     explicit = sorted(config.model_slos)
     classes = []
-    if target_seconds(config.default_slo, kind) is not None:
+    default = target_seconds(config.default_slo, kind)
+    if default is not None:
         matcher = f'model!~"{model_alternatives(explicit)}"' if explicit else ""
-        classes.append(SloClass(matcher, config.default_slo))
+        classes.append(SloClass(matcher, config.default_slo, "default", default))
     for model in explicit:
         slo = config.model_slos[model]
-        if target_seconds(slo, kind) is not None:
-            classes.append(SloClass(f'model="{_quoted(model)}"', slo, model))
+        target = target_seconds(slo, kind)
+        if target is not None:
+            classes.append(SloClass(f'model="{_quoted(model)}"', slo, model, target))
     return classes
 
 

@@ -9,7 +9,7 @@ breach the request rows show, and every alert outside a real problem.
 
     scenario         Scenario, Replica, Fault, Incident, Expect: what a scenario is (data only)
     scenarios        the built-in scenarios, by name
-    records          RequestRecord: one request, from the simulator or a request-log row
+    lifecycle        Lifecycle: one request, from the simulator or a request-log row
     simulate         the scheduler driven in simulated time: records and engine samples
     exposition       records -> the sidecar's series at each scrape (scenarios and replays alike)
     scenario_series  + the engine, GPU, capacity and log series, and the scrape faults

@@ -33,8 +33,8 @@ class Episode:
     labels: Labels
     pending_at: float
     firing_at: float | None = None
-    ended_at: float | None = None       # resolved (after firing) or dropped (while pending); None: still on
-    value: float = 0.0                  # the expression's value when it fired (or last seen pending)
+    ended_at: float | None = None  # resolved (after firing) or dropped (while pending); None: still on
+    value: float = 0.0  # the expression's value when it fired (or last seen pending)
 
     @property
     def fired(self) -> bool:
@@ -53,7 +53,7 @@ class Episode:
 @dataclass
 class _Active:
     episode: Episode
-    state: str                          # "pending" | "firing"
+    state: str  # "pending" | "firing"
     keep_firing_since: float | None = None
 
 
@@ -96,4 +96,6 @@ class AlertMachine:
 
     def alerts(self) -> list[dict[str, str]]:
         """The ALERTS series after the last step: one label dict (with alertstate) per active alert."""
-        return [dict(labels) | {"alertstate": active.state} for labels, active in sorted(self._active.items())]
+        return [
+            dict(labels) | {"alertstate": active.state} for labels, active in sorted(self._active.items())
+        ]

@@ -22,7 +22,9 @@ __all__ = ["reads_alerts", "substitute", "matching", "EMPTY_VECTOR", "Unsupporte
 
 EMPTY_VECTOR = "(vector(1) < 0)"
 _SELECTOR = re.compile(r'(?<![\w:"])ALERTS(?![\w:])\s*(?:\{(?P<matchers>[^}]*)\})?(?P<range>\s*\[)?')
-_MATCHER = re.compile(r'\s*(?P<name>[a-zA-Z_]\w*)\s*(?P<op>=~|!~|!=|=)\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_MATCHER = re.compile(
+    r'\s*(?P<name>[a-zA-Z_]\w*)\s*(?P<op>=~|!~|!=|=)\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)'
+)
 
 
 class UnsupportedExpression(ValueError):
@@ -52,7 +54,7 @@ def _accepts(labels: dict[str, str], name: str, op: str, value: str) -> bool:
         return actual == value
     if op == "!=":
         return actual != value
-    hit = re.fullmatch(value, actual) is not None   # Prometheus anchors regex matchers
+    hit = re.fullmatch(value, actual) is not None  # Prometheus anchors regex matchers
     return hit if op == "=~" else not hit
 
 
@@ -83,7 +85,7 @@ def substitute(expr: str, alerts: Iterable[dict[str, str]]) -> tuple[str, bool]:
     alerts = list(alerts)
     any_matched = False
 
-    def replace(match: re.Match) -> str:
+    def replace(match: re.Match[str]) -> str:
         nonlocal any_matched
         if match["range"]:
             raise UnsupportedExpression(f"the backtest cannot replay a range over ALERTS: {match.group(0)!r}")

@@ -22,14 +22,17 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from collector.backtest.alertstate import AlertMachine, Episode, Labels
 from collector.backtest.alertsvector import reads_alerts, substitute
-from collector.backtest.openmetrics import SeriesSet
+from collector.backtest.openmetrics import SeriesKey, SeriesSet
 from collector.backtest.prometheus import BackfilledPrometheus, Matrix
 from collector.rules.naming import metric_names
 
 __all__ = ["RuleSet", "Evaluation", "evaluate", "parse_duration", "record_levels"]
+
+Rule = dict[str, Any]  # a rule (or group) as the rule files hold it: record/alert, expr, for, labels
 
 _DURATION = re.compile(r"(\d+)(ms|y|w|d|h|m|s)")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -50,13 +53,13 @@ def parse_duration(text: str | None) -> float:
 class RuleSet:
     """Recording and alerting rules as Prometheus rule-group dicts (what the rule files hold)."""
 
-    recording: list[dict]
-    alerting: list[dict]
+    recording: list[Rule]
+    alerting: list[Rule]
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[Rule]:
         return [rule for group in self.recording for rule in group["rules"]]
 
-    def alerts(self) -> list[dict]:
+    def alerts(self) -> list[Rule]:
         return [rule for group in self.alerting for rule in group["rules"]]
 
 
@@ -71,7 +74,7 @@ class Evaluation:
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
-def record_levels(rules: list[dict]) -> list[list[dict]]:
+def record_levels(rules: list[Rule]) -> list[list[Rule]]:
     """Recording rules grouped by dependency level: [[rules reading raw series], [rules reading those], ...]."""
     names = {rule["record"] for rule in rules}
     level: dict[str, int] = {}
@@ -90,9 +93,10 @@ def record_levels(rules: list[dict]) -> list[list[dict]]:
     return [[rule for rule in rules if level[rule["record"]] == n] for n in range(1, depth + 1)]
 
 
-def _record_series(rules: list[dict], prometheus: BackfilledPrometheus, times: list[float],
-                   step_s: float) -> SeriesSet:
-    collected: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+def _record_series(
+    rules: list[Rule], prometheus: BackfilledPrometheus, times: list[float], step_s: float
+) -> SeriesSet:
+    collected: dict[SeriesKey, list[tuple[float, float]]] = defaultdict(list)
     for rule in rules:
         for labels, points in prometheus.query_range(rule["expr"], times[0], times[-1], step_s):
             labels = {k: v for k, v in labels.items() if k != "__name__"} | rule.get("labels", {})
@@ -104,12 +108,12 @@ def _record_series(rules: list[dict], prometheus: BackfilledPrometheus, times: l
     return out
 
 
-def _alert_labels(rule: dict, labels: dict[str, str]) -> Labels:
+def _alert_labels(rule: Rule, labels: dict[str, str]) -> Labels:
     merged = {k: v for k, v in labels.items() if k != "__name__"} | rule.get("labels", {})
     return tuple(sorted((merged | {"alertname": rule["alert"]}).items()))
 
 
-def _by_time(rule: dict, matrix: Matrix) -> dict[float, dict[Labels, float]]:
+def _by_time(rule: Rule, matrix: Matrix) -> dict[float, dict[Labels, float]]:
     results: dict[float, dict[Labels, float]] = defaultdict(dict)
     for labels, points in matrix:
         key = _alert_labels(rule, labels)
@@ -121,38 +125,47 @@ def _by_time(rule: dict, matrix: Matrix) -> dict[float, dict[Labels, float]]:
 class _Alerting:
     """The alerting rules' machines, stepped in file order over the evaluation times."""
 
-    def __init__(self, rules: list[dict], prometheus: BackfilledPrometheus, times: list[float], step_s: float):
+    def __init__(
+        self, rules: list[Rule], prometheus: BackfilledPrometheus, times: list[float], step_s: float
+    ) -> None:
         self.rules, self.prometheus, self.times, self.step_s = rules, prometheus, times, step_s
-        self.machines = [AlertMachine(r["alert"], parse_duration(r.get("for")), parse_duration(r.get("keep_firing_for")))
-                         for r in rules]
+        self.machines = [
+            AlertMachine(r["alert"], parse_duration(r.get("for")), parse_duration(r.get("keep_firing_for")))
+            for r in rules
+        ]
         self.stateful = [reads_alerts(r["expr"]) for r in rules]
-        self.history: list[dict[int, list[dict]]] = [{} for _ in rules]   # rule -> time index -> ALERTS
+        self.history: list[dict[int, list[dict[str, str]]]] = [{} for _ in rules]  # rule -> time -> ALERTS
         self.instant_queries = 0
 
     def _query(self, expr: str) -> Matrix:
         return self.prometheus.query_range(expr, self.times[0], self.times[-1], self.step_s)
 
     def run(self) -> None:
-        baselines = {}
+        baselines: dict[int, dict[float, dict[Labels, float]]] = {}
         for index, rule in enumerate(self.rules):
             if self.stateful[index]:
                 baselines[index] = _by_time(rule, self._query(substitute(rule["expr"], [])[0]))
                 continue
-            results = _by_time(rule, self._query(rule["expr"]))
+            by_time = _by_time(rule, self._query(rule["expr"]))
             for position, t in enumerate(self.times):
-                self._step(index, position, results.get(t, {}))
+                self._step(index, position, by_time.get(t, {}))
         stateful = [i for i, flag in enumerate(self.stateful) if flag]
         for position, t in enumerate(self.times):
             for index in stateful:
-                visible = self._visible(index, position)
-                expr, matched = substitute(self.rules[index]["expr"], visible)
-                if matched:
-                    self.instant_queries += 1
-                    answer = self.prometheus.query(expr, t)
-                    results = {_alert_labels(self.rules[index], labels): value for labels, value in answer}
-                else:
-                    results = baselines[index].get(t, {})
-                self._step(index, position, results)
+                self._step(index, position, self._results(index, t, position, baselines[index]))
+
+    def _results(
+        self, index: int, t: float, position: int, baseline: dict[float, dict[Labels, float]]
+    ) -> dict[Labels, float]:
+        """A rule reading ALERTS at `t`: one instant query with ALERTS substituted, or the baseline."""
+        expr, matched = substitute(self.rules[index]["expr"], self._visible(index, position))
+        if not matched:
+            return baseline.get(t, {})
+        self.instant_queries += 1
+        return {
+            _alert_labels(self.rules[index], labels): value
+            for labels, value in self.prometheus.query(expr, t)
+        }
 
     def _step(self, index: int, position: int, results: dict[Labels, float]) -> None:
         machine = self.machines[index]
@@ -161,23 +174,34 @@ class _Alerting:
         if alerts:
             self.history[index][position] = alerts
 
-    def _visible(self, index: int, position: int) -> list[dict]:
+    def _visible(self, index: int, position: int) -> list[dict[str, str]]:
         """ALERTS as rule `index` reads it at evaluation `position` (rules above: now; the rest: before)."""
-        visible = []
+        visible: list[dict[str, str]] = []
         for other, history in enumerate(self.history):
             at = position if other < index else position - 1
             visible.extend(history.get(at, ()))
         return visible
 
 
-def evaluate(series: SeriesSet, rules: RuleSet, start: float, end: float, *, interval_s: float,
-             lookback_s: float, workdir: Path, prometheus: str | None = None,
-             promtool: str | None = None) -> Evaluation:
+def evaluate(
+    series: SeriesSet,
+    rules: RuleSet,
+    start: float,
+    end: float,
+    *,
+    interval_s: float,
+    lookback_s: float,
+    workdir: Path,
+    prometheus: str | None = None,
+    promtool: str | None = None,
+) -> Evaluation:
     """Backfill `series`, evaluate `rules` at start, start + interval_s, ... end; every episode."""
     timings, began = {}, time.perf_counter()
     count = int((end - start) / interval_s + 1e-9)
     times = [start + i * interval_s for i in range(count + 1)]
-    with BackfilledPrometheus(workdir, lookback_s=lookback_s, prometheus=prometheus, promtool=promtool) as server:
+    with BackfilledPrometheus(
+        workdir, lookback_s=lookback_s, prometheus=prometheus, promtool=promtool
+    ) as server:
         server.backfill(series)
         timings["backfill_s"] = time.perf_counter() - began
         levels = record_levels(rules.records())
@@ -187,7 +211,9 @@ def evaluate(series: SeriesSet, rules: RuleSet, start: float, end: float, *, int
         alerting = _Alerting(rules.alerts(), server, times, interval_s)
         alerting.run()
         timings["alerting_s"] = time.perf_counter() - began - timings["backfill_s"] - timings["recording_s"]
-    episodes = sorted((e for m in alerting.machines for e in m.episodes), key=lambda e: (e.pending_at, e.labels))
+    episodes = sorted(
+        (e for m in alerting.machines for e in m.episodes), key=lambda e: (e.pending_at, e.labels)
+    )
     severities = {rule["alert"]: rule.get("labels", {}).get("severity", "") for rule in rules.alerts()}
     timings["instant_queries"] = alerting.instant_queries
     return Evaluation(times, episodes, severities, len(levels), timings)

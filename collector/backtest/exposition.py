@@ -3,7 +3,7 @@
 What Prometheus would have stored, scrape by scrape, for one `job`: `up`; both calibers per model
 and tenant (in flight = admitted and not yet complete; active tokens = prompt + tokens generated so
 far, growing linearly from the first token to completion, prompt only when not streamed, as the
-tracker counts them); requests, prompt and generated tokens by outcome; and the TTFT, TPOT and
+tracker counts them), also per task class; requests, prompt and generated tokens by outcome; and the TTFT, TPOT and
 duration histograms, observed when a request completes (as the tracker does). Label sets appear
 with their first request and stay, like prometheus_client's.
 
@@ -17,17 +17,17 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesKey, SeriesSet
-from collector.backtest.records import RequestRecord
 from collector.catalog import spec
 from collector.rules.naming import le_label
 
 __all__ = ["scrape_times", "sidecar_series", "HISTOGRAMS"]
 
 # histogram -> the record's observed value (None: not observed, e.g. no TTFT without a stream)
-HISTOGRAMS = {
+HISTOGRAMS: dict[str, Callable[[Lifecycle], float | None]] = {
     "headroom_time_to_first_token_seconds": lambda r: r.ttft_s,
     "headroom_time_per_output_token_seconds": lambda r: r.tpot_s,
     "headroom_request_duration_seconds": lambda r: r.e2e_s,
@@ -44,7 +44,7 @@ def _key(name: str, labels: dict[str, str]) -> SeriesKey:
     return name, tuple(sorted(labels.items()))
 
 
-def active_tokens(record: RequestRecord, t: float) -> int:
+def active_tokens(record: Lifecycle, t: float) -> int:
     """Token-caliber weight of `record` at `t`: prompt, plus tokens streamed so far (linear in time).
 
     A streamed request of 100 prompt and 11 generated tokens, first token at 1 s, done at 3 s:
@@ -91,15 +91,25 @@ class _SidecarState:
         self.counters: dict[SeriesKey, float] = {}
         self.histograms: dict[tuple[str, str, str], _Histogram] = {}
         self.gauge_keys: dict[tuple[str, str], tuple[SeriesKey, SeriesKey]] = {}
+        self.task_keys: dict[tuple[str, str], tuple[SeriesKey, SeriesKey]] = {}
 
-    def admitted(self, record: RequestRecord) -> None:
+    def admitted(self, record: Lifecycle) -> None:
+        task = (record.model, record.task_class)
+        if task not in self.task_keys:
+            labels = self.target | {"model": record.model, "task_class": record.task_class}
+            self.task_keys[task] = (
+                _key(spec("headroom_task_inflight_requests").name, labels),
+                _key(spec("headroom_task_active_tokens").name, labels),
+            )
         pair = (record.model, record.tenant)
         if pair not in self.gauge_keys:
             labels = self.target | {"model": record.model, "tenant": record.tenant}
-            self.gauge_keys[pair] = (_key(spec("headroom_inflight_requests").name, labels),
-                                     _key(spec("headroom_active_tokens").name, labels))
+            self.gauge_keys[pair] = (
+                _key(spec("headroom_inflight_requests").name, labels),
+                _key(spec("headroom_active_tokens").name, labels),
+            )
 
-    def finished(self, record: RequestRecord) -> None:
+    def finished(self, record: Lifecycle) -> None:
         per_request = self.target | {"model": record.model, "tenant": record.tenant}
         self._count("headroom_requests_total", per_request | {"outcome": record.outcome or "ok"}, 1)
         self._count("headroom_prompt_tokens_total", per_request, record.prompt_tokens)
@@ -119,27 +129,38 @@ class _SidecarState:
         key = _key(name, labels)
         self.counters[key] = self.counters.get(key, 0.0) + amount
 
-    def emit(self, out: SeriesSet, t: float, live: dict[str, RequestRecord]) -> None:
-        sums: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    def emit(self, out: SeriesSet, t: float, live: dict[str, Lifecycle]) -> None:
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        weights: dict[tuple[str, str], int] = defaultdict(int)
+        task_counts: dict[tuple[str, str], int] = defaultdict(int)
+        task_weights: dict[tuple[str, str], int] = defaultdict(int)
         for record in live.values():
-            pair = sums[(record.model, record.tenant)]
-            pair[0] += 1
-            pair[1] += active_tokens(record, t)
-        for pair, (inflight_key, tokens_key) in self.gauge_keys.items():
-            count, tokens = sums.get(pair, (0, 0))
-            out.add_key(inflight_key, t, float(count))
-            out.add_key(tokens_key, t, float(tokens))
+            tokens = active_tokens(record, t)
+            counts[(record.model, record.tenant)] += 1
+            weights[(record.model, record.tenant)] += tokens
+            task_counts[(record.model, record.task_class)] += 1
+            task_weights[(record.model, record.task_class)] += tokens
+        for keys, count_of, weight_of in (
+            (self.gauge_keys, counts, weights),
+            (self.task_keys, task_counts, task_weights),
+        ):
+            for pair, (inflight_key, tokens_key) in keys.items():
+                out.add_key(inflight_key, t, float(count_of.get(pair, 0)))
+                out.add_key(tokens_key, t, float(weight_of.get(pair, 0)))
         for key, value in self.counters.items():
             out.add_key(key, t, value)
         for histogram in self.histograms.values():
             histogram.emit(out, t)
 
 
-def _instance_series(records: list[RequestRecord], times: list[float], target: dict[str, str],
-                     out: SeriesSet) -> None:
+def _instance_series(
+    records: list[Lifecycle], times: list[float], target: dict[str, str], out: SeriesSet
+) -> None:
     admitted = sorted(records, key=lambda r: r.admitted)
-    finished = sorted((r for r in records if r.completed is not None), key=lambda r: r.completed)
-    state, live = _SidecarState(target), {}
+    finished = sorted(
+        ((r.completed, r) for r in records if r.completed is not None), key=lambda pair: pair[0]
+    )
+    state, live = _SidecarState(target), dict[str, Lifecycle]()
     next_admit = next_finish = 0
     up_key = _key("up", target)
     for t in times:
@@ -148,8 +169,8 @@ def _instance_series(records: list[RequestRecord], times: list[float], target: d
             live[record.request_id] = record
             state.admitted(record)
             next_admit += 1
-        while next_finish < len(finished) and finished[next_finish].completed <= t:
-            record = finished[next_finish]
+        while next_finish < len(finished) and finished[next_finish][0] <= t:
+            record = finished[next_finish][1]
             live.pop(record.request_id, None)
             state.finished(record)
             next_finish += 1
@@ -157,10 +178,11 @@ def _instance_series(records: list[RequestRecord], times: list[float], target: d
         state.emit(out, t, live)
 
 
-def sidecar_series(records: list[RequestRecord], times: list[float], job: str, out: SeriesSet,
-                   instances: Iterable[str] = ()) -> None:
+def sidecar_series(
+    records: list[Lifecycle], times: list[float], job: str, out: SeriesSet, instances: Iterable[str] = ()
+) -> None:
     """Add every sidecar's request series (and `up`) to `out`: one per record instance, and `instances`."""
-    by_instance: dict[str, list[RequestRecord]] = {instance: [] for instance in instances}
+    by_instance: dict[str, list[Lifecycle]] = {instance: [] for instance in instances}
     for record in records:
         by_instance.setdefault(record.instance, []).append(record)
     for instance in sorted(by_instance):

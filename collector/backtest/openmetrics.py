@@ -68,13 +68,15 @@ class SeriesSet:
     def transform(self, change: Callable[[SeriesKey, float, float], float | None]) -> None:
         """Replace each sample's value with change(key, t, value); None removes the sample."""
         for key in list(self._samples):
-            points = [(t, v) for t, v in ((t, change(key, t, v)) for t, v in self._samples[key]) if v is not None]
+            points = [
+                (t, v) for t, v in ((t, change(key, t, v)) for t, v in self._samples[key]) if v is not None
+            ]
             if points:
                 self._samples[key] = points
             else:
                 del self._samples[key]
 
-    def merge(self, other: "SeriesSet") -> None:
+    def merge(self, other: SeriesSet) -> None:
         """Add every series of `other` (their keys must not collide with ours)."""
         for key, points in other._samples.items():
             if key in self._samples:

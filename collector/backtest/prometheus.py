@@ -21,6 +21,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -41,36 +42,43 @@ def find_binary(name: str, given: str | None = None) -> str:
     """Path of `name` (prometheus or promtool): `given`, else from PATH; a clear error when missing."""
     path = given or shutil.which(name)
     if not path:
-        raise PrometheusError(f"{name} not found on PATH; install it (`make tools`, or apt-get install "
-                              f"prometheus) or pass --{name} PATH")
+        raise PrometheusError(
+            f"{name} not found on PATH; install it (`make tools`, or apt-get install "
+            f"prometheus) or pass --{name} PATH"
+        )
     return path
 
 
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class BackfilledPrometheus:
     """Owns a data directory and the Prometheus process serving it; use as a context manager."""
 
-    def __init__(self, workdir: Path, *, lookback_s: float, prometheus: str | None = None,
-                 promtool: str | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *, lookback_s: float, prometheus: str | None = None, promtool: str | None = None
+    ) -> None:
         self.workdir = Path(workdir)
         self.data = self.workdir / "data"
         self.data.mkdir(parents=True, exist_ok=True)
         self.lookback_s = lookback_s
-        self.prometheus, self.promtool = find_binary("prometheus", prometheus), find_binary("promtool", promtool)
-        self._process: subprocess.Popen | None = None
+        self.prometheus, self.promtool = (
+            find_binary("prometheus", prometheus),
+            find_binary("promtool", promtool),
+        )
+        self._process: subprocess.Popen[bytes] | None = None
         self._client = httpx.Client(timeout=_QUERY_TIMEOUT_S)
         self.url = ""
         self.backfills = 0
 
-    def __enter__(self) -> "BackfilledPrometheus":
+    def __enter__(self) -> BackfilledPrometheus:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
         self._client.close()
 
@@ -82,11 +90,17 @@ class BackfilledPrometheus:
         source = self.workdir / f"backfill-{self.backfills}.om"
         source.write_text(series.to_openmetrics(), encoding="utf-8")
         blocks = self.workdir / f"blocks-{self.backfills}"
-        result = subprocess.run([self.promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(blocks)],
-                                capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [self.promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(blocks)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if result.returncode != 0:
-            raise PrometheusError(f"promtool tsdb create-blocks-from openmetrics failed: "
-                                  f"{(result.stderr or result.stdout)[-2000:]}")
+            raise PrometheusError(
+                f"promtool tsdb create-blocks-from openmetrics failed: "
+                f"{(result.stderr or result.stdout)[-2000:]}"
+            )
         for block in blocks.iterdir():
             block.rename(self.data / block.name)
         source.unlink()
@@ -109,10 +123,18 @@ class BackfilledPrometheus:
         port = _free_port()
         log = (self.workdir / "prometheus.log").open("a")
         self._process = subprocess.Popen(
-            [self.prometheus, f"--config.file={config}", f"--storage.tsdb.path={self.data}",
-             "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}",
-             f"--query.lookback-delta={int(self.lookback_s * 1000)}ms", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT)
+            [
+                self.prometheus,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.data}",
+                "--storage.tsdb.retention.time=100y",
+                f"--web.listen-address=127.0.0.1:{port}",
+                f"--query.lookback-delta={int(self.lookback_s * 1000)}ms",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + _READY_TIMEOUT_S
@@ -142,19 +164,27 @@ class BackfilledPrometheus:
         self._process = None
 
     # --- queries --------------------------------------------------------------------------
-    def _get(self, path: str, params: dict) -> dict:
+    def _get(self, path: str, params: dict[str, str]) -> Any:
         response = self._client.post(f"{self.url}{path}", data=params)
-        body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        body = (
+            response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        )
         if response.status_code != 200 or body.get("status") != "success":
-            raise PrometheusError(f"query failed ({response.status_code}): {body.get('error', response.text[:500])}"
-                                  f"\n  query: {params.get('query', '')[:2000]}")
-        return body["data"]
+            raise PrometheusError(
+                f"query failed ({response.status_code}): {body.get('error', response.text[:500])}"
+                f"\n  query: {params.get('query', '')[:2000]}"
+            )
+        return body["data"]  # the answer's shape is Prometheus' (docs: HTTP API)
 
     def query_range(self, expr: str, start: float, end: float, step_s: float) -> Matrix:
         """[(labels, [(t, value), ...])] of `expr` at start, start + step, ... end."""
-        data = self._get("/api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                                 "step": f"{step_s:g}s"})
-        return [(item["metric"], [(float(t), float(v)) for t, v in item["values"]]) for item in data["result"]]
+        data = self._get(
+            "/api/v1/query_range",
+            {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}s"},
+        )
+        return [
+            (item["metric"], [(float(t), float(v)) for t, v in item["values"]]) for item in data["result"]
+        ]
 
     def query(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
         """[(labels, value)] of the instant vector `expr` at time `at`."""

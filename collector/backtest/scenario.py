@@ -15,18 +15,34 @@ from dataclasses import dataclass, field
 from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel
 
-__all__ = ["RequestClass", "Replica", "Fault", "Incident", "Expect", "Scenario", "FAULT_KINDS",
-           "BACKTEST_COST", "BACKTEST_ENGINE", "SHORT", "LONG", "constant", "linear", "steps"]
+__all__ = [
+    "RequestClass",
+    "Replica",
+    "Fault",
+    "Incident",
+    "Expect",
+    "Scenario",
+    "FAULT_KINDS",
+    "BACKTEST_COST",
+    "BACKTEST_ENGINE",
+    "SHORT",
+    "LONG",
+    "constant",
+    "linear",
+    "steps",
+]
 
 # The roofline of collector.sim.cost with a 70B fp16 shape at 1.5 TB/s and 600 TFLOP/s achieved
 # (H100-class compute): ~0.1 s per decode step, ~0.23 ms of prefill per prompt token, so decode is
 # memory-bound and TTFT stays flat until the batch is full. Big steps keep a day of traffic to
 # seconds of Python; the queueing they produce is a faster engine's at the same knee.
-BACKTEST_COST = CostModel(params=70e9, layers=80, hidden_size=8192, kv_bytes_per_token=327680,
-                          compute_flops=6.0e14)
+BACKTEST_COST = CostModel(
+    params=70e9, layers=80, hidden_size=8192, kv_bytes_per_token=327680, compute_flops=6.0e14
+)
 # 32 slots, a KV cache that holds them at short prompts, a long queue (16 batches) before 429s.
-BACKTEST_ENGINE = SimConfig(max_num_seqs=32, max_num_batched_tokens=2048, kv_cache_tokens=65536,
-                            max_waiting=512)
+BACKTEST_ENGINE = SimConfig(
+    max_num_seqs=32, max_num_batched_tokens=2048, kv_cache_tokens=65536, max_waiting=512
+)
 
 # Fault kinds and what each does (collector.backtest.simulate and exposition apply them):
 FAULT_KINDS = {
@@ -77,16 +93,18 @@ class Fault:
     kind: str
     start_s: float
     end_s: float
-    instance: str | None = None   # None: every replica
-    share: float = 1.0            # shedding: share of arrivals refused
-    status: int = 503             # shedding: the engine's answer
-    factor: float = 3.0           # slow_replica: how many times slower
+    instance: str | None = None  # None: every replica
+    share: float = 1.0  # shedding: share of arrivals refused
+    status: int = 503  # shedding: the engine's answer
+    factor: float = 3.0  # slow_replica: how many times slower
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
             raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_KINDS)}")
         if not 0 <= self.start_s < self.end_s:
-            raise ValueError(f"fault {self.kind}: start_s={self.start_s} must be >= 0 and below end_s={self.end_s}")
+            raise ValueError(
+                f"fault {self.kind}: start_s={self.start_s} must be >= 0 and below end_s={self.end_s}"
+            )
 
     def covers(self, t_s: float, instance: str) -> bool:
         """True while this fault affects `instance` at scenario time `t_s`."""
@@ -111,16 +129,16 @@ class Expect:
     both: 'HeadroomSlowReplica{instance="replica-3"}', '{caliber="requests"}'.
     """
 
-    pages: int | None = None              # fired pages, exactly (None: not checked)
-    warnings: int | None = None           # fired warnings, exactly
+    pages: int | None = None  # fired pages, exactly (None: not checked)
+    warnings: int | None = None  # fired warnings, exactly
     false_pages: int | None = 0
     false_warnings: int | None = None
-    lead_warning_s: float | None = None   # the first warning at least this long before the breach
+    lead_warning_s: float | None = None  # the first warning at least this long before the breach
     lead_page_s: float | None = None
     fires: tuple[tuple[str, float], ...] = ()
     silent: tuple[str, ...] = ()
-    silent_before_breach: tuple[str, ...] = ()   # must not fire before the first breach
-    breach: bool | None = None            # the rows must (True) or must not (False) show a breach
+    silent_before_breach: tuple[str, ...] = ()  # must not fire before the first breach
+    breach: bool | None = None  # the rows must (True) or must not (False) show a breach
 
 
 @dataclass(frozen=True)
@@ -130,7 +148,7 @@ class Scenario:
     name: str
     summary: str
     duration_s: float
-    load: Callable[[float], float]                       # t_s -> offered concurrency / knee, fleet-wide
+    load: Callable[[float], float]  # t_s -> offered concurrency / knee, fleet-wide
     long_share: Callable[[float], float] = lambda t_s: 0.05
     short: RequestClass = SHORT
     long: RequestClass = LONG
@@ -140,8 +158,8 @@ class Scenario:
     incidents: tuple[Incident, ...] = ()
     model: str = "llama-70b"
     tenants: tuple[tuple[str, float], ...] = (("team-a", 0.6), ("team-b", 0.4))
-    knee_requests: int = 32            # the published knee per replica (the probe's answer)
-    knee_tokens: int = 40000           # the published token-caliber knee per replica
+    knee_requests: int = 32  # the published knee per replica (the probe's answer)
+    knee_tokens: int = 40000  # the published token-caliber knee per replica
     recommended_pool: int = 24
     scrape_interval_s: float = 15.0
     evaluation_interval_s: float = 30.0
@@ -154,8 +172,10 @@ class Scenario:
 
     def problems(self) -> list[Incident]:
         """The declared incidents and one per fault: the windows where alerts are earned."""
-        return list(self.incidents) + [Incident(f.kind + (f" ({f.instance})" if f.instance else ""),
-                                                f.start_s, f.end_s) for f in self.faults]
+        return list(self.incidents) + [
+            Incident(f.kind + (f" ({f.instance})" if f.instance else ""), f.start_s, f.end_s)
+            for f in self.faults
+        ]
 
 
 def constant(value: float) -> Callable[[float], float]:
@@ -165,17 +185,21 @@ def constant(value: float) -> Callable[[float], float]:
 
 def linear(start: float, end: float, over_s: float, after_s: float = 0.0) -> Callable[[float], float]:
     """From `start` to `end` between after_s and after_s + over_s, flat outside: linear(0, 1, 10)(5) -> 0.5."""
+
     def value(t_s: float) -> float:
         progress = min(1.0, max(0.0, (t_s - after_s) / over_s))
         return start + (end - start) * progress
+
     return value
 
 
 def steps(base: float, *windows: tuple[float, float, float]) -> Callable[[float], float]:
     """`base`, except `value` inside each (start_s, end_s, value): steps(0.5, (60, 120, 1.2))(90) -> 1.2."""
+
     def value(t_s: float) -> float:
         for start, end, level in windows:
             if start <= t_s < end:
                 return level
         return base
+
     return value

@@ -22,61 +22,85 @@ from __future__ import annotations
 from collections import deque
 
 from collector.backtest.exposition import scrape_times, sidecar_series
+from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesKey, SeriesSet
-from collector.backtest.records import RequestRecord
 from collector.backtest.scenario import Replica, Scenario
 from collector.backtest.simulate import EngineSample, SimulationResult
 
 __all__ = ["scenario_series", "SPOOL_ROW_BYTES", "DRAIN_ROWS_PER_S"]
 
 ENGINE = "vllm"
-SPOOL_ROW_BYTES = 400          # a request-log row as spooled JSON, roughly
-DRAIN_ROWS_PER_S = 2000.0      # how fast a spool drains once the store answers again
-_FLUSH_S = 0.5                 # the writer's flush interval: one spool file per flush with rows
+SPOOL_ROW_BYTES = 400  # a request-log row as spooled JSON, roughly
+DRAIN_ROWS_PER_S = 2000.0  # how fast a spool drains once the store answers again
+_FLUSH_S = 0.5  # the writer's flush interval: one spool file per flush with rows
 
 
-def _engine(out: SeriesSet, target: dict, samples: list[EngineSample], scenario: Scenario,
-            replica: Replica, epoch: float) -> None:
+def _engine(
+    out: SeriesSet,
+    target: dict[str, str],
+    samples: list[EngineSample],
+    scenario: Scenario,
+    replica: Replica,
+    epoch: float,
+) -> None:
     labels = target | {"engine": ENGINE, "model": scenario.model}
     config = replica.engine
     capacity = config.num_blocks * config.block_size
     for sample in samples:
-        down = any(f.covers(sample.t - epoch, replica.instance) for f in scenario.faults
-                   if f.kind in ("engine_metrics_down", "engine_outage"))
+        down = any(
+            f.covers(sample.t - epoch, replica.instance)
+            for f in scenario.faults
+            if f.kind in ("engine_metrics_down", "engine_outage")
+        )
         out.add("headroom_engine_up", target | {"engine": ENGINE}, sample.t, 0.0 if down else 1.0)
-        out.add("headroom_source_scrape_success", target | {"source": "engine"}, sample.t, 0.0 if down else 1.0)
+        out.add(
+            "headroom_source_scrape_success", target | {"source": "engine"}, sample.t, 0.0 if down else 1.0
+        )
         gpu = target | {"gpu": "0", "uuid": f"GPU-{replica.instance}", "gpu_name": "simulated"}
         out.add("headroom_gpu_up", gpu, sample.t, 1.0)
         out.add("headroom_gpu_utilization_ratio", gpu, sample.t, sample.busy_ratio)
         if down:
             continue
-        for name, value in (("headroom_engine_requests_running", sample.running),
-                            ("headroom_engine_requests_waiting", sample.waiting),
-                            ("headroom_engine_kv_cache_usage_ratio", sample.kv_usage_ratio),
-                            ("headroom_engine_kv_cache_capacity_tokens", capacity),
-                            ("headroom_engine_max_concurrency_requests", capacity // config.max_model_len)):
+        for name, value in (
+            ("headroom_engine_requests_running", sample.running),
+            ("headroom_engine_requests_waiting", sample.waiting),
+            ("headroom_engine_kv_cache_usage_ratio", sample.kv_usage_ratio),
+            ("headroom_engine_kv_cache_capacity_tokens", capacity),
+            ("headroom_engine_max_concurrency_requests", capacity // config.max_model_len),
+        ):
             out.add(name, labels, sample.t, value)
 
 
-def _capacity(out: SeriesSet, target: dict, times: list[float], scenario: Scenario, epoch: float) -> None:
+def _capacity(
+    out: SeriesSet, target: dict[str, str], times: list[float], scenario: Scenario, epoch: float
+) -> None:
     labels = target | {"model": scenario.model, "task_class": "all", "source": "probe", "confidence": "high"}
-    values = {"headroom_capacity_knee_requests": scenario.knee_requests,
-              "headroom_capacity_knee_tokens": scenario.knee_tokens,
-              "headroom_capacity_recommended_pool_requests": scenario.recommended_pool,
-              "headroom_capacity_estimate_timestamp_seconds": epoch - 86400}
+    values = {
+        "headroom_capacity_knee_requests": scenario.knee_requests,
+        "headroom_capacity_knee_tokens": scenario.knee_tokens,
+        "headroom_capacity_recommended_pool_requests": scenario.recommended_pool,
+        "headroom_capacity_estimate_timestamp_seconds": epoch - 86400,
+    }
     for t in times:
         for name, value in values.items():
             out.add(name, labels, t, value)
 
 
-def _log(out: SeriesSet, target: dict, times: list[float], records: list[RequestRecord],
-         scenario: Scenario, instance: str, epoch: float) -> None:
+def _log(
+    out: SeriesSet,
+    target: dict[str, str],
+    times: list[float],
+    records: list[Lifecycle],
+    scenario: Scenario,
+    instance: str,
+    epoch: float,
+) -> None:
     """Rows written (or shipped, spooled and drained when the scenario has a store)."""
     done = sorted(r.completed for r in records if r.completed is not None)
     outages = [f for f in scenario.faults_of("store_outage") if f.instance in (None, instance)]
     shipping = bool(outages)
-    spool: deque[float] = deque()      # completion times of spooled rows, oldest first
-    files: set[int] = set()            # flush slots that produced a spool file
+    spool: deque[float] = deque()  # completion times of spooled rows, oldest first
+    files: set[int] = set()  # flush slots that produced a spool file
     written = spooled = 0.0
     index, last = 0, times[0]
     for t in times:

@@ -8,7 +8,7 @@ exactly as `headroom sim` does, but as fast as Python runs. Faults change what t
 collector.backtest.exposition.
 
     result = simulate(SCENARIOS["ramp"])
-    result.records[0]        -> RequestRecord(admitted=..., first_token=..., outcome="ok", ...)
+    result.records[0]        -> Lifecycle(admitted=..., first_token=..., outcome="ok", ...)
     result.engine["replica-0"][0] -> EngineSample(t=..., running=5, waiting=0, ...)
 """
 
@@ -20,9 +20,10 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from collector.backtest.records import RequestRecord
-from collector.backtest.scenario import Replica, RequestClass, Scenario
+from collector.backtest.lifecycle import Lifecycle
+from collector.backtest.scenario import Fault, Replica, Scenario
 from collector.sim.scheduler import QueueFull, Scheduler, SimRequest
+from collector.tasks import classify
 
 __all__ = ["EPOCH", "EngineSample", "SimulationResult", "simulate", "arrival_rate"]
 
@@ -48,7 +49,7 @@ class SimulationResult:
     """Every request of the scenario and each replica's engine samples, at POSIX times from EPOCH."""
 
     scenario: Scenario
-    records: list[RequestRecord]
+    records: list[Lifecycle]
     engine: dict[str, list[EngineSample]]
     epoch: float = EPOCH
 
@@ -67,7 +68,9 @@ def _mean_duration_s(scenario: Scenario, replica: Replica, share: float, rate: f
     kinds = ((scenario.short, 1 - share), (scenario.long, share))
     context = int(sum(w * (k.mean_prompt + k.mean_output / 2) for k, w in kinds))
     base = cost.step_seconds(batch, batch * context)
-    prefill = {k.name: cost.step_seconds(batch, batch * context, ((int(k.mean_prompt), 0),)) for k, _ in kinds}
+    prefill = {
+        k.name: cost.step_seconds(batch, batch * context, ((int(k.mean_prompt), 0),)) for k, _ in kinds
+    }
     busy = min(0.9, rate * sum(w * (prefill[k.name] - base) for k, w in kinds))
     return sum(w * (prefill[k.name] + k.mean_output * base / (1 - busy)) for k, w in kinds)
 
@@ -83,11 +86,14 @@ def arrival_rate(scenario: Scenario, replica: Replica, t_s: float) -> float:
 
 def _arrivals(scenario: Scenario, replica: Replica, rng: random.Random) -> list[float]:
     """Arrival times (scenario seconds): a Poisson stream thinned to the rate of each 10 s slot."""
-    slots = [arrival_rate(scenario, replica, t) for t in range(0, int(scenario.duration_s) + _SLOT_S, _SLOT_S)]
+    slots = [
+        arrival_rate(scenario, replica, t) for t in range(0, int(scenario.duration_s) + _SLOT_S, _SLOT_S)
+    ]
     top = max(slots)
     if top <= 0:
         return []
-    times, t = [], 0.0
+    times: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(top)
         if t >= scenario.duration_s:
@@ -104,15 +110,17 @@ class _Replica:
         self.rng = random.Random(scenario.seed * 7919 + index)
         self.pending = deque(_arrivals(scenario, replica, self.rng))
         self.scheduler = Scheduler(replica.engine, replica.cost)
-        self.live: dict[SimRequest, RequestRecord] = {}
-        self.records: list[RequestRecord] = []
+        self.live: dict[SimRequest, Lifecycle] = {}
+        self.records: list[Lifecycle] = []
         self.samples: list[EngineSample] = []
         self.t = 0.0
         self.next_scrape = 0.0
         self.busy_s = 0.0
         self.sequence = 0
         self.slow = scenario.faults_of("slow_replica")
-        self.outages = [f for f in scenario.faults_of("engine_outage") if f.instance in (None, replica.instance)]
+        self.outages = [
+            f for f in scenario.faults_of("engine_outage") if f.instance in (None, replica.instance)
+        ]
 
     # --- time -----------------------------------------------------------------------------
     def advance(self, to: float, busy: bool) -> None:
@@ -130,20 +138,32 @@ class _Replica:
 
     def _sample(self) -> None:
         sched, interval = self.scheduler, self.scenario.scrape_interval_s
-        self.samples.append(EngineSample(EPOCH + self.t, len(sched.running), len(sched.waiting),
-                                         sched.kv_used_blocks / sched.config.num_blocks,
-                                         min(1.0, self.busy_s / interval)))
+        self.samples.append(
+            EngineSample(
+                EPOCH + self.t,
+                len(sched.running),
+                len(sched.waiting),
+                sched.kv_used_blocks / sched.config.num_blocks,
+                min(1.0, self.busy_s / interval),
+            )
+        )
         self.busy_s = 0.0
 
     # --- requests -------------------------------------------------------------------------
     def admit(self, at: float) -> None:
         scenario, rng = self.scenario, self.rng
         kind = scenario.long if rng.random() < scenario.long_share(at) else scenario.short
-        record = RequestRecord(
-            request_id=f"{self.replica.instance}-{self.sequence}", instance=self.replica.instance,
-            model=scenario.model, tenant=_pick(scenario.tenants, rng), stream=rng.random() < scenario.streamed_share,
-            admitted=EPOCH + at, prompt_tokens=rng.randint(*kind.prompt_tokens),
-            target_tokens=rng.randint(*kind.output_tokens))
+        record = Lifecycle(
+            request_id=f"{self.replica.instance}-{self.sequence}",
+            instance=self.replica.instance,
+            model=scenario.model,
+            tenant=_pick(scenario.tenants, rng),
+            stream=rng.random() < scenario.streamed_share,
+            admitted=EPOCH + at,
+            prompt_tokens=rng.randint(*kind.prompt_tokens),
+            target_tokens=rng.randint(*kind.output_tokens),
+        )
+        record.task_class = classify(record.target_tokens)  # the sidecar reads the declared max_tokens
         self.sequence += 1
         sched = self.scheduler
         record.inflight_at_admit = len(self.live) + 1
@@ -171,7 +191,7 @@ class _Replica:
                 return ("rate_limited" if fault.status == 429 else "overloaded"), fault.status
         return None
 
-    def _finish(self, record: RequestRecord, at: float, outcome: str, status: int) -> None:
+    def _finish(self, record: Lifecycle, at: float, outcome: str, status: int) -> None:
         record.completed, record.outcome, record.status_code = at, outcome, status
 
     def deliver(self, sampled: list[SimRequest], finished: list[SimRequest]) -> None:
@@ -199,7 +219,7 @@ class _Replica:
                 continue
             step_end = self.t + plan.duration_s
             crash = self._next_outage_start(step_end)
-            if crash is not None:   # the engine dies inside this step: nothing it computed arrives
+            if crash is not None:  # the engine dies inside this step: nothing it computed arrives
                 self.advance(crash, busy=True)
                 continue
             self.advance(min(step_end, end), busy=True)
@@ -212,7 +232,7 @@ class _Replica:
         candidates += [f.end_s for f in self.outages + self.slow if f.end_s > self.t]
         return max(self.t + 1e-6, min(candidates))
 
-    def _outage_at(self, t: float):
+    def _outage_at(self, t: float) -> Fault | None:
         return next((f for f in self.outages if f.start_s <= t < f.end_s), None)
 
     def _next_outage_start(self, before: float) -> float | None:
@@ -221,7 +241,7 @@ class _Replica:
 
     def _apply_faults(self) -> None:
         outage = self._outage_at(self.t)
-        if outage is not None and self.live:     # the engine died: every request it held fails now
+        if outage is not None and self.live:  # the engine died: every request it held fails now
             for record in self.live.values():
                 self._finish(record, EPOCH + self.t, "upstream_error", 502)
             self.live.clear()
@@ -229,8 +249,11 @@ class _Replica:
         slow = next((f for f in self.slow if f.covers(self.t, self.replica.instance)), None)
         cost = self.replica.cost
         if slow is not None:
-            cost = dataclasses.replace(cost, memory_bandwidth=cost.memory_bandwidth / slow.factor,
-                                       compute_flops=cost.compute_flops / slow.factor)
+            cost = dataclasses.replace(
+                cost,
+                memory_bandwidth=cost.memory_bandwidth / slow.factor,
+                compute_flops=cost.compute_flops / slow.factor,
+            )
         self.scheduler.cost = cost
 
 

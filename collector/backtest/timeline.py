@@ -22,8 +22,8 @@ from collector.backtest.truth import Breach
 
 __all__ = ["Problem", "AlertSpan", "Timeline", "build_timeline", "LEAD_WINDOW_S", "GRACE_S"]
 
-LEAD_WINDOW_S = 1800.0    # an alert this long before a problem counts as a warning of it
-GRACE_S = 900.0           # and this long after one as its tail (rates and `keep_firing_for` lag)
+LEAD_WINDOW_S = 1800.0  # an alert this long before a problem counts as a warning of it
+GRACE_S = 900.0  # and this long after one as its tail (rates and `keep_firing_for` lag)
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,13 @@ class AlertSpan:
     def is_page(self) -> bool:
         return self.severity == "critical"
 
+    @property
+    def fired_at(self) -> float:
+        """When it fired; only for episodes that did (Timeline.fired), else ValueError."""
+        if self.firing_at is None:
+            raise ValueError(f"{self.name} went pending at {self.pending_at} and never fired")
+        return self.firing_at
+
 
 @dataclass
 class Timeline:
@@ -70,7 +77,7 @@ class Timeline:
     def _lead(self, span: AlertSpan | None) -> float | None:
         if span is None or self.first_breach is None:
             return None
-        return self.first_breach.start - span.firing_at
+        return self.first_breach.start - span.fired_at
 
     @property
     def lead_warning_s(self) -> float | None:
@@ -121,23 +128,50 @@ def _problems(breaches: list[Breach], incidents: list[Incident], epoch: float) -
 def _first(spans: list[AlertSpan], breach: Breach | None, page: bool) -> AlertSpan | None:
     if breach is None:
         return None
-    chosen = [s for s in spans if s.firing_at is not None and s.is_page == page
-              and breach.start - LEAD_WINDOW_S <= s.firing_at <= breach.end]
-    return min(chosen, key=lambda s: s.firing_at, default=None)
+    chosen = [
+        s
+        for s in spans
+        if s.firing_at is not None
+        and s.is_page == page
+        and breach.start - LEAD_WINDOW_S <= s.firing_at <= breach.end
+    ]
+    return min(chosen, key=lambda s: s.fired_at, default=None)
 
 
-def build_timeline(scenario: str, evaluation: Evaluation, breaches: list[Breach], incidents: list[Incident],
-                   start: float, end: float) -> Timeline:
+def build_timeline(
+    scenario: str,
+    evaluation: Evaluation,
+    breaches: list[Breach],
+    incidents: list[Incident],
+    start: float,
+    end: float,
+) -> Timeline:
     """Judge every episode of `evaluation` against the breaches and incidents of the window."""
     problems = _problems(breaches, incidents, start)
     spans = []
     for episode in evaluation.episodes:
         name = episode.label("alertname")
         labels = {k: v for k, v in episode.labels if k != "alertname"}
-        spans.append(AlertSpan(name, evaluation.severities.get(name, labels.get("severity", "")), labels,
-                               episode.pending_at, episode.firing_at, episode.ended_at,
-                               _earned(episode, problems, end)))
+        spans.append(
+            AlertSpan(
+                name,
+                evaluation.severities.get(name, labels.get("severity", "")),
+                labels,
+                episode.pending_at,
+                episode.firing_at,
+                episode.ended_at,
+                _earned(episode, problems, end),
+            )
+        )
     first_breach = breaches[0] if breaches else None
-    return Timeline(scenario, start, end, spans, problems, first_breach,
-                    _first(spans, first_breach, page=False), _first(spans, first_breach, page=True),
-                    dict(evaluation.timings_s))
+    return Timeline(
+        scenario,
+        start,
+        end,
+        spans,
+        problems,
+        first_breach,
+        _first(spans, first_breach, page=False),
+        _first(spans, first_breach, page=True),
+        dict(evaluation.timings_s),
+    )

@@ -20,16 +20,17 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from collector.backtest.records import RequestRecord
+from collector.backtest.lifecycle import Lifecycle
 
 __all__ = ["Breach", "breaches", "ERROR_OUTCOMES", "WINDOW_S", "BREACH_SHARE"]
 
 ERROR_OUTCOMES = frozenset({"rate_limited", "overloaded", "upstream_error", "timeout"})
 WINDOW_S = 300.0
-BREACH_SHARE = 0.05   # more than this share missing the target in a window is a breach (the p95 test)
+BREACH_SHARE = 0.05  # more than this share missing the target in a window is a breach (the p95 test)
 
 
 @dataclass(frozen=True)
@@ -51,29 +52,49 @@ class _Window:
         self.values = np.array([v for _, v in pairs], dtype=float)
 
     def slice(self, t: float) -> np.ndarray:
-        return self.values[bisect_right(self.times, t - WINDOW_S):bisect_right(self.times, t)]
+        return self.values[bisect_right(self.times, t - WINDOW_S) : bisect_right(self.times, t)]
 
 
 def _share_over(values: np.ndarray, limit: float) -> float:
     return float(np.count_nonzero(values > limit)) / len(values)
 
 
-def _judged(records: list[RequestRecord], slo) -> dict[str, tuple[_Window, float]]:
+class SloTargets(Protocol):
+    """What the truth needs of an SLO (collector.rules.config.Slo has it): None means not judged."""
+
+    @property
+    def ttft_seconds(self) -> float | None: ...
+
+    @property
+    def e2e_seconds(self) -> float | None: ...
+
+
+def _judged(records: list[Lifecycle], slo: SloTargets) -> dict[str, tuple[_Window, float]]:
     """kind -> (window of per-request values, the limit a value must not exceed)."""
-    kinds = {}
+    first_tokens, ends, answered = [], [], []
+    for r in records:
+        if r.completed is None:
+            continue
+        if r.first_token is not None:
+            first_tokens.append((r.first_token, r.first_token - r.admitted))
+        if r.outcome == "ok":
+            ends.append((r.completed, r.completed - r.admitted))
+        if r.outcome != "client_cancelled":
+            answered.append((r.completed, 1.0 if r.outcome in ERROR_OUTCOMES else 0.0))
+    kinds = {"availability": (_Window(answered), 0.5)}
     if slo.ttft_seconds is not None:
-        kinds["ttft"] = (_Window([(r.first_token, r.ttft_s) for r in records if r.first_token is not None
-                                  and r.completed is not None]), slo.ttft_seconds)
+        kinds["ttft"] = (_Window(first_tokens), slo.ttft_seconds)
     if slo.e2e_seconds is not None:
-        kinds["e2e"] = (_Window([(r.completed, r.e2e_s) for r in records if r.outcome == "ok"]), slo.e2e_seconds)
-    answered = [(r.completed, 1.0 if r.outcome in ERROR_OUTCOMES else 0.0) for r in records
-                if r.completed is not None and r.outcome != "client_cancelled"]
-    kinds["availability"] = (_Window(answered), 0.5)
+        kinds["e2e"] = (_Window(ends), slo.e2e_seconds)
     return kinds
 
 
-def breaches(records: list[RequestRecord], times: list[float], slo_for: Callable[[str], object],
-             min_requests: int = 20) -> list[Breach]:
+def breaches(
+    records: list[Lifecycle],
+    times: list[float],
+    slo_for: Callable[[str], SloTargets],
+    min_requests: int = 20,
+) -> list[Breach]:
     """Every breach episode per model and kind, judged at each of `times` over the trailing 5 minutes.
 
     `slo_for(model)` returns an object with `ttft_seconds` and `e2e_seconds` (None: not judged).
@@ -82,7 +103,8 @@ def breaches(records: list[RequestRecord], times: list[float], slo_for: Callable
     for model in sorted({r.model for r in records}):
         chosen = [r for r in records if r.model == model]
         for kind, (window, limit) in _judged(chosen, slo_for(model)).items():
-            start = last = None
+            start: float | None = None
+            last = times[0]
             for t in times:
                 values = window.slice(t)
                 bad = len(values) >= min_requests and _share_over(values, limit) > BREACH_SHARE
@@ -95,4 +117,3 @@ def breaches(records: list[RequestRecord], times: list[float], slo_for: Callable
             if start is not None:
                 found.append(Breach(kind, model, start, times[-1]))
     return sorted(found, key=lambda b: (b.start, b.kind, b.model))
-

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from collector.catalog import DURATION_BUCKETS_SECONDS, TTFT_BUCKETS_SECONDS
 
@@ -47,8 +48,11 @@ class Slo:
 
     def budget(self, kind: str) -> float:
         """Allowed failure share of `kind` (ttft, e2e, availability), rounded to stay readable in YAML."""
-        objective = {"ttft": self.ttft_objective, "e2e": self.e2e_objective,
-                     "availability": self.availability_objective}[kind]
+        objective = {
+            "ttft": self.ttft_objective,
+            "e2e": self.e2e_objective,
+            "availability": self.availability_objective,
+        }[kind]
         return round(1 - objective, 9)
 
 
@@ -98,7 +102,7 @@ class RulesConfig:
     """Every tunable number behind the rules and dashboards, with a reason to change it."""
 
     # --- SLOs: the default for every model; `model_slos` overrides per model ----------------------
-    ttft_slo_seconds: float | None = 2.0
+    ttft_slo_seconds: float = 2.0  # a number: dashboards draw it (switch TTFT off per model instead)
     ttft_slo_objective: float = 0.99
     e2e_slo_seconds: float | None = 60.0
     e2e_slo_objective: float = 0.99
@@ -194,7 +198,7 @@ class RulesConfig:
     extra_labels: dict[str, str] = field(default_factory=dict)
     # Alertmanager receivers by route ("page", "ticket"): Alertmanager's own receiver bodies
     # (webhook_configs, slack_configs, pagerduty_configs, ...). Empty: webhook placeholders.
-    receivers: dict[str, dict] = field(default_factory=dict)
+    receivers: dict[str, dict[str, Any]] = field(default_factory=dict)
     # How many tenants the top-N panels show.
     top_tenants: int = 10
 
@@ -207,8 +211,13 @@ class RulesConfig:
     @property
     def default_slo(self) -> Slo:
         """The SLO of every model without an entry in `model_slos`."""
-        return Slo(self.ttft_slo_seconds, self.ttft_slo_objective, self.e2e_slo_seconds,
-                   self.e2e_slo_objective, self.availability_objective)
+        return Slo(
+            self.ttft_slo_seconds,
+            self.ttft_slo_objective,
+            self.e2e_slo_seconds,
+            self.e2e_slo_objective,
+            self.availability_objective,
+        )
 
     def slo_for(self, model: str) -> Slo:
         """The SLO of `model`: its own entry, else the default."""
@@ -224,27 +233,40 @@ class RulesConfig:
         try:
             return self.for_durations[alert]
         except KeyError:
-            raise KeyError(f"no for: duration for alert {alert!r}; add it to RulesConfig.for_durations") from None
+            raise KeyError(
+                f"no for: duration for alert {alert!r}; add it to RulesConfig.for_durations"
+            ) from None
 
     # --- validation -----------------------------------------------------------------------------
-    def validate(self) -> "RulesConfig":
+    def validate(self) -> RulesConfig:
         """Raise ConfigError when a value cannot give correct rules; return self otherwise."""
         for name, slo in [("default", self.default_slo), *sorted(self.model_slos.items())]:
             _check_slo(name, slo)
         if not 0 < self.kv_warning_clear_ratio < self.kv_warning_ratio <= self.kv_critical_ratio <= 1:
-            raise ConfigError(f"KV-cache ratios must rise: kv_warning_clear_ratio ({self.kv_warning_clear_ratio}) < "
-                              f"kv_warning_ratio ({self.kv_warning_ratio}) <= kv_critical_ratio "
-                              f"({self.kv_critical_ratio}) <= 1")
-        for table in (self.for_durations, self.keep_firing_for, {"knee_forecast_window": self.knee_forecast_window,
-                      "knee_forecast_horizon": self.knee_forecast_horizon, "knee_forecast_step": self.knee_forecast_step,
-                      "queue_window": self.queue_window}):
+            raise ConfigError(
+                f"KV-cache ratios must rise: kv_warning_clear_ratio ({self.kv_warning_clear_ratio}) < "
+                f"kv_warning_ratio ({self.kv_warning_ratio}) <= kv_critical_ratio "
+                f"({self.kv_critical_ratio}) <= 1"
+            )
+        for table in (
+            self.for_durations,
+            self.keep_firing_for,
+            {
+                "knee_forecast_window": self.knee_forecast_window,
+                "knee_forecast_horizon": self.knee_forecast_horizon,
+                "knee_forecast_step": self.knee_forecast_step,
+                "queue_window": self.queue_window,
+            },
+        ):
             for key, value in table.items():
                 if not _DURATION.match(str(value)):
                     raise ConfigError(f"{key}: {value!r} is not a Prometheus duration (e.g. 30s, 5m, 1h)")
         for name in self.extra_labels:
             if not _LABEL_NAME.match(name) or name in ("severity", "alertname"):
-                raise ConfigError(f"extra_labels: {name!r} is not a usable label name (letters, digits, _; "
-                                  "not severity or alertname)")
+                raise ConfigError(
+                    f"extra_labels: {name!r} is not a usable label name (letters, digits, _; "
+                    "not severity or alertname)"
+                )
         if self.slo_min_requests < 0:
             raise ConfigError(f"slo_min_requests={self.slo_min_requests} must be 0 or more")
         return self
@@ -252,11 +274,15 @@ class RulesConfig:
 
 def _check_slo(name: str, slo: Slo) -> None:
     if slo.ttft_seconds is not None and slo.ttft_seconds not in TTFT_BUCKETS_SECONDS:
-        raise ConfigError(f"SLO of {name}: ttft_seconds={slo.ttft_seconds} is not a TTFT histogram bucket; pick "
-                          f"one of {TTFT_BUCKETS_SECONDS} so the SLI reads an exact bucket")
+        raise ConfigError(
+            f"SLO of {name}: ttft_seconds={slo.ttft_seconds} is not a TTFT histogram bucket; pick "
+            f"one of {TTFT_BUCKETS_SECONDS} so the SLI reads an exact bucket"
+        )
     if slo.e2e_seconds is not None and slo.e2e_seconds not in DURATION_BUCKETS_SECONDS:
-        raise ConfigError(f"SLO of {name}: e2e_seconds={slo.e2e_seconds} is not a duration histogram bucket; "
-                          f"pick one of {DURATION_BUCKETS_SECONDS}")
+        raise ConfigError(
+            f"SLO of {name}: e2e_seconds={slo.e2e_seconds} is not a duration histogram bucket; "
+            f"pick one of {DURATION_BUCKETS_SECONDS}"
+        )
     for field_name in ("ttft_objective", "e2e_objective", "availability_objective"):
         value = getattr(slo, field_name)
         if not 0 < value < 1:

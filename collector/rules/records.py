@@ -53,8 +53,9 @@ class R:
     )
     E2E_QUANTILE = record("model_quantile", "headroom_request_duration_seconds", "histogram_quantile_rate5m")
     E2E_MEAN = record("model", "headroom_request_duration_seconds", "mean_rate5m")
-    TTFT_QUANTILE_INSTANCE = record("instance_model_quantile", "headroom_time_to_first_token_seconds",
-                                    "histogram_quantile_rate5m")
+    TTFT_QUANTILE_INSTANCE = record(
+        "instance_model_quantile", "headroom_time_to_first_token_seconds", "histogram_quantile_rate5m"
+    )
     WAITING = record("model", "headroom_engine_requests_waiting", "sum")
     WAITING_INSTANCE = record("instance", "headroom_engine_requests_waiting", "sum")
     RUNNING = record("model", "headroom_engine_requests_running", "sum")

@@ -10,14 +10,29 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 __all__ = [
-    "METRICS", "GROUP_BY", "FILTER_COLUMNS", "Where", "power_of_two_bucket", "where_clause",
-    "percentiles_sql", "curve_sql", "outcomes_sql", "probe_runs_sql", "quantile_label",
-    "LIFECYCLE_COLUMNS", "lifecycles_sql",
+    "METRICS",
+    "GROUP_BY",
+    "FILTER_COLUMNS",
+    "Where",
+    "power_of_two_bucket",
+    "where_clause",
+    "percentiles_sql",
+    "curve_sql",
+    "outcomes_sql",
+    "probe_runs_sql",
+    "quantile_label",
+    "LIFECYCLE_COLUMNS",
+    "lifecycles_sql",
 ]
 
 # Public name -> column. Only these may be asked for percentiles.
-METRICS = {"ttft_s": "ttft_s", "tpot_s": "tpot_s", "e2e_s": "e2e_s",
-           "prompt_tokens": "prompt_tokens", "completion_tokens": "completion_tokens"}
+METRICS = {
+    "ttft_s": "ttft_s",
+    "tpot_s": "tpot_s",
+    "e2e_s": "e2e_s",
+    "prompt_tokens": "prompt_tokens",
+    "completion_tokens": "completion_tokens",
+}
 
 
 def power_of_two_bucket(column: str) -> str:
@@ -25,8 +40,10 @@ def power_of_two_bucket(column: str) -> str:
 
     Example: inflight_at_admit 1 -> 1, 3 -> 4, 5 -> 4, 6 -> 8, 11 -> 8, 12 -> 16; NULL for <= 0.
     """
-    return (f"CASE WHEN {column} IS NULL OR {column} <= 0 THEN NULL WHEN {column} < 1.5 THEN 1 "
-            f"ELSE CAST(pow(2, round(log2({column}))) AS BIGINT) END")
+    return (
+        f"CASE WHEN {column} IS NULL OR {column} <= 0 THEN NULL WHEN {column} < 1.5 THEN 1 "
+        f"ELSE CAST(pow(2, round(log2({column}))) AS BIGINT) END"
+    )
 
 
 # Public name -> SQL expression. Hours and days are UTC whatever the connection's time zone.
@@ -86,8 +103,9 @@ def _group_select(group_by: tuple[str, ...]) -> tuple[str, str]:
     return select, tail
 
 
-def percentiles_sql(metric: str, quantiles: list[float], group_by: tuple[str, ...],
-                    where: Where) -> tuple[str, list]:
+def percentiles_sql(
+    metric: str, quantiles: list[float], group_by: tuple[str, ...], where: Where
+) -> tuple[str, list]:
     """Exact percentiles of one metric (quantile_cont over the rows), optionally grouped.
 
     Result columns: *group_by, n, mean, quantiles (a list in the order asked).
@@ -95,8 +113,10 @@ def percentiles_sql(metric: str, quantiles: list[float], group_by: tuple[str, ..
     column = METRICS[metric]
     select, tail = _group_select(group_by)
     clause, params = where_clause(where, (f"{column} IS NOT NULL",))
-    sql = (f"SELECT {select}count(*) AS n, avg({column}) AS mean, "
-           f"quantile_cont({column}, ?) AS quantiles FROM requests{clause}{tail}")
+    sql = (
+        f"SELECT {select}count(*) AS n, avg({column}) AS mean, "
+        f"quantile_cont({column}, ?) AS quantiles FROM requests{clause}{tail}"
+    )
     return sql, [list(quantiles)] + params
 
 
@@ -123,32 +143,50 @@ def outcomes_sql(group_by: tuple[str, ...], where: Where) -> tuple[str, list]:
     select, _ = _group_select(group_by)
     keys = list(group_by) + ["outcome"]
     clause, params = where_clause(where)
-    sql = (f"SELECT {select}outcome AS outcome_name, count(*) AS n FROM requests{clause} "
-           f"GROUP BY {', '.join(keys[:-1] + ['outcome_name'])} "
-           f"ORDER BY {', '.join(keys[:-1] + ['outcome_name'])}")
+    sql = (
+        f"SELECT {select}outcome AS outcome_name, count(*) AS n FROM requests{clause} "
+        f"GROUP BY {', '.join(keys[:-1] + ['outcome_name'])} "
+        f"ORDER BY {', '.join(keys[:-1] + ['outcome_name'])}"
+    )
     return sql, params
 
 
 def probe_runs_sql(where: Where) -> tuple[str, list]:
     """One line per probe run: when, how many requests, the highest concurrency, outcome mix."""
     clause, params = where_clause(where, ("source = 'probe'",))
-    sql = ("SELECT run_id, model, min(admitted_at) AS started_at, max(completed_at) AS ended_at, "
-           "count(*) AS requests, max(inflight_at_admit) AS max_inflight, "
-           "max(active_tokens_at_admit) AS max_active_tokens, "
-           "avg(CASE WHEN outcome = 'ok' THEN 1.0 ELSE 0.0 END) AS ok_ratio "
-           f"FROM requests{clause} GROUP BY run_id, model ORDER BY started_at DESC")
+    sql = (
+        "SELECT run_id, model, min(admitted_at) AS started_at, max(completed_at) AS ended_at, "
+        "count(*) AS requests, max(inflight_at_admit) AS max_inflight, "
+        "max(active_tokens_at_admit) AS max_active_tokens, "
+        "avg(CASE WHEN outcome = 'ok' THEN 1.0 ELSE 0.0 END) AS ok_ratio "
+        f"FROM requests{clause} GROUP BY run_id, model ORDER BY started_at DESC"
+    )
     return sql, params
 
 
 # What a replay of the log needs of each request (`headroom alerts backtest --store-url`): times,
 # outcome and token counts; never the error text.
-LIFECYCLE_COLUMNS = ("request_id", "instance", "model", "tenant", "stream", "admitted_at", "first_token_at",
-                     "completed_at", "outcome", "status_code", "prompt_tokens", "completion_tokens")
+LIFECYCLE_COLUMNS = (
+    "request_id",
+    "instance",
+    "model",
+    "tenant",
+    "stream",
+    "admitted_at",
+    "first_token_at",
+    "completed_at",
+    "outcome",
+    "status_code",
+    "prompt_tokens",
+    "completion_tokens",
+)
 
 
 def lifecycles_sql(where: Where, limit: int, offset: int) -> tuple[str, list]:
     """One page of request lifecycles in the window, oldest admission first (a stable order)."""
     clause, params = where_clause(where)
-    sql = (f"SELECT {', '.join(LIFECYCLE_COLUMNS)} FROM requests{clause} "
-           "ORDER BY admitted_at, request_id LIMIT ? OFFSET ?")
+    sql = (
+        f"SELECT {', '.join(LIFECYCLE_COLUMNS)} FROM requests{clause} "
+        "ORDER BY admitted_at, request_id LIMIT ? OFFSET ?"
+    )
     return sql, params + [limit, offset]
