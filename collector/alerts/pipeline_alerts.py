@@ -79,7 +79,9 @@ def pipeline_alerts(c: RulesConfig) -> list[Alert]:
         Alert(
             "HeadroomLogShippingLagging",
             "headroom-pipeline",
-            f"{sample('headroom_log_ship_lag_seconds')} > {number(c.ship_lag_warning_seconds)}",
+            # the lag, or the spool's oldest batch from a sidecar that exports only the spool's gauges
+            f"(\n  {sample('headroom_log_ship_lag_seconds')}\n  or {sample('headroom_log_spool_oldest_age_seconds')}\n)"
+            f"\n> {number(c.ship_lag_warning_seconds)}",
             "warning",
             "Request log of <instance> is <value:humanizeDuration> behind",
             "The oldest row <instance> has not shipped is <value:humanizeDuration> old: the store's "

@@ -521,6 +521,12 @@ def _pipeline_cases(c: RulesConfig) -> list[Case]:
             fires(c, "HeadroomLogShippingLagging", (5, 5), A, humanize_duration(lag)),
         ),
         Case(
+            "a spool whose oldest batch is old, from a sidecar without the lag gauge",
+            "HeadroomLogShippingLagging",
+            {'headroom_log_spool_oldest_age_seconds{instance="a"}': steps((0, 5), (lag, _N))},
+            fires(c, "HeadroomLogShippingLagging", (5, 5), A, humanize_duration(lag)),
+        ),
+        Case(
             "caught up",
             "HeadroomLogShippingLagging",
             {'headroom_log_ship_lag_seconds{instance="a"}': flat(0)},
