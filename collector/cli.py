@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "store": "collector.service.cli:store",
     "report": "collector.report.cli:report",
     "dashboards": "collector.dashboards.cli:dashboards",
-    "alerts": "collector.alerts.cli:alerts",
+    "alerts": "collector.backtest.cli:alerts",
     "integrations": "collector.integrations.cli:integrations",
 }
 
@@ -38,7 +38,7 @@ _SHORT_HELP = {
     "store": "The store service: ingest API, query API, scheduled jobs.",
     "report": "The weekly capacity review (Markdown, HTML or JSON).",
     "dashboards": "Generate Grafana dashboards or push them to a Grafana.",
-    "alerts": "Generate Prometheus recording and alerting rules.",
+    "alerts": "Generate Prometheus rules and Alertmanager config; backtest them on scenarios or your log.",
     "integrations": "KEDA, Inference Gateway and llm-d settings from the measured knee.",
 }
 

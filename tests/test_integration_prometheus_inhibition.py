@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 @pytest.fixture
 def alertmanager(tmp_path):
     binary = require_tool("prometheus-alertmanager")
-    webhook = Webhook("HeadroomKVCacheFull")
+    webhook = Webhook("HeadroomKVCacheExhausted")
     port = free_port()
     twin = Receivers(
         page_url=f"{webhook.url}/page",
@@ -73,7 +73,7 @@ def _states(url: str) -> dict[str, dict]:
 def test_critical_mutes_its_warning_and_the_composite_mutes_its_signals(alertmanager):
     url, webhook = alertmanager
     alerts = [
-        _alert(alertname="HeadroomKVCacheFull", severity="critical", family="kv_cache", model="m"),
+        _alert(alertname="HeadroomKVCacheExhausted", severity="critical", family="kv_cache", model="m"),
         _alert(alertname="HeadroomKVCacheNearFull", severity="warning", family="kv_cache", model="m"),
         _alert(alertname="HeadroomNearCapacityLimit", severity="critical", component="capacity", model="m"),
         _alert(
@@ -105,7 +105,7 @@ def test_critical_mutes_its_warning_and_the_composite_mutes_its_signals(alertman
     # The unmuted ticket was posted with the muted ones: once it is in, a wrongly routed one would be too.
     _wait(lambda: ("/ticket", "HeadroomQueueNotDraining", "other") in delivered(), 20, "the unmuted ticket")
     delivered = delivered()
-    assert ("/page", "HeadroomKVCacheFull", "m") in delivered
+    assert ("/page", "HeadroomKVCacheExhausted", "m") in delivered
     assert ("/page", "HeadroomNearCapacityLimit", "m") in delivered
     assert ("/ticket", "HeadroomQueueNotDraining", "other") in delivered, (
         "a signal of another model is not muted"

@@ -32,6 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "integrations": {"rules", "store", "alerts"},
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report", "service"},
+    "backtest": {"sim", "alerts", "rules", "store"},
 }
 FOUNDATION = {
     "__init__",

@@ -12,7 +12,8 @@ import yaml
 from collector.alerts.alerting import SIGNALS, alerts
 from collector.alerts.alertmanager import alertmanager_config
 from collector.alerts.files import ALERTS_FILE, RECORDING_FILE, alert_files
-from collector.alerts.promtool_tests import CASES
+from collector.alerts.promtool_cases import cases
+from collector.alerts.recording import ERROR_OUTCOMES
 from collector.alerts.templating import to_go, to_text
 from collector.catalog import BY_NAME, CATALOG, EXTERNAL_SERIES
 from collector.dashboards.files import dashboard_files
@@ -80,12 +81,13 @@ def test_every_alert_has_severity_summary_templated_description_and_runbook_anch
     runbooks = (ROOT / "docs" / "runbooks.md").read_text()
     anchors = {heading.strip().lower() for heading in re.findall(r"^## (.+)$", runbooks, re.M)}
     rules = _alert_rules()
-    assert len(rules) == len(alerts(DEFAULT)) == 15
+    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 25
+    assert DEFAULT.runbook_base_url.startswith("https://"), "runbook links must work from Slack and PagerDuty"
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
         notes = rule["annotations"]
         assert notes["summary"] and "{{ $labels." in notes["description"], rule["alert"]
-        assert notes["runbook_url"] == f"docs/runbooks.md#{rule['alert'].lower()}"
+        assert notes["runbook_url"] == f"{DEFAULT.runbook_base_url}#{rule['alert'].lower()}"
         assert rule["alert"].lower() in anchors, f"docs/runbooks.md has no section for {rule['alert']}"
         section = runbooks.split(f"## {rule['alert']}\n", 1)[1].split("\n## ", 1)[0]
         for part in ("**Meaning.**", "**Confirm.**", "**Act.**"):
@@ -101,28 +103,92 @@ def test_capacity_alerts_compare_with_capacity_gauges_not_numbers():
     assert re.fullmatch(r"\S+ > 0\.85", knee), "only the configured ratio, never a concurrency"
 
 
-def test_four_signals_and_the_composite_that_counts_them():
+def test_signals_and_the_composite_that_needs_a_latency_and_a_saturation_signal():
     rules = _alert_rules()
     signals = sorted(r["labels"]["signal"] for r in rules if "signal" in r["labels"])
     assert signals == sorted(SIGNALS)
+    assert {r["labels"]["signal_kind"] for r in rules if "signal" in r["labels"]} == {"latency", "saturation"}
     composite = next(r for r in rules if r["alert"] == "HeadroomNearCapacityLimit")
-    assert "ALERTS" in composite["expr"] and ">= 2" in composite["expr"]
+    assert 'signal_kind="latency"' in composite["expr"] and 'signal_kind="saturation"' in composite["expr"]
     assert composite["labels"]["severity"] == "critical"
 
 
-def test_kv_cache_alerts_have_hysteresis_through_their_own_alerts_series():
+# The pages: what users feel (SLO burn, a full cache with a queue behind it, a sidecar gone), the
+# capacity forecast (the one page before users are hurt) and the any-two composite.
+PAGES = {
+    "HeadroomAvailabilityBudgetBurnFast",
+    "HeadroomTTFTBudgetBurnFast",
+    "HeadroomE2EBudgetBurnFast",
+    "HeadroomKVCacheExhausted",
+    "HeadroomCapacityForecast",
+    "HeadroomNearCapacityLimit",
+    "HeadroomSidecarDown",
+    "HeadroomSidecarJobAbsent",
+}
+
+
+def test_pages_are_symptoms_and_causes_only_warn():
+    severities = {r["alert"]: r["labels"]["severity"] for r in _alert_rules()}
+    assert {name for name, severity in severities.items() if severity == "critical"} == PAGES
+    for cause in (
+        "HeadroomKVCacheNearFull",
+        "HeadroomQueueNotDraining",
+        "HeadroomTTFTRising",
+        "HeadroomEngineScrapeFailing",
+        "HeadroomStoreUnreachable",
+        "HeadroomSlowReplica",
+    ):
+        assert severities[cause] == "warning", cause
+
+
+def test_a_full_kv_cache_pages_only_with_requests_queueing_and_the_warning_has_hysteresis():
+    by_name = {rule["alert"]: rule for rule in _alert_rules()}
+    assert (
+        'ALERTS{alertname="HeadroomKVCacheNearFull", alertstate="firing"}'
+        in by_name["HeadroomKVCacheNearFull"]["expr"]
+    )
+    assert "headroom_engine_requests_waiting" in by_name["HeadroomKVCacheExhausted"]["expr"]
+
+
+def test_availability_counts_every_answered_request_and_burn_rates_need_traffic():
+    records = {r["record"]: r["expr"] for g in _groups(RECORDING_FILE) for r in g["rules"]}
+    availability = records["model:headroom_availability_slo_misses:ratio_rate5m"]
+    assert f'outcome=~"{"|".join(ERROR_OUTCOMES)}"' in availability
+    assert set(ERROR_OUTCOMES) == {"rate_limited", "overloaded", "upstream_error", "timeout"}
+    assert 'outcome!="client_cancelled"' in availability
     for rule in _alert_rules():
-        if rule["alert"].startswith("HeadroomKVCache"):
-            assert f'ALERTS{{alertname="{rule["alert"]}", alertstate="firing"}}' in rule["expr"]
+        if "BudgetBurn" in rule["alert"]:
+            guard = DEFAULT.slo_min_requests * (1 if rule["alert"].endswith("Fast") else 72)
+            assert "increase(" in rule["expr"] and rule["expr"].endswith(f">= {guard}"), rule["alert"]
+
+
+def test_latency_per_replica_and_a_vanished_job_are_watched():
+    records = {r["record"]: r["expr"] for g in _groups(RECORDING_FILE) for r in g["rules"]}
+    assert (
+        "instance, model, le"
+        in records["instance_model_quantile:headroom_time_to_first_token_seconds:histogram_quantile_rate5m"]
+    )
+    by_name = {rule["alert"]: rule for rule in _alert_rules()}
+    assert by_name["HeadroomSidecarJobAbsent"]["expr"] == f"absent(up{{{DEFAULT.job_selector}}})"
+    assert DEFAULT.job_selector == 'job="headroom-sidecar"'
+
+
+def test_the_knee_ratio_reads_the_new_gauges_and_a_task_class_is_optional():
+    records = {r["record"]: r["expr"] for g in _groups(RECORDING_FILE) for r in g["rules"]}
+    ratio = records["instance_model_task_class_caliber:headroom_concurrency:avg5m_knee_ratio"]
+    assert "headroom_capacity_knee_requests" in ratio and "headroom_capacity_knee_tokens" in ratio
+    assert "headroom_capacity_knee{" not in ratio and "headroom_capacity_knee)" not in ratio
+    assert "headroom_task_inflight_requests" in ratio and 'task_class="all"' in ratio
 
 
 def test_every_alert_has_promtool_cases_on_both_sides_of_for():
+    table = cases(DEFAULT)
     for alert in alerts(DEFAULT):
-        cases = [c for c in CASES if c.alert == alert.name]
-        firing = [c for c in cases if any(expected for _, expected in c.checks)]
+        found = [c for c in table if c.alert == alert.name]
+        firing = [c for c in found if any(expected for _, expected in c.checks)]
         assert firing, f"{alert.name}: no firing case"
         assert any(not c.checks[0][1] for c in firing), f"{alert.name}: no not-yet-firing check before for:"
-        assert any(all(not e for _, e in c.checks) for c in cases), f"{alert.name}: no quiet case"
+        assert any(all(not e for _, e in c.checks) for c in found), f"{alert.name}: no quiet case"
 
 
 def test_alertmanager_routes_page_and_ticket_and_inhibits():
@@ -134,7 +200,7 @@ def test_alertmanager_routes_page_and_ticket_and_inhibits():
     assert ['alertname="HeadroomNearCapacityLimit"'] in sources
     assert any('severity="critical"' in s for s in sources)
     families = {r["alert"]: r["labels"].get("family") for r in _alert_rules()}
-    assert families["HeadroomKVCacheFull"] == families["HeadroomKVCacheNearFull"] == "kv_cache"
+    assert families["HeadroomKVCacheExhausted"] == families["HeadroomKVCacheNearFull"] == "kv_cache"
 
 
 def test_dashboards_have_variables_units_and_descriptions():
@@ -180,7 +246,7 @@ def test_annotation_notation_renders_to_go_and_to_text():
 def test_config_rejects_values_that_cannot_give_correct_rules():
     with pytest.raises(ConfigError, match="not a TTFT histogram bucket"):
         RulesConfig(ttft_slo_seconds=1.7).validate()
-    with pytest.raises(ConfigError, match="clear ratio"):
+    with pytest.raises(ConfigError, match="KV-cache ratios must rise"):
         RulesConfig(kv_warning_clear_ratio=0.95).validate()
     assert DEFAULT.error_budget == 0.01
     assert set(DEFAULT.for_durations) == {a.name for a in alerts(DEFAULT)}

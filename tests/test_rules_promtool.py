@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import require_tool
 
-from collector.alerts.files import TEST_FILE, alert_files
+from collector.alerts.files import TEST_FILE, alert_files, rule_files
 from collector.dashboards.files import dashboard_files
 from collector.rules.config import DEFAULT
 from collector.rules.render import write_files
@@ -71,10 +71,10 @@ def test_promtool_unit_tests_pass_on_committed_rules():
 
 
 def test_promtool_unit_tests_catch_a_missing_for_duration(tmp_path):
-    """The before-`for:` checks bite: the same tests fail when every alert fires immediately."""
+    """The before-`for:` checks bite: the committed tests fail on rules where every alert fires at once."""
     promtool = require_tool("promtool")
     instant = dataclasses.replace(DEFAULT, for_durations={name: "0s" for name in DEFAULT.for_durations})
-    write_files(alert_files(instant), tmp_path)
+    write_files(rule_files(instant) | {TEST_FILE: alert_files()[TEST_FILE]}, tmp_path)
     result = _run(promtool, "test", "rules", TEST_FILE, cwd=tmp_path)
     assert result.returncode != 0
     output = result.stdout + result.stderr
@@ -90,7 +90,7 @@ def test_amtool_accepts_config_and_routes_page_vs_ticket():
     result = _run(amtool, "check-config", config)
     assert result.returncode == 0, result.stdout + result.stderr
     for labels, receiver in (
-        (["severity=critical", "alertname=HeadroomKVCacheFull", "model=m"], "page"),
+        (["severity=critical", "alertname=HeadroomKVCacheExhausted", "model=m"], "page"),
         (["severity=warning", "alertname=HeadroomKVCacheNearFull", "model=m"], "ticket"),
     ):
         routed = _run(amtool, "config", "routes", "test", f"--config.file={config}", *labels)

@@ -44,6 +44,7 @@ QUERY_PARAMS = {
     "/v1/query/outcomes": ("group_by", "since", "until", "model", "tenant", "instance"),
     "/v1/query/probe-runs": ("since", "until", "model", "run_id"),
     "/v1/query/estimate": ("model", "since"),
+    "/v1/query/lifecycles": ("since", "until", "model", "instance", "limit", "offset"),
     "/v1/report": ("since", "format"),
 }
 

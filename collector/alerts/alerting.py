@@ -1,78 +1,86 @@
-"""Alerting rules: the four scale-out signals and their composite, KV cache, knee, 429s, SLO burn, pipeline.
+"""Alerting rules: pages on what users feel, warnings (tickets) on the causes that lead there.
 
-Every alert has `severity` (critical pages, warning opens a ticket), a summary, a templated
-description, and a `runbook_url` to its anchor in docs/runbooks.md. Capacity thresholds compare
-live values with the `headroom_capacity_*` gauges through recording rules, so no alert carries a
-concurrency number and an alert is silent while no estimate exists.
+Pages (`severity="critical"`): SLO burn (availability, TTFT, end-to-end), the KV cache full with
+requests queueing behind it, the capacity forecast (load climbing to the knee: the one page before
+users are hurt), the any-two composite (a latency signal and a saturation signal at once), and a
+sidecar that cannot be scraped or whose job vanished. Everything else warns: the scale-out signals
+(docs/domain.md §5), near knee, KV nearly full, token-caliber divergence, load shedding, a slow
+replica, and the request log's pipeline. Every alert has a summary, a templated description and an
+absolute `runbook_url`; capacity thresholds compare live values with the published
+`headroom_capacity_*` gauges through recording rules, so no alert carries a concurrency number and
+an alert is silent while no estimate exists. Rules are split by concern: signals here, SLO burn
+in collector.alerts.slo_alerts, the pipeline in collector.alerts.pipeline_alerts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Any
 
-from collector.alerts.templating import to_go
+from collector.alerts.alert import Alert, number
+from collector.alerts.pipeline_alerts import pipeline_alerts
+from collector.alerts.slo_alerts import latency_matcher, requests_in, slo_alerts
+from collector.alerts.slo_classes import selector, slo_classes
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
 from collector.rules.records import R
 
-__all__ = ["Alert", "alerts", "alerting_groups", "SIGNALS"]
+__all__ = ["Alert", "alerts", "alerting_groups", "SIGNALS", "SIGNAL_KINDS"]
 
-# label `signal` of the four scale-out signals (docs/domain.md §5); the composite counts distinct values.
-SIGNALS = ("ttft_rising", "queue_not_draining", "gpu_saturated_flat", "tail_latency")
-
-
-@dataclass(frozen=True)
-class Alert:
-    """One alert before rendering; `summary`/`description` use the `<label>`/`<value:fn>` notation."""
-
-    name: str
-    group: str
-    expr: str
-    severity: str
-    summary: str
-    description: str
-    labels: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def anchor(self) -> str:
-        """The docs/runbooks.md anchor: the heading `## <name>` lower-cased."""
-        return self.name.lower()
-
-    def to_rule(self, config: RulesConfig) -> dict:
-        """The Prometheus rule dict for this alert under `config`."""
-        return {
-            "alert": self.name,
-            "expr": self.expr,
-            "for": config.for_duration(self.name),
-            "labels": {"severity": self.severity, **self.labels},
-            "annotations": {
-                "summary": to_go(self.summary),
-                "description": to_go(self.description),
-                "runbook_url": f"{config.runbook_base_url}#{self.anchor}",
-            },
-        }
+# label `signal` of the scale-out signals (docs/domain.md §5) and `signal_kind`: the composite
+# pages when a latency signal and a saturation signal fire together for a model.
+SIGNALS = ("ttft_rising", "tail_latency", "queue_not_draining", "gpu_saturated_flat", "near_knee")
+SIGNAL_KINDS = {
+    "ttft_rising": "latency",
+    "tail_latency": "latency",
+    "queue_not_draining": "saturation",
+    "gpu_saturated_flat": "saturation",
+    "near_knee": "saturation",
+}
 
 
-def _number(value: float) -> str:
-    """A threshold as PromQL text without float noise (14.4 * 0.01 -> 0.144)."""
-    return repr(round(value, 9))
+def _signal(name: str) -> dict[str, str]:
+    return {"signal": name, "signal_kind": SIGNAL_KINDS[name]}
 
 
-def _signals(c: RulesConfig) -> list[Alert]:
-    p95, p99 = f'{R.TTFT_QUANTILE}{{quantile="0.95"}}', f'{R.TTFT_QUANTILE}{{quantile="0.99"}}'
-    trend = c.ttft_trend_window
+def _latency_signals(c: RulesConfig) -> list[Alert]:
+    found, trend, classes = [], c.ttft_trend_window, slo_classes(c, "ttft")
+    for slo_class in classes:
+        p95 = R.TTFT_QUANTILE + selector('quantile="0.95"', slo_class.matcher)
+        target = slo_class.target
+        found.append(
+            Alert(
+                "HeadroomTTFTRising",
+                "headroom-capacity-signals",
+                f"{p95} > {number(c.ttft_soft_bound_seconds)}\nand deriv({p95}[{trend}]) > 0\n"
+                f"and predict_linear({p95}[{trend}], 3600) > {number(target)}\n"
+                f"and on (model) {requests_in('ttft', slo_class.matcher)} >= {c.slo_min_requests}",
+                "warning",
+                "TTFT is rising on <model>",
+                f"p95 time to first token of <model> is <value:humanizeDuration>, still climbing, and on "
+                f"the {trend} trend it crosses the {target:g}s SLO within the hour: prefill is queueing.",
+                _signal("ttft_rising") | slo_class.labels(classes),
+            )
+        )
+    p99 = R.TTFT_QUANTILE + selector('quantile="0.99"', latency_matcher(c))
+    if slo_classes(c, "ttft"):
+        found.append(
+            Alert(
+                "HeadroomTailLatencyOverSLO",
+                "headroom-capacity-signals",
+                f"{p99} > {number(c.ttft_p99_tolerance_seconds)}\n"
+                f"and on (model) {requests_in('ttft', latency_matcher(c))} >= {c.slo_min_requests}",
+                "warning",
+                "Tail TTFT of <model> beyond tolerance",
+                f"p99 time to first token of <model> is <value:humanizeDuration> (tolerance "
+                f"{c.ttft_p99_tolerance_seconds:g}s): a few long requests are holding the batch.",
+                _signal("tail_latency"),
+            )
+        )
+    return found
+
+
+def _saturation_signals(c: RulesConfig) -> list[Alert]:
     return [
-        Alert(
-            "HeadroomTTFTRising",
-            "headroom-capacity-signals",
-            f"{p95} > {_number(c.ttft_soft_bound_seconds)}\nand deriv({p95}[{trend}]) > 0\n"
-            f"and predict_linear({p95}[{trend}], 3600) > {_number(c.ttft_slo_seconds)}",
-            "warning",
-            "TTFT is rising on <model>",
-            f"p95 time to first token of <model> is <value:humanizeDuration>, still climbing, and on "
-            f"the {trend} trend it crosses the {c.ttft_slo_seconds:g}s SLO within the hour: prefill is queueing.",
-            {"signal": "ttft_rising"},
-        ),
         Alert(
             "HeadroomQueueNotDraining",
             "headroom-capacity-signals",
@@ -81,51 +89,56 @@ def _signals(c: RulesConfig) -> list[Alert]:
             "Engine queue for <model> never drains",
             f"At least <value> requests for <model> have been waiting in the engine at every scrape "
             f"for {c.queue_window}: supply is saturated.",
-            {"signal": "queue_not_draining"},
+            _signal("queue_not_draining"),
         ),
         Alert(
             "HeadroomGPUSaturatedThroughputFlat",
             "headroom-capacity-signals",
             f"{R.TOKENS_RATE_INSTANCE}\n/ ({R.TOKENS_RATE_INSTANCE} offset {c.flat_lookback})\n"
-            f"< {_number(c.throughput_flat_ratio)}\n"
-            f"and on (instance) ({R.GPU_UTILIZATION} > {_number(c.gpu_saturated_ratio)})\n"
+            f"< {number(c.throughput_flat_ratio)}\n"
+            f"and on (instance) ({R.GPU_UTILIZATION} > {number(c.gpu_saturated_ratio)})\n"
             f"and on (instance) ({R.WAITING_INSTANCE} > 0)",
             "warning",
             "GPU saturated but throughput flat on <instance>",
             f"The GPU on <instance> is over {c.gpu_saturated_ratio:.0%} busy with requests waiting, yet "
             f"tokens/s for <model> is <value:humanizePercentage> of {c.flat_lookback} ago: the "
             f"bottleneck moved to memory bandwidth or scheduling.",
-            {"signal": "gpu_saturated_flat"},
+            _signal("gpu_saturated_flat"),
         ),
         Alert(
-            "HeadroomTailLatencyOverSLO",
+            "HeadroomConcurrencyNearKnee",
             "headroom-capacity-signals",
-            f"{p99} > {_number(c.ttft_p99_tolerance_seconds)}",
+            f"{R.KNEE_RATIO} > {number(c.knee_warning_ratio)}",
             "warning",
-            "Tail TTFT of <model> beyond tolerance",
-            f"p99 time to first token of <model> is <value:humanizeDuration> (tolerance "
-            f"{c.ttft_p99_tolerance_seconds:g}s): a few long requests are holding the batch.",
-            {"signal": "tail_latency"},
-        ),
-        Alert(
-            "HeadroomNearCapacityLimit",
-            "headroom-capacity-signals",
-            'count by (model) (\n  count by (model, signal) (ALERTS{alertstate="firing", signal!=""})\n) >= 2',
-            "critical",
-            "<model> is near its capacity limit",
-            "<value> of the four scale-out signals are firing at once for <model>: the current "
-            "configuration is close to its limit. Add replicas or shed load.",
-            {"component": "capacity"},
+            "<model> concurrency near its measured knee (<caliber>, task class <task_class>)",
+            f"The 5-minute mean <caliber> concurrency of <model> on <instance> is <value:humanizePercentage> "
+            f"of the measured knee for task class <task_class> (warns above {c.knee_warning_ratio:.0%}): "
+            f"past this point latency climbs and throughput stops rising.",
+            _signal("near_knee"),
         ),
     ]
 
 
-def _hysteresis(alert: str, raise_at: float, clear_below: float) -> str:
-    firing = f'ALERTS{{alertname="{alert}", alertstate="firing"}}'
-    return (
-        f"{R.KV_USAGE} > {_number(raise_at)}\nor\n"
-        f"({R.KV_USAGE} > {_number(clear_below)} and on (model) {firing})"
+def _composite() -> Alert:
+    def firing(kind: str) -> str:
+        return f'count by (model) (ALERTS{{alertstate="firing", signal_kind="{kind}"}})'
+
+    return Alert(
+        "HeadroomNearCapacityLimit",
+        "headroom-capacity-composite",
+        'count by (model) (\n  count by (model, signal) (ALERTS{alertstate="firing", signal!=""})\n)\n'
+        f"and on (model) {firing('latency')}\nand on (model) {firing('saturation')}",
+        "critical",
+        "<model> is near its capacity limit",
+        "<value> scale-out signals are firing at once for <model>, latency and saturation together: "
+        "users are starting to wait because the deployment is full. Add replicas or shed load.",
+        {"component": "capacity"},
     )
+
+
+def _hysteresis(alert: str, expr: str, raise_at: float, clear_below: float, on: str) -> str:
+    firing = f'ALERTS{{alertname="{alert}", alertstate="firing"}}'
+    return f"{expr} > {number(raise_at)}\nor\n({expr} > {number(clear_below)} and on ({on}) {firing})"
 
 
 def _capacity(c: RulesConfig) -> list[Alert]:
@@ -144,36 +157,79 @@ def _capacity(c: RulesConfig) -> list[Alert]:
         f"sum by (instance, model) (avg_over_time({inflight}[5m]))",
         f"sum by (instance, model) (avg_over_time({inflight}[5m] offset {window}))",
     )
+    kv, waiting = sample("headroom_engine_kv_cache_usage_ratio"), sample("headroom_engine_requests_waiting")
+    kv_mean = f"max by (instance, model) (avg_over_time({kv}[5m]))"
+    ratio, step = R.KNEE_RATIO, c.knee_forecast_step
+    trend = (
+        f"{ratio} > {number(c.knee_forecast_min_ratio)}\n"
+        f"and predict_linear({ratio}[{c.knee_forecast_window}], {_seconds(c.knee_forecast_horizon)}) > 1"
+    )
+    low = [
+        f"min_over_time({ratio}[{step}]{'' if k == 0 else f' offset {k * _seconds(step)}s'})"
+        for k in range(3)
+    ]
+    rise = number(c.knee_forecast_min_rise)
+    sustained = f"{low[0]} > {low[1]} + {rise}\nand {low[1]} > {low[2]} + {rise}"
     return [
+        Alert(
+            "HeadroomConcurrencyRising",
+            "headroom-capacity",
+            trend,
+            "warning",
+            "<model> concurrency is climbing towards its knee (<caliber>, task class <task_class>)",
+            f"On the trend of the last {c.knee_forecast_window}, <caliber> concurrency of <model> on <instance> "
+            f"reaches the measured knee within {c.knee_forecast_horizon}; it is at <value:humanizePercentage> "
+            f"of it now. Plan replicas before the peak.",
+            {"component": "capacity"},
+        ),
+        Alert(
+            "HeadroomCapacityForecast",
+            "headroom-capacity",
+            f"{trend}\nand {sustained}",
+            "critical",
+            "<model> is heading for its knee (<caliber>, task class <task_class>)",
+            f"<caliber> concurrency of <model> on <instance> has climbed through the last three "
+            f"{c.knee_forecast_step} windows and on its {c.knee_forecast_window} trend reaches the measured "
+            f"knee within {c.knee_forecast_horizon}; it is at <value:humanizePercentage> of it now. Add "
+            f"replicas before users queue.",
+            {"component": "capacity"},
+        ),
         Alert(
             "HeadroomKVCacheNearFull",
             "headroom-capacity",
-            _hysteresis("HeadroomKVCacheNearFull", c.kv_warning_ratio, c.kv_warning_clear_ratio),
+            _hysteresis(
+                "HeadroomKVCacheNearFull",
+                kv_mean,
+                c.kv_warning_ratio,
+                c.kv_warning_clear_ratio,
+                "instance, model",
+            ),
             "warning",
-            "KV cache of <model> nearly full",
-            f"KV-cache usage of <model> is <value:humanizePercentage> (raised above "
-            f"{c.kv_warning_ratio:.0%}, clears below {c.kv_warning_clear_ratio:.0%}): new long requests "
-            f"will queue or preempt running ones.",
+            "KV cache of <model> on <instance> nearly full",
+            f"KV-cache usage of <model> on <instance> averaged <value:humanizePercentage> over 5 minutes "
+            f"(raised above {c.kv_warning_ratio:.0%}, clears below {c.kv_warning_clear_ratio:.0%}): new long "
+            f"requests will queue or preempt running ones.",
             {"family": "kv_cache"},
         ),
         Alert(
-            "HeadroomKVCacheFull",
+            "HeadroomKVCacheExhausted",
             "headroom-capacity",
-            _hysteresis("HeadroomKVCacheFull", c.kv_critical_ratio, c.kv_critical_clear_ratio),
+            f"{kv_mean} > {number(c.kv_warning_ratio)}\n"
+            f"and on (instance, model) sum by (instance, model) (min_over_time({waiting}[5m])) > 0",
             "critical",
-            "KV cache of <model> full",
-            f"KV-cache usage of <model> is <value:humanizePercentage> (raised above "
-            f"{c.kv_critical_ratio:.0%}, clears below {c.kv_critical_clear_ratio:.0%}): the engine is "
-            f"preempting or rejecting requests.",
+            "KV cache of <model> on <instance> full and requests queueing",
+            "KV-cache usage of <model> on <instance> averaged <value:humanizePercentage> over 5 minutes "
+            "while requests waited in the engine at every scrape: the cache is the bottleneck and users "
+            "queue behind it.",
             {"family": "kv_cache"},
         ),
         Alert(
             "HeadroomTokenCaliberDivergence",
             "headroom-capacity",
-            f"{tokens_now}\n/ {tokens_then}\n> {_number(c.tokens_growth_ratio)}\n"
+            f"{tokens_now}\n/ {tokens_then}\n> {number(c.tokens_growth_ratio)}\n"
             f"and on (instance, model)\nabs({inflight_now} - {inflight_then})\n"
-            f"<= {_number(c.inflight_flat_tolerance)} * {inflight_then}\n"
-            f"and on (instance, model) {R.INFLIGHT_INSTANCE} > 0",
+            f"<= {number(c.inflight_flat_tolerance)} * {inflight_then}\n"
+            f"and on (instance, model) {inflight_then} >= {c.divergence_min_inflight}",
             "warning",
             "Active tokens climbing while in-flight requests are flat on <instance>",
             f"Active tokens of <model> on <instance> grew <value:humanize>x in {window} while "
@@ -181,108 +237,52 @@ def _capacity(c: RulesConfig) -> list[Alert]:
             {"component": "capacity"},
         ),
         Alert(
-            "HeadroomConcurrencyNearKnee",
+            "HeadroomLoadShedding",
             "headroom-capacity",
-            f"{R.KNEE_RATIO} > {_number(c.knee_warning_ratio)}",
+            f"{R.SHED_RATIO} > {number(c.load_shedding_ratio)}",
             "warning",
-            "<model> concurrency near its measured knee (<caliber>)",
-            f"<caliber> concurrency of <model> on <instance> is <value:humanizePercentage> of the measured "
-            f"knee (warns above {c.knee_warning_ratio:.0%}): past this point latency climbs and "
-            f"throughput stops rising.",
+            "<model> is shedding load (429/503)",
+            f"<value:humanizePercentage> of requests to <model> were refused with 429 or 503 over the "
+            f"last 5 minutes (threshold {c.load_shedding_ratio:.0%}).",
             {"component": "capacity"},
         ),
         Alert(
-            "HeadroomRateLimitedRatioHigh",
+            "HeadroomSlowReplica",
             "headroom-capacity",
-            f"{R.RATE_LIMITED_RATIO} > {_number(c.rate_limited_ratio)}",
+            f"{R.TTFT_QUANTILE_INSTANCE} > {number(c.ttft_soft_bound_seconds)}\n"
+            f"and {R.TTFT_QUANTILE_INSTANCE}\n> on (model) group_left ()\n"
+            f"({number(c.slow_replica_ratio)} * quantile by (model) (0.5, {R.TTFT_QUANTILE_INSTANCE}))\n"
+            f"and on (instance, model) {requests_in('ttft', by='instance, model')} >= {c.slo_min_requests}",
             "warning",
-            "<model> is answering 429s",
-            f"<value:humanizePercentage> of requests to <model> were rate limited over the last 5 "
-            f"minutes (threshold {c.rate_limited_ratio:.0%}).",
+            "Replica <instance> of <model> is slow",
+            f"p95 TTFT of <model> on <instance> is <value:humanizeDuration>, over "
+            f"{c.slow_replica_ratio:g}x the median of its replicas: throttling, a noisy neighbour or a "
+            f"bad node. Drain it and compare.",
             {"component": "capacity"},
         ),
     ]
 
 
-def _indent(text: str) -> str:
-    return "\n".join("  " + line for line in text.splitlines())
-
-
-def _slo(c: RulesConfig) -> list[Alert]:
-    budget, slo = c.error_budget, f"{c.ttft_slo_seconds:g}s"
-
-    def burn(long: str, short: str, factor: float) -> str:
-        limit = _number(factor * budget)
-        return f"{R.slo_misses(long)} > {limit}\nand {R.slo_misses(short)} > {limit}"
-
-    return [
-        Alert(
-            "HeadroomTTFTBudgetBurnFast",
-            "headroom-slo",
-            f"(\n{_indent(burn('1h', '5m', 14.4))}\n)\nor\n(\n{_indent(burn('6h', '30m', 6))}\n)",
-            "critical",
-            "<model> is burning its TTFT error budget fast",
-            f"<value:humanizePercentage> of requests to <model> missed the {slo} TTFT SLO over the "
-            f"long window; at this burn rate the 30-day budget of {budget:.2%} is gone within days.",
-            {"family": "ttft_slo"},
-        ),
-        Alert(
-            "HeadroomTTFTBudgetBurnSlow",
-            "headroom-slo",
-            burn("3d", "6h", 1),
-            "warning",
-            "<model> is slowly burning its TTFT error budget",
-            f"<value:humanizePercentage> of requests to <model> missed the {slo} TTFT SLO over 3 "
-            f"days, more than the {budget:.2%} budget allows.",
-            {"family": "ttft_slo"},
-        ),
-    ]
-
-
-def _pipeline(c: RulesConfig) -> list[Alert]:
-    dropped = sample("headroom_log_rows_dropped_total")
-    return [
-        Alert(
-            "HeadroomSidecarDown",
-            "headroom-pipeline",
-            f'up{{job="{c.sidecar_job}"}} == 0',
-            "critical",
-            "Sidecar <instance> is down",
-            "Prometheus cannot scrape the sidecar <instance>; it proxies traffic, so clients behind it "
-            "are failing too.",
-            {"component": "pipeline"},
-        ),
-        Alert(
-            "HeadroomEngineScrapeFailing",
-            "headroom-pipeline",
-            f"{sample('headroom_engine_up')} == 0",
-            "warning",
-            "Sidecar <instance> cannot read the <engine> engine's metrics",
-            "The sidecar on <instance> fails to scrape the <engine> engine's /metrics: KV-cache and "
-            "queue signals for it are blind.",
-            {"component": "pipeline"},
-        ),
-        Alert(
-            "HeadroomLogRowsDropped",
-            "headroom-pipeline",
-            f"sum by (instance, reason) (increase({dropped}[10m])) > 0",
-            "warning",
-            "Request-log rows dropped on <instance> (<reason>)",
-            "<value:humanize> request-log rows were dropped on <instance> in 10 minutes (reason "
-            "<reason>): capacity curves and the weekly review will miss them.",
-            {"component": "pipeline"},
-        ),
-    ]
+def _seconds(duration: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    return int(duration[:-1]) * units[duration[-1]]
 
 
 def alerts(config: RulesConfig) -> list[Alert]:
-    """Every alert, in the order it is rendered."""
-    return _signals(config) + _capacity(config) + _slo(config) + _pipeline(config)
+    """Every alert, in the order it is rendered (several rules may share a name: one per SLO class)."""
+    return (
+        _latency_signals(config)
+        + _saturation_signals(config)
+        + [_composite()]
+        + _capacity(config)
+        + slo_alerts(config)
+        + pipeline_alerts(config)
+    )
 
 
-def alerting_groups(config: RulesConfig) -> list[dict]:
+def alerting_groups(config: RulesConfig) -> list[dict[str, Any]]:
     """Alert rule groups in first-appearance order of their group names."""
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for alert in alerts(config):
         groups.setdefault(alert.group, []).append(alert.to_rule(config))
     return [{"name": name, "rules": rules} for name, rules in groups.items()]

@@ -1,21 +1,26 @@
-"""Alertmanager configuration for on-call: page vs ticket routes, grouping, inhibition.
+"""Alertmanager configuration for on-call: page vs ticket routes, grouping, inhibition, receivers.
 
 `severity="critical"` pages, `severity="warning"` opens a ticket. Alerts group by alert name and
 model, so one overloaded model is one notification, not one per sidecar. Inhibition: a critical
-alert mutes the warning of its `family` (KV cache full mutes KV cache nearly full, fast burn mutes
-slow burn), and the any-two composite mutes the signals it counts.
+alert mutes the warning of its `family` (KV cache exhausted mutes nearly full, a fast burn mutes
+the slow one), and the any-two composite mutes the signals it counts.
+
+The receivers are webhook placeholders unless the rules config names real ones
+(`receivers: {page: {pagerduty_configs: [...]}, ticket: {slack_configs: [...]}}`: Alertmanager's own
+receiver syntax, passed through). The rendered file ends with a commented example of both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Receivers", "PRODUCTION_RECEIVERS", "alertmanager_config"]
+__all__ = ["Receivers", "PRODUCTION_RECEIVERS", "alertmanager_config", "RECEIVER_EXAMPLE"]
 
 
 @dataclass(frozen=True)
 class Receivers:
-    """Webhook URLs for the two routes; production points them at the pager and ticket bridges."""
+    """Webhook URLs for the two routes (placeholders, or a test's receiver) and the route timings."""
 
     page_url: str
     ticket_url: str
@@ -25,18 +30,47 @@ class Receivers:
     repeat_interval_ticket: str = "12h"
 
 
-# Placeholders for the bridges in front of your pager and ticket tracker (e.g. PagerDuty, Jira).
+# Placeholders for the bridges in front of your pager and ticket tracker; replace them through
+# `receivers:` in the rules config (see RECEIVER_EXAMPLE) rather than by editing the file.
 PRODUCTION_RECEIVERS = Receivers(
     page_url="http://alert-bridge:9095/page", ticket_url="http://alert-bridge:9095/ticket"
 )
 
+# Appended, commented, to alerts/alertmanager.yml: real receiver types, as a config file names them.
+RECEIVER_EXAMPLE = """\
+# Real receivers: put Alertmanager's own receiver bodies under `receivers:` in the file passed to
+# `headroom alerts generate --config FILE` (docs/rules.md, "Configuration file"), for example:
+#
+#   receivers:
+#     page:
+#       pagerduty_configs:
+#         - routing_key_file: /etc/alertmanager/secrets/pagerduty-routing-key
+#           send_resolved: true
+#           description: '{{ .CommonAnnotations.summary }}'
+#           links:
+#             - href: '{{ .CommonAnnotations.runbook_url }}'
+#               text: runbook
+#     ticket:
+#       slack_configs:
+#         - api_url_file: /etc/alertmanager/secrets/slack-webhook-url
+#           channel: '#llm-capacity'
+#           send_resolved: true
+#           title: '{{ .CommonAnnotations.summary }}'
+#           text: '{{ .CommonAnnotations.description }} Runbook: {{ .CommonAnnotations.runbook_url }}'
+"""
 
-def _receiver(name: str, url: str) -> dict:
+
+def _receiver(name: str, url: str, configured: dict[str, Any] | None) -> dict[str, Any]:
+    if configured:
+        return {"name": name, **configured}
     return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
 
 
-def alertmanager_config(receivers: Receivers = PRODUCTION_RECEIVERS) -> dict:
-    """The Alertmanager configuration document."""
+def alertmanager_config(
+    receivers: Receivers = PRODUCTION_RECEIVERS, configured: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The Alertmanager configuration document; `configured` maps route -> a real receiver body."""
+    configured = configured or {}
     return {
         "route": {
             "receiver": "ticket",
@@ -53,7 +87,10 @@ def alertmanager_config(receivers: Receivers = PRODUCTION_RECEIVERS) -> dict:
                 {"receiver": "ticket", "matchers": ['severity="warning"']},
             ],
         },
-        "receivers": [_receiver("page", receivers.page_url), _receiver("ticket", receivers.ticket_url)],
+        "receivers": [
+            _receiver("page", receivers.page_url, configured.get("page")),
+            _receiver("ticket", receivers.ticket_url, configured.get("ticket")),
+        ],
         "inhibit_rules": [
             {
                 "source_matchers": ['severity="critical"', 'family=~".+"'],

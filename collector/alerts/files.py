@@ -10,10 +10,15 @@ up the promtool test file beside them.
 from __future__ import annotations
 
 from collector.alerts.alerting import alerting_groups
-from collector.alerts.alertmanager import PRODUCTION_RECEIVERS, Receivers, alertmanager_config
+from collector.alerts.alertmanager import (
+    PRODUCTION_RECEIVERS,
+    RECEIVER_EXAMPLE,
+    Receivers,
+    alertmanager_config,
+)
 from collector.alerts.promtool_tests import unit_test_document
 from collector.alerts.recording import recording_groups
-from collector.alerts.recording_tests import RECORDING_TEST_GROUPS
+from collector.alerts.recording_tests import recording_test_groups
 from collector.rules.config import DEFAULT, RulesConfig
 from collector.rules.render import render_yaml
 
@@ -36,9 +41,10 @@ def rule_files(config: RulesConfig = DEFAULT) -> dict[str, str]:
 
 
 def alert_files(config: RulesConfig = DEFAULT, receivers: Receivers = PRODUCTION_RECEIVERS) -> dict[str, str]:
-    """Rule files, their promtool tests and the Alertmanager configuration."""
-    tests = unit_test_document(config, [RECORDING_FILE, ALERTS_FILE], RECORDING_TEST_GROUPS)
+    """Rule files, their promtool tests and the Alertmanager configuration (with a receiver example)."""
+    tests = unit_test_document(config, [RECORDING_FILE, ALERTS_FILE], recording_test_groups(config))
+    manager = render_yaml(alertmanager_config(receivers, config.receivers), _ALERTS_COMMAND)
     return rule_files(config) | {
         TEST_FILE: render_yaml(tests, _ALERTS_COMMAND),
-        ALERTMANAGER_FILE: render_yaml(alertmanager_config(receivers), _ALERTS_COMMAND),
+        ALERTMANAGER_FILE: manager + "\n" + RECEIVER_EXAMPLE,
     }

@@ -2,26 +2,79 @@
 
 Every expression reads catalog metrics through collector.rules.naming.sample, so a renamed metric
 breaks generation instead of silently producing an empty query; `recording_groups()` lists them in
-evaluation order (a rule may read the ones above it).
+evaluation order (a rule may read the ones above it in its group).
+
+Two designs worth knowing:
+
+- **Knee ratio per task class.** Each class's live concurrency (`headroom_task_inflight_requests`,
+  `headroom_task_active_tokens`) is compared with its own knee where one is published
+  (`task_class!="all"`; silent otherwise), and every request together with the
+  `task_class="all"` knee, so a model measured only over all its traffic works unchanged.
+- **SLOs per model.** Each distinct target is its own expression, selected by a `model` matcher
+  (collector.alerts.slo_classes) and `or`ed into the one rule of its record name (promtool
+  lints duplicate record names); without per-model SLOs there is one expression.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from collector.alerts.slo_classes import selector, slo_classes
 from collector.rules.config import RulesConfig
 from collector.rules.naming import le_label, sample
 from collector.rules.records import QUANTILES, RATE_WINDOW, SLO_WINDOWS, R
 
-__all__ = ["recording_groups"]
+__all__ = ["recording_groups", "ERROR_OUTCOMES", "SHED_OUTCOMES"]
+
+# Outcomes that count against availability: load shedding (429, 503), other upstream failures
+# (5xx, resets, the sidecar's own 502s) and timeouts. bad_request is the client's; a client that
+# cancelled was never answered.
+ERROR_OUTCOMES = ("rate_limited", "overloaded", "upstream_error", "timeout")
+SHED_OUTCOMES = ("rate_limited", "overloaded")
+# caliber -> (every request, per task class, the knee gauge)
+_CALIBERS = (
+    (
+        "requests",
+        "headroom_inflight_requests",
+        "headroom_task_inflight_requests",
+        "headroom_capacity_knee_requests",
+    ),
+    ("tokens", "headroom_active_tokens", "headroom_task_active_tokens", "headroom_capacity_knee_tokens"),
+)
 
 
-def _rule(name: str, expr: str, **labels: str) -> dict:
-    rule = {"record": name, "expr": expr}
+def _rule(name: str, expr: str, **labels: str) -> dict[str, Any]:
+    rule: dict[str, Any] = {"record": name, "expr": expr}
     if labels:
         rule["labels"] = labels
     return rule
 
 
-def _concurrency_rules() -> list[dict]:
+def _caliber(expr: str, caliber: str) -> str:
+    return f'label_replace({expr}, "caliber", "{caliber}", "", "")'
+
+
+def _knee_ratio_rule() -> dict[str, Any]:
+    """One rule (Prometheus lints duplicate record names): per class and for every request, both calibers."""
+    parts = []
+    for caliber, live, per_task, knee in _CALIBERS:
+        live, per_task, knee = sample(live), sample(per_task), sample(knee)
+        per_class = (
+            f"sum by (instance, model, task_class) (avg_over_time({per_task}[{RATE_WINDOW}]))\n"
+            f"/ on (model, task_class) group_left ()\n"
+            f'max by (model, task_class) ({knee}{{task_class!="all"}})'
+        )
+        every = (
+            f"label_replace(sum by (instance, model) (avg_over_time({live}[{RATE_WINDOW}])), "
+            f'"task_class", "all", "", "")\n'
+            f"/ on (model, task_class) group_left ()\n"
+            f'max by (model, task_class) ({knee}{{task_class="all"}})'
+        )
+        parts += [_caliber(f"(\n{per_class}\n)", caliber), _caliber(f"(\n{every}\n)", caliber)]
+    return _rule(R.KNEE_RATIO, "\nor\n".join(parts))
+
+
+def _concurrency_rules() -> list[dict[str, Any]]:
     inflight, tokens = sample("headroom_inflight_requests"), sample("headroom_active_tokens")
     return [
         _rule(R.INFLIGHT_INSTANCE, f"sum by (instance, model) ({inflight})"),
@@ -33,28 +86,30 @@ def _concurrency_rules() -> list[dict]:
             f'label_replace({R.INFLIGHT_INSTANCE}, "caliber", "requests", "", "")\n'
             f'or\nlabel_replace({R.TOKENS_INSTANCE}, "caliber", "tokens", "", "")',
         ),
-        # Silent (no series) for a model and caliber without a measured knee.
-        _rule(
-            R.KNEE_RATIO,
-            f"{R.CONCURRENCY}\n/ on (model, caliber) group_left ()\n"
-            f"max by (model, caliber) ({sample('headroom_capacity_knee')})",
-        ),
+        # Silent (no series) for a model, class and caliber without a published knee.
+        _knee_ratio_rule(),
     ]
 
 
-def _rate(metric: str, by: str, window: str, selector: str = "") -> str:
-    return f"sum by ({by}) (rate({metric}{selector}[{window}]))"
+def _rate(metric: str, by: str, window: str, selector_text: str = "") -> str:
+    return f"sum by ({by}) (rate({metric}{selector_text}[{window}]))"
 
 
-def _traffic_rules(w: str) -> list[dict]:
+def _outcomes(outcomes: tuple[str, ...]) -> str:
+    return f'{{outcome=~"{"|".join(outcomes)}"}}'
+
+
+def _traffic_rules(w: str) -> list[dict[str, Any]]:
     requests = sample("headroom_requests_total")
     prompt, generated = sample("headroom_prompt_tokens_total"), sample("headroom_generated_tokens_total")
     limited = _rate(requests, "model", w, '{outcome="rate_limited"}')
+    shed = _rate(requests, "model", w, _outcomes(SHED_OUTCOMES))
     return [
         _rule(R.REQUESTS_RATE, _rate(requests, "model", w)),
         _rule(R.OUTCOME_RATE, _rate(requests, "model, outcome", w)),
-        # `or ... * 0`: 0 instead of no series while no request has been rate limited yet.
+        # `or ... * 0`: 0 instead of no series while no request has been refused yet.
         _rule(R.RATE_LIMITED_RATIO, f"(\n  {limited}\n  or {R.REQUESTS_RATE} * 0\n)\n/ {R.REQUESTS_RATE}"),
+        _rule(R.SHED_RATIO, f"(\n  {shed}\n  or {R.REQUESTS_RATE} * 0\n)\n/ {R.REQUESTS_RATE}"),
         _rule(R.GENERATED_RATE, _rate(generated, "model", w)),
         _rule(R.TOKENS_RATE, f"{_rate(prompt, 'model', w)}\n+ {R.GENERATED_RATE}"),
         _rule(
@@ -64,7 +119,7 @@ def _traffic_rules(w: str) -> list[dict]:
     ]
 
 
-def _latency_rules(w: str) -> list[dict]:
+def _latency_rules(w: str) -> list[dict[str, Any]]:
     rules = []
     for name, metric in (
         (R.TTFT_QUANTILE, "headroom_time_to_first_token_seconds"),
@@ -74,6 +129,9 @@ def _latency_rules(w: str) -> list[dict]:
         for quantile in QUANTILES:
             expr = f"histogram_quantile({quantile}, {_rate(sample(metric, 'bucket'), 'model, le', w)})"
             rules.append(_rule(name, expr, quantile=quantile))
+    # per replica, so one slow replica is not averaged away by its healthy peers
+    ttft = _rate(sample("headroom_time_to_first_token_seconds", "bucket"), "instance, model, le", w)
+    rules.append(_rule(R.TTFT_QUANTILE_INSTANCE, f"histogram_quantile(0.95, {ttft})", quantile="0.95"))
     duration = "headroom_request_duration_seconds"
     rules.append(
         _rule(
@@ -84,20 +142,39 @@ def _latency_rules(w: str) -> list[dict]:
     return rules
 
 
-def _slo_rules(config: RulesConfig) -> list[dict]:
-    metric = "headroom_time_to_first_token_seconds"
-    good = f'{{le="{le_label(config.ttft_slo_seconds)}"}}'
-    return [
-        _rule(
-            R.slo_misses(window),
-            f"1 - (\n  {_rate(sample(metric, 'bucket'), 'model', window, good)}\n"
-            f"  / {_rate(sample(metric, 'count'), 'model', window)}\n)",
-        )
-        for window in SLO_WINDOWS
-    ]
+def _miss_ratio(kind: str, window: str, matcher: str, target_s: float) -> str:
+    """1 - good / total of one SLI over `window` for the models `matcher` selects."""
+    if kind == "availability":
+        requests = sample("headroom_requests_total")
+        failed = _rate(requests, "model", window, selector(matcher, f'outcome=~"{"|".join(ERROR_OUTCOMES)}"'))
+        answered = _rate(requests, "model", window, selector(matcher, 'outcome!="client_cancelled"'))
+        return f"(\n  {failed}\n  or {answered} * 0\n)\n/ {answered}"
+    metric, extra = (
+        ("headroom_time_to_first_token_seconds", "")
+        if kind == "ttft"
+        else ("headroom_request_duration_seconds", 'outcome="ok"')
+    )
+    good = _rate(
+        sample(metric, "bucket"), "model", window, selector(matcher, extra, f'le="{le_label(target_s)}"')
+    )
+    total = _rate(sample(metric, "count"), "model", window, selector(matcher, extra))
+    return f"1 - (\n  {good}\n  / {total}\n)"
 
 
-def _engine_rules() -> list[dict]:
+def _slo_rules(config: RulesConfig) -> list[dict[str, Any]]:
+    """One rule per SLI and window; per-model SLO classes are `or`ed into it (disjoint model matchers)."""
+    rules = []
+    for kind in ("ttft", "e2e", "availability"):
+        classes = slo_classes(config, kind)
+        for window in SLO_WINDOWS:
+            parts = [_miss_ratio(kind, window, c.matcher, c.target) for c in classes]
+            if parts:
+                expr = parts[0] if len(parts) == 1 else "\nor\n".join(f"(\n{p}\n)" for p in parts)
+                rules.append(_rule(R.slo_misses(window, kind), expr))
+    return rules
+
+
+def _engine_rules() -> list[dict[str, Any]]:
     waiting = sample("headroom_engine_requests_waiting")
     return [
         _rule(R.WAITING, f"sum by (model) ({waiting})"),
@@ -108,7 +185,7 @@ def _engine_rules() -> list[dict]:
     ]
 
 
-def recording_groups(config: RulesConfig) -> list[dict]:
+def recording_groups(config: RulesConfig) -> list[dict[str, Any]]:
     """The recording-rule groups, in evaluation order (a rule may read the ones above it)."""
     w = RATE_WINDOW
     return [

@@ -1,27 +1,34 @@
 """promtool checks of the recording rules: worked inputs with the values a person computes by hand.
 
-TTFT buckets per minute: 40 under 0.5 s, 40 more under 1 s, 16 more under 2 s, 4 slower.
-  p50 = 0.5 + 0.5 * (50 - 40) / 40 = 0.625;  p95 = 1 + (95 - 80) / 16 = 1.9375;
-  p99 falls in the +Inf bucket -> the highest finite bound, 2;  SLO misses (> 2 s) = 4 %.
-Concurrency: tenants of 3 and 5 requests -> 8 in flight; a knee of 10 -> knee ratio 0.8.
+TTFT buckets per minute: 40 under 0.5 s, 40 more under 1 s, 16 more under the SLO bound, 4 slower.
+  p50 = 0.5 + 0.5 * (50 - 40) / 40 = 0.625;  p95 = 1 + (95 - 80) / 16 = 1.9375 (fleet and replica);
+  p99 falls in the +Inf bucket -> the highest finite bound, 2;  TTFT SLO misses = 4 %.
+Requests per minute: 60 ok, 6 overloaded (503) -> 1.1 requests/s; shed = availability misses =
+  6 / 66 = 9.0909 %; 429s 0 (no series: the `or ... * 0` default).
+Durations of ok requests per minute: 99 of 100 within the e2e bound -> e2e SLO misses 1 %.
+Concurrency: tenants of 3 and 5 requests -> 8 in flight; a knee of 10 (task class all) -> 5-minute
+  mean knee ratio 0.8; no token-caliber knee, so that caliber has no ratio.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from collector.rules.config import RulesConfig
 from collector.rules.records import R
 
-__all__ = ["RECORDING_TEST_GROUPS"]
+__all__ = ["recording_test_groups"]
 
-_BUCKET = 'headroom_time_to_first_token_seconds_bucket{instance="a",model="m",le="%s"}'
 _PER_TENANT = '{instance="a",model="m",tenant="%s"}'
-_KNEE = 'headroom_capacity_knee{instance="a",model="m",caliber="%s"}'
+_KNEE = 'headroom_capacity_knee_requests{instance="a",model="m",task_class="all",source="probe",confidence="high"}'
+_M, _I = {"model": "m"}, {"instance": "a", "model": "m"}
 
 
-def _series(name: str, values: str) -> dict:
+def _series(name: str, values: str) -> dict[str, Any]:
     return {"series": name, "values": values}
 
 
-def _expect(expr: str, *samples: tuple[dict, float]) -> dict:
+def _expect(expr: str, *samples: tuple[dict[str, str], float]) -> dict[str, Any]:
     """Check `expr` at 10m, rounded to 1e-4 so float noise in rate() does not hide the hand value."""
     return {
         "eval_time": "10m",
@@ -30,41 +37,60 @@ def _expect(expr: str, *samples: tuple[dict, float]) -> dict:
     }
 
 
-def _labels(labels: dict) -> str:
+def _labels(labels: dict[str, Any]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
 
 
-_INPUTS = [
-    _series(_BUCKET % "0.5", "0+40x10"),
-    _series(_BUCKET % "1.0", "0+80x10"),
-    _series(_BUCKET % "2.0", "0+96x10"),
-    _series(_BUCKET % "+Inf", "0+100x10"),
-    _series('headroom_time_to_first_token_seconds_count{instance="a",model="m"}', "0+100x10"),
-    _series("headroom_inflight_requests" + _PER_TENANT % "t1", "3+0x10"),
-    _series("headroom_inflight_requests" + _PER_TENANT % "t2", "5+0x10"),
-    _series("headroom_active_tokens" + _PER_TENANT % "t1", "300+0x10"),
-    _series("headroom_active_tokens" + _PER_TENANT % "t2", "700+0x10"),
-    _series(_KNEE % "requests", "10+0x10"),
-    _series('headroom_requests_total{instance="a",model="m",tenant="t1",outcome="ok"}', "0+60x10"),
-]
+def _inputs() -> list[dict[str, Any]]:
+    bucket = 'headroom_time_to_first_token_seconds_bucket{instance="a",model="m",le="%s"}'
+    duration = 'headroom_request_duration_seconds_%s{instance="a",model="m",outcome="ok"%s}'
+    return [
+        _series(bucket % "0.5", "0+40x10"),
+        _series(bucket % "1.0", "0+80x10"),
+        _series(bucket % "2.0", "0+96x10"),
+        _series(bucket % "+Inf", "0+100x10"),
+        _series('headroom_time_to_first_token_seconds_count{instance="a",model="m"}', "0+100x10"),
+        _series(duration % ("bucket", ',le="60.0"'), "0+99x10"),
+        _series(duration % ("bucket", ',le="+Inf"'), "0+100x10"),
+        _series(duration % ("count", ""), "0+100x10"),
+        _series("headroom_inflight_requests" + _PER_TENANT % "t1", "3+0x10"),
+        _series("headroom_inflight_requests" + _PER_TENANT % "t2", "5+0x10"),
+        _series("headroom_active_tokens" + _PER_TENANT % "t1", "300+0x10"),
+        _series("headroom_active_tokens" + _PER_TENANT % "t2", "700+0x10"),
+        _series(_KNEE, "10+0x10"),
+        _series('headroom_requests_total{instance="a",model="m",tenant="t1",outcome="ok"}', "0+60x10"),
+        _series('headroom_requests_total{instance="a",model="m",tenant="t1",outcome="overloaded"}', "0+6x10"),
+    ]
 
-_M, _I = {"model": "m"}, {"instance": "a", "model": "m"}
 
-RECORDING_TEST_GROUPS = [
-    {
-        "name": "recording rules: quantiles, SLO misses, calibers, knee ratio, 429 ratio default",
-        "interval": "1m",
-        "input_series": _INPUTS,
-        "promql_expr_test": [
-            _expect(f'{R.TTFT_QUANTILE}{{quantile="0.5"}}', (_M | {"quantile": "0.5"}, 0.625)),
-            _expect(f'{R.TTFT_QUANTILE}{{quantile="0.95"}}', (_M | {"quantile": "0.95"}, 1.9375)),
-            _expect(f'{R.TTFT_QUANTILE}{{quantile="0.99"}}', (_M | {"quantile": "0.99"}, 2)),
-            _expect(R.slo_misses("5m"), (_M, 0.04)),
-            _expect(R.CONCURRENCY, (_I | {"caliber": "requests"}, 8), (_I | {"caliber": "tokens"}, 1000)),
-            # No tokens-caliber knee: that caliber has no ratio (alerts on it stay silent).
-            _expect(R.KNEE_RATIO, (_I | {"caliber": "requests"}, 0.8)),
-            _expect(R.RATE_LIMITED_RATIO, (_M, 0)),
-            _expect(R.REQUESTS_RATE, (_M, 1)),
-        ],
-    }
-]
+def recording_test_groups(config: RulesConfig) -> list[dict[str, Any]]:
+    """The recording-rule checks for the rules generated under `config`.
+
+    The SLO-miss checks read the 2 s TTFT and 60 s duration buckets, so they run when the default
+    SLO uses those bounds (the defaults) and are left out for other bounds.
+    """
+    checks = [
+        _expect(f'{R.TTFT_QUANTILE}{{quantile="0.5"}}', (_M | {"quantile": "0.5"}, 0.625)),
+        _expect(f'{R.TTFT_QUANTILE}{{quantile="0.95"}}', (_M | {"quantile": "0.95"}, 1.9375)),
+        _expect(f'{R.TTFT_QUANTILE}{{quantile="0.99"}}', (_M | {"quantile": "0.99"}, 2)),
+        _expect(R.TTFT_QUANTILE_INSTANCE, (_I | {"quantile": "0.95"}, 1.9375)),
+        _expect(R.CONCURRENCY, (_I | {"caliber": "requests"}, 8), (_I | {"caliber": "tokens"}, 1000)),
+        # No tokens-caliber knee: that caliber has no ratio (alerts on it stay silent).
+        _expect(R.KNEE_RATIO, (_I | {"caliber": "requests", "task_class": "all"}, 0.8)),
+        _expect(R.RATE_LIMITED_RATIO, (_M, 0)),
+        _expect(R.SHED_RATIO, (_M, 0.0909)),
+        _expect(R.REQUESTS_RATE, (_M, 1.1)),
+        _expect(R.slo_misses("5m", "availability"), (_M, 0.0909)),
+    ]
+    if config.default_slo.ttft_seconds == 2.0:
+        checks.append(_expect(R.slo_misses("5m"), (_M, 0.04)))
+    if config.default_slo.e2e_seconds == 60.0:
+        checks.append(_expect(R.slo_misses("5m", "e2e"), (_M, 0.01)))
+    return [
+        {
+            "name": "recording rules: quantiles, SLO misses, calibers, knee ratio, shed and 429 ratios",
+            "interval": "1m",
+            "input_series": _inputs(),
+            "promql_expr_test": checks,
+        }
+    ]

@@ -23,10 +23,13 @@ DERIVED_METRICS = {
     "headroom_concurrency": "in-flight requests and active tokens as one series per caliber",
     "headroom_tokens": "prompt plus generated tokens",
     "headroom_requests_rate_limited": "requests answered 429",
+    "headroom_requests_shed": "requests shed by the engine: answered 429 or 503",
     "headroom_ttft_slo_misses": "requests slower than the TTFT SLO",
+    "headroom_e2e_slo_misses": "ok requests slower end to end than the e2e SLO",
+    "headroom_availability_slo_misses": "answered requests that failed (429, 503, other 5xx, timeouts)",
 }
 
-RECORD_NAME = re.compile(r"^(?P<level>[a-z_]+):(?P<metric>[a-z_]+):(?P<operations>[a-z0-9_]+)$")
+RECORD_NAME = re.compile(r"^(?P<level>[a-z_]+):(?P<metric>[a-z_][a-z0-9_]*):(?P<operations>[a-z0-9_]+)$")
 
 
 def _base(name: str) -> str:

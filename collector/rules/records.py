@@ -2,24 +2,29 @@
 
 Names follow `level:metric:operations` (collector.rules.naming). Levels: `instance_model` (one
 sidecar, one model: concurrency is a per-replica quantity compared with the per-replica knee),
-`model` (the fleet serving a model: rates, latency, SLO), `instance` (one machine: GPU). The
+`instance_model_task_class_caliber` (the same, per task class and caliber, against that class's
+knee), `model` (the fleet serving a model: rates, latency, SLO), `instance` (one machine: GPU). The
 expressions behind them are in collector.alerts.recording; a dashboard only needs the name.
 
-    R.REQUESTS_RATE        -> "model:headroom_requests:rate5m"
-    R.slo_misses("1h")     -> "model:headroom_ttft_slo_misses:ratio_rate1h"
+    R.REQUESTS_RATE             -> "model:headroom_requests:rate5m"
+    R.slo_misses("1h")          -> "model:headroom_ttft_slo_misses:ratio_rate1h"
+    R.slo_misses("1h", "e2e")   -> "model:headroom_e2e_slo_misses:ratio_rate1h"
 """
 
 from __future__ import annotations
 
 from collector.rules.naming import record
 
-__all__ = ["R", "QUANTILES", "SLO_WINDOWS", "RATE_WINDOW"]
+__all__ = ["R", "QUANTILES", "SLO_WINDOWS", "RATE_WINDOW", "SLO_KINDS"]
 
 QUANTILES = ("0.5", "0.95", "0.99")
 # Rate window of every recording rule (it is in the record names): >= 4 scrape intervals.
 RATE_WINDOW = "5m"
 # Burn-rate windows of the multi-window alerts (SRE Workbook): short and long for each speed.
 SLO_WINDOWS = ("5m", "30m", "1h", "6h", "3d")
+# The three SLIs, each a share of requests that missed: TTFT over its target, end-to-end over its
+# target, or failed (availability).
+SLO_KINDS = ("ttft", "e2e", "availability")
 
 
 class R:
@@ -30,10 +35,13 @@ class R:
     INFLIGHT = record("model", "headroom_inflight_requests", "sum")
     ACTIVE_TOKENS = record("model", "headroom_active_tokens", "sum")
     CONCURRENCY = record("instance_model_caliber", "headroom_concurrency", "sum")
-    KNEE_RATIO = record("instance_model_caliber", "headroom_concurrency", "knee_ratio")
+    # 5-minute mean concurrency / the published knee, per task class (task_class="all": every
+    # request against the knee measured over every kind of request).
+    KNEE_RATIO = record("instance_model_task_class_caliber", "headroom_concurrency", "avg5m_knee_ratio")
     REQUESTS_RATE = record("model", "headroom_requests_total", "rate5m")
     OUTCOME_RATE = record("model_outcome", "headroom_requests_total", "rate5m")
     RATE_LIMITED_RATIO = record("model", "headroom_requests_rate_limited", "ratio_rate5m")
+    SHED_RATIO = record("model", "headroom_requests_shed", "ratio_rate5m")
     TOKENS_RATE = record("model", "headroom_tokens", "rate5m")
     TOKENS_RATE_INSTANCE = record("instance_model", "headroom_tokens", "rate5m")
     GENERATED_RATE = record("model", "headroom_generated_tokens_total", "rate5m")
@@ -45,6 +53,9 @@ class R:
     )
     E2E_QUANTILE = record("model_quantile", "headroom_request_duration_seconds", "histogram_quantile_rate5m")
     E2E_MEAN = record("model", "headroom_request_duration_seconds", "mean_rate5m")
+    TTFT_QUANTILE_INSTANCE = record(
+        "instance_model_quantile", "headroom_time_to_first_token_seconds", "histogram_quantile_rate5m"
+    )
     WAITING = record("model", "headroom_engine_requests_waiting", "sum")
     WAITING_INSTANCE = record("instance", "headroom_engine_requests_waiting", "sum")
     RUNNING = record("model", "headroom_engine_requests_running", "sum")
@@ -52,6 +63,8 @@ class R:
     GPU_UTILIZATION = record("instance", "headroom_gpu_utilization_ratio", "avg")
 
     @staticmethod
-    def slo_misses(window: str) -> str:
-        """Record name of the TTFT SLO miss ratio over `window` (one of SLO_WINDOWS)."""
-        return record("model", "headroom_ttft_slo_misses", f"ratio_rate{window}")
+    def slo_misses(window: str, kind: str = "ttft") -> str:
+        """Record name of the `kind` SLO miss ratio over `window` (SLO_KINDS, SLO_WINDOWS)."""
+        if kind not in SLO_KINDS:
+            raise ValueError(f"SLO kind {kind!r} is not one of {SLO_KINDS}")
+        return record("model", f"headroom_{kind}_slo_misses", f"ratio_rate{window}")

@@ -1,4 +1,5 @@
-"""The token-protected query API: exact percentiles, capacity curves, estimates, probe runs, outcomes.
+"""The token-protected query API: exact percentiles, capacity curves, estimates, probe runs, outcomes,
+and request lifecycles for `headroom alerts backtest --store-url`.
 
 Every parameter is validated by a pydantic model that forbids unknown names; metric, group-by and
 caliber names come from whitelists (querysql.py) and values are bound as SQL parameters. Anything
@@ -106,6 +107,13 @@ class PercentilesQuery(GroupedQuery):
         return values
 
 
+class LifecyclesQuery(WindowQuery):
+    """A page of request lifecycles."""
+
+    limit: int = Field(50_000, ge=1, le=200_000, description="rows per page")
+    offset: int = Field(0, ge=0, description="rows to skip (the previous page's next_offset)")
+
+
 class CurveQuery(WindowQuery):
     """The caliber of the concurrency axis."""
 
@@ -166,6 +174,12 @@ def build_query_router(store: RequestStore, dependencies=()) -> APIRouter:
     @router.get("/probe-runs", summary="Probe runs in the request log (source = probe)")
     async def probe_runs(q: Annotated[WindowQuery, Query()]) -> dict:
         return {"rows": await run(querysql.probe_runs_sql(q.to_where()))}
+
+    @router.get("/lifecycles", summary="Request lifecycles (times, outcome, tokens) for a replay, paged")
+    async def lifecycles(q: Annotated[LifecyclesQuery, Query()]) -> dict:
+        rows = await run(querysql.lifecycles_sql(q.to_where(), q.limit, q.offset))
+        more = len(rows) == q.limit
+        return {"rows": rows, "offset": q.offset, "next_offset": q.offset + len(rows) if more else None}
 
     @router.get("/estimate", summary="Latest capacity estimate per model (knee, SLO max, pool, Little's law)")
     async def estimate(q: Annotated[WindowQuery, Query()]) -> dict:

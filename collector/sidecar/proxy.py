@@ -142,6 +142,8 @@ class CompletionsProxy:
         probe_id = (_header(scope, b"x-headroom-request-id") or "") if probe else ""
         keep_id = _PROBE_ID.fullmatch(probe_id) is not None and probe_id not in self._tracker.live
         snapshot = self._engine.latest if self._engine is not None else None
+        task = (_header(scope, b"x-headroom-task-class") or "") if probe else ""
+        named = _TASK_CLASS.fullmatch(task) is not None
         request = LiveRequest(
             parsed.model,
             tenant,
@@ -156,12 +158,10 @@ class CompletionsProxy:
             request_id=probe_id if keep_id else None,
             engine_waiting=snapshot.waiting if snapshot is not None else None,
             kv_usage=snapshot.kv_usage_ratio if snapshot is not None else None,
+            task_class=task if named else None,
+            task_class_label=self._task_cap(task) if named else None,
+            telemetry=Telemetry.start(_header(scope, b"traceparent")) if self._tracing else None,
         )
-        task = (_header(scope, b"x-headroom-task-class") or "") if probe else ""
-        if _TASK_CLASS.fullmatch(task):
-            request.task_class, request.task_class_label = task, self._task_cap(task)
-        if self._tracing:
-            request.telemetry = Telemetry.start(_header(scope, b"traceparent"))
         self._tracker.admit(request)
         return request
 

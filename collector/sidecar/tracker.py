@@ -87,6 +87,9 @@ class LiveRequest:
         request_id: str | None = None,
         engine_waiting: int | None = None,
         kv_usage: float | None = None,
+        task_class: str | None = None,
+        task_class_label: str | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.request_id = request_id or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
         self.model, self.tenant = model, tenant
@@ -111,9 +114,9 @@ class LiveRequest:
         self.run_id = run_id
         self.upstream_retries = 0
         # the class it declared (max_tokens), or one the probe named; the label is capped
-        self.task_class = classify(max_tokens)
-        self.task_class_label = self.task_class
-        self.telemetry: Telemetry | None = None  # W3C trace context and response facts, while tracing
+        self.task_class = task_class or classify(max_tokens)
+        self.task_class_label = task_class_label or self.task_class
+        self.telemetry = telemetry  # W3C trace context and response facts, while tracing
 
     @property
     def active_tokens(self) -> int:

@@ -1,0 +1,96 @@
+"""Alerts on the pipeline itself: the sidecar's scrape, the engine's /metrics, the request log.
+
+A sidecar Prometheus cannot scrape pages (it proxies traffic, so its clients fail too), and so does
+a scrape job that vanished (`absent()`: every other alert is blind, and `up == 0` cannot fire
+without an `up`). The rest warn: the engine's metrics failing (KV and queue signals blind), rows
+dropped, and the store service unreachable or behind while rows wait in the sidecar's spool.
+"""
+
+from __future__ import annotations
+
+import re
+
+from collector.alerts.alert import Alert, number
+from collector.rules.config import RulesConfig
+from collector.rules.naming import sample
+
+__all__ = ["pipeline_alerts", "absent_labels"]
+
+
+def absent_labels(selector: str) -> dict[str, str]:
+    """The labels absent() puts on its result: the selector's equality matchers ('job="x"' -> {"job": "x"})."""
+    return dict(re.findall(r'(\w+)\s*=\s*"([^"]*)"', selector))
+
+
+def pipeline_alerts(c: RulesConfig) -> list[Alert]:
+    """The pipeline group: sidecar down or absent, engine scrape, drops, store and shipping."""
+    dropped, up = sample("headroom_log_rows_dropped_total"), f"up{{{c.job_selector}}}"
+    return [
+        Alert(
+            "HeadroomSidecarDown",
+            "headroom-pipeline",
+            f"{up} == 0",
+            "critical",
+            "Sidecar <instance> is down",
+            "Prometheus cannot scrape the sidecar <instance>; it proxies traffic, so clients behind it "
+            "are failing too.",
+            {"component": "pipeline"},
+        ),
+        Alert(
+            "HeadroomSidecarJobAbsent",
+            "headroom-pipeline",
+            f"absent({up})",
+            "critical",
+            "No sidecar is scraped at all",
+            f"Prometheus has no `up` series for {_named(c.job_selector)}: the scrape job or its targets are "
+            "gone, so every llm-headroom alert is blind. Check the scrape config or the PodMonitor.",
+            {"component": "pipeline"},
+        ),
+        Alert(
+            "HeadroomEngineScrapeFailing",
+            "headroom-pipeline",
+            f"{sample('headroom_engine_up')} == 0",
+            "warning",
+            "Sidecar <instance> cannot read the <engine> engine's metrics",
+            "The sidecar on <instance> fails to scrape the <engine> engine's /metrics: KV-cache and "
+            "queue signals for it are blind.",
+            {"component": "pipeline"},
+        ),
+        Alert(
+            "HeadroomLogRowsDropped",
+            "headroom-pipeline",
+            f"sum by (instance, reason) (increase({dropped}[10m])) > 0",
+            "warning",
+            "Request-log rows dropped on <instance> (<reason>)",
+            "<value:humanize> request-log rows were dropped on <instance> in 10 minutes (reason "
+            "<reason>): capacity curves and the weekly review will miss them.",
+            {"component": "pipeline"},
+        ),
+        Alert(
+            "HeadroomStoreUnreachable",
+            "headroom-pipeline",
+            f"{sample('headroom_store_up')} == 0",
+            "warning",
+            "Sidecar <instance> cannot reach the store service",
+            "The last shipment from <instance> did not reach the store: rows are spooling on the "
+            "sidecar's disk (headroom_log_spool_bytes) and will be sent when the store answers.",
+            {"component": "pipeline"},
+        ),
+        Alert(
+            "HeadroomLogShippingLagging",
+            "headroom-pipeline",
+            # the lag, or the spool's oldest batch from a sidecar that exports only the spool's gauges
+            f"(\n  {sample('headroom_log_ship_lag_seconds')}\n  or {sample('headroom_log_spool_oldest_age_seconds')}\n)"
+            f"\n> {number(c.ship_lag_warning_seconds)}",
+            "warning",
+            "Request log of <instance> is <value:humanizeDuration> behind",
+            "The oldest row <instance> has not shipped is <value:humanizeDuration> old: the store's "
+            "capacity curves and weekly review are that far behind, and a full spool drops rows.",
+            {"component": "pipeline"},
+        ),
+    ]
+
+
+def _named(selector: str) -> str:
+    """The job as a template when absent() will carry it (an equality matcher), else the selector."""
+    return "job <job>" if "job" in absent_labels(selector) else selector

@@ -1,0 +1,547 @@
+"""The promtool cases: for every alert, a firing case checked on both sides of its `for:`, and quiet ones.
+
+`fires()` turns "the condition holds from minute `onset`" into two checks: nothing at onset + for - 1,
+the alert (with its exact value text) at onset + for + 1. An onset is a (earliest, latest) pair where
+a window's edge makes it uncertain by a minute. Values that move are computed from the inputs (the
+ramp cases), everything else is held constant once the condition holds. The table is long because
+it is the whole behaviour of the rules; each case names what it shows.
+
+Worked example, HeadroomQueueNotDraining: waiting is 0 for 5 minutes, then 3. `min_over_time` over
+the 15-minute queue window is above 0 from minute 19 or 20, so with `for: 5m` nothing fires at 23m
+and the alert fires with value 3 at 26m.
+"""
+
+from __future__ import annotations
+
+from collector.alerts.pipeline_alerts import absent_labels
+from collector.alerts.promtool_support import (
+    Case,
+    counter,
+    humanize,
+    humanize_duration,
+    humanize_percentage,
+    minutes,
+    steps,
+)
+from collector.alerts.slo_classes import slo_classes
+from collector.rules.config import RulesConfig
+from collector.rules.naming import le_label
+from collector.rules.records import R
+
+__all__ = ["cases"]
+
+M, A = {"model": "m"}, {"instance": "a"}
+AM = A | M
+_N = 150  # samples per input series: 2.5 h at the 1-minute interval, past every check time
+_P95 = f'{R.TTFT_QUANTILE}{{model="m",quantile="0.95"}}'
+_P99 = f'{R.TTFT_QUANTILE}{{model="m",quantile="0.99"}}'
+_TTFT_COUNT = 'headroom_time_to_first_token_seconds_count{instance="%s",model="%s"}'
+_WAITING = 'headroom_engine_requests_waiting{instance="a",engine="vllm",model="m"}'
+_KV = 'headroom_engine_kv_cache_usage_ratio{instance="a",engine="vllm",model="m"}'
+_INFLIGHT = 'headroom_inflight_requests{instance="a",model="m",tenant="t"%s}'
+_ACTIVE = 'headroom_active_tokens{instance="a",model="m",tenant="t"}'
+_KNEE = (
+    'headroom_capacity_knee_requests{instance="a",model="m",task_class="%s",source="probe",confidence="high"}'
+)
+_REQUESTS = 'headroom_requests_total{instance="a",model="%s",tenant="t",outcome="%s"}'
+_GPU = 'headroom_gpu_utilization_ratio{instance="a",gpu="0",uuid="GPU-0",gpu_name="H100"}'
+_TOKENS = {
+    'headroom_prompt_tokens_total{instance="a",model="m",tenant="t"}': f"0+600x{_N}",
+    'headroom_generated_tokens_total{instance="a",model="m",tenant="t"}': f"0+600x{_N}",
+}
+
+
+def flat(value: float) -> str:
+    return f"{value:g}+0x{_N}"
+
+
+def _traffic(instance: str = "a", model: str = "m") -> dict[str, str]:
+    """TTFT observations enough for the minimum-traffic guard (100 a minute)."""
+    return {_TTFT_COUNT % (instance, model): f"0+100x{_N}"}
+
+
+Checks = tuple[tuple[str, tuple[tuple[dict[str, str], str], ...]], ...]
+
+
+def fires(
+    c: RulesConfig, alert: str, onset: tuple[int, int], labels: dict[str, str], value: str, settle: int = 0
+) -> Checks:
+    """Checks: quiet at earliest onset + for - 1, firing with `value` at latest onset + for + 1 (+ settle)."""
+    hold = minutes(c.for_duration(alert))
+    before, after = onset[0] + hold - 1, onset[1] + hold + 1 + settle
+    firing: tuple[tuple[dict[str, str], str], ...] = ((labels, value),)
+    checks: list[tuple[str, tuple[tuple[dict[str, str], str], ...]]] = (
+        [(f"{before}m", ())] if before >= 0 else []
+    )
+    return tuple(checks + [(f"{after}m", firing)])
+
+
+def after_minute(c: RulesConfig, alert: str, onset: tuple[int, int], settle: int = 0) -> int:
+    """The minute of the firing check `fires` makes (to compute a moving value there)."""
+    return onset[1] + minutes(c.for_duration(alert)) + 1 + settle
+
+
+def quiet(at: str) -> Checks:
+    return ((at, ()),)
+
+
+def _signal_cases(c: RulesConfig) -> list[Case]:
+    found, target = [], c.default_slo.ttft_seconds
+    if target is not None:
+        # p95 = 0.6 + 0.02 t: predict_linear(+1h) passes the target once 0.6 + 0.02 (t + 60) > target
+        first = max(1, int((target - 0.6) / 0.02) - 60)
+        onset, rising = (first, first + 1), f"0.6+0.02x{_N}"
+        at = after_minute(c, "HeadroomTTFTRising", onset)
+        found += [
+            Case(
+                "TTFT p95 climbing towards the SLO",
+                "HeadroomTTFTRising",
+                {_P95: rising, **_traffic()},
+                fires(
+                    c,
+                    "HeadroomTTFTRising",
+                    onset,
+                    M | {"quantile": "0.95"},
+                    humanize_duration(0.6 + 0.02 * at),
+                ),
+            ),
+            Case(
+                "TTFT p95 high but flat is not rising",
+                "HeadroomTTFTRising",
+                {_P95: flat(0.9), **_traffic()},
+                quiet("45m"),
+            ),
+            Case(
+                "a climbing p95 over a handful of requests says nothing",
+                "HeadroomTTFTRising",
+                {_P95: rising},
+                quiet(f"{at}m"),
+            ),
+            Case(
+                "p99 TTFT beyond tolerance",
+                "HeadroomTailLatencyOverSLO",
+                {_P99: steps((1, 5), (8, _N)), **_traffic()},
+                fires(c, "HeadroomTailLatencyOverSLO", (5, 5), M | {"quantile": "0.99"}, "8s"),
+            ),
+            Case(
+                "p99 TTFT inside tolerance",
+                "HeadroomTailLatencyOverSLO",
+                {_P99: flat(3), **_traffic()},
+                quiet("30m"),
+            ),
+        ]
+    window = minutes(c.queue_window)
+    found += [
+        Case(
+            "queue above zero for the whole window",
+            "HeadroomQueueNotDraining",
+            {_WAITING: steps((0, 5), (3, _N))},
+            fires(c, "HeadroomQueueNotDraining", (4 + window, 5 + window), M, "3"),
+        ),
+        Case(
+            "a queue that drains every other minute is healthy",
+            "HeadroomQueueNotDraining",
+            {_WAITING: steps(*[(3, 1), (0, 1)] * 40)},
+            quiet("60m"),
+        ),
+        Case(
+            "GPU saturated, requests waiting, tokens/s flat vs the lookback",
+            "HeadroomGPUSaturatedThroughputFlat",
+            {**_TOKENS, _GPU: flat(0.95), _WAITING: flat(2)},
+            # the rate 30m ago must have had its whole 5-minute window (rate() extrapolates less before)
+            fires(
+                c,
+                "HeadroomGPUSaturatedThroughputFlat",
+                (minutes(c.flat_lookback) + 4, minutes(c.flat_lookback) + 6),
+                AM,
+                "100%",
+            ),
+        ),
+        Case(
+            "flat throughput with the GPU half idle is not saturation",
+            "HeadroomGPUSaturatedThroughputFlat",
+            {**_TOKENS, _GPU: flat(0.5), _WAITING: flat(2)},
+            quiet("60m"),
+        ),
+    ]
+    return found
+
+
+def _knee_cases(c: RulesConfig) -> list[Case]:
+    knee, share = 32, c.knee_warning_ratio
+    near = int(knee * share) + 1  # in flight just over the warning share
+    class_labels = {"caliber": "requests", "task_class": "all"}
+    ramp = {_INFLIGHT % "": f"10+0.5x{_N}", _KNEE % "all": flat(knee)}
+
+    def ratio_at(t: int) -> float:  # 5-minute mean of 10 + 0.5 t, over a knee of 32
+        return (10 + 0.5 * (t - 2.5)) / knee
+
+    first = next(t for t in range(5, _N) if ratio_at(t) > c.knee_forecast_min_ratio)
+    rising_onset = (first - 1, first + 1)
+    rising_at = after_minute(c, "HeadroomConcurrencyRising", rising_onset)
+    # the lows of three step windows rise once the third starts at minute 0 and the second at 5
+    step = minutes(c.knee_forecast_step)
+    forecast_onset = (max(first, 2 * step + 4), max(first, 2 * step + 6))
+    forecast_at = after_minute(c, "HeadroomCapacityForecast", forecast_onset)
+    return [
+        Case(
+            "5-minute mean concurrency over the warning share of the knee",
+            "HeadroomConcurrencyNearKnee",
+            {_INFLIGHT % "": steps((2, 5), (near, _N)), _KNEE % "all": flat(knee)},
+            fires(
+                c,
+                "HeadroomConcurrencyNearKnee",
+                (9, 10),
+                AM | class_labels | {"signal": "near_knee", "signal_kind": "saturation"},
+                humanize_percentage(near / knee),
+            ),
+        ),
+        Case(
+            "a task class against its own knee, the rest against task_class all",
+            "HeadroomConcurrencyNearKnee",
+            {
+                'headroom_task_inflight_requests{instance="a",model="m",task_class="short"}': steps(
+                    (1, 5), (9, _N)
+                ),
+                _INFLIGHT % "": steps((1, 5), (9, _N)),
+                _KNEE % "short": flat(10),
+                _KNEE % "all": flat(knee),
+            },
+            fires(
+                c,
+                "HeadroomConcurrencyNearKnee",
+                (9, 10),
+                AM
+                | {
+                    "caliber": "requests",
+                    "task_class": "short",
+                    "signal": "near_knee",
+                    "signal_kind": "saturation",
+                },
+                humanize_percentage(0.9),
+            ),
+        ),
+        Case(
+            "no knee estimate: silent however high the load",
+            "HeadroomConcurrencyNearKnee",
+            {_INFLIGHT % "": flat(500), _ACTIVE: flat(900000)},
+            quiet("25m"),
+        ),
+        Case(
+            "concurrency climbing towards the knee",
+            "HeadroomConcurrencyRising",
+            ramp,
+            fires(
+                c,
+                "HeadroomConcurrencyRising",
+                rising_onset,
+                AM | class_labels,
+                humanize_percentage(ratio_at(rising_at)),
+            ),
+        ),
+        Case(
+            "high but flat concurrency is not rising",
+            "HeadroomConcurrencyRising",
+            {_INFLIGHT % "": flat(20), _KNEE % "all": flat(knee)},
+            quiet("40m"),
+        ),
+        Case(
+            "a sustained climb towards the knee pages",
+            "HeadroomCapacityForecast",
+            ramp,
+            fires(
+                c,
+                "HeadroomCapacityForecast",
+                forecast_onset,
+                AM | class_labels,
+                humanize_percentage(ratio_at(forecast_at)),
+            ),
+        ),
+        Case(
+            "a burst, however tall, is no sustained climb",
+            "HeadroomCapacityForecast",
+            {_INFLIGHT % "": steps((14, 30), (40, 4), (14, _N - 34)), _KNEE % "all": flat(knee)},
+            quiet("33m") + quiet("38m") + quiet("45m"),
+        ),
+    ]
+
+
+def _capacity_cases(c: RulesConfig) -> list[Case]:
+    kv, clear = c.kv_warning_ratio, c.kv_warning_clear_ratio
+    high, middle = round(min(1.0, kv + 0.05), 4), round((kv + clear) / 2, 4)
+    window = minutes(c.divergence_window)
+    tokens_onset = (window, window + 1)
+    at = after_minute(c, "HeadroomTokenCaliberDivergence", tokens_onset)
+    growth = (1000 + 100 * (at - 2.5)) / (1000 + 100 * (at - window - 2.5))
+    flight = c.divergence_min_inflight + 2
+    return [
+        Case(
+            "KV cache warning raises on the 5-minute mean, holds above the clear ratio, clears below",
+            "HeadroomKVCacheNearFull",
+            {_KV: steps((0.5, 5), (high, 30), (middle, 20), (0.5, 20))},
+            fires(c, "HeadroomKVCacheNearFull", (9, 10), AM, humanize_percentage(high))
+            + (("50m", ((AM, humanize_percentage(middle)),)), ("70m", ())),
+        ),
+        Case(
+            "KV cache between clear and raise without a prior warning stays quiet",
+            "HeadroomKVCacheNearFull",
+            {_KV: steps((0.5, 5), (middle, 40))},
+            quiet("30m"),
+        ),
+        Case(
+            "KV cache full with requests queueing behind it",
+            "HeadroomKVCacheExhausted",
+            {_KV: steps((0.5, 5), (high, _N - 5)), _WAITING: steps((0, 5), (2, _N - 5))},
+            fires(c, "HeadroomKVCacheExhausted", (9, 10), AM, humanize_percentage(high)),
+        ),
+        Case(
+            "a full KV cache with nothing waiting is healthy batch load",
+            "HeadroomKVCacheExhausted",
+            {_KV: steps((0.5, 5), (high, 40)), _WAITING: flat(0)},
+            quiet("30m"),
+        ),
+        Case(
+            "active tokens climb while in-flight stays flat",
+            "HeadroomTokenCaliberDivergence",
+            {_INFLIGHT % "": flat(flight), _ACTIVE: f"1000+100x{_N}"},
+            fires(c, "HeadroomTokenCaliberDivergence", tokens_onset, AM, humanize(growth)),
+        ),
+        Case(
+            "tokens and requests growing together are not divergence",
+            "HeadroomTokenCaliberDivergence",
+            {_INFLIGHT % "": f"{flight}+1x{_N}", _ACTIVE: f"1000+100x{_N}"},
+            quiet(f"{window + 10}m"),
+        ),
+        Case(
+            "a few requests in flight: one long one more is no divergence",
+            "HeadroomTokenCaliberDivergence",
+            {_INFLIGHT % "": flat(2), _ACTIVE: f"1000+100x{_N}"},
+            quiet(f"{window + 10}m"),
+        ),
+        Case(
+            "9 % of requests shed with 503",
+            "HeadroomLoadShedding",
+            {
+                _REQUESTS % ("m", "ok"): f"0+60x{_N}",
+                _REQUESTS % ("m", "overloaded"): counter((0, 10), (6, _N - 10)),
+            },
+            fires(c, "HeadroomLoadShedding", (11, 13), M, humanize_percentage(6 / 66), settle=3),
+        ),
+        Case(
+            "no 429 or 503 series at all: ratio is 0, quiet",
+            "HeadroomLoadShedding",
+            {_REQUESTS % ("m", "ok"): f"0+60x{_N}"},
+            quiet("20m"),
+        ),
+        _slow_replica(c, fast=0.3, slow=3.0),
+        Case(
+            "every replica slow is not one slow replica",
+            "HeadroomSlowReplica",
+            {**_replicas(3.0, 3.0)},
+            quiet("30m"),
+        ),
+    ]
+
+
+def _replicas(first: float, others: float) -> dict[str, str]:
+    series = {}
+    for index, instance in enumerate("abcd"):
+        value = steps((others, 5), (first, _N - 5)) if index == 0 else flat(others)
+        series[f'{R.TTFT_QUANTILE_INSTANCE}{{instance="{instance}",model="m",quantile="0.95"}}'] = value
+        series |= _traffic(instance)
+    return series
+
+
+def _slow_replica(c: RulesConfig, fast: float, slow: float) -> Case:
+    return Case(
+        "one replica of four ten times slower",
+        "HeadroomSlowReplica",
+        _replicas(slow, fast),
+        fires(c, "HeadroomSlowReplica", (5, 5), AM | {"quantile": "0.95"}, humanize_duration(slow)),
+    )
+
+
+def _composite_cases(c: RulesConfig) -> list[Case]:
+    if c.default_slo.ttft_seconds is None:
+        return []
+    # the tail-latency signal fires after its for:, the queue (from minute 5) after window and for:
+    tail = minutes(c.for_duration("HeadroomTailLatencyOverSLO"))
+    queue = minutes(c.queue_window) + minutes(c.for_duration("HeadroomQueueNotDraining"))
+    both = (max(tail, 4 + queue), max(tail, 5 + queue))
+    latency = {_P99: flat(8), **_traffic()}
+    return [
+        Case(
+            "a latency and a saturation signal at once page",
+            "HeadroomNearCapacityLimit",
+            latency | {_WAITING: steps((0, 5), (3, _N))},
+            fires(c, "HeadroomNearCapacityLimit", both, M, "2"),
+        ),
+        Case(
+            "two latency signals without saturation do not page",
+            "HeadroomNearCapacityLimit",
+            latency | {_P95: f"0.6+0.02x{_N}"},
+            quiet("60m"),
+        ),
+        Case("one signal alone does not page", "HeadroomNearCapacityLimit", latency, quiet("40m")),
+    ]
+
+
+def _slo_series(kind: str, model: str, target: float, good: float, total: float) -> dict[str, str]:
+    """Counters where `good` of `total` requests a minute met `kind`'s SLO (or did not fail)."""
+    if kind == "availability":
+        return {
+            _REQUESTS % (model, "ok"): f"0+{good:g}x{_N}",
+            _REQUESTS % (model, "upstream_error"): f"0+{total - good:g}x{_N}",
+        }
+    if kind == "ttft":
+        return {
+            f'headroom_time_to_first_token_seconds_bucket{{instance="a",model="{model}",le="{le_label(target)}"}}': f"0+{good:g}x{_N}",
+            _TTFT_COUNT % ("a", model): f"0+{total:g}x{_N}",
+        }
+    outcome = f'instance="a",model="{model}",outcome="ok"'
+    return {
+        f'headroom_request_duration_seconds_bucket{{{outcome},le="{le_label(target)}"}}': f"0+{good:g}x{_N}",
+        f"headroom_request_duration_seconds_count{{{outcome}}}": f"0+{total:g}x{_N}",
+    }
+
+
+def _slo_cases(c: RulesConfig) -> list[Case]:
+    found = []
+    for kind, title in (("availability", "Availability"), ("ttft", "TTFT"), ("e2e", "E2E")):
+        classes = slo_classes(c, kind)
+        for index, slo_class in enumerate(classes):
+            model = "m" if slo_class.name == "default" else slo_class.name
+            target = slo_class.target
+            budget = slo_class.slo.budget(kind)
+            labels = {"model": model} | slo_class.labels(classes)
+            fast, slow = f"Headroom{title}BudgetBurnFast", f"Headroom{title}BudgetBurnSlow"
+            found.append(
+                Case(
+                    f"half the requests missing the {slo_class.name} SLO page",
+                    fast,
+                    _slo_series(kind, model, target, 50, 100),
+                    fires(c, fast, (1, 2), labels, "50%"),
+                    rule=index,
+                )
+            )
+            if slo_class.name != "default":
+                continue
+            slow_misses = round(2 * budget, 9)
+            found += [
+                Case(
+                    "misses at five times the budget burn only slowly: no page",
+                    fast,
+                    _slo_series(kind, model, target, 1000 * (1 - 5 * budget), 1000),
+                    quiet("30m"),
+                ),
+                Case(
+                    "half missing, but only a request a minute: no page",
+                    fast,
+                    _slo_series(kind, model, target, 0.5, 1),
+                    quiet("30m"),
+                ),
+                Case(
+                    "twice the budget over the windows opens a ticket",
+                    slow,
+                    _slo_series(kind, model, target, 1000 * (1 - slow_misses), 1000),
+                    fires(c, slow, (1, 2), labels, humanize_percentage(slow_misses)),
+                ),
+                Case(
+                    "half the budget is inside it",
+                    slow,
+                    _slo_series(kind, model, target, 1000 * (1 - budget / 2), 1000),
+                    quiet("30m"),
+                ),
+            ]
+    return found
+
+
+def _pipeline_cases(c: RulesConfig) -> list[Case]:
+    up = f'up{{job="{c.sidecar_job}",instance="a"}}'
+    dropped = 'headroom_log_rows_dropped_total{instance="a",reason="queue_full"}'
+    dropped_at = max(after_minute(c, "HeadroomLogRowsDropped", (3, 3)), 13)
+    lag = 2000.0
+    return [
+        Case(
+            "sidecar target down",
+            "HeadroomSidecarDown",
+            {up: steps((1, 3), (0, _N))},
+            fires(c, "HeadroomSidecarDown", (3, 3), A | {"job": c.sidecar_job}, "0"),
+        ),
+        Case("sidecar target up", "HeadroomSidecarDown", {up: flat(1)}, quiet("9m")),
+        Case(
+            "no up series for the sidecar job at all",
+            "HeadroomSidecarJobAbsent",
+            {'up{job="some-other-job",instance="x"}': flat(1)},
+            fires(c, "HeadroomSidecarJobAbsent", (0, 0), absent_labels(c.job_selector), "1"),
+        ),
+        Case("the sidecar job is scraped", "HeadroomSidecarJobAbsent", {up: flat(1)}, quiet("10m")),
+        Case(
+            "engine scrape failing",
+            "HeadroomEngineScrapeFailing",
+            {'headroom_engine_up{instance="a",engine="vllm"}': steps((1, 2), (0, _N))},
+            fires(c, "HeadroomEngineScrapeFailing", (2, 2), A | {"engine": "vllm"}, "0"),
+        ),
+        Case(
+            "engine scrape healthy",
+            "HeadroomEngineScrapeFailing",
+            {'headroom_engine_up{instance="a",engine="vllm"}': flat(1)},
+            quiet("9m"),
+        ),
+        Case(
+            "log rows dropped",
+            "HeadroomLogRowsDropped",
+            {dropped: counter((0, 2), (5, _N))},
+            fires(
+                c,
+                "HeadroomLogRowsDropped",
+                (3, 3),
+                A | {"reason": "queue_full"},
+                "50",
+                settle=dropped_at - after_minute(c, "HeadroomLogRowsDropped", (3, 3)),
+            ),
+        ),
+        Case("no rows dropped", "HeadroomLogRowsDropped", {dropped: flat(5)}, quiet("15m")),
+        Case(
+            "the store stops answering",
+            "HeadroomStoreUnreachable",
+            {'headroom_store_up{instance="a"}': steps((1, 5), (0, _N))},
+            fires(c, "HeadroomStoreUnreachable", (5, 5), A, "0"),
+        ),
+        Case(
+            "the store answers",
+            "HeadroomStoreUnreachable",
+            {'headroom_store_up{instance="a"}': flat(1)},
+            quiet("15m"),
+        ),
+        Case(
+            "the oldest unshipped row gets older than the threshold",
+            "HeadroomLogShippingLagging",
+            {'headroom_log_ship_lag_seconds{instance="a"}': steps((0, 5), (lag, _N))},
+            fires(c, "HeadroomLogShippingLagging", (5, 5), A, humanize_duration(lag)),
+        ),
+        Case(
+            "a spool whose oldest batch is old, from a sidecar without the lag gauge",
+            "HeadroomLogShippingLagging",
+            {'headroom_log_spool_oldest_age_seconds{instance="a"}': steps((0, 5), (lag, _N))},
+            fires(c, "HeadroomLogShippingLagging", (5, 5), A, humanize_duration(lag)),
+        ),
+        Case(
+            "caught up",
+            "HeadroomLogShippingLagging",
+            {'headroom_log_ship_lag_seconds{instance="a"}': flat(0)},
+            quiet("15m"),
+        ),
+    ]
+
+
+def cases(c: RulesConfig) -> list[Case]:
+    """Every case for the rules generated under `c`, in the order of the alerts."""
+    return (
+        _signal_cases(c)
+        + _knee_cases(c)
+        + _capacity_cases(c)
+        + _composite_cases(c)
+        + _slo_cases(c)
+        + _pipeline_cases(c)
+    )

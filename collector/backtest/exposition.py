@@ -1,0 +1,189 @@
+"""The series a sidecar exports, rebuilt at each scrape from request records (simulated or logged).
+
+What Prometheus would have stored, scrape by scrape, for one `job`: `up`; both calibers per model
+and tenant (in flight = admitted and not yet complete; active tokens = prompt + tokens generated so
+far, growing linearly from the first token to completion, prompt only when not streamed, as the
+tracker counts them), also per task class; requests, prompt and generated tokens by outcome; and the TTFT, TPOT and
+duration histograms, observed when a request completes (as the tracker does). Label sets appear
+with their first request and stay, like prometheus_client's.
+
+    series = SeriesSet()
+    sidecar_series(records, scrape_times(t0, t0 + 60, 15), "headroom-sidecar", series)
+    # -> headroom_inflight_requests{instance="replica-0",job="headroom-sidecar",model="m",tenant="a"}
+    #    at t0, t0+15, ... t0+60; headroom_time_to_first_token_seconds_bucket{le="0.5",...} ...
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from collector.backtest.lifecycle import Lifecycle
+from collector.backtest.openmetrics import SeriesKey, SeriesSet
+from collector.catalog import spec
+from collector.rules.naming import le_label
+
+__all__ = ["scrape_times", "sidecar_series", "HISTOGRAMS"]
+
+# histogram -> the record's observed value (None: not observed, e.g. no TTFT without a stream)
+HISTOGRAMS: dict[str, Callable[[Lifecycle], float | None]] = {
+    "headroom_time_to_first_token_seconds": lambda r: r.ttft_s,
+    "headroom_time_per_output_token_seconds": lambda r: r.tpot_s,
+    "headroom_request_duration_seconds": lambda r: r.e2e_s,
+}
+
+
+def scrape_times(start: float, end: float, interval_s: float) -> list[float]:
+    """start, start + interval, ... up to and including end: scrape_times(0, 30, 15) -> [0, 15, 30]."""
+    count = int((end - start) / interval_s + 1e-9)
+    return [start + i * interval_s for i in range(count + 1)]
+
+
+def _key(name: str, labels: dict[str, str]) -> SeriesKey:
+    return name, tuple(sorted(labels.items()))
+
+
+def active_tokens(record: Lifecycle, t: float) -> int:
+    """Token-caliber weight of `record` at `t`: prompt, plus tokens streamed so far (linear in time).
+
+    A streamed request of 100 prompt and 11 generated tokens, first token at 1 s, done at 3 s:
+    at 2 s -> 100 + 1 + 10 * (2 - 1) / (3 - 1) = 106.
+    """
+    if not record.stream or record.first_token is None or t < record.first_token:
+        return record.prompt_tokens
+    if record.completed is None or record.completed <= record.first_token:
+        return record.prompt_tokens + 1
+    share = min(1.0, (t - record.first_token) / (record.completed - record.first_token))
+    return record.prompt_tokens + 1 + int((max(1, record.completion_tokens) - 1) * share)
+
+
+class _Histogram:
+    """Cumulative buckets, sum and count of one histogram series, emitted whole at each scrape."""
+
+    def __init__(self, name: str, labels: dict[str, str]) -> None:
+        self.bounds = spec(name).buckets
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total, self.sum = 0, 0.0
+        les = [le_label(b) for b in self.bounds] + ["+Inf"]
+        self.bucket_keys = [_key(f"{name}_bucket", labels | {"le": le}) for le in les]
+        self.sum_key, self.count_key = _key(f"{name}_sum", labels), _key(f"{name}_count", labels)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += 1
+        self.sum += value
+
+    def emit(self, out: SeriesSet, t: float) -> None:
+        running = 0
+        for key, count in zip(self.bucket_keys, self.counts):
+            running += count
+            out.add_key(key, t, float(running))
+        out.add_key(self.sum_key, t, self.sum)
+        out.add_key(self.count_key, t, float(self.total))
+
+
+class _SidecarState:
+    """One sidecar's counters, histograms and label sets, advanced request by request."""
+
+    def __init__(self, target: dict[str, str]) -> None:
+        self.target = target
+        self.counters: dict[SeriesKey, float] = {}
+        self.histograms: dict[tuple[str, str, str], _Histogram] = {}
+        self.gauge_keys: dict[tuple[str, str], tuple[SeriesKey, SeriesKey]] = {}
+        self.task_keys: dict[tuple[str, str], tuple[SeriesKey, SeriesKey]] = {}
+
+    def admitted(self, record: Lifecycle) -> None:
+        task = (record.model, record.task_class)
+        if task not in self.task_keys:
+            labels = self.target | {"model": record.model, "task_class": record.task_class}
+            self.task_keys[task] = (
+                _key(spec("headroom_task_inflight_requests").name, labels),
+                _key(spec("headroom_task_active_tokens").name, labels),
+            )
+        pair = (record.model, record.tenant)
+        if pair not in self.gauge_keys:
+            labels = self.target | {"model": record.model, "tenant": record.tenant}
+            self.gauge_keys[pair] = (
+                _key(spec("headroom_inflight_requests").name, labels),
+                _key(spec("headroom_active_tokens").name, labels),
+            )
+
+    def finished(self, record: Lifecycle) -> None:
+        per_request = self.target | {"model": record.model, "tenant": record.tenant}
+        self._count("headroom_requests_total", per_request | {"outcome": record.outcome or "ok"}, 1)
+        self._count("headroom_prompt_tokens_total", per_request, record.prompt_tokens)
+        self._count("headroom_generated_tokens_total", per_request, record.completion_tokens)
+        for name, value_of in HISTOGRAMS.items():
+            value = value_of(record)
+            if value is None:
+                continue
+            extra = (record.outcome or "ok") if name == "headroom_request_duration_seconds" else ""
+            histogram = self.histograms.get((name, record.model, extra))
+            if histogram is None:
+                labels = self.target | {"model": record.model} | ({"outcome": extra} if extra else {})
+                histogram = self.histograms[(name, record.model, extra)] = _Histogram(name, labels)
+            histogram.observe(value)
+
+    def _count(self, name: str, labels: dict[str, str], amount: float) -> None:
+        key = _key(name, labels)
+        self.counters[key] = self.counters.get(key, 0.0) + amount
+
+    def emit(self, out: SeriesSet, t: float, live: dict[str, Lifecycle]) -> None:
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        weights: dict[tuple[str, str], int] = defaultdict(int)
+        task_counts: dict[tuple[str, str], int] = defaultdict(int)
+        task_weights: dict[tuple[str, str], int] = defaultdict(int)
+        for record in live.values():
+            tokens = active_tokens(record, t)
+            counts[(record.model, record.tenant)] += 1
+            weights[(record.model, record.tenant)] += tokens
+            task_counts[(record.model, record.task_class)] += 1
+            task_weights[(record.model, record.task_class)] += tokens
+        for keys, count_of, weight_of in (
+            (self.gauge_keys, counts, weights),
+            (self.task_keys, task_counts, task_weights),
+        ):
+            for pair, (inflight_key, tokens_key) in keys.items():
+                out.add_key(inflight_key, t, float(count_of.get(pair, 0)))
+                out.add_key(tokens_key, t, float(weight_of.get(pair, 0)))
+        for key, value in self.counters.items():
+            out.add_key(key, t, value)
+        for histogram in self.histograms.values():
+            histogram.emit(out, t)
+
+
+def _instance_series(
+    records: list[Lifecycle], times: list[float], target: dict[str, str], out: SeriesSet
+) -> None:
+    admitted = sorted(records, key=lambda r: r.admitted)
+    finished = sorted(
+        ((r.completed, r) for r in records if r.completed is not None), key=lambda pair: pair[0]
+    )
+    state, live = _SidecarState(target), dict[str, Lifecycle]()
+    next_admit = next_finish = 0
+    up_key = _key("up", target)
+    for t in times:
+        while next_admit < len(admitted) and admitted[next_admit].admitted <= t:
+            record = admitted[next_admit]
+            live[record.request_id] = record
+            state.admitted(record)
+            next_admit += 1
+        while next_finish < len(finished) and finished[next_finish][0] <= t:
+            record = finished[next_finish][1]
+            live.pop(record.request_id, None)
+            state.finished(record)
+            next_finish += 1
+        out.add_key(up_key, t, 1.0)
+        state.emit(out, t, live)
+
+
+def sidecar_series(
+    records: list[Lifecycle], times: list[float], job: str, out: SeriesSet, instances: Iterable[str] = ()
+) -> None:
+    """Add every sidecar's request series (and `up`) to `out`: one per record instance, and `instances`."""
+    by_instance: dict[str, list[Lifecycle]] = {instance: [] for instance in instances}
+    for record in records:
+        by_instance.setdefault(record.instance, []).append(record)
+    for instance in sorted(by_instance):
+        _instance_series(by_instance[instance], times, {"job": job, "instance": instance}, out)

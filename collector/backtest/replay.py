@@ -1,0 +1,284 @@
+"""A user's own request log as a backtest: "would these rules have warned us last Tuesday?".
+
+Rows come from a DuckDB file (`--db`) or a store service (`--store-url`, paged through
+/v1/query/lifecycles). The sidecar's series are rebuilt from them by collector.backtest.exposition,
+the same code the scenarios use: both calibers from the admit, first-token and completion times,
+the histograms from TTFT, TPOT and end-to-end times, counters by outcome. The capacity gauges come
+from the newest saved estimate per model. What rows cannot tell is **missing**, never invented:
+the engine's queue, batch and KV cache, the GPU, the request log's own health; alerts that read
+only those cannot fire in a replay and are named as such. `up` is taken as 1 for every instance in
+the log (a scrape's health is not in it either; the output says so).
+
+`time_scale` stretches the log's time axis: a log written against `headroom sim --speed 8` replays
+in the simulator's own time with 8, and a demo of a few seconds needs more to fill the rules'
+5-minute windows (concurrency is the same at any scale; latencies stretch with it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import duckdb
+import httpx
+
+from collector.backtest.exposition import scrape_times, sidecar_series
+from collector.backtest.lifecycle import Lifecycle
+from collector.backtest.openmetrics import SeriesSet
+from collector.rules.naming import metric_names
+from collector.store.capacity_gauges import PublishedCapacity
+from collector.store.db import RequestStore
+from collector.store.estimates import latest_estimates, published
+
+__all__ = [
+    "ReplayLog",
+    "from_db",
+    "from_store",
+    "stretched",
+    "replay_series",
+    "missing_series",
+    "ReplayError",
+    "MAX_WINDOW_S",
+    "ENGINE_SIDE",
+]
+
+MAX_WINDOW_S = 2 * 86400.0
+_MARGIN_S = 600.0  # rows admitted this long before the window still in flight inside it
+_PAGE = 50_000
+_MAX_PAGES = 40
+_COLUMNS = (
+    "request_id, instance, model, tenant, stream, admitted_at, first_token_at, completed_at, "
+    "outcome, status_code, prompt_tokens, completion_tokens"
+)
+# Series a request log cannot rebuild: the engine's own metrics, the GPU, the pipeline's health.
+ENGINE_SIDE = (
+    "headroom_engine_up",
+    "headroom_engine_requests_running",
+    "headroom_engine_requests_waiting",
+    "headroom_engine_kv_cache_usage_ratio",
+    "headroom_engine_kv_cache_capacity_tokens",
+    "headroom_engine_max_concurrency_requests",
+    "headroom_gpu_up",
+    "headroom_gpu_utilization_ratio",
+    "headroom_log_rows_dropped_total",
+    "headroom_store_up",
+    "headroom_log_ship_lag_seconds",
+    "headroom_log_spool_bytes",
+)
+
+
+class ReplayError(ValueError):
+    """The log or the window cannot be replayed; the message says which input and what to do."""
+
+
+@dataclass
+class ReplayLog:
+    """Records of a window, the capacity estimates published for it, and where they came from."""
+
+    records: list[Lifecycle]
+    capacities: list[PublishedCapacity]
+    start: float
+    end: float
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _window(
+    rows_start: float | None,
+    rows_end: float | None,
+    since: datetime | None,
+    until: datetime | None,
+    source: str,
+) -> tuple[float, float]:
+    start = since.timestamp() if since else rows_start
+    end = until.timestamp() if until else rows_end
+    if start is None or end is None or end <= start:
+        raise ReplayError(
+            f"{source} has no finished requests in the window asked for; widen --since/--until "
+            "or check the file"
+        )
+    if end - start > MAX_WINDOW_S:
+        raise ReplayError(
+            f"the window is {(end - start) / 3600:.0f} h; replay at most {MAX_WINDOW_S / 3600:.0f} h "
+            "at a time (narrow --since/--until)"
+        )
+    return start, end
+
+
+def from_db(
+    path: str, since: datetime | None = None, until: datetime | None = None, model: str | None = None
+) -> ReplayLog:
+    """Rows and saved estimates from a DuckDB request log (opened read-only)."""
+    try:
+        store = RequestStore(path, read_only=True)
+    except duckdb.Error as exc:  # a missing file, or one another process holds open
+        raise ReplayError(
+            f"cannot open --db {path} read-only ({str(exc).splitlines()[0]}); pass a request-log "
+            "file no other process holds open, or use --store-url"
+        ) from None
+    try:
+        where, params = ["completed_at IS NOT NULL"], []
+        if model:
+            where.append("model = ?")
+            params.append(model)
+        extent = store.query(
+            f"SELECT min(admitted_at), max(completed_at) FROM requests WHERE {' AND '.join(where)}", params
+        )[0]
+        first, last = (t.timestamp() if t else None for t in extent)
+        start, end = _window(first, last, since, until, f"--db {path}")
+        rows = store.query_dicts(
+            f"SELECT {_COLUMNS} FROM requests WHERE {' AND '.join(where)} "
+            "AND admitted_at >= ? AND admitted_at < ? ORDER BY admitted_at",
+            params + [datetime.fromtimestamp(start - _MARGIN_S, UTC), datetime.fromtimestamp(end, UTC)],
+        )
+        estimates = latest_estimates(store)
+    finally:
+        store.close()
+    return _log(rows, estimates, start, end, f"--db {path}", model)
+
+
+def _get(client: httpx.Client, url: str, params: dict[str, Any]) -> Any:
+    try:
+        response = client.get(url, params=params)
+    except httpx.HTTPError as exc:
+        raise ReplayError(
+            f"cannot reach the store at {url} ({type(exc).__name__}); check --store-url"
+        ) from None
+    if response.status_code in (401, 403):
+        raise ReplayError(
+            f"the store at {url} refused the token (HTTP {response.status_code}); pass --store-token"
+        )
+    if response.status_code != 200:
+        raise ReplayError(f"the store at {url} answered HTTP {response.status_code}: {response.text[:300]}")
+    return response.json()  # the store's documented query API (docs/store.md)
+
+
+def from_store(
+    url: str, token: str | None, since: datetime, until: datetime | None = None, model: str | None = None
+) -> ReplayLog:
+    """Rows and the latest estimates from a store service's query API, page by page (bounded)."""
+    base = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    window = {"since": datetime.fromtimestamp(since.timestamp() - _MARGIN_S, UTC).isoformat()}
+    if until is not None:
+        window["until"] = until.isoformat()
+    if model:
+        window["model"] = model
+    rows, offset = [], 0
+    with httpx.Client(headers=headers, timeout=60) as client:
+        for _ in range(_MAX_PAGES):
+            page = _get(client, f"{base}/v1/query/lifecycles", window | {"limit": _PAGE, "offset": offset})
+            rows += page["rows"]
+            if page["next_offset"] is None:
+                break
+            offset = page["next_offset"]
+        else:
+            raise ReplayError(
+                f"more than {_MAX_PAGES * _PAGE} requests in the window; narrow --since/--until"
+            )
+        estimates = _get(client, f"{base}/v1/query/estimate", {"model": model} if model else {})["rows"]
+    done = [Lifecycle.from_row(row) for row in rows if row.get("completed_at")]
+    start, end = _window(
+        min((r.admitted for r in done), default=None),
+        max((r.completed for r in done if r.completed is not None), default=None),
+        since,
+        until,
+        f"--store-url {url}",
+    )
+    return _log(rows, estimates, start, end, f"--store-url {url}", model)
+
+
+def _log(
+    rows: list[dict[str, Any]],
+    estimates: list[dict[str, Any]],
+    start: float,
+    end: float,
+    source: str,
+    model: str | None,
+) -> ReplayLog:
+    records = [Lifecycle.from_row(row) for row in rows]
+    capacities = [published(e) for e in estimates if e.get("knee_requests") or e.get("knee_tokens")]
+    if model:
+        capacities = [c for c in capacities if c.model == model]
+    notes = ["`up` is taken as 1 for every instance in the log (scrape health is not in it)"]
+    if not capacities:
+        notes.append(
+            "no saved capacity estimate: the knee alerts stay silent (run `headroom probe` or the "
+            "store's capacity job)"
+        )
+    return ReplayLog(records, capacities, start, end, source, notes)
+
+
+def stretched(log: ReplayLog, time_scale: float) -> ReplayLog:
+    """`log` with its time axis stretched `time_scale` times from its start (1: unchanged)."""
+    if time_scale == 1:
+        return log
+    if not time_scale > 0:
+        raise ReplayError(
+            f"--time-scale {time_scale} must be positive (e.g. 8 for a log from `headroom sim --speed 8`)"
+        )
+
+    def at(t: float) -> float:
+        return log.start + (t - log.start) * time_scale
+
+    def maybe(t: float | None) -> float | None:
+        return None if t is None else at(t)
+
+    records = [
+        replace(r, admitted=at(r.admitted), first_token=maybe(r.first_token), completed=maybe(r.completed))
+        for r in log.records
+    ]
+    end = log.start + (log.end - log.start) * time_scale
+    return replace(log, records=records, end=end, notes=log.notes + [f"times stretched {time_scale:g}x"])
+
+
+def replay_series(log: ReplayLog, job: str, scrape_interval_s: float) -> SeriesSet:
+    """The series the log's sidecars exported, plus the published knees, at the scrape interval."""
+    times = scrape_times(log.start, log.end, scrape_interval_s)
+    out = SeriesSet()
+    sidecar_series(log.records, times, job, out)
+    instances = sorted({r.instance for r in log.records})
+    names = {
+        "knee_requests": "headroom_capacity_knee_requests",
+        "knee_tokens": "headroom_capacity_knee_tokens",
+        "recommended_pool": "headroom_capacity_recommended_pool_requests",
+    }
+    for capacity in log.capacities:
+        for instance in instances:
+            labels = {
+                "job": job,
+                "instance": instance,
+                "model": capacity.model,
+                "task_class": capacity.task_class,
+                "source": capacity.source,
+                "confidence": capacity.confidence,
+            }
+            for field_name, metric in names.items():
+                value = getattr(capacity, field_name)
+                if value is not None:
+                    for t in times:
+                        out.add(metric, labels, t, float(value))
+    return out
+
+
+def missing_series(
+    alert_rules: list[dict[str, Any]], record_rules: list[dict[str, Any]]
+) -> tuple[list[str], list[str]]:
+    """(engine-side metrics a replay lacks that the rules read, alerts that read nothing else)."""
+    records = {rule["record"]: metric_names(rule["expr"]) for rule in record_rules}
+
+    def raw(names: set[str], depth: int = 0) -> set[str]:
+        found: set[str] = set()
+        for name in names:
+            found |= raw(records[name], depth + 1) if name in records and depth < 10 else {name}
+        return found
+
+    needed, blind = set(), []
+    for rule in alert_rules:
+        reads = raw(metric_names(rule["expr"])) - {"ALERTS"}
+        lacking = reads & set(ENGINE_SIDE)
+        needed |= lacking
+        if reads and reads <= set(ENGINE_SIDE) | {"up"} and lacking and rule["alert"] not in blind:
+            blind.append(rule["alert"])
+    return sorted(needed), blind

@@ -1,0 +1,177 @@
+"""From alert episodes and SLO truth to what on-call asks: did it warn in time, did it cry wolf?
+
+- **Problems** are the SLO breaches the rows show plus the scenario's declared incidents (every
+  fault is one). An alert that fires inside a problem, in the `lead_window_s` before one, or in
+  the `grace_s` after one is *earned*; any other firing alert is a **false alert**.
+- **Lead time** is measured against the first breach: the first warning and the first page that
+  fired in the lead window or during the breach, as breach start minus firing time (positive:
+  it fired before users were hurt; negative: late by that much).
+
+    timeline = build_timeline("ramp", evaluation, breaches, incidents, start, end)
+    timeline.lead_page_s  ->  420.0     timeline.false_pages  ->  []
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from collector.backtest.alertstate import Episode
+from collector.backtest.evaluate import Evaluation
+from collector.backtest.scenario import Incident
+from collector.backtest.truth import Breach
+
+__all__ = ["Problem", "AlertSpan", "Timeline", "build_timeline", "LEAD_WINDOW_S", "GRACE_S"]
+
+LEAD_WINDOW_S = 1800.0  # an alert this long before a problem counts as a warning of it
+GRACE_S = 900.0  # and this long after one as its tail (rates and `keep_firing_for` lag)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A window in which alerts are earned: an SLO breach or a declared incident."""
+
+    name: str
+    start: float
+    end: float
+    kind: str  # "breach" | "incident"
+
+
+@dataclass(frozen=True)
+class AlertSpan:
+    """One alert episode as the timeline shows it."""
+
+    name: str
+    severity: str
+    labels: dict[str, str]
+    pending_at: float
+    firing_at: float | None
+    ended_at: float | None
+    earned: bool
+
+    @property
+    def is_page(self) -> bool:
+        return self.severity == "critical"
+
+    @property
+    def fired_at(self) -> float:
+        """When it fired; only for episodes that did (Timeline.fired), else ValueError."""
+        if self.firing_at is None:
+            raise ValueError(f"{self.name} went pending at {self.pending_at} and never fired")
+        return self.firing_at
+
+
+@dataclass
+class Timeline:
+    """A scenario's backtest: alerts, problems, lead times and false alerts (times in POSIX s)."""
+
+    scenario: str
+    start: float
+    end: float
+    alerts: list[AlertSpan]
+    problems: list[Problem]
+    first_breach: Breach | None = None
+    first_warning: AlertSpan | None = None
+    first_page: AlertSpan | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def _lead(self, span: AlertSpan | None) -> float | None:
+        if span is None or self.first_breach is None:
+            return None
+        return self.first_breach.start - span.fired_at
+
+    @property
+    def lead_warning_s(self) -> float | None:
+        return self._lead(self.first_warning)
+
+    @property
+    def lead_page_s(self) -> float | None:
+        return self._lead(self.first_page)
+
+    @property
+    def fired(self) -> list[AlertSpan]:
+        return [span for span in self.alerts if span.firing_at is not None]
+
+    @property
+    def pages(self) -> list[AlertSpan]:
+        return [span for span in self.fired if span.is_page]
+
+    @property
+    def warnings(self) -> list[AlertSpan]:
+        return [span for span in self.fired if not span.is_page]
+
+    @property
+    def false_pages(self) -> list[AlertSpan]:
+        return [span for span in self.pages if not span.earned]
+
+    @property
+    def false_warnings(self) -> list[AlertSpan]:
+        return [span for span in self.warnings if not span.earned]
+
+    def firing(self, name: str) -> list[AlertSpan]:
+        """The fired episodes of alert `name`."""
+        return [span for span in self.fired if span.name == name]
+
+
+def _earned(episode: Episode, problems: list[Problem], end: float) -> bool:
+    if episode.firing_at is None:
+        return True
+    stop = episode.ended_at if episode.ended_at is not None else end
+    return any(episode.firing_at <= p.end + GRACE_S and stop >= p.start - LEAD_WINDOW_S for p in problems)
+
+
+def _problems(breaches: list[Breach], incidents: list[Incident], epoch: float) -> list[Problem]:
+    found = [Problem(f"{b.kind} SLO breach ({b.model})", b.start, b.end, "breach") for b in breaches]
+    found += [Problem(i.name, epoch + i.start_s, epoch + i.end_s, "incident") for i in incidents]
+    return sorted(found, key=lambda p: (p.start, p.name))
+
+
+def _first(spans: list[AlertSpan], breach: Breach | None, page: bool) -> AlertSpan | None:
+    if breach is None:
+        return None
+    chosen = [
+        s
+        for s in spans
+        if s.firing_at is not None
+        and s.is_page == page
+        and breach.start - LEAD_WINDOW_S <= s.firing_at <= breach.end
+    ]
+    return min(chosen, key=lambda s: s.fired_at, default=None)
+
+
+def build_timeline(
+    scenario: str,
+    evaluation: Evaluation,
+    breaches: list[Breach],
+    incidents: list[Incident],
+    start: float,
+    end: float,
+) -> Timeline:
+    """Judge every episode of `evaluation` against the breaches and incidents of the window."""
+    problems = _problems(breaches, incidents, start)
+    spans = []
+    for episode in evaluation.episodes:
+        name = episode.label("alertname")
+        labels = {k: v for k, v in episode.labels if k != "alertname"}
+        spans.append(
+            AlertSpan(
+                name,
+                evaluation.severities.get(name, labels.get("severity", "")),
+                labels,
+                episode.pending_at,
+                episode.firing_at,
+                episode.ended_at,
+                _earned(episode, problems, end),
+            )
+        )
+    first_breach = breaches[0] if breaches else None
+    return Timeline(
+        scenario,
+        start,
+        end,
+        spans,
+        problems,
+        first_breach,
+        _first(spans, first_breach, page=False),
+        _first(spans, first_breach, page=True),
+        dict(evaluation.timings_s),
+    )

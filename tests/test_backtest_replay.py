@@ -1,0 +1,235 @@
+"""Replaying a request log through the rules: from a DuckDB file, from a store service, from the demo.
+
+A simulated scenario's rows, written to a real DuckDB file and read back, rebuild exactly the
+sidecar series the scenario itself exported (one code path for both); the store service's paged
+lifecycles give the same records; what rows cannot tell is named as missing; and a log written by
+`headroom demo` replays end to end with the knee alert firing from the level where the demo's load
+crossed the knee it reports. The command line's errors name the bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from click.testing import CliRunner
+from conftest import require_tool
+
+from collector.analysis.estimate import CapacityEstimate
+from collector.analysis.knee import KneeResult
+from collector.analysis.slo import Slo
+from collector.backtest.exposition import HISTOGRAMS
+from collector.backtest.replay import ENGINE_SIDE, from_db, from_store, missing_series, replay_series
+from collector.backtest.run import generated_rules
+from collector.backtest.scenario import Scenario, constant
+from collector.backtest.scenario_series import scenario_series
+from collector.backtest.simulate import simulate
+from collector.cli import main
+from collector.rules.config import DEFAULT
+from collector.service.app import create_store_app
+from collector.serving import serve_in_thread
+from collector.store.db import RequestStore
+from collector.store.estimates import save_estimate
+
+TOKEN = "replay-token"
+SIDECAR = {
+    "headroom_inflight_requests",
+    "headroom_active_tokens",
+    "headroom_requests_total",
+    "headroom_prompt_tokens_total",
+    "headroom_generated_tokens_total",
+    "up",
+} | {f"{name}_{suffix}" for name in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
+
+
+def _estimate(model: str, created: float) -> dict:
+    """A saved estimate in its documented JSON form: a knee of 32 requests and 40k tokens, pool 24."""
+    knee = KneeResult(32, 40000, True, "plateau", 32, 32, True, "")
+    return CapacityEstimate(
+        model,
+        "probe",
+        None,
+        "interactive",
+        [],
+        knee,
+        Slo(),
+        28,
+        30000,
+        24,
+        created_at=datetime.fromtimestamp(created, UTC),
+    ).to_dict()
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    """Half an hour at 60 % of the knee, simulated, its finished rows in a DuckDB file with an estimate."""
+    result = simulate(Scenario("replay", "", 1800, constant(0.6), seed=5))
+    path = tmp_path_factory.mktemp("replay") / "log.duckdb"
+    store = RequestStore(path)
+    store.insert_rows([r.to_row() for r in result.records if r.completed is not None])
+    save_estimate(store, _estimate("llama-70b", result.epoch - 3600))
+    store.close()
+    return result, path
+
+
+def _sidecar_samples(series, until: float) -> dict:
+    return {
+        key: [(t, v) for t, v in series.samples(key) if t <= until]
+        for key in series.keys()
+        if key[0] in SIDECAR
+    }
+
+
+def test_rows_read_back_rebuild_the_series_the_scenario_exported(logged):
+    result, path = logged
+    assert from_db(str(path)).start == pytest.approx(min(r.admitted for r in result.records), abs=1e-6)
+    log = from_db(str(path), since=datetime.fromtimestamp(result.epoch, UTC))  # the scenario's scrape grid
+    assert len(log.records) == sum(r.completed is not None for r in result.records) > 1000
+    replayed = replay_series(log, "headroom-sidecar", 15)
+    exported = scenario_series(result, "headroom-sidecar")
+    # requests still in flight at the scenario's end have no row yet; compare the time before them
+    until = min(r.admitted for r in result.records if r.completed is None) - 1
+    mine = _sidecar_samples(exported, until)
+    theirs = {key: [(t, v) for t, v in replayed.samples(key) if t <= until] for key in mine}
+    assert len(mine) > 50 and mine.keys() == theirs.keys()
+    for key, points in mine.items():  # equal, but for the microseconds a TIMESTAMPTZ keeps in the sums
+        assert [t for t, _ in points] == [t for t, _ in theirs[key]]
+        assert [v for _, v in points] == pytest.approx([v for _, v in theirs[key]], rel=1e-5), key
+    knees = {
+        key[0]: replayed.samples(key)[0][1]
+        for key in replayed.keys()
+        if key[0].startswith("headroom_capacity_")
+    }
+    assert knees == {
+        "headroom_capacity_knee_requests": 32.0,
+        "headroom_capacity_knee_tokens": 40000.0,
+        "headroom_capacity_recommended_pool_requests": 24.0,
+    }
+    assert not {key[0] for key in replayed.keys()} & set(ENGINE_SIDE), "engine series are never invented"
+
+
+def test_what_rows_cannot_tell_is_named():
+    rules = generated_rules(DEFAULT)
+    needed, blind = missing_series(rules.alerts(), rules.records())
+    assert {
+        "headroom_engine_requests_waiting",
+        "headroom_engine_kv_cache_usage_ratio",
+        "headroom_store_up",
+    } <= set(needed)
+    assert {"HeadroomKVCacheNearFull", "HeadroomQueueNotDraining", "HeadroomStoreUnreachable"} <= set(blind)
+    assert "HeadroomTTFTBudgetBurnFast" not in blind and "HeadroomConcurrencyNearKnee" not in blind
+
+
+def test_a_store_service_gives_the_same_records(logged):
+    result, path = logged
+    store = RequestStore(path, read_only=True)
+    handle = serve_in_thread(create_store_app(store, TOKEN))
+    try:
+        since = datetime.fromtimestamp(result.epoch, UTC)
+        remote = from_store(handle.url, TOKEN, since)
+        refused = pytest.raises(Exception, match="refused the token")
+        with refused:
+            from_store(handle.url, "wrong", since)
+    finally:
+        handle.stop()
+        store.close()
+    local = from_db(str(path), since=since)
+    assert sorted(r.request_id for r in remote.records) == sorted(r.request_id for r in local.records)
+    pairs = {r.request_id: r for r in local.records}
+    assert all(abs(r.completed - pairs[r.request_id].completed) < 1e-5 for r in remote.records)
+    assert [c.knee_requests for c in remote.capacities] == [32]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_demo_log_replays_and_the_knee_alert_fires_where_the_load_crossed_the_knee(tmp_path):
+    require_tool("prometheus")
+    db, summary_path = tmp_path / "demo.duckdb", tmp_path / "demo.json"
+    demo = CliRunner().invoke(
+        main,
+        [
+            "demo",
+            "--speed",
+            "8",
+            "--levels",
+            "4,16,32",
+            "--level-seconds",
+            "5",
+            "--db",
+            str(db),
+            "--json",
+            str(summary_path),
+        ],
+    )
+    assert demo.exit_code == 0, demo.output
+    summary = json.loads(summary_path.read_text())
+    knee = summary["capacity"]["knee"]["requests"]
+    assert knee in (16, 32), summary["capacity"]
+    config = tmp_path / "fast.yaml"
+    config.write_text("for: {HeadroomConcurrencyNearKnee: 0s}\n")
+    # 60x: each 5-second level fills the rules' 5-minute windows; concurrency is the same at any scale
+    replay = CliRunner().invoke(
+        main,
+        ["alerts", "backtest", "--db", str(db), "--time-scale", "60", "--config", str(config), "--json", "-"],
+    )
+    assert replay.exit_code == 0, replay.output
+    result = json.loads(replay.output[replay.output.index("{") :])
+    start = datetime.fromisoformat(result["start"]["at"]).timestamp()
+    fired = [
+        a
+        for a in result["alerts"]
+        if a["alert"] == "HeadroomConcurrencyNearKnee"
+        and a["firing"]
+        and a["labels"]["caliber"] == "requests"
+    ]
+    assert fired, result["alerts"]
+    first_wall = start + min(a["firing"]["offset_s"] for a in fired) / 60
+    levels = {level["concurrency"]: level for level in summary["levels"]}
+    crossing = min(c for c in levels if c >= DEFAULT.knee_warning_ratio * knee)
+    assert datetime.fromisoformat(levels[crossing]["start"]).timestamp() <= first_wall
+    assert first_wall <= datetime.fromisoformat(levels[max(levels)]["end"]).timestamp()
+    assert "headroom_engine_requests_waiting" in result["missing_series"]
+
+
+def test_backtest_command_line_errors_name_the_input(tmp_path):
+    runner = CliRunner()
+    unknown = runner.invoke(main, ["alerts", "backtest", "no-such-scenario"])
+    assert unknown.exit_code == 2 and "no-such-scenario" in unknown.output and "ramp" in unknown.output
+    both = runner.invoke(main, ["alerts", "backtest", "ramp", "--db", "x.duckdb"])
+    assert both.exit_code == 2 and "not both" in both.output
+    nothing = runner.invoke(main, ["alerts", "backtest"])
+    assert nothing.exit_code == 2 and "--list" in nothing.output
+    store = runner.invoke(main, ["alerts", "backtest", "--store-url", "http://127.0.0.1:9"])
+    assert store.exit_code == 1 and "--store-url needs --since" in store.output
+    missing = runner.invoke(main, ["alerts", "backtest", "--db", str(tmp_path / "none.duckdb")])
+    assert missing.exit_code == 1 and "none.duckdb" in missing.output
+    listed = runner.invoke(main, ["alerts", "backtest", "--list"])
+    assert listed.exit_code == 0 and listed.output.count("\n") >= 12 and "daily_spike" in listed.output
+
+
+@pytest.mark.integration
+def test_a_missed_expectation_exits_1_and_the_outputs_say_why(tmp_path):
+    require_tool("prometheus")
+    late = tmp_path / "late.yaml"
+    late.write_text("for: {HeadroomEngineScrapeFailing: 30m}\n")
+    picture = tmp_path / "down.png"
+    result = CliRunner().invoke(
+        main,
+        [
+            "alerts",
+            "backtest",
+            "engine_metrics_down",
+            "--config",
+            str(late),
+            "--json",
+            str(tmp_path / "down.json"),
+            "--plot",
+            str(picture),
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert "FAIL  HeadroomEngineScrapeFailing fires within 5m: never fired" in result.output
+    document = json.loads((tmp_path / "down.json").read_text())
+    assert document["passed"] is False and document["scenario"] == "engine_metrics_down"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,125 @@
+"""The committed rules, backtested on every built-in scenario with the real Prometheus: the numbers hold.
+
+Each scenario runs once (simulated time, backfilled into a real Prometheus, the generated rules
+evaluated over it) and is judged twice: by its own expectations (collector.backtest.scenarios, the
+same checks `headroom alerts backtest` prints), and by the acceptance points spelled out here, so a
+reader sees the numbers without opening the scenario table. Timing is measured by
+benchmarks/backtest_scenario.py, never asserted here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import require_tool
+
+from collector.backtest.report import render_text, scenario_table
+from collector.backtest.run import run_scenario
+from collector.backtest.scenarios import SCENARIOS, scenario_names
+from collector.backtest.verdict import matches
+from collector.rules.config import DEFAULT
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
+MIN = 60.0
+
+
+@pytest.fixture(scope="module")
+def backtest(tmp_path_factory):
+    """Run a scenario on first use and keep its result for the other tests of the module."""
+    require_tool("prometheus"), require_tool("promtool")
+    done = {}
+
+    def run(name: str):
+        if name not in done:
+            done[name] = run_scenario(SCENARIOS[name], DEFAULT, tmp_path_factory.mktemp(name))
+        return done[name]
+
+    return run
+
+
+@pytest.mark.parametrize("name", scenario_names())
+def test_scenario_meets_its_expectations(backtest, name):
+    result = backtest(name)
+    assert result.checks, f"{name} checks nothing"
+    assert result.passed, render_text(result)
+
+
+def test_steady_half_load_for_six_hours_is_silent(backtest):
+    timeline = backtest("steady").timeline
+    assert timeline.end - timeline.start == 6 * 3600
+    assert (timeline.pages, timeline.warnings, timeline.first_breach) == ([], [], None)
+
+
+def test_ramp_warns_fifteen_minutes_and_pages_five_minutes_before_the_slo_breach(backtest):
+    timeline = backtest("ramp").timeline
+    assert timeline.first_breach is not None and timeline.first_breach.kind == "ttft"
+    assert timeline.lead_warning_s >= 15 * MIN, render_text(backtest("ramp"))
+    assert timeline.lead_page_s >= 5 * MIN, render_text(backtest("ramp"))
+    assert timeline.false_pages == []
+
+
+def test_token_shift_warns_on_tokens_before_the_breach_while_request_caliber_stays_silent(backtest):
+    timeline = backtest("token_shift").timeline
+    breach = timeline.first_breach.start
+    early = [s for s in timeline.fired if s.firing_at < breach]
+    assert any(s.name == "HeadroomTokenCaliberDivergence" or matches('{caliber="tokens"}', s) for s in early)
+    assert not [
+        s for s in early if matches('{caliber="requests"}', s) or s.name == "HeadroomQueueNotDraining"
+    ]
+
+
+def _first_firing(timeline, name: str) -> float:
+    return min(s.firing_at for s in timeline.firing(name)) - timeline.start
+
+
+def test_kv_saturation_storm_and_metrics_down_each_raise_their_own_alert_in_time(backtest):
+    kv = backtest("kv_saturation").timeline
+    assert _first_firing(kv, "HeadroomKVCacheNearFull") - 45 * MIN <= 12 * MIN
+    assert _first_firing(kv, "HeadroomKVCacheExhausted") - 45 * MIN <= 15 * MIN
+    storm = backtest("shedding_storm").timeline
+    assert _first_firing(storm, "HeadroomAvailabilityBudgetBurnFast") - 45 * MIN <= 5 * MIN
+    assert _first_firing(storm, "HeadroomLoadShedding") - 45 * MIN <= 8 * MIN
+    down = backtest("engine_metrics_down").timeline
+    assert _first_firing(down, "HeadroomEngineScrapeFailing") - 40 * MIN <= 5 * MIN
+    assert down.pages == [] and not storm.firing("HeadroomNearCapacityLimit")
+
+
+def test_the_composite_fires_only_where_a_latency_and_a_saturation_signal_coincide(backtest):
+    fired = 0
+    for name in (
+        "ramp",
+        "kv_saturation",
+        "token_shift",
+        "shedding_storm",
+        "engine_metrics_down",
+        "engine_outage",
+    ):
+        result = backtest(name)
+        composite = [c for c in result.checks if c.what.startswith("the composite")]
+        assert all(c.ok for c in composite), render_text(result)
+        fired += len(composite)
+    assert fired >= 2, "the composite must fire somewhere for this check to mean anything"
+
+
+def test_outages_slow_nights_and_slow_replicas(backtest):
+    outage = backtest("engine_outage").timeline
+    assert _first_firing(outage, "HeadroomAvailabilityBudgetBurnFast") - 40 * MIN <= 5 * MIN
+    store = backtest("store_outage").timeline
+    assert store.pages == [] and store.firing("HeadroomStoreUnreachable")
+    assert backtest("night_trickle").timeline.pages == []
+    slow = backtest("slow_replica").timeline
+    assert {s.labels["instance"] for s in slow.firing("HeadroomSlowReplica")} == {"replica-3"}
+
+
+def test_daily_cycle_spike_warns_but_never_pages(backtest):
+    timeline = backtest("daily_spike").timeline
+    assert timeline.pages == []
+    assert any(14 * 3600 <= s.firing_at - timeline.start <= 14 * 3600 + 30 * MIN for s in timeline.warnings)
+
+
+def test_docs_show_these_numbers(backtest):
+    """docs/rules.md's scenario table is this run's, row for row (regenerate it with --table)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    documented = text.split("<!-- /scenario table -->")[0].split("compares -->\n", 1)[1]
+    assert documented == scenario_table([backtest(name) for name in scenario_names()])
