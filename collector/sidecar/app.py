@@ -5,6 +5,10 @@ through), GET /metrics (Prometheus text format), GET /healthz. The lifespan open
 upstream client, starts the engine poller and the in-process store's jobs, and on shutdown stops
 them and closes every sink, which writes every request-log row that is still queued.
 
+The proxy routes are called straight from the server, not through FastAPI's middleware stack:
+each of those layers wraps every `send`, once per streamed chunk, and together they cost about
+a tenth of the sidecar's CPU under a stream flood (BENCHMARKS.md §2). FastAPI keeps the rest.
+
 Which parts a sidecar has (sources, sinks, jobs) is decided in one place, collector.sidecar.wiring;
 this module never looks at the config to choose them.
 """
@@ -33,10 +37,37 @@ from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource
 from collector.upstream import UpstreamClient
 
-__all__ = ["create_app", "SidecarParts", "ACCOUNTED_PATHS"]
+__all__ = ["create_app", "SidecarApp", "SidecarParts", "ACCOUNTED_PATHS"]
 
 log = logging.getLogger(__name__)
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+PASSTHROUGH_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+class SidecarApp(FastAPI):
+    """FastAPI for /metrics, /healthz and the lifespan; the proxy routes skip its layers.
+
+    `proxy_routes(accounted, passthrough)` names the two ASGI handlers; they are registered as
+    routes too, so the framework path (FastAPI.__call__) serves the same thing, only slower.
+    """
+
+    accounted = passthrough = None
+
+    def proxy_routes(self, accounted, passthrough) -> None:
+        """Serve POST ACCOUNTED_PATHS with `accounted` and other /v1/* with `passthrough`."""
+        self.accounted, self.passthrough = accounted, passthrough
+        for path in ACCOUNTED_PATHS:
+            self.router.routes.append(Route(path, accounted, methods=["POST"]))
+        self.router.routes.append(Route("/v1/{path:path}", passthrough, methods=list(PASSTHROUGH_METHODS)))
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and self.accounted is not None:
+            path, method = scope["path"], scope["method"]
+            if method == "POST" and path in ACCOUNTED_PATHS:
+                return await self.accounted(scope, receive, send)
+            if path.startswith("/v1/") and method in PASSTHROUGH_METHODS:
+                return await self.passthrough(scope, receive, send)
+        await super().__call__(scope, receive, send)
 
 
 @dataclass
@@ -90,19 +121,17 @@ def _lifespan(parts: SidecarParts, session: UpstreamClient):
     return lifespan
 
 
-def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
+def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
     """The sidecar's ASGI app around `parts`: it starts and stops them, and closes every sink."""
     tracker = parts.tracker
     for sink in parts.sinks:
         tracker.add_row_sink(sink.submit)
     session = _upstream_client(config)
-    app = FastAPI(title="llm-headroom sidecar", version=__version__, lifespan=_lifespan(parts, session),
-                  docs_url=None, redoc_url=None, openapi_url=None)
+    app = SidecarApp(title="llm-headroom sidecar", version=__version__, lifespan=_lifespan(parts, session),
+                     docs_url=None, redoc_url=None, openapi_url=None)
     proxy = CompletionsProxy(session, config.upstream, tracker, tenant_header=config.tenant_header,
                              tenant_cap=LabelCap(config.max_tenants),
                              model_cap=LabelCap(config.max_models), engine=parts.engine)
-    for path in ACCOUNTED_PATHS:
-        app.router.routes.append(Route(path, proxy, methods=["POST"]))
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -114,8 +143,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
                              "upstream": _without_credentials(config.upstream),
                              "instance": config.instance})
 
-    app.router.routes.append(Route("/v1/{path:path}", PassThrough(session, config.upstream),
-                                   methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]))
+    app.proxy_routes(proxy, PassThrough(session, config.upstream))
     app.state.config, app.state.tracker, app.state.registry = config, tracker, parts.registry
     app.state.scheduler = parts.scheduler
     return app

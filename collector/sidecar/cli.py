@@ -101,5 +101,6 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
                                    + (f"; {hint}" if hint else "")) from None
     click.echo(f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
                f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})", err=True)
+    # proxy_headers off: nothing reads the client address, and the layer costs per request
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False,
-                timeout_graceful_shutdown=30)
+                proxy_headers=False, timeout_graceful_shutdown=30)

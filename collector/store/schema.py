@@ -2,7 +2,7 @@
 
 The schema version lives in a one-row table `headroom_schema`. Opening a file written by an older
 program runs each migration in order inside one transaction, so rows are never lost: a migration
-only ever adds columns or tables.
+adds columns or tables, or (version 4) rebuilds `requests` from its own rows.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ __all__ = ["COLUMNS", "COLUMN_NAMES", "SCHEMA_VERSION", "MIGRATIONS", "SchemaToo
 
 # (name, DuckDB type) in table order. The contract; other parts and external readers depend on it.
 COLUMNS: tuple[tuple[str, str], ...] = (
-    ("request_id", "VARCHAR PRIMARY KEY"),
+    ("request_id", "VARCHAR NOT NULL"),
     ("source", "VARCHAR"),
     ("run_id", "VARCHAR"),
     ("instance", "VARCHAR"),
@@ -46,10 +46,12 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 
 # Version 1 shipped without the engine snapshot and prefix-cache columns; version 2 added them.
-# Version 3 added upstream_retries (a request re-sent after a stale pooled connection).
-_V1_COLUMNS = tuple(c for c in COLUMNS if c[0] not in
-                    ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit",
-                     "upstream_retries"))
+# Version 3 added upstream_retries (a request re-sent after a stale pooled connection). Version 4
+# dropped the primary key on request_id: duplicates are left out by the insert itself
+# (collector.store.db), which is 2-3x faster without the index to maintain.
+_V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
+    c for c in COLUMNS[1:] if c[0] not in
+    ("cached_prompt_tokens", "engine_waiting_at_admit", "kv_usage_at_admit", "upstream_retries"))
 
 
 def _ddl(columns: tuple[tuple[str, str], ...]) -> str:
@@ -71,8 +73,21 @@ def _v3(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS upstream_retries INTEGER")
 
 
+def _v4(con: duckdb.DuckDBPyConnection) -> None:
+    """Rebuild `requests` without the primary key: same rows, contract column order, by admission.
+
+    Sorting by admitted_at keeps each row group's admitted_at span narrow, which is what lets the
+    insert's duplicate check skip the rest of the table.
+    """
+    names = ", ".join(name for name, _ in COLUMNS)
+    con.execute(_ddl(COLUMNS).replace("TABLE IF NOT EXISTS requests", "TABLE requests_v4"))
+    con.execute(f"INSERT INTO requests_v4 SELECT {names} FROM requests ORDER BY admitted_at")
+    con.execute("DROP TABLE requests")
+    con.execute("ALTER TABLE requests_v4 RENAME TO requests")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3)
+MIGRATIONS = (_v1, _v2, _v3, _v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
 
