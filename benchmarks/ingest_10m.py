@@ -10,7 +10,8 @@ rows: 28 columns, four timestamps, every column set as the tracker sets it):
   the count DuckDB returns), on a file-backed store;
 * `log_writer`: the sidecar's LogWriter in front of that store, from submit() to flush();
 * `headroom store`: POST /v1/ingest to a `headroom store` process, bodies pre-serialised as the
-  shipper serialises them (orjson), sent one after another: HTTP, parsing, validation, insert.
+  shipper serialises them (Arrow IPC, rows_to_ipc), sent one after another: HTTP, reading,
+  validation, insert; and the same batches as JSON (`{"rows": [...]}`), for clients that send it.
 
 Every row of every batch must be new and inserted once; the script checks the returned counts
 and the table's final count, then resends one batch to check that nothing is inserted twice.
@@ -31,7 +32,7 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from _common import PYTHON, free_port, start
-from collector.store.db import RequestStore
+from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_ipc
 from collector.store.writer import LogWriter
 from store_query_10m import generate
 
@@ -85,27 +86,36 @@ def bench_log_writer(store: RequestStore, batches: list[list[dict]], batch_rows:
     print(f"log_writer       {_rate(int(written), seconds)}")
 
 
-def bench_store_service(db: Path, batches: list[list[dict]]) -> None:
+def _post_all(client: httpx.Client, payloads: list[bytes], content_type: str) -> tuple[int, float]:
+    began = time.perf_counter()
+    inserted = sum(client.post("/v1/ingest", content=body, headers={"Content-Type": content_type})
+                   .json()["inserted"] for body in payloads)
+    return inserted, time.perf_counter() - began
+
+
+def bench_store_service(db: Path, batches: list[list[dict]], json_batches: list[list[dict]]) -> None:
     port, token = free_port(), "bench-token"
     process = start([PYTHON, "-m", "collector.cli", "store", "--db", str(db), "--listen",
                      f"127.0.0.1:{port}", "--token", token, "--no-jobs"],
                     f"http://127.0.0.1:{port}/healthz", timeout_s=120)
-    payloads = [orjson.dumps({"rows": batch}) for batch in batches]  # as StoreShipper sends them
+    arrow = [rows_to_ipc(batch) for batch in batches]  # as StoreShipper sends them
+    as_json = [orjson.dumps({"rows": batch}) for batch in json_batches]
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,
-                          headers={"Authorization": f"Bearer {token}",
-                                   "Content-Type": "application/json"}) as client:
-            began = time.perf_counter()
-            inserted = sum(client.post("/v1/ingest", content=body).json()["inserted"] for body in payloads)
-            seconds = time.perf_counter() - began
-            again = client.post("/v1/ingest", content=payloads[0]).json()
+                          headers={"Authorization": f"Bearer {token}"}) as client:
+            inserted, seconds = _post_all(client, arrow, ARROW_STREAM_TYPE)
+            again = client.post("/v1/ingest", content=arrow[0],
+                                headers={"Content-Type": ARROW_STREAM_TYPE}).json()
+            json_inserted, json_seconds = _post_all(client, as_json, "application/json")
             rows = client.get("/healthz").json()["rows"]
     finally:
         process.terminate()
         process.wait(60)
     assert inserted == sum(map(len, batches)) and again["inserted"] == 0, (inserted, again)
-    print(f"headroom store   {_rate(inserted, seconds)}   (resent batch: {again['duplicates']} "
-          f"duplicates, 0 inserted; table now {rows:,} rows)")
+    assert json_inserted == sum(map(len, json_batches)), json_inserted
+    print(f"headroom store   {_rate(inserted, seconds)}   Arrow IPC bodies (resent batch: "
+          f"{again['duplicates']} duplicates, 0 inserted)")
+    print(f"headroom store   {_rate(json_inserted, json_seconds)}   JSON bodies; table now {rows:,} rows")
 
 
 def main() -> None:
@@ -132,7 +142,7 @@ def main() -> None:
         bench_insert_rows(store, batches("insert"))
         bench_log_writer(store, batches("writer"), args.batch_rows)
         store.close()
-        bench_store_service(db, batches("service"))
+        bench_store_service(db, batches("service"), batches("json"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         os.sync()

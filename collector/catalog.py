@@ -16,6 +16,7 @@ __all__ = [
     "TTFT_BUCKETS_SECONDS",
     "TPOT_BUCKETS_SECONDS",
     "DURATION_BUCKETS_SECONDS",
+    "OVERHEAD_BUCKETS_SECONDS",
     "spec",
 ]
 
@@ -28,6 +29,11 @@ TTFT_BUCKETS_SECONDS = (
 # Decode steps are tens of milliseconds; above ~0.5 s per token a stream is unusable.
 TPOT_BUCKETS_SECONDS = (
     0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0,
+)
+# The sidecar's own time per request: admission to upstream send plus relaying every chunk;
+# tens of microseconds for a short answer, milliseconds for thousands of chunks.
+OVERHEAD_BUCKETS_SECONDS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )
 DURATION_BUCKETS_SECONDS = (
     0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
@@ -80,6 +86,15 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("headroom_request_duration_seconds", "histogram",
                "End-to-end request duration from admission to the terminal transition.",
                ("model", "outcome"), "s", DURATION_BUCKETS_SECONDS, group="sidecar"),
+    MetricSpec("headroom_proxy_overhead_seconds", "histogram",
+               "Time the sidecar itself spent on a request: from admission (body read) to sending it "
+               "upstream, plus the processing of every relayed chunk (waiting for the engine or the "
+               "client excluded).",
+               (), "s", OVERHEAD_BUCKETS_SECONDS, group="sidecar"),
+    MetricSpec("headroom_label_values_folded_total", "counter",
+               "Requests whose model or tenant label value became 'other' because the series budget "
+               "(--max-series) or a label cap (--max-models, --max-tenants) was reached.",
+               ("label",), "short", group="sidecar"),
     MetricSpec("headroom_upstream_retries_total", "counter",
                "Requests sent to the engine a second time, on a new connection, because a reused "
                "pooled connection failed before any response byte (the engine never saw them).",

@@ -26,6 +26,7 @@ CONTRACT = {
     "headroom_capacity_recommended_pool_requests", "headroom_capacity_estimate_timestamp_seconds",
     "headroom_engine_max_concurrency_requests", "headroom_upstream_retries_total",
     "headroom_log_rows_written_total", "headroom_log_rows_dropped_total", "headroom_log_queue_rows",
+    "headroom_proxy_overhead_seconds", "headroom_label_values_folded_total",
 }
 
 

@@ -25,14 +25,14 @@ import aiohttp
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from starlette.routing import Route
 
 from collector import __version__
 from collector.record import RowSink
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.proxy import CompletionsProxy, PassThrough
-from collector.sidecar.tenants import LabelCap
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource
 from collector.upstream import UpstreamClient
@@ -130,12 +130,13 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
     app = SidecarApp(title="llm-headroom sidecar", version=__version__, lifespan=_lifespan(parts, session),
                      docs_url=None, redoc_url=None, openapi_url=None)
     proxy = CompletionsProxy(session, config.upstream, tracker, tenant_header=config.tenant_header,
-                             tenant_cap=LabelCap(config.max_tenants),
-                             model_cap=LabelCap(config.max_models), engine=parts.engine)
+                             engine=parts.engine)
+
+    page = MetricsPage(parts.registry, [tracker.exported])
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        return Response(generate_latest(parts.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(page.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:

@@ -28,6 +28,14 @@ __all__ = ["run"]
               help="Request header naming the tenant.")
 @click.option("--max-tenants", default=50, show_default=True, type=click.IntRange(1),
               help="Distinct tenant label values before the rest become 'other'.")
+@click.option("--max-models", default=20, show_default=True, type=click.IntRange(1),
+              help="Distinct model label values before the rest become 'other'.")
+@click.option("--max-series", default=2000, show_default=True, type=click.IntRange(1),
+              help="The most series /metrics exports in all; a new model or tenant that would pass "
+                   "it is labelled 'other' (headroom_label_values_folded_total counts them).")
+@click.option("--max-upstream-connections", "max_connections", default=1024, show_default=True,
+              type=click.IntRange(1), help="Pooled connections to the upstream engine; requests "
+                                           "beyond them wait for a free one.")
 @click.option("--engine", default="auto", show_default=True, metavar="NAME",
               help="Which engine's /metrics to read: auto|none|vllm|sglang|tgi|llamacpp|generic "
                    "(auto recognises it; none turns it off; generic needs --engine-mapping).")
@@ -53,8 +61,8 @@ __all__ = ["run"]
               help="Raw rows older than this are exported to Parquet beside --db, then deleted.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine, engine_mapping,
-        engine_metrics_url,
+def run(upstream, listen, db_path, instance, tenant_header, max_tenants, max_models, max_series,
+        max_connections, engine, engine_mapping, engine_metrics_url,
         engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, read_timeout,
         jobs, retention_days, log_level) -> None:
     """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
@@ -64,6 +72,7 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
       headroom run --upstream http://127.0.0.1:8000
       headroom run --upstream http://vllm:8000 --listen 0.0.0.0:9100 --engine vllm
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
+      headroom run --upstream http://vllm:8000 --max-series 5000 --max-models 40
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
 
@@ -83,7 +92,8 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, engine,
         config = SidecarConfig(
             upstream=upstream, listen_host=host, listen_port=port,
             db_path=None if store_url else db_path, instance=instance, tenant_header=tenant_header,
-            max_tenants=max_tenants, store_url=store_url, store_token=store_token,
+            max_tenants=max_tenants, max_models=max_models, max_series=max_series,
+            max_connections=max_connections, store_url=store_url, store_token=store_token,
             spool_dir=spool_dir, engine=engine, engine_metrics_url=engine_metrics_url,
             engine_poll_interval_s=engine_poll_interval, engine_mapping=engine_mapping,
             otlp_endpoint=otlp_endpoint, read_timeout_s=read_timeout, jobs=jobs,

@@ -20,6 +20,7 @@ class SidecarConfig:
     tenant_header: str = "X-Tenant-ID"
     max_tenants: int = 50
     max_models: int = 20
+    max_series: int = 2000  # the whole /metrics exposition (collector.sidecar.series)
     store_url: str | None = None
     store_token: str | None = None
     spool_dir: str | None = None
@@ -36,7 +37,7 @@ class SidecarConfig:
     # Upstream client: connect fast or fail; between two chunks a long prefill may take minutes.
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0
-    max_connections: int = 1024
+    max_connections: int = 1024  # pooled upstream connections (--max-upstream-connections)
     log_queue_rows: int = 50_000
     log_batch_rows: int = 1_000
     log_flush_interval_s: float = 0.5
@@ -53,6 +54,8 @@ class SidecarConfig:
             if url is not None and not url.startswith(("http://", "https://")):
                 raise ValueError(f"{name} {url!r} is not an http(s) URL; "
                                  "expected e.g. http://127.0.0.1:8000/metrics")
-        if self.max_tenants < 1:
-            raise ValueError(f"--max-tenants must be at least 1, got {self.max_tenants}")
+        for name, value in (("--max-tenants", self.max_tenants), ("--max-models", self.max_models),
+                            ("--max-upstream-connections", self.max_connections)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
 

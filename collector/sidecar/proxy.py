@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import aiohttp
 import orjson
@@ -114,22 +115,21 @@ class CompletionsProxy:
     """ASGI app for POST /v1/chat/completions and /v1/completions: proxied and accounted."""
 
     def __init__(self, client: UpstreamClient, upstream: str,
-                 tracker: Tracker, *, tenant_header: str, tenant_cap, model_cap,
-                 engine=None) -> None:
+                 tracker: Tracker, *, tenant_header: str, engine=None) -> None:
         self._client = client
         self._upstream = upstream
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
-        self._tenant_cap, self._model_cap = tenant_cap, model_cap
         self._engine = engine
 
     async def __call__(self, scope, receive, send) -> None:
         body = await _read_body(receive)
         if body is None:
             return  # never admitted: the client left before its request was read
+        read_at = time.monotonic()  # the sidecar's own time (headroom_proxy_overhead_seconds) starts
         parsed = parse_request(body)
         request = self._admit(scope, parsed)
-        work = asyncio.ensure_future(self._exchange(request, parsed, scope, send))
+        work = asyncio.ensure_future(self._exchange(request, parsed, scope, send, read_at))
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
@@ -146,8 +146,7 @@ class CompletionsProxy:
     def _admit(self, scope: dict, parsed: ParsedRequest) -> LiveRequest:
         tenant = resolve_tenant(_header(scope, self._tenant_header), _header(scope, b"authorization"))
         request = LiveRequest(parsed.model, tenant, scope["path"], parsed.stream, parsed.max_tokens,
-                              parsed.prompt_tokens_estimate, model_label=self._model_cap(parsed.model),
-                              tenant_label=self._tenant_cap(tenant))
+                              parsed.prompt_tokens_estimate)
         if _header(scope, b"x-headroom-source") == "probe":  # `headroom probe` marks its load
             request.source = "probe"
             request.run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None
@@ -158,12 +157,14 @@ class CompletionsProxy:
         self._tracker.admit(request)
         return request
 
-    async def _exchange(self, request: LiveRequest, parsed: ParsedRequest, scope, send) -> None:
+    async def _exchange(self, request: LiveRequest, parsed: ParsedRequest, scope, send,
+                        read_at: float) -> None:
         started = False
         outcome, error = "upstream_error", None
         try:
             url = _target(self._upstream, scope)
             headers = _request_headers(scope, identity=True)
+            request.overhead_s = time.monotonic() - read_at  # body read to upstream send
             upstream = await self._client.request("POST", url, data=parsed.body, headers=headers,
                                                   allow_redirects=False)
             if upstream.retries:
@@ -215,6 +216,7 @@ class CompletionsProxy:
                           outcome: str) -> None:
         """Buffer a non-streamed answer, read its usage, finish, then hand it to the client."""
         body = await resp.read()
+        began = time.monotonic()
         if resp.status == 200:
             try:
                 payload = orjson.loads(body)
@@ -223,6 +225,7 @@ class CompletionsProxy:
             usage = payload.get("usage") if isinstance(payload, dict) else None
             if isinstance(usage, dict):
                 request.usage = usage
+        request.overhead_s += time.monotonic() - began
         # Finish before the last send: once the client has its answer, the row and counters exist.
         self._tracker.finish(request, outcome)
         await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -233,7 +236,9 @@ class CompletionsProxy:
         splitter = EventSplitter()
         tracker, strip = self._tracker, parsed.usage_injected
         malformed = errored = False
+        clock = time.monotonic
         async for data in resp.content.iter_any():
+            began = clock()
             complete, events = splitter.feed(data)
             kept = None  # None: forward `complete` exactly as received
             for index, event in enumerate(events):
@@ -258,6 +263,7 @@ class CompletionsProxy:
                 if kept is not None:
                     kept.append(event)
             body = complete if kept is None else splitter.join(kept)
+            request.overhead_s += clock() - began
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         rest = splitter.remainder()

@@ -4,7 +4,8 @@ Lifecycle (docs/design.md §4.2): admit -> first byte -> first token -> generate
 terminal transition. The gauges are not incremented and decremented: they are *computed* at scrape
 time from the set of live requests, so a request that leaves the set (by its one idempotent
 `finish`) can never leak a gauge. Everything here runs on the event loop thread; the per-chunk
-method `generated` is two integer additions.
+method `generated` is two integer additions. Label values come from the SeriesBudget at
+admission (collector.sidecar.series), which keeps the whole exposition within --max-series.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from collector.catalog import spec
+from collector.sidecar.exposition import CounterVec, HistogramVec, MetricsPage, gauge_text, number_text
+from collector.sidecar.series import SeriesBudget
 
 __all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
 
@@ -42,16 +45,14 @@ class LiveRequest:
         "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
         "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
         "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
-        "source", "run_id", "upstream_retries",
+        "source", "run_id", "upstream_retries", "overhead_s",
     )
 
     def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
-                 max_tokens: int | None, prompt_tokens_estimate: int, *,
-                 model_label: str | None = None, tenant_label: str | None = None) -> None:
+                 max_tokens: int | None, prompt_tokens_estimate: int) -> None:
         self.request_id = f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
         self.model, self.tenant = model, tenant
-        self.model_label = model_label or model  # capped label values; the row keeps the real ones
-        self.tenant_label = tenant_label or tenant
+        self.model_label, self.tenant_label = model, tenant  # Tracker.admit sets the budgeted ones
         self.endpoint, self.stream, self.max_tokens = endpoint, stream, max_tokens
         self.admitted_mono = time.monotonic()
         self.admitted_wall = time.time()
@@ -71,6 +72,7 @@ class LiveRequest:
         self.source: str | None = None  # None: the tracker's own (traffic); 'probe' for probe load
         self.run_id: str | None = None
         self.upstream_retries = 0
+        self.overhead_s = 0.0  # the sidecar's own time: admission to upstream send + every chunk
 
     @property
     def active_tokens(self) -> int:
@@ -89,20 +91,24 @@ class Tracker:
     """Owns the live set and the per-request metrics; `finish` turns a request into one row."""
 
     def __init__(self, registry: CollectorRegistry, *, instance: str, source: str = "traffic",
-                 run_id: str | None = None) -> None:
+                 run_id: str | None = None, budget: SeriesBudget | None = None) -> None:
         self.instance, self.source, self.run_id = instance, source, run_id
+        self.budget = budget if budget is not None else SeriesBudget()
         self.live: dict[str, LiveRequest] = {}
         self.active_tokens_total = 0  # running sum, for the admission snapshot in O(1)
         self._label_sets: set[tuple[str, str]] = set()
         self._row_sinks: list[Callable[[dict], None]] = []
-        self.requests = _metric(Counter, "headroom_requests_total", registry)
-        self.prompt_tokens = _metric(Counter, "headroom_prompt_tokens_total", registry)
-        self.generated_tokens = _metric(Counter, "headroom_generated_tokens_total", registry)
-        self.ttft = _metric(Histogram, "headroom_time_to_first_token_seconds", registry)
-        self.tpot = _metric(Histogram, "headroom_time_per_output_token_seconds", registry)
-        self.duration = _metric(Histogram, "headroom_request_duration_seconds", registry)
-        self.retries = _metric(Counter, "headroom_upstream_retries_total", registry)
-        registry.register(_LiveGauges(self))
+        self.requests = CounterVec(spec("headroom_requests_total"))
+        self.prompt_tokens = CounterVec(spec("headroom_prompt_tokens_total"))
+        self.generated_tokens = CounterVec(spec("headroom_generated_tokens_total"))
+        self.ttft = HistogramVec(spec("headroom_time_to_first_token_seconds"))
+        self.tpot = HistogramVec(spec("headroom_time_per_output_token_seconds"))
+        self.duration = HistogramVec(spec("headroom_request_duration_seconds"))
+        self.retries = CounterVec(spec("headroom_upstream_retries_total"))
+        self.overhead_family = HistogramVec(spec("headroom_proxy_overhead_seconds"))
+        self.overhead = self.overhead_family.labels()
+        self.exported = TrackerMetrics(self)
+        registry.register(self.exported)
 
     def add_row_sink(self, sink: Callable[[dict], None]) -> None:
         """Call `sink(row)` once per finished request (must not block)."""
@@ -110,7 +116,9 @@ class Tracker:
 
     # --- lifecycle ----------------------------------------------------------------------------
     def admit(self, request: LiveRequest) -> None:
-        """Admitted: inflight += 1, active_tokens += prompt estimate; snapshot both, self included."""
+        """Admitted: label values from the budget; inflight += 1, active_tokens += prompt estimate;
+        snapshot both, self included."""
+        request.model_label, request.tenant_label = self.budget.labels(request.model, request.tenant)
         self.live[request.request_id] = request
         self.active_tokens_total += request.prompt_tokens
         request.inflight_at_admit = len(self.live)
@@ -204,6 +212,7 @@ class Tracker:
             self.ttft.labels(model).observe(row["ttft_s"])
         if row["tpot_s"] is not None:
             self.tpot.labels(model).observe(row["tpot_s"])
+        self.overhead.observe(request.overhead_s)
 
 
 def _int(value: object, default: int | None) -> int | None:
@@ -212,33 +221,60 @@ def _int(value: object, default: int | None) -> int | None:
     return value if valid else default
 
 
-def _metric(cls, name: str, registry: CollectorRegistry):
-    entry = spec(name)
-    kwargs = {"buckets": entry.buckets} if entry.buckets else {}
-    return cls(name, entry.help, entry.labels, registry=registry, **kwargs)
+class TrackerMetrics:
+    """Everything the tracker exports, for MetricsPage (text kept per series) and for a registry.
 
-
-class _LiveGauges:
-    """Custom collector: headroom_inflight_requests and headroom_active_tokens from the live set.
-
-    Every label set ever seen keeps exporting (0 when idle), so dashboards show a drop to zero
-    instead of a vanished series.
+    headroom_inflight_requests and headroom_active_tokens are summed from the live set on each
+    scrape; every label pair ever seen keeps exporting (0 when idle), so dashboards show a drop
+    to zero instead of a vanished series. The counters and histograms keep their text per child.
     """
 
     def __init__(self, tracker: Tracker) -> None:
         self._tracker = tracker
+        self._inflight, self._tokens = spec("headroom_inflight_requests"), spec("headroom_active_tokens")
+        self._folded = spec("headroom_label_values_folded_total")
+        self._prefixes: tuple[dict, dict] = ({}, {})
+
+    def _live(self) -> tuple[dict, dict]:
+        tracker = self._tracker
+        inflight = dict.fromkeys(tracker._label_sets, 0)
+        tokens = dict.fromkeys(tracker._label_sets, 0)
+        for request in list(tracker.live.values()):
+            key = (request.model_label, request.tenant_label)
+            inflight[key] = inflight.get(key, 0) + 1
+            tokens[key] = tokens.get(key, 0) + request.active_tokens
+        return inflight, tokens
+
+    def _vecs(self) -> tuple:
+        t = self._tracker
+        return (t.requests, t.prompt_tokens, t.generated_tokens, t.ttft, t.tpot, t.duration,
+                t.retries, t.overhead_family)
+
+    def text(self) -> str:
+        """The tracker's part of the /metrics page."""
+        inflight, tokens = self._live()
+        folded = self._folded
+        parts = [gauge_text(self._inflight, inflight, self._prefixes[0]),
+                 gauge_text(self._tokens, tokens, self._prefixes[1])]
+        parts += [vec.text() for vec in self._vecs()]
+        parts.append(f"# HELP {folded.name} {folded.help}\n# TYPE {folded.name} counter\n" + "".join(
+            f'{folded.name}{{label="{label}"}} {number_text(count)}\n'
+            for label, count in sorted(self._tracker.budget.folded.items())))
+        return "".join(parts)
 
     def collect(self) -> Iterable[Metric]:
-        sums = dict.fromkeys(self._tracker._label_sets, (0, 0))
-        for request in list(self._tracker.live.values()):
-            key = (request.model_label, request.tenant_label)
-            count, tokens = sums.get(key, (0, 0))
-            sums[key] = (count + 1, tokens + request.active_tokens)
-        inflight_spec, tokens_spec = spec("headroom_inflight_requests"), spec("headroom_active_tokens")
-        inflight = GaugeMetricFamily(inflight_spec.name, inflight_spec.help, labels=inflight_spec.labels)
-        tokens = GaugeMetricFamily(tokens_spec.name, tokens_spec.help, labels=tokens_spec.labels)
-        for key in sorted(sums):
-            inflight.add_metric(key, sums[key][0])
-            tokens.add_metric(key, sums[key][1])
-        yield inflight
-        yield tokens
+        """The same series as metric families (nothing while MetricsPage renders: text() has them)."""
+        if MetricsPage.rendering():
+            return
+        for entry, values in zip((self._inflight, self._tokens), self._live()):
+            family = GaugeMetricFamily(entry.name, entry.help, labels=entry.labels)
+            for key in sorted(values):
+                family.add_metric(key, values[key])
+            yield family
+        for vec in self._vecs():
+            yield vec.family()
+        family = CounterMetricFamily(self._folded.name.removesuffix("_total"), self._folded.help,
+                                     labels=self._folded.labels)
+        for label, count in sorted(self._tracker.budget.folded.items()):
+            family.add_metric([label], count)
+        yield family
