@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 
 _TOKEN = b'" token"'  # one per token chunk in benchmarks/sse_upstream.py's streams
+KEY = "sk-headroom-bench-0123456789abcdef0123456789abcdef"  # what LiteLLM wants; sent to every target
 BODY = orjson.dumps({"model": "bench", "stream": True, "max_tokens": 64,
                      "messages": [{"role": "user", "content": "benchmark prompt words " * 12}]})
 
@@ -44,7 +45,7 @@ async def drive_for(url: str, streams: int, seconds: float, headers: dict[str, s
     result = RoundResult(seconds)
     connector = aiohttp.TCPConnector(limit=streams, limit_per_host=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
-    headers = {"content-type": "application/json", **headers}
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}", **headers}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
 
         async def worker() -> None:

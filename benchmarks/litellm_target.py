@@ -6,7 +6,8 @@ It is installed into its own virtualenv under ~/.cache/llm-headroom/ (never into
 pinned to one version so figures compare across runs. `start(port, upstream)` returns a
 running `litellm` process configured with one model `bench` pointing at the upstream, or None
 with the reason printed when it cannot be installed or started (no network, no wheel for this
-Python): the benchmark then runs without it.
+Python): the benchmark then runs without it. LiteLLM refuses to start without a master key, so
+it gets one and every target is sent it (`Authorization: Bearer MASTER_KEY`) alike.
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ import tempfile
 from pathlib import Path
 
 from _common import start
+from _load import KEY as MASTER_KEY  # loopback only; LiteLLM refuses to start without a key
 
 VERSION = "1.108.7"
 VENV = Path.home() / ".cache" / "llm-headroom" / f"litellm-{VERSION}"
-_CONFIG = """model_list:
+_CONFIG = """general_settings:
+  master_key: {key}
+model_list:
   - model_name: bench
     litellm_params:
       model: openai/bench
@@ -56,7 +60,7 @@ def start_litellm(port: int, upstream: str) -> subprocess.Popen | None:
     if executable is None:
         return None
     config = Path(tempfile.mkdtemp()) / "litellm.yaml"
-    config.write_text(_CONFIG.format(upstream=upstream))
+    config.write_text(_CONFIG.format(upstream=upstream, key=MASTER_KEY))
     env = os.environ | {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
                         "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "True"}
     try:
