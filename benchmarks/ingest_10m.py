@@ -9,9 +9,9 @@ rows: 28 columns, four timestamps, every column set as the tracker sets it):
 * `insert_rows`: RequestStore.insert_rows, the one insert path (Arrow in bulk, INSERT OR IGNORE,
   the count DuckDB returns), on a file-backed store;
 * `log_writer`: the sidecar's LogWriter in front of that store, from submit() to flush();
-* `headroom store`: POST /v1/ingest to a `headroom store` process, bodies pre-serialised as the
-  shipper serialises them (Arrow IPC, rows_to_ipc), sent one after another: HTTP, reading,
-  validation, insert; and the same batches as JSON (`{"rows": [...]}`), for clients that send it.
+* `headroom store`: POST /v1/ingest to a `headroom store` process, bodies pre-serialised as Arrow
+  IPC streams (rows_to_ipc), sent one after another: HTTP, reading, validation, insert; and the
+  same batches as JSON (`{"rows": [...]}`, what StoreShipper sends today).
 
 Every row of every batch must be new and inserted once; the script checks the returned counts
 and the table's final count, then resends one batch to check that nothing is inserted twice.
@@ -98,8 +98,8 @@ def bench_store_service(db: Path, batches: list[list[dict]], json_batches: list[
     process = start([PYTHON, "-m", "collector.cli", "store", "--db", str(db), "--listen",
                      f"127.0.0.1:{port}", "--token", token, "--no-jobs"],
                     f"http://127.0.0.1:{port}/healthz", timeout_s=120)
-    arrow = [rows_to_ipc(batch) for batch in batches]  # as StoreShipper sends them
-    as_json = [orjson.dumps({"rows": batch}) for batch in json_batches]
+    arrow = [rows_to_ipc(batch) for batch in batches]
+    as_json = [orjson.dumps({"rows": batch}) for batch in json_batches]  # as StoreShipper does
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,
                           headers={"Authorization": f"Bearer {token}"}) as client:

@@ -7,8 +7,6 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import duckdb
-import httpx
-import orjson
 import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
@@ -17,7 +15,6 @@ from prometheus_client import CollectorRegistry
 from collector.service.app import create_store_app
 from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_arrow, rows_to_ipc
 from collector.store.schema import SCHEMA_VERSION, V1_DDL, migrate
-from collector.store.shipper import StoreShipper
 from collector.store.synthetic import synthetic_rows
 from collector.store.writer import LogWriter
 
@@ -138,25 +135,6 @@ def test_arrow_ingest_takes_a_subset_of_columns_in_narrower_types(client):
     assert client.store.query("SELECT ttft_s, prompt_tokens, model FROM requests ORDER BY 1") == \
         [(0.25, 7, None), (0.5, 9, None)]
     assert client.post("/v1/ingest", content=b"not arrow", headers=ARROW).status_code == 400
-
-
-def test_shipper_sends_arrow_and_replays_a_json_spool_file_from_an_older_version(client, tmp_path):
-    def transport(request: httpx.Request) -> httpx.Response:
-        response = client.post("/v1/ingest", content=request.content,
-                               headers={"Authorization": f"Bearer {TOKEN}",
-                                        "Content-Type": request.headers["content-type"]})
-        seen.append(request.headers["content-type"])
-        return httpx.Response(response.status_code, content=response.content)
-
-    seen: list[str] = []
-    legacy = synthetic_rows(5, T0, prefix="legacy")
-    shipper = StoreShipper("http://store", TOKEN, tmp_path / "spool", transport=httpx.MockTransport(transport))
-    shipper.spool.put(orjson.dumps({"rows": legacy}), len(legacy))  # what 0.1 spooled
-    assert shipper.replay() == 5
-    shipper.write_batch(synthetic_rows(7, T0, prefix="new"))
-    shipper.close()
-    assert seen == ["application/json", ARROW_STREAM_TYPE]
-    assert client.store.count() == 12
 
 
 class _Recording:

@@ -3,9 +3,9 @@
 Two bodies, told apart by Content-Type:
 
 * `application/vnd.apache.arrow.stream`: an Arrow IPC stream whose columns are request-log
-  columns (any subset with request_id; types cast safely to the schema's). What the shipper
-  sends: nothing is parsed value by value, so a batch of 5,000 rows costs about what DuckDB takes
-  to insert it (BENCHMARKS.md §5).
+  columns (any subset with request_id; types cast safely to the schema's), e.g.
+  collector.store.db.rows_to_ipc(rows). Nothing is parsed value by value, so a batch of 5,000
+  rows costs about what DuckDB takes to insert it (BENCHMARKS.md §5).
 * `application/json` (anything else): `{"rows": [{<COLUMN_NAMES>...}, ...]}` with timestamps as
   ISO-8601 strings, for clients that are not Python.
 

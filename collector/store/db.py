@@ -64,7 +64,7 @@ def rows_to_arrow(rows: Sequence[Mapping[str, Any]], *, lenient: bool = False) -
 
 
 def rows_to_ipc(rows: Sequence[Mapping[str, Any]]) -> bytes:
-    """Rows as one Arrow IPC stream (what the shipper sends to the store and spools), leniently.
+    """Rows as one Arrow IPC stream, a body for the store's ingest (leniently, like the writer).
 
     The store reads it without parsing a value (`pa.ipc.open_stream`), which is what lets its
     ingest keep up with a fleet: JSON costs more to parse than DuckDB takes to insert.

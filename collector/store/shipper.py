@@ -1,9 +1,5 @@
 """StoreShipper: a BatchSink that POSTs request-log batches to `headroom store` without losing them.
 
-Batches travel as Arrow IPC streams (collector.store.db.rows_to_ipc), which the store reads
-without parsing values; spool files written by earlier versions hold JSON (`{"rows": [...]}`)
-and are replayed as JSON, each payload with the content type its first byte shows.
-
 Each batch is sent with retries and exponential backoff. When the store stays unreachable the
 batch goes to a bounded on-disk spool; while anything is spooled, new batches join the spool (no
 waiting in the writer thread) and a background thread replays it, oldest first, with backoff,
@@ -22,8 +18,8 @@ import threading
 from collections.abc import Sequence
 
 import httpx
+import orjson
 
-from collector.store.db import ARROW_STREAM_TYPE, rows_to_ipc
 from collector.store.spool import Spool
 from collector.store.writer import RowsDropped
 
@@ -55,7 +51,8 @@ class StoreShipper:
         self.spool = Spool(spool_dir if spool_dir is not None else DEFAULT_SPOOL_DIR, max_spool_bytes)
         self.max_attempts, self.backoff_initial_s, self.backoff_max_s = max_attempts, backoff_initial_s, backoff_max_s
         self._client = httpx.Client(timeout=timeout_s, transport=transport,
-                                    headers={"Authorization": f"Bearer {token or ''}"})
+                                    headers={"Authorization": f"Bearer {token or ''}",
+                                             "Content-Type": "application/json"})
         self.sent_rows = self.spooled_rows = self.replayed_rows = 0
         self._replay_lock = threading.Lock()
         self._stop = threading.Event()
@@ -68,7 +65,7 @@ class StoreShipper:
         """Send `rows` now, or spool them; raises RowsDropped when they can be neither."""
         if not rows:
             return
-        payload = rows_to_ipc(rows)
+        payload = orjson.dumps({"rows": list(rows)})
         if not self.spool.files():
             try:
                 if self._send_with_retry(payload):
@@ -89,10 +86,8 @@ class StoreShipper:
     # --- sending ---------------------------------------------------------------------------------
     def _post(self, payload: bytes) -> bool:
         """One attempt: True accepted, False retry later; raises _Rejected when resending is useless."""
-        content_type = "application/json" if payload[:1] == b"{" else ARROW_STREAM_TYPE
         try:
-            response = self._client.post(self.ingest_url, content=payload,
-                                         headers={"Content-Type": content_type})
+            response = self._client.post(self.ingest_url, content=payload)
         except httpx.HTTPError as exc:
             log.debug("store unreachable at %s: %s", self.ingest_url, exc)
             return False
