@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast tools generate check-generated bench clean
+.PHONY: install demo test test-fast tools engine generate check-generated bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,10 @@ demo: $(STAMP)  ## simulator + sidecar + load past the knee + capacity summary
 tools:  ## Debian's prometheus (promtool) and alertmanager (amtool) when missing
 	@bash scripts/install-tools.sh
 
-test: install tools  ## the whole suite: unit, integration against real Prometheus/Alertmanager
+engine:  ## a real llama.cpp llama-server + Gemma 3 270M, built once into ~/.cache/llm-headroom
+	@bash scripts/build-llama-server.sh >/dev/null
+
+test: install tools engine  ## the whole suite: unit, integration (real Prometheus/Alertmanager), real engine
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test-fast: install  ## unit tests only

@@ -68,6 +68,13 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec("headroom_active_tokens", "gauge",
                "Sum of prompt plus generated-so-far tokens over in-flight requests (token caliber).",
                _PER_REQUEST, "short", group="sidecar"),
+    MetricSpec("headroom_task_inflight_requests", "gauge",
+               "In-flight requests per task class (by declared max_tokens: short < 200, medium "
+               "200-1000, long > 1000, unspecified), for comparing each class with its own knee.",
+               ("model", "task_class"), "short", group="sidecar"),
+    MetricSpec("headroom_task_active_tokens", "gauge",
+               "Active tokens (prompt + generated so far) of in-flight requests per task class.",
+               ("model", "task_class"), "short", group="sidecar"),
     MetricSpec("headroom_requests_total", "counter",
                "Requests that reached a terminal state, by outcome.",
                _PER_REQUEST + ("outcome",), "short", group="sidecar"),

@@ -24,14 +24,14 @@ ALLOWED: dict[str, set[str]] = {
     "store": set(),
     "rules": set(),
     "analysis": {"store", "sources"},
-    "report": {"store"},
+    "report": {"store", "analysis"},
     "sim": {"analysis"},
     "dashboards": {"rules"},
     "alerts": {"rules"},
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report"},
 }
-FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream"}
+FOUNDATION = {"__init__", "catalog", "record", "sse", "timewin", "serving", "upstream", "tasks"}
 ENTRY_POINTS = {"cli", "demo"}
 
 

@@ -87,12 +87,12 @@ def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_esti
             ("run-1", "model-z", store.count(), 32)]
         scheduler = app.state.scheduler
         assert scheduler.running
-        assert {job.id for job in scheduler.get_jobs()} == {"rollup", "retention", "capacity_estimates",
+        assert {job.id for job in scheduler.get_jobs()} == {"rollup", "retention", "capacity_estimates", "probe_runs",
                                                             "weekly_report"}
         assert client.get("/reports/latest", headers={"Authorization": "Bearer t"}).status_code == 404
     assert not scheduler.running
     default_jobs = build_scheduler(store, None, JobSettings(), **WORK).get_jobs()
-    assert {job.id for job in default_jobs} == {"rollup", "capacity_estimates"}
+    assert {job.id for job in default_jobs} == {"rollup", "capacity_estimates", "probe_runs"}
 
 
 def test_parquet_export_reads_back_with_the_same_percentiles_and_retention_expires(store, tmp_path):

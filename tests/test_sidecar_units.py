@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from collector.sidecar.requests import parse_request
-from collector.sidecar.tenants import resolve_tenant
+from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import DONE, MALFORMED, EventSplitter, inspect_event
 
@@ -85,6 +85,12 @@ def test_tenant_resolution_never_exposes_the_key():
     key = resolve_tenant(None, "Bearer sk-secret")
     assert key.startswith("key-") and len(key) == 12 and "secret" not in key
     assert resolve_tenant(None, None) == "anonymous"
+
+
+def test_label_cap_admits_the_first_n_values():
+    cap = LabelCap(20)
+    labels = {cap(f"tenant-{i}") for i in range(500)}
+    assert len(labels) == 21 and "other" in labels and cap("tenant-3") == "tenant-3"
 
 
 def _request(prompt: int) -> LiveRequest:

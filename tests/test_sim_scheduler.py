@@ -140,3 +140,18 @@ def test_max_waiting_counts_only_requests_beyond_free_slots():
     sched.add(second)              # both fit in free slots: nothing waits for a slot
     with pytest.raises(QueueFull):
         sched.add(third)
+
+
+def test_cpu_profile_is_compute_bound_and_gpu_profile_memory_bound():
+    """The two regimes the knee rule must handle: on the cpu profile a decode step grows with
+    every sequence in the batch; on the gpu profile batching up to 16 is nearly free."""
+    from collector.sim.cost import COST_PROFILES
+
+    def step(profile: str, batch: int) -> float:
+        return COST_PROFILES[profile].step_seconds(batch, batch * 100)
+
+    for small, large in ((1, 2), (2, 4), (4, 8)):
+        assert step("cpu", large) > 1.3 * step("cpu", small)   # slower per step: compute-bound
+        assert step("gpu", large) < 1.05 * step("gpu", small)  # the weight read dominates
+    # yet throughput still rises on the cpu profile (the weight read is shared): 54 -> 98 tok/s
+    assert 8 / step("cpu", 8) > 1.7 * (1 / step("cpu", 1))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -15,10 +17,11 @@ from rich.progress import BarColumn, Progress, TextColumn
 from collector.analysis.cli_capacity import register
 from collector.analysis.estimate import estimate_from_probe, save_estimate
 from collector.analysis.plot import write_plot
-from collector.analysis.probe import ProbeError, ProbeSettings, run_probe
+from collector.analysis.probe import ProbeError, ProbeSettings, new_run_id, run_probe
 from collector.analysis.prompts import load_prompts
 from collector.analysis.render import print_estimate
 from collector.analysis.slo import Slo
+from collector.analysis.workload import load_workload
 from collector.store.db import RequestStore
 from collector.store.shipper import StoreShipper
 
@@ -65,6 +68,8 @@ Examples:
   headroom probe --url http://127.0.0.1:8000 --model llama-3-8b --max-tokens 256 \\
       --slo-ttft-p95 2.0 --profile interactive --json cap.json --plot cap.png --db headroom.duckdb
   headroom probe --url http://gpu-1:8000 --prompts mixed --profile batch
+  headroom probe --url http://127.0.0.1:9100 --workload classes --levels 1,2,4,8,16
+  headroom probe --url http://127.0.0.1:9100 --workload my-workload.yaml --json knees.json
 """)
 @click.option("--url", required=True, help="Base URL of the sidecar or the engine (OpenAI API).")
 @click.option("--model", default=None, help="Model name to send; default: the first of /v1/models.")
@@ -94,17 +99,30 @@ Examples:
 @click.option("--seed", default=0, show_default=True, help="Seed of the prompt order.")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None,
               help="Bearer token for the server under test [env: OPENAI_API_KEY]; never stored.")
+@click.option("--workload", default=None, metavar="FILE|classes",
+              help="Measure one gradient per task class (YAML: classes with name, max_tokens, "
+                   "prompts; 'classes' = short 128, medium 512, long 1200 tokens); each class "
+                   "gets its own knee and pool. Replaces --max-tokens and --prompts.")
+@click.option("--engine-metrics", default="auto", show_default=True, metavar="auto|none|URL",
+              help="Where the probe reads the engine's queue, the knee's evidence: auto = "
+                   "URL/metrics when it names an engine (vLLM, SGLang, TGI, llama.cpp, or a "
+                   "headroom sidecar); none = judge queueing from TTFT alone.")
 def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo_tpot_p95, profile,
           json_path, plot_path, db, store_url, store_token, max_samples, max_level_seconds,
-          timeout_s, endpoint, seed, api_key) -> None:
+          timeout_s, endpoint, seed, api_key, workload, engine_metrics) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
     Each level warms up, then measures until p95 TTFT moves less than 5 % between windows (or a
-    cap). 429s count as failures and are not retried; the probe stops early once a level is
+    cap). The knee is where the engine starts queueing (its own waiting count, read from
+    --engine-metrics) with throughput on its plateau (docs/capacity.md). 429s and 503s count as
+    capacity errors and are never retried; a request whose reused connection the engine had
+    closed is re-sent once on a new one (counted). The probe stops early once a level is
     clearly saturated and says why.
     """
+    engine_url = None if engine_metrics in ("auto", "none") else engine_metrics
     for name, value, example in (("--url", url, "http://127.0.0.1:9100"),
-                                 ("--store-url", store_url, "http://127.0.0.1:9200")):
+                                 ("--store-url", store_url, "http://127.0.0.1:9200"),
+                                 ("--engine-metrics", engine_url, "http://127.0.0.1:8000/metrics")):
         if value is not None and not value.startswith(("http://", "https://")):
             raise click.BadParameter(f"{value!r} is not an http(s) URL; expected e.g. {example}",
                                      param_hint=name)
@@ -112,24 +130,76 @@ def probe(url, model, levels, max_tokens, ignore_eos, prompts, slo_ttft_p95, slo
     settings = _settings(url=url, model=model, levels=_levels(levels), max_tokens=max_tokens,
                          ignore_eos=ignore_eos, prompts=prompts, endpoint=endpoint, slo=slo,
                          max_samples=max_samples, max_level_s=max_level_seconds,
-                         request_timeout_s=timeout_s, seed=seed, api_key=api_key)
+                         request_timeout_s=timeout_s, seed=seed, api_key=api_key,
+                         engine_metrics=engine_metrics)
+    runs = _class_settings(settings, workload)
     write, close, store = _row_writer(db, store_url, store_token)
+    estimates = []
     try:
-        result = _run_with_progress(settings, write)
-        estimate = estimate_from_probe(result, slo=slo, profile=profile)
-        print_estimate(estimate)
-        if store is not None:
-            save_estimate(store, estimate)
+        for run in runs:
+            if len(runs) > 1:
+                click.echo(f"\n== task class {run.task_class}: max_tokens {run.max_tokens}, "
+                           f"prompts {run.prompts}")
+            result = _run_with_progress(run, write)
+            estimate = estimate_from_probe(result, slo=slo, profile=profile)
+            print_estimate(estimate)
+            click.echo(f"queueing evidence: {result.queue_evidence}")
+            if store is not None:
+                save_estimate(store, estimate)
+            estimates.append(estimate)
     except ProbeError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         close()
+    if len(estimates) > 1:
+        _print_classes(estimates)
+    _write_outputs(estimates, json_path, plot_path)
+
+
+def _class_settings(settings: ProbeSettings, workload: str | None) -> list[ProbeSettings]:
+    """One ProbeSettings per task class of the workload, or the one run without a workload."""
+    if workload is None:
+        return [settings]
+    try:
+        classes = load_workload(workload)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--workload") from None
+    base = new_run_id()
+    runs = []
+    for task in classes:
+        try:
+            load_prompts(task.prompts)  # fails before any load is sent
+        except ValueError as exc:
+            raise click.BadParameter(f"class {task.name}: {exc}", param_hint="--workload") from None
+        runs.append(replace(settings, max_tokens=task.max_tokens, prompts=task.prompts,
+                            task_class=task.name, run_id=f"{base}-{task.name}"))
+    return runs
+
+
+def _print_classes(estimates: list) -> None:
+    """The per-class knees side by side, with each one's ratio to the first class."""
+    first = estimates[0].knee.requests
+    click.echo("\ntask class   knee   pool   knee / " + estimates[0].task_class)
+    for estimate in estimates:
+        ratio = estimate.knee.requests / first if first else float("nan")
+        reached = "" if estimate.knee.reached else " (lower bound)"
+        click.echo(f"{estimate.task_class:<12} {estimate.knee.requests:>4}{reached}   "
+                   f"{estimate.recommended_pool:>4}   {ratio:.2f}")
+
+
+def _write_outputs(estimates: list, json_path: str | None, plot_path: str | None) -> None:
+    """--json (one estimate, or {"classes": {name: estimate}}) and --plot (one per class)."""
     try:
         if json_path:
-            _write_json(json_path, estimate.to_dict())
+            data = estimates[0].to_dict() if len(estimates) == 1 else \
+                {"classes": {e.task_class: e.to_dict() for e in estimates}}
+            _write_json(json_path, data)
             click.echo(f"wrote {json_path}")
-        if plot_path:
-            png, html = write_plot(estimate, plot_path)
+        for estimate in estimates if plot_path else ():
+            path = Path(plot_path)
+            if len(estimates) > 1:
+                path = path.with_name(f"{path.stem}-{estimate.task_class}{path.suffix or '.png'}")
+            png, html = write_plot(estimate, path)
             click.echo(f"wrote {png} and {html}")
     except OSError as exc:
         raise click.ClickException(
@@ -155,6 +225,9 @@ def _run_with_progress(settings, write):
         def progress(level: int, measured: int, cap: int) -> None:
             bar.update(task, description=f"concurrency {level}", completed=measured, total=cap)
 
+        # the engine poller warns once when URL/metrics names no engine; the probe says it in
+        # its summary instead ("queueing evidence: ...")
+        logging.getLogger("collector.sources.poller").setLevel(logging.ERROR)
         return asyncio.run(run_probe(settings, write_rows=write, progress=progress))
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -11,6 +11,7 @@ import orjson
 
 from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.passive import passive_curve
+from collector.analysis.publish import Decision, published
 from collector.analysis.quota import quota_ceiling
 from collector.store.db import RequestStore
 
@@ -149,6 +150,8 @@ def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
         raise click.ClickException(f"cannot open --db {db} ({str(exc).splitlines()[0]}); {hint}") from None
     try:
         result = passive_curve(store, caliber, _when(since), _when(until, "--until"), model, window_s=window_seconds)
+        decisions = [d for d in published(store, datetime.now(UTC))
+                     if model is None or d.model == model]
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
@@ -160,9 +163,28 @@ def curve(db, since, until, model, caliber, window_seconds, as_json) -> None:
         lines.append(f"{b.concurrency:>8} {b.samples:>6} {windows:>7} "
                      f"{b.total_tokens_per_s:>9.1f} {ttft:>9} {b.error_ratio:>6.0%}")
     knee = result.knee
-    lines.append(f"knee: {knee.requests if knee else '-'} ({caliber}), confidence {result.confidence}: "
-                 f"{result.confidence_reason}")
-    _emit(result.to_dict(), as_json, lines)
+    lines.append(f"traffic knee: {knee.requests if knee else '-'} ({caliber}), confidence "
+                 f"{result.confidence}: {result.confidence_reason}")
+    for decision in decisions:  # what the gauges export: the one decision every reader shares
+        lines.append(_published_line(decision))
+    _emit(result.to_dict() | {"published": [_published_dict(d) for d in decisions]}, as_json, lines)
+
+
+def _published_dict(decision: Decision) -> dict:
+    estimate = decision.estimate or {}
+    return {"model": decision.model, "task_class": decision.task_class, "reason": decision.reason,
+            "knee_requests": estimate.get("knee_requests"), "knee_tokens": estimate.get("knee_tokens"),
+            "recommended_pool": estimate.get("recommended_pool") if estimate else None,
+            "source": estimate.get("source"), "run_id": estimate.get("run_id")}
+
+
+def _published_line(decision: Decision) -> str:
+    if decision.estimate is None:
+        return f"published ({decision.model}, {decision.task_class}): {decision.reason}"
+    estimate = decision.estimate
+    return (f"published ({decision.model}, {decision.task_class}): knee "
+            f"{estimate['knee_requests']} requests / {estimate['knee_tokens']} tokens, pool "
+            f"{estimate['recommended_pool']} - {decision.reason}")
 
 
 def register(group: click.Group) -> None:

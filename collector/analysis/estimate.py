@@ -11,7 +11,7 @@ and the newest estimate per model is what the sidecar and the store export as he
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,11 +22,13 @@ from collector.analysis.levels import LevelStats, summarize_level
 from collector.analysis.passive import passive_curve
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import Slo, slo_max
+from collector.analysis.stats import seconds
 from collector.store import estimates as saved
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 
-__all__ = ["CapacityEstimate", "build_estimate", "estimate_capacity", "estimate_from_probe", "probe_levels",
+__all__ = ["CapacityEstimate", "build_estimate", "estimate_capacity", "estimate_from_probe",
+           "estimate_probe_run", "probe_levels",
            "save_estimate", "latest_estimates", "publish_estimates", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
@@ -51,12 +53,13 @@ class CapacityEstimate:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     stopped_early: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    task_class: str = "all"  # the requests measured: a class of the workload, or all of them
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON schema (docs/capacity.md); flat *_requests/*_tokens for gauges."""
         return {
             "schema_version": SCHEMA_VERSION, "run_id": self.run_id, "model": self.model,
-            "source": self.source, "created_at": self.created_at.isoformat(),
+            "task_class": self.task_class, "source": self.source, "created_at": self.created_at.isoformat(),
             "profile": self.profile, "levels": [level.to_dict() for level in self.levels],
             "knee": self.knee.to_dict(),
             "slo": {"ttft_p95_s": self.slo.ttft_p95_s, "tpot_p95_s": self.slo.tpot_p95_s,
@@ -74,14 +77,15 @@ class CapacityEstimate:
         """Rebuild from to_dict() output (as read back from the store)."""
         levels = [LevelStats(**({k: v for k, v in level.items() if k != "windows"}
                                 | {"littles_law": None})) for level in data["levels"]]
-        known = {"schema_version", "run_id", "model", "source", "created_at", "profile", "levels",
+        known = {"schema_version", "run_id", "model", "task_class", "source", "created_at", "profile", "levels",
                  "knee", "slo", "slo_max", "recommended_pool", "confidence", "stopped_early",
                  "knee_requests", "knee_tokens", "slo_max_requests", "slo_max_tokens"}
         return cls(data["model"], data["source"], data["run_id"], data["profile"], levels,
                    KneeResult(**data["knee"]), Slo(**data["slo"]), data["slo_max"],
                    data.get("slo_max_tokens"), data["recommended_pool"], data["confidence"],
                    datetime.fromisoformat(data["created_at"]), data.get("stopped_early"),
-                   {k: v for k, v in data.items() if k not in known})
+                   {k: v for k, v in data.items() if k not in known},
+                   data.get("task_class") or "all")
 
 
 def build_estimate(levels: Sequence[LevelStats], *, slo: Slo = Slo(), profile: str = "interactive",
@@ -100,13 +104,24 @@ def build_estimate(levels: Sequence[LevelStats], *, slo: Slo = Slo(), profile: s
 
 
 def probe_levels(rows: Sequence[dict]) -> list[LevelStats]:
-    """Levels of one stored probe run: level from the request id, warm-up rows left out."""
+    """Levels of one stored probe run, the level read from the request id.
+
+    Each level is measured from its first to its last measured (not warm-up) admission, as the
+    probe measured it; every completion inside that window counts towards throughput, warm-up
+    rows' too, so a queued level's long requests do not make it look slower than it was.
+    """
     grouped: dict[int, list[dict]] = defaultdict(list)
+    measured: dict[int, list[float]] = defaultdict(list)
     for row in rows:
         match = _LEVEL_IN_ID.search(row["request_id"])
-        if match and not match.group(2):
-            grouped[int(match.group(1))].append(row)
-    return [summarize_level(group, level) for level, group in sorted(grouped.items())]
+        if match:
+            level = int(match.group(1))
+            grouped[level].append(row)
+            if not match.group(2):
+                measured[level].append(seconds(row["admitted_at"]))
+    return [summarize_level(grouped[level], level,
+                            window=(min(times), max(times)) if max(times) > min(times) else None)
+            for level, times in sorted(measured.items())]
 
 
 def _latest_run(store: Any, model: str | None, since: datetime | None,
@@ -126,19 +141,32 @@ def _from_probe_run(store: Any, run_id: str, model: str | None, slo: Slo,
     levels = probe_levels(rows)
     if not levels:
         return None
-    return build_estimate(levels, slo=slo, profile=profile, model=model or rows[0]["model"],
-                          source="probe", run_id=run_id)
+    estimate = build_estimate(levels, slo=slo, profile=profile, model=model or rows[0]["model"],
+                              source="probe", run_id=run_id)
+    classes = Counter(row.get("task_class") or "all" for row in rows)
+    estimate.task_class = classes.most_common(1)[0][0]  # the workload class the probe named
+    # the run's own time: a probe stored hours ago must not look fresh when estimated now
+    estimate.created_at = max(row["completed_at"] for row in rows if row["completed_at"])
+    return estimate
+
+
+def estimate_probe_run(store: Any, run_id: str, *, slo_ttft_p95_s: float | None = None,
+                       profile: str = "interactive") -> CapacityEstimate | None:
+    """The estimate of one stored probe run (rows through a sidecar, a store or a --db file);
+    None when it has no measured level."""
+    return _from_probe_run(store, run_id, None, Slo(ttft_p95_s=slo_ttft_p95_s), profile)
 
 
 def _from_traffic(store: Any, model: str | None, since: datetime | None, until: datetime | None,
-                  slo: Slo, profile: str) -> CapacityEstimate:
-    curve = passive_curve(store, "requests", since, until, model)
+                  slo: Slo, profile: str, task_class: str | None = None) -> CapacityEstimate:
+    curve = passive_curve(store, "requests", since, until, model, task_class=task_class)
     if curve.knee is None:
         raise ValueError(f"too little traffic between {since} and {until} for a capacity curve "
                          f"({curve.rows} rows); widen the window")
-    tokens = passive_curve(store, "tokens", since, until, model)
+    tokens = passive_curve(store, "tokens", since, until, model, task_class=task_class)
     estimate = build_estimate(curve.usable_buckets(), slo=slo, profile=profile, model=model,
                               source="traffic", confidence=curve.confidence, knee=curve.knee)
+    estimate.task_class = task_class or "all"
     estimate.extra = {"confidence_reason": curve.confidence_reason, "window_s": curve.window_s,
                       "token_curve": tokens.to_dict()}
     return estimate
@@ -146,7 +174,8 @@ def _from_traffic(store: Any, model: str | None, since: datetime | None, until: 
 
 def estimate_capacity(store: Any, model: str | None = None, since: datetime | None = None,
                       until: datetime | None = None, slo_ttft_p95_s: float | None = None,
-                      profile: str = "interactive", *, source: str = "auto") -> CapacityEstimate:
+                      profile: str = "interactive", *, source: str = "auto",
+                      task_class: str | None = None) -> CapacityEstimate:
     """Estimate from the newest probe run in the window ('auto' prefers it), else from traffic.
 
     Raises ValueError naming the window when there is too little data for either.
@@ -160,7 +189,7 @@ def estimate_capacity(store: Any, model: str | None = None, since: datetime | No
         return estimate
     if source == "probe":
         raise ValueError(f"no probe run in the store between {since} and {until}; run headroom probe")
-    return _from_traffic(store, model, since, until, slo, profile)
+    return _from_traffic(store, model, since, until, slo, profile, task_class)
 
 
 def save_estimate(store: RequestStore, estimate: CapacityEstimate) -> str:
@@ -181,6 +210,8 @@ def publish_estimates(gauges: CapacityGauges, estimates: Sequence[CapacityEstima
 def estimate_from_probe(result: Any, *, slo: Slo = Slo(), profile: str = "interactive"
                         ) -> CapacityEstimate:
     """The estimate of a finished probe run (collector.analysis.probe.ProbeResult)."""
-    return build_estimate([level.stats for level in result.levels], slo=slo, profile=profile,
-                          model=result.model, source="probe", run_id=result.run_id,
-                          stopped_early=result.stopped_early)
+    estimate = build_estimate([level.stats for level in result.levels], slo=slo, profile=profile,
+                              model=result.model, source="probe", run_id=result.run_id,
+                              stopped_early=result.stopped_early)
+    estimate.task_class = result.task_class
+    return estimate

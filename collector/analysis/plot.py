@@ -24,6 +24,20 @@ def _mark(ax: Any, x: int | None, label: str, color: str, style: str) -> None:
         ax.axvline(x, color=color, linestyle=style, linewidth=1.5, label=label)
 
 
+def _queue_bars(ax: Any, levels: Any) -> None:
+    """The engine's mean queue per level, as bars on a right-hand axis, when it was read."""
+    queue = [(s.concurrency, s.engine_waiting_mean) for s in levels
+             if getattr(s, "engine_waiting_mean", None) is not None]
+    if not queue:
+        return
+    right = ax.twinx()
+    right.bar([c for c, _ in queue], [w for _, w in queue], width=[c * 0.25 for c, _ in queue],
+              color="tab:gray", alpha=0.35, label="engine queue (mean)")
+    right.set_ylabel("requests waiting in the engine")
+    right.set_ylim(bottom=0, top=max(1.0, max(w for _, w in queue)) * 1.2)
+    right.legend(loc="upper center")
+
+
 def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> bytes:
     """PNG bytes of the two-panel plot for a CapacityEstimate."""
     # lazy: matplotlib loads only when a plot is drawn, never on the probe's or the sidecar's path
@@ -36,8 +50,13 @@ def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> byt
     xs = [s.concurrency for s in levels]
     fig = Figure(figsize=(size_px[0] / _DPI, size_px[1] / _DPI), dpi=_DPI)
     top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(xs, [s.total_tokens_per_s for s in levels], "o-", color="tab:blue", label="tokens/s")
+    top.plot(xs, [s.total_tokens_per_s for s in levels], "o-", color="tab:blue",
+             label="total tokens/s")
+    top.plot(xs, [s.output_tokens_per_s for s in levels], "s--", color="tab:cyan",
+             label="output tokens/s")
+    top.set_ylim(bottom=0)  # a plateau drawn from zero looks like one
     bottom.plot(xs, [s.ttft_p95_s for s in levels], "o-", color="tab:purple", label="p95 TTFT")
+    _queue_bars(bottom, levels)
     for ax in (top, bottom):
         _mark(ax, estimate.knee.requests, f"knee {estimate.knee.requests}", "tab:red", "--")
         _mark(ax, estimate.slo_max, f"SLO max {estimate.slo_max}", "tab:orange", ":")
@@ -48,12 +67,12 @@ def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> byt
     if estimate.slo.ttft_p95_s is not None:
         bottom.axhline(estimate.slo.ttft_p95_s, color="tab:orange", linewidth=1,
                        label=f"SLO p95 TTFT {estimate.slo.ttft_p95_s:g} s")
-    top.set_ylabel("total tokens/s")
+    top.set_ylabel("tokens/s")
     bottom.set_ylabel("p95 TTFT (s)")
     bottom.set_xlabel("concurrency (requests in flight)")
     bottom.set_xticks(xs, [str(x) for x in xs])
-    top.set_title(f"Capacity of {estimate.model or 'model'} ({estimate.source}, "
-                  f"run {estimate.run_id or '-'})")
+    model = Path(estimate.model).name if estimate.model else "model"  # llama.cpp ids are paths
+    top.set_title(f"Capacity of {model} ({estimate.source}, run {estimate.run_id or '-'})")
     top.legend(loc="lower right")
     bottom.legend(loc="upper left")
     buffer = io.BytesIO()

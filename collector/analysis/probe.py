@@ -69,6 +69,7 @@ class ProbeSettings:
     saturation_error_ratio: float = 0.25  # of capacity errors (429/503/timeouts) at one level
     saturation_ttft_factor: float = 10.0  # x SLO / 3, when an SLO is set
     engine_metrics: str = "auto"  # "auto": URL/metrics if it names an engine; "none"; or a URL
+    task_class: str = "all"  # the workload class measured (collector.tasks); all = one workload
     seed: int = 0
     run_id: str | None = None
     api_key: str | None = field(default=None, repr=False)  # sent as a bearer token, never stored
@@ -93,6 +94,8 @@ class ProbeResult:
     url: str
     levels: list[LevelRun]
     stopped_early: str | None = None
+    task_class: str = "all"
+    queue_evidence: str = "TTFT growth (the engine's queue was not read)"
 
 
 def new_run_id() -> str:
@@ -238,7 +241,8 @@ class _Runner:
             payload["ignore_eos"] = True
         request_id = f"{self.run_id}-c{level.concurrency:04d}-{self.sequence:06d}{warm}"
         return RequestSpec(request_id, self.run_id, self.url, self.settings.endpoint, self.model,
-                           self.settings.max_tokens, payload, estimate_tokens(prompt))
+                           self.settings.max_tokens, payload, estimate_tokens(prompt),
+                           self.settings.task_class)
 
     async def _worker(self, level: _Level, delay_s: float) -> None:
         if delay_s > 0:
@@ -305,7 +309,7 @@ async def run_probe(settings: ProbeSettings, *,
         if engine is not None:
             await engine.start()
         runner = _Runner(settings, client, model, run_id, progress, engine)
-        result = ProbeResult(run_id, model, settings.url, [])
+        result = ProbeResult(run_id, model, settings.url, [], task_class=settings.task_class)
         stagger_s = 0.0
         for concurrency in levels:
             level = await runner.run_level(concurrency, stagger_s)
@@ -323,11 +327,21 @@ async def run_probe(settings: ProbeSettings, *,
             if why and concurrency != levels[-1]:
                 result.stopped_early = f"stopped after concurrency {concurrency}: {why}"
                 break
+        result.queue_evidence = _queue_evidence(engine)
     finally:
         if engine is not None:
             await engine.stop()
         await client.close()
     return result
+
+
+def _queue_evidence(engine: EngineSource | None) -> str:
+    """Where the knee's queueing evidence came from, for the people reading the result."""
+    if engine is None:
+        return "TTFT growth (--engine-metrics none)"
+    if engine.latest.up and engine.latest.waiting is not None:
+        return f"the engine's waiting count ({engine.engine} metrics)"
+    return f"TTFT growth (no engine queue readable: {engine.latest.error or 'no waiting count'})"
 
 
 def _engine_source(settings: ProbeSettings) -> EngineSource | None:

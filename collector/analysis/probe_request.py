@@ -89,6 +89,7 @@ class RequestSpec:
     max_tokens: int
     payload: dict[str, Any]
     prompt_estimate: int
+    task_class: str = "all"  # the workload class this request measures
 
 
 def _stamp(t: float | None) -> datetime | None:
@@ -126,7 +127,9 @@ async def send_one(client: UpstreamClient, spec: RequestSpec, meter: InflightMet
     state: dict[str, Any] = {"chunk_tokens": 0, "status": None, "outcome": "ok", "error": None,
                              "retries": 0, "waiting": waiting()}
     try:
-        upstream = await client.request("POST", spec.url, json=spec.payload)
+        upstream = await client.request("POST", spec.url, json=spec.payload,
+                                        headers={"X-Headroom-Request-Id": spec.request_id,
+                                                 "X-Headroom-Task-Class": spec.task_class})
         state["retries"] = upstream.retries
         async with upstream.response as response:
             state["first_byte"] = time.time()
@@ -170,5 +173,5 @@ def _row(spec: RequestSpec, state: dict, admitted: float, completed: float, infl
         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
         "inflight_at_admit": inflight, "active_tokens_at_admit": active,
         "engine_waiting_at_admit": state["waiting"], "kv_usage_at_admit": None,
-        "upstream_retries": state["retries"],
+        "upstream_retries": state["retries"], "task_class": spec.task_class,
     }

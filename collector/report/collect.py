@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from collector.analysis.publish import published
 from collector.store.db import RequestStore
 from collector.store.estimates import latest_estimates
 
@@ -69,6 +70,13 @@ def _estimates(store: RequestStore, rank: int) -> dict[str, dict[str, Any]]:
     return {item.get("model") or "unknown": item for item in latest_estimates(store, rank)}
 
 
+def _published(store: RequestStore, until: datetime) -> dict[str, dict[str, Any]]:
+    """What the gauges publish per model at `until` (collector.analysis.publish): the same
+    estimate the sidecar, the store and the other readers use."""
+    return {d.model: dict(d.estimate) | {"published_because": d.reason}
+            for d in published(store, until) if d.estimate is not None and d.task_class == "all"}
+
+
 def collect_inputs(store: RequestStore, since: datetime, until: datetime, *,
                    slo_ttft_p95_s: float | None = None) -> ReportInputs:
     """Rows of [since, until) and of the window before it, plus the two newest estimates per model."""
@@ -76,7 +84,7 @@ def collect_inputs(store: RequestStore, since: datetime, until: datetime, *,
         raise ValueError(f"report window is empty: since {since.isoformat()} is not before until {until.isoformat()}")
     previous_since = since - (until - since)
     return ReportInputs(since, until, _columns(store, since, until), _columns(store, previous_since, since),
-                        _estimates(store, 1), _estimates(store, 2), slo_ttft_p95_s)
+                        _published(store, until), _estimates(store, 2), slo_ttft_p95_s)
 
 
 def empty_columns() -> dict[str, np.ndarray]:

@@ -59,12 +59,18 @@ __all__ = ["run"]
                    "on the in-process store.")
 @click.option("--retention-days", default=30, show_default=True, type=click.IntRange(1),
               help="Raw rows older than this are exported to Parquet beside --db, then deleted.")
+@click.option("--probe-db", "probe_dbs", multiple=True, metavar="PATH",
+              type=click.Path(dir_okay=False),
+              help="A DuckDB file `headroom probe --db PATH` writes while this sidecar owns --db: "
+                   "its capacity estimates are copied in and published (repeatable).")
+@click.option("--probe-max-age", default="7d", show_default=True, metavar="DURATION",
+              help="A probe estimate beats traffic's for this long (e.g. 24h, 7d).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run(upstream, listen, db_path, instance, tenant_header, max_tenants, max_models, max_series,
         max_connections, engine, engine_mapping, engine_metrics_url,
         engine_poll_interval, store_url, store_token, spool_dir, otlp_endpoint, read_timeout,
-        jobs, retention_days, log_level) -> None:
+        jobs, retention_days, probe_dbs, probe_max_age, log_level) -> None:
     """Run the sidecar: proxy the OpenAI API and export dual-caliber concurrency.
 
     \b
@@ -75,6 +81,7 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, max_mod
       headroom run --upstream http://vllm:8000 --max-series 5000 --max-models 40
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
+      headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
     """
@@ -97,7 +104,7 @@ def run(upstream, listen, db_path, instance, tenant_header, max_tenants, max_mod
             spool_dir=spool_dir, engine=engine, engine_metrics_url=engine_metrics_url,
             engine_poll_interval_s=engine_poll_interval, engine_mapping=engine_mapping,
             otlp_endpoint=otlp_endpoint, read_timeout_s=read_timeout, jobs=jobs,
-            retention_days=retention_days)
+            retention_days=retention_days, probe_dbs=tuple(probe_dbs), probe_max_age=probe_max_age)
         app = build_sidecar(config)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -32,6 +32,8 @@ class SidecarConfig:
     # The store's scheduled jobs run only where this sidecar owns its database (db_path, no store_url).
     jobs: bool = True
     retention_days: int = 30
+    probe_dbs: tuple[str, ...] = ()  # `headroom probe --db` files whose estimates to import
+    probe_max_age: str = "7d"  # how long a probe estimate beats traffic's
     source: str = "traffic"
     run_id: str | None = None
     # Upstream client: connect fast or fail; between two chunks a long prefill may take minutes.

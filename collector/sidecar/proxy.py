@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 import aiohttp
@@ -19,7 +20,7 @@ import orjson
 from yarl import URL
 
 from collector.sidecar.requests import ParsedRequest, parse_request
-from collector.sidecar.tenants import resolve_tenant
+from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.upstream import UpstreamClient
@@ -33,6 +34,11 @@ _HOP_BY_HOP = frozenset({
     b"trailers", b"transfer-encoding", b"upgrade", b"host", b"content-length",
 })
 _USAGE_NULL = b',"usage":null'
+
+
+_PROBE_ID = re.compile(r"probe-[A-Za-z0-9._:-]{1,120}")
+_TASK_CLASS = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+_MAX_TASK_CLASSES = 16
 
 
 def outcome_for_status(status: int) -> str:
@@ -120,6 +126,7 @@ class CompletionsProxy:
         self._upstream = upstream
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
+        self._task_cap = LabelCap(_MAX_TASK_CLASSES)  # named by probes: few, but a client could lie
         self._engine = engine
 
     async def __call__(self, scope, receive, send) -> None:
@@ -150,6 +157,14 @@ class CompletionsProxy:
         if _header(scope, b"x-headroom-source") == "probe":  # `headroom probe` marks its load
             request.source = "probe"
             request.run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None
+            # the probe's own id carries the level (probe-...-c0008-000123): the stored run is
+            # then estimated from this sidecar's rows; never an id already live (gauges key on it)
+            probe_id = _header(scope, b"x-headroom-request-id") or ""
+            if _PROBE_ID.fullmatch(probe_id) and probe_id not in self._tracker.live:
+                request.request_id = probe_id
+            task = _header(scope, b"x-headroom-task-class") or ""
+            if _TASK_CLASS.fullmatch(task):  # the class of the probe's workload it measures
+                request.task_class, request.task_class_label = task, self._task_cap(task)
         snapshot = getattr(self._engine, "latest", None)
         if snapshot is not None:
             request.engine_waiting = getattr(snapshot, "waiting", None)

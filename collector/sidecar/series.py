@@ -9,15 +9,18 @@ becomes a label value, so the exposition can never pass `max_series`:
                    (series_per_model(): 195 with the catalog's buckets), plus its (model, other) pair
     a pair         (model, tenant): the two live gauges, the two token counters and one request
                    counter per outcome (series_per_pair(): 11)
+    a task pair    (model, task class): the two live gauges per class (TASK_PAIR_SERIES: 2)
     reserved       RESERVED_SERIES for everything that is not per request (engine, GPU, capacity,
                    request-log health, overhead histogram) and the (other, other) fold
 
 A new model is admitted while fewer than `max_models` are and the budget has room, else it is
 labelled `other`; a new (model, tenant) pair likewise with `max_tenants` distinct tenants, else its
-tenant is `other`. Folds are counted per request in headroom_label_values_folded_total{label}.
+tenant is `other`; a new (model, task class) pair while the budget has room, else its class is
+`other`. A model's reservation includes its (model, other) tenant and task pairs. Folds are
+counted per request in headroom_label_values_folded_total{label}.
 Admitted values stay admitted (counters cannot be taken back), so what is left only shrinks.
 
-Example: SeriesBudget(2000) admits one model with 117 tenants, or 7 models with none; the 8th
+Example: SeriesBudget(2000) admits one model with 116 tenants, or 7 models with none; the 8th
 model's requests are labelled ("other", tenant) while the budget has room for that pair.
 """
 
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 from collector.catalog import spec
 
-__all__ = ["SeriesBudget", "OTHER", "RESERVED_SERIES", "series_per_model", "series_per_pair"]
+__all__ = ["SeriesBudget", "OTHER", "RESERVED_SERIES", "TASK_PAIR_SERIES", "series_per_model",
+           "series_per_pair"]
 
 OTHER = "other"
+TASK_PAIR_SERIES = 2  # headroom_task_inflight_requests and headroom_task_active_tokens
 RESERVED_SERIES = 300  # measured: ~110 with an engine, one GPU and a published estimate; 8 GPUs ~150
 _OUTCOMES = 7  # collector.sidecar.tracker.OUTCOMES
 _PER_PAIR = ("headroom_inflight_requests", "headroom_active_tokens", "headroom_prompt_tokens_total",
@@ -56,7 +61,7 @@ class SeriesBudget:
     def __init__(self, max_series: int = 2000, *, max_models: int = 20, max_tenants: int = 50,
                  reserved: int = RESERVED_SERIES) -> None:
         self.max_series, self.max_models, self.max_tenants = max_series, max_models, max_tenants
-        self._model_cost = series_per_model() + series_per_pair()  # with its (model, other) pair
+        self._model_cost = series_per_model() + series_per_pair() + TASK_PAIR_SERIES  # and its `other`s
         self._pair_cost = series_per_pair()
         self.left = max_series - reserved - self._model_cost  # (other, other) is always there
         if self.left < 0:
@@ -65,7 +70,8 @@ class SeriesBudget:
         self._models: set[str] = {OTHER}
         self._tenants: set[str] = set()
         self._pairs: set[tuple[str, str]] = set()
-        self.folded = {"model": 0, "tenant": 0}
+        self._task_pairs: set[tuple[str, str]] = set()
+        self.folded = {"model": 0, "tenant": 0, "task_class": 0}
 
     def labels(self, model: str, tenant: str) -> tuple[str, str]:
         """(model label, tenant label) for one request, e.g. ('m1', 'team-a') or ('m1', 'other')."""
@@ -96,4 +102,16 @@ class SeriesBudget:
             self.left -= self._pair_cost
             return tenant
         self.folded["tenant"] += 1
+        return OTHER
+
+    def task_label(self, model_label: str, task_class: str) -> str:
+        """The task-class label for a request of `model_label` (admitted already): itself or `other`."""
+        pair = (model_label, task_class)
+        if pair in self._task_pairs or task_class == OTHER:
+            return task_class
+        if self.left >= TASK_PAIR_SERIES:
+            self._task_pairs.add(pair)
+            self.left -= TASK_PAIR_SERIES
+            return task_class
+        self.folded["task_class"] += 1
         return OTHER

@@ -1,17 +1,39 @@
-"""Who sent a request: the tenant, as a value safe to keep and to label with.
+"""Who sent a request (the tenant), and LabelCap: a plain cap on the distinct values of a label.
 
 Tenant (docs/design.md §4.2): the configured header's value, else `key-` + the first 8 hex digits
-of sha256(bearer token), else `anonymous`. Which values become label values is the series
-budget's decision (collector.sidecar.series). Request IDs are never labels.
+of sha256(bearer token), else `anonymous`. Which model and tenant values become label values is
+the series budget's decision (collector.sidecar.series); LabelCap caps the task classes a probe
+may name: at most `limit` distinct values, every later newcomer `other`. Request IDs are never
+labels.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-__all__ = ["resolve_tenant"]
+__all__ = ["LabelCap", "resolve_tenant", "OTHER"]
 
+OTHER = "other"
 _MAX_VALUE_CHARS = 128
+
+
+class LabelCap:
+    """Admits the first `limit` distinct values as themselves; maps the rest to `other`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) < self.limit:
+            self._seen.add(value)
+            return value
+        return OTHER
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 def resolve_tenant(header_value: str | None, authorization: str | None) -> str:

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from collector.catalog import spec
 from collector.sidecar.exposition import CounterVec, HistogramVec, MetricsPage, gauge_text, number_text
 from collector.sidecar.series import SeriesBudget
+from collector.tasks import UNSPECIFIED, classify, classify_finished
 
 __all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
 
@@ -45,7 +46,7 @@ class LiveRequest:
         "admitted_mono", "admitted_wall", "first_byte_mono", "first_token_mono",
         "prompt_tokens", "generated_tokens", "usage", "status_code", "outcome", "error",
         "inflight_at_admit", "active_tokens_at_admit", "engine_waiting", "kv_usage", "done",
-        "source", "run_id", "upstream_retries", "overhead_s",
+        "source", "run_id", "upstream_retries", "task_class", "task_class_label", "overhead_s",
     )
 
     def __init__(self, model: str, tenant: str, endpoint: str, stream: bool,
@@ -72,6 +73,9 @@ class LiveRequest:
         self.source: str | None = None  # None: the tracker's own (traffic); 'probe' for probe load
         self.run_id: str | None = None
         self.upstream_retries = 0
+        # the class it declared (max_tokens), or one the probe named; the label is capped
+        self.task_class = classify(max_tokens)
+        self.task_class_label = self.task_class
         self.overhead_s = 0.0  # the sidecar's own time: admission to upstream send + every chunk
 
     @property
@@ -97,6 +101,7 @@ class Tracker:
         self.live: dict[str, LiveRequest] = {}
         self.active_tokens_total = 0  # running sum, for the admission snapshot in O(1)
         self._label_sets: set[tuple[str, str]] = set()
+        self._task_label_sets: set[tuple[str, str]] = set()
         self._row_sinks: list[Callable[[dict], None]] = []
         self.requests = CounterVec(spec("headroom_requests_total"))
         self.prompt_tokens = CounterVec(spec("headroom_prompt_tokens_total"))
@@ -119,11 +124,13 @@ class Tracker:
         """Admitted: label values from the budget; inflight += 1, active_tokens += prompt estimate;
         snapshot both, self included."""
         request.model_label, request.tenant_label = self.budget.labels(request.model, request.tenant)
+        request.task_class_label = self.budget.task_label(request.model_label, request.task_class_label)
         self.live[request.request_id] = request
         self.active_tokens_total += request.prompt_tokens
         request.inflight_at_admit = len(self.live)
         request.active_tokens_at_admit = self.active_tokens_total
         self._label_sets.add((request.model_label, request.tenant_label))
+        self._task_label_sets.add((request.model_label, request.task_class_label))
 
     def first_byte(self, request: LiveRequest) -> None:
         """First bytes (response headers) arrived from upstream."""
@@ -200,6 +207,8 @@ class Tracker:
             "engine_waiting_at_admit": request.engine_waiting,
             "kv_usage_at_admit": request.kv_usage,
             "upstream_retries": request.upstream_retries,
+            "task_class": request.task_class if request.task_class != UNSPECIFIED
+            else classify_finished(request.max_tokens, completion),
         }
 
     def _observe(self, request: LiveRequest, row: dict) -> None:
@@ -231,19 +240,26 @@ class TrackerMetrics:
 
     def __init__(self, tracker: Tracker) -> None:
         self._tracker = tracker
-        self._inflight, self._tokens = spec("headroom_inflight_requests"), spec("headroom_active_tokens")
+        self._gauges = tuple(spec(name) for name in (
+            "headroom_inflight_requests", "headroom_active_tokens",
+            "headroom_task_inflight_requests", "headroom_task_active_tokens"))
         self._folded = spec("headroom_label_values_folded_total")
-        self._prefixes: tuple[dict, dict] = ({}, {})
+        self._prefixes: tuple[dict, ...] = ({}, {}, {}, {})  # label parts per gauge, kept across scrapes
 
-    def _live(self) -> tuple[dict, dict]:
+    def _live(self) -> tuple[dict, dict, dict, dict]:
+        """In-flight requests and active tokens per (model, tenant), then per (model, task class)."""
         tracker = self._tracker
-        inflight = dict.fromkeys(tracker._label_sets, 0)
-        tokens = dict.fromkeys(tracker._label_sets, 0)
+        sums = (dict.fromkeys(tracker._label_sets, 0), dict.fromkeys(tracker._label_sets, 0),
+                dict.fromkeys(tracker._task_label_sets, 0), dict.fromkeys(tracker._task_label_sets, 0))
+        inflight, tokens, task_inflight, task_tokens = sums
         for request in list(tracker.live.values()):
             key = (request.model_label, request.tenant_label)
+            task = (request.model_label, request.task_class_label)
             inflight[key] = inflight.get(key, 0) + 1
             tokens[key] = tokens.get(key, 0) + request.active_tokens
-        return inflight, tokens
+            task_inflight[task] = task_inflight.get(task, 0) + 1
+            task_tokens[task] = task_tokens.get(task, 0) + request.active_tokens
+        return sums
 
     def _vecs(self) -> tuple:
         t = self._tracker
@@ -252,10 +268,9 @@ class TrackerMetrics:
 
     def text(self) -> str:
         """The tracker's part of the /metrics page."""
-        inflight, tokens = self._live()
         folded = self._folded
-        parts = [gauge_text(self._inflight, inflight, self._prefixes[0]),
-                 gauge_text(self._tokens, tokens, self._prefixes[1])]
+        parts = [gauge_text(entry, values, prefixes)
+                 for entry, values, prefixes in zip(self._gauges, self._live(), self._prefixes)]
         parts += [vec.text() for vec in self._vecs()]
         parts.append(f"# HELP {folded.name} {folded.help}\n# TYPE {folded.name} counter\n" + "".join(
             f'{folded.name}{{label="{label}"}} {number_text(count)}\n'
@@ -266,7 +281,7 @@ class TrackerMetrics:
         """The same series as metric families (nothing while MetricsPage renders: text() has them)."""
         if MetricsPage.rendering():
             return
-        for entry, values in zip((self._inflight, self._tokens), self._live()):
+        for entry, values in zip(self._gauges, self._live()):
             family = GaugeMetricFamily(entry.name, entry.help, labels=entry.labels)
             for key in sorted(values):
                 family.add_metric(key, values[key])

@@ -108,5 +108,6 @@ def _scheduler(config: SidecarConfig, store: RequestStore, capacity: CapacityGau
     """The store's jobs on the in-process store; Parquet exports and reports go beside the file."""
     base = Path(config.db_path or "headroom.duckdb")
     settings = JobSettings(export_dir=base.with_suffix(".parquet"), report_dir=base.with_suffix(".reports"),
-                           retention_days=config.retention_days)
+                           retention_days=config.retention_days, estimate_files=config.probe_dbs,
+                           probe_max_age=config.probe_max_age)
     return build_scheduler(store, capacity, settings, refresh=refresh_estimates, review=write_report_files)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from collector.analysis.estimate import build_estimate, publish_estimates, save_estimate
+from collector.analysis.estimate import build_estimate, save_estimate
+from collector.analysis.publish import publish
 from collector.analysis.levels import summarize_level
 from collector.analysis.slo import Slo
 from collector.sim.workload import CaliberSample
@@ -116,11 +117,14 @@ def capacity_estimate(store, windows: Sequence[LevelWindow], model: str,
                                           window=(w.measure_from.timestamp(), w.stop.timestamp())))
     if len(levels) < 2:
         return None
+    # the demo's load is a concurrency gradient: a probe run, by what it measures
+    run_id = f"demo-{windows[0].start:%Y%m%dT%H%M%SZ}"
     estimate = build_estimate(levels, slo=Slo(ttft_p95_s=slo_ttft_p95_s), model=model,
-                              source="traffic", run_id=None)
+                              source="probe", run_id=run_id)
     save_estimate(store, estimate)
-    if gauges is not None:
-        publish_estimates(gauges, [estimate])
+    # what is published comes from the one decision every reader shares (collector.analysis.publish)
+    decision = next(d for d in publish(store, gauges, datetime.now(UTC)) if d.model == model)
     data = estimate.to_dict()
     return {"knee": data["knee"], "slo_max": data["slo_max"],
-            "recommended_pool": data["recommended_pool"], "profile": data["profile"]}
+            "recommended_pool": data["recommended_pool"], "profile": data["profile"],
+            "published": {"knee_requests": decision.knee_requests, "reason": decision.reason}}

@@ -13,41 +13,56 @@ first save; readers on a read-only store see no estimates until then.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+import duckdb
 import orjson
 
 from collector.store.capacity_gauges import ALL_TASKS, CapacityGauges, PublishedCapacity
 from collector.store.db import RequestStore
 
-__all__ = ["save_estimate", "latest_estimates", "published", "publish_estimates", "publish_stored"]
+log = logging.getLogger(__name__)
+
+__all__ = ["save_estimate", "import_estimates", "latest_estimates", "candidate_estimates", "published",
+           "publish_estimates", "publish_stored"]
 
 _DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
     estimate_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, model VARCHAR,
     source VARCHAR, run_id VARCHAR, profile VARCHAR, knee_requests INTEGER, knee_tokens BIGINT,
     knee_reached BOOLEAN, slo_max INTEGER, recommended_pool INTEGER, confidence VARCHAR,
     estimate_json VARCHAR NOT NULL)"""
+_TASK_CLASS = "ALTER TABLE capacity_estimates ADD COLUMN IF NOT EXISTS task_class VARCHAR"
 _EXISTS = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
+_CANDIDATES = ("SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
+               "(PARTITION BY coalesce(model, ''), "
+               "coalesce(json_extract_string(estimate_json, '$.task_class'), 'all'), source "
+               "ORDER BY created_at DESC, estimate_id DESC) = 1 ORDER BY model, source")
 _NEWEST = ("SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
            "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = ? "
            "ORDER BY model")
 
 
-def save_estimate(store: RequestStore, estimate: Mapping[str, Any]) -> str:
+def save_estimate(store: RequestStore, estimate: Mapping[str, Any], *,
+                  estimate_id: str | None = None) -> str:
     """Insert one estimate dict (CapacityEstimate.to_dict() form); returns its estimate_id."""
     store.execute(_DDL)
+    store.execute(_TASK_CLASS)
     created_at = datetime.fromisoformat(estimate["created_at"])
-    estimate_id = f"est-{created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+    estimate_id = estimate_id or f"est-{created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
     knee = estimate["knee"]
     store.execute(
-        "INSERT INTO capacity_estimates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO capacity_estimates (estimate_id, created_at, model, source, run_id, profile, "
+        "knee_requests, knee_tokens, knee_reached, slo_max, recommended_pool, confidence, "
+        "estimate_json, task_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [estimate_id, created_at, estimate["model"], estimate["source"], estimate["run_id"],
          estimate["profile"], knee["requests"], knee["tokens"], knee["reached"],
          estimate["slo_max"], estimate["recommended_pool"], estimate["confidence"],
-         orjson.dumps(estimate).decode()])
+         orjson.dumps(estimate).decode(), estimate.get("task_class") or ALL_TASKS])
     return estimate_id
 
 
@@ -56,6 +71,40 @@ def latest_estimates(store: RequestStore, rank: int = 1) -> list[dict[str, Any]]
     if not store.query(_EXISTS)[0][0]:
         return []
     return [orjson.loads(row[0]) for row in store.query(_NEWEST, [rank])]
+
+
+def import_estimates(store: RequestStore, path: str | Path) -> int:
+    """Copy into `store` the estimates saved in another headroom DuckDB file (`headroom probe
+    --db PATH` while a sidecar owns its own file); returns how many were new.
+
+    The other file is opened read-only and closed again; while its writer still holds it, this
+    returns 0 and the next call tries again.
+    """
+    try:
+        con = duckdb.connect(str(path), read_only=True)
+    except (duckdb.Error, OSError) as exc:
+        log.debug("estimates in %s not readable now: %s", path, exc)
+        return 0
+    try:
+        if not con.execute(_EXISTS).fetchone()[0]:
+            return 0
+        theirs = con.execute("SELECT estimate_id, estimate_json FROM capacity_estimates").fetchall()
+    finally:
+        con.close()
+    ours = set()
+    if store.query(_EXISTS)[0][0]:
+        ours = {row[0] for row in store.query("SELECT estimate_id FROM capacity_estimates")}
+    new = [(estimate_id, body) for estimate_id, body in theirs if estimate_id not in ours]
+    for estimate_id, body in new:
+        save_estimate(store, orjson.loads(body), estimate_id=estimate_id)
+    return len(new)
+
+
+def candidate_estimates(store: RequestStore) -> list[dict[str, Any]]:
+    """The newest saved estimate per model, task class and source (probe, traffic)."""
+    if not store.query(_EXISTS)[0][0]:
+        return []
+    return [orjson.loads(row[0]) for row in store.query(_CANDIDATES)]
 
 
 def published(estimate: Mapping[str, Any]) -> PublishedCapacity:

@@ -49,8 +49,12 @@ class JobSettings:
     report_dir: Path | None = None          # None: no weekly report
     report_cron: str = "mon 09:00"          # "<day of week> HH:MM"
     report_since: str = "7d"
-    estimate_interval_s: float = 900.0
+    estimate_interval_s: float = 900.0      # the traffic refresh (passive curves)
     estimate_window: str = "24h"
+    probe_check_interval_s: float = 5.0     # finished probe runs -> estimate -> gauges
+    probe_quiet_s: float = 10.0             # a run is finished this long after its last request
+    estimate_files: tuple[str, ...] = ()    # other DuckDB files whose estimates to import
+    probe_max_age: str = "7d"               # a probe estimate beats traffic's this long
     slo_ttft_p95_s: float | None = None
     profile: str = "interactive"
     timezone: str = "UTC"
@@ -58,10 +62,13 @@ class JobSettings:
 
 
 class RefreshEstimates(Protocol):
-    """The capacity job's work: estimate each active model, save, publish to the gauges."""
+    """The capacity jobs' work: estimate finished probe runs (and, with `traffic`, each active
+    model's traffic), save, publish the decision to the gauges."""
 
     def __call__(self, store: RequestStore, gauges: CapacityGauges | None, now: datetime, *,
-                 window: timedelta, slo_ttft_p95_s: float | None, profile: str) -> Any: ...
+                 window: timedelta, slo_ttft_p95_s: float | None, profile: str, traffic: bool,
+                 probe_quiet_s: float, estimate_files: tuple[str, ...],
+                 probe_max_age: timedelta) -> Any: ...
 
 
 class WriteReport(Protocol):
@@ -98,10 +105,13 @@ def _retention(store: RequestStore, settings: JobSettings) -> Callable[[datetime
 
 
 def _estimates(store: RequestStore, gauges: CapacityGauges | None, settings: JobSettings,
-               refresh: RefreshEstimates) -> Callable[[datetime], Any]:
+               refresh: RefreshEstimates, traffic: bool) -> Callable[[datetime], Any]:
     window = parse_duration(settings.estimate_window)
-    return lambda now: refresh(store, gauges, now, window=window,
-                               slo_ttft_p95_s=settings.slo_ttft_p95_s, profile=settings.profile)
+    probe_max_age = parse_duration(settings.probe_max_age)
+    return lambda now: refresh(store, gauges, now, window=window, probe_max_age=probe_max_age,
+                               slo_ttft_p95_s=settings.slo_ttft_p95_s, profile=settings.profile,
+                               traffic=traffic, probe_quiet_s=settings.probe_quiet_s,
+                               estimate_files=settings.estimate_files)
 
 
 def _weekly_report(store: RequestStore, settings: JobSettings, review: WriteReport) -> Callable[[datetime], Any]:
@@ -123,7 +133,13 @@ def job_table(store: RequestStore, gauges: CapacityGauges | None, settings: JobS
                                  _retention(store, settings)))
     if refresh is not None and settings.estimate_interval_s > 0:
         trigger = IntervalTrigger(seconds=settings.estimate_interval_s, start_date=settings.clock(), timezone=tz)
-        jobs.append(ScheduledJob("capacity_estimates", trigger, _estimates(store, gauges, settings, refresh)))
+        jobs.append(ScheduledJob("capacity_estimates", trigger,
+                                 _estimates(store, gauges, settings, refresh, traffic=True)))
+    if refresh is not None and settings.probe_check_interval_s > 0:
+        trigger = IntervalTrigger(seconds=settings.probe_check_interval_s, start_date=settings.clock(),
+                                  timezone=tz)
+        jobs.append(ScheduledJob("probe_runs", trigger,
+                                 _estimates(store, gauges, settings, refresh, traffic=False)))
     if review is not None and settings.report_dir is not None:
         jobs.append(ScheduledJob("weekly_report", parse_weekly_cron(settings.report_cron, tz),
                                  _weekly_report(store, settings, review)))
@@ -147,8 +163,10 @@ def build_scheduler(store: RequestStore, gauges: CapacityGauges | None, settings
     settings = settings or JobSettings()
     scheduler = BackgroundScheduler(timezone=settings.timezone)
     for job in job_table(store, gauges, settings, refresh=refresh, review=review):
+        # the capacity gauges must not stay empty until the first interval has passed
+        first = {"next_run_time": settings.clock()} if job.name == "capacity_estimates" else {}
         scheduler.add_job(_guarded(job, settings.clock), job.trigger, id=job.name, name=job.name,
-                          coalesce=True, max_instances=1, misfire_grace_time=3600)
+                          coalesce=True, max_instances=1, misfire_grace_time=3600, **first)
     return scheduler
 
 

@@ -1,0 +1,85 @@
+"""A probe workload of task classes: the file format and its loader.
+
+Output length decides how long a request holds a slot, so a deployment serving short and long
+answers has one knee per kind (docs/domain.md §2). `headroom probe --workload FILE` measures the
+gradient once per class and reports a knee and pool for each; the capacity gauges then carry the
+class (`task_class`), and the alerts compare each class's concurrency with its own knee.
+
+    # workload.yaml
+    classes:
+      - name: short          # the task_class label: lowercase letters, digits, '-' or '_'
+        max_tokens: 64       # output length (locked with ignore_eos unless --no-ignore-eos)
+        prompts: short       # optional: short | long | mixed | a file (as --prompts)
+      - name: long
+        max_tokens: 512
+
+`--workload classes` uses the default classes of collector.tasks (short 128, medium 512 and
+long 1200 output tokens).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+__all__ = ["WorkloadClass", "load_workload", "DEFAULT_WORKLOAD"]
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+
+
+@dataclass(frozen=True)
+class WorkloadClass:
+    """One class of the workload: its name, output length and prompt set."""
+
+    name: str
+    max_tokens: int
+    prompts: str = "short"
+
+
+DEFAULT_WORKLOAD = (WorkloadClass("short", 128), WorkloadClass("medium", 512),
+                    WorkloadClass("long", 1200))
+
+
+def _class(entry: object, index: int, where: str) -> WorkloadClass:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: classes[{index}] is not a mapping with name and max_tokens")
+    unknown = set(entry) - {"name", "max_tokens", "prompts"}
+    if unknown:
+        raise ValueError(f"{where}: classes[{index}] has unknown keys {sorted(unknown)}; "
+                         "use name, max_tokens, prompts")
+    name, max_tokens = entry.get("name"), entry.get("max_tokens")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"{where}: classes[{index}].name {name!r} must be lowercase letters, "
+                         "digits, '-' or '_' (it becomes the task_class label)")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise ValueError(f"{where}: classes[{index}].max_tokens {max_tokens!r} must be a "
+                         "positive integer")
+    prompts = entry.get("prompts", "short")
+    if not isinstance(prompts, str):
+        raise ValueError(f"{where}: classes[{index}].prompts must be short, long, mixed or a file")
+    return WorkloadClass(name, max_tokens, prompts)
+
+
+def load_workload(spec: str) -> tuple[WorkloadClass, ...]:
+    """The classes of `spec`: 'classes' (the defaults) or a YAML file; ValueError naming the fault."""
+    if spec == "classes":
+        return DEFAULT_WORKLOAD
+    path = Path(spec)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--workload {spec}: cannot read it ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--workload {spec}: not YAML ({exc})") from None
+    entries = data.get("classes") if isinstance(data, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"--workload {spec}: expected a 'classes:' list (format in "
+                         "docs/capacity.md, 'Capacity per task type')")
+    classes = tuple(_class(entry, i, f"--workload {spec}") for i, entry in enumerate(entries))
+    names = [c.name for c in classes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"--workload {spec}: class names repeat: {names}")
+    return classes

@@ -1,0 +1,62 @@
+"""A real llama.cpp llama-server for tests: built once by scripts/build-llama-server.sh (cached
+under ~/.cache/llm-headroom), started by scripts/llama-server.sh on a free loopback port.
+
+`make test` builds it before the suite runs. Without the cached binary a test needing it fails
+under CI=true and skips elsewhere, with the command that builds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import IN_CI, free_port
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def require_llama_server() -> None:
+    """Fail (CI) or skip (elsewhere) unless the cached llama-server and model exist."""
+    found = subprocess.run(["bash", str(SCRIPTS / "build-llama-server.sh"), "--check"],
+                           capture_output=True, text=True)
+    if found.returncode == 0:
+        return
+    message = "llama-server not built; run: bash scripts/build-llama-server.sh (or make test)"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@contextlib.contextmanager
+def llama_server(parallel: int, *, threads: int = 1, startup_timeout_s: float = 60.0):
+    """Run llama-server with `parallel` slots; yields its base URL once /health says ok."""
+    require_llama_server()
+    port = free_port()
+    process = subprocess.Popen(
+        ["bash", str(SCRIPTS / "llama-server.sh"), "--parallel", str(parallel),
+         "--threads", str(threads), "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:  # 503 while the model loads, 200 once it serves
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not start: {process.stderr.read().decode()[-800:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
