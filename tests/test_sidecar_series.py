@@ -132,3 +132,18 @@ def test_overhead_histogram_counts_every_request_with_the_sidecars_own_time(tmp_
     total = metrics[("headroom_proxy_overhead_seconds_sum", ())]
     assert count == 6
     assert 0 < total < e2e  # some time of its own, less than the requests took in all
+
+
+def test_the_upstream_connection_limit_is_a_flag_that_reaches_the_pool():
+    from click.testing import CliRunner
+
+    from collector.sidecar.app import _upstream_client
+    from collector.sidecar.cli import run
+
+    config = SidecarConfig(upstream="http://127.0.0.1:9", db_path=None, max_connections=7)
+    assert _upstream_client(config).max_connections == 7
+    with pytest.raises(ValueError, match="--max-upstream-connections must be at least 1, got 0"):
+        SidecarConfig(upstream="http://127.0.0.1:9", max_connections=0)
+    result = CliRunner().invoke(run, ["--upstream", "http://127.0.0.1:9", "--max-upstream-connections", "0"])
+    assert result.exit_code == 2 and "--max-upstream-connections" in result.output
+    assert "--max-upstream-connections" in CliRunner().invoke(run, ["--help"]).output
