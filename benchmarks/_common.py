@@ -28,9 +28,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(args: list[str], url: str, timeout_s: float = 30.0) -> subprocess.Popen:
+def start(args: list[str], url: str, timeout_s: float = 30.0, env: dict | None = None) -> subprocess.Popen:
     """Start a process and return once `url` answers (any status)."""
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

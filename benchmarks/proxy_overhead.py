@@ -1,17 +1,23 @@
-"""Proxy overhead: the same streaming load sent directly to an upstream and through the sidecar.
+"""What the sidecar costs, next to the floor (a bare pass-through) and the peer (LiteLLM), one run.
 
-    python benchmarks/proxy_overhead.py [--requests 2000 --concurrency 64 --chunks 100]
+    python benchmarks/proxy_overhead.py                      # the BENCHMARKS.md table
+    python benchmarks/proxy_overhead.py --rounds 3 --round-s 3 --workloads 64:flood --no-litellm
+    python benchmarks/proxy_overhead.py --extra-target 'asgi=python benchmarks/x.py {port} {upstream}'
 
-Upstream, sidecar and load generator are three processes on loopback. Two scenarios, each side
-by side in one run:
+One independent upstream (benchmarks/sse_upstream.py: asyncio streams, 64 one-token chunks per
+answer), and the targets in front of it, each its own process: `direct` (no proxy),
+`passthrough` (benchmarks/passthrough_proxy.py, aiohttp copying bytes: the floor), `headroom`
+(`headroom run`, the accounted path /v1/chat/completions with its DuckDB request log) and
+`litellm` (LiteLLM's proxy in its own virtualenv, skipped with a message when it cannot be
+installed). The load generator is this process (benchmarks/_load.py).
 
-* flood: the upstream streams as fast as it can, so the proxy is the bottleneck. Reports
-  requests/s direct, through the sidecar's pass-through path (unaccounted) and its accounted path,
-  their ratios, the sidecar's CPU time per streamed chunk and its resident memory.
-* paced: one token every --pace-ms per stream (20 ms = 50 tokens/s, a real engine's pace):
-  the latency a user would notice, time to first token and end to end, direct vs sidecar.
-
-Results go in BENCHMARKS.md.
+A workload is STREAMS:PACE (`flood`: the upstream yields between chunks but never waits; `50`:
+50 tokens/s per stream). Flood workloads also run the vLLM-style stream (`"usage":null` in
+every chunk plus the final usage chunk) through headroom, to compare with the plain stream. In
+each round every (target, style) runs once for --round-s seconds, in an order that rotates
+round by round, so drift on a shared machine spreads over all of them. Reported per workload:
+token chunks/s (median of the rounds) and its ratios, TTFT p50/p99 over all rounds and what a
+proxy adds to direct's, the proxy's CPU per chunk, and its resident memory at the end.
 """
 
 from __future__ import annotations
@@ -19,33 +25,40 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
+import subprocess
+import sys
 import tempfile
+from dataclasses import dataclass, field
 
-from _common import PYTHON, cpu_seconds, drive, free_port, rss_mib, start
+from _common import PYTHON, cpu_seconds, free_port, rss_mib, start
+from _load import drive_for, percentile_ms
+from litellm_target import start_litellm
+
+ACCOUNTED = "/v1/chat/completions"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--chunks", type=int, default=100)
-    parser.add_argument("--pace-ms", type=int, default=20, help="gap between tokens in the paced run")
-    args = parser.parse_args()
-    up_port, side_port = free_port(), free_port()
-    upstream = start([PYTHON, "benchmarks/stream_upstream.py", str(up_port)], f"http://127.0.0.1:{up_port}/")
+@dataclass
+class Target:
+    name: str
+    url: str
+    process: subprocess.Popen | None  # None: nothing of ours to charge CPU to (direct)
+    runs: dict = field(default_factory=dict)  # (workload, style) -> list of per-round results
+
+
+def _headroom(upstream: str) -> tuple[str, subprocess.Popen]:
+    port = free_port()
     db = tempfile.mkdtemp() + "/bench.duckdb"
-    sidecar = start(
+    process = start(
         [
             PYTHON,
             "-m",
             "collector.cli",
             "run",
             "--upstream",
-            f"http://127.0.0.1:{up_port}",
+            upstream,
             "--listen",
-            f"127.0.0.1:{side_port}",
+            f"127.0.0.1:{port}",
             "--db",
             db,
             "--engine",
@@ -53,62 +66,181 @@ def main() -> None:
             "--log-level",
             "error",
         ],
-        f"http://127.0.0.1:{side_port}/healthz",
+        f"http://127.0.0.1:{port}/healthz",
     )
+    return f"http://127.0.0.1:{port}", process
+
+
+def _command(template: str, upstream: str) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    args = [part.format(port=port, upstream=upstream, python=PYTHON) for part in template.split()]
+    return f"http://127.0.0.1:{port}", start(args, f"http://127.0.0.1:{port}/healthz")
+
+
+def start_targets(args, upstream: str, upstream_process: subprocess.Popen) -> list[Target]:
+    """Every target the options ask for, started and answering."""
+    targets = [Target("direct", upstream, None)]
+    port = free_port()
+    targets.append(
+        Target(
+            "passthrough",
+            f"http://127.0.0.1:{port}",
+            start(
+                [PYTHON, "benchmarks/passthrough_proxy.py", str(port), upstream], f"http://127.0.0.1:{port}/"
+            ),
+        )
+    )
+    url, process = _headroom(upstream)
+    targets.append(Target("headroom", url, process))
+    for spec in args.extra_target:
+        name, _, template = spec.partition("=")
+        url, process = _command(template, upstream)
+        targets.append(Target(name, url, process))
+    if args.litellm:
+        port = free_port()
+        process = start_litellm(port, upstream)
+        if process is not None:
+            targets.append(Target("litellm", f"http://127.0.0.1:{port}", process))
+    return targets
+
+
+def _units(targets: list[Target], pace: str, vllm_targets: set[str]) -> list[tuple[Target, str]]:
+    units = [(target, "plain") for target in targets]
+    if pace == "flood":
+        units += [(target, "vllm") for target in targets if target.name in vllm_targets]
+    return units
+
+
+def measure(target: Target, streams: int, pace: str, style: str, seconds: float) -> dict:
+    """One time-boxed round of one target: chunks/s, TTFT samples, CPU per chunk."""
+    headers = {
+        "x-chunks": "64",
+        "x-pace-ms": "0" if pace == "flood" else str(1000 // int(pace)),
+        "x-style": style,
+    }
+    pid = target.process.pid if target.process else None
+    cpu = {"start": cpu_seconds(pid) if pid else 0.0}
+    at_deadline = lambda: cpu.__setitem__("end", cpu_seconds(pid) if pid else 0.0)  # noqa: E731
+    result = asyncio.run(drive_for(target.url + ACCOUNTED, streams, seconds, headers, at_deadline))
+    cpu_s = cpu["end"] - cpu["start"]
+    return {
+        "chunks_per_s": result.chunks_per_s,
+        "ttft_s": result.ttft_s,
+        "failed": result.failed,
+        "cpu_us_per_chunk": cpu_s / max(1, result.token_chunks) * 1e6 if pid else None,
+    }
+
+
+def summarise(runs: list[dict]) -> dict:
+    """Median rate and CPU over the rounds; TTFT percentiles over every sample of every round."""
+    ttft = [t for run in runs for t in run["ttft_s"]]
+    cpus = [run["cpu_us_per_chunk"] for run in runs if run["cpu_us_per_chunk"] is not None]
+    return {
+        "chunks_per_s": round(statistics.median(run["chunks_per_s"] for run in runs), 1),
+        "ttft_p50_ms": percentile_ms(ttft, 0.50),
+        "ttft_p99_ms": percentile_ms(ttft, 0.99),
+        "cpu_us_per_chunk": round(statistics.median(cpus), 2) if cpus else None,
+        "failed": sum(run["failed"] for run in runs),
+        "rounds": len(runs),
+    }
+
+
+def compare(summary: dict[str, dict]) -> dict:
+    """Ratios against direct and the pass-through, and the TTFT each proxy adds to direct's."""
+    direct, floor = summary["direct/plain"], summary["passthrough/plain"]
+    out = {}
+    for key, row in summary.items():
+        if key.startswith("direct/"):
+            continue
+        out[key] = {
+            "over_direct": round(row["chunks_per_s"] / direct["chunks_per_s"], 3),
+            "over_passthrough": round(row["chunks_per_s"] / floor["chunks_per_s"], 3),
+            "added_ttft_p50_ms": round(row["ttft_p50_ms"] - direct["ttft_p50_ms"], 1),
+            "added_ttft_p99_ms": round(row["ttft_p99_ms"] - direct["ttft_p99_ms"], 1),
+        }
+        if row["cpu_us_per_chunk"] and floor["cpu_us_per_chunk"]:
+            out[key]["cpu_over_passthrough"] = round(row["cpu_us_per_chunk"] / floor["cpu_us_per_chunk"], 2)
+    if "headroom/vllm" in summary:
+        out["headroom/vllm"]["over_headroom_plain"] = round(
+            summary["headroom/vllm"]["chunks_per_s"] / summary["headroom/plain"]["chunks_per_s"], 3
+        )
+    return out
+
+
+def run_workload(targets: list[Target], workload: str, args) -> dict:
+    """Every unit of one workload, args.rounds times, alternating the order round by round."""
+    streams_text, _, pace = workload.partition(":")
+    streams, pace = int(streams_text), pace or "flood"
+    units = _units(targets, pace, set(args.vllm_targets.split(",")))
+    runs: dict[str, list] = {f"{t.name}/{style}": [] for t, style in units}
+    for round_index in range(args.rounds):
+        shift = round_index % len(units)
+        for target, style in units[shift:] + units[:shift]:
+            runs[f"{target.name}/{style}"].append(measure(target, streams, pace, style, args.round_s))
+    summary = {key: summarise(value) for key, value in runs.items()}
+    return {"streams": streams, "pace": pace, "targets": summary, "compare": compare(summary)}
+
+
+def table(results: list[dict]) -> str:
+    """The BENCHMARKS.md table: one line per workload, headroom against the floor."""
+    lines = [
+        "| load | pass-through / direct | headroom / direct | headroom / pass-through | "
+        "added TTFT p50, p99 (headroom vs pass-through) | CPU/chunk headroom, pass-through |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        floor, ours = result["compare"]["passthrough/plain"], result["compare"]["headroom/plain"]
+        cpu = result["targets"]
+        load = f"{result['streams']} streams, " + (
+            "flood" if result["pace"] == "flood" else f"{result['pace']} tok/s each"
+        )
+        lines.append(
+            f"| {load} | {floor['over_direct']:.3f} | {ours['over_direct']:.3f} | "
+            f"**{ours['over_passthrough']:.3f}** | +{ours['added_ttft_p50_ms']}, +{ours['added_ttft_p99_ms']} ms "
+            f"vs +{floor['added_ttft_p50_ms']}, +{floor['added_ttft_p99_ms']} ms | "
+            f"{cpu['headroom/plain']['cpu_us_per_chunk']} vs {cpu['passthrough/plain']['cpu_us_per_chunk']} µs |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workloads",
+        default="64:flood,256:flood,64:50,256:50",
+        help="comma-separated STREAMS:PACE, PACE = flood or tokens/s per stream",
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--round-s", type=float, default=4.0, help="seconds per target per round")
+    parser.add_argument("--vllm-targets", default="headroom", help="targets that also get vLLM-style streams")
+    parser.add_argument(
+        "--extra-target",
+        action="append",
+        default=[],
+        metavar="NAME=COMMAND",
+        help="another proxy to compare: a command with {port}, {upstream}, {python}; "
+        "it must answer GET /healthz",
+    )
+    parser.add_argument("--no-litellm", dest="litellm", action="store_false", help="skip LiteLLM")
+    args = parser.parse_args()
+    port = free_port()
+    upstream_process = start([PYTHON, "benchmarks/sse_upstream.py", str(port)], f"http://127.0.0.1:{port}/")
+    upstream = f"http://127.0.0.1:{port}"
+    targets = start_targets(args, upstream, upstream_process)
     try:
-
-        def run(port: int, path: str, pace_ms: int = 0, requests: int = args.requests) -> dict:
-            return asyncio.run(
-                drive(f"http://127.0.0.1:{port}{path}", requests, args.concurrency, args.chunks, pace_ms)
-            )
-
-        accounted, unaccounted = "/v1/chat/completions", "/v1/bench/passthrough"
-        run(up_port, accounted)  # warm-up both paths
-        run(side_port, accounted)
-        direct = run(up_port, accounted)
-        passthrough = run(side_port, unaccounted)
-        cpu_before = cpu_seconds(sidecar.pid)
-        proxied = run(side_port, accounted)
-        sidecar_cpu = cpu_seconds(sidecar.pid) - cpu_before
-        chunks_total = args.requests * (args.chunks + 2)
-        result = {
-            "requests": args.requests,
-            "concurrency": args.concurrency,
-            "chunks_per_request": args.chunks,
-            "direct": direct,
-            "sidecar_passthrough": passthrough,
-            "sidecar_accounted": proxied,
-            "throughput_ratio_accounted_over_direct": round(
-                proxied["requests_per_s"] / direct["requests_per_s"], 3
-            ),
-            "throughput_ratio_accounted_over_passthrough": round(
-                proxied["requests_per_s"] / passthrough["requests_per_s"], 3
-            ),
-            "p50_added_ms": round(proxied["p50_ms"] - direct["p50_ms"], 2),
-            "p95_added_ms": round(proxied["p95_ms"] - direct["p95_ms"], 2),
-            "sidecar_cpu_us_per_chunk": round(sidecar_cpu / chunks_total * 1e6, 2),
-            "sidecar_rss_mib": round(rss_mib(sidecar.pid), 1),
-            "same_bytes_as_direct": proxied["bytes"] == direct["bytes"],
-        }
-        # Paced like a real engine (one token every --pace-ms per stream): what a user notices.
-        paced_requests = args.concurrency * 4
-        paced_direct = run(up_port, accounted, args.pace_ms, paced_requests)
-        paced_sidecar = run(side_port, accounted, args.pace_ms, paced_requests)
-        result["paced"] = {
-            "pace_ms": args.pace_ms,
-            "requests": paced_requests,
-            "direct": paced_direct,
-            "sidecar_accounted": paced_sidecar,
-            "ttft_p50_added_ms": round(paced_sidecar["ttft_p50_ms"] - paced_direct["ttft_p50_ms"], 2),
-            "ttft_p95_added_ms": round(paced_sidecar["ttft_p95_ms"] - paced_direct["ttft_p95_ms"], 2),
-            "e2e_p50_added_ms": round(paced_sidecar["p50_ms"] - paced_direct["p50_ms"], 2),
-        }
-        print(json.dumps(result, indent=2))
+        for target in targets:  # warm-up: connections, imports, first DuckDB batches
+            measure(target, 16, "flood", "plain", 1.0)
+        results = [run_workload(targets, workload, args) for workload in args.workloads.split(",")]
+        rss = {t.name: round(rss_mib(t.process.pid), 1) for t in targets if t.process}
+        print(json.dumps({"results": results, "rss_mib": rss}, indent=2))
+        print(table(results), file=sys.stderr)
     finally:
-        sidecar.terminate()
-        upstream.terminate()
-        sidecar.wait(30)
-        upstream.wait(30)
+        for process in [upstream_process] + [t.process for t in targets if t.process]:
+            process.terminate()
+        for process in [upstream_process] + [t.process for t in targets if t.process]:
+            process.wait(30)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ __all__ = [
     "TTFT_BUCKETS_SECONDS",
     "TPOT_BUCKETS_SECONDS",
     "DURATION_BUCKETS_SECONDS",
+    "OVERHEAD_BUCKETS_SECONDS",
     "spec",
     "EXTERNAL_SERIES",
 ]
@@ -61,6 +62,23 @@ TPOT_BUCKETS_SECONDS = (
     0.75,
     1.0,
     2.0,
+)
+# The sidecar's own time per request: admission to upstream send plus relaying every chunk;
+# tens of microseconds for a short answer, milliseconds for thousands of chunks.
+OVERHEAD_BUCKETS_SECONDS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
 )
 DURATION_BUCKETS_SECONDS = (
     0.1,
@@ -188,6 +206,26 @@ CATALOG: tuple[MetricSpec, ...] = (
         ("model", "outcome"),
         "s",
         DURATION_BUCKETS_SECONDS,
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_proxy_overhead_seconds",
+        "histogram",
+        "Time the sidecar itself spent on a request: from admission (body read) to sending it "
+        "upstream, plus the processing of every relayed chunk (waiting for the engine or the "
+        "client excluded).",
+        (),
+        "s",
+        OVERHEAD_BUCKETS_SECONDS,
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_label_values_folded_total",
+        "counter",
+        "Requests whose model, tenant or task-class label value became 'other' because the series "
+        "budget (--max-series) or a label cap (--max-models, --max-tenants) was reached.",
+        ("label",),
+        "short",
         group="sidecar",
     ),
     MetricSpec(

@@ -45,6 +45,8 @@ CONTRACT = {
     "headroom_log_rows_written_total",
     "headroom_log_rows_dropped_total",
     "headroom_log_queue_rows",
+    "headroom_proxy_overhead_seconds",
+    "headroom_label_values_folded_total",
 }
 
 

@@ -1,13 +1,18 @@
 """create_app: the sidecar's HTTP surface, serving and running the parts it is given.
 
 Routes: POST /v1/chat/completions and /v1/completions (accounted), any other /v1/* (passed
-through), GET /metrics (Prometheus text format, rendered in a worker thread so a large scrape
-never stalls the proxy), GET /healthz (liveness: the process serves), GET /readyz (readiness: 503 while the upstream does
+through), GET /metrics (Prometheus text format; the per-request series keep their rendered text,
+collector.sidecar.exposition, and the rest renders in a worker thread so a slow collector never
+stalls the proxy), GET /healthz (liveness: the process serves), GET /readyz (readiness: 503 while the upstream does
 not answer), and, where this sidecar owns its database, the store's token-protected routes under
 /headroom (collector.service.routes), so that readers work while it runs. Every path is normalised first
 (collector.sidecar.paths). The lifespan opens the pooled upstream client, starts the engine
 poller and the in-process store's jobs, writes the `<db>.owner` file readers look for, and on shutdown stops them and closes every sink, which
 writes every request-log row that is still queued.
+
+The proxy routes are called straight from the server, not through FastAPI's middleware stack:
+each of those layers wraps every `send`, once per streamed chunk, and together they cost about
+a tenth of the sidecar's CPU under a stream flood (BENCHMARKS.md §2). FastAPI keeps the rest.
 
 Which parts a sidecar has (sources, sinks, jobs) is decided in one place, collector.sidecar.wiring;
 this module never looks at the config to choose them.
@@ -18,37 +23,84 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from starlette.routing import Route
 
 from collector import __version__
 from collector.record import RowSink
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.faults import FaultLog
 from collector.sidecar.passthrough import PassThrough
 from collector.sidecar.paths import PathNormaliser
 from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
-from collector.sidecar.tenants import LabelCap
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource
 from collector.store.owner import remove_owner, write_owner
 from collector.upstream import UpstreamClient
 
-__all__ = ["create_app", "SidecarParts", "ACCOUNTED_PATHS", "STORE_ROUTES_PREFIX", "READINESS_PATH"]
+__all__ = [
+    "create_app",
+    "SidecarApp",
+    "SidecarParts",
+    "ACCOUNTED_PATHS",
+    "STORE_ROUTES_PREFIX",
+    "READINESS_PATH",
+]
 
 log = logging.getLogger(__name__)
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+PASSTHROUGH_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 STORE_ROUTES_PREFIX = "/headroom"  # outside /v1, which belongs to the engine behind the proxy
 READINESS_PATH = "/v1/models"  # every OpenAI-compatible engine answers it once its model is loaded
 READINESS_TIMEOUT_S = 2.0
+
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+
+class SidecarApp(FastAPI):
+    """FastAPI for /metrics, /healthz, /readyz, the store routes and the lifespan; the proxy
+    routes skip its layers.
+
+    Every HTTP path is normalised first (PathNormaliser), then POST ACCOUNTED_PATHS go straight
+    to `accounted` and other /v1/* to `passthrough`. Both are registered as routes too, so the
+    framework path (FastAPI.__call__) serves the same thing, only slower.
+    """
+
+    accounted: ASGIApp | None = None
+    passthrough: ASGIApp | None = None
+
+    def proxy_routes(self, accounted: ASGIApp, passthrough: ASGIApp) -> None:
+        """Serve POST ACCOUNTED_PATHS with `accounted` and other /v1/* with `passthrough`."""
+        self.accounted, self.passthrough = accounted, passthrough
+        for path in ACCOUNTED_PATHS:
+            self.router.routes.append(Route(path, accounted, methods=["POST"]))
+        self.router.routes.append(Route("/v1/{path:path}", passthrough, methods=list(PASSTHROUGH_METHODS)))
+        self._normalised = PathNormaliser(self._dispatch)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:  # type: ignore[override]
+        if scope["type"] == "http" and self.accounted is not None:
+            await self._normalised(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path, method = scope["path"], scope["method"]
+        if method == "POST" and path in ACCOUNTED_PATHS and self.accounted is not None:
+            await self.accounted(scope, receive, send)
+        elif path.startswith("/v1/") and method in PASSTHROUGH_METHODS and self.passthrough is not None:
+            await self.passthrough(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 @dataclass
@@ -153,7 +205,7 @@ def _lifespan(
     return lifespan
 
 
-def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
+def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
     """The sidecar's ASGI app around `parts`: it starts and stops them, and closes every sink."""
     tracker = parts.tracker
     for sink in parts.sinks:
@@ -162,7 +214,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
         else:
             tracker.add_row_sink(sink.submit)
     session = _upstream_client(config)
-    app = FastAPI(
+    app = SidecarApp(
         title="llm-headroom sidecar",
         version=__version__,
         lifespan=_lifespan(parts, session, config),
@@ -170,7 +222,6 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    app.add_middleware(PathNormaliser)
     logging.getLogger("uvicorn.error").addFilter(_QUIET_BREAKS)  # a set: adding twice is once
     faults = FaultLog(log)
     limits = ProxyLimits(
@@ -183,22 +234,22 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
         config.upstream,
         tracker,
         tenant_header=config.tenant_header,
-        tenant_cap=LabelCap(config.max_tenants),
-        model_cap=LabelCap(config.max_models),
         engine=parts.engine,
         limits=limits,
         faults=faults,
         read_timeout_s=config.read_timeout_s,
         tracing=parts.tracing,
     )
-    for path in ACCOUNTED_PATHS:
-        app.router.routes.append(Route(path, proxy, methods=["POST"]))
+    # the tracker's series from their own text (MetricsPage) on the event loop, where the tracker
+    # updates them (a consistent page, in about a millisecond); the rest of the registry (engine,
+    # GPU, capacity, sinks) in a worker thread, so a slow collector never stalls the proxy
+    page = MetricsPage(parts.registry, [tracker.exported])
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        # off the event loop: the live gauges read the tracker's dicts, which is safe under the GIL
-        text = await asyncio.to_thread(generate_latest, parts.registry)
-        return Response(text, media_type=CONTENT_TYPE_LATEST)
+        fast = page.fast_text().encode()
+        rest = await asyncio.to_thread(page.rest)
+        return Response(fast + rest, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
@@ -233,9 +284,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> FastAPI:
         max_request_body_bytes=config.max_request_body_bytes,
         read_timeout_s=config.read_timeout_s,
     )
-    app.router.routes.append(
-        Route("/v1/{path:path}", passthrough, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
-    )
+    app.proxy_routes(proxy, passthrough)
     app.state.config, app.state.tracker, app.state.registry = config, tracker, parts.registry
     app.state.scheduler = parts.scheduler
     return app

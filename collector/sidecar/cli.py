@@ -54,6 +54,29 @@ __all__ = ["run"]
     help="Distinct tenant label values before the rest become 'other'.",
 )
 @click.option(
+    "--max-models",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Distinct model label values before the rest become 'other'.",
+)
+@click.option(
+    "--max-series",
+    default=2000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="The most series /metrics exports in all; a new model or tenant that would pass "
+    "it is labelled 'other' (headroom_label_values_folded_total counts them).",
+)
+@click.option(
+    "--max-upstream-connections",
+    "max_connections",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Pooled connections to the upstream engine; requests beyond them wait for a free one.",
+)
+@click.option(
     "--engine",
     default="auto",
     show_default=True,
@@ -206,6 +229,9 @@ def run(
     instance,
     tenant_header,
     max_tenants,
+    max_models,
+    max_series,
+    max_connections,
     engine,
     engine_mapping,
     engine_metrics_url,
@@ -237,6 +263,7 @@ def run(
       headroom run --upstream http://127.0.0.1:8000
       headroom run --upstream http://vllm:8000 --listen 0.0.0.0:9100 --engine vllm
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
+      headroom run --upstream http://vllm:8000 --max-series 5000 --max-models 40
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
       headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
@@ -265,6 +292,9 @@ def run(
             instance=instance,
             tenant_header=tenant_header,
             max_tenants=max_tenants,
+            max_models=max_models,
+            max_series=max_series,
+            max_connections=max_connections,
             store_url=store_url,
             store_token=store_token,
             spool_dir=spool_dir,
@@ -317,6 +347,7 @@ def run(
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=30,
+        proxy_headers=False,  # nothing reads the client address, and the layer costs per request
         **uvicorn_options(
             app.state.registry,
             header_timeout_s=header_timeout,

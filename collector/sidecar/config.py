@@ -20,6 +20,7 @@ class SidecarConfig:
     tenant_header: str = "X-Tenant-ID"
     max_tenants: int = 50
     max_models: int = 20
+    max_series: int = 2000  # the whole /metrics exposition (collector.sidecar.series)
     store_url: str | None = None
     store_token: str | None = None
     spool_dir: str | None = None
@@ -41,7 +42,7 @@ class SidecarConfig:
     # Upstream client: connect fast or fail; between two chunks a long prefill may take minutes.
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0
-    max_connections: int = 1024
+    max_connections: int = 1024  # pooled upstream connections (--max-upstream-connections)
     # Bounds on clients (docs/sidecar.md, "Limits"): a breach is a JSON error naming the flag.
     max_request_body_bytes: int = 64 * 2**20
     max_buffered_response_bytes: int = 16 * 2**20
@@ -65,8 +66,14 @@ class SidecarConfig:
                 raise ValueError(
                     f"{name} {url!r} is not an http(s) URL; expected e.g. http://127.0.0.1:8000/metrics"
                 )
-        if self.max_tenants < 1:
-            raise ValueError(f"--max-tenants must be at least 1, got {self.max_tenants}")
+        counts: tuple[tuple[str, int], ...] = (
+            ("--max-tenants", self.max_tenants),
+            ("--max-models", self.max_models),
+            ("--max-upstream-connections", self.max_connections),
+        )
+        for name, count in counts:
+            if count < 1:
+                raise ValueError(f"{name} must be at least 1, got {count}")
         for flag, value in (
             ("--max-request-body-bytes", self.max_request_body_bytes),
             ("--max-buffered-response-bytes", self.max_buffered_response_bytes),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any
 
 from collector.sidecar.faults import FaultLog
@@ -84,8 +85,6 @@ class CompletionsProxy:
         tracker: Tracker,
         *,
         tenant_header: str,
-        tenant_cap: LabelCap,
-        model_cap: LabelCap,
         engine: EngineSource | None = None,
         limits: ProxyLimits | None = None,
         faults: FaultLog | None = None,
@@ -96,7 +95,6 @@ class CompletionsProxy:
         self._upstream = upstream
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
-        self._tenant_cap, self._model_cap = tenant_cap, model_cap
         self._task_cap = LabelCap(_MAX_TASK_CLASSES)  # named by probes: few, but a client could lie
         self._engine = engine
         self._limits = limits or ProxyLimits()
@@ -119,10 +117,11 @@ class CompletionsProxy:
                 return  # never admitted: the client left before its request was read
             parsed = parse_request(body)
             refusal = None if parsed.refusal is None else Ending("bad_request", parsed.refusal, answer=400)
+        read_at = time.monotonic()  # the sidecar's own time (headroom_proxy_overhead_seconds) starts
         request = self._admit(scope, parsed)
         ending = _SHUT_DOWN  # unless the exchange says otherwise, this task was cancelled
         try:
-            ending = refusal or await self._watched(request, parsed, scope, receive, client)
+            ending = refusal or await self._watched(request, parsed, scope, receive, client, read_at)
         finally:
             # our own answer's status only where it will be sent: a started response keeps the upstream's
             self._tracker.finish(
@@ -151,8 +150,6 @@ class CompletionsProxy:
             parsed.stream,
             parsed.max_tokens,
             parsed.prompt_tokens_estimate,
-            model_label=self._model_cap(parsed.model),
-            tenant_label=self._tenant_cap(tenant),
             source="probe" if probe else None,
             run_id=run_id,
             request_id=probe_id if keep_id else None,
@@ -166,7 +163,13 @@ class CompletionsProxy:
         return request
 
     async def _watched(
-        self, request: LiveRequest, parsed: ParsedRequest, scope: Scope, receive: Any, client: ClientChannel
+        self,
+        request: LiveRequest,
+        parsed: ParsedRequest,
+        scope: Scope,
+        receive: Any,
+        client: ClientChannel,
+        read_at: float,
     ) -> Ending:
         """The exchange, raced against the client's disconnect.
 
@@ -175,7 +178,7 @@ class CompletionsProxy:
         relay that finds every byte buffered runs to its end without yielding, so the watcher,
         already woken, gets one more step before the decision).
         """
-        work = asyncio.ensure_future(self._exchange(request, parsed, scope, client))
+        work = asyncio.ensure_future(self._exchange(request, parsed, scope, client, read_at))
         watcher = asyncio.ensure_future(wait_disconnect(receive))
         try:
             await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
@@ -192,15 +195,18 @@ class CompletionsProxy:
         return _CLIENT_GONE
 
     async def _exchange(
-        self, request: LiveRequest, parsed: ParsedRequest, scope: Scope, client: ClientChannel
+        self, request: LiveRequest, parsed: ParsedRequest, scope: Scope, client: ClientChannel, read_at: float
     ) -> Ending:
         """Send upstream, relay the answer; returns how it ended and never raises (but cancels)."""
         try:
+            url = target_url(self._upstream, scope)
+            headers = with_traceparent(request_headers(scope, identity=True), request.telemetry)
+            self._tracker.spent(request, time.monotonic() - read_at)  # body read to upstream send
             upstream = await self._client.request(
                 "POST",
-                target_url(self._upstream, scope),
+                url,
                 data=parsed.body,
-                headers=with_traceparent(request_headers(scope, identity=True), request.telemetry),
+                headers=headers,
                 allow_redirects=False,
             )
         except Exception as exc:

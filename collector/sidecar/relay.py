@@ -14,6 +14,7 @@ quotes the upstream's bytes.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,12 +298,14 @@ async def relay_body(
             else:
                 keep = None  # too big to read: forwarded unread, tokens estimated
     if keep:
+        began = time.monotonic()
         payload = _payload(b"".join(keep))
         usage = payload.get("usage") if isinstance(payload, dict) else None
         if isinstance(usage, dict):
             tracker.reported_usage(request, usage)
         if request.telemetry is not None:
             request.telemetry.note_answer(payload)
+        tracker.spent(request, time.monotonic() - began)
     return Ending(outcome_for_status(response.status), complete=True, last=held)
 
 
@@ -329,7 +332,9 @@ async def relay_stream(
     """
     splitter = EventSplitter(max_event_bytes)
     malformed = errored = False
+    clock, spent = time.monotonic, tracker.spent
     async for data in response.content.iter_any():
+        began = clock()
         complete, events = splitter.feed(data)
         kept: list[bytes] | None = None  # None: forward `complete` exactly as received
         for index, event in enumerate(events):
@@ -356,6 +361,7 @@ async def relay_stream(
             if kept is not None:
                 kept.append(event)
         body = complete if kept is None else splitter.join(kept)
+        spent(request, clock() - began)
         if body:
             await client.body(body)
     rest = splitter.remainder()

@@ -1,8 +1,10 @@
-"""Tenant and model label values, capped so a hostile or careless client cannot grow series.
+"""Who sent a request (the tenant), and LabelCap: a plain cap on the distinct values of a label.
 
 Tenant (docs/design.md §4.2): the configured header's value, else `key-` + the first 8 hex digits
-of sha256(bearer token), else `anonymous`. At most `limit` distinct values become label values;
-every later newcomer is labelled `other`. Request IDs are never labels.
+of sha256(bearer token), else `anonymous`. Which model and tenant values become label values is
+the series budget's decision (collector.sidecar.series); LabelCap caps the task classes a probe
+may name: at most `limit` distinct values, every later newcomer `other`. Request IDs are never
+labels.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Lifecycle (docs/design.md §4.2): admit -> first byte -> first token -> generate
 terminal transition. The gauges are not incremented and decremented: they are *computed* at scrape
 time from the set of live requests, so a request that leaves the set (by its one idempotent
 `finish`) can never leak a gauge. Everything here runs on the event loop thread; the per-chunk
-method `generated` is two integer additions.
+method `generated` is two integer additions. Label values come from the SeriesBudget at
+admission (collector.sidecar.series), which keeps the whole exposition within --max-series.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from collector.catalog import spec
 from collector.inflight import Inflight
 from collector.record import OUTCOMES, RequestRecord, time_per_output_token
+from collector.sidecar.exposition import CounterVec, HistogramVec, MetricsPage, gauge_text, number_text
+from collector.sidecar.series import SeriesBudget
 from collector.sidecar.tracecontext import Telemetry
 from collector.tasks import UNSPECIFIED, classify, classify_finished
 
@@ -69,6 +72,7 @@ class LiveRequest:
         "task_class",
         "task_class_label",
         "telemetry",
+        "overhead_s",
     )
 
     def __init__(
@@ -116,6 +120,7 @@ class LiveRequest:
         # the class it declared (max_tokens), or one the probe named; the label is capped
         self.task_class = task_class or classify(max_tokens)
         self.task_class_label = task_class_label or self.task_class
+        self.overhead_s = 0.0  # the sidecar's own time: admission to upstream send + every chunk
         self.telemetry = telemetry  # W3C trace context and response facts, while tracing
 
     @property
@@ -142,22 +147,27 @@ class Tracker:
         instance: str,
         source: str = "traffic",
         run_id: str | None = None,
+        budget: SeriesBudget | None = None,
     ) -> None:
         self.instance, self.source, self.run_id = instance, source, run_id
+        self.budget = budget if budget is not None else SeriesBudget()
         self.live: dict[str, LiveRequest] = {}
         self.load = Inflight()  # running sums, for the admission snapshot in O(1)
         self._label_sets: set[tuple[str, str]] = set()
         self._task_label_sets: set[tuple[str, str]] = set()
         self._row_sinks: list[Callable[[RequestRecord], None]] = []
         self._span_sinks: list[Callable[[RequestRecord, Telemetry | None], None]] = []
-        self.requests = _metric(Counter, "headroom_requests_total", registry)
-        self.prompt_tokens = _metric(Counter, "headroom_prompt_tokens_total", registry)
-        self.generated_tokens = _metric(Counter, "headroom_generated_tokens_total", registry)
-        self.ttft = _metric(Histogram, "headroom_time_to_first_token_seconds", registry)
-        self.tpot = _metric(Histogram, "headroom_time_per_output_token_seconds", registry)
-        self.duration = _metric(Histogram, "headroom_request_duration_seconds", registry)
-        self.retries = _metric(Counter, "headroom_upstream_retries_total", registry)
-        registry.register(_LiveGauges(self))
+        self.requests = CounterVec(spec("headroom_requests_total"))
+        self.prompt_tokens = CounterVec(spec("headroom_prompt_tokens_total"))
+        self.generated_tokens = CounterVec(spec("headroom_generated_tokens_total"))
+        self.ttft = HistogramVec(spec("headroom_time_to_first_token_seconds"))
+        self.tpot = HistogramVec(spec("headroom_time_per_output_token_seconds"))
+        self.duration = HistogramVec(spec("headroom_request_duration_seconds"))
+        self.retries = CounterVec(spec("headroom_upstream_retries_total"))
+        self.overhead_family = HistogramVec(spec("headroom_proxy_overhead_seconds"))
+        self.overhead = self.overhead_family.labels()
+        self.exported = TrackerMetrics(self)
+        registry.register(self.exported)
 
     @property
     def active_tokens_total(self) -> int:
@@ -175,7 +185,10 @@ class Tracker:
 
     # --- lifecycle ----------------------------------------------------------------------------
     def admit(self, request: LiveRequest) -> None:
-        """Admitted: inflight += 1, active_tokens += prompt estimate; snapshot both, self included."""
+        """Admitted: label values from the budget; inflight += 1, active_tokens += prompt estimate;
+        snapshot both, self included."""
+        request.model_label, request.tenant_label = self.budget.labels(request.model, request.tenant)
+        request.task_class_label = self.budget.task_label(request.model_label, request.task_class_label)
         self.live[request.request_id] = request
         request.inflight_at_admit, request.active_tokens_at_admit = self.load.admit(request.prompt_tokens)
         self._label_sets.add((request.model_label, request.tenant_label))
@@ -198,6 +211,10 @@ class Tracker:
             request.first_token_mono = time.monotonic()
         request.generated_tokens += tokens
         self.load.generated(tokens)
+
+    def spent(self, request: LiveRequest, seconds: float) -> None:
+        """The sidecar itself worked `seconds` on this request (headroom_proxy_overhead_seconds)."""
+        request.overhead_s += seconds
 
     def reported_usage(self, request: LiveRequest, usage: dict[str, Any]) -> None:
         """The upstream's `usage` object (cumulative: the latest replaces any earlier one)."""
@@ -274,15 +291,16 @@ class Tracker:
         )
 
     def _observe(self, request: LiveRequest, record: RequestRecord) -> None:
-        model, tenant, outcome = request.model_label, request.tenant_label, record.outcome
+        model, tenant, outcome = request.model_label, request.tenant_label, record.outcome or ""
         self.requests.labels(model, tenant, outcome).inc()
         self.prompt_tokens.labels(model, tenant).inc(record.prompt_tokens or 0)
         self.generated_tokens.labels(model, tenant).inc(record.completion_tokens or 0)
-        self.duration.labels(model, outcome).observe(record.e2e_s)
+        self.duration.labels(model, outcome).observe(record.e2e_s or 0.0)
         if record.ttft_s is not None:
             self.ttft.labels(model).observe(record.ttft_s)
         if record.tpot_s is not None:
             self.tpot.labels(model).observe(record.tpot_s)
+        self.overhead.observe(request.overhead_s)
 
 
 def _token_counts(request: LiveRequest) -> tuple[int, int, int | None, str]:
@@ -314,59 +332,93 @@ def _count(value: object) -> int | None:
     return value if valid and isinstance(value, int) else None
 
 
-def _metric(cls: Any, name: str, registry: CollectorRegistry) -> Any:
-    entry = spec(name)
-    kwargs = {"buckets": entry.buckets} if entry.buckets else {}
-    return cls(name, entry.help, entry.labels, registry=registry, **kwargs)
+class TrackerMetrics:
+    """Everything the tracker exports, for MetricsPage (text kept per series) and for a registry.
 
-
-class _LiveGauges:
-    """Custom collector: headroom_inflight_requests and headroom_active_tokens from the live set.
-
-    Every label set ever seen keeps exporting (0 when idle), so dashboards show a drop to zero
-    instead of a vanished series.
+    headroom_inflight_requests and headroom_active_tokens (and the per-task-class pair) are summed
+    from the live set on each scrape; every label pair ever seen keeps exporting (0 when idle), so
+    dashboards show a drop to zero instead of a vanished series, and before the first request one
+    series at 0 exports. The counters and histograms keep their text per child.
     """
 
     def __init__(self, tracker: Tracker) -> None:
         self._tracker = tracker
+        self._gauges = tuple(
+            spec(name)
+            for name in (
+                "headroom_inflight_requests",
+                "headroom_active_tokens",
+                "headroom_task_inflight_requests",
+                "headroom_task_active_tokens",
+            )
+        )
+        self._folded = spec("headroom_label_values_folded_total")
+        # label parts per gauge, kept across scrapes
+        self._prefixes: tuple[dict[tuple[str, ...], str], ...] = ({}, {}, {}, {})
+
+    def _live(self) -> tuple[dict[tuple[str, ...], float], ...]:
+        """In-flight requests and active tokens per (model, tenant), then per (model, task class)."""
+        tracker = self._tracker
+        pairs = tracker._label_sets or {("", "")}  # before any request: one series at 0
+        tasks = tracker._task_label_sets or {("", "")}
+        inflight: dict[tuple[str, ...], float] = dict.fromkeys(pairs, 0)
+        tokens: dict[tuple[str, ...], float] = dict.fromkeys(pairs, 0)
+        task_inflight: dict[tuple[str, ...], float] = dict.fromkeys(tasks, 0)
+        task_tokens: dict[tuple[str, ...], float] = dict.fromkeys(tasks, 0)
+        for request in list(tracker.live.values()):
+            key = (request.model_label, request.tenant_label)
+            task = (request.model_label, request.task_class_label)
+            weight = request.active_tokens
+            inflight[key] = inflight.get(key, 0) + 1
+            tokens[key] = tokens.get(key, 0) + weight
+            task_inflight[task] = task_inflight.get(task, 0) + 1
+            task_tokens[task] = task_tokens.get(task, 0) + weight
+        return inflight, tokens, task_inflight, task_tokens
+
+    def _vecs(self) -> tuple[CounterVec | HistogramVec, ...]:
+        t = self._tracker
+        return (
+            t.requests,
+            t.prompt_tokens,
+            t.generated_tokens,
+            t.ttft,
+            t.tpot,
+            t.duration,
+            t.retries,
+            t.overhead_family,
+        )
+
+    def text(self) -> str:
+        """The tracker's part of the /metrics page."""
+        folded = self._folded
+        parts = [
+            gauge_text(entry, values, prefixes)
+            for entry, values, prefixes in zip(self._gauges, self._live(), self._prefixes, strict=True)
+        ]
+        parts += [vec.text() for vec in self._vecs()]
+        parts.append(
+            f"# HELP {folded.name} {folded.help}\n# TYPE {folded.name} counter\n"
+            + "".join(
+                f'{folded.name}{{label="{label}"}} {number_text(count)}\n'
+                for label, count in sorted(self._tracker.budget.folded.items())
+            )
+        )
+        return "".join(parts)
 
     def collect(self) -> Iterable[Metric]:
-        live = list(self._tracker.live.values())
-        yield from _caliber_families(
-            live,
-            self._tracker._label_sets,
-            ("model_label", "tenant_label"),
-            "headroom_inflight_requests",
-            "headroom_active_tokens",
+        """The same series as metric families (nothing while MetricsPage renders: text() has them)."""
+        if MetricsPage.rendering():
+            return
+        for entry, values in zip(self._gauges, self._live(), strict=True):
+            family = GaugeMetricFamily(entry.name, entry.help, labels=entry.labels)
+            for key in sorted(values):
+                family.add_metric(key, values[key])
+            yield family
+        for vec in self._vecs():
+            yield vec.family()
+        counter = CounterMetricFamily(
+            self._folded.name.removesuffix("_total"), self._folded.help, labels=self._folded.labels
         )
-        yield from _caliber_families(
-            live,
-            self._tracker._task_label_sets,
-            ("model_label", "task_class_label"),
-            "headroom_task_inflight_requests",
-            "headroom_task_active_tokens",
-        )
-
-
-def _caliber_families(
-    live: list[LiveRequest],
-    seen: set[tuple[str, str]],
-    keys: tuple[str, str],
-    inflight_name: str,
-    tokens_name: str,
-) -> Iterable[Metric]:
-    """Both calibers summed per label pair of `keys`; every pair ever seen exports (0 when idle)."""
-    sums = dict.fromkeys(seen or {("", "")}, (0, 0))  # before any request: one series at 0
-    first, second = keys
-    for request in live:
-        key = (getattr(request, first), getattr(request, second))
-        count, weight = sums.get(key, (0, 0))
-        sums[key] = (count + 1, weight + request.active_tokens)
-    inflight_spec, tokens_spec = spec(inflight_name), spec(tokens_name)
-    inflight = GaugeMetricFamily(inflight_spec.name, inflight_spec.help, labels=inflight_spec.labels)
-    tokens = GaugeMetricFamily(tokens_spec.name, tokens_spec.help, labels=tokens_spec.labels)
-    for key in sorted(sums):
-        inflight.add_metric(key, sums[key][0])
-        tokens.add_metric(key, sums[key][1])
-    yield inflight
-    yield tokens
+        for label, count in sorted(self._tracker.budget.folded.items()):
+            counter.add_metric([label], count)
+        yield counter

@@ -36,6 +36,7 @@ from collector.sidecar import otel
 from collector.sidecar.app import SidecarParts, create_app
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.otel import OtelSink, provider_name
+from collector.sidecar.series import SeriesBudget
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
 from collector.sources.gpu import GpuCollector
@@ -59,11 +60,14 @@ def build_sidecar(
     """The sidecar `config` describes, as an ASGI app (see the module docstring for the parts).
 
     Raises ValueError naming the bad setting (an unknown engine, a broken mapping file, a bad
-    store URL), and duckdb.Error or SchemaTooNew when the database at config.db_path cannot be
+    store URL, a series budget too small), and duckdb.Error or SchemaTooNew when the database at config.db_path cannot be
     owned; the engine is checked before any database is opened.
     """
+    budget = SeriesBudget(config.max_series, max_models=config.max_models, max_tenants=config.max_tenants)
     registry = new_registry()
-    tracker = Tracker(registry, instance=config.instance, source=config.source, run_id=config.run_id)
+    tracker = Tracker(
+        registry, instance=config.instance, source=config.source, run_id=config.run_id, budget=budget
+    )
     capacity = CapacityGauges()
     registry.register(capacity)
     engine = engine if engine is not None else _engine_source(config)

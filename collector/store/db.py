@@ -1,9 +1,20 @@
-"""RequestStore: the one read-write owner of a DuckDB request-log file.
+"""RequestStore: the one read-write owner of a DuckDB request-log file, and its one insert path.
 
 Only one process may open a DuckDB file read-write (docs/design.md §2, process model). The
 sidecar's in-process store and the `headroom store` service both hold one RequestStore; everything
 else reads through them. Rows arrive in batches and are inserted once per batch through Arrow,
-never with a per-row `executemany` (docs/domain.md §11).
+never with a per-row `executemany` (docs/domain.md §11): `rows_to_arrow` is the one place records
+become columns, and `RequestStore.insert_arrow` the one INSERT, for the sidecar's writer and the
+store's ingest alike.
+
+Exactly once without a primary key. A row is a duplicate when a stored row has its request_id
+and its admitted_at (a resent batch repeats both). The INSERT keeps the first of the batch's own
+duplicates and leaves out the rows already stored, looking only at stored rows whose admitted_at
+lies within the batch's span: DuckDB's per-row-group min/max of admitted_at skips the rest of the
+table, so the check costs the same at 10 million rows as at ten. DuckDB returns the number of
+rows it inserted, so no count of the table is needed. (A primary-key index costs about 3.5 µs per
+row to maintain on the project's machine, more than everything else the insert does:
+BENCHMARKS.md.)
 """
 
 from __future__ import annotations
@@ -16,11 +27,12 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collector.record import RequestRecord
 from collector.store.schema import COLUMN_NAMES, COLUMNS, migrate
 
-__all__ = ["RequestStore", "ARROW_SCHEMA", "rows_to_arrow"]
+__all__ = ["RequestStore", "ARROW_SCHEMA", "ARROW_STREAM_TYPE", "rows_to_arrow", "rows_to_ipc"]
 
 _ARROW_TYPES = {
     "VARCHAR": pa.string(),
@@ -32,6 +44,7 @@ _ARROW_TYPES = {
 }
 ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[sql.split()[0]]) for name, sql in COLUMNS])
 _COLUMN_LIST = ", ".join(COLUMN_NAMES)
+ARROW_STREAM_TYPE = "application/vnd.apache.arrow.stream"  # the IANA media type of an Arrow IPC stream
 
 
 Rows = Sequence[RequestRecord | Mapping[str, Any]]
@@ -57,6 +70,44 @@ def rows_to_arrow(rows: Rows, *, lenient: bool = False) -> pa.Table:
         return pa.Table.from_arrays(
             [_column(columns[f.name], f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA
         )
+
+
+def rows_to_ipc(rows: Rows) -> bytes:
+    """Rows as one Arrow IPC stream, a body for the store's ingest (leniently, like the writer).
+
+    The store reads it without parsing a value (`pa.ipc.open_stream`), which is what lets its
+    ingest keep up with a fleet: JSON costs more to parse than DuckDB takes to insert.
+    """
+    table = rows_to_arrow(rows, lenient=True)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _insert_sql(batch: pa.Table) -> tuple[str, list[Any]]:
+    """The INSERT for `batch` (bound as `batch`) and its parameters: the batch's admitted_at span.
+
+    Example: a batch admitted between 09:00 and 09:05 without NULLs -> "... WHERE NOT EXISTS
+    (... r.admitted_at = b.admitted_at AND r.admitted_at BETWEEN ? AND ?)", [09:00, 09:05].
+    """
+    admitted = batch.column("admitted_at")
+    source = "batch"
+    if pc.count_distinct(batch.column("request_id")).as_py() < batch.num_rows:
+        source = "(SELECT DISTINCT ON (request_id, admitted_at) * FROM batch)"
+    low, high = (value.as_py() for value in pc.min_max(admitted).values())
+    same_time = "r.admitted_at = b.admitted_at"
+    span, params = "r.admitted_at BETWEEN ? AND ?", [low, high]
+    if admitted.null_count:  # rare (only ingest from other clients): NULL must match NULL
+        same_time = "r.admitted_at IS NOT DISTINCT FROM b.admitted_at"
+        span = f"({span} OR r.admitted_at IS NULL)" if low is not None else "r.admitted_at IS NULL"
+        params = params if low is not None else []
+    sql = (
+        f"INSERT INTO requests ({_COLUMN_LIST}) SELECT {_COLUMN_LIST} FROM {source} AS b "
+        f"WHERE NOT EXISTS (SELECT 1 FROM requests r WHERE r.request_id = b.request_id "
+        f"AND {same_time} AND {span})"
+    )
+    return sql, params
 
 
 def _column(values: list, arrow_type: pa.DataType) -> pa.Array:
@@ -89,20 +140,22 @@ class RequestStore:
         self.migrated_from = None if read_only else migrate(self._con)
 
     def insert_rows(self, rows: Rows, *, lenient: bool = False) -> int:
-        """Insert a batch; rows whose request_id already exists are ignored. Returns rows added.
+        """Insert a batch of records or row dicts; duplicates (module docstring) are ignored.
+        Returns rows added.
 
         A value that does not fit its column raises, or with `lenient` is stored as NULL.
         """
         if not rows:
             return 0
-        batch = rows_to_arrow(rows, lenient=lenient)  # noqa: F841 -- referenced by name in the SQL
+        return self.insert_arrow(rows_to_arrow(rows, lenient=lenient))
+
+    def insert_arrow(self, batch: pa.Table) -> int:
+        """Insert an Arrow table in ARROW_SCHEMA; duplicates are ignored. Returns rows added."""
+        if batch.num_rows == 0:
+            return 0
+        sql, params = _insert_sql(batch)  # the SQL reads the local `batch` (a DuckDB replacement scan)
         with self._lock:
-            before = self._con.execute("SELECT count(*) FROM requests").fetchone()[0]
-            self._con.execute(
-                f"INSERT OR IGNORE INTO requests ({_COLUMN_LIST}) SELECT {_COLUMN_LIST} FROM batch"
-            )
-            after = self._con.execute("SELECT count(*) FROM requests").fetchone()[0]
-        return int(after - before)
+            return int(self._con.execute(sql, params).fetchall()[0][0])
 
     def write_batch(self, rows: Rows) -> None:
         """BatchSink interface for the LogWriter: insert the batch (duplicates ignored).

@@ -5,7 +5,7 @@ field's Python type.
 
 The schema version lives in a one-row table `headroom_schema`. Opening a file written by an older
 program runs each migration in order inside one transaction, so rows are never lost: a migration
-only ever adds columns or tables.
+adds columns or tables, or (version 5) rebuilds `requests` from its own rows.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ _SQL_TYPES: dict[type, str] = {
 
 def _sql_type(name: str, python_type: type) -> str:
     sql = "BIGINT" if name in INT64_FIELDS else _SQL_TYPES[python_type]
-    return f"{sql} PRIMARY KEY" if name == "request_id" else sql
+    return f"{sql} NOT NULL" if name == "request_id" else sql
 
 
 # (name, DuckDB type) in table order, from collector.record.RequestRecord's fields. The contract;
-# other parts and external readers depend on it (e.g. ("request_id", "VARCHAR PRIMARY KEY")).
+# other parts and external readers depend on it (e.g. ("request_id", "VARCHAR NOT NULL")).
 COLUMNS: tuple[tuple[str, str], ...] = tuple(
     (name, _sql_type(name, python_type)) for name, python_type in field_types().items()
 )
@@ -50,10 +50,12 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 
 # Version 1 shipped without the engine snapshot and prefix-cache columns; version 2 added them.
 # Version 3 added upstream_retries (a request re-sent after a stale pooled connection), version 4
-# task_class (collector.tasks: short, medium, long, or what a probe's workload named).
-_V1_COLUMNS = tuple(
+# task_class (collector.tasks: short, medium, long, or what a probe's workload named). Version 5
+# dropped the primary key on request_id: duplicates are left out by the insert itself
+# (collector.store.db), which is 2-3x faster without the index to maintain.
+_V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
     c
-    for c in COLUMNS
+    for c in COLUMNS[1:]
     if c[0]
     not in (
         "cached_prompt_tokens",
@@ -88,8 +90,21 @@ def _v4(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS task_class VARCHAR")
 
 
+def _v5(con: duckdb.DuckDBPyConnection) -> None:
+    """Rebuild `requests` without the primary key: same rows, contract column order, by admission.
+
+    Sorting by admitted_at keeps each row group's admitted_at span narrow, which is what lets the
+    insert's duplicate check skip the rest of the table.
+    """
+    names = ", ".join(name for name, _ in COLUMNS)
+    con.execute(_ddl(COLUMNS).replace("TABLE IF NOT EXISTS requests", "TABLE requests_v5"))
+    con.execute(f"INSERT INTO requests_v5 SELECT {names} FROM requests ORDER BY admitted_at")
+    con.execute("DROP TABLE requests")
+    con.execute("ALTER TABLE requests_v5 RENAME TO requests")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3, _v4)
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5)
 SCHEMA_VERSION = len(MIGRATIONS)
 V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
 

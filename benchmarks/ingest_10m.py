@@ -1,0 +1,196 @@
+"""How fast does the request log take rows when its table already holds 10 million?
+
+    python benchmarks/ingest_10m.py                    # 10 M rows first (about 30 s), then ingest
+    python benchmarks/ingest_10m.py --rows 200000      # a quick run on a small table
+
+Three ways in, each measured over --batches batches of --batch-rows new rows (sidecar-shaped
+rows: 28 columns, four timestamps, every column set as the tracker sets it):
+
+* `insert_rows`: RequestStore.insert_rows, the one insert path (Arrow in bulk, INSERT OR IGNORE,
+  the count DuckDB returns), on a file-backed store;
+* `log_writer`: the sidecar's LogWriter in front of that store, from submit() to flush();
+* `headroom store`: POST /v1/ingest to a `headroom store` process, bodies pre-serialised as Arrow
+  IPC streams (rows_to_ipc), sent one after another: HTTP, reading, validation, insert; and the
+  same batches as JSON (`{"rows": [...]}`, what StoreShipper sends today).
+
+Every row of every batch must be new and inserted once; the script checks the returned counts
+and the table's final count, then resends one batch to check that nothing is inserted twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import orjson
+from _common import PYTHON, free_port, start
+from prometheus_client import CollectorRegistry
+from store_query_10m import generate
+
+from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_ipc
+from collector.store.writer import LogWriter
+
+_NOW = datetime(2026, 12, 1, 9, tzinfo=UTC)
+
+
+def sample_rows(count: int, prefix: str) -> list[dict]:
+    """`count` rows shaped like the tracker's, ids `prefix`-0 … (new to the 10 M table)."""
+    rows = []
+    for i in range(count):
+        admitted = _NOW + timedelta(microseconds=i * 997)
+        rows.append(
+            {
+                "request_id": f"{prefix}-{i:08d}",
+                "source": "traffic",
+                "run_id": None,
+                "instance": "bench",
+                "model": f"model-{i % 4}",
+                "tenant": f"tenant-{i % 50}",
+                "endpoint": "/v1/chat/completions",
+                "stream": True,
+                "admitted_at": admitted,
+                "first_byte_at": admitted + timedelta(milliseconds=30),
+                "first_token_at": admitted + timedelta(milliseconds=45),
+                "completed_at": admitted + timedelta(seconds=2.5),
+                "status_code": 200,
+                "outcome": "ok",
+                "error": None,
+                "prompt_tokens": 40 + i % 900,
+                "cached_prompt_tokens": i % 7,
+                "completion_tokens": 64,
+                "max_tokens": 256,
+                "usage_source": "upstream",
+                "ttft_s": 0.045,
+                "tpot_s": 0.038,
+                "e2e_s": 2.5,
+                "inflight_at_admit": 1 + i % 64,
+                "active_tokens_at_admit": 3000 + i % 5000,
+                "engine_waiting_at_admit": i % 3,
+                "kv_usage_at_admit": 0.42,
+                "upstream_retries": 0,
+            }
+        )
+    return rows
+
+
+def _rate(rows: int, seconds: float) -> str:
+    return f"{rows:>9,} rows in {seconds:6.2f} s = {rows / seconds:>9,.0f} rows/s"
+
+
+def bench_insert_rows(store: RequestStore, batches: list[list[dict]]) -> None:
+    began = time.perf_counter()
+    inserted = sum(store.insert_rows(batch) for batch in batches)
+    seconds = time.perf_counter() - began
+    assert inserted == sum(map(len, batches)), f"inserted {inserted}"
+    print(f"insert_rows      {_rate(inserted, seconds)}")
+
+
+def bench_log_writer(store: RequestStore, batches: list[list[dict]], batch_rows: int) -> None:
+    registry = CollectorRegistry()
+    writer = LogWriter(store, registry, max_queue_rows=sum(map(len, batches)) + 1, batch_rows=batch_rows)
+    began = time.perf_counter()
+    for batch in batches:
+        for row in batch:
+            writer.submit(row)
+    assert writer.flush(600)
+    seconds = time.perf_counter() - began
+    written = registry.get_sample_value("headroom_log_rows_written_total")
+    assert written == sum(map(len, batches)), f"written {written}"
+    writer.close()
+    print(f"log_writer       {_rate(int(written), seconds)}")
+
+
+def _post_all(client: httpx.Client, payloads: list[bytes], content_type: str) -> tuple[int, float]:
+    began = time.perf_counter()
+    inserted = sum(
+        client.post("/v1/ingest", content=body, headers={"Content-Type": content_type}).json()["inserted"]
+        for body in payloads
+    )
+    return inserted, time.perf_counter() - began
+
+
+def bench_store_service(db: Path, batches: list[list[dict]], json_batches: list[list[dict]]) -> None:
+    port, token = free_port(), "bench-token"
+    process = start(
+        [
+            PYTHON,
+            "-m",
+            "collector.cli",
+            "store",
+            "--db",
+            str(db),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--token",
+            token,
+            "--no-jobs",
+        ],
+        f"http://127.0.0.1:{port}/healthz",
+        timeout_s=120,
+    )
+    arrow = [rows_to_ipc(batch) for batch in batches]
+    as_json = [orjson.dumps({"rows": batch}) for batch in json_batches]  # as StoreShipper does
+    try:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", timeout=120, headers={"Authorization": f"Bearer {token}"}
+        ) as client:
+            inserted, seconds = _post_all(client, arrow, ARROW_STREAM_TYPE)
+            again = client.post(
+                "/v1/ingest", content=arrow[0], headers={"Content-Type": ARROW_STREAM_TYPE}
+            ).json()
+            json_inserted, json_seconds = _post_all(client, as_json, "application/json")
+            rows = client.get("/healthz").json()["rows"]
+    finally:
+        process.terminate()
+        process.wait(60)
+    assert inserted == sum(map(len, batches)) and again["inserted"] == 0, (inserted, again)
+    assert json_inserted == sum(map(len, json_batches)), json_inserted
+    print(
+        f"headroom store   {_rate(inserted, seconds)}   Arrow IPC bodies (resent batch: "
+        f"{again['duplicates']} duplicates, 0 inserted)"
+    )
+    print(f"headroom store   {_rate(json_inserted, json_seconds)}   JSON bodies; table now {rows:,} rows")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000, help="rows in the table before ingest")
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--batch-rows", type=int, default=5_000)
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="reuse (copy) this pre-filled DuckDB file instead of generating one",
+    )
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp())
+    db = scratch / "ingest.duckdb"
+    try:
+        if args.base:
+            shutil.copy(args.base, db)
+        store = RequestStore(db)
+        if store.count() < args.rows:
+            print(f"generated {args.rows:,} rows in {generate(store, args.rows):.1f} s")
+        print(f"table holds {store.count():,} rows; batches of {args.batch_rows:,}")
+
+        def batches(prefix: str) -> list[list[dict]]:
+            return [sample_rows(args.batch_rows, f"{prefix}{b}") for b in range(args.batches)]
+
+        bench_insert_rows(store, batches("insert"))
+        bench_log_writer(store, batches("writer"), args.batch_rows)
+        store.close()
+        bench_store_service(db, batches("service"), batches("json"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.sync()
+
+
+if __name__ == "__main__":
+    main()

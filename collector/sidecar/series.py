@@ -1,0 +1,136 @@
+"""SeriesBudget: one bound on the series /metrics exports, shared out to models and tenants.
+
+Per-label caps alone let the product explode: 50 tenants x 20 models is 1,000 label pairs, and
+each pair and model fans out over outcomes and histogram buckets (9,425 series were reached with
+the old caps). The budget counts what a label value would cost in the worst case before it
+becomes a label value, so the exposition can never pass `max_series`:
+
+    a model        its TTFT and TPOT histograms and one duration histogram per outcome
+                   (series_per_model(): 195 with the catalog's buckets), plus its (model, other) pair
+    a pair         (model, tenant): the two live gauges, the two token counters and one request
+                   counter per outcome (series_per_pair(): 11)
+    a task pair    (model, task class): the two live gauges per class (TASK_PAIR_SERIES: 2)
+    reserved       RESERVED_SERIES for everything that is not per request (engine, GPU, capacity,
+                   request-log health, overhead histogram) and the (other, other) fold
+
+A new model is admitted while fewer than `max_models` are and the budget has room, else it is
+labelled `other`; a new (model, tenant) pair likewise with `max_tenants` distinct tenants, else its
+tenant is `other`; a new (model, task class) pair while the budget has room, else its class is
+`other`. A model's reservation includes its (model, other) tenant and task pairs. Folds are
+counted per request in headroom_label_values_folded_total{label}.
+Admitted values stay admitted (counters cannot be taken back), so what is left only shrinks.
+
+Example: SeriesBudget(2000) admits one model with 116 tenants, or 7 models with none; the 8th
+model's requests are labelled ("other", tenant) while the budget has room for that pair.
+"""
+
+from __future__ import annotations
+
+from collector.catalog import spec
+
+__all__ = [
+    "SeriesBudget",
+    "OTHER",
+    "RESERVED_SERIES",
+    "TASK_PAIR_SERIES",
+    "series_per_model",
+    "series_per_pair",
+]
+
+OTHER = "other"
+TASK_PAIR_SERIES = 2  # headroom_task_inflight_requests and headroom_task_active_tokens
+RESERVED_SERIES = 300  # measured: ~110 with an engine, one GPU and a published estimate; 8 GPUs ~150
+_OUTCOMES = 7  # collector.sidecar.tracker.OUTCOMES
+_PER_PAIR = (
+    "headroom_inflight_requests",
+    "headroom_active_tokens",
+    "headroom_prompt_tokens_total",
+    "headroom_generated_tokens_total",
+)
+_PER_MODEL = ("headroom_time_to_first_token_seconds", "headroom_time_per_output_token_seconds")
+
+
+def _histogram_series(name: str) -> int:
+    return len(spec(name).buckets) + 3  # the buckets, +Inf, _sum and _count
+
+
+def series_per_pair(outcomes: int = _OUTCOMES) -> int:
+    """Worst-case series of one (model, tenant) pair: 4 + one request counter per outcome."""
+    return len(_PER_PAIR) + outcomes
+
+
+def series_per_model(outcomes: int = _OUTCOMES) -> int:
+    """Worst-case series of one model: its two latency histograms and a duration one per outcome."""
+    return sum(map(_histogram_series, _PER_MODEL)) + outcomes * _histogram_series(
+        "headroom_request_duration_seconds"
+    )
+
+
+class SeriesBudget:
+    """Label values for (model, tenant), keeping the whole exposition within `max_series`."""
+
+    def __init__(
+        self,
+        max_series: int = 2000,
+        *,
+        max_models: int = 20,
+        max_tenants: int = 50,
+        reserved: int = RESERVED_SERIES,
+    ) -> None:
+        self.max_series, self.max_models, self.max_tenants = max_series, max_models, max_tenants
+        self._model_cost = series_per_model() + series_per_pair() + TASK_PAIR_SERIES  # and its `other`s
+        self._pair_cost = series_per_pair()
+        self.left = max_series - reserved - self._model_cost  # (other, other) is always there
+        if self.left < 0:
+            raise ValueError(
+                f"--max-series {max_series} is below the {max_series - self.left} series "
+                "the sidecar needs with no model admitted; raise it"
+            )
+        self._models: set[str] = {OTHER}
+        self._tenants: set[str] = set()
+        self._pairs: set[tuple[str, str]] = set()
+        self._task_pairs: set[tuple[str, str]] = set()
+        self.folded = {"model": 0, "tenant": 0, "task_class": 0}
+
+    def labels(self, model: str, tenant: str) -> tuple[str, str]:
+        """(model label, tenant label) for one request, e.g. ('m1', 'team-a') or ('m1', 'other')."""
+        pair = (model, tenant)
+        if pair in self._pairs:  # the common case: one set lookup
+            return pair
+        model_label = self._model_label(model)
+        return model_label, self._tenant_label(model_label, tenant)
+
+    def _model_label(self, model: str) -> str:
+        if model in self._models:
+            return model
+        if len(self._models) - 1 < self.max_models and self.left >= self._model_cost:
+            self._models.add(model)
+            self.left -= self._model_cost
+            return model
+        self.folded["model"] += 1
+        return OTHER
+
+    def _tenant_label(self, model_label: str, tenant: str) -> str:
+        pair = (model_label, tenant)
+        if pair in self._pairs or tenant == OTHER:
+            return tenant
+        known = tenant in self._tenants
+        if (known or len(self._tenants) < self.max_tenants) and self.left >= self._pair_cost:
+            self._tenants.add(tenant)
+            self._pairs.add(pair)
+            self.left -= self._pair_cost
+            return tenant
+        self.folded["tenant"] += 1
+        return OTHER
+
+    def task_label(self, model_label: str, task_class: str) -> str:
+        """The task-class label for a request of `model_label` (admitted already): itself or `other`."""
+        pair = (model_label, task_class)
+        if pair in self._task_pairs or task_class == OTHER:
+            return task_class
+        if self.left >= TASK_PAIR_SERIES:
+            self._task_pairs.add(pair)
+            self.left -= TASK_PAIR_SERIES
+            return task_class
+        self.folded["task_class"] += 1
+        return OTHER
