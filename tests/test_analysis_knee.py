@@ -144,6 +144,32 @@ CASES = [
         True,
         "queue from concurrency 16",
     ),
+    # the simulator KV-bound (4 slots, 512 KV tokens, 220-token answers): at 4 one request is
+    # always preempted, TTFT stays flat (it already had its first token), decode slows 14 %
+    (
+        "KV preemption: a queue after the first token",
+        [330, 660, 1166, 1163],
+        dict(
+            waiting=[0.0, 0.0, 1.0, 4.8],
+            ttft_p50=[0.0059, 0.0060, 0.0064, 0.7955],
+            e2e_p50=[0.7006, 0.7009, 0.7956, 1.5898],
+        ),
+        2,
+        True,
+        "queue from concurrency 4",
+    ),
+    (
+        "a queue of one at 8 slots' level 8 while decode is flat is no preemption",
+        [313, 622, 1243, 2478, 2522],
+        dict(
+            waiting=[0.0, 0.0, 0.0, 1.0, 4.0],
+            ttft_p50=[0.006, 0.006, 0.007, 0.008, 0.2],
+            e2e_p50=[0.41, 0.41, 0.41, 0.42, 0.62],
+        ),
+        8,
+        True,
+        "serves 8 at once",
+    ),
     ("retrograde at 16", [100, 200, 400, 800, 1500, 1100], {}, 16, True, "plateau at 16"),
     (
         "queueing before throughput flattened",

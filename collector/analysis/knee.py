@@ -18,7 +18,9 @@ The rule, walking the levels upward (thresholds in KneeRule):
      the level's admissions), a level *queues* when that queue is real (min_engine_queue) and
      requests waited in it: median TTFT grew over the lowest level's by strong_queue_share of a
      request's duration, or the queue is engine_queue_share of the concurrency and TTFT grew by
-     queue_share (a request that sits one scheduler step in the queue is no queue). An engine
+     queue_share (a request that sits one scheduler step in the queue is no queue), or the queue
+     is engine_queue_share of the concurrency and the median decode time (e2e - TTFT) grew by
+     preempted_decode_growth (requests wait after their first token: preempted for KV). An engine
      that reports no queue is believed over any TTFT growth: that is prefill contention. Without
      the engine's count, a level queues when TTFT grew by strong_queue_share (a closed loop at
      twice the slots waits about half of a request's duration). Below the first level that
@@ -75,6 +77,10 @@ class KneeRule:
     strong_queue_share: float = 0.3  # ... by 30 %: requests wait for a slot
     engine_queue_share: float = 0.2  # mean engine queue >= 20 % of the concurrency ...
     min_engine_queue: float = 0.75  # ... and most of a request: not an arrival between steps
+    # A queue of engine_queue_share while TTFT stays flat and each request's decode takes this
+    # much longer than at the lowest level: requests wait after their first token, preempted
+    # because the KV cache is full (vLLM's recompute), not for a slot.
+    preempted_decode_growth: float = 0.1
     # below a queue: within 25 % of the best throughput. A flat compute-bound curve on a shared
     # host wobbles by 15 % between levels of a dozen requests; a collapse (thrashing) drops more.
     retrograde_tolerance: float = 0.25
@@ -130,16 +136,34 @@ def _queue_share(level: LevelStats, baseline: LevelStats) -> float | None:
     return (level.ttft_p50_s - baseline.ttft_p50_s) / level.e2e_p50_s
 
 
-def _engine_queue(waiting: float, share: float | None, level: LevelStats, rule: KneeRule) -> bool:
+def _decode_growth(level: LevelStats, baseline: LevelStats) -> float | None:
+    """How much longer the median request decoded (e2e - TTFT) than at the lowest level."""
+    if None in (level.e2e_p50_s, level.ttft_p50_s, baseline.e2e_p50_s, baseline.ttft_p50_s):
+        return None
+    before = baseline.e2e_p50_s - baseline.ttft_p50_s  # type: ignore[operator]
+    after = level.e2e_p50_s - level.ttft_p50_s  # type: ignore[operator]
+    return after / before - 1.0 if before > 0 else None
+
+
+def _engine_queue(
+    waiting: float, share: float | None, level: LevelStats, baseline: LevelStats, rule: KneeRule
+) -> bool:
     """The engine reports a queue that requests waited in: some queue and a strong TTFT rise, or
-    a queue of engine_queue_share of the concurrency and a TTFT rise of queue_share."""
+    a queue of engine_queue_share of the concurrency and either a TTFT rise of queue_share or
+    decode slowed by preempted_decode_growth (requests preempted after their first token)."""
     if waiting < rule.min_engine_queue:
         return False
+    large = waiting >= rule.engine_queue_share * level.concurrency
     if share is None:  # no TTFT to look at (the lowest level, non-streamed traffic)
-        return waiting >= rule.engine_queue_share * level.concurrency
+        return large
     if share >= rule.strong_queue_share:
         return True
-    return waiting >= rule.engine_queue_share * level.concurrency and share >= rule.queue_share
+    if not large:
+        return False
+    if share >= rule.queue_share:
+        return True
+    growth = _decode_growth(level, baseline) if level is not baseline else None
+    return growth is not None and growth >= rule.preempted_decode_growth
 
 
 def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRule()) -> LevelVerdict:
@@ -153,14 +177,14 @@ def judge_level(level: LevelStats, baseline: LevelStats, rule: KneeRule = KneeRu
     strong TTFT rise, any real queue the engine reports does (its waiting count is sampled, and
     short levels catch few samples).
     Examples: a mean engine queue of 3.8 at concurrency 8 with TTFT +2 s is queueing, 0.4 at 4
-    is not; with no engine figures, TTFT p50 0.04 -> 2.4 s at an e2e p50 of 3.4 s is a share of
+    is not, 1.0 at 4 with TTFT flat and decode 0.69 -> 0.79 s is (preempted for KV); with no engine figures, TTFT p50 0.04 -> 2.4 s at an e2e p50 of 3.4 s is a share of
     0.69: queueing.
     """
     failure = _capacity_failure(level, rule)
     waiting = level.engine_waiting_mean
     share = _queue_share(level, baseline) if level is not baseline else None
     if waiting is not None:
-        if _engine_queue(waiting, share, level, rule):
+        if _engine_queue(waiting, share, level, baseline, rule):
             return LevelVerdict(
                 level.concurrency,
                 failure,
