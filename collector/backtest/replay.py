@@ -16,6 +16,7 @@ in the simulator's own time with 8, and a demo of a few seconds needs more to fi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -198,6 +199,9 @@ def _log(
     model: str | None,
 ) -> ReplayLog:
     records = [Lifecycle.from_row(row) for row in rows]
+    # whole seconds: Prometheus answers at millisecond timestamps, and every evaluation time is
+    # start + k * interval, so a start with microseconds would match none of its answers
+    start = float(math.floor(start))
     capacities = [published(e) for e in estimates if e.get("knee_requests") or e.get("knee_tokens")]
     if model:
         capacities = [c for c in capacities if c.model == model]

@@ -44,8 +44,10 @@ def _escape(value: str) -> str:
 
 
 def label_text(names: Iterable[str], values: Iterable[str]) -> str:
-    """'model="m",tenant="a\\"b"' for names (model, tenant) and values (m, a"b): escaped once."""
-    return ",".join(f'{name}="{_escape(value)}"' for name, value in zip(names, values, strict=True))
+    """'model="m",tenant="a\\"b"' for names (model, tenant) and values (m, a"b): escaped once,
+    sorted by label name as prometheus_client writes them (the page reads the same either way)."""
+    pairs = sorted(zip(names, values, strict=True))
+    return ",".join(f'{name}="{_escape(value)}"' for name, value in pairs)
 
 
 def number_text(value: float) -> str:
@@ -154,9 +156,9 @@ class HistogramVec(_Vec[_Histogram]):
 
     def _new(self, values: tuple[str, ...]) -> _Histogram:
         labels = label_text(self.spec.labels, values)
-        joined = labels + "," if labels else ""
         braces = f"{{{labels}}}" if labels else ""
-        prefixes = [f'{self.spec.name}_bucket{{{joined}le="{le}"}}' for le in self._le]
+        names = (*self.spec.labels, "le")
+        prefixes = [f"{self.spec.name}_bucket{{{label_text(names, (*values, le))}}}" for le in self._le]
         prefixes += [f"{self.spec.name}_count{braces}", f"{self.spec.name}_sum{braces}"]
         return _Histogram(self._bounds, prefixes)
 
