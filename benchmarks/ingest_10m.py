@@ -6,8 +6,8 @@
 Three ways in, each measured over --batches batches of --batch-rows new rows (sidecar-shaped
 rows: 28 columns, four timestamps, every column set as the tracker sets it):
 
-* `insert_rows`: RequestStore.insert_rows, the one insert path (Arrow in bulk, INSERT OR IGNORE,
-  the count DuckDB returns), on a file-backed store;
+* `insert_rows`: RequestStore.insert_rows, the one insert path (Arrow in bulk, duplicates left
+  out by an anti-join over the batch's admitted_at span, the count DuckDB returns), on a file-backed store;
 * `log_writer`: the sidecar's LogWriter in front of that store, from submit() to flush();
 * `headroom store`: POST /v1/ingest to a `headroom store` process, bodies pre-serialised as Arrow
   IPC streams (rows_to_ipc), sent one after another: HTTP, reading, validation, insert; and the
