@@ -26,6 +26,7 @@ __all__ = [
     "default_window",
     "persistent_p95",
     "is_capacity_error",
+    "latency_fields",
     "CAPACITY_STATUSES",
 ]
 
@@ -114,6 +115,20 @@ def _ratio(rows: Sequence[Row], *outcomes: str) -> float:
     return sum(1 for r in rows if r.get("outcome") in outcomes) / len(rows)
 
 
+def latency_fields(
+    ttft: Sequence[float | None], tpot: Sequence[float | None], e2e: Sequence[float | None]
+) -> dict[str, float | None]:
+    """LevelStats' nine latency fields from (p50, p95, p99) of TTFT, TPOT and e2e.
+
+    Example: latency_fields((0.1, 0.2, 0.3), ...) -> {"ttft_p50_s": 0.1, "ttft_p95_s": 0.2, ...}.
+    """
+    return {
+        f"{name}_p{q}_s": value
+        for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e))
+        for q, value in zip((50, 95, 99), values, strict=True)
+    }
+
+
 def summarize_level(
     rows: Sequence[Row],
     concurrency: int,
@@ -152,15 +167,7 @@ def summarize_level(
         requests_per_s=len(finished) / span,
         output_tokens_per_s=output_tokens / span,
         total_tokens_per_s=(output_tokens + prompt_tokens) / span,
-        ttft_p50_s=ttft[0],
-        ttft_p95_s=ttft[1],
-        ttft_p99_s=ttft[2],
-        tpot_p50_s=tpot[0],
-        tpot_p95_s=tpot[1],
-        tpot_p99_s=tpot[2],
-        e2e_p50_s=e2e[0],
-        e2e_p95_s=e2e[1],
-        e2e_p99_s=e2e[2],
+        **latency_fields(ttft, tpot, e2e),
         rate_limited_ratio=_ratio(inside, "rate_limited"),
         timeout_ratio=_ratio(inside, "timeout"),
         error_ratio=1.0 - _ratio(inside, "ok"),

@@ -36,7 +36,7 @@ from typing import Any
 import duckdb
 
 from collector.analysis.knee import KneeResult, detect_knee
-from collector.analysis.levels import LevelStats
+from collector.analysis.levels import LevelStats, latency_fields
 from collector.analysis.stats import power_of_two_bucket, seconds
 from collector.store.db import RequestStore, rows_to_arrow
 
@@ -154,15 +154,7 @@ def _stats(row: tuple, rates: list[float], window_s: float) -> LevelStats:
         requests_per_s=0.0,
         output_tokens_per_s=0.0,
         total_tokens_per_s=sum(rates) / len(rates) if rates else 0.0,
-        ttft_p50_s=ttft[0],
-        ttft_p95_s=ttft[1],
-        ttft_p99_s=ttft[2],
-        tpot_p50_s=tpot[0],
-        tpot_p95_s=tpot[1],
-        tpot_p99_s=tpot[2],
-        e2e_p50_s=e2e[0],
-        e2e_p95_s=e2e[1],
-        e2e_p99_s=e2e[2],
+        **latency_fields(ttft, tpot, e2e),
         rate_limited_ratio=limited / n,
         timeout_ratio=timeouts / n,
         error_ratio=1 - ok / n,
