@@ -1,10 +1,13 @@
 """Does the capacity refresh disturb the proxy? Paced streams through a sidecar whose in-process
 store holds 1 M rows, TTFT compared between quiet phases and phases with a refresh running.
 
-The sidecar runs in this process (as `headroom run` does: the refresh in a background thread of
-the proxy's own process); the upstream and the load generator are separate processes, so only
-the sidecar's interpreter is shared with the refresh. Phases alternate (quiet, refresh, quiet,
-refresh ...) in the same run; each request's TTFT is attributed to the phase it was admitted in.
+The sidecar runs in this process, and the refresh runs as `headroom run` schedules it: from a
+background thread of the proxy's own process, which copies the window's rows out and leaves the
+curves to a child process at the lowest CPU priority (collector.analysis.refresh_worker).
+`--in-process` runs the curves in that thread instead (the previous design), for comparison.
+The upstream and the load generator are separate processes. Phases alternate (quiet, refresh,
+quiet, refresh ...) in the same run; each request's TTFT is attributed to the phase it was
+admitted in.
 
     python benchmarks/refresh_during_traffic.py --rows 1000000 --streams 64 --phase-seconds 20
 
@@ -29,7 +32,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import BODY, PYTHON, ROOT, free_port, start  # noqa: E402
 
-from collector.analysis.refresh import refresh_estimates  # noqa: E402
+from collector.analysis.refresh import refresh_estimates, refresh_estimates_isolated  # noqa: E402
 from collector.serving import serve_in_thread  # noqa: E402
 from collector.sidecar.config import SidecarConfig  # noqa: E402
 from collector.sidecar.wiring import build_sidecar  # noqa: E402
@@ -83,6 +86,9 @@ def main() -> None:
     parser.add_argument("--phases", type=int, default=4, help="quiet/refresh pairs x 2")
     parser.add_argument("--db", default="/tmp/headroom-refresh-bench.duckdb")
     parser.add_argument(
+        "--in-process", action="store_true", help="the curves in the proxy's process (the old design)"
+    )
+    parser.add_argument(
         "--client", nargs=4, metavar=("URL", "STREAMS", "SECONDS", "OUT"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -124,7 +130,7 @@ def main() -> None:
             while time.time() < end:  # the refresh back to back, as a slow job would run
                 t0 = time.perf_counter()
                 worker = threading.Thread(
-                    target=refresh_estimates,
+                    target=refresh_estimates if args.in_process else refresh_estimates_isolated,
                     args=(store, app.state.capacity, datetime.now(UTC)),
                     kwargs={"window": timedelta(hours=24)},
                 )
@@ -152,6 +158,9 @@ def main() -> None:
     )
     summary["refresh_s"] = {"runs": len(durations), "median": round(statistics.median(durations), 2)}
     summary["rows"] = args.rows
+    summary["curves_computed"] = (
+        "in the proxy's process" if args.in_process else "child process (headroom run's)"
+    )
     print(json.dumps(summary, indent=2))
 
 

@@ -48,12 +48,14 @@ def test_jobs_fire_on_their_triggers_with_an_injected_clock(store, tmp_path):
         export_dir=tmp_path / "parquet",
         report_dir=tmp_path / "reports",
         estimate_interval_s=6 * 3600,
+        probe_check_interval_s=3600,  # (every 5 s by default: 7,920 checks over these 11 hours)
         retention_days=30,
         clock=lambda: SUNDAY_EVENING,
     )
     fired = run_due(job_table(store, gauges, settings, **WORK), SUNDAY_EVENING, MONDAY_MORNING)
     names = [name for _, name in fired]
     assert names.count("rollup") == 11  # 23:05 ... 09:05
+    assert names.count("probe_runs") == 11  # 23:30 ... 09:30
     assert [when for when, name in fired if name == "retention"] == [
         datetime(2026, 11, 30, 0, 15, tzinfo=UTC)
     ]

@@ -25,16 +25,16 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from collector.analysis.estimate import estimate_capacity, estimate_probe_run, save_estimate
+from collector.analysis.estimate import estimate_probe_run, save_estimate
 from collector.analysis.publish import PublishPolicy, publish
+from collector.analysis.refresh_worker import traffic_estimates, traffic_estimates_isolated
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.estimates import import_estimates
 
-__all__ = ["refresh_estimates", "finished_probe_runs"]
+__all__ = ["refresh_estimates", "refresh_estimates_isolated", "finished_probe_runs"]
 
 log = logging.getLogger(__name__)
-MIN_CLASS_ROWS = 200  # a task class needs this many requests in the window for its own curve
 
 _FINISHED_RUNS = """SELECT run_id FROM requests
 WHERE source = 'probe' AND run_id IS NOT NULL AND completed_at IS NOT NULL
@@ -53,16 +53,6 @@ def finished_probe_runs(store: RequestStore, now: datetime, quiet_s: float) -> l
     return [run for run in runs if run not in done]
 
 
-def _models(store: RequestStore, since: datetime, until: datetime) -> list[str]:
-    rows = store.query(
-        "SELECT DISTINCT model FROM requests WHERE source = 'traffic' "
-        "AND admitted_at >= ? AND admitted_at < ? AND model IS NOT NULL "
-        "ORDER BY model",
-        [since, until],
-    )
-    return [row[0] for row in rows]
-
-
 def _estimate_probes(
     store: RequestStore, now: datetime, quiet_s: float, slo_ttft_p95_s: float | None, profile: str
 ) -> list[dict[str, Any]]:
@@ -78,40 +68,19 @@ def _estimate_probes(
     return saved
 
 
-def _classes(store: RequestStore, model: str, since: datetime, until: datetime) -> list[str | None]:
-    """None (every request) and each task class with enough traffic for a curve of its own."""
-    rows = store.query(
-        "SELECT task_class FROM requests WHERE source = 'traffic' AND model = ? "
-        "AND admitted_at >= ? AND admitted_at < ? AND task_class IS NOT NULL "
-        "GROUP BY task_class HAVING count(*) >= ? ORDER BY task_class",
-        [model, since, until, MIN_CLASS_ROWS],
-    )
-    classes = [row[0] for row in rows]
-    return [None, *classes] if len(classes) > 1 else [None]  # one class alone is "all"
-
-
 def _estimate_traffic(
-    store: RequestStore, now: datetime, window: timedelta, slo_ttft_p95_s: float | None, profile: str
+    store: RequestStore,
+    now: datetime,
+    window: timedelta,
+    slo_ttft_p95_s: float | None,
+    profile: str,
+    isolated: bool,
 ) -> list[dict[str, Any]]:
-    since, saved = now - window, []
-    for model in _models(store, since, now):
-        for task_class in _classes(store, model, since, now):
-            try:
-                estimate = estimate_capacity(
-                    store,
-                    model=model,
-                    since=since,
-                    until=now,
-                    slo_ttft_p95_s=slo_ttft_p95_s,
-                    profile=profile,
-                    source="traffic",
-                    task_class=task_class,
-                )
-            except ValueError as exc:  # too little traffic for a curve: keep what was there
-                log.info("no new traffic estimate for %s/%s: %s", model, task_class or "all", exc)
-                continue
-            save_estimate(store, estimate)
-            saved.append(estimate.to_dict())
+    estimate = traffic_estimates_isolated if isolated else traffic_estimates
+    saved = []
+    for found in estimate(store, now, window=window, slo_ttft_p95_s=slo_ttft_p95_s, profile=profile):
+        save_estimate(store, found)
+        saved.append(found.to_dict())
     return saved
 
 
@@ -127,16 +96,52 @@ def refresh_estimates(
     probe_quiet_s: float = 10.0,
     estimate_files: Sequence[str] = (),
     probe_max_age: timedelta = PublishPolicy().probe_max_age,
+    isolated: bool = False,
 ) -> list[dict[str, Any]]:
     """Import estimates saved in `estimate_files` (`headroom probe --db` files), estimate
     finished probe runs (and, with `traffic`, each active model's traffic), save them, then
-    publish the decision per model to the gauges; returns what was saved here."""
+    publish the decision per model to the gauges; returns what was saved here.
+
+    With `isolated`, the traffic curves are computed in a child process
+    (collector.analysis.refresh_worker): what a process that also proxies or ingests runs.
+    """
     for path in estimate_files:
         if imported := import_estimates(store, path):
             log.info("imported %d capacity estimates from %s", imported, path)
     saved = _estimate_probes(store, now, probe_quiet_s, slo_ttft_p95_s, profile)
     if traffic:
-        saved += _estimate_traffic(store, now, window, slo_ttft_p95_s, profile)
+        saved += _estimate_traffic(store, now, window, slo_ttft_p95_s, profile, isolated)
     for decision in publish(store, gauges, now, PublishPolicy(probe_max_age=probe_max_age)):
         log.debug("capacity of %s/%s: %s", decision.model, decision.task_class, decision.reason)
     return saved
+
+
+def refresh_estimates_isolated(
+    store: RequestStore,
+    gauges: CapacityGauges | None,
+    now: datetime,
+    *,
+    window: timedelta,
+    slo_ttft_p95_s: float | None = None,
+    profile: str = "interactive",
+    traffic: bool = True,
+    probe_quiet_s: float = 10.0,
+    estimate_files: Sequence[str] = (),
+    probe_max_age: timedelta = PublishPolicy().probe_max_age,
+) -> list[dict[str, Any]]:
+    """refresh_estimates(..., isolated=True): the scheduled job of `headroom run` and the store
+    service, whose processes also serve requests. Probe runs and imports stay in-process (a few
+    hundred rows each); the traffic curves go to a child process."""
+    return refresh_estimates(
+        store,
+        gauges,
+        now,
+        window=window,
+        slo_ttft_p95_s=slo_ttft_p95_s,
+        profile=profile,
+        traffic=traffic,
+        probe_quiet_s=probe_quiet_s,
+        estimate_files=estimate_files,
+        probe_max_age=probe_max_age,
+        isolated=True,
+    )

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from collector.analysis.refresh import refresh_estimates
+from collector.analysis.refresh import refresh_estimates_isolated
 from collector.catalog import spec
 from collector.exposition import new_registry
 from collector.report.review import LATEST_REPORT_NAME, write_report_files
@@ -59,7 +59,7 @@ def _lifespan(store: RequestStore, gauges: CapacityGauges | None, job_settings: 
             await run_in_threadpool(publish_stored, store, gauges)
         if job_settings is not None:
             scheduler = build_scheduler(
-                store, gauges, job_settings, refresh=refresh_estimates, review=write_report_files
+                store, gauges, job_settings, refresh=refresh_estimates_isolated, review=write_report_files
             )
             scheduler.start()
         app.state.scheduler = scheduler

@@ -27,7 +27,7 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, Depends, FastAPI
 
-from collector.analysis.refresh import refresh_estimates
+from collector.analysis.refresh import refresh_estimates_isolated
 from collector.exposition import new_registry
 from collector.record import RowSink
 from collector.service.auth import require_token, resolve_token
@@ -175,7 +175,7 @@ def _scheduler(config: SidecarConfig, store: RequestStore, capacity: CapacityGau
         estimate_files=config.probe_dbs,
         probe_max_age=config.probe_max_age,
     )
-    return build_scheduler(store, capacity, settings, refresh=refresh_estimates, review=_weekly_review)
+    return build_scheduler(store, capacity, settings, refresh=refresh_estimates_isolated, review=_weekly_review)
 
 
 def _weekly_review(

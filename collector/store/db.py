@@ -157,6 +157,15 @@ class RequestStore:
         with self._lock:
             return int(self._con.execute(sql, params).fetchall()[0][0])
 
+    def copy_in(self, copied: pa.Table) -> int:
+        """Insert an Arrow table holding some of the columns, matched by name, with no duplicate
+        check: rows copied from a store that already kept them unique (a refresh's copy)."""
+        if copied.num_rows == 0:
+            return 0
+        with self._lock:  # the SQL reads the local `copied` (a DuckDB replacement scan)
+            self._con.execute("INSERT INTO requests BY NAME SELECT * FROM copied")
+        return copied.num_rows
+
     def write_batch(self, rows: Rows) -> None:
         """BatchSink interface for the LogWriter: insert the batch (duplicates ignored).
 

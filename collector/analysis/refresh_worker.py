@@ -1,0 +1,215 @@
+"""The traffic refresh in a process of its own, so that it never competes with a proxy for the
+interpreter: what `headroom run` (a sidecar with its own store) and the store service schedule.
+
+    estimates = traffic_estimates_isolated(store, now, window=timedelta(hours=24))
+
+The passive curves of a day of traffic are seconds of DuckDB and Python work. Run inside the
+sidecar, that work holds the GIL between DuckDB calls and shares the cores with the proxy, and
+streams' TTFT p99 grew by 168 ms during a refresh over 1 M rows (BENCHMARKS.md §8). Here the
+sidecar only reads the window's rows, in the columns the curves use, into an Arrow IPC file in a
+private temporary directory (one DuckDB scan; no Python object per row), and a child process
+(`python -m collector.analysis.refresh_worker`, at the lowest CPU priority, DuckDB on one
+thread) loads them into an in-memory store, computes the same estimates as the in-process
+`traffic_estimates` and prints them as JSON. The parent saves and publishes them as before.
+
+A child that fails or runs past `timeout_s` costs this refresh its traffic estimates (logged with
+the child's last words) and nothing else: the estimates already saved stay published.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from collector.analysis.estimate import CapacityEstimate, estimate_capacity
+from collector.store.db import RequestStore
+
+__all__ = ["traffic_estimates", "traffic_estimates_isolated", "TRAFFIC_COLUMNS", "MIN_CLASS_ROWS"]
+
+log = logging.getLogger(__name__)
+MIN_CLASS_ROWS = 200  # a task class needs this many requests in the window for its own curve
+# what the passive curves read (collector.analysis.passive); request_id is the table's key
+TRAFFIC_COLUMNS = (
+    "request_id",
+    "source",
+    "model",
+    "task_class",
+    "admitted_at",
+    "first_token_at",
+    "completed_at",
+    "inflight_at_admit",
+    "active_tokens_at_admit",
+    "engine_waiting_at_admit",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "outcome",
+    "status_code",
+)
+_WINDOW_ROWS = (
+    f"SELECT {', '.join(TRAFFIC_COLUMNS)} FROM requests "
+    "WHERE source = 'traffic' AND admitted_at >= ? AND admitted_at < ?"
+)
+
+
+def _models(store: RequestStore, since: datetime, until: datetime) -> list[str]:
+    rows = store.query(
+        "SELECT DISTINCT model FROM requests WHERE source = 'traffic' "
+        "AND admitted_at >= ? AND admitted_at < ? AND model IS NOT NULL "
+        "ORDER BY model",
+        [since, until],
+    )
+    return [row[0] for row in rows]
+
+
+def _classes(store: RequestStore, model: str, since: datetime, until: datetime) -> list[str | None]:
+    """None (every request) and each task class with enough traffic for a curve of its own."""
+    rows = store.query(
+        "SELECT task_class FROM requests WHERE source = 'traffic' AND model = ? "
+        "AND admitted_at >= ? AND admitted_at < ? AND task_class IS NOT NULL "
+        "GROUP BY task_class HAVING count(*) >= ? ORDER BY task_class",
+        [model, since, until, MIN_CLASS_ROWS],
+    )
+    classes = [row[0] for row in rows]
+    return [None, *classes] if len(classes) > 1 else [None]  # one class alone is "all"
+
+
+def traffic_estimates(
+    store: RequestStore,
+    now: datetime,
+    *,
+    window: timedelta,
+    slo_ttft_p95_s: float | None = None,
+    profile: str = "interactive",
+) -> list[CapacityEstimate]:
+    """The passive estimate of every model active in [now - window, now), and of each of its
+    task classes with enough traffic; a model or class with too little traffic is left out."""
+    since, found = now - window, []
+    for model in _models(store, since, now):
+        for task_class in _classes(store, model, since, now):
+            try:
+                found.append(
+                    estimate_capacity(
+                        store,
+                        model=model,
+                        since=since,
+                        until=now,
+                        slo_ttft_p95_s=slo_ttft_p95_s,
+                        profile=profile,
+                        source="traffic",
+                        task_class=task_class,
+                    )
+                )
+            except ValueError as exc:  # too little traffic for a curve: keep what was there
+                log.info("no new traffic estimate for %s/%s: %s", model, task_class or "all", exc)
+    return found
+
+
+def traffic_estimates_isolated(
+    store: RequestStore,
+    now: datetime,
+    *,
+    window: timedelta,
+    slo_ttft_p95_s: float | None = None,
+    profile: str = "interactive",
+    timeout_s: float = 600.0,
+) -> list[CapacityEstimate]:
+    """traffic_estimates(), computed by a child process on a copy of the window's rows."""
+    with tempfile.TemporaryDirectory(prefix="headroom-refresh-") as directory:  # mode 0700
+        rows = Path(directory) / "rows.arrow"
+        table = store.arrow(_WINDOW_ROWS, [now - window, now])
+        if table.num_rows == 0:
+            return []
+        with pa.OSFile(str(rows), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        del table
+        command = [
+            sys.executable,
+            "-m",
+            "collector.analysis.refresh_worker",
+            str(rows),
+            "--now",
+            now.isoformat(),
+            "--window-s",
+            repr(window.total_seconds()),
+            "--profile",
+            profile,
+        ]
+        if slo_ttft_p95_s is not None:
+            command += ["--slo-ttft-p95-s", repr(slo_ttft_p95_s)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            log.error(
+                "the traffic refresh ran past %.0f s and was stopped; no new traffic estimate", timeout_s
+            )
+            return []
+    if done.returncode != 0:
+        log.error(
+            "the traffic refresh failed (exit %s); no new traffic estimate: %s",
+            done.returncode,
+            done.stderr.strip()[-2000:],
+        )
+        return []
+    return [CapacityEstimate.from_dict(item) for item in json.loads(done.stdout)]
+
+
+def _lowest_priority() -> None:
+    try:
+        os.nice(19)  # background work: the proxy and the engine come first
+    except OSError:  # pragma: no cover - a platform without nice
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m collector.analysis.refresh_worker",
+        description="Traffic capacity estimates of an Arrow IPC file of request rows, as JSON "
+        "(the child process of the sidecar's and the store's capacity refresh).",
+    )
+    parser.add_argument("rows", type=Path, help="Arrow IPC file with the columns TRAFFIC_COLUMNS")
+    parser.add_argument("--now", type=datetime.fromisoformat, required=True)
+    parser.add_argument("--window-s", type=float, required=True)
+    parser.add_argument("--profile", default="interactive")
+    parser.add_argument("--slo-ttft-p95-s", type=float)
+    args = parser.parse_args(argv)
+    _lowest_priority()
+    with pa.memory_map(str(args.rows)) as source:
+        rows = pa.ipc.open_file(source).read_all()
+    store = RequestStore()
+    try:
+        store.execute("SET threads = 1")
+        store.copy_in(rows)
+        del rows
+        found = traffic_estimates(
+            store,
+            args.now,
+            window=timedelta(seconds=args.window_s),
+            slo_ttft_p95_s=args.slo_ttft_p95_s,
+            profile=args.profile,
+        )
+    finally:
+        store.close()
+    json.dump([estimate.to_dict() for estimate in found], sys.stdout)
+    return 0
+
+
+def _entry() -> Any:  # pragma: no cover - the child's entry point
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return main()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_entry())

@@ -1,0 +1,90 @@
+"""The traffic refresh in a child process (what `headroom run` and the store service schedule)
+computes exactly the estimates the in-process refresh does, publishes them, and a child that
+fails or runs too long costs the refresh its new traffic estimates and nothing else."""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import timedelta
+
+import pytest
+
+from collector.analysis.estimate import probe_levels
+from collector.analysis.knee import detect_knee
+from collector.analysis.refresh import refresh_estimates_isolated
+from collector.analysis.refresh_worker import traffic_estimates, traffic_estimates_isolated
+from collector.analysis.stats import seconds
+from collector.sim.config import SimConfig
+from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
+from collector.store.capacity_gauges import CapacityGauges
+from collector.store.db import RequestStore
+
+pytestmark = pytest.mark.subprocess
+
+
+@pytest.fixture(scope="module")
+def traffic(tmp_path_factory):
+    """Half an hour of two-tenant simulator traffic ramping past an 8-slot engine's knee, in two
+    task classes; `now` just after its last request."""
+    config = SimConfig(max_num_seqs=8)
+    mix = Mix(output_tokens=64, long_share=0.2, long_prompt_tokens=400, tenants=2)
+    levels = probe_levels(closed_loop_rows(config, (1, 2, 4, 8, 16, 32), 30.0, mix, seed=3))
+    knee = detect_knee(levels).requests
+    capacity = next(level for level in levels if level.concurrency == knee).requests_per_s
+    rows = poisson_rows(config, lambda t: capacity * (0.3 + t / 1800), 1800.0, mix, seed=3)
+    for index, row in enumerate(rows):
+        row["task_class"] = "long" if index % 3 == 0 else "short"
+    store = RequestStore(tmp_path_factory.mktemp("refresh") / "log.duckdb")
+    store.insert_rows(rows)
+    now = max(row["completed_at"] for row in rows) + timedelta(seconds=1)
+    yield store, now, knee
+    store.close()
+
+
+def _comparable(estimate) -> dict:
+    return {k: v for k, v in estimate.to_dict().items() if k != "created_at"}
+
+
+def test_the_child_computes_what_the_process_itself_would(traffic):
+    store, now, knee = traffic
+    here = traffic_estimates(store, now, window=timedelta(hours=1))
+    there = traffic_estimates_isolated(store, now, window=timedelta(hours=1))
+    assert [(e.model, e.task_class) for e in here] == [
+        ("headroom-sim", "all"),
+        ("headroom-sim", "long"),
+        ("headroom-sim", "short"),
+    ]
+    assert [_comparable(e) for e in there] == [_comparable(e) for e in here]
+    assert here[0].knee.reached and abs(math.log2(here[0].knee.requests / knee)) <= 1  # one level
+    assert seconds(there[0].created_at) > 0
+
+
+def test_the_isolated_refresh_publishes_to_the_gauges(traffic):
+    store, now, _ = traffic
+    gauges = CapacityGauges()
+    saved = refresh_estimates_isolated(store, gauges, now, window=timedelta(hours=1))
+    published = gauges.get("headroom-sim")
+    assert saved and published is not None
+    assert published.knee_requests == saved[0]["knee_requests"]
+
+
+def test_a_child_past_its_time_costs_only_the_new_traffic_estimates(traffic, caplog):
+    store, now, _ = traffic
+    with caplog.at_level(logging.ERROR, logger="collector.analysis.refresh_worker"):
+        assert traffic_estimates_isolated(store, now, window=timedelta(hours=1), timeout_s=0.01) == []
+    assert "ran past" in caplog.text
+
+
+def test_a_failing_child_says_why(traffic, caplog, monkeypatch):
+    store, now, _ = traffic
+    monkeypatch.setattr("collector.analysis.refresh_worker.sys.executable", "/bin/false")
+    with caplog.at_level(logging.ERROR, logger="collector.analysis.refresh_worker"):
+        assert traffic_estimates_isolated(store, now, window=timedelta(hours=1)) == []
+    assert "the traffic refresh failed (exit 1)" in caplog.text
+
+
+def test_an_empty_window_starts_no_child(traffic, monkeypatch):
+    store, now, _ = traffic
+    monkeypatch.setattr("collector.analysis.refresh_worker.subprocess.run", None)  # would raise
+    assert traffic_estimates_isolated(store, now + timedelta(days=2), window=timedelta(hours=1)) == []
