@@ -23,8 +23,18 @@ tools:  ## Debian's prometheus, alertmanager (promtool, amtool), cmake and g++, 
 engine:  ## a real llama.cpp llama-server + Gemma 3 270M, built once into ~/.cache/llm-headroom
 	@bash scripts/build-llama-server.sh >/dev/null
 
+# Two parts: everything that does not measure this machine's time in $(WORKERS) pytest-xdist workers
+# (most of it waits on processes and sockets), then the tests that do (marker `serial`: latency
+# limits, real-time knees) and the real engine alone. Both run; either failing fails the target.
+WORKERS ?= 4
+PARALLEL := -m "not serial and not real_engine" -n $(WORKERS)
+ALONE    := -m "serial or real_engine"
+
 test: install tools engine lint  ## lint and types, then the whole suite: unit, integration, real engine
-	$(BIN)/pytest -q -p no:cacheprovider
+	@status=0; \
+	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) || status=1; \
+	$(BIN)/pytest -q -p no:cacheprovider $(ALONE) || status=1; \
+	exit $$status
 
 lint: install  ## ruff (lint + format check) and mypy (strict on collector/); any finding fails
 	$(BIN)/ruff check collector tests benchmarks

@@ -190,6 +190,7 @@ def test_keep_serving_exposes_the_capacity_gauges_until_ctrl_c(tmp_path):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.serial  # a wall-clock promise
 def test_default_demo_finishes_within_90_seconds(tmp_path):
     """`headroom demo` with no tuning flags (all seven levels at the default speed) is the
     one-command promise: it must end by itself, exit 0 and print its summary within 90 s."""

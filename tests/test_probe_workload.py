@@ -28,6 +28,7 @@ WORKLOAD = """classes:
 
 @pytest.mark.slow
 @pytest.mark.subprocess
+@pytest.mark.serial  # a real-time simulator: throughput per level is this machine's to give
 def test_two_classes_get_their_own_knees_where_the_kv_model_puts_them(tmp_path):
     (tmp_path / "workload.yaml").write_text(WORKLOAD)
     db = tmp_path / "probe.duckdb"

@@ -136,7 +136,7 @@ def _settings(url: str, levels: tuple[int, ...], **overrides) -> ProbeSettings:
                 "max_tokens": MAX_TOKENS,
                 "warmup_per_worker": 1,
                 "min_samples": 6,
-                "max_samples": 16,
+                "max_samples": 12,
                 "drift_window": 4,
                 "max_level_s": 25.0,
             }
@@ -177,7 +177,7 @@ def test_probe_finds_the_knee_a_plain_client_measures(parallel, levels, tmp_path
                 knee = detect_knee([lv.stats for lv in direct.levels]).requests
                 capacity = next(lv.stats.requests_per_s for lv in direct.levels if lv.concurrency == knee)
                 started = datetime.now(UTC)
-                sent = asyncio.run(_poisson(sidecar, lambda t: capacity * (0.3 + 1.4 * t / 120), 120.0, 300))
+                sent = asyncio.run(_poisson(sidecar, lambda t: capacity * (0.3 + 1.4 * t / 90), 90.0, 240))
     table = {
         p.concurrency: (round(p.output_tokens_per_s, 1), round(p.ttft_p50_s, 3), round(p.deferred_mean, 2))
         for p in plain
@@ -234,7 +234,7 @@ def test_probe_finds_the_knee_a_plain_client_measures(parallel, levels, tmp_path
 def test_two_task_classes_get_the_knees_a_plain_client_measures_per_class():
     """Short and long answers on 2 slots: llama.cpp's slots bind both, so both knees are 2
     and their ratio is 1; a plain client sees requests wait past 2 in both classes."""
-    classes = {"short": 32, "long": 96}
+    classes = {"short": 32, "long": 64}
     with llama_server(2) as engine:
         plain = {
             name: plain_knee([asyncio.run(plain_level(engine, c, 1, tokens)) for c in (2, 4)])
@@ -244,7 +244,7 @@ def test_two_task_classes_get_the_knees_a_plain_client_measures_per_class():
             name: asyncio.run(
                 run_probe(
                     _settings(
-                        engine, (1, 2, 4), max_tokens=tokens, task_class=name, min_samples=6, max_samples=12
+                        engine, (1, 2, 4), max_tokens=tokens, task_class=name, min_samples=4, max_samples=8
                     )
                 )
             )

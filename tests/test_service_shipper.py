@@ -105,11 +105,11 @@ def test_spool_survives_a_restart_of_the_shipper(tmp_path):
     first.write_batch(synthetic_rows(40, T0))
     first.close()
     assert first.spool.rows() == 40  # the sidecar stopped while the store was down
+    assert first.spool.size_bytes() > 0 and not fake.ids  # on disk, nothing delivered
     fake.up = True
     second = StoreShipper(
         "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
     )
-    assert second.spool.size_bytes() > 0
     wait_until(lambda: not second.spool.files(), 20, what="the spool left by the previous run to drain")
     second.close()
     assert len(fake.ids) == 40 and second.spool.size_bytes() == 0

@@ -239,6 +239,7 @@ async def _up(stack: Stack, client: httpx.AsyncClient) -> bool:
     return (await stack.exported(client)).get("headroom_engine_up") == 1.0
 
 
+@pytest.mark.serial  # latencies against a baseline: other tests' load would be the proxy's delay
 async def test_garbage_or_failing_engine_metrics_never_delay_proxied_requests(fake_engine):
     engine, url = fake_engine
     stack = Stack(url, "vllm", f"{url}/metrics", poll_interval_s=0.05, timeout_s=2.0)
@@ -256,6 +257,7 @@ async def test_garbage_or_failing_engine_metrics_never_delay_proxied_requests(fa
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 async def test_engine_metrics_hanging_for_a_minute_never_delay_proxied_requests(fake_engine):
     engine, url = fake_engine
     # Each hung poll holds until its 5 s timeout: a proxy that waited on it would show seconds.

@@ -129,7 +129,7 @@ def traffic_estimates_isolated(
     """traffic_estimates(), computed by a child process on a copy of the window's rows."""
     with tempfile.TemporaryDirectory(prefix="headroom-refresh-") as directory:  # mode 0700
         rows = Path(directory) / "rows.arrow"
-        table = store.arrow(_WINDOW_ROWS, [now - window, now])
+        table = store.arrow(_WINDOW_ROWS, [now - window, now], threads=1)
         if table.num_rows == 0:
             return []
         with pa.OSFile(str(rows), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -167,10 +167,15 @@ def traffic_estimates_isolated(
 
 
 def _lowest_priority() -> None:
+    """Background work: the proxy and the engine come first. Linux's SCHED_IDLE runs this only on
+    a core nothing else wants; elsewhere nice 19."""
     try:
-        os.nice(19)  # background work: the proxy and the engine come first
-    except OSError:  # pragma: no cover - a platform without nice
-        pass
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        try:
+            os.nice(19)
+        except OSError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,7 +175,9 @@ def _scheduler(config: SidecarConfig, store: RequestStore, capacity: CapacityGau
         estimate_files=config.probe_dbs,
         probe_max_age=config.probe_max_age,
     )
-    return build_scheduler(store, capacity, settings, refresh=refresh_estimates_isolated, review=_weekly_review)
+    return build_scheduler(
+        store, capacity, settings, refresh=refresh_estimates_isolated, review=_weekly_review
+    )
 
 
 def _weekly_review(

@@ -191,10 +191,25 @@ class RequestStore:
         with self._lock:
             self._con.execute(sql, params)
 
-    def arrow(self, sql: str, params: Sequence[Any] = ()) -> pa.Table:
-        """Run a parameterised query and return an Arrow table (for analysis and export)."""
+    def arrow(self, sql: str, params: Sequence[Any] = (), *, threads: int | None = None) -> pa.Table:
+        """Run a parameterised query and return an Arrow table (for analysis and export).
+
+        `threads` caps DuckDB's threads for this query (then restores the setting): a copy made
+        beside a proxy takes one core, not all of them.
+        """
         with self._lock:
-            return self._con.sql(sql, params=list(params) or None).to_arrow_table()
+            cursor = self._con.cursor()  # its own result: the connection may hold a fetchone()'s
+            try:
+                if threads is not None:
+                    previous = cursor.execute("SELECT current_setting('threads')").fetchall()[0][0]
+                    cursor.execute("SET threads = ?", [threads])
+                try:
+                    return cursor.sql(sql, params=list(params) or None).to_arrow_table()
+                finally:
+                    if threads is not None:
+                        cursor.execute("SET threads = ?", [previous])
+            finally:
+                cursor.close()
 
     def count(self) -> int:
         """Number of rows in `requests`."""
