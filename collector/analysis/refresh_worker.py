@@ -4,11 +4,11 @@ interpreter: what `headroom run` (a sidecar with its own store) and the store se
     estimates = traffic_estimates_isolated(store, now, window=timedelta(hours=24))
 
 The passive curves of a day of traffic are seconds of DuckDB and Python work. Run inside the
-sidecar, that work holds the GIL between DuckDB calls and shares the cores with the proxy, and
-streams' TTFT p99 grew by 168 ms during a refresh over 1 M rows (BENCHMARKS.md §8). Here the
-sidecar only reads the window's rows, in the columns the curves use, into an Arrow IPC file in a
-private temporary directory (one DuckDB scan; no Python object per row), and a child process
-(`python -m collector.analysis.refresh_worker`, at the lowest CPU priority, DuckDB on one
+sidecar, that work holds the GIL between DuckDB calls and shares the cores with the proxy: the
+paced TTFT p99 grew by 90 ms during refreshes over 1 M rows (BENCHMARKS.md §8). Here the sidecar
+only copies the window's rows, in the columns the curves use, into an Arrow IPC file in a private
+temporary directory (one DuckDB scan on one thread; no Python object per row), and a child
+process (`python -m collector.analysis.refresh_worker`, at Linux's SCHED_IDLE, DuckDB on one
 thread) loads them into an in-memory store, computes the same estimates as the in-process
 `traffic_estimates` and prints them as JSON. The parent saves and publishes them as before.
 

@@ -355,12 +355,13 @@ async def relay_stream(
                     if strip_usage and info.usage_only:  # the usage chunk we asked for
                         kept = events[:index] if kept is None else kept
                         continue
-                if strip_usage and _USAGE_NULL in event:
-                    kept = events[:index] if kept is None else kept
-                    event = event.replace(_USAGE_NULL, b"")
             if kept is not None:
                 kept.append(event)
         body = complete if kept is None else splitter.join(kept)
+        # vLLM writes "usage":null into every chunk once usage was asked for: the client did not
+        # ask, so it goes, once per read (inside a JSON string the quotes would be escaped)
+        if strip_usage and _USAGE_NULL in body:
+            body = body.replace(_USAGE_NULL, b"")
         spent(request, clock() - began)
         if body:
             await client.body(body)
