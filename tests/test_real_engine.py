@@ -34,7 +34,7 @@ from collector.store.db import RequestStore
 # minutes each on 2 cores: a real model answers every request (the suite's default is 300 s)
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
-MAX_TOKENS = 32
+MAX_TOKENS = 24
 PROMPT = "Write a short story about a robot who learns to paint."
 
 
@@ -234,7 +234,7 @@ def test_probe_finds_the_knee_a_plain_client_measures(parallel, levels, tmp_path
 def test_two_task_classes_get_the_knees_a_plain_client_measures_per_class():
     """Short and long answers on 2 slots: llama.cpp's slots bind both, so both knees are 2
     and their ratio is 1; a plain client sees requests wait past 2 in both classes."""
-    classes = {"short": 32, "long": 64}
+    classes = {"short": 24, "long": 48}
     with llama_server(2) as engine:
         plain = {
             name: plain_knee([asyncio.run(plain_level(engine, c, 1, tokens)) for c in (2, 4)])
