@@ -39,6 +39,7 @@ def _gauge(text: str, name: str) -> float | None:
     )
 
 
+@pytest.mark.serial  # the demo's 2 s levels on a real-time simulator: its knee is this machine's
 def test_demo_curve_report_store_job_and_sidecar_job_agree(tmp_path):
     db, summary = tmp_path / "demo.duckdb", tmp_path / "demo.json"
     _run(
