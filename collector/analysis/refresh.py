@@ -20,6 +20,7 @@ collector.store.jobs schedules this: the probe check every few seconds, the traf
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -116,32 +117,7 @@ def refresh_estimates(
     return saved
 
 
-def refresh_estimates_isolated(
-    store: RequestStore,
-    gauges: CapacityGauges | None,
-    now: datetime,
-    *,
-    window: timedelta,
-    slo_ttft_p95_s: float | None = None,
-    profile: str = "interactive",
-    traffic: bool = True,
-    probe_quiet_s: float = 10.0,
-    estimate_files: Sequence[str] = (),
-    probe_max_age: timedelta = PublishPolicy().probe_max_age,
-) -> list[dict[str, Any]]:
-    """refresh_estimates(..., isolated=True): the scheduled job of `headroom run` and the store
-    service, whose processes also serve requests. Probe runs and imports stay in-process (a few
-    hundred rows each); the traffic curves go to a child process."""
-    return refresh_estimates(
-        store,
-        gauges,
-        now,
-        window=window,
-        slo_ttft_p95_s=slo_ttft_p95_s,
-        profile=profile,
-        traffic=traffic,
-        probe_quiet_s=probe_quiet_s,
-        estimate_files=estimate_files,
-        probe_max_age=probe_max_age,
-        isolated=True,
-    )
+# the scheduled job of `headroom run` and the store service, whose processes also serve requests:
+# probe runs and imports stay in-process (a few hundred rows each), the traffic curves go to a
+# child process (collector.analysis.refresh_worker)
+refresh_estimates_isolated = functools.partial(refresh_estimates, isolated=True)
