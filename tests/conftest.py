@@ -43,6 +43,16 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Build matplotlib's font cache before any test runs. On a machine that never imported it (a
+    fresh CI runner), the first import runs `fc-list` to find fonts, and inside a test not marked
+    `subprocess` that is refused below: dozens of plotting tests failed on a clean machine only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # noqa: F401  (the import builds and saves the cache)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Integration and real-engine tests run real binaries: they are subprocess tests too."""
     for item in items:
