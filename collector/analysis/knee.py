@@ -26,8 +26,9 @@ The rule, walking the levels upward (thresholds in KneeRule):
      twice the slots waits about half of a request's duration). Below the first level that
      queues, the knee is the highest level whose throughput is within retrograde_tolerance of
      the best below the queue: the engine serves that many at once, and more requests only wait
-     (a flat compute-bound curve wobbles by several percent; a level far below the best is a
-     collapse, not a knee). A closed loop with a queue keeps the batch fuller than one without,
+     (a flat compute-bound curve wobbles by several percent, and on some CPUs one request
+     decodes faster alone than two together; a level below half the best is a collapse, not a
+     knee). A closed loop with a queue keeps the batch fuller than one without,
      so throughput may still creep up at the queueing level. A level whose only evidence is TTFT
      and that gains max_queued_gain or more is prefill contention, not a full batch, and is
      ignored; the engine's own count is believed whatever the gain (a knee between two levels:
@@ -81,9 +82,11 @@ class KneeRule:
     # much longer than at the lowest level: requests wait after their first token, preempted
     # because the KV cache is full (vLLM's recompute), not for a slot.
     preempted_decode_growth: float = 0.1
-    # below a queue: within 25 % of the best throughput. A flat compute-bound curve on a shared
-    # host wobbles by 15 % between levels of a dozen requests; a collapse (thrashing) drops more.
-    retrograde_tolerance: float = 0.25
+    # below a queue: within 50 % of the best throughput. A flat compute-bound curve on a shared
+    # host wobbles by 15 % between levels of a dozen requests, and a CPU engine can lose a third
+    # of its throughput from one request to two and still serve both at once (llama.cpp on one
+    # AVX-512 core decodes 80 tok/s alone, 55 for two); a collapse (thrashing) halves it.
+    retrograde_tolerance: float = 0.5
     # A queueing level that still gains this much is not past the knee: long prompts contend
     # for prefill (TTFT grows) while decode throughput still rises with the batch.
     max_queued_gain: float = 0.25
