@@ -28,9 +28,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(args: list[str], url: str, timeout_s: float = 30.0, env: dict | None = None) -> subprocess.Popen:
-    """Start a process and return once `url` answers (any status)."""
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+def start(
+    args: list[str],
+    url: str,
+    timeout_s: float = 30.0,
+    env: dict | None = None,
+    cpus: set[int] | None = None,
+) -> subprocess.Popen:
+    """Start a process (on `cpus` only, when given) and return once `url` answers (any status)."""
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

@@ -11,6 +11,11 @@ admitted in.
 
     python benchmarks/refresh_during_traffic.py --rows 1000000 --streams 64 --phase-seconds 20
 
+`--pin` gives the proxy a core of its own (CPU 0) and puts the upstream and the load generator on
+CPU 1, as on a serving host where the sidecar is not fighting its own load generator for a core;
+the refresh's copy thread and child inherit the proxy's CPU 0, so they compete with the proxy
+for exactly its core (the harder case). Without it, all processes share both cores.
+
 Prints one JSON object: TTFT p50/p99 per phase kind, the difference, and refresh durations.
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -94,6 +100,11 @@ def main() -> None:
         help="no refresh in the 'refresh' phases: what quiet differs from quiet by (the noise floor)",
     )
     parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="proxy (and the refresh) on CPU 0, upstream and load generator on CPU 1: less noise",
+    )
+    parser.add_argument(
         "--client", nargs=4, metavar=("URL", "STREAMS", "SECONDS", "OUT"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -105,8 +116,13 @@ def main() -> None:
     db = Path(args.db)
     if not db.exists():
         fill(db, args.rows)
+    proxy_cpus, load_cpus = ({0}, {1}) if args.pin else (None, None)
+    if proxy_cpus:  # before the sidecar starts a thread: threads inherit the creating thread's set
+        os.sched_setaffinity(0, proxy_cpus)
     port = free_port()
-    upstream = start([PYTHON, "benchmarks/stream_upstream.py", str(port)], f"http://127.0.0.1:{port}/")
+    upstream = start(
+        [PYTHON, "benchmarks/stream_upstream.py", str(port)], f"http://127.0.0.1:{port}/", cpus=load_cpus
+    )
     app = build_sidecar(
         SidecarConfig(upstream=f"http://127.0.0.1:{port}", db_path=str(db), engine="none", jobs=False)
     )
@@ -125,7 +141,20 @@ def main() -> None:
             str(out),
         ],
         cwd=ROOT,
+        preexec_fn=(lambda: os.sched_setaffinity(0, load_cpus)) if load_cpus else None,
     )
+    ticks: list[tuple[float, float]] = []  # (wall time, gap s): how long this interpreter stalled
+    ticking = threading.Event()
+
+    def ticker() -> None:  # a thread of the proxy's process asking for the GIL every millisecond
+        last = time.perf_counter()
+        while not ticking.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            ticks.append((time.time(), now - last))
+            last = now
+
+    threading.Thread(target=ticker, daemon=True).start()
     phases, durations = [], []
     time.sleep(2.0)  # let the streams ramp up before the first phase
     for index in range(args.phases):
@@ -146,6 +175,7 @@ def main() -> None:
             time.sleep(args.phase_seconds)
         phases.append((kind, began, time.time()))
     load.wait()
+    ticking.set()
     sidecar.stop()
     upstream.terminate()
     samples = json.loads(out.read_text())
@@ -171,11 +201,29 @@ def main() -> None:
     summary["median_phase_p99_added_ms"] = round(
         statistics.median(phase_p99["refresh"]) - statistics.median(phase_p99["quiet"]), 2
     )
+    # the interpreter itself: a 1 ms ticker in the proxy's process, late by how long the GIL
+    # was held elsewhere (the client's TTFT adds the load generator's and upstream's noise)
+    gaps: dict[str, list[float]] = {"quiet": [], "refresh": []}
+    for at, gap in ticks:
+        for kind, began, ended in phases:
+            if began <= at < ended:
+                gaps[kind].append(gap)
+    summary["interpreter_stall_ms"] = {
+        kind: {
+            "p99": _pct(v, 0.99),
+            "p99.9": _pct(v, 0.999),
+            "max": round(max(v) * 1000, 2) if v else None,
+            "over_10ms": sum(1 for g in v if g > 0.011),
+        }
+        for kind, v in gaps.items()
+        if v
+    }
     summary["refresh_s"] = {
         "runs": len(durations),
         "median": round(statistics.median(durations), 2) if durations else None,
     }
     summary["rows"] = args.rows
+    summary["pinned"] = "proxy+refresh CPU 0, upstream+load CPU 1" if args.pin else "no"
     summary["curves_computed"] = (
         "none (placebo)"
         if args.placebo

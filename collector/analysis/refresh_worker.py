@@ -6,8 +6,9 @@ interpreter: what `headroom run` (a sidecar with its own store) and the store se
 The passive curves of a day of traffic are seconds of DuckDB and Python work. Run inside the
 sidecar, that work holds the GIL between DuckDB calls and shares the cores with the proxy: the
 paced TTFT p99 grew by 90 ms during refreshes over 1 M rows (BENCHMARKS.md §8). Here the sidecar
-only copies the window's rows, in the columns the curves use, into an Arrow IPC file in a private
-temporary directory (one DuckDB scan on one thread; no Python object per row), and a child
+only copies the window's rows, in the columns the curves use, into a Parquet file in a private
+temporary directory (DuckDB's own `COPY ... TO`, one statement on one thread that never takes
+the interpreter lock: no Arrow or Python object per row in the proxy's process), and a child
 process (`python -m collector.analysis.refresh_worker`, at Linux's SCHED_IDLE, DuckDB on one
 thread) loads them into an in-memory store, computes the same estimates as the in-process
 `traffic_estimates` and prints them as JSON. The parent saves and publishes them as before.
@@ -30,8 +31,6 @@ import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
 
 from collector.analysis.estimate import CapacityEstimate, estimate_capacity
 from collector.store.db import RequestStore
@@ -130,7 +129,7 @@ def traffic_estimates_isolated(
 ) -> list[CapacityEstimate]:
     """traffic_estimates(), computed by a child process on a copy of the window's rows."""
     with tempfile.TemporaryDirectory(prefix="headroom-refresh-") as directory:  # mode 0700
-        rows = Path(directory) / "rows.arrow"
+        rows = Path(directory) / "rows.parquet"
         if not _copy_window(store, rows, now - window, now):
             return []
         command = [
@@ -165,12 +164,13 @@ def traffic_estimates_isolated(
 
 
 def _copy_window(store: RequestStore, path: Path, since: datetime, until: datetime) -> int:
-    """Write the window's traffic rows to an Arrow IPC file at `path`; returns how many.
+    """Write the window's traffic rows to a Parquet file at `path`; returns how many.
 
     The copy runs in a thread of its own at nice 19 (Linux keeps a nice value per thread) with
     DuckDB on that one thread, so the proxy's threads win the cores whenever they want them. It
-    is DuckDB and Arrow work that releases the interpreter lock, so the low priority never
-    holds the proxy back on the lock.
+    is one DuckDB statement, which releases the interpreter lock while it runs. An earlier copy
+    through `to_arrow_table()` held the lock in short pieces, and a nice-19 thread holding it
+    on a busy core stalled the proxy's event loop by up to 140 ms (BENCHMARKS.md §8).
     """
     copied: list[int] = []
     failed: list[BaseException] = []
@@ -179,11 +179,7 @@ def _copy_window(store: RequestStore, path: Path, since: datetime, until: dateti
         try:
             with contextlib.suppress(OSError, AttributeError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            table = store.arrow(_WINDOW_ROWS, [since, until], threads=1)
-            if table.num_rows:
-                with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-                    writer.write_table(table)
-            copied.append(table.num_rows)
+            copied.append(store.copy_out(_WINDOW_ROWS, [since, until], path, threads=1))
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)
 
@@ -210,23 +206,20 @@ def _lowest_priority() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m collector.analysis.refresh_worker",
-        description="Traffic capacity estimates of an Arrow IPC file of request rows, as JSON "
+        description="Traffic capacity estimates of a Parquet file of request rows, as JSON "
         "(the child process of the sidecar's and the store's capacity refresh).",
     )
-    parser.add_argument("rows", type=Path, help="Arrow IPC file with the columns TRAFFIC_COLUMNS")
+    parser.add_argument("rows", type=Path, help="Parquet file with the columns TRAFFIC_COLUMNS")
     parser.add_argument("--now", type=datetime.fromisoformat, required=True)
     parser.add_argument("--window-s", type=float, required=True)
     parser.add_argument("--profile", default="interactive")
     parser.add_argument("--slo-ttft-p95-s", type=float)
     args = parser.parse_args(argv)
     _lowest_priority()
-    with pa.memory_map(str(args.rows)) as source:
-        rows = pa.ipc.open_file(source).read_all()
     store = RequestStore()
     try:
         store.execute("SET threads = 1")
-        store.copy_in(rows)
-        del rows
+        store.copy_in(args.rows)
         found = traffic_estimates(
             store,
             args.now,

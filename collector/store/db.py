@@ -157,14 +157,37 @@ class RequestStore:
         with self._lock:
             return int(self._con.execute(sql, params).fetchall()[0][0])
 
-    def copy_in(self, copied: pa.Table) -> int:
-        """Insert an Arrow table holding some of the columns, matched by name, with no duplicate
-        check: rows copied from a store that already kept them unique (a refresh's copy)."""
-        if copied.num_rows == 0:
-            return 0
-        with self._lock:  # the SQL reads the local `copied` (a DuckDB replacement scan)
-            self._con.execute("INSERT INTO requests BY NAME SELECT * FROM copied")
-        return copied.num_rows
+    def copy_out(
+        self, sql: str, params: Sequence[Any], path: str | Path, *, threads: int | None = None
+    ) -> int:
+        """Write a parameterised query's rows to a Parquet file at `path`; returns how many.
+
+        One DuckDB `COPY (sql) TO ?` statement: no Arrow or Python object per row, and the
+        interpreter lock is released while it runs. `threads` caps DuckDB's threads for it.
+        """
+        with self._lock:
+            cursor = self._con.cursor()
+            try:
+                if threads is not None:
+                    previous = cursor.execute("SELECT current_setting('threads')").fetchall()[0][0]
+                    cursor.execute("SET threads = ?", [threads])
+                try:
+                    done = cursor.execute(f"COPY ({sql}) TO ? (FORMAT parquet)", [*params, str(path)])
+                    return int(done.fetchall()[0][0])
+                finally:
+                    if threads is not None:
+                        cursor.execute("SET threads = ?", [previous])
+            finally:
+                cursor.close()
+
+    def copy_in(self, path: str | Path) -> int:
+        """Insert a Parquet file written by copy_out() (some of the columns, matched by name),
+        with no duplicate check: rows copied from a store that already kept them unique."""
+        with self._lock:
+            done = self._con.execute(
+                "INSERT INTO requests BY NAME SELECT * FROM read_parquet(?)", [str(path)]
+            )
+            return int(done.fetchall()[0][0])
 
     def write_batch(self, rows: Rows) -> None:
         """BatchSink interface for the LogWriter: insert the batch (duplicates ignored).
