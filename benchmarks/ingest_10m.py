@@ -20,6 +20,7 @@ and the table's final count, then resends one batch to check that nothing is ins
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import tempfile
@@ -39,11 +40,17 @@ from collector.store.writer import LogWriter
 _NOW = datetime(2026, 12, 1, 9, tzinfo=UTC)
 
 
+_SLOTS = itertools.count()  # each batch its own stretch of time, as a live log's batches are
+
+
 def sample_rows(count: int, prefix: str) -> list[dict]:
-    """`count` rows shaped like the tracker's, ids `prefix`-0 … (new to the 10 M table)."""
+    """`count` rows shaped like the tracker's, ids `prefix`-0 … (new to the 10 M table),
+    admitted after every earlier batch's rows: a sidecar's batches follow one another in time,
+    so each one's duplicate check looks at its own span of the log, not at every batch before."""
+    start = _NOW + timedelta(microseconds=next(_SLOTS) * count * 997)
     rows = []
     for i in range(count):
-        admitted = _NOW + timedelta(microseconds=i * 997)
+        admitted = start + timedelta(microseconds=i * 997)
         rows.append(
             {
                 "request_id": f"{prefix}-{i:08d}",

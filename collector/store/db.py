@@ -54,6 +54,17 @@ def _column_values(rows: Rows, name: str) -> list[Any]:
     return [row.get(name) if isinstance(row, Mapping) else getattr(row, name) for row in rows]
 
 
+def _columns(rows: Rows) -> dict[str, list[Any]]:
+    """{column: values}. The kind of row is checked once per batch, not once per value: over
+    5,000 rows x 28 columns the per-value check was 18 ms of a 50 ms insert (3 ms without)."""
+    kinds = {type(row) for row in rows}
+    if kinds == {dict}:
+        return {name: [row.get(name) for row in rows] for name in COLUMN_NAMES}  # type: ignore[union-attr]
+    if not any(issubclass(kind, Mapping) for kind in kinds):
+        return {name: [getattr(row, name) for row in rows] for name in COLUMN_NAMES}
+    return {name: _column_values(rows, name) for name in COLUMN_NAMES}
+
+
 def rows_to_arrow(rows: Rows, *, lenient: bool = False) -> pa.Table:
     """Turn records or row dicts (missing keys are NULL) into one Arrow table in column order.
 
@@ -61,7 +72,7 @@ def rows_to_arrow(rows: Rows, *, lenient: bool = False) -> pa.Table:
     A value of the wrong type or out of its column's range raises (the store's ingest answers
     400), or with `lenient` becomes NULL so that it alone is lost, not its batch.
     """
-    columns = {name: _column_values(rows, name) for name in COLUMN_NAMES}
+    columns = _columns(rows)
     try:
         return pa.Table.from_pydict(columns, schema=ARROW_SCHEMA)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
