@@ -84,6 +84,13 @@ def _pct(values: list[float], q: float) -> float:
     return round(ordered[min(int(len(ordered) * q), len(ordered) - 1)] * 1000, 2)
 
 
+def _on_cpus(cpus: set[int] | None, refresh, *args, **kwargs) -> None:
+    """Run `refresh` in this thread, first moved to `cpus` (its copy thread and child follow)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    refresh(*args, **kwargs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -105,6 +112,12 @@ def main() -> None:
         help="proxy (and the refresh) on CPU 0, upstream and load generator on CPU 1: less noise",
     )
     parser.add_argument(
+        "--refresh-anywhere",
+        action="store_true",
+        help="with --pin: the refresh's thread and child may use either core (as on a serving "
+        "host, where the child lands on whichever core is idle); the proxy's own threads stay on CPU 0",
+    )
+    parser.add_argument(
         "--client", nargs=4, metavar=("URL", "STREAMS", "SECONDS", "OUT"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -117,6 +130,7 @@ def main() -> None:
     if not db.exists():
         fill(db, args.rows)
     proxy_cpus, load_cpus = ({0}, {1}) if args.pin else (None, None)
+    refresh_cpus = {0, 1} if args.pin and args.refresh_anywhere else None
     if proxy_cpus:  # before the sidecar starts a thread: threads inherit the creating thread's set
         os.sched_setaffinity(0, proxy_cpus)
     port = free_port()
@@ -164,8 +178,14 @@ def main() -> None:
             while time.time() < end:  # the refresh back to back, as a slow job would run
                 t0 = time.perf_counter()
                 worker = threading.Thread(
-                    target=refresh_estimates if args.in_process else refresh_estimates_isolated,
-                    args=(store, app.state.capacity, datetime.now(UTC)),
+                    target=_on_cpus,
+                    args=(
+                        refresh_cpus,
+                        refresh_estimates if args.in_process else refresh_estimates_isolated,
+                        store,
+                        app.state.capacity,
+                        datetime.now(UTC),
+                    ),
                     kwargs={"window": timedelta(hours=24)},
                 )
                 worker.start()
@@ -223,7 +243,13 @@ def main() -> None:
         "median": round(statistics.median(durations), 2) if durations else None,
     }
     summary["rows"] = args.rows
-    summary["pinned"] = "proxy+refresh CPU 0, upstream+load CPU 1" if args.pin else "no"
+    summary["pinned"] = (
+        "no"
+        if not args.pin
+        else "proxy CPU 0, refresh either core, upstream+load CPU 1"
+        if args.refresh_anywhere
+        else "proxy+refresh CPU 0, upstream+load CPU 1"
+    )
     summary["curves_computed"] = (
         "none (placebo)"
         if args.placebo
