@@ -84,6 +84,14 @@ def _pct(values: list[float], q: float) -> float:
     return round(ordered[min(int(len(ordered) * q), len(ordered) - 1)] * 1000, 2)
 
 
+_BURN = (
+    "import os\n"
+    "os.sched_setaffinity(0, {0, 1})\n"
+    "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "while True:\n    pass\n"
+)
+
+
 def _on_cpus(cpus: set[int] | None, refresh, *args, **kwargs) -> None:
     """Run `refresh` in this thread, first moved to `cpus` (its copy thread and child follow)."""
     if cpus:
@@ -110,6 +118,12 @@ def main() -> None:
         "--pin",
         action="store_true",
         help="proxy (and the refresh) on CPU 0, upstream and load generator on CPU 1: less noise",
+    )
+    parser.add_argument(
+        "--burn",
+        action="store_true",
+        help="with --placebo: a pure CPU loop at SCHED_IDLE on either core in the 'refresh' phases "
+        "(does any idle-priority work beside the proxy delay it?)",
     )
     parser.add_argument(
         "--refresh-anywhere",
@@ -191,6 +205,11 @@ def main() -> None:
                 worker.start()
                 worker.join()
                 durations.append(time.perf_counter() - t0)
+        elif kind == "refresh" and args.burn:
+            burner = subprocess.Popen([PYTHON, "-c", _BURN])
+            time.sleep(args.phase_seconds)
+            burner.kill()
+            burner.wait()
         else:
             time.sleep(args.phase_seconds)
         phases.append((kind, began, time.time()))
@@ -251,7 +270,9 @@ def main() -> None:
         else "proxy+refresh CPU 0, upstream+load CPU 1"
     )
     summary["curves_computed"] = (
-        "none (placebo)"
+        "none (placebo; a SCHED_IDLE CPU loop instead)"
+        if args.placebo and args.burn
+        else "none (placebo)"
         if args.placebo
         else "in the proxy's process"
         if args.in_process
