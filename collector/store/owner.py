@@ -26,11 +26,14 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import httpx
 
 from collector.store.db import RequestStore
+
+if TYPE_CHECKING:  # imported where used: serving processes never load httpx for this
+    import httpx
 
 __all__ = [
     "Owner",
@@ -128,6 +131,8 @@ def find_owner(db_path: str | os.PathLike[str]) -> Owner:
 
 def fetch_snapshot(owner: Owner, destination: Path, *, transport: httpx.BaseTransport | None = None) -> Path:
     """Download the owner's consistent copy of its database to `destination`."""
+    import httpx  # lazily: serving processes never fetch a snapshot
+
     headers = {"Authorization": f"Bearer {owner.token}"}
     try:
         with (

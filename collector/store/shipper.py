@@ -33,9 +33,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -43,6 +42,9 @@ from collector.catalog import spec
 from collector.record import RequestRecord
 from collector.store.spool import Spool, SpoolEntry
 from collector.store.writer import RowsDropped
+
+if TYPE_CHECKING:  # imported where used: a sidecar without --store-url never loads httpx (~10 MiB)
+    import httpx
 
 __all__ = ["StoreShipper", "DEFAULT_SPOOL_DIR", "merge_payloads"]
 
@@ -104,6 +106,8 @@ class StoreShipper:
         )
         self.replay_batch_rows, self.replay_batch_bytes = replay_batch_rows, replay_batch_bytes
         headers = {"Authorization": f"Bearer {token or ''}", "Content-Type": "application/json"}
+        import httpx  # lazily: only a process that ships rows loads it (~5 MiB with its CLI deps)
+
         # one client per thread: the writer's live sends and the replay never share a connection
         self._live = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
         self._backlog = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
@@ -153,6 +157,8 @@ class StoreShipper:
     # --- sending ---------------------------------------------------------------------------------
     def _post(self, client: httpx.Client, payload: bytes) -> bool:
         """One attempt: True accepted, False retry later; raises _Rejected when resending is useless."""
+        import httpx  # lazily: only a process that ships rows loads it (~5 MiB with its CLI deps)
+
         try:
             response = client.post(self.ingest_url, content=payload)
         except httpx.HTTPError as exc:
