@@ -13,7 +13,14 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from collector.service.app import create_store_app
-from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_arrow, rows_to_ipc
+from collector.store.db import (
+    _UNKNOWN,
+    ARROW_STREAM_TYPE,
+    RequestStore,
+    _insert_sql,
+    rows_to_arrow,
+    rows_to_ipc,
+)
 from collector.store.schema import SCHEMA_VERSION, V1_DDL, migrate
 from collector.store.synthetic import synthetic_rows
 from collector.store.writer import LogWriter
@@ -69,6 +76,32 @@ def test_a_stored_id_with_another_admission_time_is_a_different_request_and_kept
     store.insert_rows([row])
     assert store.insert_rows([dict(row, admitted_at=T0 + timedelta(hours=1))]) == 1
     assert store.count() == 2
+
+
+def test_a_batch_after_every_stored_row_is_inserted_without_a_duplicate_check():
+    batch = rows_to_arrow(synthetic_rows(10, T0 + timedelta(hours=1), span=timedelta(minutes=5), prefix="d"))
+    checked, params, newest = _insert_sql(batch, T0)  # the store knows its newest row: T0
+    assert "NOT EXISTS" not in checked and params == []
+    assert newest == max(batch.column("admitted_at").to_pylist())
+    for stored_newest in (T0 + timedelta(hours=1), T0 + timedelta(hours=2), _UNKNOWN):
+        sql, params, _ = _insert_sql(batch, stored_newest)  # at or after the batch's start, or unknown
+        assert "NOT EXISTS" in sql and len(params) == 2
+
+
+def test_the_newest_stored_instant_is_followed_by_every_write_and_shared_by_stores_of_one_file(tmp_path):
+    path = tmp_path / "log.duckdb"
+    first, second = RequestStore(path), RequestStore(path)
+    early = synthetic_rows(50, T0, span=timedelta(minutes=1), prefix="e")
+    late = synthetic_rows(50, T0 + timedelta(hours=1), span=timedelta(minutes=1), prefix="l")
+    assert second.insert_rows(early) == 50  # second learns the newest instant: within `early`
+    assert first.insert_rows(late) == 50
+    assert second.insert_rows(late) == 0  # second must know that `late` is stored now
+    first.execute("DELETE FROM requests WHERE request_id LIKE 'l%'")
+    assert second.insert_rows(late) == 50  # deleted rows come back once, and only once
+    assert first.insert_rows(late) == 0
+    assert first.count() == second.count() == 100
+    first.close()
+    second.close()
 
 
 def test_an_older_file_is_rebuilt_without_the_primary_key_keeping_every_row(tmp_path):

@@ -15,6 +15,14 @@ table, so the check costs the same at 10 million rows as at ten. DuckDB returns 
 rows it inserted, so no count of the table is needed. (A primary-key index costs about 3.5 µs per
 row to maintain on the project's machine, more than everything else the insert does:
 BENCHMARKS.md.)
+
+A live log's batches follow one another in time, so most of them begin after every stored row.
+The store remembers the newest admitted_at it holds (one `max()` when it does not know, then
+kept up to date by each insert), and a batch that begins after it cannot repeat a stored row:
+its INSERT has no duplicate check at all. A resent batch, or a late one from another sidecar,
+begins at or before that instant and is checked as above. Any other write (`execute`,
+`copy_in`) makes the store forget the instant, so a delete or a copy can never make it skip a
+check it needed; stores of the same file in one process share what they know.
 """
 
 from __future__ import annotations
@@ -96,17 +104,45 @@ def rows_to_ipc(rows: Rows) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _insert_sql(batch: pa.Table) -> tuple[str, list[Any]]:
-    """The INSERT for `batch` (bound as `batch`) and its parameters: the batch's admitted_at span.
+_UNKNOWN: Any = object()  # the store does not know the newest admitted_at it holds
+
+
+class _Newest:
+    """The newest admitted_at stored in one database (None: no row has one), or _UNKNOWN; shared
+    by every RequestStore of that database in this process, under its own lock."""
+
+    __slots__ = ("lock", "value")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.value: Any = _UNKNOWN
+
+
+_NEWEST: dict[str, _Newest] = {}
+_NEWEST_LOCK = threading.Lock()
+
+
+def _newest_for(path: str, store: object) -> _Newest:
+    key = f":memory:{id(store)}" if path == ":memory:" else os.path.realpath(path)
+    with _NEWEST_LOCK:
+        return _NEWEST.setdefault(key, _Newest())
+
+
+def _insert_sql(batch: pa.Table, newest: Any = _UNKNOWN) -> tuple[str, list[Any], Any]:
+    """The INSERT for `batch` (bound as `batch`), its parameters and the batch's newest admitted_at.
 
     Example: a batch admitted between 09:00 and 09:05 without NULLs -> "... WHERE NOT EXISTS
-    (... r.admitted_at = b.admitted_at AND r.admitted_at BETWEEN ? AND ?)", [09:00, 09:05].
+    (... r.admitted_at = b.admitted_at AND r.admitted_at BETWEEN ? AND ?)", [09:00, 09:05]; the
+    same batch when `newest` (the newest admitted_at stored) is 08:59 -> no check, [].
     """
     admitted = batch.column("admitted_at")
     source = "batch"
     if pc.count_distinct(batch.column("request_id")).as_py() < batch.num_rows:
         source = "(SELECT DISTINCT ON (request_id, admitted_at) * FROM batch)"
     low, high = (value.as_py() for value in pc.min_max(admitted).values())
+    insert = f"INSERT INTO requests ({_COLUMN_LIST}) SELECT {_COLUMN_LIST} FROM {source} AS b"
+    if not admitted.null_count and newest is not _UNKNOWN and (newest is None or low > newest):
+        return insert, [], high  # begins after every stored row: nothing stored can repeat
     same_time = "r.admitted_at = b.admitted_at"
     span, params = "r.admitted_at BETWEEN ? AND ?", [low, high]
     if admitted.null_count:  # rare (only ingest from other clients): NULL must match NULL
@@ -114,11 +150,10 @@ def _insert_sql(batch: pa.Table) -> tuple[str, list[Any]]:
         span = f"({span} OR r.admitted_at IS NULL)" if low is not None else "r.admitted_at IS NULL"
         params = params if low is not None else []
     sql = (
-        f"INSERT INTO requests ({_COLUMN_LIST}) SELECT {_COLUMN_LIST} FROM {source} AS b "
-        f"WHERE NOT EXISTS (SELECT 1 FROM requests r WHERE r.request_id = b.request_id "
+        f"{insert} WHERE NOT EXISTS (SELECT 1 FROM requests r WHERE r.request_id = b.request_id "
         f"AND {same_time} AND {span})"
     )
-    return sql, params
+    return sql, params, high
 
 
 def _column(values: list, arrow_type: pa.DataType) -> pa.Array:
@@ -149,6 +184,7 @@ class RequestStore:
             os.chmod(self.path, 0o600)  # rows carry tenants and timings: the owner's alone
         self._lock = threading.Lock()
         self.migrated_from = None if read_only else migrate(self._con)
+        self._newest = _newest_for(self.path, self)
 
     def insert_rows(self, rows: Rows, *, lenient: bool = False) -> int:
         """Insert a batch of records or row dicts; duplicates (module docstring) are ignored.
@@ -164,9 +200,20 @@ class RequestStore:
         """Insert an Arrow table in ARROW_SCHEMA; duplicates are ignored. Returns rows added."""
         if batch.num_rows == 0:
             return 0
-        sql, params = _insert_sql(batch)  # the SQL reads the local `batch` (a DuckDB replacement scan)
-        with self._lock:
-            return int(self._con.execute(sql, params).fetchall()[0][0])
+        newest = self._newest
+        with newest.lock, self._lock:
+            if newest.value is _UNKNOWN:
+                newest.value = self._con.execute("SELECT max(admitted_at) FROM requests").fetchall()[0][0]
+            # the SQL reads the local `batch` (a DuckDB replacement scan)
+            sql, params, high = _insert_sql(batch, newest.value)
+            try:
+                inserted = int(self._con.execute(sql, params).fetchall()[0][0])
+            except BaseException:
+                newest.value = _UNKNOWN  # ask again rather than trust what a failure left
+                raise
+            if high is not None and (newest.value is None or high > newest.value):
+                newest.value = high
+            return inserted
 
     def copy_out(
         self, sql: str, params: Sequence[Any], path: str | Path, *, threads: int | None = None
@@ -194,7 +241,8 @@ class RequestStore:
     def copy_in(self, path: str | Path) -> int:
         """Insert a Parquet file written by copy_out() (some of the columns, matched by name),
         with no duplicate check: rows copied from a store that already kept them unique."""
-        with self._lock:
+        with self._newest.lock, self._lock:
+            self._newest.value = _UNKNOWN
             done = self._con.execute(
                 "INSERT INTO requests BY NAME SELECT * FROM read_parquet(?)", [str(path)]
             )
@@ -222,7 +270,8 @@ class RequestStore:
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
         """Run a parameterised statement (DDL, rollups, deletes) under the lock."""
-        with self._lock:
+        with self._newest.lock, self._lock:
+            self._newest.value = _UNKNOWN  # it may have changed the rows: the next insert asks again
             self._con.execute(sql, params)
 
     def arrow(self, sql: str, params: Sequence[Any] = (), *, threads: int | None = None) -> pa.Table:
