@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import subprocess
+import sys
+import threading
 from datetime import timedelta
 
 import pytest
@@ -13,7 +17,7 @@ import pytest
 from collector.analysis.estimate import probe_levels
 from collector.analysis.knee import detect_knee
 from collector.analysis.refresh import refresh_estimates_isolated
-from collector.analysis.refresh_worker import traffic_estimates, traffic_estimates_isolated
+from collector.analysis.refresh_worker import in_background, traffic_estimates, traffic_estimates_isolated
 from collector.analysis.stats import seconds
 from collector.sim.config import SimConfig
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
@@ -88,3 +92,23 @@ def test_an_empty_window_starts_no_child(traffic, monkeypatch):
     store, now, _ = traffic
     monkeypatch.setattr("collector.analysis.refresh_worker.subprocess.run", None)  # would raise
     assert traffic_estimates_isolated(store, now + timedelta(days=2), window=timedelta(hours=1)) == []
+
+
+def test_the_copy_and_the_child_run_below_the_proxy_from_the_child_s_first_instruction():
+    # the child inherits the nice value of the thread that starts it: started from the
+    # refresh's nice-19 thread, it never runs its imports beside the proxy at nice 0
+    def niceness() -> tuple[int, str]:
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        child = subprocess.run(
+            [sys.executable, "-S", "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return mine, child.stdout.strip()
+
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert in_background(niceness) == (19, "19")
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller  # the caller's is its own
+    with pytest.raises(ZeroDivisionError):
+        in_background(lambda: 1 / 0)  # what the work raised reaches the caller

@@ -9,9 +9,10 @@ paced TTFT p99 grew by 90 ms during refreshes over 1 M rows (BENCHMARKS.md §8).
 only copies the window's rows, in the columns the curves use, into a Parquet file in a private
 temporary directory (DuckDB's own `COPY ... TO`, one statement on one thread that never takes
 the interpreter lock: no Arrow or Python object per row in the proxy's process), and a child
-process (`python -m collector.analysis.refresh_worker`, at Linux's SCHED_IDLE, DuckDB on one
-thread) loads them into an in-memory store, computes the same estimates as the in-process
-`traffic_estimates` and prints them as JSON. The parent saves and publishes them as before.
+process (`python -m collector.analysis.refresh_worker`, born at nice 19 and then at Linux's
+SCHED_IDLE, DuckDB on one thread) loads them into an in-memory store, computes the same
+estimates as the in-process `traffic_estimates` and prints them as JSON. The parent saves and
+publishes them as before.
 
 A child that fails or runs past `timeout_s` costs this refresh its traffic estimates (logged with
 the child's last words) and nothing else: the estimates already saved stay published.
@@ -28,9 +29,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from collector.analysis.estimate import CapacityEstimate, estimate_capacity
 from collector.store.db import RequestStore
@@ -38,6 +40,7 @@ from collector.store.db import RequestStore
 __all__ = ["traffic_estimates", "traffic_estimates_isolated", "TRAFFIC_COLUMNS", "MIN_CLASS_ROWS"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 MIN_CLASS_ROWS = 200  # a task class needs this many requests in the window for its own curve
 # what the passive curves read (collector.analysis.passive); request_id is the table's key
 TRAFFIC_COLUMNS = (
@@ -128,31 +131,34 @@ def traffic_estimates_isolated(
     timeout_s: float = 600.0,
 ) -> list[CapacityEstimate]:
     """traffic_estimates(), computed by a child process on a copy of the window's rows."""
+    command = [
+        "--now",
+        now.isoformat(),
+        "--window-s",
+        repr(window.total_seconds()),
+        "--profile",
+        profile,
+    ]
+    if slo_ttft_p95_s is not None:
+        command += ["--slo-ttft-p95-s", repr(slo_ttft_p95_s)]
     with tempfile.TemporaryDirectory(prefix="headroom-refresh-") as directory:  # mode 0700
         rows = Path(directory) / "rows.parquet"
-        if not _copy_window(store, rows, now - window, now):
-            return []
-        command = [
-            sys.executable,
-            "-m",
-            "collector.analysis.refresh_worker",
-            str(rows),
-            "--now",
-            now.isoformat(),
-            "--window-s",
-            repr(window.total_seconds()),
-            "--profile",
-            profile,
-        ]
-        if slo_ttft_p95_s is not None:
-            command += ["--slo-ttft-p95-s", repr(slo_ttft_p95_s)]
+
+        def copy_and_compute() -> subprocess.CompletedProcess[str] | None:
+            if not store.copy_out(_WINDOW_ROWS, [now - window, now], rows, threads=1):
+                return None
+            worker = [sys.executable, "-m", "collector.analysis.refresh_worker", str(rows), *command]
+            return subprocess.run(worker, capture_output=True, text=True, timeout=timeout_s, check=False)
+
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+            done = in_background(copy_and_compute)
         except subprocess.TimeoutExpired:
             log.error(
                 "the traffic refresh ran past %.0f s and was stopped; no new traffic estimate", timeout_s
             )
             return []
+    if done is None:  # no traffic in the window: no child
+        return []
     if done.returncode != 0:
         log.error(
             "the traffic refresh failed (exit %s); no new traffic estimate: %s",
@@ -163,32 +169,36 @@ def traffic_estimates_isolated(
     return [CapacityEstimate.from_dict(item) for item in json.loads(done.stdout)]
 
 
-def _copy_window(store: RequestStore, path: Path, since: datetime, until: datetime) -> int:
-    """Write the window's traffic rows to a Parquet file at `path`; returns how many.
+def in_background(work: Callable[[], T]) -> T:
+    """Run `work` in a thread of its own at nice 19 and return what it returns (or raise what it
+    raised); the calling thread waits.
 
-    The copy runs in a thread of its own at nice 19 (Linux keeps a nice value per thread) with
-    DuckDB on that one thread, so the proxy's threads win the cores whenever they want them. It
-    is one DuckDB statement, which releases the interpreter lock while it runs. An earlier copy
-    through `to_arrow_table()` held the lock in short pieces, and a nice-19 thread holding it
-    on a busy core stalled the proxy's event loop by up to 140 ms (BENCHMARKS.md §8).
+    Linux keeps a nice value per thread, and a process inherits the nice value of the thread
+    that starts it. So the window's copy (one DuckDB statement, the interpreter lock released)
+    yields the cores to the proxy's threads, and the child is born at nice 19 too: it starts
+    (about a second of imports) below the proxy, not beside it, before it moves itself to
+    SCHED_IDLE. A child started at the normal priority by a nice-19 thread was worse than
+    either: in the second after its exec, the child took the core from the nice-19 thread while
+    that thread held the interpreter lock, and the proxy's event loop waited for the lock for up
+    to 170 ms (BENCHMARKS.md §8b).
     """
-    copied: list[int] = []
+    result: list[T] = []
     failed: list[BaseException] = []
 
-    def copy() -> None:
+    def run() -> None:
         try:
             with contextlib.suppress(OSError, AttributeError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            copied.append(store.copy_out(_WINDOW_ROWS, [since, until], path, threads=1))
+            result.append(work())
         except BaseException as exc:  # handed to the caller's thread
             failed.append(exc)
 
-    worker = threading.Thread(target=copy, name="headroom-refresh-copy", daemon=True)
+    worker = threading.Thread(target=run, name="headroom-refresh", daemon=True)
     worker.start()
     worker.join()
     if failed:
         raise failed[0]
-    return copied[0]
+    return result[0]
 
 
 def _lowest_priority() -> None:
