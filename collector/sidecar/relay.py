@@ -337,6 +337,7 @@ async def relay_stream(
         began = clock()
         complete, events = splitter.feed(data)
         kept: list[bytes] | None = None  # None: forward `complete` exactly as received
+        tokens = 0  # told to the tracker once per read: the same instant for TTFT, fewer calls
         for index, event in enumerate(events):
             info = inspect_event(event)
             if info is None or info is DONE:
@@ -346,8 +347,7 @@ async def relay_stream(
             elif info is ERROR:  # the engine failed mid-stream and said so
                 errored = True
             else:
-                if info.tokens_estimate:
-                    tracker.generated(request, info.tokens_estimate)
+                tokens += info.tokens_estimate
                 if request.telemetry is not None:  # tracing on: the response's id, model, finish
                     request.telemetry.note_answer(info.chunk)
                 if info.usage is not None:
@@ -357,6 +357,8 @@ async def relay_stream(
                         continue
             if kept is not None:
                 kept.append(event)
+        if tokens:
+            tracker.generated(request, tokens)
         body = complete if kept is None else splitter.join(kept)
         # vLLM writes "usage":null into every chunk once usage was asked for: the client did not
         # ask, so it goes, once per read (inside a JSON string the quotes would be escaped)
