@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from collector.service.app import create_store_app
 from collector.store.db import (
+    _BATCH_FACTS,
     _UNKNOWN,
     ARROW_STREAM_TYPE,
     RequestStore,
@@ -79,13 +80,18 @@ def test_a_stored_id_with_another_admission_time_is_a_different_request_and_kept
 
 
 def test_a_batch_after_every_stored_row_is_inserted_without_a_duplicate_check():
-    batch = rows_to_arrow(synthetic_rows(10, T0 + timedelta(hours=1), span=timedelta(minutes=5), prefix="d"))
-    checked, params, newest = _insert_sql(batch, T0)  # the store knows its newest row: T0
-    assert "NOT EXISTS" not in checked and params == []
-    assert newest == max(batch.column("admitted_at").to_pylist())
-    for stored_newest in (T0 + timedelta(hours=1), T0 + timedelta(hours=2), _UNKNOWN):
-        sql, params, _ = _insert_sql(batch, stored_newest)  # at or after the batch's start, or unknown
-        assert "NOT EXISTS" in sql and len(params) == 2
+    rows = synthetic_rows(10, T0 + timedelta(hours=1), span=timedelta(minutes=5), prefix="d")
+    batch = rows_to_arrow(rows)  # noqa: F841 -- DuckDB reads it by name (a replacement scan)
+    facts = duckdb.connect().execute(_BATCH_FACTS).fetchall()[0]
+    low, high = min(r["admitted_at"] for r in rows), max(r["admitted_at"] for r in rows)
+    assert facts == (False, low, high, False)
+    checked, params, newest = _insert_sql(facts, T0)  # the store knows its newest row: T0
+    assert "NOT EXISTS" not in checked and params == [] and newest == high
+    for stored_newest in (low, T0 + timedelta(hours=2), _UNKNOWN):  # at or after its start, or unknown
+        sql, params, _ = _insert_sql(facts, stored_newest)
+        assert "NOT EXISTS" in sql and params == [low, high]
+    repeated = _insert_sql((True, low, high, True), None)[0]  # ids repeat, an admitted_at is NULL
+    assert "DISTINCT ON" in repeated and "IS NOT DISTINCT FROM" in repeated
 
 
 def test_the_newest_stored_instant_is_followed_by_every_write_and_shared_by_stores_of_one_file(tmp_path):

@@ -22,7 +22,6 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 -- pa.compute below
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
@@ -147,18 +146,20 @@ def parse_arrow_batch(body: bytes) -> pa.Table:
         raise _bad(f"unknown column(s) {sorted(unknown)[:5]}; send only collector.store.schema.COLUMN_NAMES")
     if table.num_rows > MAX_BATCH_ROWS:
         raise _bad(f"batch of {table.num_rows} rows is over the limit of {MAX_BATCH_ROWS}; split it")
+    import pyarrow.compute as pc  # lazily: 8 MiB that a sidecar which is never sent Arrow never loads
+
     ids = table.column("request_id") if "request_id" in table.column_names else None
     if (
         ids is None
         or ids.null_count
         or (table.num_rows and not pa.types.is_string(ids.type))
-        or (table.num_rows and pa.compute.min(pa.compute.utf8_length(ids)).as_py() == 0)
+        or (table.num_rows and pc.min(pc.utf8_length(ids)).as_py() == 0)
     ):
         raise _bad("request_id is required in every row and must be a non-empty string")
     for name in table.column_names:
         column = table.column(name)
         if table.num_rows and pa.types.is_string(column.type) and column.null_count < table.num_rows:
-            longest = pa.compute.max(pa.compute.utf8_length(column)).as_py()
+            longest = pc.max(pc.utf8_length(column)).as_py()
             if longest > MAX_TEXT_CHARS:
                 raise _bad(f"column {name}: {longest} characters is over the limit of {MAX_TEXT_CHARS}")
     columns = [

@@ -35,7 +35,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from collector.record import RequestRecord
 from collector.store.schema import COLUMN_NAMES, COLUMNS, migrate
@@ -128,24 +127,31 @@ def _newest_for(path: str, store: object) -> _Newest:
         return _NEWEST.setdefault(key, _Newest())
 
 
-def _insert_sql(batch: pa.Table, newest: Any = _UNKNOWN) -> tuple[str, list[Any], Any]:
-    """The INSERT for `batch` (bound as `batch`), its parameters and the batch's newest admitted_at.
+# what the INSERT needs to know of a batch (bound as `batch`): one DuckDB pass over the Arrow
+# table (pyarrow.compute would do it too, at 8 MiB more of every sidecar's memory)
+_BATCH_FACTS = (
+    "SELECT count(DISTINCT request_id) < count(*), min(admitted_at), max(admitted_at), "
+    "count(*) > count(admitted_at) FROM batch"
+)
 
-    Example: a batch admitted between 09:00 and 09:05 without NULLs -> "... WHERE NOT EXISTS
-    (... r.admitted_at = b.admitted_at AND r.admitted_at BETWEEN ? AND ?)", [09:00, 09:05]; the
-    same batch when `newest` (the newest admitted_at stored) is 08:59 -> no check, [].
+
+def _insert_sql(facts: Sequence[Any], newest: Any = _UNKNOWN) -> tuple[str, list[Any], Any]:
+    """The INSERT for a batch (bound as `batch`), its parameters and the batch's newest admitted_at.
+
+    `facts` is the _BATCH_FACTS row: (ids repeat in it, earliest and latest admitted_at, some
+    admitted_at is NULL). Example: a batch admitted between 09:00 and 09:05 without NULLs ->
+    "... WHERE NOT EXISTS (... r.admitted_at = b.admitted_at AND r.admitted_at BETWEEN ? AND ?)",
+    [09:00, 09:05]; the same batch when `newest` (the newest admitted_at stored) is 08:59 -> no
+    check, [].
     """
-    admitted = batch.column("admitted_at")
-    source = "batch"
-    if pc.count_distinct(batch.column("request_id")).as_py() < batch.num_rows:
-        source = "(SELECT DISTINCT ON (request_id, admitted_at) * FROM batch)"
-    low, high = (value.as_py() for value in pc.min_max(admitted).values())
+    repeated, low, high, nulls = facts
+    source = "(SELECT DISTINCT ON (request_id, admitted_at) * FROM batch)" if repeated else "batch"
     insert = f"INSERT INTO requests ({_COLUMN_LIST}) SELECT {_COLUMN_LIST} FROM {source} AS b"
-    if not admitted.null_count and newest is not _UNKNOWN and (newest is None or low > newest):
+    if not nulls and newest is not _UNKNOWN and (newest is None or low > newest):
         return insert, [], high  # begins after every stored row: nothing stored can repeat
     same_time = "r.admitted_at = b.admitted_at"
     span, params = "r.admitted_at BETWEEN ? AND ?", [low, high]
-    if admitted.null_count:  # rare (only ingest from other clients): NULL must match NULL
+    if nulls:  # rare (only ingest from other clients): NULL must match NULL
         same_time = "r.admitted_at IS NOT DISTINCT FROM b.admitted_at"
         span = f"({span} OR r.admitted_at IS NULL)" if low is not None else "r.admitted_at IS NULL"
         params = params if low is not None else []
@@ -205,7 +211,8 @@ class RequestStore:
             if newest.value is _UNKNOWN:
                 newest.value = self._con.execute("SELECT max(admitted_at) FROM requests").fetchall()[0][0]
             # the SQL reads the local `batch` (a DuckDB replacement scan)
-            sql, params, high = _insert_sql(batch, newest.value)
+            facts = self._con.execute(_BATCH_FACTS).fetchall()[0]
+            sql, params, high = _insert_sql(facts, newest.value)
             try:
                 inserted = int(self._con.execute(sql, params).fetchall()[0][0])
             except BaseException:
