@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from collector.service.app import create_store_app
 from collector.store.db import (
-    _BATCH_FACTS,
     _UNKNOWN,
     ARROW_STREAM_TYPE,
     RequestStore,
+    _batch_facts,
     _insert_sql,
     rows_to_arrow,
     rows_to_ipc,
@@ -81,8 +81,7 @@ def test_a_stored_id_with_another_admission_time_is_a_different_request_and_kept
 
 def test_a_batch_after_every_stored_row_is_inserted_without_a_duplicate_check():
     rows = synthetic_rows(10, T0 + timedelta(hours=1), span=timedelta(minutes=5), prefix="d")
-    batch = rows_to_arrow(rows)  # noqa: F841 -- DuckDB reads it by name (a replacement scan)
-    facts = duckdb.connect().execute(_BATCH_FACTS).fetchall()[0]
+    facts = _batch_facts(rows_to_arrow(rows))
     low, high = min(r["admitted_at"] for r in rows), max(r["admitted_at"] for r in rows)
     assert facts == (False, low, high, False)
     checked, params, newest = _insert_sql(facts, T0)  # the store knows its newest row: T0
@@ -90,8 +89,15 @@ def test_a_batch_after_every_stored_row_is_inserted_without_a_duplicate_check():
     for stored_newest in (low, T0 + timedelta(hours=2), _UNKNOWN):  # at or after its start, or unknown
         sql, params, _ = _insert_sql(facts, stored_newest)
         assert "NOT EXISTS" in sql and params == [low, high]
-    repeated = _insert_sql((True, low, high, True), None)[0]  # ids repeat, an admitted_at is NULL
+    bare = _batch_facts(rows_to_arrow(rows + [{"request_id": rows[0]["request_id"]}]))
+    assert bare == (True, low, high, True)  # an id repeats, an admitted_at is NULL
+    repeated = _insert_sql(bare, None)[0]
     assert "DISTINCT ON" in repeated and "IS NOT DISTINCT FROM" in repeated
+    assert _batch_facts(rows_to_arrow([{"request_id": "x"}])) == (False, None, None, True)
+    table = rows_to_arrow(synthetic_rows(300, T0, span=timedelta(hours=1), prefix="s"))
+    pieces = pa.concat_tables([table.slice(40, 30), table.slice(250, 20)])  # chunks with offsets
+    instants = pieces.column("admitted_at").to_pylist()
+    assert _batch_facts(pieces) == (False, min(instants), max(instants), False)
 
 
 def test_the_newest_stored_instant_is_followed_by_every_write_and_shared_by_stores_of_one_file(tmp_path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -127,18 +128,34 @@ def _newest_for(path: str, store: object) -> _Newest:
         return _NEWEST.setdefault(key, _Newest())
 
 
-# what the INSERT needs to know of a batch (bound as `batch`): one DuckDB pass over the Arrow
-# table (pyarrow.compute would do it too, at 8 MiB more of every sidecar's memory)
-_BATCH_FACTS = (
-    "SELECT count(DISTINCT request_id) < count(*), min(admitted_at), max(admitted_at), "
-    "count(*) > count(admitted_at) FROM batch"
-)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _batch_facts(batch: pa.Table) -> tuple[bool, datetime | None, datetime | None, bool]:
+    """What the INSERT needs to know of a batch: (an id repeats or is NULL, earliest and latest
+    admitted_at, some admitted_at is NULL). Read from the columns' own buffers: pyarrow.compute
+    would cost every sidecar 8 MiB more, a DuckDB pass 1.3 ms more per batch."""
+    ids, admitted = batch.column("request_id"), batch.column("admitted_at")
+    repeated = ids.null_count > 0 or len(set(ids.to_pylist())) < batch.num_rows
+    if admitted.null_count:  # rare (ingest from other clients): the slow way
+        present = [value for value in admitted.to_pylist() if value is not None]
+        return repeated, min(present, default=None), max(present, default=None), True
+    lows, highs = [], []
+    for chunk in admitted.chunks:  # timestamp[us]: int64 microseconds since the epoch
+        if len(chunk):
+            values = memoryview(chunk.buffers()[1]).cast("q")[chunk.offset : chunk.offset + len(chunk)]
+            lows.append(min(values))
+            highs.append(max(values))
+    if not lows:
+        return repeated, None, None, False
+    low, high = (_EPOCH + timedelta(microseconds=us) for us in (min(lows), max(highs)))
+    return repeated, low, high, False
 
 
 def _insert_sql(facts: Sequence[Any], newest: Any = _UNKNOWN) -> tuple[str, list[Any], Any]:
     """The INSERT for a batch (bound as `batch`), its parameters and the batch's newest admitted_at.
 
-    `facts` is the _BATCH_FACTS row: (ids repeat in it, earliest and latest admitted_at, some
+    `facts` are _batch_facts(batch): (ids repeat in it, earliest and latest admitted_at, some
     admitted_at is NULL). Example: a batch admitted between 09:00 and 09:05 without NULLs ->
     "... WHERE NOT EXISTS (... r.admitted_at = b.admitted_at AND r.admitted_at BETWEEN ? AND ?)",
     [09:00, 09:05]; the same batch when `newest` (the newest admitted_at stored) is 08:59 -> no
@@ -211,8 +228,7 @@ class RequestStore:
             if newest.value is _UNKNOWN:
                 newest.value = self._con.execute("SELECT max(admitted_at) FROM requests").fetchall()[0][0]
             # the SQL reads the local `batch` (a DuckDB replacement scan)
-            facts = self._con.execute(_BATCH_FACTS).fetchall()[0]
-            sql, params, high = _insert_sql(facts, newest.value)
+            sql, params, high = _insert_sql(_batch_facts(batch), newest.value)
             try:
                 inserted = int(self._con.execute(sql, params).fetchall()[0][0])
             except BaseException:
