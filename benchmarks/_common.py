@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +64,45 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs since boot, from /proc/stat's first line."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[7], sum(fields)
+
+
+class StealSampler:
+    """Steal time (percent of all CPUs) per wall-clock second, sampled by a thread.
+
+    On a virtual machine the host may take the vCPUs away (/proc/stat's `steal`). On the
+    project's 2-vCPU microVM it comes in bursts of 10-30 s at 10-30 %, and a burst lifts the
+    TTFT p99 of whatever runs then by 50-100 ms. `worst(began, ended)` tells whether a request's
+    interval touched a stolen second, so that tail statistics can be compared over the requests
+    the host left alone (BENCHMARKS.md §8c).
+    """
+
+    def __init__(self) -> None:
+        self.by_second: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        second = int(time.time())
+        steal, total = cpu_ticks()
+        while not self._stop.wait(second + 1 - time.time()):
+            now_steal, now_total = cpu_ticks()
+            self.by_second[second] = 100.0 * (now_steal - steal) / max(now_total - total, 1)
+            second, steal, total = second + 1, now_steal, now_total
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def worst(self, began: float, ended: float) -> float:
+        """The most steal (percent) in any second from `began` to `ended` (unknown seconds: 0)."""
+        return max(self.by_second.get(second, 0.0) for second in range(int(began), int(ended) + 1))
 
 
 def cpu_seconds(pid: int) -> float:

@@ -35,6 +35,7 @@ class RoundResult:
     completed: int = 0
     failed: int = 0
     ttft_s: list[float] = field(default_factory=list)
+    ttft_at: list[float] = field(default_factory=list)  # wall time each of those requests was sent
 
     @property
     def chunks_per_s(self) -> float:
@@ -61,13 +62,14 @@ async def drive_for(
 
         async def worker() -> None:
             while True:
-                began, first = time.perf_counter(), True
+                began, sent_at, first = time.perf_counter(), time.time(), True
                 try:
                     async with session.post(url, data=BODY, headers=headers) as response:
                         async for data in response.content.iter_any():
                             tokens = data.count(_TOKEN)
                             if tokens and first:
                                 result.ttft_s.append(time.perf_counter() - began)
+                                result.ttft_at.append(sent_at)
                                 first = False
                             result.token_chunks += tokens
                     result.completed += 1
@@ -78,7 +80,12 @@ async def drive_for(
         await asyncio.sleep(seconds)
         at_deadline()
         frozen = RoundResult(
-            seconds, result.token_chunks, result.completed, result.failed, list(result.ttft_s)
+            seconds,
+            result.token_chunks,
+            result.completed,
+            result.failed,
+            list(result.ttft_s),
+            list(result.ttft_at),
         )
         for task in tasks:
             task.cancel()

@@ -45,7 +45,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import BODY, PYTHON, ROOT, free_port, start  # noqa: E402
+from _common import BODY, PYTHON, ROOT, StealSampler, free_port, start  # noqa: E402
 
 from collector.analysis.refresh import refresh_estimates, refresh_estimates_isolated  # noqa: E402
 from collector.serving import serve_in_thread  # noqa: E402
@@ -102,38 +102,6 @@ _BURN = (
 
 
 _MIN_CLEAN = 1_000  # clean requests per phase kind for a p99 worth comparing
-
-
-def _cpu_ticks() -> tuple[int, int]:
-    """(steal, total) jiffies of all CPUs since boot, from /proc/stat's first line."""
-    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return fields[7], sum(fields)
-
-
-class StealSampler:
-    """Steal time per wall-clock second, sampled by a thread: `percent(second)`."""
-
-    def __init__(self) -> None:
-        self.by_second: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        second = int(time.time())
-        steal, total = _cpu_ticks()
-        while not self._stop.wait(second + 1 - time.time()):
-            now_steal, now_total = _cpu_ticks()
-            self.by_second[second] = 100.0 * (now_steal - steal) / max(now_total - total, 1)
-            second, steal, total = second + 1, now_steal, now_total
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def worst(self, began: float, ended: float) -> float:
-        """The most steal (percent) in any second from `began` to `ended` (unknown seconds: 0)."""
-        return max(self.by_second.get(second, 0.0) for second in range(int(began), int(ended) + 1))
 
 
 def _on_cpus(cpus: set[int] | None, refresh, *args, **kwargs) -> None:
@@ -298,8 +266,8 @@ def main() -> None:
         summary["clean_p99_added_by_refresh_ms"] = round(
             summary["clean"]["refresh"]["ttft_p99_ms"] - summary["clean"]["quiet"]["ttft_p99_ms"], 2
         )
-        # a p99 needs a tail: at least 10 requests above it in each kind, else the run says so
-        summary["clean_enough"] = min(len(v) for v in clean.values()) >= _MIN_CLEAN
+    # a p99 needs a tail: at least 10 requests above it in each kind, else the run says so
+    summary["clean_enough"] = min(len(v) for v in clean.values()) >= _MIN_CLEAN
     summary["steal_percent_per_phase"] = {
         kind: [
             round(statistics.fmean(steal.by_second.get(s, 0.0) for s in range(int(b), int(e))), 1)

@@ -177,10 +177,12 @@ def in_background(work: Callable[[], T]) -> T:
     that starts it. So the window's copy (one DuckDB statement, the interpreter lock released)
     yields the cores to the proxy's threads, and the child is born at nice 19 too: it starts
     (about a second of imports) below the proxy, not beside it, before it moves itself to
-    SCHED_IDLE. A child started at the normal priority by a nice-19 thread was worse than
-    either: in the second after its exec, the child took the core from the nice-19 thread while
-    that thread held the interpreter lock, and the proxy's event loop waited for the lock for up
-    to 170 ms (BENCHMARKS.md §8b).
+    SCHED_IDLE. A child started at the normal priority by a nice-19 thread is worse than
+    either: in the second after its exec it can take the core from the nice-19 thread while that
+    thread holds the interpreter lock, and the proxy's event loop then waits for the lock.
+    Measured with the proxy pinned to one core: born at nice 0, back-to-back refreshes made the
+    proxy's interpreter stall for over 10 ms 20 times in two minutes, against 5 times in the
+    quiet phases of the same run; born at nice 19, 7 times against 8 (BENCHMARKS.md §8c).
     """
     result: list[T] = []
     failed: list[BaseException] = []
