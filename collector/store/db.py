@@ -208,6 +208,8 @@ class RequestStore:
         self._lock = threading.Lock()
         self.migrated_from = None if read_only else migrate(self._con)
         self._newest = _newest_for(self.path, self)
+        with self._newest.lock:  # the file may have changed since a store of it last looked
+            self._newest.value = _UNKNOWN
 
     def insert_rows(self, rows: Rows, *, lenient: bool = False) -> int:
         """Insert a batch of records or row dicts; duplicates (module docstring) are ignored.
