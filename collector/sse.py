@@ -110,6 +110,9 @@ class ChunkInfo:
 DONE = ChunkInfo()
 MALFORMED = ChunkInfo()
 ERROR = ChunkInfo()
+# the answer for the common chunk (a few tokens, no usage) when its parsed dict is not wanted:
+# shared, never changed, so that reading a chunk allocates nothing of ours
+_TOKENS_ONLY = tuple(ChunkInfo(tokens) for tokens in range(64))
 
 
 def _delta_tokens(choice: dict[str, Any]) -> int:
@@ -147,7 +150,7 @@ def _fields(event: bytes) -> tuple[bytes | None, bool]:
     return (b"\n".join(lines) if lines else None), error
 
 
-def _inspect_fields(event: bytes) -> ChunkInfo | None:
+def _inspect_fields(event: bytes, keep_chunk: bool) -> ChunkInfo | None:
     payload, error = _fields(event)
     if error:
         return ERROR
@@ -156,39 +159,45 @@ def _inspect_fields(event: bytes) -> ChunkInfo | None:
     if payload.strip() == b"[DONE]":
         return DONE
     try:
-        return _read_chunk(orjson.loads(payload))
+        return _read_chunk(orjson.loads(payload), keep_chunk)
     except orjson.JSONDecodeError:
         return MALFORMED
 
 
-def _read_chunk(chunk: object) -> ChunkInfo:
-    if not isinstance(chunk, dict):
+def _read_chunk(chunk: object, keep_chunk: bool) -> ChunkInfo:
+    # `type(...) is` rather than isinstance: orjson makes exact dicts and lists, and this runs per chunk
+    if type(chunk) is not dict:
         return MALFORMED
     choices = chunk.get("choices")
     tokens = 0
-    if isinstance(choices, list):
+    if type(choices) is list:
         for choice in choices:
-            if isinstance(choice, dict):
+            if type(choice) is dict:
                 tokens += _delta_tokens(choice)
     elif chunk.get("error") or chunk.get("object") == "error":  # vLLM/SGLang: error mid-stream
         return ERROR
     usage = chunk.get("usage")
-    usage = usage if isinstance(usage, dict) else None
-    return ChunkInfo(tokens, usage, usage is not None and not choices, chunk)
+    if type(usage) is not dict:
+        if not keep_chunk and tokens < len(_TOKENS_ONLY):
+            return _TOKENS_ONLY[tokens]
+        return ChunkInfo(tokens, None, False, chunk)
+    return ChunkInfo(tokens, usage, not choices, chunk)
 
 
-def inspect_event(event: bytes) -> ChunkInfo | None:
+def inspect_event(event: bytes, keep_chunk: bool = True) -> ChunkInfo | None:
     """Read one event; None for comments/keep-alives, DONE for `[DONE]`, MALFORMED for bad JSON,
     ERROR for an error the engine reported inside the stream.
 
     A chunk's token estimate is collector.tokens' rule (floor(characters / 4), at least 1 for
     non-empty content), 1 for a tool call. A role-only chunk carries no token (it must not
     stamp TTFT). The row's completion_tokens come from upstream usage whenever it is sent.
+    Without `keep_chunk`, a chunk without usage comes back without its parsed dict (`chunk` is
+    None), as a shared ChunkInfo: what the proxy asks for unless it is tracing.
     """
     if event.startswith(b"data:"):  # the common case: one data line
         payload = event[5:]
     else:  # "event:"/"id:" fields first, or a comment-only keep-alive
-        return _inspect_fields(event)
+        return _inspect_fields(event, keep_chunk)
     try:
         chunk = orjson.loads(payload)  # JSON allows the surrounding whitespace
     except orjson.JSONDecodeError:
@@ -196,5 +205,5 @@ def inspect_event(event: bytes) -> ChunkInfo | None:
             return DONE
         # more lines after `data:` (another field, multi-line data) fail here: re-read them slowly,
         # so the hot path never scans an event for newlines
-        return _inspect_fields(event) if b"\n" in payload else MALFORMED
-    return _read_chunk(chunk)
+        return _inspect_fields(event, keep_chunk) if b"\n" in payload else MALFORMED
+    return _read_chunk(chunk, keep_chunk)

@@ -63,6 +63,20 @@ def test_real_stream_token_estimate_and_usage(fixtures_dir):
 def test_chunk_token_estimates(event, tokens):
     info = inspect_event(event)
     assert (info.tokens_estimate if info is not None else None) == tokens
+    lean = inspect_event(event, keep_chunk=False)  # the proxy's way when not tracing: same reading
+    assert (lean.tokens_estimate if lean is not None else None) == tokens
+
+
+def test_without_the_parsed_chunk_a_plain_chunk_is_a_shared_answer_and_usage_is_still_read():
+    plain = b'data: {"id":"c1","choices":[{"delta":{"content":"abcdefgh"}}]}'
+    assert inspect_event(plain).chunk == {"id": "c1", "choices": [{"delta": {"content": "abcdefgh"}}]}
+    lean = inspect_event(plain, keep_chunk=False)
+    assert lean is inspect_event(plain, keep_chunk=False) and lean.chunk is None and lean.tokens_estimate == 2
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9}}'
+    read = inspect_event(usage, keep_chunk=False)
+    assert read.usage == {"prompt_tokens": 3, "completion_tokens": 9} and read.usage_only
+    many = b'data: {"choices":[{"delta":{"content":"' + b"x" * 400 + b'"}}]}'  # past the shared ones
+    assert inspect_event(many, keep_chunk=False).tokens_estimate == 100
 
 
 def test_malformed_and_non_object_chunks():

@@ -333,13 +333,14 @@ async def relay_stream(
     splitter = EventSplitter(max_event_bytes)
     malformed = errored = False
     clock, spent = time.monotonic, tracker.spent
+    tracing = request.telemetry is not None  # the span reads each chunk's id, model and finish
     async for data in response.content.iter_any():
         began = clock()
         complete, events = splitter.feed(data)
         kept: list[bytes] | None = None  # None: forward `complete` exactly as received
         tokens = 0  # told to the tracker once per read: the same instant for TTFT, fewer calls
         for index, event in enumerate(events):
-            info = inspect_event(event)
+            info = inspect_event(event, keep_chunk=tracing)
             if info is None or info is DONE:
                 pass
             elif info is MALFORMED:
@@ -348,8 +349,8 @@ async def relay_stream(
                 errored = True
             else:
                 tokens += info.tokens_estimate
-                if request.telemetry is not None:  # tracing on: the response's id, model, finish
-                    request.telemetry.note_answer(info.chunk)
+                if tracing:  # the response's id, model, finish
+                    request.telemetry.note_answer(info.chunk)  # type: ignore[union-attr]
                 if info.usage is not None:
                     tracker.reported_usage(request, info.usage)  # cumulative: replace, never sum
                     if strip_usage and info.usage_only:  # the usage chunk we asked for

@@ -1,0 +1,155 @@
+"""The per-chunk path alone: what reading each streamed event costs, next to only forwarding it.
+
+    python benchmarks/relay_path.py                  # three streams, 1 and 8 events per read
+    python benchmarks/relay_path.py --repeat 400     # longer, steadier
+
+The sidecar's `relay_stream` (collector/sidecar/relay.py) runs on recorded streams, in this
+process, with no network: a stand-in upstream response yields the stream's bytes in reads of
+1 or 8 events (aiohttp hands the proxy whatever is buffered, so under load a read holds several
+events), and a stand-in client takes each forwarded body. Its events are split, read, counted
+by a real Tracker and forwarded, as in `headroom run`. The floor is the same loop with the
+forwarding only: every read passed to the client untouched, as a pass-through proxy does.
+
+Streams: the llama.cpp capture in tests/fixtures (what a real engine sends), and the
+benchmarks' upstream's plain and vLLM-style streams (benchmarks/sse_upstream.py: 64 one-token
+chunks, and the same with `"usage":null` in every chunk). Reported per stream and read size:
+CPU microseconds per event for both loops (best of --rounds, each --repeat streams) and their
+ratio. CPU time of this process only, so a noisy machine moves it less than a wall clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from collector.sidecar.relay import relay_stream
+from collector.sidecar.tracker import LiveRequest, Tracker
+
+ROOT = Path(__file__).resolve().parent.parent
+_ROLE = b'data: {"id":"b","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]%s}\n\n'
+_TOKEN = (
+    b'data: {"id":"b","object":"chat.completion.chunk","created":1,"model":"bench",'
+    b'"choices":[{"index":0,"delta":{"content":" token"},"finish_reason":null}]%s}\n\n'
+)
+_USAGE = (
+    b'data: {"id":"b","object":"chat.completion.chunk","choices":[],'
+    b'"usage":{"prompt_tokens":40,"completion_tokens":64,"total_tokens":104}}\n\n'
+)
+_DONE = b"data: [DONE]\n\n"
+
+
+def _bench_stream(vllm: bool) -> bytes:
+    null = b',"usage":null' if vllm else b""
+    return _ROLE % null + (_TOKEN % null) * 64 + _USAGE + _DONE
+
+
+def streams() -> dict[str, bytes]:
+    return {
+        "llama.cpp capture": (ROOT / "tests/fixtures/llamacpp/chat_stream_with_usage.sse").read_bytes(),
+        "benchmark stream": _bench_stream(vllm=False),
+        "vLLM-style": _bench_stream(vllm=True),
+    }
+
+
+def reads_of(stream: bytes, per_read: int) -> list[bytes]:
+    """The stream cut into reads of `per_read` whole events."""
+    events = [event + b"\n\n" for event in stream.split(b"\n\n") if event]
+    return [b"".join(events[i : i + per_read]) for i in range(0, len(events), per_read)]
+
+
+class _Content:
+    __slots__ = ("_reads",)
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self._reads = reads
+
+    async def iter_any(self):
+        for data in self._reads:
+            yield data
+
+
+class _Response:
+    status = 200
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self.content = _Content(reads)
+
+
+class _Client:
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def body(self, data: bytes) -> None:
+        self.sent += len(data)
+
+
+async def forward_only(reads: list[bytes], client: _Client) -> None:
+    """The floor: every read to the client untouched (what benchmarks/passthrough_proxy.py does)."""
+    async for data in _Content(reads).iter_any():
+        if data:
+            await client.body(data)
+
+
+async def accounted(reads: list[bytes], client: _Client, tracker: Tracker, strip_usage: bool) -> None:
+    """headroom's relay: split, read, count and forward, then finish the request."""
+    request = LiveRequest("bench", "t", "/v1/chat/completions", True, 64, 40)
+    tracker.admit(request)
+    ending = await relay_stream(tracker, request, strip_usage, _Response(reads), client, 2**20)  # type: ignore[arg-type]
+    tracker.finish(request, ending.outcome, status_code=200)
+
+
+def cpu_per_event(run, reads: list[bytes], events: int, repeat: int, rounds: int) -> float:
+    """Best CPU microseconds per event over `rounds` rounds of `repeat` streams."""
+    best = float("inf")
+    for _ in range(rounds):
+
+        async def many() -> None:
+            for _ in range(repeat):
+                await run(reads)
+
+        began = time.process_time()
+        asyncio.run(many())
+        best = min(best, (time.process_time() - began) / (repeat * events) * 1e6)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=200, help="streams per round")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    tracker = Tracker(CollectorRegistry(), instance="bench")
+    client = _Client()
+    results = []
+    for name, stream in streams().items():
+        events = stream.count(b"\n\n")
+        for per_read in (1, 8):
+            reads = reads_of(stream, per_read)
+            vllm = name == "vLLM-style"
+            floor = cpu_per_event(lambda r: forward_only(r, client), reads, events, args.repeat, args.rounds)
+            ours = cpu_per_event(
+                lambda r, v=vllm: accounted(r, client, tracker, v), reads, events, args.repeat, args.rounds
+            )
+            results.append(
+                {
+                    "stream": name,
+                    "events": events,
+                    "events_per_read": per_read,
+                    "forward_us_per_event": round(floor, 3),
+                    "relay_us_per_event": round(ours, 3),
+                    "relay_added_us_per_event": round(ours - floor, 3),
+                    "ratio": round(ours / floor, 2),
+                }
+            )
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
