@@ -48,20 +48,26 @@ async def drive_for(
     seconds: float,
     headers: dict[str, str],
     at_deadline: Callable[[], None] = lambda: None,
+    drain_s: float = 30.0,
 ) -> RoundResult:
     """`streams` workers each send a request, read its stream to the end, and start again, until
-    `seconds` have passed; then `at_deadline()` runs (say, to read the target's CPU time) and
-    the streams still open are abandoned. Counts token chunks received within the window and the
-    time to the first token of each request that got one in it.
+    `seconds` have passed; then `at_deadline()` runs (say, to read the target's CPU time), and
+    each worker finishes the stream it is reading (uncounted; at most `drain_s`) instead of
+    abandoning it. Counts token chunks received within the window and the time to the first
+    token of each request that got one in it.
+
+    Abandoning 256 streams mid-answer at each round's end left the next round with 1-4 s
+    first-token tails through every proxy, the bare pass-through too (BENCHMARKS.md §2).
     """
     result = RoundResult(seconds)
     connector = aiohttp.TCPConnector(limit=streams, limit_per_host=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=120)
     headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}", **headers}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+        stopping = False
 
         async def worker() -> None:
-            while True:
+            while not stopping:
                 began, sent_at, first = time.perf_counter(), time.time(), True
                 try:
                     async with session.post(url, data=BODY, headers=headers) as response:
@@ -87,7 +93,9 @@ async def drive_for(
             list(result.ttft_s),
             list(result.ttft_at),
         )
-        for task in tasks:
+        stopping = True  # each worker ends after its current stream
+        _, late = await asyncio.wait(tasks, timeout=drain_s)
+        for task in late:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return frozen
