@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 
+import aiohttp
 import httpx
 import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
@@ -85,3 +87,24 @@ def test_mixed_run_ends_at_zero_with_one_row_per_request(tmp_path, caplog):
     counted = sum(v for (name, _), v in metrics.items() if name == "headroom_requests_total")
     assert counted == TOTAL
     assert not [r for r in caplog.records if r.name.startswith("collector")], caplog.text
+
+
+def test_answers_served_over_a_kept_alive_upstream_connection_are_not_kept_alive_by_it(tmp_path):
+    # the sidecar hangs a "connection lost" callback on each upstream answer's pooled
+    # connection; left there, every answer stayed in memory until the connection closed
+    # (about 7 KB per request: 340 MiB over 48,000 requests)
+    def answers_alive() -> int:
+        gc.collect()
+        return sum(isinstance(o, aiohttp.ClientResponse) for o in gc.get_objects())
+
+    with sidecar_rig(tmp_path) as rig, httpx.Client(base_url=rig.url, timeout=10) as client:
+        for stream in (True, False):  # warm the pool, both relays
+            assert client.post("/v1/chat/completions", json={**CHAT, "stream": stream}).status_code == 200
+        before = answers_alive()
+        for i in range(120):
+            body = {**CHAT, "stream": i % 2 == 0}
+            assert (
+                client.post("/v1/chat/completions", json=body, headers={"x-fake-tokens": "5"}).status_code
+                == 200
+            )
+        assert answers_alive() <= before + 2, "upstream answers are being kept alive after they ended"

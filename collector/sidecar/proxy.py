@@ -215,22 +215,25 @@ class CompletionsProxy:
             self._tracker.retried(request, upstream.retry_reason or "stale_connection")
         try:
             async with upstream.response as resp:
-                end_on_connection_loss(resp)
-                self._tracker.responded(request, resp.status)
-                if resp.status == 200 and resp.content_type == "text/event-stream":
-                    await client.start(resp.status, response_headers(resp.raw_headers, keep_length=False))
-                    return await relay_stream(
-                        self._tracker,
-                        request,
-                        parsed.usage_injected,
-                        resp,
-                        client,
-                        self._limits.max_sse_event_bytes,
+                forget = end_on_connection_loss(resp)
+                try:
+                    self._tracker.responded(request, resp.status)
+                    if resp.status == 200 and resp.content_type == "text/event-stream":
+                        await client.start(resp.status, response_headers(resp.raw_headers, keep_length=False))
+                        return await relay_stream(
+                            self._tracker,
+                            request,
+                            parsed.usage_injected,
+                            resp,
+                            client,
+                            self._limits.max_sse_event_bytes,
+                        )
+                    await client.start(resp.status, response_headers(resp.raw_headers, keep_length=True))
+                    return await relay_body(
+                        self._tracker, request, resp, client, self._limits.max_buffered_response_bytes
                     )
-                await client.start(resp.status, response_headers(resp.raw_headers, keep_length=True))
-                return await relay_body(
-                    self._tracker, request, resp, client, self._limits.max_buffered_response_bytes
-                )
+                finally:
+                    forget()  # the pooled connection must not keep this response alive
         except Exception as exc:
             return self._failed(exc)
 
