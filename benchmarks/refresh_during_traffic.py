@@ -101,6 +101,15 @@ _BURN = (
 )
 
 
+# the refresh child's memory traffic without its computing: 600 MiB faulted in and freed, again
+# and again, at SCHED_IDLE on the proxy's CPUs (what the child does to the kernel and the host)
+_BURN_MEMORY = (
+    "import os\n"
+    "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "while True:\n    block = b'x' * (600 << 20)\n    del block\n"
+)
+
+
 _MIN_CLEAN = 1_000  # clean requests per phase kind for a p99 worth comparing
 
 
@@ -109,6 +118,51 @@ def _on_cpus(cpus: set[int] | None, refresh, *args, **kwargs) -> None:
     if cpus:
         os.sched_setaffinity(0, cpus)
     refresh(*args, **kwargs)
+
+
+def _watch_refresh_steps() -> list[tuple[str, float]]:
+    """[(step, wall time)]: when each refresh's copy and child began and ended (subprocess.run
+    and RequestStore.copy_out wrapped; only the refresh calls them in this process)."""
+    events: list[tuple[str, float]] = []
+    run, copy_out = subprocess.run, RequestStore.copy_out
+
+    def timed_run(*args, **kwargs):
+        events.append(("child started", time.time()))
+        try:
+            return run(*args, **kwargs)
+        finally:
+            events.append(("child ended", time.time()))
+
+    def timed_copy(self, *args, **kwargs):
+        events.append(("copy started", time.time()))
+        try:
+            return copy_out(self, *args, **kwargs)
+        finally:
+            events.append(("copy ended", time.time()))
+
+    subprocess.run = timed_run  # type: ignore[assignment]
+    RequestStore.copy_out = timed_copy  # type: ignore[method-assign]
+    return events
+
+
+def _bursts(samples: list, events: list[tuple[str, float]], *, over_s: float = 0.08) -> list[dict]:
+    """Moments when 5 or more requests admitted within 50 ms all waited over `over_s` for their
+    first token (one stall seen by many streams), with how long after each refresh step's last
+    occurrence each came."""
+    slow = sorted(a for a, ttft in samples if ttft == ttft and ttft > over_s)
+    found, i = [], 0
+    while i < len(slow):
+        j = i
+        while j + 1 < len(slow) and slow[j + 1] - slow[i] < 0.05:
+            j += 1
+        if j - i + 1 >= 5:
+            at, latest = slow[i], {}
+            for step, when in events:  # the last time each step happened before the burst
+                if when <= at:
+                    latest[step] = round(at - when, 3)
+            found.append({"requests": j - i + 1, "seconds_after": latest})
+        i = j + 1
+    return found
 
 
 def main() -> None:
@@ -136,6 +190,12 @@ def main() -> None:
         action="store_true",
         help="with --placebo: a pure CPU loop at SCHED_IDLE on either core in the 'refresh' phases "
         "(does any idle-priority work beside the proxy delay it?)",
+    )
+    parser.add_argument(
+        "--burn-memory",
+        action="store_true",
+        help="with --placebo: a SCHED_IDLE loop that faults in and frees 600 MiB again and again, "
+        "on the proxy's CPUs, in the 'refresh' phases (is it the child's memory, not its CPU?)",
     )
     parser.add_argument(
         "--refresh-anywhere",
@@ -202,6 +262,7 @@ def main() -> None:
             last = now
 
     threading.Thread(target=ticker, daemon=True).start()
+    events = _watch_refresh_steps()
     steal = StealSampler()
     phases, durations = [], []
     time.sleep(2.0)  # let the streams ramp up before the first phase
@@ -225,8 +286,9 @@ def main() -> None:
                 worker.start()
                 worker.join()
                 durations.append(time.perf_counter() - t0)
-        elif kind == "refresh" and args.burn:
-            burner = subprocess.Popen([PYTHON, "-c", _BURN])
+        elif kind == "refresh" and (args.burn or args.burn_memory):
+            # Popen from this thread: the memory burner inherits the proxy's CPUs (--pin)
+            burner = subprocess.Popen([PYTHON, "-c", _BURN_MEMORY if args.burn_memory else _BURN])
             time.sleep(args.phase_seconds)
             burner.kill()
             burner.wait()
@@ -306,6 +368,7 @@ def main() -> None:
         "runs": len(durations),
         "median": round(statistics.median(durations), 2) if durations else None,
     }
+    summary["bursts"] = _bursts(samples, events)
     summary["max_steal_percent"] = args.max_steal
     summary["rows"] = args.rows
     summary["pinned"] = (
@@ -316,7 +379,9 @@ def main() -> None:
         else "proxy+refresh CPU 0, upstream+load CPU 1"
     )
     summary["curves_computed"] = (
-        "none (placebo; a SCHED_IDLE CPU loop instead)"
+        "none (placebo; a SCHED_IDLE loop faulting in 600 MiB instead)"
+        if args.placebo and args.burn_memory
+        else "none (placebo; a SCHED_IDLE CPU loop instead)"
         if args.placebo and args.burn
         else "none (placebo)"
         if args.placebo

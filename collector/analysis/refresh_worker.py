@@ -7,11 +7,13 @@ The passive curves of a day of traffic are seconds of DuckDB and Python work. Ru
 sidecar, that work holds the GIL between DuckDB calls and shares the cores with the proxy: the
 paced TTFT p99 grew by 90 ms during refreshes over 1 M rows (BENCHMARKS.md §8). Here the sidecar
 only copies the window's rows, in the columns the curves use, into a Parquet file in a private
-temporary directory (DuckDB's own `COPY ... TO`, one statement on one thread that never takes
-the interpreter lock: no Arrow or Python object per row in the proxy's process), and a child
+temporary directory (DuckDB's own `COPY ... TO`, one statement on one thread, which takes the
+interpreter lock back only between its steps: no Arrow or Python object per row in the proxy's
+process), and a child
 process (`python -m collector.analysis.refresh_worker`, born at nice 19 and then at Linux's
-SCHED_IDLE, DuckDB on one thread) loads them into an in-memory store, computes the same
-estimates as the in-process `traffic_estimates` and prints them as JSON. The parent saves and
+SCHED_IDLE, DuckDB on one thread) reads them through a view over the file
+(`RequestStore.over_parquet`), computes the same estimates as the in-process
+`traffic_estimates` and prints them as JSON. The parent saves and
 publishes them as before.
 
 A child that fails or runs past `timeout_s` costs this refresh its traffic estimates (logged with
@@ -228,10 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slo-ttft-p95-s", type=float)
     args = parser.parse_args(argv)
     _lowest_priority()
-    store = RequestStore()
+    store = RequestStore.over_parquet(args.rows)  # the curves scan the file: no copy in memory
     try:
         store.execute("SET threads = 1")
-        store.copy_in(args.rows)
         found = traffic_estimates(
             store,
             args.now,
