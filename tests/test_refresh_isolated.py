@@ -12,6 +12,7 @@ import sys
 import threading
 from datetime import timedelta
 
+import duckdb
 import pytest
 
 from collector.analysis.estimate import probe_levels
@@ -112,3 +113,22 @@ def test_the_copy_and_the_child_run_below_the_proxy_from_the_child_s_first_instr
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller  # the caller's is its own
     with pytest.raises(ZeroDivisionError):
         in_background(lambda: 1 / 0)  # what the work raised reaches the caller
+
+
+def test_a_store_over_a_parquet_copy_reads_its_rows_and_nulls_the_columns_left_out(traffic, tmp_path):
+    store, now, _ = traffic
+    copied = tmp_path / "it's rows.parquet"  # a quote in the path: the view's SQL must escape it
+    window = [now - timedelta(hours=1), now]
+    sql = "SELECT request_id, admitted_at, ttft_s FROM requests WHERE admitted_at >= ? AND admitted_at < ?"
+    count = store.copy_out(sql, window, copied)
+    reader = RequestStore.over_parquet(copied)
+    try:
+        assert reader.count() == count > 0
+        expected = store.query(f"{sql} ORDER BY request_id LIMIT 5", window)
+        assert reader.query(f"{sql} ORDER BY request_id LIMIT 5", window) == expected
+        # a column the copy left out is there, and NULL, as in a table of the full schema
+        assert reader.query("SELECT count(*) FROM requests WHERE tenant IS NOT NULL") == [(0,)]
+        with pytest.raises(duckdb.CatalogException, match="not an? table"):  # a view of the file
+            reader.insert_rows([{"request_id": "new"}])
+    finally:
+        reader.close()
