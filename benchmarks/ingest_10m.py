@@ -122,8 +122,11 @@ def _post_all(client: httpx.Client, payloads: list[bytes], content_type: str) ->
     return inserted, time.perf_counter() - began
 
 
-def bench_store_service(db: Path, batches: list[list[dict]], json_batches: list[list[dict]]) -> None:
+def bench_store_service(
+    db: Path, batches: list[list[dict]], json_batches: list[list[dict]], checkpoint_mb: int | None
+) -> None:
     port, token = free_port(), "bench-token"
+    extra = ["--checkpoint-mb", str(checkpoint_mb)] if checkpoint_mb else []
     process = start(
         [
             PYTHON,
@@ -137,6 +140,7 @@ def bench_store_service(db: Path, batches: list[list[dict]], json_batches: list[
             "--token",
             token,
             "--no-jobs",
+            *extra,
         ],
         f"http://127.0.0.1:{port}/healthz",
         timeout_s=120,
@@ -153,6 +157,10 @@ def bench_store_service(db: Path, batches: list[list[dict]], json_batches: list[
             ).json()
             json_inserted, json_seconds = _post_all(client, as_json, "application/json")
             rows = client.get("/healthz").json()["rows"]
+        status = Path(f"/proc/{process.pid}/status")
+        peak = next(
+            (line.split()[1] for line in status.read_text().splitlines() if line.startswith("VmHWM")), "?"
+        )
     finally:
         process.terminate()
         process.wait(60)
@@ -163,6 +171,7 @@ def bench_store_service(db: Path, batches: list[list[dict]], json_batches: list[
         f"{again['duplicates']} duplicates, 0 inserted)"
     )
     print(f"headroom store   {_rate(json_inserted, json_seconds)}   JSON bodies; table now {rows:,} rows")
+    print(f"headroom store   peak memory {int(peak) / 1024:,.0f} MiB" if peak != "?" else "")
 
 
 def main() -> None:
@@ -175,6 +184,12 @@ def main() -> None:
         type=Path,
         default=None,
         help="reuse (copy) this pre-filled DuckDB file instead of generating one",
+    )
+    parser.add_argument(
+        "--store-checkpoint-mb",
+        type=int,
+        default=None,
+        help="headroom store's --checkpoint-mb (default: the store's own default)",
     )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp())
@@ -193,7 +208,7 @@ def main() -> None:
         bench_insert_rows(store, batches("insert"))
         bench_log_writer(store, batches("writer"), args.batch_rows)
         store.close()
-        bench_store_service(db, batches("service"), batches("json"))
+        bench_store_service(db, batches("service"), batches("json"), args.store_checkpoint_mb)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         os.sync()

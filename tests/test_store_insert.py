@@ -9,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 import duckdb
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from collector.cli import main
 from collector.service.app import create_store_app
 from collector.store.db import (
     _UNKNOWN,
@@ -234,3 +236,17 @@ def test_rows_to_arrow_keeps_every_value_of_a_row_and_nulls_the_missing_columns(
     assert {name for name, value in converted.items() if value is None} == {
         name for name in converted if row.get(name) is None
     }
+
+
+def test_the_store_service_folds_its_write_ahead_log_less_often_than_duckdb_would(tmp_path):
+    tuned = RequestStore(tmp_path / "tuned.duckdb", checkpoint_mb=64)
+    default = RequestStore(tmp_path / "default.duckdb")
+    try:
+        threshold = "SELECT current_setting('checkpoint_threshold')"
+        assert tuned.query(threshold) == [("61.0 MiB",)]  # 64 MB in DuckDB's binary units
+        assert default.query(threshold) == [("16.0 MiB",)]  # DuckDB's own: what a sidecar keeps
+    finally:
+        tuned.close()
+        default.close()
+    shown = CliRunner().invoke(main, ["store", "--help"]).output
+    assert "--checkpoint-mb" in shown and "[default: 128" in shown

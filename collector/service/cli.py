@@ -62,6 +62,15 @@ def parse_listen(value: str) -> tuple[str, int]:
 @click.option(
     "--slo-ttft-p95", type=float, default=None, help="p95 TTFT SLO in seconds for estimates and reports."
 )
+@click.option(
+    "--checkpoint-mb",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Fold DuckDB's write-ahead log into the file once it holds this many MB. Fewer folds "
+    "ingest faster (DuckDB's own default, 16, took a third less at 10 M rows); the rows not yet "
+    "folded stay in memory.",
+)
 @click.option("--no-jobs", is_flag=True, help="Serve only; run no scheduled jobs.")
 def store(
     db_path: str,
@@ -72,6 +81,7 @@ def store(
     report_dir: str | None,
     report_cron: str,
     slo_ttft_p95: float | None,
+    checkpoint_mb: int,
     no_jobs: bool,
 ) -> None:
     """The store service: owns the DuckDB file; sidecars ship rows here (headroom run --store-url).
@@ -102,7 +112,7 @@ def store(
         raise click.BadParameter(str(exc), param_hint="--report-cron") from None
     base = Path(db_path).resolve().parent
     try:
-        request_store = RequestStore(db_path)
+        request_store = RequestStore(db_path, checkpoint_mb=checkpoint_mb)
     except Exception as exc:  # duckdb.IOException when another process holds the file, or not a DuckDB file
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = (
