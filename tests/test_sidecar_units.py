@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from collector.sidecar.requests import parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
-from collector.sse import DONE, MALFORMED, EventSplitter, inspect_event
+from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event, plain_tokens
 
 
 def test_splitter_reassembles_the_real_llamacpp_stream_under_any_chunking(fixtures_dir):
@@ -77,6 +77,64 @@ def test_without_the_parsed_chunk_a_plain_chunk_is_a_shared_answer_and_usage_is_
     assert read.usage == {"prompt_tokens": 3, "completion_tokens": 9} and read.usage_only
     many = b'data: {"choices":[{"delta":{"content":"' + b"x" * 400 + b'"}}]}'  # past the shared ones
     assert inspect_event(many, keep_chunk=False).tokens_estimate == 100
+
+
+def _one_by_one(complete: bytes) -> int | None:
+    """The event-by-event reading of a read: its tokens when every event is a plain chunk."""
+    tokens = 0
+    for event in EventSplitter().feed(complete)[1]:
+        info = inspect_event(event, keep_chunk=False)
+        if info is None or info is DONE or info is MALFORMED or info is ERROR or info.usage is not None:
+            return None
+        tokens += info.tokens_estimate
+    return tokens
+
+
+_PLAIN = b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\n\n'
+_OTHERS = [
+    b": keep-alive\n\n",
+    b"data: [DONE]\n\n",
+    b'data: {"choices":[],"usage":{"completion_tokens":4}}\n\n',
+    b'data: {"error":{"message":"boom"}}\n\n',
+    b'error: {"code":500}\n\n',
+    b"data: {oops\n\n",
+    b"data: [1,2]\n\n",
+    b"data: 1, 2\n\n",
+    b'id: 7\ndata: {"choices":[{"delta":{"content":"abcd"}}]}\n\n',
+    b'data: {"choices":[{"delta":{"content":"ab"}}]}\ndata: {"choices":[]}\n\n',
+    b'data: {"choices":[{"delta":{"content":"abcd"}}]}\r\n\r\n',
+]
+
+
+def test_a_read_of_plain_chunks_is_read_in_one_parse_and_anything_else_is_left_to_the_slow_path(fixtures_dir):
+    vllm = b'data: {"choices":[{"delta":{"content":"abcdefghijkl"}}],"usage":null}\n\n'
+    assert plain_tokens(_PLAIN) == 2 and plain_tokens(_PLAIN * 8) == 16 and plain_tokens(vllm * 3) == 9
+    assert plain_tokens(_PLAIN.replace(b"data: ", b"data:") * 2) == 4  # TGI writes no space
+    assert plain_tokens(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n') == 0
+    for event, tokens in [  # the deltas the inlined common case must leave to `_delta_tokens`
+        (b'data: {"choices":[{"delta":{"content":"","tool_calls":[{"id":"x"}]}}]}\n\n', 1),
+        (b'data: {"choices":[{"delta":{"content":"abcd","reasoning":"abcdefgh"}}]}\n\n', 3),
+        (b'data: {"choices":[{"delta":{"content":null,"reasoning_content":"abcdefgh"}}]}\n\n', 2),
+        (b'data: {"choices":[{"text":"hello there friend"}]}\n\n', 4),
+        (b'data: {"choices":[{"delta":{"content":"\\u00e9t\\u00e9s"}}]}\n\n', 1),
+    ]:
+        assert plain_tokens(event) == tokens == _one_by_one(event), event
+    rng = random.Random(11)
+    for _ in range(400):  # reads mixing plain chunks with every other kind of event
+        events = [_PLAIN if rng.random() < 0.7 else rng.choice(_OTHERS) for _ in range(rng.randint(1, 6))]
+        complete = b"".join(events)
+        if complete.startswith(b"id:") or complete.startswith(b"error:") or complete.startswith(b":"):
+            complete = _PLAIN + complete
+        fast = plain_tokens(complete)
+        assert fast is None or fast == _one_by_one(complete), complete
+        if all(event == _PLAIN for event in events):
+            assert fast == 2 * len(events)  # the fast path takes every read of plain chunks
+    # payloads that are not JSON alone but would join into JSON: the count differs, read slowly
+    assert plain_tokens(b"data: [1\n\ndata: 2]\n\n") is None
+    capture = (fixtures_dir / "llamacpp" / "chat_stream_with_usage.sse").read_bytes()
+    body = capture[: capture.index(b'"usage"')]
+    body = body[: body.rindex(b"\n\n") + 2]  # the plain chunks of the real llama.cpp stream
+    assert plain_tokens(body) == _one_by_one(body) and plain_tokens(body) > 250
 
 
 def test_malformed_and_non_object_chunks():
@@ -287,3 +345,56 @@ def test_one_place_finishes_a_request_and_only_the_tracker_changes_it():
                 ):
                     assignments.append(f"{path.name}:{node.lineno}")
     assert finishes == ["proxy.py"] and assignments == []
+
+
+class _Reads:
+    """A stand-in upstream response: its body in the reads given (aiohttp hands over what is buffered)."""
+
+    status = 200
+
+    def __init__(self, reads: list[bytes]) -> None:
+        self.content = self
+        self._reads = reads
+
+    async def iter_any(self):
+        for data in self._reads:
+            yield data
+
+
+class _Sent:
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+
+    async def body(self, data: bytes) -> None:
+        self.data.append(data)
+
+
+def _relayed(stream: bytes, per_read: int, strip_usage: bool) -> tuple[bytes, int, object, str]:
+    """What relay_stream forwards of `stream` cut into reads of `per_read` events, and counts."""
+    import asyncio  # noqa: PLC0415 - only this helper runs an event loop
+
+    from collector.sidecar.relay import relay_stream  # noqa: PLC0415 - beside its only user
+
+    events = [event + b"\n\n" for event in stream.split(b"\n\n") if event]
+    reads = [b"".join(events[i : i + per_read]) for i in range(0, len(events), per_read)]
+    tracker = Tracker(CollectorRegistry(), instance="t")
+    request = LiveRequest("m", "t", "/v1/chat/completions", True, 64, 10)
+    tracker.admit(request)
+    sent = _Sent()
+    ending = asyncio.run(relay_stream(tracker, request, strip_usage, _Reads(reads), sent, 2**20))  # type: ignore[arg-type]
+    return b"".join(sent.data) + ending.last, request.generated_tokens, request.usage, ending.outcome
+
+
+@pytest.mark.parametrize("strip_usage", [True, False])
+def test_the_relay_reads_a_stream_alike_whatever_its_reads_hold(fixtures_dir, strip_usage):
+    capture = (fixtures_dir / "llamacpp" / "chat_stream_with_usage.sse").read_bytes()
+    null = b'"finish_reason":null}]'
+    vllm = capture.replace(null, null + b',"usage":null')  # vLLM's every-chunk usage field
+    for stream in (capture, vllm):
+        one_by_one = _relayed(stream, 1, strip_usage)
+        for per_read in (2, 3, 8, 64, 10_000):  # 10,000: the whole answer in one read
+            assert _relayed(stream, per_read, strip_usage) == one_by_one, per_read
+        forwarded, tokens, usage, outcome = one_by_one
+        assert outcome == "ok" and usage["completion_tokens"] == 300 and abs(tokens - 300) <= 3
+        assert forwarded.endswith(b"data: [DONE]\n\n") and b'"usage":null' not in forwarded or not strip_usage
+        assert (b'"usage":{' in forwarded) is not strip_usage  # the chunk we asked for is ours alone

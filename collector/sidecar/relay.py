@@ -25,7 +25,7 @@ from yarl import URL
 
 from collector.record import outcome_for_status
 from collector.sidecar.tracker import LiveRequest, Tracker
-from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, EventTooLarge, inspect_event
+from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, EventTooLarge, inspect_event, plain_tokens
 
 __all__ = [
     "Ending",
@@ -342,47 +342,32 @@ async def relay_stream(
 ) -> Ending:
     """Forward SSE events as they complete, reading each; strip the usage chunk we asked for.
 
+    A read of plain chunks (nearly all of them) is read in one parse and forwarded as received
+    (`plain_tokens`); any other read is split and its events read one by one (`_Reading.events`).
     An event over `max_event_bytes` that has not ended raises EventTooLarge (the stream ends as
     upstream_error); the splitter keeps memory at that bound per stream.
     """
     splitter = EventSplitter(max_event_bytes)
-    malformed = errored = False
-    clock, spent = time.monotonic, tracker.spent
+    reading = _Reading(tracker, request, strip_usage)
+    clock, spent, generated = time.monotonic, tracker.spent, tracker.generated
     tracing = request.telemetry is not None  # the span reads each chunk's id, model and finish
     async for data in response.content.iter_any():
         began = clock()
-        complete, events = splitter.feed(data)
-        kept: list[bytes] | None = None  # None: forward `complete` exactly as received
-        tokens = 0  # told to the tracker once per read: the same instant for TTFT, fewer calls
-        for index, event in enumerate(events):
-            info = inspect_event(event, keep_chunk=tracing)
-            if info is None or info is DONE:
-                pass
-            elif info is MALFORMED:
-                malformed = True
-            elif info is ERROR:  # the engine failed mid-stream and said so
-                errored = True
-            else:
-                tokens += info.tokens_estimate
-                if tracing:  # the response's id, model, finish
-                    request.telemetry.note_answer(info.chunk)  # type: ignore[union-attr]
-                if info.usage is not None:
-                    tracker.reported_usage(request, info.usage)  # cumulative: replace, never sum
-                    if strip_usage and info.usage_only:  # the usage chunk we asked for
-                        kept = events[:index] if kept is None else kept
-                        continue
-            if kept is not None:
-                kept.append(event)
-        if tokens:
-            tracker.generated(request, tokens)
-        body = complete if kept is None else splitter.join(kept)
-        # vLLM writes "usage":null into every chunk once usage was asked for: the client did not
-        # ask, so it goes, once per read (inside a JSON string the quotes would be escaped)
-        if strip_usage and _USAGE_NULL in body:
-            body = body.replace(_USAGE_NULL, b"")
+        body = splitter.take(data)
+        if body:
+            tokens = None if tracing else plain_tokens(body)
+            if tokens is None:
+                tokens, body = reading.events(splitter, body)
+            if tokens:  # told to the tracker once per read: the same instant for TTFT, fewer calls
+                generated(request, tokens)
+            # vLLM writes "usage":null into every chunk once usage was asked for: the client did
+            # not ask, so it goes, once per read (inside a JSON string the quotes would be escaped)
+            if strip_usage and _USAGE_NULL in body:
+                body = body.replace(_USAGE_NULL, b"")
         spent(request, clock() - began)
         if body:
             await client.body(body)
+    malformed, errored = reading.malformed, reading.errored
     rest = splitter.remainder()
     error = (
         "malformed event in stream"
@@ -395,3 +380,71 @@ async def relay_stream(
     )
     outcome = "upstream_error" if error else outcome_for_status(response.status)
     return Ending(outcome, error, complete=True, last=rest)
+
+
+class _Reading:
+    """One stream's reading of the reads that are not all plain chunks: event by event."""
+
+    __slots__ = ("_tracker", "_request", "_strip_usage", "malformed", "errored")
+
+    def __init__(self, tracker: Tracker, request: LiveRequest, strip_usage: bool) -> None:
+        self._tracker = tracker
+        self._request = request
+        self._strip_usage = strip_usage
+        self.malformed = False
+        self.errored = False
+
+    def events(self, splitter: EventSplitter, complete: bytes) -> tuple[int, bytes]:
+        """Read `complete`: (its tokens, the bytes to forward, less our usage chunk).
+
+        The read that ends a stream is plain chunks, then the usage chunk and `[DONE]` (a fifth
+        of all events under a flood, BENCHMARKS.md §2): its plain part is read in one parse,
+        and only its last two events one by one. Any other read is read event by event.
+        """
+        if splitter.separator == b"\n\n":
+            cut = _last_events_start(complete, 2)
+            if cut > 0:
+                tokens = plain_tokens(complete[:cut])
+                if tokens is not None:
+                    more, tail = self.each_event(splitter, complete[cut:])
+                    if len(tail) < len(complete) - cut:  # our usage chunk left the tail
+                        complete = complete[:cut] + tail
+                    return tokens + more, complete
+        return self.each_event(splitter, complete)
+
+    def each_event(self, splitter: EventSplitter, complete: bytes) -> tuple[int, bytes]:
+        """Read each event of `complete`: (its tokens, the bytes to forward, less our usage chunk)."""
+        request, telemetry = self._request, self._request.telemetry
+        events = splitter.events(complete)
+        kept: list[bytes] | None = None  # None: forward `complete` exactly as received
+        tokens = 0
+        for index, event in enumerate(events):
+            info = inspect_event(event, keep_chunk=telemetry is not None)
+            if info is None or info is DONE:
+                pass
+            elif info is MALFORMED:
+                self.malformed = True
+            elif info is ERROR:  # the engine failed mid-stream and said so
+                self.errored = True
+            else:
+                tokens += info.tokens_estimate
+                if telemetry is not None:  # the response's id, model, finish
+                    telemetry.note_answer(info.chunk)
+                if info.usage is not None:
+                    self._tracker.reported_usage(request, info.usage)  # cumulative: replace, never sum
+                    if self._strip_usage and info.usage_only:  # the usage chunk we asked for
+                        kept = events[:index] if kept is None else kept
+                        continue
+            if kept is not None:
+                kept.append(event)
+        return tokens, complete if kept is None else splitter.join(kept)
+
+
+def _last_events_start(complete: bytes, events: int) -> int:
+    """Where the last `events` "\\n\\n"-ended events of `complete` start (0 when it has no more)."""
+    end = len(complete) - 2
+    for _ in range(events):
+        end = complete.rfind(b"\n\n", 0, end)
+        if end < 0:
+            return 0
+    return end + 2
