@@ -401,7 +401,7 @@ class _Reading:
         of all events under a flood, BENCHMARKS.md §2): its plain part is read in one parse,
         and only its last two events one by one. Any other read is read event by event.
         """
-        if splitter.separator == b"\n\n":
+        if splitter.separator == b"\n\n" and self._request.telemetry is None:  # tracing reads each chunk
             cut = _last_events_start(complete, 2)
             if cut > 0:
                 tokens = plain_tokens(complete[:cut])
