@@ -2,6 +2,8 @@
 
     python benchmarks/relay_path.py                  # three streams, 1 and 8 events per read
     python benchmarks/relay_path.py --repeat 400     # longer, steadier
+    python benchmarks/relay_path.py --against <(git show 97cf110:collector/sidecar/relay.py)
+                                                     # another relay.py beside this one, rounds alternated
 
 The sidecar's `relay_stream` (collector/sidecar/relay.py) runs on recorded streams, in this
 process, with no network: a stand-in upstream response yields the stream's bytes in reads of
@@ -15,15 +17,21 @@ benchmarks' upstream's plain and vLLM-style streams (benchmarks/sse_upstream.py:
 chunks, and the same with `"usage":null` in every chunk). Reported per stream and read size:
 CPU microseconds per event for both loops (best of --rounds, each --repeat streams) and their
 ratio. CPU time of this process only, so a noisy machine moves it less than a wall clock.
+With --against FILE, that relay.py (say, an earlier commit's) runs beside the current one,
+round by round, and each is reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.machinery
+import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 from prometheus_client import CollectorRegistry
 
@@ -97,12 +105,25 @@ async def forward_only(reads: list[bytes], client: _Client) -> None:
             await client.body(data)
 
 
-async def accounted(reads: list[bytes], client: _Client, tracker: Tracker, strip_usage: bool) -> None:
+async def accounted(
+    reads: list[bytes], client: _Client, tracker: Tracker, strip_usage: bool, relay=relay_stream
+) -> None:
     """headroom's relay: split, read, count and forward, then finish the request."""
     request = LiveRequest("bench", "t", "/v1/chat/completions", True, 64, 40)
     tracker.admit(request)
-    ending = await relay_stream(tracker, request, strip_usage, _Response(reads), client, 2**20)  # type: ignore[arg-type]
+    ending = await relay(tracker, request, strip_usage, _Response(reads), client, 2**20)  # type: ignore[arg-type]
     tracker.finish(request, ending.outcome, status_code=200)
+
+
+def load_relay(path: str) -> ModuleType:
+    """A relay.py from anywhere (a file, or a shell's <(git show ...)) as a module of its own."""
+    loader = importlib.machinery.SourceFileLoader("relay_against", path)
+    spec = importlib.util.spec_from_loader("relay_against", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    loader.exec_module(module)
+    return module
 
 
 def cpu_per_event(run, reads: list[bytes], events: int, repeat: int, rounds: int) -> float:
@@ -124,7 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=200, help="streams per round")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--against", metavar="FILE", help="another relay.py to run beside this one")
     args = parser.parse_args()
+    against = load_relay(args.against).relay_stream if args.against else None
     tracker = Tracker(CollectorRegistry(), instance="bench")
     client = _Client()
     results = []
@@ -133,21 +156,38 @@ def main() -> None:
         for per_read in (1, 8):
             reads = reads_of(stream, per_read)
             vllm = name == "vLLM-style"
-            floor = cpu_per_event(lambda r: forward_only(r, client), reads, events, args.repeat, args.rounds)
-            ours = cpu_per_event(
-                lambda r, v=vllm: accounted(r, client, tracker, v), reads, events, args.repeat, args.rounds
-            )
-            results.append(
-                {
-                    "stream": name,
-                    "events": events,
-                    "events_per_read": per_read,
-                    "forward_us_per_event": round(floor, 3),
-                    "relay_us_per_event": round(ours, 3),
-                    "relay_added_us_per_event": round(ours - floor, 3),
-                    "ratio": round(ours / floor, 2),
-                }
-            )
+            relays = {"relay": relay_stream, **({"against": against} if against else {})}
+            best = {name: float("inf") for name in ("forward", *relays)}
+            for _ in range(args.rounds):  # alternated, so drift on the machine spreads over all
+                best["forward"] = min(
+                    best["forward"],
+                    cpu_per_event(lambda r: forward_only(r, client), reads, events, args.repeat, 1),
+                )
+                for label, relay in relays.items():
+                    best[label] = min(
+                        best[label],
+                        cpu_per_event(
+                            lambda r, v=vllm, f=relay: accounted(r, client, tracker, v, f),
+                            reads,
+                            events,
+                            args.repeat,
+                            1,
+                        ),
+                    )
+            floor, ours = best["forward"], best["relay"]
+            result = {
+                "stream": name,
+                "events": events,
+                "events_per_read": per_read,
+                "forward_us_per_event": round(floor, 3),
+                "relay_us_per_event": round(ours, 3),
+                "relay_added_us_per_event": round(ours - floor, 3),
+                "ratio": round(ours / floor, 2),
+            }
+            if against:
+                result["against_added_us_per_event"] = round(best["against"] - floor, 3)
+                result["added_change"] = f"{(ours - floor) / (best['against'] - floor) - 1:+.0%}"
+            results.append(result)
     print(json.dumps(results, indent=2))
 
 
