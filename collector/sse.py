@@ -120,10 +120,13 @@ class EventSplitter:
         return b"".join(self._parts)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class ChunkInfo:
     """What one event says: tokens it carries (estimated), the usage object, and the parsed chunk
-    itself, which tracing reads the response's id, model and finish reasons from (only when on)."""
+    itself, which tracing reads the response's id, model and finish reasons from (only when on).
+
+    Compared by identity (`eq=False`): the markers DONE, MALFORMED and ERROR hold the same values
+    as a chunk without tokens, and must never equal one."""
 
     tokens_estimate: int = 0
     usage: dict[str, Any] | None = None

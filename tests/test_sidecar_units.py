@@ -39,6 +39,8 @@ def test_splitter_handles_crlf_and_keeps_a_truncated_tail():
 def test_real_stream_token_estimate_and_usage(fixtures_dir):
     data = (fixtures_dir / "llamacpp" / "chat_stream_with_usage.sse").read_bytes()
     infos = [inspect_event(e) for e in EventSplitter().feed(data)[1]]
+    lean = inspect_event(EventSplitter().feed(data)[1][0], keep_chunk=False)  # 0 tokens, shared
+    assert lean.tokens_estimate == 0 and lean not in (DONE, MALFORMED, ERROR)  # markers by identity
     assert infos[0].tokens_estimate == 0  # role-only first chunk is not a token
     assert infos[1].tokens_estimate == 1
     assert infos[-1] is DONE
