@@ -129,12 +129,11 @@ class LiveRequest:
         return self.prompt_tokens + self.generated_tokens
 
 
-def _wall(request: LiveRequest, mono: float | None) -> datetime | None:
+def _wall(admitted_at: datetime, request: LiveRequest, mono: float | None) -> datetime | None:
+    """The wall time of monotonic instant `mono`: the admission's wall time plus the interval."""
     if mono is None:
         return None
-    return datetime.fromtimestamp(request.admitted_wall, UTC) + timedelta(
-        seconds=mono - request.admitted_mono
-    )
+    return admitted_at + timedelta(seconds=mono - request.admitted_mono)
 
 
 class Tracker:
@@ -256,6 +255,7 @@ class Tracker:
         prompt, completion, cached, usage_source = _token_counts(request)
         e2e = completed_mono - request.admitted_mono
         ttft = None if request.first_token_mono is None else request.first_token_mono - request.admitted_mono
+        admitted_at = datetime.fromtimestamp(request.admitted_wall, UTC)  # once: the others add to it
         return RequestRecord(
             request_id=request.request_id,
             source=request.source or self.source,
@@ -265,10 +265,10 @@ class Tracker:
             tenant=request.tenant,
             endpoint=request.endpoint,
             stream=request.stream,
-            admitted_at=_wall(request, request.admitted_mono),
-            first_byte_at=_wall(request, request.first_byte_mono),
-            first_token_at=_wall(request, request.first_token_mono),
-            completed_at=_wall(request, completed_mono),
+            admitted_at=admitted_at,
+            first_byte_at=_wall(admitted_at, request, request.first_byte_mono),
+            first_token_at=_wall(admitted_at, request, request.first_token_mono),
+            completed_at=_wall(admitted_at, request, completed_mono),
             status_code=request.status_code,
             outcome=request.outcome,
             error=request.error,
