@@ -17,6 +17,8 @@ import httpx
 import pytest
 from support.sidecar import CHAT, Rig, live_gauges, sidecar_rig, wait_until
 
+from collector.sidecar import proxy  # the module whose name the watcher looks up
+
 READ_TIMEOUT_S = 3.0
 PATH = "/v1/chat/completions"
 SECRET = "UPSTREAM-SECRET-91c2"
@@ -130,6 +132,24 @@ def test_a_disconnect_at_the_headers_is_client_cancelled_without_a_runtime_error
     row = _settled_row(rig, outcome="client_cancelled")
     assert row["error"] == "client disconnected"
     assert "RuntimeError" not in caplog.text and "Expected ASGI" not in caplog.text
+
+
+def test_the_sidecars_server_shows_the_clients_transport(rig, monkeypatch):
+    """The disconnect decision at an exchange's end reads uvicorn's transport (collector.sidecar.
+    relay.client_closing); were it hidden, a FIN read with the last upstream bytes would depend
+    on the order of one poll's callbacks."""
+    seen: list[bool | None] = []
+    original = proxy.client_closing
+
+    def recorded(receive):
+        seen.append(closing := original(receive))
+        return closing
+
+    monkeypatch.setattr(proxy, "client_closing", recorded)
+    answer, _ = _post(rig, "ok")
+    assert isinstance(answer, httpx.Response) and answer.status_code == 200
+    _settled_row(rig, outcome="ok")
+    assert seen == [False]
 
 
 def test_one_warning_per_failure_class_per_interval(rig, caplog):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from collector.sidecar.proxy import CompletionsProxy
+from collector.sidecar.relay import ClientChannel, Ending, client_closing
 from collector.sidecar.requests import parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
@@ -400,3 +403,94 @@ def test_the_relay_reads_a_stream_alike_whatever_its_reads_hold(fixtures_dir, st
         assert outcome == "ok" and usage["completion_tokens"] == 300 and abs(tokens - 300) <= 3
         assert forwarded.endswith(b"data: [DONE]\n\n") and b'"usage":null' not in forwarded or not strip_usage
         assert (b'"usage":{' in forwarded) is not strip_usage  # the chunk we asked for is ours alone
+
+
+# --- the disconnect watcher: the decision at the exchange's end ---------------------------------
+
+
+class _Cycle:
+    """A server's request cycle as uvicorn's: `receive` is its method, `transport` its attribute."""
+
+    def __init__(self, transport: object | None) -> None:
+        if transport is not None:
+            self.transport = transport
+        self.disconnect = asyncio.Event()
+
+    async def receive(self) -> dict:
+        await self.disconnect.wait()
+        return {"type": "http.disconnect"}
+
+
+class _Transport:
+    def __init__(self, closing: bool) -> None:
+        self.closing = closing
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+def _watched(cycle: _Cycle, exchange) -> Ending:
+    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy._exchange = exchange  # type: ignore[method-assign]
+    client = ClientChannel(None)
+
+    async def main() -> tuple[Ending, bool]:
+        ending = await proxy._watched(None, None, {}, cycle.receive, client, 0.0)  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the cancelled watcher ends
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        assert not others, others  # the watcher never outlives the request
+        return ending, client.gone
+
+    ending, gone = asyncio.run(main())
+    assert gone == (ending.outcome == "client_cancelled")
+    return ending
+
+
+def test_a_disconnect_woken_in_the_exchanges_last_step_is_client_cancelled():
+    """The client's FIN and the upstream's last bytes in one poll: the watcher finishes a step
+    after the relay ran to its end, before its done-callback ran; still client_cancelled."""
+    cycle = _Cycle(None)  # a server that hides its transport
+
+    async def exchange(*_: object) -> Ending:
+        await asyncio.sleep(0)  # the watcher waits in receive() by now
+        cycle.disconnect.set()
+        return Ending("ok")
+
+    assert _watched(cycle, exchange).outcome == "client_cancelled"
+
+
+@pytest.mark.parametrize("closing", [True, False])
+def test_a_closing_transport_decides_at_once(closing):
+    """uvicorn's transport is closing as soon as the FIN is read, steps before `http.disconnect`."""
+    cycle = _Cycle(_Transport(closing))
+
+    async def exchange(*_: object) -> Ending:
+        return Ending("ok")
+
+    assert _watched(cycle, exchange).outcome == ("client_cancelled" if closing else "ok")
+
+
+def test_a_disconnect_mid_exchange_cancels_it():
+    cycle = _Cycle(_Transport(False))
+    cancelled = []
+
+    async def exchange(*_: object) -> Ending:
+        cycle.disconnect.set()
+        try:
+            await asyncio.Event().wait()  # the upstream never answers
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return Ending("ok")
+
+    assert _watched(cycle, exchange).outcome == "client_cancelled" and cancelled == [True]
+
+
+def test_client_closing_reads_only_what_the_server_shows():
+    assert client_closing(_Cycle(_Transport(True)).receive) is True
+    assert client_closing(_Cycle(None).receive) is None
+
+    async def plain_receive() -> dict:
+        return {}
+
+    assert client_closing(plain_receive) is None

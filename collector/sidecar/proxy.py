@@ -27,6 +27,7 @@ from collector.sidecar.relay import (
     BodyTooLarge,
     ClientChannel,
     Ending,
+    client_closing,
     describe_failure,
     end_on_connection_loss,
     read_body,
@@ -176,18 +177,20 @@ class CompletionsProxy:
         One task per request beside the server's own, not two (and no `asyncio.wait`): about a
         tenth of the sidecar's CPU per request (BENCHMARKS.md §2). A disconnect seen before the
         last byte is sent means the client never had the whole answer: client_cancelled, even
-        when the exchange finished in the same loop step (a relay that finds every byte buffered
-        runs to its end without yielding, so the watcher, already woken, gets one more step
-        before the decision).
+        when the exchange finished in the same loop step. A relay that finds every byte buffered
+        runs to its end without yielding, while the client's FIN, read in the same poll, reaches
+        the watcher only steps later; so the decision reads the client's transport where the
+        server shows it (uvicorn does), and a finished watcher counts even before its callback
+        ran. Elsewhere the watcher gets one more step.
         """
         task = asyncio.current_task()
         assert task is not None  # an ASGI app runs in a task
         watcher = asyncio.ensure_future(wait_disconnect(receive))
-        gone = False
+        gone = settled = False
 
         def disconnected(done: asyncio.Future[None]) -> None:
             nonlocal gone
-            if not done.cancelled():
+            if not settled and not done.cancelled():  # scheduled before it came off: too late
                 done.exception()  # retrieved: a receive that raised counts as the client gone
                 gone = True
                 task.cancel()
@@ -195,13 +198,19 @@ class CompletionsProxy:
         watcher.add_done_callback(disconnected)
         try:
             ending = await self._exchange(request, parsed, scope, client, read_at)
-            if not watcher.done():
+            closing = client_closing(receive)
+            if closing is None and not watcher.done():
                 await asyncio.sleep(0)
+            if closing or watcher.done():
+                gone = True  # a finished watcher's callback, not yet run, comes off below
+                if watcher.done():
+                    watcher.exception()  # retrieved, as the callback would have
         except asyncio.CancelledError:
             if not gone:
                 raise  # server shutdown: the request ends as such in __call__
             task.uncancel()
         finally:
+            settled = True
             watcher.remove_done_callback(disconnected)
             watcher.cancel()
         if gone:

@@ -32,6 +32,7 @@ __all__ = [
     "ClientChannel",
     "BodyTooLarge",
     "read_body",
+    "client_closing",
     "wait_disconnect",
     "request_headers",
     "response_headers",
@@ -169,6 +170,18 @@ def _content_length(scope: Scope) -> int | None:
         if key == b"content-length" and value.isdigit():
             return int(value)
     return None
+
+
+def client_closing(receive: Any) -> bool | None:
+    """Whether the client's connection is closing, or None where the server does not show it.
+
+    uvicorn's `receive` is a method of its request cycle, which holds the transport; asyncio
+    marks a transport closing as soon as it reads the peer's FIN, in the same loop step, while
+    the `http.disconnect` message takes a few steps more to reach a waiting `receive`.
+    """
+    transport = getattr(getattr(receive, "__self__", None), "transport", None)
+    is_closing = getattr(transport, "is_closing", None)
+    return bool(is_closing()) if callable(is_closing) else None
 
 
 async def wait_disconnect(receive: Any) -> None:
