@@ -94,15 +94,18 @@ class _Client:
     def __init__(self) -> None:
         self.sent = 0
 
-    async def body(self, data: bytes) -> None:
-        self.sent += len(data)
+    async def send(self, message: dict) -> None:  # the ASGI send: what the relay calls per read
+        self.sent += len(message["body"])
+
+    async def body(self, data: bytes) -> None:  # ClientChannel.body, which older relays call
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
 
 async def forward_only(reads: list[bytes], client: _Client) -> None:
     """The floor: every read to the client untouched (what benchmarks/passthrough_proxy.py does)."""
     async for data in _Content(reads).iter_any():
         if data:
-            await client.body(data)
+            await client.send({"type": "http.response.body", "body": data, "more_body": True})
 
 
 async def accounted(

@@ -225,11 +225,11 @@ def inspect_event(event: bytes, keep_chunk: bool = True) -> ChunkInfo | None:
         payload = event[5:]
     else:  # "event:"/"id:" fields first, or a comment-only keep-alive
         return _inspect_fields(event, keep_chunk)
+    if b"[DONE]" in payload and payload.strip() == b"[DONE]":  # before the parse: its error costs 3 µs
+        return DONE
     try:
         chunk = orjson.loads(payload)  # JSON allows the surrounding whitespace
     except orjson.JSONDecodeError:
-        if payload.strip() == b"[DONE]":  # not JSON: checked here, once per stream, not per chunk
-            return DONE
         # more lines after `data:` (another field, multi-line data) fail here: re-read them slowly,
         # so the hot path never scans an event for newlines
         return _inspect_fields(event, keep_chunk) if b"\n" in payload else MALFORMED

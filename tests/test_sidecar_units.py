@@ -370,8 +370,9 @@ class _Sent:
     def __init__(self) -> None:
         self.data: list[bytes] = []
 
-    async def body(self, data: bytes) -> None:
-        self.data.append(data)
+    async def send(self, message: dict) -> None:  # the relay sends its bodies with the ASGI send
+        assert message["type"] == "http.response.body" and message["more_body"] is True
+        self.data.append(message["body"])
 
 
 def _relayed(stream: bytes, per_read: int, strip_usage: bool) -> tuple[bytes, int, object, str]:
@@ -494,3 +495,36 @@ def test_client_closing_reads_only_what_the_server_shows():
         return {}
 
     assert client_closing(plain_receive) is None
+
+
+def test_relayed_is_generated_and_spent_in_one_call():
+    """The relay's one tracker call per read: a read without tokens stamps no TTFT."""
+    tracker = Tracker(CollectorRegistry(), instance="unit")
+    request = _request(5)
+    tracker.admit(request)
+    tracker.relayed(request, 0, 0.001)  # the role chunk's read: no token
+    assert request.first_token_mono is None and request.generated_tokens == 0
+    tracker.relayed(request, 3, 0.002)
+    stamped = request.first_token_mono
+    assert stamped is not None and request.generated_tokens == 3
+    tracker.relayed(request, 2, 0.003)
+    assert request.first_token_mono == stamped and request.generated_tokens == 5
+    assert request.overhead_s == pytest.approx(0.006)
+    assert tracker.load.tokens == 5 + 5  # the prompt's and the generated, in the live load
+    row = tracker.finish(request, "ok")
+    assert row.completion_tokens == 5 and row.ttft_s is not None
+
+
+def test_the_fast_path_normalises_like_the_segment_loop():
+    """normalise_path returns a path unchanged when no empty, `.` or `..` segment can hide in it;
+    over random spellings that answer always equals the segment-by-segment one."""
+    from collector.sidecar.paths import _segment_by_segment, normalise_path  # noqa: PLC0415 - its own test
+
+    pieces = ["/", "/", "v1", "chat", ".", "..", "%2e", "%2E", "%2F", "%5c", "\\", "a", "completions", "%"]
+    rng = random.Random(7)
+    fast = 0
+    for _ in range(20_000):
+        raw = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 8))).encode()
+        assert normalise_path(raw) == _segment_by_segment(raw), raw
+        fast += normalise_path(raw) is raw
+    assert fast > 300  # the fast path was taken (588 of these spellings), and agreed

@@ -42,7 +42,7 @@ from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.faults import FaultLog
 from collector.sidecar.passthrough import PassThrough
-from collector.sidecar.paths import PathNormaliser
+from collector.sidecar.paths import normalised_scope, refuse_climbing
 from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource
@@ -72,7 +72,7 @@ class SidecarApp(FastAPI):
     """FastAPI for /metrics, /healthz, /readyz, the store routes and the lifespan; the proxy
     routes skip its layers.
 
-    Every HTTP path is normalised first (PathNormaliser), then POST ACCOUNTED_PATHS go straight
+    Every HTTP path is normalised first (collector.sidecar.paths), then POST ACCOUNTED_PATHS go straight
     to `accounted` and other /v1/* to `passthrough`. Both are registered as routes too, so the
     framework path (FastAPI.__call__) serves the same thing, only slower.
     """
@@ -86,22 +86,24 @@ class SidecarApp(FastAPI):
         for path in ACCOUNTED_PATHS:
             self.router.routes.append(Route(path, accounted, methods=["POST"]))
         self.router.routes.append(Route("/v1/{path:path}", passthrough, methods=list(PASSTHROUGH_METHODS)))
-        self._normalised = PathNormaliser(self._dispatch)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:  # type: ignore[override]
-        if scope["type"] == "http" and self.accounted is not None:
-            await self._normalised(scope, receive, send)
-        else:
+        # normalised and dispatched in this one coroutine (not through PathNormaliser): each level
+        # of awaiting coroutines is resumed at every upstream read of every stream
+        if scope["type"] != "http" or self.accounted is None:
             await super().__call__(scope, receive, send)
-
-    async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        path, method = scope["path"], scope["method"]
-        if method == "POST" and path in ACCOUNTED_PATHS and self.accounted is not None:
-            await self.accounted(scope, receive, send)
+            return
+        normal = normalised_scope(scope)
+        if normal is None:
+            await refuse_climbing(send)
+            return
+        path, method = normal["path"], normal["method"]
+        if method == "POST" and path in ACCOUNTED_PATHS:
+            await self.accounted(normal, receive, send)
         elif path.startswith("/v1/") and method in PASSTHROUGH_METHODS and self.passthrough is not None:
-            await self.passthrough(scope, receive, send)
+            await self.passthrough(normal, receive, send)
         else:
-            await super().__call__(scope, receive, send)
+            await super().__call__(normal, receive, send)
 
 
 @dataclass

@@ -87,10 +87,10 @@ class Ending:
 class ClientChannel:
     """The client's side of one request: the ASGI sends, and whether the response has started."""
 
-    __slots__ = ("_send", "started", "gone")
+    __slots__ = ("send", "started", "gone")
 
     def __init__(self, send: Any) -> None:
-        self._send = send
+        self.send = send  # the server's ASGI send (a relay sends its bodies with it directly)
         self.started = False
         self.gone = False
 
@@ -98,15 +98,15 @@ class ClientChannel:
         """Send the status and headers. Marked started *before* the await: a cancel inside it
         must never lead to a second start (uvicorn's "Expected ASGI message" RuntimeError)."""
         self.started = True
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes) -> None:
         """Forward bytes; more follow."""
-        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
     async def end_body(self) -> None:
         """End a response whose bytes were all forwarded."""
-        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def end(self, ending: Ending) -> None:
         """The last message: our JSON error, the final bytes, or nothing (the break shows)."""
@@ -115,10 +115,10 @@ class ClientChannel:
         if not self.started:
             if ending.answer is not None:
                 self.started = True
-                await send_error(self._send, ending.answer, ending.outcome, ending.error or "", ending.limit)
+                await send_error(self.send, ending.answer, ending.outcome, ending.error or "", ending.limit)
             return
         if ending.complete:
-            await self._send({"type": "http.response.body", "body": ending.last, "more_body": False})
+            await self.send({"type": "http.response.body", "body": ending.last, "more_body": False})
 
 
 async def send_error(send: Any, status: int, kind: str, message: str, limit: str | None = None) -> None:
@@ -362,24 +362,25 @@ async def relay_stream(
     """
     splitter = EventSplitter(max_event_bytes)
     reading = _Reading(tracker, request, strip_usage)
-    clock, spent, generated = time.monotonic, tracker.spent, tracker.generated
+    clock, relayed, send = time.monotonic, tracker.relayed, client.send
     tracing = request.telemetry is not None  # the span reads each chunk's id, model and finish
     async for data in response.content.iter_any():
         began = clock()
         body = splitter.take(data)
+        tokens = 0
         if body:
-            tokens = None if tracing else plain_tokens(body)
-            if tokens is None:
-                tokens, body = reading.events(splitter, body)
-            if tokens:  # told to the tracker once per read: the same instant for TTFT, fewer calls
-                generated(request, tokens)
+            read = None if tracing else plain_tokens(body)
+            if read is None:
+                read, body = reading.events(splitter, body)
+            tokens = read
             # vLLM writes "usage":null into every chunk once usage was asked for: the client did
             # not ask, so it goes, once per read (inside a JSON string the quotes would be escaped)
             if strip_usage and _USAGE_NULL in body:
                 body = body.replace(_USAGE_NULL, b"")
-        spent(request, clock() - began)
-        if body:
-            await client.body(body)
+        # one tracker call per read (tokens and the time spent): the same instant for TTFT
+        relayed(request, tokens, clock() - began)
+        if body:  # ClientChannel.body's message, sent from here: one call less per read
+            await send({"type": "http.response.body", "body": body, "more_body": True})
     malformed, errored = reading.malformed, reading.errored
     rest = splitter.remainder()
     error = (

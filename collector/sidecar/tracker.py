@@ -211,6 +211,16 @@ class Tracker:
         request.generated_tokens += tokens
         self.load.generated(tokens)
 
+    def relayed(self, request: LiveRequest, tokens: int, seconds: float) -> None:
+        """One upstream read was relayed: `generated` (when it carried tokens) and `spent` in
+        one call, the relay's only call into the tracker per read."""
+        if tokens:
+            if request.first_token_mono is None:
+                request.first_token_mono = time.monotonic()
+            request.generated_tokens += tokens
+            self.load.generated(tokens)
+        request.overhead_s += seconds
+
     def spent(self, request: LiveRequest, seconds: float) -> None:
         """The sidecar itself worked `seconds` on this request (headroom_proxy_overhead_seconds)."""
         request.overhead_s += seconds
