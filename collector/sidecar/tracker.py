@@ -218,7 +218,7 @@ class Tracker:
             if request.first_token_mono is None:
                 request.first_token_mono = time.monotonic()
             request.generated_tokens += tokens
-            self.load.generated(tokens)
+            self.load.tokens += tokens  # Inflight.generated, inlined: this runs at every read
         request.overhead_s += seconds
 
     def spent(self, request: LiveRequest, seconds: float) -> None:
