@@ -89,10 +89,11 @@ class _Response:
 
 
 class _Client:
-    __slots__ = ("sent",)
+    __slots__ = ("sent", "answered")
 
     def __init__(self) -> None:
         self.sent = 0
+        self.answered = None  # ClientChannel's: set by the relay once [DONE] was sent
 
     async def send(self, message: dict) -> None:  # the ASGI send: what the relay calls per read
         self.sent += len(message["body"])

@@ -51,6 +51,33 @@ def test_headers_not_complete_in_time_get_408_and_the_connection_closes(tmp_path
             handle.stop()
 
 
+def test_a_pipelined_requests_late_headers_never_break_the_stream_before_it(tmp_path):
+    """A kept-alive client sends the first bytes of its next request while a stream runs: the
+    header deadline waits for the stream to end; the 408 comes after its last byte."""
+    with FakeUpstream() as fake:
+        app, handle = _guarded(tmp_path, fake, header_timeout_s=0.3)
+        body = b'{"model":"m1","stream":true}'
+        try:
+            with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as client:
+                client.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-fake-delay: 0.25\r\nx-test-id: piped\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                assert fake.expect("piped").wait(5)
+                client.sendall(b"GET /healthz HTTP/1.1\r\n")  # the next request, never finished
+                received = b""
+                while part := client.recv(65536):  # the sidecar closes after its 408
+                    received += part
+            stream, _, after = received.partition(b"HTTP/1.1 408")
+            assert stream.startswith(b"HTTP/1.1 200") and stream.endswith(b"0\r\n\r\n"), received[-200:]
+            assert b"data: [DONE]" in stream and b"--header-timeout" in after
+            assert app.state.writer.flush()
+            rows = app.state.batch_sink.query_dicts("SELECT outcome FROM requests", ())
+            assert [r["outcome"] for r in rows] == ["ok"]
+        finally:
+            handle.stop()
+
+
 def test_past_the_connection_cap_a_new_connection_gets_503_at_once(tmp_path):
     with FakeUpstream() as fake:
         app, handle = _guarded(tmp_path, fake, max_connections=5)

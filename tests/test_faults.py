@@ -134,6 +134,49 @@ def test_a_disconnect_at_the_headers_is_client_cancelled_without_a_runtime_error
     assert "RuntimeError" not in caplog.text and "Expected ASGI" not in caplog.text
 
 
+def test_a_client_gone_after_done_had_its_answer_and_is_ok(rig):
+    """Many SSE clients hang up at [DONE], before the upstream's body (and so the relay) ends:
+    the client had every event, so the row is ok, with the upstream's usage."""
+    body = b'{"model":"m1","stream":true}'
+    raw = (
+        f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-fake: gate-end\r\n"
+        f"x-test-id: done-1\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", rig.sidecar.port)) as client:
+        client.sendall(raw)
+        client.settimeout(READ_TIMEOUT_S)
+        received = b""
+        while b"data: [DONE]" not in received:
+            part = client.recv(65536)
+            assert part, received
+            received += part
+    # the client has closed; the upstream's body ends only now
+    rig.fake.gate("done-1").set()
+    row = _settled_row(rig, outcome="ok", usage_source="upstream", completion_tokens=5)
+    assert row["error"] is None
+
+
+def test_a_client_gone_before_done_is_client_cancelled(rig):
+    """The same stream, the client gone one event earlier: it never had the whole answer."""
+    body = b'{"model":"m1","stream":true}'
+    raw = (
+        f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-fake: gate-headers\r\n"
+        f"x-fake-delay: 0.2\r\nx-test-id: early-1\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", rig.sidecar.port)) as client:
+        client.sendall(raw)
+        assert rig.fake.expect("early-1").wait(5)
+        rig.fake.gate("early-1").set()
+        client.settimeout(READ_TIMEOUT_S)
+        received = b""
+        while b"tok0" not in received:  # the first token, then gone
+            part = client.recv(65536)
+            assert part, received
+            received += part
+    row = _settled_row(rig, outcome="client_cancelled")
+    assert row["error"] == "client disconnected"
+
+
 def test_the_sidecars_server_shows_the_clients_transport(rig, monkeypatch):
     """The disconnect decision at an exchange's end reads uvicorn's transport (collector.sidecar.
     relay.client_closing); were it hidden, a FIN read with the last upstream bytes would depend

@@ -369,6 +369,7 @@ class _Reads:
 class _Sent:
     def __init__(self) -> None:
         self.data: list[bytes] = []
+        self.answered = None  # ClientChannel's: set by the relay once [DONE] was sent
 
     async def send(self, message: dict) -> None:  # the relay sends its bodies with the ASGI send
         assert message["type"] == "http.response.body" and message["more_body"] is True
@@ -528,3 +529,30 @@ def test_the_fast_path_normalises_like_the_segment_loop():
         assert normalise_path(raw) == _segment_by_segment(raw), raw
         fast += normalise_path(raw) is raw
     assert fast > 300  # the fast path was taken (588 of these spellings), and agreed
+
+
+def test_a_shutdown_beside_a_disconnect_still_ends_the_request_as_a_shutdown():
+    """uvicorn's shutdown cancel landing in the step the watcher cancels: the watcher takes back
+    only its own cancel request, and the request ends as a shutdown."""
+    cycle = _Cycle(_Transport(False))
+
+    async def exchange(*_: object) -> Ending:
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = next(t for t in asyncio.all_tasks() if t.get_coro().__name__ == "wait_disconnect")
+        watcher.add_done_callback(lambda _: task.cancel())  # runs right after the watcher's own
+        cycle.disconnect.set()
+        await asyncio.Event().wait()
+        return Ending("ok")
+
+    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy._exchange = exchange  # type: ignore[method-assign]
+
+    async def main() -> int:
+        with pytest.raises(asyncio.CancelledError):
+            await proxy._watched(None, None, {}, cycle.receive, ClientChannel(None), 0.0)  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
+
+    assert asyncio.run(main()) == 1  # the shutdown's request, still pending

@@ -181,7 +181,8 @@ class CompletionsProxy:
         runs to its end without yielding, while the client's FIN, read in the same poll, reaches
         the watcher only steps later; so the decision reads the client's transport where the
         server shows it (uvicorn does), and a finished watcher counts even before its callback
-        ran. Elsewhere the watcher gets one more step.
+        ran. Elsewhere the watcher gets one more step. A client gone after a stream's `[DONE]`
+        was forwarded had the whole answer: the relay's `client.answered` is the ending then.
         """
         task = asyncio.current_task()
         assert task is not None  # an ASGI app runs in a task
@@ -206,16 +207,16 @@ class CompletionsProxy:
                 if watcher.done():
                     watcher.exception()  # retrieved, as the callback would have
         except asyncio.CancelledError:
-            if not gone:
+            # ours is one cancel request; any other (a shutdown beside the disconnect) stays
+            if not gone or task.uncancel() > 0:
                 raise  # server shutdown: the request ends as such in __call__
-            task.uncancel()
         finally:
             settled = True
             watcher.remove_done_callback(disconnected)
             watcher.cancel()
         if gone:
             client.gone = True
-            return _CLIENT_GONE
+            return client.answered or _CLIENT_GONE  # gone after [DONE] reached it: answered
         return ending
 
     async def _exchange(

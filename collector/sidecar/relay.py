@@ -87,12 +87,13 @@ class Ending:
 class ClientChannel:
     """The client's side of one request: the ASGI sends, and whether the response has started."""
 
-    __slots__ = ("send", "started", "gone")
+    __slots__ = ("send", "started", "gone", "answered")
 
     def __init__(self, send: Any) -> None:
         self.send = send  # the server's ASGI send (a relay sends its bodies with it directly)
         self.started = False
         self.gone = False
+        self.answered: Ending | None = None  # how it ended, once the client had a whole SSE answer
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status and headers. Marked started *before* the await: a cancel inside it
@@ -381,25 +382,17 @@ async def relay_stream(
         relayed(request, tokens, clock() - began)
         if body:  # ClientChannel.body's message, sent from here: one call less per read
             await send({"type": "http.response.body", "body": body, "more_body": True})
-    malformed, errored = reading.malformed, reading.errored
-    rest = splitter.remainder()
-    error = (
-        "malformed event in stream"
-        if malformed
-        else "error event in stream"
-        if errored
-        else "stream ended inside an event"
-        if rest.strip()
-        else None
-    )
-    outcome = "upstream_error" if error else outcome_for_status(response.status)
-    return Ending(outcome, error, complete=True, last=rest)
+            if reading.done and client.answered is None:
+                # the client has the whole answer: one that leaves before the upstream's body
+                # ends (many SSE clients hang up at [DONE]) did not cancel anything
+                client.answered = reading.ending(response.status, b"")
+    return reading.ending(response.status, splitter.remainder())
 
 
 class _Reading:
     """One stream's reading of the reads that are not all plain chunks: event by event."""
 
-    __slots__ = ("_tracker", "_request", "_strip_usage", "malformed", "errored")
+    __slots__ = ("_tracker", "_request", "_strip_usage", "malformed", "errored", "done")
 
     def __init__(self, tracker: Tracker, request: LiveRequest, strip_usage: bool) -> None:
         self._tracker = tracker
@@ -407,6 +400,22 @@ class _Reading:
         self._strip_usage = strip_usage
         self.malformed = False
         self.errored = False
+        self.done = False  # a `[DONE]` was read: the SSE answer is complete once it is sent
+
+    def ending(self, status: int, rest: bytes) -> Ending:
+        """How the stream ended, from what was read (`rest`: the bytes after its last event)."""
+        error = (
+            "malformed event in stream"
+            if self.malformed
+            else "error event in stream"
+            if self.errored
+            else "stream ended inside an event"
+            if rest.strip()
+            else None
+        )
+        return Ending(
+            "upstream_error" if error else outcome_for_status(status), error, complete=True, last=rest
+        )
 
     def events(self, splitter: EventSplitter, complete: bytes) -> tuple[int, bytes]:
         """Read `complete`: (its tokens, the bytes to forward, less our usage chunk).
@@ -434,8 +443,10 @@ class _Reading:
         tokens = 0
         for index, event in enumerate(events):
             info = inspect_event(event, keep_chunk=telemetry is not None)
-            if info is None or info is DONE:
+            if info is None:
                 pass
+            elif info is DONE:
+                self.done = True
             elif info is MALFORMED:
                 self.malformed = True
             elif info is ERROR:  # the engine failed mid-stream and said so

@@ -95,6 +95,11 @@ class ConnectionGuard(HttpToolsProtocol):
 
     def _headers_late(self) -> None:
         self._timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            # a pipelined request's headers wait behind a response still being sent: its
+            # deadline counts once that response is done, never a 408 inside it
+            self._arm()
+            return
         self._refuse(
             408,
             "Request Timeout",

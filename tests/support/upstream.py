@@ -21,6 +21,7 @@ and the same request sent directly and through the sidecar gets the same bytes:
                     gate of `x-test-id` opens, at most 10 s) the rest
     usage-negative, usage-huge, usage-string, usage-float: the usage chunk's counts are wrong
     gate-headers    waits for the gate of `x-test-id` before it sends the headers
+    gate-end        every event and [DONE], then the body's end once the gate of `x-test-id` opens
     garbage-head    a status line and a header line no HTTP parser accepts (quoting `x-fake-text`)
     scripted        the body's `x_fake_stream` (base64) as the SSE body, cut where its
                     `x_fake_cuts` say (for fuzzing)
@@ -138,7 +139,7 @@ class FakeUpstream:
         return self._arrivals.setdefault(test_id, threading.Event())
 
     def gate(self, test_id: str) -> threading.Event:
-        """Set it to let a `non-sse` or `gate-headers` request with this `x-test-id` go on."""
+        """Set it to let a `non-sse`, `gate-headers` or `gate-end` request with this `x-test-id` go on."""
         return self._gates.setdefault(test_id, threading.Event())
 
     def stop(self) -> None:
@@ -324,7 +325,13 @@ class FakeUpstream:
                 "usage": _usage(prompt_tokens(payload), completion),
             }
             writer.write(_chunked(b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n"))
-        writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        if mode == "gate-end":  # every event and [DONE] now, the body's end once the gate opens
+            writer.write(_chunked(b"data: [DONE]\n\n"))
+            await writer.drain()
+            await self._wait_gate(request)
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await writer.drain()
 
     async def _slow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
