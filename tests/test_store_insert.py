@@ -24,7 +24,8 @@ from collector.store.db import (
     rows_to_arrow,
     rows_to_ipc,
 )
-from collector.store.schema import SCHEMA_VERSION, V1_DDL, migrate
+from collector.record import RequestRecord
+from collector.store.schema import COLUMN_NAMES, SCHEMA_VERSION, V1_DDL, migrate
 from collector.store.synthetic import synthetic_rows
 from collector.store.writer import LogWriter
 
@@ -250,3 +251,14 @@ def test_the_store_service_folds_its_write_ahead_log_less_often_than_duckdb_woul
         default.close()
     shown = CliRunner().invoke(main, ["store", "--help"]).output
     assert "--checkpoint-mb" in shown and "[default: 128" in shown
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+def test_records_become_columns_value_for_value_in_column_order(count):
+    """The writer's records are read one row at a time in C (attrgetter) and transposed: every
+    column must still hold each record's own value, in order."""
+    records = [RequestRecord(**row) for row in synthetic_rows(count, T0, prefix=f"r{count}")]
+    table = rows_to_arrow(records)
+    assert table.num_rows == count and table.column_names == list(COLUMN_NAMES)
+    for record, converted in zip(records, table.to_pylist(), strict=True):
+        assert converted == {name: getattr(record, name) for name in COLUMN_NAMES}
