@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from collector.cli import main
+from collector.record import RequestRecord
 from collector.service.app import create_store_app
 from collector.store.db import (
     _UNKNOWN,
@@ -24,7 +25,6 @@ from collector.store.db import (
     rows_to_arrow,
     rows_to_ipc,
 )
-from collector.record import RequestRecord
 from collector.store.schema import COLUMN_NAMES, SCHEMA_VERSION, V1_DDL, migrate
 from collector.store.synthetic import synthetic_rows
 from collector.store.writer import LogWriter
