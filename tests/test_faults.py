@@ -119,14 +119,30 @@ def test_rejected_usage_numbers_make_the_row_estimated(rig, mode):
     _settled_row(rig, outcome="ok", usage_source="estimated", completion_tokens=5)
 
 
-def test_a_disconnect_at_the_headers_is_client_cancelled_without_a_runtime_error(rig, caplog):
+def _stream_request(mode: str, test_id: str, **headers: str) -> bytes:
+    """A streamed completions request as raw bytes: a client that can hang up at any byte."""
     body = b'{"model":"m1","stream":true}'
-    raw = (
-        f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-fake: gate-headers\r\n"
-        f"x-test-id: gone-1\r\nContent-Length: {len(body)}\r\n\r\n"
+    extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return (
+        f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-fake: {mode}\r\n"
+        f"{extra}x-test-id: {test_id}\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
+
+
+def _read_until(client: socket.socket, marker: bytes) -> bytes:
+    """What the sidecar sent, up to and including `marker` (fails if it closes first)."""
+    client.settimeout(READ_TIMEOUT_S)
+    received = b""
+    while marker not in received:
+        part = client.recv(65536)
+        assert part, received
+        received += part
+    return received
+
+
+def test_a_disconnect_at_the_headers_is_client_cancelled_without_a_runtime_error(rig, caplog):
     with socket.create_connection(("127.0.0.1", rig.sidecar.port)) as client:
-        client.sendall(raw)
+        client.sendall(_stream_request("gate-headers", "gone-1"))
         assert rig.fake.expect("gone-1").wait(5)
     rig.fake.gate("gone-1").set()  # the headers leave the upstream as the client is gone
     row = _settled_row(rig, outcome="client_cancelled")
@@ -137,19 +153,9 @@ def test_a_disconnect_at_the_headers_is_client_cancelled_without_a_runtime_error
 def test_a_client_gone_after_done_had_its_answer_and_is_ok(rig):
     """Many SSE clients hang up at [DONE], before the upstream's body (and so the relay) ends:
     the client had every event, so the row is ok, with the upstream's usage."""
-    body = b'{"model":"m1","stream":true}'
-    raw = (
-        f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-fake: gate-end\r\n"
-        f"x-test-id: done-1\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
     with socket.create_connection(("127.0.0.1", rig.sidecar.port)) as client:
-        client.sendall(raw)
-        client.settimeout(READ_TIMEOUT_S)
-        received = b""
-        while b"data: [DONE]" not in received:
-            part = client.recv(65536)
-            assert part, received
-            received += part
+        client.sendall(_stream_request("gate-end", "done-1"))
+        _read_until(client, b"data: [DONE]")
     # the client has closed; the upstream's body ends only now
     rig.fake.gate("done-1").set()
     row = _settled_row(rig, outcome="ok", usage_source="upstream", completion_tokens=5)
@@ -158,21 +164,11 @@ def test_a_client_gone_after_done_had_its_answer_and_is_ok(rig):
 
 def test_a_client_gone_before_done_is_client_cancelled(rig):
     """The same stream, the client gone one event earlier: it never had the whole answer."""
-    body = b'{"model":"m1","stream":true}'
-    raw = (
-        f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-fake: gate-headers\r\n"
-        f"x-fake-delay: 0.2\r\nx-test-id: early-1\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
     with socket.create_connection(("127.0.0.1", rig.sidecar.port)) as client:
-        client.sendall(raw)
+        client.sendall(_stream_request("gate-headers", "early-1", **{"x-fake-delay": "0.2"}))
         assert rig.fake.expect("early-1").wait(5)
         rig.fake.gate("early-1").set()
-        client.settimeout(READ_TIMEOUT_S)
-        received = b""
-        while b"tok0" not in received:  # the first token, then gone
-            part = client.recv(65536)
-            assert part, received
-            received += part
+        _read_until(client, b"tok0")  # the first token, then gone
     row = _settled_row(rig, outcome="client_cancelled")
     assert row["error"] == "client disconnected"
 
