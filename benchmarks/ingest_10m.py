@@ -11,7 +11,10 @@ rows: 28 columns, four timestamps, every column set as the tracker sets it):
 * `log_writer`: the sidecar's LogWriter in front of that store, from submit() to flush();
 * `headroom store`: POST /v1/ingest to a `headroom store` process, bodies pre-serialised as Arrow
   IPC streams (rows_to_ipc), sent one after another: HTTP, reading, validation, insert; and the
-  same batches as JSON (`{"rows": [...]}`, what StoreShipper sends today).
+  same batches as JSON (`{"rows": [...]}`, for clients that are not Python);
+* `log_writer -> store`: a sidecar's LogWriter in front of a StoreShipper to that store
+  (`headroom run --store-url`), from submit() until the store has accepted every row: the
+  writer thread converts each batch to Arrow IPC and POSTs it.
 
 Every row of every batch must be new and inserted once; the script checks the returned counts
 and the table's final count, then resends one batch to check that nothing is inserted twice.
@@ -35,6 +38,7 @@ from prometheus_client import CollectorRegistry
 from store_query_10m import generate
 
 from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_ipc
+from collector.store.shipper import StoreShipper
 from collector.store.writer import LogWriter
 
 _NOW = datetime(2026, 12, 1, 9, tzinfo=UTC)
@@ -122,8 +126,33 @@ def _post_all(client: httpx.Client, payloads: list[bytes], content_type: str) ->
     return inserted, time.perf_counter() - began
 
 
+def bench_shipped_writer(
+    url: str, token: str, spool: Path, batches: list[list[dict]], batch_rows: int
+) -> str:
+    """The sidecar's writer shipping to the store: submit() until the store accepted every row."""
+    registry = CollectorRegistry()
+    shipper = StoreShipper(url, token, spool, timeout_s=120)
+    writer = LogWriter(
+        shipper, registry, max_queue_rows=sum(map(len, batches)) + 1, batch_rows=batch_rows, owns_sink=True
+    )
+    began = time.perf_counter()
+    for batch in batches:
+        for row in batch:
+            writer.submit(row)
+    assert writer.flush(600)
+    seconds = time.perf_counter() - began
+    written = registry.get_sample_value("headroom_log_rows_written_total")
+    writer.close()
+    assert written == sum(map(len, batches)) and shipper.spooled_rows == 0, (written, shipper.spooled_rows)
+    return f"log_writer->store {_rate(int(written), seconds)}   StoreShipper, Arrow IPC"
+
+
 def bench_store_service(
-    db: Path, batches: list[list[dict]], json_batches: list[list[dict]], checkpoint_mb: int | None
+    db: Path,
+    batches: list[list[dict]],
+    json_batches: list[list[dict]],
+    shipped_batches: list[list[dict]],
+    checkpoint_mb: int | None,
 ) -> None:
     port, token = free_port(), "bench-token"
     extra = ["--checkpoint-mb", str(checkpoint_mb)] if checkpoint_mb else []
@@ -156,6 +185,13 @@ def bench_store_service(
                 "/v1/ingest", content=arrow[0], headers={"Content-Type": ARROW_STREAM_TYPE}
             ).json()
             json_inserted, json_seconds = _post_all(client, as_json, "application/json")
+            shipped = bench_shipped_writer(
+                f"http://127.0.0.1:{port}",
+                token,
+                db.parent / "spool",
+                shipped_batches,
+                len(shipped_batches[0]) if shipped_batches else 1,
+            )
             rows = client.get("/healthz").json()["rows"]
         status = Path(f"/proc/{process.pid}/status")
         peak = next(
@@ -170,7 +206,8 @@ def bench_store_service(
         f"headroom store   {_rate(inserted, seconds)}   Arrow IPC bodies (resent batch: "
         f"{again['duplicates']} duplicates, 0 inserted)"
     )
-    print(f"headroom store   {_rate(json_inserted, json_seconds)}   JSON bodies; table now {rows:,} rows")
+    print(f"headroom store   {_rate(json_inserted, json_seconds)}   JSON bodies")
+    print(f"{shipped}; table now {rows:,} rows")
     print(f"headroom store   peak memory {int(peak) / 1024:,.0f} MiB" if peak != "?" else "")
 
 
@@ -208,7 +245,9 @@ def main() -> None:
         bench_insert_rows(store, batches("insert"))
         bench_log_writer(store, batches("writer"), args.batch_rows)
         store.close()
-        bench_store_service(db, batches("service"), batches("json"), args.store_checkpoint_mb)
+        bench_store_service(
+            db, batches("service"), batches("json"), batches("shipped"), args.store_checkpoint_mb
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         os.sync()

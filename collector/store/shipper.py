@@ -1,6 +1,8 @@
 """StoreShipper: a BatchSink that POSTs request-log batches to `headroom store` without losing them.
 
-Live batches (from the LogWriter's thread) go straight to the store, with a few retries. When
+Live batches (from the LogWriter's thread) go straight to the store as Arrow IPC streams
+(`rows_to_ipc`: the store reads them without parsing a value, where a JSON body cost it more
+to parse than DuckDB takes to insert it; BENCHMARKS.md §5e), with a few retries. When
 the store stays unreachable the batch goes to a bounded on-disk spool, and while the store is
 known to be down new batches join the spool at once (the writer thread never waits on a dead
 store). A replay thread drains the spool concurrently with live shipping:
@@ -9,7 +11,9 @@ store). A replay thread drains the spool concurrently with live shipping:
   it, and the replay thread sends the backlog, oldest first, in merged batches of up to
   `replay_batch_rows` rows (spooled payloads are joined byte for byte, never re-parsed). A
   merged batch costs one POST and one insert, so the drain outpaces the inflow it catches up
-  with: at 5,000 rows per POST, a backlog of 100,000 rows is 20 POSTs.
+  with: at 5,000 rows per POST, a backlog of 100,000 rows is 20 POSTs. Arrow payloads merge
+  record batch by record batch (their buffers are copied, no value is read); the JSON payloads
+  an earlier version spooled (`.json` files) still replay, merged among themselves.
 - **Back-pressure.** The spool is bounded (`max_spool_bytes`); a batch that does not fit is
   dropped and counted (RowsDropped "spool_full"). The store caps an ingest body at 64 MiB, so a
   merged batch stays under `replay_batch_bytes`.
@@ -35,18 +39,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import orjson
+import pyarrow as pa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from collector.catalog import spec
 from collector.record import RequestRecord
-from collector.store.spool import Spool, SpoolEntry
+from collector.store.db import ARROW_STREAM_TYPE, rows_to_ipc
+from collector.store.spool import ARROW, JSON, Spool, SpoolEntry
 from collector.store.writer import RowsDropped
 
 if TYPE_CHECKING:  # imported where used: a sidecar without --store-url never loads httpx (~10 MiB)
     import httpx
 
-__all__ = ["StoreShipper", "DEFAULT_SPOOL_DIR", "merge_payloads"]
+__all__ = ["StoreShipper", "DEFAULT_SPOOL_DIR", "merge_arrow_payloads", "merge_payloads"]
 
 DEFAULT_SPOOL_DIR = "headroom-spool"  # beside the working directory, like the default headroom.duckdb
 
@@ -60,14 +65,54 @@ class _Rejected(Exception):
     """The store refused the payload itself (400/413/422): resending cannot help."""
 
 
+_CONTENT_TYPES = {ARROW: ARROW_STREAM_TYPE, JSON: "application/json"}
+
+
 def merge_payloads(payloads: Iterable[bytes]) -> bytes:
-    """One ingest body from several, joined as bytes: {"rows":[a]} + {"rows":[b,c]} -> {"rows":[a,b,c]}."""
+    """One ingest body from several JSON ones, joined as bytes: {"rows":[a]} + {"rows":[b,c]} ->
+    {"rows":[a,b,c]}. (The JSON that versions before Arrow shipping spooled.)"""
     inner = [payload[len(_HEAD) : -len(_TAIL)] for payload in payloads]
     return _HEAD + b",".join(part for part in inner if part) + _TAIL
 
 
-def _mergeable(payload: bytes) -> bool:
-    return payload.startswith(_HEAD) and payload.endswith(_TAIL)
+def merge_arrow_payloads(payloads: Iterable[bytes]) -> bytes:
+    """One Arrow IPC stream holding every record batch of several, in order; raises
+    pa.ArrowInvalid when one is not a stream or their schemas differ.
+
+    Example: streams of 3 and 2 rows -> one stream of 5 rows (two record batches).
+    """
+    sink = pa.BufferOutputStream()
+    writer: pa.ipc.RecordBatchStreamWriter | None = None
+    schema: pa.Schema | None = None
+    try:
+        for payload in payloads:
+            reader = pa.ipc.open_stream(payload)
+            if writer is None:
+                schema = reader.schema
+                writer = pa.ipc.new_stream(sink, schema)
+            elif not reader.schema.equals(schema):
+                raise pa.ArrowInvalid("spooled Arrow payloads have different schemas")
+            for batch in reader:
+                writer.write_batch(batch)
+    finally:
+        if writer is not None:
+            writer.close()
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _merged(entries: list[SpoolEntry], payloads: list[bytes]) -> tuple[bytes, str] | None:
+    """One body for several entries of one kind, with its content type; None when they cannot merge."""
+    kinds = {entry.kind for entry in entries}
+    if len(entries) < 2 or len(kinds) != 1:
+        return None
+    if kinds == {ARROW}:
+        try:
+            return merge_arrow_payloads(payloads), ARROW_STREAM_TYPE
+        except (pa.ArrowInvalid, OSError):
+            return None  # one is not a stream: sent one by one, so only that one is lost
+    if all(payload.startswith(_HEAD) and payload.endswith(_TAIL) for payload in payloads):
+        return merge_payloads(payloads), _CONTENT_TYPES[JSON]
+    return None
 
 
 class StoreShipper:
@@ -105,7 +150,7 @@ class StoreShipper:
             backoff_max_s,
         )
         self.replay_batch_rows, self.replay_batch_bytes = replay_batch_rows, replay_batch_bytes
-        headers = {"Authorization": f"Bearer {token or ''}", "Content-Type": "application/json"}
+        headers = {"Authorization": f"Bearer {token or ''}"}
         import httpx  # lazily: only a process that ships rows loads it (~5 MiB with its CLI deps)
 
         # one client per thread: the writer's live sends and the replay never share a connection
@@ -129,11 +174,11 @@ class StoreShipper:
         """
         if not rows:
             return 0
-        payload = orjson.dumps({"rows": list(rows)})  # records serialise field by field
+        payload = rows_to_ipc(rows)  # a value that fits no column is sent as NULL, not its batch lost
         if self.store_up is not False:  # up, or not known yet: try now
             self._sending_since_ns = time.time_ns()
             try:
-                if self._send_with_retry(self._live, payload):
+                if self._send_with_retry(self._live, payload, ARROW_STREAM_TYPE):
                     self.sent_rows += len(rows)
                     return len(rows)
             except _Rejected as exc:
@@ -155,12 +200,12 @@ class StoreShipper:
         self._backlog.close()
 
     # --- sending ---------------------------------------------------------------------------------
-    def _post(self, client: httpx.Client, payload: bytes) -> bool:
+    def _post(self, client: httpx.Client, payload: bytes, content_type: str) -> bool:
         """One attempt: True accepted, False retry later; raises _Rejected when resending is useless."""
         import httpx  # lazily: only a process that ships rows loads it (~5 MiB with its CLI deps)
 
         try:
-            response = client.post(self.ingest_url, content=payload)
+            response = client.post(self.ingest_url, content=payload, headers={"Content-Type": content_type})
         except httpx.HTTPError as exc:
             log.debug("store unreachable at %s: %s", self.ingest_url, type(exc).__name__)
             return self._store_answered(False)
@@ -193,10 +238,10 @@ class StoreShipper:
         self.store_up = up
         return up
 
-    def _send_with_retry(self, client: httpx.Client, payload: bytes) -> bool:
+    def _send_with_retry(self, client: httpx.Client, payload: bytes, content_type: str) -> bool:
         delay = self.backoff_initial_s
         for attempt in range(self.max_attempts):
-            if self._post(client, payload):
+            if self._post(client, payload, content_type):
                 return True
             if attempt + 1 < self.max_attempts and self._stop.wait(delay):
                 break
@@ -204,7 +249,7 @@ class StoreShipper:
         return False
 
     def _spool(self, payload: bytes, rows: int) -> None:
-        if not self.spool.put(payload, rows):
+        if not self.spool.put(payload, rows, ARROW):
             raise RowsDropped("spool_full", rows)
         self.spooled_rows += rows
         self._wake.set()
@@ -228,9 +273,10 @@ class StoreShipper:
     def _replay_entries(self, entries: list[SpoolEntry]) -> int | None:
         """Send these entries as one body; rows accepted, or None when the store is not taking any."""
         payloads = [entry.path.read_bytes() for entry in entries]
-        if len(entries) > 1 and all(_mergeable(payload) for payload in payloads):
+        merged = _merged(entries, payloads)
+        if merged is not None:
             try:
-                if not self._post(self._backlog, merge_payloads(payloads)):
+                if not self._post(self._backlog, *merged):
                     return None
                 return self._accepted(entries)
             except _Rejected:
@@ -238,7 +284,7 @@ class StoreShipper:
         accepted = 0
         for entry, payload in zip(entries, payloads):
             try:
-                if not self._post(self._backlog, payload):
+                if not self._post(self._backlog, payload, _CONTENT_TYPES[entry.kind]):
                     return accepted or None
                 accepted += self._accepted([entry])
             except _Rejected as exc:

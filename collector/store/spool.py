@@ -6,8 +6,9 @@ dropped). The directory is created 0700 and each file 0600: the rows carry tenan
 An index of the files is kept in memory, so `put`, `take` and the depth metrics never list the
 directory (it may hold thousands of files after a long outage).
 
-File names are `<created ns>-<seq>-<rows>.json`; a crash mid-write leaves a `.tmp` that the next
-start removes.
+File names are `<created ns>-<seq>-<rows>.<kind>`: `.arrow` for an Arrow IPC stream (what the
+shipper spools), `.json` for the JSON bodies that versions before it spooled (still replayed).
+A crash mid-write leaves a `.tmp` that the next start removes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Spool", "SpoolEntry"]
+__all__ = ["ARROW", "JSON", "Spool", "SpoolEntry"]
+
+ARROW, JSON = "arrow", "json"  # the kinds of payload, each its file suffix
+_KINDS = (ARROW, JSON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +35,16 @@ class SpoolEntry:
     size: int
     created_ns: int
 
+    @property
+    def kind(self) -> str:
+        """ARROW or JSON: what the file holds (its suffix)."""
+        return self.path.suffix[1:]
+
 
 def _entry(path: Path) -> SpoolEntry | None:
     """The entry of an existing spool file; None for a name this spool did not write."""
     parts = path.stem.split("-")
-    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+    if path.suffix[1:] not in _KINDS or len(parts) != 3 or not all(part.isdigit() for part in parts):
         return None
     return SpoolEntry(path, int(parts[2]), path.stat().st_size, int(parts[0]))
 
@@ -54,8 +63,9 @@ class Spool:
         self._seq = 0
         for leftover in self.directory.glob("*.tmp"):  # a crash mid-write left half a file
             leftover.unlink(missing_ok=True)
-        found = (_entry(path) for path in sorted(self.directory.glob("*.json")))
-        self._entries: deque[SpoolEntry] = deque(entry for entry in found if entry is not None)
+        found = (_entry(path) for path in self.directory.iterdir() if path.suffix[1:] in _KINDS)
+        entries = sorted((entry for entry in found if entry is not None), key=lambda e: e.path.stem)
+        self._entries: deque[SpoolEntry] = deque(entries)  # oldest first, whatever their kind
         self._used = sum(entry.size for entry in self._entries)
 
     def files(self) -> list[Path]:
@@ -85,14 +95,16 @@ class Spool:
         """Row count recorded in a spool file's name."""
         return int(path.stem.rsplit("-", 1)[-1])
 
-    def put(self, payload: bytes, rows: int) -> bool:
-        """Store one payload (0600, atomically); False (nothing written) past max_bytes."""
+    def put(self, payload: bytes, rows: int, kind: str = ARROW) -> bool:
+        """Store one payload of `kind` (0600, atomically); False (nothing written) past max_bytes."""
+        if kind not in _KINDS:
+            raise ValueError(f"spool payload kind must be one of {_KINDS}, got {kind!r}")
         with self._lock:
             if self._used + len(payload) > self.max_bytes:
                 return False
             self._seq += 1
             created = time.time_ns()
-            final = self.directory / f"{created:020d}-{self._seq:06d}-{rows}.json"
+            final = self.directory / f"{created:020d}-{self._seq:06d}-{rows}.{kind}"
             temporary = final.with_suffix(".tmp")
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "wb") as handle:
@@ -103,12 +115,17 @@ class Spool:
             return True
 
     def take(self, max_rows: int, max_bytes: int) -> list[SpoolEntry]:
-        """The oldest entries up to `max_rows` rows and `max_bytes` bytes (at least one), kept."""
+        """The oldest entries up to `max_rows` rows and `max_bytes` bytes (at least one), all of the
+        first one's kind (one body holds one kind), kept."""
         with self._lock:
             taken: list[SpoolEntry] = []
             rows = size = 0
             for entry in self._entries:
-                if taken and (rows + entry.rows > max_rows or size + entry.size > max_bytes):
+                if taken and (
+                    rows + entry.rows > max_rows
+                    or size + entry.size > max_bytes
+                    or entry.kind != taken[0].kind
+                ):
                     break
                 taken.append(entry)
                 rows, size = rows + entry.rows, size + entry.size
