@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import gc
 import socket
 import stat
 import threading
@@ -17,6 +18,7 @@ from support.processes import headroom_process
 from support.upstream import FakeUpstream
 
 from collector.serving import serve_in_thread
+from collector.sidecar.app import YOUNG_COLLECTION_THRESHOLD
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.server import raise_file_limit, uvicorn_options
 from collector.sidecar.wiring import build_sidecar
@@ -171,3 +173,15 @@ def test_registry_of_a_guard_counts_refusals_by_reason():
     protocol = uvicorn_options(registry, header_timeout_s=1, idle_timeout_s=1, max_connections=1)["http"]
     protocol.refused.labels("header_timeout").inc()
     assert registry.get_sample_value("headroom_connections_refused_total", {"reason": "header_timeout"}) == 1
+
+
+def test_a_started_sidecar_collects_young_garbage_in_large_steps_with_start_up_frozen(tmp_path):
+    """Serving changes the collector: start-up objects frozen, the youngest generation collected
+    every YOUNG_COLLECTION_THRESHOLD allocations rather than CPython's 700 (BENCHMARKS.md §2)."""
+    with FakeUpstream() as fake:
+        _, handle = _guarded(tmp_path, fake)
+        try:
+            assert gc.get_threshold()[0] == YOUNG_COLLECTION_THRESHOLD > 700
+            assert gc.get_freeze_count() > 10_000  # the imports and the app, at least
+        finally:
+            handle.stop()
