@@ -13,8 +13,9 @@ rows: 28 columns, four timestamps, every column set as the tracker sets it):
   IPC streams (rows_to_ipc), sent one after another: HTTP, reading, validation, insert; and the
   same batches as JSON (`{"rows": [...]}`, for clients that are not Python);
 * `log_writer -> store`: a sidecar's LogWriter in front of a StoreShipper to that store
-  (`headroom run --store-url`), from submit() until the store has accepted every row: the
-  writer thread converts each batch to Arrow IPC and POSTs it.
+  (`headroom run --store-url`, pipelined as there), from submit() until the store has accepted
+  every row: the writer thread converts each batch to Arrow IPC while the shipper's sender
+  POSTs the one before.
 
 Every row of every batch must be new and inserted once; the script checks the returned counts
 and the table's final count, then resends one batch to check that nothing is inserted twice.
@@ -131,10 +132,11 @@ def bench_shipped_writer(
 ) -> str:
     """The sidecar's writer shipping to the store: submit() until the store accepted every row."""
     registry = CollectorRegistry()
-    shipper = StoreShipper(url, token, spool, timeout_s=120)
+    shipper = StoreShipper(url, token, spool, timeout_s=120, pipelined=True)  # as the sidecar's
     writer = LogWriter(
         shipper, registry, max_queue_rows=sum(map(len, batches)) + 1, batch_rows=batch_rows, owns_sink=True
     )
+    shipper.report_to(writer)
     began = time.perf_counter()
     for batch in batches:
         for row in batch:
@@ -144,7 +146,7 @@ def bench_shipped_writer(
     written = registry.get_sample_value("headroom_log_rows_written_total")
     writer.close()
     assert written == sum(map(len, batches)) and shipper.spooled_rows == 0, (written, shipper.spooled_rows)
-    return f"log_writer->store {_rate(int(written), seconds)}   StoreShipper, Arrow IPC"
+    return f"log_writer->store {_rate(int(written), seconds)}   StoreShipper, Arrow IPC, pipelined"
 
 
 def bench_store_service(

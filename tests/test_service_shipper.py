@@ -21,7 +21,7 @@ from collector.store.db import ARROW_STREAM_TYPE, rows_to_ipc
 from collector.store.shipper import StoreShipper, merge_arrow_payloads
 from collector.store.spool import JSON
 from collector.store.synthetic import synthetic_rows
-from collector.store.writer import RowsDropped
+from collector.store.writer import LogWriter, RowsDropped
 
 T0 = datetime(2026, 11, 23, tzinfo=UTC)
 FAST = {"max_attempts": 2, "backoff_initial_s": 0.02, "backoff_max_s": 0.2, "timeout_s": 5.0}
@@ -154,7 +154,7 @@ def test_backlog_replays_in_merged_batches_and_metrics_rise_and_fall(tmp_path):
         _sample(registry, "headroom_store_up") == 0 and _sample(registry, "headroom_log_ship_lag_seconds") > 0
     )
     replayed = []
-    shipper.on_replayed = replayed.append
+    shipper.on_accepted = replayed.append
     fake.up = True
     wait_until(lambda: not shipper.spool.files(), 20, what="the spool to drain")
     shipper.close()
@@ -264,3 +264,63 @@ def test_a_spooled_file_that_is_not_arrow_is_discarded_alone(tmp_path):
     wait_until(lambda: not shipper.spool.files(), 20, what="the spool to drain")
     shipper.close()
     assert len(fake.ids) == 20 and not any(i.startswith("b10-") for i in fake.ids)
+
+
+class _HeldStore(FakeStore):
+    """A FakeStore whose POSTs wait until `release` is set, counting the ones in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release, self.arrived = threading.Event(), threading.Semaphore(0)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.arrived.release()
+        assert self.release.wait(20), "the test never released the store"
+        return super().__call__(request)
+
+
+def test_pipelined_the_next_batch_is_handed_over_while_the_store_takes_this_one(tmp_path):
+    fake = _HeldStore()
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), pipelined=True, **FAST
+    )
+    accepted: list[int] = []
+    shipper.on_accepted = accepted.append
+    assert shipper.write_batch(synthetic_rows(10, T0, prefix="first")) == 0  # handed over
+    assert fake.arrived.acquire(timeout=20)  # the first batch is at the store, held there
+    assert shipper.write_batch(synthetic_rows(20, T0, prefix="second")) == 0  # did not wait for it
+    assert not fake.ids and not accepted and shipper.flush(0.05) is False
+    fake.release.set()
+    assert shipper.flush(20)
+    assert fake.posts == [10, 20] and accepted == [10, 20]
+    shipper.close()
+
+
+def test_pipelined_rows_count_once_accepted_and_losses_by_reason_in_the_writer(tmp_path):
+    fake = FakeStore()
+    fake.reject_marker = "bad-00000000"
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), pipelined=True, **FAST
+    )
+    registry = CollectorRegistry()
+    writer = LogWriter(shipper, registry, batch_rows=25, owns_sink=True)
+    shipper.report_to(writer)
+    for row in synthetic_rows(50, T0, prefix="good") + synthetic_rows(25, T0, prefix="bad"):
+        writer.submit(row)
+    assert writer.flush(20)  # waits for the sender, not only for the hand-over
+    assert _sample(registry, "headroom_log_rows_written_total") == 50 and len(fake.ids) == 50
+    assert registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": "store_rejected"}) == 25
+    writer.close()
+
+
+def test_pipelined_close_with_the_store_down_spools_every_batch_handed_over(tmp_path):
+    fake = FakeStore()
+    fake.up = False
+    shipper = StoreShipper(
+        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), pipelined=True, **FAST
+    )
+    shipper.store_up = True  # not yet known down: the batches go to the sender
+    for start in range(0, 30, 10):
+        shipper.write_batch(synthetic_rows(10, T0, prefix=f"b{start}"))
+    shipper.close()
+    assert shipper.spool.rows() == 30 and shipper.spooled_rows == 30 and not fake.ids

@@ -90,7 +90,7 @@ def build_sidecar(
     )
     if shipper is not None and log is not None:
         registry.register(shipper)  # spool depth, shipping lag, store up
-        shipper.on_replayed = log.written.inc  # spooled rows count as written once the store has them
+        shipper.report_to(log)  # spooled and pipelined rows count as written once the store has them
     scheduler = _scheduler(config, store, capacity) if store is not None and config.jobs else None
     routes, token_file = _store_routes(config, store, capacity)
     parts = SidecarParts(
@@ -146,7 +146,8 @@ def _shipper(config: SidecarConfig) -> StoreShipper | None:
     """The shipper to a `headroom store` service, when config.store_url is set."""
     if not config.store_url:
         return None
-    return StoreShipper(config.store_url, config.store_token, config.spool_dir)
+    # pipelined: the writer converts the next batch while the store inserts this one
+    return StoreShipper(config.store_url, config.store_token, config.spool_dir, pipelined=True)
 
 
 def _store_routes(

@@ -19,12 +19,17 @@ store). A replay thread drains the spool concurrently with live shipping:
   merged batch stays under `replay_batch_bytes`.
 - **Order.** Rows carry their own timestamps and ingest is idempotent by request_id, so live
   rows overtaking spooled ones, or a batch resent after a lost reply, change nothing.
+- **Pipelined** (`pipelined=True`, the sidecar's): `write_batch` converts the batch and hands it
+  to a sender thread, so the LogWriter converts the next batch while the store inserts this
+  one; at most one batch waits behind the one being sent. What the sender's batches become is
+  reported through `on_accepted` and `on_dropped` (`report_to(writer)` wires both), `flush()`
+  waits for them, and `close()` sends what was handed over (or spools it) before returning.
 
 Health metrics (collect()): headroom_log_spool_files, _bytes, _oldest_age_seconds,
 headroom_log_rows_spooled_total, headroom_log_ship_lag_seconds (age of the oldest row the store
 has not accepted: the oldest spooled batch, or a live batch being sent) and headroom_store_up.
 Rows count as written (LogWriter's headroom_log_rows_written_total) only once the store accepts
-them: `write_batch` returns how many it accepted now, `on_replayed` hears of the rest.
+them: `write_batch` returns how many it accepted now, `on_accepted` hears of the rest.
 
 It lives with the store, not the sidecar, because both the sidecar (`headroom run --store-url`,
 behind its LogWriter) and the probe (`headroom probe --store-url`) ship rows through it.
@@ -33,6 +38,7 @@ behind its LogWriter) and the probe (`headroom probe --store-url`) ship rows thr
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -46,7 +52,7 @@ from collector.catalog import spec
 from collector.record import RequestRecord
 from collector.store.db import ARROW_STREAM_TYPE, rows_to_ipc
 from collector.store.spool import ARROW, JSON, Spool, SpoolEntry
-from collector.store.writer import RowsDropped
+from collector.store.writer import LogWriter, RowsDropped
 
 if TYPE_CHECKING:  # imported where used: a sidecar without --store-url never loads httpx (~10 MiB)
     import httpx
@@ -132,6 +138,7 @@ class StoreShipper:
         replay_batch_rows: int = 5_000,
         replay_batch_bytes: int = 8 * 2**20,
         transport: httpx.BaseTransport | None = None,
+        pipelined: bool = False,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(
@@ -158,8 +165,21 @@ class StoreShipper:
         self._backlog = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
         self.sent_rows = self.spooled_rows = self.replayed_rows = 0
         self.store_up: bool | None = None  # None until the first shipment
-        self.on_replayed: Callable[[int], object] | None = None  # rows the store took from the spool
+        # rows the store took after write_batch returned (from the spool, or sent behind it)
+        self.on_accepted: Callable[[int], object] | None = None
+        # rows lost after write_batch returned (pipelined): (reason, count)
+        self.on_dropped: Callable[[str, int], object] | None = None
         self._sending_since_ns: int | None = None
+        self._handoff: queue.Queue[tuple[bytes, int] | None] = queue.Queue(maxsize=1)
+        self._unfinished = 0  # batches handed to the sender and not yet sent, spooled or dropped
+        self._idle = threading.Condition()
+        self._sender = (
+            threading.Thread(target=self._send_loop, name="store-shipper-send", daemon=True)
+            if pipelined
+            else None
+        )
+        if self._sender is not None:
+            self._sender.start()
         self._replay_lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -170,34 +190,81 @@ class StoreShipper:
     def write_batch(self, rows: Sequence[RequestRecord | Mapping[str, Any]]) -> int:
         """Send `rows` now, or spool them; returns rows the store accepted (0 when spooled).
 
-        Raises RowsDropped when they can be neither sent nor spooled.
+        Pipelined, a batch for a store not known to be down is handed to the sender instead
+        (returns 0; on_accepted and on_dropped hear of it). Raises RowsDropped when the rows can
+        be neither sent nor spooled here.
         """
         if not rows:
             return 0
         payload = rows_to_ipc(rows)  # a value that fits no column is sent as NULL, not its batch lost
-        if self.store_up is not False:  # up, or not known yet: try now
-            self._sending_since_ns = time.time_ns()
-            try:
-                if self._send_with_retry(self._live, payload, ARROW_STREAM_TYPE):
-                    self.sent_rows += len(rows)
-                    return len(rows)
-            except _Rejected as exc:
-                raise RowsDropped("store_rejected", len(rows)) from exc
-            finally:
-                self._sending_since_ns = None
-        self._spool(payload, len(rows))
+        if self._sender is None or self.store_up is False:
+            return self._ship(payload, len(rows))
+        with self._idle:
+            self._unfinished += 1
+        self._handoff.put((payload, len(rows)))  # waits while one batch is sent and one waits
         return 0
 
+    def report_to(self, writer: LogWriter) -> None:
+        """Count what happens to rows after write_batch returned in `writer`'s metrics."""
+        self.on_accepted = writer.written.inc
+        self.on_dropped = writer.lost
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every batch handed to the sender was sent, spooled or dropped; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._unfinished == 0, timeout_s)
+
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the replay thread after one last replay attempt; rows left stay on disk. Idempotent."""
+        """Send (or spool) what was handed over, stop the replay thread after one last replay
+        attempt; rows left stay on disk. Idempotent."""
         if self._stop.is_set():
             return
-        self._stop.set()
+        self._stop.set()  # from here a failed send spools at once instead of backing off
         self._wake.set()
+        if self._sender is not None:
+            try:
+                self._handoff.put(None, timeout=timeout_s)  # behind the batches already handed over
+            except queue.Full:
+                log.error("store shipper's sender is stuck; the batch it holds is lost")
+            self._sender.join(timeout_s)
         self._thread.join(timeout_s)
         self.replay()
         self._live.close()
         self._backlog.close()
+
+    def _ship(self, payload: bytes, rows: int) -> int:
+        """Send one payload with retries, else spool it; rows accepted now. Raises RowsDropped."""
+        if self.store_up is not False:  # up, or not known yet: try now
+            self._sending_since_ns = time.time_ns()
+            try:
+                if self._send_with_retry(self._live, payload, ARROW_STREAM_TYPE):
+                    self.sent_rows += rows
+                    return rows
+            except _Rejected as exc:
+                raise RowsDropped("store_rejected", rows) from exc
+            finally:
+                self._sending_since_ns = None
+        self._spool(payload, rows)
+        return 0
+
+    def _send_loop(self) -> None:
+        while (item := self._handoff.get()) is not None:
+            payload, rows = item
+            try:
+                accepted = self._ship(payload, rows)
+                if accepted and self.on_accepted is not None:
+                    self.on_accepted(accepted)
+            except RowsDropped as exc:
+                if self.on_dropped is not None:
+                    self.on_dropped(exc.reason, exc.count)
+            except Exception:  # whatever fails, the rows are counted and the sender goes on
+                log.exception("shipping a request-log batch failed; %d rows dropped", rows)
+                if self.on_dropped is not None:
+                    self.on_dropped("db_error", rows)
+            finally:
+                with self._idle:
+                    self._unfinished -= 1
+                    self._idle.notify_all()
 
     # --- sending ---------------------------------------------------------------------------------
     def _post(self, client: httpx.Client, payload: bytes, content_type: str) -> bool:
@@ -296,8 +363,8 @@ class StoreShipper:
         rows = sum(entry.rows for entry in entries)
         self.spool.remove(entries)
         self.replayed_rows += rows
-        if self.on_replayed is not None:
-            self.on_replayed(rows)
+        if self.on_accepted is not None:
+            self.on_accepted(rows)
         return rows
 
     def _replay_loop(self) -> None:

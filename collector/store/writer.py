@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -102,7 +103,9 @@ class LogWriter:
             self._wake.set()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Block until every row submitted before this call has been handed to the sink.
+        """Block until every row submitted before this call has been handed to the sink, and the
+        sink has finished with it when it works behind write_batch (a pipelined StoreShipper's
+        `flush`).
 
         Returns False when that did not happen within `timeout_s` (a stuck sink, or a closed
         writer with rows left), never raises.
@@ -112,7 +115,17 @@ class LogWriter:
         marker = _Flush()
         self._queue.append(marker)
         self._wake.set()
-        return marker.event.wait(timeout_s)
+        began = time.monotonic()
+        if not marker.event.wait(timeout_s):
+            return False
+        sink_flush = getattr(self.sink, "flush", None)  # optional: only a sink that works behind has it
+        return (
+            True if sink_flush is None else bool(sink_flush(max(0.0, timeout_s - (time.monotonic() - began))))
+        )
+
+    def lost(self, reason: str, count: int) -> None:
+        """Count `count` rows the sink lost after write_batch returned (e.g. a pipelined shipper's)."""
+        self.dropped.labels(reason).inc(count)
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Write every queued row, then stop the thread; never blocks past `timeout_s`.
