@@ -37,6 +37,8 @@ class BatchSink(Protocol):
 
     `write_batch` returns how many rows its destination accepted now, None meaning all of them;
     the StoreShipper returns 0 for a batch it spooled (those count once the store accepts them).
+    A sink that goes on working after write_batch returns (a pipelined StoreShipper) also has
+    `flush(timeout_s) -> bool`, which LogWriter.flush waits on.
     """
 
     def write_batch(self, rows: Sequence[RequestRecord]) -> int | None: ...
