@@ -72,7 +72,7 @@ def _columns(rows: Rows) -> dict[str, list[Any]]:
     Records are read a column at a time by `operator.attrgetter` (2.98 ms per 5,000 records).
     Reading them a row at a time and transposing with `zip` looked faster under `timeit` (2.6
     ms), but `timeit` turns the garbage collector off: the 5,000 row tuples set it off, and with
-    it on that took 4.8-8.2 ms (BENCHMARKS.md §5e).
+    it on that took 4.8-8.2 ms (BENCHMARKS.md §2, "The garbage collector").
     """
     kinds = {type(row) for row in rows}
     if kinds == {dict}:
