@@ -165,14 +165,20 @@ def test_backlog_replays_in_merged_batches_and_metrics_rise_and_fall(tmp_path):
     assert _sample(registry, "headroom_store_up") == 1
 
 
-def test_a_rejected_merged_batch_loses_only_its_bad_file(tmp_path):
-    fake = FakeStore()
+def _spooled(tmp_path, fake: FakeStore, rows: int) -> StoreShipper:
+    """A shipper that spooled `rows` rows in batches of 10 (ids b0-…, b10-…) while `fake` was down."""
     fake.up = False
     shipper = StoreShipper(
         "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
     )
-    for start in range(0, 50, 10):
+    for start in range(0, rows, 10):
         shipper.write_batch(synthetic_rows(10, T0, prefix=f"b{start}"))
+    return shipper
+
+
+def test_a_rejected_merged_batch_loses_only_its_bad_file(tmp_path):
+    fake = FakeStore()
+    shipper = _spooled(tmp_path, fake, 50)
     fake.reject_marker = "b20-00000003"
     fake.up = True
     wait_until(lambda: not shipper.spool.files(), 20, what="the spool to drain")
@@ -252,12 +258,7 @@ def test_arrow_payloads_merge_batch_by_batch_in_order():
 def test_a_spooled_file_that_is_not_arrow_is_discarded_alone(tmp_path):
     """A damaged .arrow file cannot be merged: the others are sent one by one and arrive."""
     fake = FakeStore()
-    fake.up = False
-    shipper = StoreShipper(
-        "http://store", "t", tmp_path / "spool", transport=httpx.MockTransport(fake), **FAST
-    )
-    for start in range(0, 30, 10):
-        shipper.write_batch(synthetic_rows(10, T0, prefix=f"b{start}"))
+    shipper = _spooled(tmp_path, fake, 30)
     damaged = shipper.spool.files()[1]
     damaged.write_bytes(b"\x00" * damaged.stat().st_size)
     fake.up = True
