@@ -78,16 +78,36 @@ def _slope(states: list[dict]) -> float:
     return sum((t - mean_t) * (n - mean_n) for t, n in points) / var if var > 0 else 0.0
 
 
-def _ladder(levels: list[int], payload, watch_level: int | None = None, **flags):
-    """Run the ladder against a fresh `headroom sim`; optionally sample /sim/state while
-    `watch_level` runs (ground truth)."""
-    summaries, seen = {}, []
+def _ladder(levels: list[int], payload, **flags) -> tuple[dict, dict[int, list[dict]]]:
+    """Run the ladder against a fresh `headroom sim`: each level's summary and its /sim/state
+    samples (ground truth)."""
+    summaries, seen = {}, {}
     with sim_process(speed=SPEED, max_waiting=1000, stream_interval=8, **flags) as url:
         for concurrency in levels:
-            summaries[concurrency], states = asyncio.run(_level(url, concurrency, payload))
-            if concurrency == watch_level:
-                seen = states
+            summaries[concurrency], seen[concurrency] = asyncio.run(_level(url, concurrency, payload))
     return summaries, seen
+
+
+def _occupancy(states: list[dict]) -> float:
+    """Mean running sequences over a level's samples."""
+    return sum(s["running"] for s in states) / len(states)
+
+
+def _assert_plateau(tput: dict, seen: dict, knee: int, beyond: list[int]) -> None:
+    """Past the knee the batch stays capped at `knee` and tokens/s stays on the knee's plateau:
+    it does not fall more than 5 % (no thrashing), and it does not rise more than 5 % beyond what
+    the extra busy slots explain. At concurrency == knee a closed-loop client leaves a slot empty
+    while it turns a finished request around, longer on a loaded host (a parallel suite once
+    measured 13 of 16 slots busy and the knee 19 % under the plateau); past it the queue refills a
+    slot at once. A decode step's time is nearly flat in the batch size (weights dominate the
+    bytes read), so the knee's rate scaled by the ratio of mean running sequences is the bound."""
+    occupied = {c: _occupancy(seen[c]) for c in [knee, *beyond]}
+    for level in beyond:
+        detail = f"{tput}, mean running {occupied}"
+        assert max(s["running"] for s in seen[level]) == knee, f"the batch is capped at {knee}: {detail}"
+        assert tput[level] >= 0.95 * tput[knee], f"no fall past the knee: {detail}"
+        bound = 1.05 * tput[knee] * max(1.0, occupied[level] / occupied[knee])
+        assert tput[level] <= bound, f"no rise past the knee beyond busier slots ({bound:.1f}): {detail}"
 
 
 def _throughput(summaries: dict) -> dict[int, float]:
@@ -98,16 +118,13 @@ def _throughput(summaries: dict) -> dict[int, float]:
 def test_short_prompt_ladder_knees_at_max_num_seqs(max_num_seqs):
     levels = [1, 2, 4, 8, 16, 32] if max_num_seqs == 8 else [2, 4, 8, 16, 32, 64]
     payload = _payload("a short question", SHORT_OUTPUT)
-    summaries, _ = _ladder(levels, payload, max_num_seqs=max_num_seqs)
+    summaries, seen = _ladder(levels, payload, max_num_seqs=max_num_seqs)
     tput = _throughput(summaries)
     client = {c: round(s["output_tokens_per_s"]) for c, s in summaries.items()}
     below = [c for c in levels if c <= max_num_seqs]
     for low, high in zip(below, below[1:]):
         assert tput[high] > 1.5 * tput[low], f"tokens/s should rise to the knee: {tput} (client {client})"
-    for beyond in (c for c in levels if c > max_num_seqs):
-        assert abs(tput[beyond] / tput[max_num_seqs] - 1) <= 0.05, (
-            f"plateau within 5 %: {tput} (client {client})"
-        )
+    _assert_plateau(tput, seen, max_num_seqs, [c for c in levels if c > max_num_seqs])
     ttft = {c: s["ttft_p95_s"] for c, s in summaries.items()}
     # past the knee a request waits for a slot: about one request duration per batch-full queued
     duration_s = SHORT_OUTPUT * CostModel().step_seconds(max_num_seqs, max_num_seqs * 80) / SPEED
@@ -133,15 +150,13 @@ def test_long_prompts_knee_where_the_kv_model_predicts():
     summaries, seen = _ladder(
         [1, 2, 4, 8, 16],
         _payload(content, LONG_OUTPUT),
-        watch_level=8,
         max_num_seqs=config.max_num_seqs,
         kv_cache_tokens=config.kv_cache_tokens,
     )
     tput = _throughput(summaries)
     assert tput[2] > 1.4 * tput[1] and tput[4] > 1.4 * tput[2], f"rises to the KV knee: {tput}"
-    for beyond in (8, 16):
-        assert abs(tput[beyond] / tput[knee] - 1) <= 0.05, f"flat past the KV knee: {tput}"
-    busy = [s for s in seen if s["waiting"] > 0]
+    _assert_plateau(tput, seen, knee, [8, 16])
+    busy = [s for s in seen[8] if s["waiting"] > 0]
     running = Counter(s["running"] for s in busy)  # KV, not max_num_seqs, binds
     assert max(running) == knee and running.most_common(1)[0][0] == knee, running
     assert max(s["kv_usage_ratio"] for s in busy) > 0.9
