@@ -94,20 +94,30 @@ def _occupancy(states: list[dict]) -> float:
 
 
 def _assert_plateau(tput: dict, seen: dict, knee: int, beyond: list[int]) -> None:
-    """Past the knee the batch stays capped at `knee` and tokens/s stays on the knee's plateau:
-    it does not fall more than 5 % (no thrashing), and it does not rise more than 5 % beyond what
-    the extra busy slots explain. At concurrency == knee a closed-loop client leaves a slot empty
-    while it turns a finished request around, longer on a loaded host (a parallel suite once
-    measured 13 of 16 slots busy and the knee 19 % under the plateau); past it the queue refills a
-    slot at once. A decode step's time is nearly flat in the batch size (weights dominate the
-    bytes read), so the knee's rate scaled by the ratio of mean running sequences is the bound."""
+    """Past the knee the batch stays capped at `knee` and tokens/s stays on a plateau: the levels
+    past the knee agree within 5 % (the batch is full in each, so the rate is the engine's own),
+    none falls more than 5 % under the knee's (no thrashing), and none rises past it by anything
+    like the 1.5x a doubling gives below the knee.
+
+    The knee's own level runs a little under the plateau, by how much depends on the host: a
+    closed-loop client leaves a slot empty while it turns a finished request around (a parallel
+    suite once measured 13 of 16 slots busy and the knee 19 % under the plateau), and a step run
+    with part of a batch, while a wave of clients sends its next requests, takes nearly a full
+    step's time for fewer tokens; the 50 ms samples of /sim/state see those stretches only in
+    part (CI measured the knee 12 % under the plateau with 15.6 of 16 slots busy on average).
+    Past the knee the queue refills a slot in the same step. So the rise allowed is 20 % over the
+    knee's rate scaled by the ratio of mean running sequences; a knee one doubling later would
+    rise ~2x."""
     occupied = {c: _occupancy(seen[c]) for c in [knee, *beyond]}
+    detail = f"{tput}, mean running {occupied}"
     for level in beyond:
-        detail = f"{tput}, mean running {occupied}"
         assert max(s["running"] for s in seen[level]) == knee, f"the batch is capped at {knee}: {detail}"
         assert tput[level] >= 0.95 * tput[knee], f"no fall past the knee: {detail}"
-        bound = 1.05 * tput[knee] * max(1.0, occupied[level] / occupied[knee])
+        bound = 1.2 * tput[knee] * max(1.0, occupied[level] / occupied[knee])
         assert tput[level] <= bound, f"no rise past the knee beyond busier slots ({bound:.1f}): {detail}"
+    plateau = tput[beyond[0]]
+    for level in beyond[1:]:
+        assert abs(tput[level] / plateau - 1) <= 0.05, f"the plateau is flat within 5 %: {detail}"
 
 
 def _throughput(summaries: dict) -> dict[int, float]:
