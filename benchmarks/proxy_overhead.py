@@ -23,6 +23,11 @@ TTFT is also reported over the *clean* requests only (`clean_*`): those whose in
 sending to first token touched no second in which the host stole more than --max-steal percent
 of the CPUs (/proc/stat; benchmarks/_common.StealSampler). Every target loses its stolen
 seconds alike, so what a proxy adds in them is its own, not the host's.
+
+Under the table, each flood target of the sidecar (chunk rate >= 0.95x the pass-through's, CPU
+per chunk <= 1.2x, vLLM-style >= 0.98x plain) gets a verdict from its per-round ratios: the
+median with a 95 % distribution-free interval, `met` or `missed` only when the whole interval
+is on one side of the target, else `undecided` (benchmarks/_verdict.py).
 """
 
 from __future__ import annotations
@@ -38,9 +43,13 @@ from dataclasses import dataclass, field
 
 from _common import PYTHON, StealSampler, cpu_seconds, free_port, rss_mib, start
 from _load import drive_for, percentile_ms
+from _verdict import describe
 from litellm_target import start_litellm
 
 ACCOUNTED = "/v1/chat/completions"
+RATE_TARGET = 0.95  # chunk rate at flood, against the pass-through's in the same round
+CPU_TARGET = 1.2  # CPU per chunk, likewise
+STYLE_TARGET = 0.98  # vLLM-style streams against plain ones through headroom
 
 
 @dataclass
@@ -222,7 +231,33 @@ def by_round(runs: dict[str, list]) -> dict[str, dict]:
             "over_passthrough_by_round": sorted(round(x, 3) for x in rates),
             "cpu_over_passthrough_by_round": sorted(round(x, 2) for x in cpus),
         }
+        if rates:  # the issue's targets, decided on the rounds (benchmarks/_verdict.py)
+            out[key]["rate_verdict"] = describe(rates, at_least=RATE_TARGET)
+        if cpus:
+            out[key]["cpu_verdict"] = describe(cpus, at_most=CPU_TARGET)
+    if "headroom/vllm" in runs:  # each round's vLLM-style stream against the plain one beside it
+        styles = [
+            v["chunks_per_s"] / p["chunks_per_s"]
+            for v, p in zip(runs["headroom/vllm"], runs["headroom/plain"])
+        ]
+        out["headroom/vllm"]["over_plain_by_round"] = sorted(round(x, 3) for x in styles)
+        out["headroom/vllm"]["style_verdict"] = describe(styles, at_least=STYLE_TARGET)
     return out
+
+
+def verdicts(results: list[dict]) -> str:
+    """The verdict lines under the table: each flood target decided on its rounds, or undecided."""
+    lines = []
+    for result in results:
+        if result["pace"] != "flood":
+            continue
+        for key, row in sorted(result["compare"].items()):
+            for name in ("rate_verdict", "cpu_verdict", "style_verdict"):
+                if name in row:
+                    lines.append(
+                        f"{result['streams']} streams flood, {key}, {name.split('_')[0]}: {row[name]}"
+                    )
+    return "\n".join(lines)
 
 
 def table(results: list[dict]) -> str:
@@ -302,6 +337,7 @@ def main() -> None:
         }
         print(json.dumps({"results": results, "rss_mib": rss, "steal": steal}, indent=2))
         print(table(results), file=sys.stderr)
+        print(verdicts(results), file=sys.stderr)
     finally:
         for process in [upstream_process] + [t.process for t in targets if t.process]:
             process.terminate()
