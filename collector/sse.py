@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import orjson
 
 from collector.tokens import CHARS_PER_TOKEN, tokens_for_characters
@@ -236,19 +237,55 @@ def inspect_event(event: bytes, keep_chunk: bool = True) -> ChunkInfo | None:
     return _read_chunk(chunk, keep_chunk)
 
 
+class _Delta(msgspec.Struct):
+    """The fields of a choice's `delta` that carry tokens; every other field is skipped unread."""
+
+    content: Any = None
+    reasoning: Any = None  # vLLM >= 0.9 (and it may send both, synced: counted once)
+    reasoning_content: Any = None
+    tool_calls: Any = None
+    function_call: Any = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+    text: Any = None  # /v1/completions
+
+
+class _Plain(msgspec.Struct):
+    """A plain chunk: `choices` is a list of objects and `usage` is absent or null."""
+
+    choices: list[_Choice]
+    usage: None = None
+
+
+_PLAIN_ONE = msgspec.json.Decoder(_Plain)
+_PLAIN_MANY = msgspec.json.Decoder(list[_Plain])
+
+
 def plain_tokens(complete: bytes) -> int | None:
     """The tokens in a read of plain chunks, read in one parse; None when it holds anything else.
 
     `complete` is what `EventSplitter.take` returned for "\\n\\n"-terminated events. A plain
-    chunk is one `data:` line holding a JSON object with a `choices` list, and no `usage` (or
-    `"usage":null`) and no error: nearly every event of every stream. The events' payloads are
+    chunk is one `data:` line holding a JSON object with a `choices` list of objects, and no
+    `usage` (or `"usage":null`): nearly every event of every stream. The events' payloads are
     joined into one JSON array (each boundary "\\n\\ndata: " becomes a comma: a JSON string cannot
-    hold a raw newline, so a boundary is never inside one) and parsed once, which costs a third
-    of reading them one by one (BENCHMARKS.md, relay path). Anything else (a comment, an `id:`
-    or `event:` field, multi-line data, `[DONE]`, a usage or error chunk, bad JSON, "\\r\\n"
-    terminators) gives None, and the caller reads that read's events one by one with
-    `inspect_event`. So does a read whose joined payloads parse but into a different number of
-    values than it has events: payloads that are not JSON on their own but would be joined.
+    hold a raw newline, so a boundary is never inside one) and parsed once, by a decoder that
+    builds only the fields that carry tokens (`_Plain`) and skips the rest (id, model, created,
+    timings: most of a chunk) without making a Python object of them; that costs about half of
+    building every field (BENCHMARKS.md §2, "One parse that builds only the token fields").
+    Anything else (a comment, an `id:` or `event:` field, multi-line data, `[DONE]`, a usage or
+    error chunk, a field of another type than a plain chunk has, bad JSON, "\\r\\n" terminators)
+    gives None, and the caller reads that read's events one by one with `inspect_event`, which
+    is the reference: whatever this returns, it returns too (tests/test_sidecar_units.py checks
+    that on generated chunks). So does a read whose joined payloads parse but into a different
+    number of values than it has events.
+
+    The decoder checks the JSON of the fields it skips, but not their UTF-8, so a read that is
+    not ASCII is checked as UTF-8 first (`bytes.isascii` costs a few ns a read; the check, only
+    for text in other scripts, about what copying the read would). One difference is left: a
+    number past a double's range (`1e400`), which orjson refuses as malformed, this decoder
+    reads as infinity in a field it skips.
 
     >>> plain_tokens(b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\\n\\n' * 2)
     4
@@ -263,32 +300,45 @@ def plain_tokens(complete: bytes) -> int | None:
         return None
     if not complete.endswith(b"\n\n") or complete.endswith(b"[DONE]\n\n"):  # "\r\n\r\n"; the end
         return None
+    if not complete.isascii():
+        try:
+            complete.decode()
+        except UnicodeDecodeError:
+            return None  # inspect_event says MALFORMED
     count = complete.count(b"\n\n")
     try:
         if count == 1:
-            chunks = (orjson.loads(complete[start:]),)  # a copy parses faster than a memoryview
+            chunks: list[_Plain] | tuple[_Plain] = (_PLAIN_ONE.decode(complete[start:]),)
         else:
-            chunks = orjson.loads(b"[" + complete[start:-2].replace(boundary, b",") + b"]")
+            chunks = _PLAIN_MANY.decode(b"[" + complete[start:-2].replace(boundary, b",") + b"]")
             if len(chunks) != count:
                 return None
-    except orjson.JSONDecodeError:
+    except msgspec.DecodeError:  # bad JSON, or not a plain chunk (ValidationError is one)
         return None
     tokens = 0
     for chunk in chunks:
-        if type(chunk) is not dict:
-            return None
-        choices = chunk.get("choices")
-        if type(choices) is not list or chunk.get("usage") is not None:
-            return None  # an error, or a usage chunk: read one by one
-        for choice in choices:
-            if type(choice) is not dict:
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta is None:
+                text = choice.text
+                tokens += tokens_for_characters(len(text)) if type(text) is str else 0
                 continue
-            # the common delta, `_delta_tokens` inlined: text content and no reasoning field
-            delta = choice.get("delta")
-            if type(delta) is dict and "reasoning" not in delta and "reasoning_content" not in delta:
-                content = delta.get("content")
-                if type(content) is str and content:
-                    tokens += len(content) // CHARS_PER_TOKEN or 1
-                    continue
-            tokens += _delta_tokens(choice)
+            content = delta.content
+            # the common delta: text content and no reasoning field (`_delta_tokens`'s rule inlined)
+            if (
+                type(content) is str
+                and content
+                and delta.reasoning is None
+                and delta.reasoning_content is None
+            ):
+                tokens += len(content) // CHARS_PER_TOKEN or 1
+                continue
+            text_len = len(content) if type(content) is str else 0
+            reasoning = delta.reasoning_content or delta.reasoning
+            if type(reasoning) is str:
+                text_len += len(reasoning)
+            if text_len:
+                tokens += tokens_for_characters(text_len)
+            elif delta.tool_calls or delta.function_call:
+                tokens += 1
     return tokens

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from collector.sidecar.proxy import CompletionsProxy
@@ -140,6 +143,74 @@ def test_a_read_of_plain_chunks_is_read_in_one_parse_and_anything_else_is_left_t
     body = capture[: capture.index(b'"usage"')]
     body = body[: body.rindex(b"\n\n") + 2]  # the plain chunks of the real llama.cpp stream
     assert plain_tokens(body) == _one_by_one(body) and plain_tokens(body) > 250
+
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.sampled_from(["id", "x"]), st.text(max_size=4), max_size=2),
+)
+# what a chunk's token-bearing fields may hold: mostly text, sometimes anything
+_field = st.one_of(st.text(max_size=12), st.text(max_size=12), _values)
+_deltas = st.fixed_dictionaries(
+    {},
+    optional={
+        name: _field for name in ("content", "reasoning", "reasoning_content", "tool_calls", "function_call")
+    }
+    | {"role": st.just("assistant")},
+)
+_choices = st.one_of(
+    st.fixed_dictionaries({"index": st.integers(0, 3), "delta": _deltas}),
+    st.fixed_dictionaries({"index": st.integers(0, 3), "delta": _deltas, "finish_reason": st.none()}),
+    st.fixed_dictionaries({"text": _field}),
+    st.dictionaries(st.sampled_from(["delta", "text", "finish_reason"]), _values, max_size=3),
+    _values,
+)
+_chunks = st.fixed_dictionaries(
+    {
+        "choices": st.one_of(
+            st.lists(_choices, min_size=1, max_size=3), st.lists(_choices, max_size=3), _values
+        )
+    },
+    optional={
+        "id": st.text(max_size=8),
+        "model": _values,
+        "usage": st.one_of(st.none(), st.none(), st.just({"completion_tokens": 2})),
+        "timings": _values,
+    },
+)
+
+
+@given(st.lists(_chunks, min_size=1, max_size=6), st.booleans())
+@settings(max_examples=600, deadline=None, database=None)
+def test_the_one_parse_reads_any_chunks_as_the_event_by_event_reading_does(chunks, ascii_only):
+    complete = b"".join(
+        b"data: " + json.dumps(chunk, ensure_ascii=ascii_only).encode() + b"\n\n" for chunk in chunks
+    )
+    fast = plain_tokens(complete)
+    assert fast is None or fast == _one_by_one(complete), complete
+    if all(
+        type(c["choices"]) is list and all(type(x) is dict and _typed(x) for x in c["choices"])
+        for c in chunks
+    ):
+        if all(c.get("usage") is None for c in chunks):
+            assert fast == _one_by_one(complete)  # every read of plain chunks takes the fast path
+
+
+def _typed(choice: dict) -> bool:
+    """A choice the one parse accepts: an object `delta` or none (text is read whatever it is)."""
+    return "delta" not in choice or choice["delta"] is None or type(choice["delta"]) is dict
+
+
+def test_invalid_utf8_in_a_field_nobody_reads_is_still_malformed():
+    event = b'data: {"id":"\xff\xfe","choices":[{"delta":{"content":"abcd"}}]}\n\n'
+    assert plain_tokens(event) is None and inspect_event(event[:-2]) is MALFORMED
+    utf8 = 'data: {"id":"\u00e9","choices":[{"delta":{"content":"\u00e9t\u00e9s"}}]}\n\n'.encode()
+    assert plain_tokens(utf8 * 2) == 2 == _one_by_one(utf8 * 2)
 
 
 def test_malformed_and_non_object_chunks():
