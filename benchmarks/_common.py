@@ -58,6 +58,21 @@ def start(
     raise RuntimeError(f"{args} did not answer at {url} within {timeout_s} s")
 
 
+def checkout_env(pythonpath: str | None = None) -> dict[str, str]:
+    """The environment for a target that must import `collector` from `pythonpath` (another
+    checkout) or, without one, from this checkout's install.
+
+    PYTHONSAFEPATH=1 matters: `python -m` puts the working directory, which start() sets to this
+    checkout, *before* PYTHONPATH on sys.path, so without it `env PYTHONPATH=/tmp/before python -m
+    collector.cli` runs this checkout's code. A/B runs made that way before 2026-12-03 compared a
+    build with itself (BENCHMARKS.md §2, "A/B runs that compared a build with itself").
+    """
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
 def rss_mib(pid: int) -> float:
     """Resident memory of a process in MiB (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -41,7 +41,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from _common import PYTHON, StealSampler, cpu_seconds, free_port, rss_mib, start
+from _common import PYTHON, StealSampler, checkout_env, cpu_seconds, free_port, rss_mib, start
 from _load import drive_for, percentile_ms
 from _verdict import describe
 from litellm_target import start_litellm
@@ -86,9 +86,11 @@ def _headroom(upstream: str) -> tuple[str, subprocess.Popen]:
 
 
 def _command(template: str, upstream: str) -> tuple[str, subprocess.Popen]:
+    """An --extra-target; `env PYTHONPATH=CHECKOUT {python} -m ...` imports that checkout's code
+    (checkout_env: without PYTHONSAFEPATH, `-m` would import this checkout's)."""
     port = free_port()
     args = [part.format(port=port, upstream=upstream, python=PYTHON) for part in template.split()]
-    return f"http://127.0.0.1:{port}", start(args, f"http://127.0.0.1:{port}/healthz")
+    return f"http://127.0.0.1:{port}", start(args, f"http://127.0.0.1:{port}/healthz", env=checkout_env())
 
 
 def start_targets(args, upstream: str, upstream_process: subprocess.Popen) -> list[Target]:

@@ -4,6 +4,13 @@
     python benchmarks/thread_cpu.py --streams 256 --pace-ms 0        # a flood
     git worktree add /tmp/before 97cf110
     python benchmarks/thread_cpu.py --against /tmp/before --rounds 3 # that checkout's code, alternated
+    python benchmarks/thread_cpu.py --against /tmp/before --rounds 8 --pace-ms 0 --seconds 5
+
+With --against, the last line is this build's CPU per chunk over the other's, round by round:
+the median with its 95 % interval (benchmarks/_verdict.py), "met" for <= 1.0 when this build is
+cheaper in the whole interval. Each round starts both builds afresh, so the interval also holds
+what differs from one process to the next (memory layout, hash seeds), which a run that keeps
+one process per build for all its rounds cannot see.
 
 At a paced load the work is fixed (streams x tokens/s chunks, one per upstream read), so CPU per
 chunk compares two builds more steadily than a flood's chunk rate, which moves with the host's
@@ -25,8 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import free_port, start
+from _common import checkout_env, free_port, start
 from _load import drive_for
+from _verdict import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -51,7 +59,7 @@ def one_round(pythonpath: str | None, streams: int, pace_ms: int, seconds: float
     upstream = start(
         [PYTHON, "benchmarks/sse_upstream.py", str(upstream_port)], f"http://127.0.0.1:{upstream_port}/"
     )
-    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
+    env = checkout_env(pythonpath)
     db = Path(tempfile.mkdtemp()) / "bench.duckdb"
     sidecar = start(
         [
@@ -115,6 +123,15 @@ def main() -> None:
                 file=sys.stderr,
             )
     print(json.dumps({"streams": args.streams, "pace_ms": args.pace_ms, "runs": runs}, indent=2))
+    if args.against:  # each round's two builds, started afresh seconds apart: their ratio
+        ratios = [_us_per_chunk(a) / _us_per_chunk(b) for a, b in zip(runs["this"], runs["against"])]
+        print(
+            f"this / against, CPU per chunk (all threads): {describe(ratios, at_most=1.0)}", file=sys.stderr
+        )
+
+
+def _us_per_chunk(run: dict) -> float:
+    return sum(thread["us_per_chunk"] for thread in run["threads"])
 
 
 if __name__ == "__main__":
