@@ -9,6 +9,7 @@ need is one rule: an event ends at a blank line (WHATWG HTML §9.2.6); engines u
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,8 +260,7 @@ class _Plain(msgspec.Struct):
     usage: None = None
 
 
-_PLAIN_ONE = msgspec.json.Decoder(_Plain)
-_PLAIN_MANY = msgspec.json.Decoder(list[_Plain])
+_PLAIN = msgspec.json.Decoder(_Plain)
 
 
 def plain_tokens(complete: bytes) -> int | None:
@@ -269,8 +269,8 @@ def plain_tokens(complete: bytes) -> int | None:
     `complete` is what `EventSplitter.take` returned for "\\n\\n"-terminated events. A plain
     chunk is one `data:` line holding a JSON object with a `choices` list of objects, and no
     `usage` (or `"usage":null`): nearly every event of every stream. The events' payloads are
-    joined into one JSON array (each boundary "\\n\\ndata: " becomes a comma: a JSON string cannot
-    hold a raw newline, so a boundary is never inside one) and parsed once, by a decoder that
+    made one JSON value a line (each boundary "\\n\\ndata: " becomes a newline: a JSON string
+    cannot hold a raw newline, so a boundary is never inside one) and parsed once, by a decoder that
     builds only the fields that carry tokens (`_Plain`) and skips the rest (id, model, created,
     timings: most of a chunk) without making a Python object of them; that costs about half of
     building every field (BENCHMARKS.md §2, "One parse that builds only the token fields").
@@ -278,8 +278,8 @@ def plain_tokens(complete: bytes) -> int | None:
     error chunk, a field of another type than a plain chunk has, bad JSON, "\\r\\n" terminators)
     gives None, and the caller reads that read's events one by one with `inspect_event`, which
     is the reference: whatever this returns, it returns too (tests/test_sidecar_units.py checks
-    that on generated chunks). So does a read whose joined payloads parse but into a different
-    number of values than it has events.
+    that on generated chunks). So does a read with other newlines than two after each event's
+    one line: an event of several lines, or payloads that are not JSON alone but parse together.
 
     The decoder checks the JSON of the fields it skips, but not their UTF-8, so a read that is
     not ASCII is checked as UTF-8 first (`bytes.isascii` costs a few ns a read; the check, only
@@ -305,14 +305,14 @@ def plain_tokens(complete: bytes) -> int | None:
             complete.decode()
         except UnicodeDecodeError:
             return None  # inspect_event says MALFORMED
-    count = complete.count(b"\n\n")
-    try:
-        if count == 1:
-            chunks: list[_Plain] | tuple[_Plain] = (_PLAIN_ONE.decode(complete[start:]),)
-        else:
-            chunks = _PLAIN_MANY.decode(b"[" + complete[start:-2].replace(boundary, b",") + b"]")
-            if len(chunks) != count:
-                return None
+    newlines = complete.count(b"\n")
+    try:  # (a copy parses faster than a memoryview at these sizes)
+        if newlines == 2:  # one event (each read of a paced stream)
+            chunks: Sequence[_Plain] = (_PLAIN.decode(complete[start:]),)
+        else:  # one JSON value a line
+            chunks = _PLAIN.decode_lines(complete[start:].replace(boundary, b"\n"))
+            if 2 * len(chunks) != newlines:
+                return None  # an event of several lines, or payloads that parse only together
     except msgspec.DecodeError:  # bad JSON, or not a plain chunk (ValidationError is one)
         return None
     tokens = 0

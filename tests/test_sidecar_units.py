@@ -206,6 +206,13 @@ def _typed(choice: dict) -> bool:
     return "delta" not in choice or choice["delta"] is None or type(choice["delta"]) is dict
 
 
+def test_an_event_of_more_than_one_line_or_value_is_left_to_the_event_by_event_reading():
+    split = b'data: {"choices":[{"delta":{"content":"abcd"}}]\n}\n\n'  # the SSE line ends at the newline
+    assert plain_tokens(split) is None
+    assert plain_tokens(_PLAIN + split + _PLAIN) is None
+    assert plain_tokens(b'data: {"choices":[]} {"choices":[]}\n\n') is None  # two values, one event
+
+
 def test_invalid_utf8_in_a_field_nobody_reads_is_still_malformed():
     event = b'data: {"id":"\xff\xfe","choices":[{"delta":{"content":"abcd"}}]}\n\n'
     assert plain_tokens(event) is None and inspect_event(event[:-2]) is MALFORMED
