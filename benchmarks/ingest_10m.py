@@ -38,6 +38,7 @@ from _common import PYTHON, free_port, start
 from prometheus_client import CollectorRegistry
 from store_query_10m import generate
 
+from collector.sidecar.wiring import SIDECAR_STORE_THREADS
 from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_ipc
 from collector.store.shipper import StoreShipper
 from collector.store.writer import LogWriter
@@ -237,7 +238,7 @@ def main() -> None:
     try:
         if args.base:
             shutil.copy(args.base, db)
-        store = RequestStore(db)
+        store = RequestStore(db, threads=SIDECAR_STORE_THREADS)  # as `headroom run` opens its own
         if store.count() < args.rows:
             print(f"generated {args.rows:,} rows in {generate(store, args.rows):.1f} s")
         print(f"table holds {store.count():,} rows; batches of {args.batch_rows:,}")

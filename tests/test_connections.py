@@ -21,7 +21,7 @@ from collector.serving import serve_in_thread
 from collector.sidecar.app import YOUNG_COLLECTION_THRESHOLD
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.server import raise_file_limit, uvicorn_options
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import SIDECAR_STORE_THREADS, build_sidecar
 
 IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60
 
@@ -183,5 +183,16 @@ def test_a_started_sidecar_collects_young_garbage_in_large_steps_with_start_up_f
         try:
             assert gc.get_threshold()[0] == YOUNG_COLLECTION_THRESHOLD > 700
             assert gc.get_freeze_count() > 10_000  # the imports and the app, at least
+        finally:
+            handle.stop()
+
+
+def test_the_sidecars_own_store_takes_one_duckdb_thread_whatever_the_cores(tmp_path):
+    """DuckDB's default is a thread per core; beside a proxy its inserts take one (BENCHMARKS.md §5f)."""
+    with FakeUpstream() as fake:
+        app, handle = _guarded(tmp_path, fake)
+        try:
+            store = app.state.writer.sink
+            assert store.query("SELECT current_setting('threads')")[0][0] == SIDECAR_STORE_THREADS == 1
         finally:
             handle.stop()

@@ -49,6 +49,8 @@ from collector.store.writer import BatchSink, LogWriter
 
 __all__ = ["build_sidecar"]
 
+SIDECAR_STORE_THREADS = 1  # DuckDB threads of the in-process store (RequestStore: why)
+
 
 def build_sidecar(
     config: SidecarConfig,
@@ -136,10 +138,11 @@ def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
 
 
 def _own_store(config: SidecarConfig) -> RequestStore | None:
-    """The in-process store: a DuckDB file this sidecar alone owns (not with --store-url)."""
+    """The in-process store: a DuckDB file this sidecar alone owns (not with --store-url), on one
+    of DuckDB's threads (the proxy keeps the other cores)."""
     if config.store_url or not config.db_path:
         return None
-    return RequestStore(config.db_path)
+    return RequestStore(config.db_path, threads=SIDECAR_STORE_THREADS)
 
 
 def _shipper(config: SidecarConfig) -> StoreShipper | None:

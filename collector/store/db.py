@@ -209,7 +209,12 @@ class RequestStore:
     """Owns a DuckDB connection; thread-safe through one lock (DuckDB connections are not)."""
 
     def __init__(
-        self, path: str | Path = ":memory:", *, read_only: bool = False, checkpoint_mb: int | None = None
+        self,
+        path: str | Path = ":memory:",
+        *,
+        read_only: bool = False,
+        checkpoint_mb: int | None = None,
+        threads: int | None = None,
     ) -> None:
         """Open (or create and migrate) the request log at `path`.
 
@@ -218,6 +223,10 @@ class RequestStore:
         between folds, so fewer folds take batches faster; the rows of an unfolded log stay in
         memory meanwhile.
         The store service raises it, a sidecar keeps the default (BENCHMARKS.md §5c).
+
+        `threads`: DuckDB's worker threads for this database (DuckDB's default: one per core).
+        A sidecar's store takes one, leaving the other cores to the proxy; on 2 cores its inserts
+        were faster too, 8.3-8.7 against 10.0-10.5 ms per 5,000 rows into 10 M (BENCHMARKS.md §5f).
         """
         self.path = str(path)
         new = self.path != ":memory:" and not Path(self.path).exists()
@@ -230,6 +239,8 @@ class RequestStore:
         self.migrated_from = None if read_only else migrate(self._con)
         if checkpoint_mb is not None and not read_only:
             self._con.execute("SET checkpoint_threshold = ?", [f"{int(checkpoint_mb)}MB"])
+        if threads is not None:
+            self._con.execute("SET threads = ?", [int(threads)])
         self._newest = _newest_for(self.path, self)
         with self._newest.lock:  # the file may have changed since a store of it last looked
             self._newest.value = _UNKNOWN
