@@ -4,7 +4,9 @@
     python benchmarks/ingest_10m.py --rows 200000      # a quick run on a small table
 
 Three ways in, each measured over --batches batches of --batch-rows new rows (sidecar-shaped
-rows: 28 columns, four timestamps, every column set as the tracker sets it):
+rows: 28 columns, four timestamps, every column set as the tracker sets it; RequestRecords, as
+the tracker submits them, on the in-process paths and the shipper's; the in-process store on one
+DuckDB thread, as `headroom run` opens it):
 
 * `insert_rows`: RequestStore.insert_rows, the one insert path (Arrow in bulk, duplicates left
   out by an anti-join over the batch's admitted_at span, the count DuckDB returns), on a file-backed store;
@@ -38,6 +40,7 @@ from _common import PYTHON, free_port, start
 from prometheus_client import CollectorRegistry
 from store_query_10m import generate
 
+from collector.record import RequestRecord
 from collector.sidecar.wiring import SIDECAR_STORE_THREADS
 from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_ipc
 from collector.store.shipper import StoreShipper
@@ -96,7 +99,7 @@ def _rate(rows: int, seconds: float) -> str:
     return f"{rows:>9,} rows in {seconds:6.2f} s = {rows / seconds:>9,.0f} rows/s"
 
 
-def bench_insert_rows(store: RequestStore, batches: list[list[dict]]) -> None:
+def bench_insert_rows(store: RequestStore, batches: list[list[RequestRecord]]) -> None:
     began = time.perf_counter()
     inserted = sum(store.insert_rows(batch) for batch in batches)
     seconds = time.perf_counter() - began
@@ -105,7 +108,7 @@ def bench_insert_rows(store: RequestStore, batches: list[list[dict]]) -> None:
 
 
 def _submit_all(
-    writer: LogWriter, registry: CollectorRegistry, batches: list[list[dict]]
+    writer: LogWriter, registry: CollectorRegistry, batches: list[list[RequestRecord]]
 ) -> tuple[int, float]:
     """Every row submitted, then flushed: (rows written, seconds from the first submit)."""
     began = time.perf_counter()
@@ -117,7 +120,7 @@ def _submit_all(
     return int(registry.get_sample_value("headroom_log_rows_written_total") or 0), seconds
 
 
-def bench_log_writer(store: RequestStore, batches: list[list[dict]], batch_rows: int) -> None:
+def bench_log_writer(store: RequestStore, batches: list[list[RequestRecord]], batch_rows: int) -> None:
     registry = CollectorRegistry()
     writer = LogWriter(store, registry, max_queue_rows=sum(map(len, batches)) + 1, batch_rows=batch_rows)
     written, seconds = _submit_all(writer, registry, batches)
@@ -136,7 +139,7 @@ def _post_all(client: httpx.Client, payloads: list[bytes], content_type: str) ->
 
 
 def bench_shipped_writer(
-    url: str, token: str, spool: Path, batches: list[list[dict]], batch_rows: int
+    url: str, token: str, spool: Path, batches: list[list[RequestRecord]], batch_rows: int
 ) -> str:
     """The sidecar's writer shipping to the store: submit() until the store accepted every row."""
     registry = CollectorRegistry()
@@ -155,7 +158,7 @@ def bench_store_service(
     db: Path,
     batches: list[list[dict]],
     json_batches: list[list[dict]],
-    shipped_batches: list[list[dict]],
+    shipped_batches: list[list[RequestRecord]],
     checkpoint_mb: int | None,
 ) -> None:
     port, token = free_port(), "bench-token"
@@ -246,11 +249,14 @@ def main() -> None:
         def batches(prefix: str) -> list[list[dict]]:
             return [sample_rows(args.batch_rows, f"{prefix}{b}") for b in range(args.batches)]
 
-        bench_insert_rows(store, batches("insert"))
-        bench_log_writer(store, batches("writer"), args.batch_rows)
+        def records(prefix: str) -> list[list[RequestRecord]]:  # what the tracker submits
+            return [[RequestRecord(**row) for row in batch] for batch in batches(prefix)]
+
+        bench_insert_rows(store, records("insert"))
+        bench_log_writer(store, records("writer"), args.batch_rows)
         store.close()
         bench_store_service(
-            db, batches("service"), batches("json"), batches("shipped"), args.store_checkpoint_mb
+            db, batches("service"), batches("json"), records("shipped"), args.store_checkpoint_mb
         )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
