@@ -148,17 +148,25 @@ _TOKENS_ONLY = tuple(ChunkInfo(tokens) for tokens in range(64))
 def _delta_tokens(choice: dict[str, Any]) -> int:
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        content = delta.get("content")
-        text_len = len(content) if isinstance(content, str) else 0
-        # vLLM >= 0.9 names it `reasoning` (and may send both, synced): count it once
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(reasoning, str):
-            text_len += len(reasoning)
-        if text_len:
-            return tokens_for_characters(text_len)
-        return 1 if delta.get("tool_calls") or delta.get("function_call") else 0
+        tool_call = delta.get("tool_calls") or delta.get("function_call")
+        return _delta_rule(
+            delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning"), tool_call
+        )
     text = choice.get("text")  # /v1/completions
     return tokens_for_characters(len(text)) if isinstance(text, str) else 0
+
+
+def _delta_rule(content: Any, reasoning_content: Any, reasoning: Any, tool_call: Any) -> int:
+    """A delta's tokens from its fields, whichever parse read them: its text (content and
+    reasoning), else 1 for a tool call. Example: ("abcd", None, "abcdefgh", None) -> 3."""
+    text_len = len(content) if isinstance(content, str) else 0
+    # vLLM >= 0.9 names it `reasoning` (and may send both, synced): count it once
+    reasoning = reasoning_content or reasoning
+    if isinstance(reasoning, str):
+        text_len += len(reasoning)
+    if text_len:
+        return tokens_for_characters(text_len)
+    return 1 if tool_call else 0
 
 
 def _fields(event: bytes) -> tuple[bytes | None, bool]:
@@ -334,12 +342,6 @@ def plain_tokens(complete: bytes) -> int | None:
             ):
                 tokens += len(content) // CHARS_PER_TOKEN or 1
                 continue
-            text_len = len(content) if type(content) is str else 0
-            reasoning = delta.reasoning_content or delta.reasoning
-            if type(reasoning) is str:
-                text_len += len(reasoning)
-            if text_len:
-                tokens += tokens_for_characters(text_len)
-            elif delta.tool_calls or delta.function_call:
-                tokens += 1
+            tool_call = delta.tool_calls or delta.function_call
+            tokens += _delta_rule(content, delta.reasoning_content, delta.reasoning, tool_call)
     return tokens
