@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from support.sidecar import live_gauges, sidecar_rig, wait_until
+from support.strategies import json_scalars
 
 PATH = "/v1/chat/completions"
 FUZZ = settings(
@@ -23,13 +24,7 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
-_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20),
-)
+_scalars = json_scalars(max_text=20)
 _json = st.recursive(
     _scalars,
     lambda inner: st.one_of(

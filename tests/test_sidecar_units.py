@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from support.strategies import json_scalars
 
 from collector.sidecar.proxy import CompletionsProxy
 from collector.sidecar.relay import ClientChannel, Ending, client_closing
@@ -146,11 +147,7 @@ def test_a_read_of_plain_chunks_is_read_in_one_parse_and_anything_else_is_left_t
 
 
 _values = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=12),
+    json_scalars(max_text=12),
     st.lists(st.integers(), max_size=2),
     st.dictionaries(st.sampled_from(["id", "x"]), st.text(max_size=4), max_size=2),
 )
