@@ -183,7 +183,7 @@ _chunks = st.fixed_dictionaries(
 
 
 @given(st.lists(_chunks, min_size=1, max_size=6), st.booleans())
-@settings(max_examples=600, deadline=None, database=None)
+@settings(max_examples=600, deadline=None, database=None, derandomize=True)
 def test_the_one_parse_reads_any_chunks_as_the_event_by_event_reading_does(chunks, ascii_only):
     complete = b"".join(
         b"data: " + json.dumps(chunk, ensure_ascii=ascii_only).encode() + b"\n\n" for chunk in chunks
@@ -196,6 +196,14 @@ def test_the_one_parse_reads_any_chunks_as_the_event_by_event_reading_does(chunk
     ):
         if all(c.get("usage") is None for c in chunks):
             assert fast == _one_by_one(complete)  # every read of plain chunks takes the fast path
+
+
+@given(st.lists(_deltas, min_size=1, max_size=3))
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+def test_any_delta_of_a_plain_chunk_counts_as_the_event_by_event_reading_counts_it(deltas):
+    """Every read here is plain, so the one parse must take it: each field's rule is exercised."""
+    event = b"data: " + json.dumps({"choices": [{"index": 0, "delta": d} for d in deltas]}).encode() + b"\n\n"
+    assert plain_tokens(event) == _one_by_one(event) is not None, event
 
 
 def _typed(choice: dict) -> bool:
