@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,9 @@ ACCOUNTED = "/v1/chat/completions"
 RATE_TARGET = 0.95  # chunk rate at flood, against the pass-through's in the same round
 CPU_TARGET = 1.2  # CPU per chunk, likewise
 STYLE_TARGET = 0.98  # vLLM-style streams against plain ones through headroom
+# the other two processes on the box, charged per chunk too: on 2 cores what a proxy costs them
+# (reads, writes, wake-ups) is chunk rate lost as surely as its own CPU
+SIDES: dict[str, int] = {}  # "upstream", "client" -> pid; set in main
 
 
 @dataclass
@@ -135,16 +139,24 @@ def measure(target: Target, streams: int, pace: str, style: str, seconds: float)
         "x-style": style,
     }
     pid = target.process.pid if target.process else None
-    cpu = {"start": cpu_seconds(pid) if pid else 0.0}
-    at_deadline = lambda: cpu.__setitem__("end", cpu_seconds(pid) if pid else 0.0)  # noqa: E731
+    pids = {"proxy": pid, **SIDES}
+
+    def read() -> dict[str, float]:
+        return {name: cpu_seconds(p) if p else 0.0 for name, p in pids.items()}
+
+    cpu = {"start": read()}
+    at_deadline = lambda: cpu.__setitem__("end", read())  # noqa: E731
     result = asyncio.run(drive_for(target.url + ACCOUNTED, streams, seconds, headers, at_deadline))
-    cpu_s = cpu["end"] - cpu["start"]
+    spent = {name: cpu["end"][name] - cpu["start"][name] for name in pids}
+    cpu_s = spent["proxy"]
+    chunks = max(1, result.token_chunks)
     return {
+        **{f"{name}_cpu_us_per_chunk": spent[name] / chunks * 1e6 for name in SIDES},
         "chunks_per_s": result.chunks_per_s,
         "ttft_s": result.ttft_s,
         "ttft_at": result.ttft_at,
         "failed": result.failed,
-        "cpu_us_per_chunk": cpu_s / max(1, result.token_chunks) * 1e6 if pid else None,
+        "cpu_us_per_chunk": cpu_s / chunks * 1e6 if pid else None,
     }
 
 
@@ -159,8 +171,15 @@ def summarise(runs: list[dict], steal: StealSampler | None = None, max_steal: fl
         if steal is None or steal.worst(at, at + t) <= max_steal
     ]
     cpus = [run["cpu_us_per_chunk"] for run in runs if run["cpu_us_per_chunk"] is not None]
+    sides = {
+        f"{name}_cpu_us_per_chunk": round(
+            statistics.median(run[f"{name}_cpu_us_per_chunk"] for run in runs), 2
+        )
+        for name in SIDES
+    }
     return {
         "chunks_per_s": round(statistics.median(run["chunks_per_s"] for run in runs), 1),
+        **sides,
         "ttft_p50_ms": percentile_ms(ttft, 0.50),
         "ttft_p99_ms": percentile_ms(ttft, 0.99),
         "clean_requests": f"{len(clean)} of {len(ttft)}",
@@ -325,6 +344,7 @@ def main() -> None:
     port = free_port()
     upstream_process = start([PYTHON, "benchmarks/sse_upstream.py", str(port)], f"http://127.0.0.1:{port}/")
     upstream = f"http://127.0.0.1:{port}"
+    SIDES.update(upstream=upstream_process.pid, client=os.getpid())
     targets = start_targets(args, upstream, upstream_process)
     try:
         for target in targets:  # warm-up: connections, imports, first DuckDB batches

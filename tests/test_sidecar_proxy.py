@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import socket
 import threading
 
 import httpx
 import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
+from collector.sidecar import relay
 from collector.store.db import RequestStore
 
 PATH = "/v1/chat/completions"
@@ -252,3 +255,51 @@ def test_cors_preflight_is_passed_through(rig, path):
     assert response.status_code != 405  # the sidecar has no opinion on OPTIONS; the engine answers
     assert rig.fake.targets[-1][0] == path.encode()
     assert rig.rows() == []  # and it is not an accounted request
+
+
+def test_a_client_that_stops_reading_holds_the_upstream_back(tmp_path, monkeypatch):
+    """The relay writes each read's chunk to uvicorn's transport itself (relay.chunked_cycle),
+    so it must keep uvicorn's flow control: while the client reads nothing, the sidecar stops
+    reading the upstream, which then cannot send the whole of a ~29 MB stream; once the client
+    reads, every event arrives and the request ends as one ok row."""
+    cycles = []
+    chunked_cycle = relay.chunked_cycle
+    monkeypatch.setattr(relay, "chunked_cycle", lambda send: cycles.append(chunked_cycle(send)) or cycles[-1])
+    tokens, text = 60_000, "x" * 400
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    with sidecar_rig(tmp_path) as rig:
+        drained = rig.fake.drained("held")
+        host, port = rig.url.removeprefix("http://").split(":")
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # no autotuned window
+            sock.settimeout(30)
+            sock.connect((host, int(port)))
+            head = (
+                f"POST {PATH} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\nx-test-id: held\r\nx-fake-tokens: {tokens}\r\n"
+                f"x-fake-text: {text}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)
+            received = sock.recv(1024)
+            assert received.startswith(b"HTTP/1.1 200")
+            # bounded wait for what must not happen: without flow control the sidecar would read
+            # the whole stream into its own buffers in well under a second
+            assert not drained.wait(2.0), "the upstream sent everything to a client that read nothing"
+            while not received.endswith(b"\r\n0\r\n\r\n"):
+                more = sock.recv(1 << 20)
+                assert more, "the sidecar closed the stream early"
+                received += more
+        assert drained.is_set()
+        assert cycles and cycles[0] is not None  # the chunks went straight to uvicorn's transport
+        assert received.count(json.dumps(text).encode()) == tokens
+        assert received.rstrip().endswith(b"data: [DONE]\n\n\r\n0")
+        row = _only_row(rig, outcome="ok", completion_tokens=tokens)
+        assert row["e2e_s"] >= 2.0  # it waited for the client
+
+
+def test_chunked_cycle_is_only_uvicorns_own_started_chunked_response():
+    async def send(message):
+        pass
+
+    assert relay.chunked_cycle(send) is None  # any other server's send: ASGI messages
+    assert relay.chunked_cycle(print) is None  # a bound builtin's __self__ is a module

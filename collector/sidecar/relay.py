@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _UvicornCycle
 from yarl import URL
 
 from collector.record import outcome_for_status
@@ -41,6 +42,7 @@ __all__ = [
     "describe_failure",
     "relay_body",
     "relay_stream",
+    "chunked_cycle",
     "send_error",
 ]
 
@@ -364,6 +366,9 @@ async def relay_stream(
     splitter = EventSplitter(max_event_bytes)
     reading = _Reading(tracker, request, strip_usage)
     clock, relayed, send = time.monotonic, tracker.relayed, client.send
+    cycle = chunked_cycle(send)  # uvicorn's: the bodies go straight to its transport
+    if cycle is not None:
+        flow, write = cycle.flow, cycle.transport.write
     tracing = request.telemetry is not None  # the span reads each chunk's id, model and finish
     async for data in response.content.iter_any():
         began = clock()
@@ -380,13 +385,41 @@ async def relay_stream(
                 body = body.replace(_USAGE_NULL, b"")
         # one tracker call per read (tokens and the time spent): the same instant for TTFT
         relayed(request, tokens, clock() - began)
-        if body:  # ClientChannel.body's message, sent from here: one call less per read
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+        if body:
+            if cycle is None:  # ClientChannel.body's message, sent from here: one call less per read
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            else:  # what uvicorn's send does with this message, without the message
+                if flow.write_paused and not cycle.disconnected:
+                    await flow.drain()
+                if not cycle.disconnected:
+                    write(b"%x\r\n%b\r\n" % (len(body), body))
             if reading.done and client.answered is None:
                 # the client has the whole answer: one that leaves before the upstream's body
                 # ends (many SSE clients hang up at [DONE]) did not cancel anything
                 client.answered = reading.ending(response.status, b"")
     return reading.ending(response.status, splitter.remainder())
+
+
+def chunked_cycle(send: Any) -> Any:
+    """uvicorn's request cycle behind `send`, when a relay may write body chunks to its transport.
+
+    That is when `send` is the cycle's own (uvicorn's httptools server, which `headroom run`
+    serves on) and the response has started with chunked encoding and is not complete. Each
+    chunk is then written as uvicorn's `send` would write it (flow control, a disconnected
+    client, the chunk framing: uvicorn 0.29-0.55's `RequestResponseCycle.send`), without
+    building and dispatching an ASGI message per read: about a sixteenth of the sidecar's CPU
+    at flood (BENCHMARKS.md §2). None otherwise: the relay sends ASGI messages.
+    """
+    cycle = getattr(send, "__self__", None)
+    if (
+        type(cycle) is _UvicornCycle
+        and cycle.response_started
+        and not cycle.response_complete
+        and cycle.chunked_encoding is True
+        and cycle.scope["method"] != "HEAD"
+    ):
+        return cycle
+    return None
 
 
 class _Reading:

@@ -120,6 +120,7 @@ class FakeUpstream:
         self.connections = 0
         self.slow_client_left = threading.Event()  # /v1/slow saw its client (the proxy) leave
         self._arrivals: dict[str, threading.Event] = {}
+        self._drained: dict[str, threading.Event] = {}
         self._gates: dict[str, threading.Event] = {}
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
@@ -137,6 +138,10 @@ class FakeUpstream:
     def expect(self, test_id: str) -> threading.Event:
         """Set when a completions request with header `x-test-id: test_id` has arrived."""
         return self._arrivals.setdefault(test_id, threading.Event())
+
+    def drained(self, test_id: str) -> threading.Event:
+        """Set when every byte of the stream with this `x-test-id` has left for the proxy."""
+        return self._drained.setdefault(test_id, threading.Event())
 
     def gate(self, test_id: str) -> threading.Event:
         """Set it to let a `non-sse`, `gate-headers` or `gate-end` request with this `x-test-id` go on."""
@@ -333,6 +338,7 @@ class FakeUpstream:
         else:
             writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
         await writer.drain()
+        self.drained(request.headers.get("x-test-id", "")).set()
 
     async def _slow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         _head(writer, 200, "text/event-stream", [], chunked=True)
