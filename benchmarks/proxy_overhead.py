@@ -17,7 +17,10 @@ every chunk plus the final usage chunk) through headroom, to compare with the pl
 each round every (target, style) runs once for --round-s seconds, in an order that rotates
 round by round, so drift on a shared machine spreads over all of them. Reported per workload:
 token chunks/s (median of the rounds) and its ratios, TTFT p50/p99 over all rounds and what a
-proxy adds to direct's, the proxy's CPU per chunk, and its resident memory at the end.
+proxy adds to direct's, the proxy's CPU per chunk, and its resident memory at the end. The
+upstream's and this process's CPU per chunk are in the JSON too (`upstream_cpu_us_per_chunk`,
+`client_cpu_us_per_chunk`): on 2 cores, whatever a proxy makes the other two spend (more reads,
+more wake-ups) costs chunk rate as surely as its own CPU does.
 
 TTFT is also reported over the *clean* requests only (`clean_*`): those whose interval from
 sending to first token touched no second in which the host stole more than --max-steal percent
