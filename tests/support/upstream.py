@@ -173,6 +173,12 @@ class FakeUpstream:
         self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, sock=sock))
         self._ready.set()
         self._loop.run_forever()
+        # stopped: end the connection handlers still waiting, so none is destroyed pending
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
 
     # --- HTTP ----------------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
