@@ -142,10 +142,19 @@ def test_short_prompt_ladder_knees_at_max_num_seqs(max_num_seqs):
     assert jump > 0.5 * duration_s and ttft[2 * max_num_seqs] > 3 * ttft[max_num_seqs], (
         f"p95 TTFT jumps past the knee (request duration {duration_s:.3f} s): {ttft}"
     )
-    # up to the knee nobody waits for a slot (which would cost up to a whole request duration);
-    # the allowance absorbs a stalled scheduler tick on a busy host, not a queue
-    assert ttft[max_num_seqs] < ttft[below[0]] + 0.25 * duration_s, (
-        f"p95 TTFT flat before the knee (request duration {duration_s:.3f} s): {ttft}"
+    # up to the knee nobody waits for a slot. The engine's own queue says so without the host's
+    # noise: at most the odd request that arrived in the step before a slot freed, against a
+    # standing queue of (concurrency - knee) past it.
+    waiting = {c: sum(s["waiting"] for s in seen[c]) / len(seen[c]) for c in levels}
+    assert waiting[max_num_seqs] < 1.0, f"no queue at the knee; mean waiting by level: {waiting}"
+    assert waiting[2 * max_num_seqs] > 0.5 * max_num_seqs, f"a queue past it; mean waiting: {waiting}"
+    # and the client sees it: the typical request does not wait a slot's turn (which would cost
+    # up to a whole request duration). The median, not p95: on a 2-core CI host running the
+    # suite in parallel, one stalled scheduler tick (CI once saw 0.11 s) moves the p95 of a
+    # window's ~50 requests but not their median.
+    ttft_p50 = {c: s["ttft_p50_s"] for c, s in summaries.items()}
+    assert ttft_p50[max_num_seqs] < ttft_p50[below[0]] + 0.25 * duration_s, (
+        f"p50 TTFT flat before the knee (request duration {duration_s:.3f} s): {ttft_p50}"
     )
 
 
