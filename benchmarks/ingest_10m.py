@@ -2,6 +2,7 @@
 
     python benchmarks/ingest_10m.py                    # 10 M rows first (about 30 s), then ingest
     python benchmarks/ingest_10m.py --rows 200000      # a quick run on a small table
+    python benchmarks/ingest_10m.py --base FILE --batches 160 --sidecar-checkpoint-mb 64 --skip-store
 
 Three ways in, each measured over --batches batches of --batch-rows new rows (sidecar-shaped
 rows: 28 columns, four timestamps, every column set as the tracker sets it; RequestRecords, as
@@ -235,13 +236,23 @@ def main() -> None:
         default=None,
         help="headroom store's --checkpoint-mb (default: the store's own default)",
     )
+    parser.add_argument(
+        "--sidecar-checkpoint-mb",
+        type=int,
+        default=None,
+        help="`headroom run --checkpoint-mb` for the in-process paths (default: DuckDB's 16)",
+    )
+    parser.add_argument(
+        "--skip-store", action="store_true", help="measure the in-process paths only (no `headroom store`)"
+    )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp())
     db = scratch / "ingest.duckdb"
     try:
         if args.base:
             shutil.copy(args.base, db)
-        store = RequestStore(db, threads=SIDECAR_STORE_THREADS)  # as `headroom run` opens its own
+        # as `headroom run [--checkpoint-mb N]` opens its own
+        store = RequestStore(db, threads=SIDECAR_STORE_THREADS, checkpoint_mb=args.sidecar_checkpoint_mb)
         if store.count() < args.rows:
             print(f"generated {args.rows:,} rows in {generate(store, args.rows):.1f} s")
         print(f"table holds {store.count():,} rows; batches of {args.batch_rows:,}")
@@ -255,6 +266,8 @@ def main() -> None:
         bench_insert_rows(store, records("insert"))
         bench_log_writer(store, records("writer"), args.batch_rows)
         store.close()
+        if args.skip_store:
+            return
         bench_store_service(
             db, batches("service"), batches("json"), records("shipped"), args.store_checkpoint_mb
         )

@@ -26,8 +26,12 @@ from collector.sidecar.wiring import SIDECAR_STORE_THREADS, build_sidecar
 IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60
 
 
-def _guarded(tmp_path, fake: FakeUpstream, **bounds):
-    app = build_sidecar(SidecarConfig(upstream=fake.url, db_path=str(tmp_path / "log.duckdb"), jobs=False))
+def _guarded(tmp_path, fake: FakeUpstream, checkpoint_mb: int | None = None, **bounds):
+    app = build_sidecar(
+        SidecarConfig(
+            upstream=fake.url, db_path=str(tmp_path / "log.duckdb"), jobs=False, checkpoint_mb=checkpoint_mb
+        )
+    )
     options = uvicorn_options(
         app.state.registry,
         **{"header_timeout_s": 10.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds},
@@ -194,5 +198,18 @@ def test_the_sidecars_own_store_takes_one_duckdb_thread_whatever_the_cores(tmp_p
         try:
             store = app.state.writer.sink
             assert store.query("SELECT current_setting('threads')")[0][0] == SIDECAR_STORE_THREADS == 1
+        finally:
+            handle.stop()
+
+
+@pytest.mark.parametrize(("checkpoint_mb", "setting"), [(None, "16.0 MiB"), (64, "61.0 MiB")])
+def test_the_sidecars_own_store_folds_its_log_every_checkpoint_mb(tmp_path, checkpoint_mb, setting):
+    """--checkpoint-mb reaches the started sidecar's DuckDB; unset, DuckDB's 16 MB (= 16.0 MiB
+    as DuckDB shows it; 64 MB is 61.0 MiB) stays (BENCHMARKS.md §5g)."""
+    with FakeUpstream() as fake:
+        app, handle = _guarded(tmp_path, fake, checkpoint_mb=checkpoint_mb)
+        try:
+            store = app.state.writer.sink
+            assert store.query("SELECT current_setting('checkpoint_threshold')")[0][0] == setting
         finally:
             handle.stop()

@@ -160,3 +160,15 @@ def test_the_upstream_connection_limit_is_a_flag_that_reaches_the_pool():
     result = CliRunner().invoke(run, ["--upstream", "http://127.0.0.1:9", "--max-upstream-connections", "0"])
     assert result.exit_code == 2 and "--max-upstream-connections" in result.output
     assert "--max-upstream-connections" in CliRunner().invoke(run, ["--help"]).output
+
+
+def test_checkpoint_mb_is_a_positive_flag_of_run():
+    from click.testing import CliRunner
+
+    from collector.sidecar.cli import run
+
+    with pytest.raises(ValueError, match="--checkpoint-mb must be at least 1, got 0"):
+        SidecarConfig(upstream="http://127.0.0.1:9", checkpoint_mb=0)
+    result = CliRunner().invoke(run, ["--upstream", "http://127.0.0.1:9", "--checkpoint-mb", "0"])
+    assert result.exit_code == 2 and "--checkpoint-mb" in result.output
+    assert "--checkpoint-mb MB" in CliRunner().invoke(run, ["--help"]).output

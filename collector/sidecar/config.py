@@ -16,6 +16,7 @@ class SidecarConfig:
     listen_host: str = "127.0.0.1"
     listen_port: int = 9100
     db_path: str | None = "headroom.duckdb"
+    checkpoint_mb: int | None = None  # --checkpoint-mb: fold db_path's WAL every N MB (DuckDB: 16)
     instance: str = field(default_factory=socket.gethostname)
     tenant_header: str = "X-Tenant-ID"
     max_tenants: int = 50
@@ -70,6 +71,7 @@ class SidecarConfig:
             ("--max-tenants", self.max_tenants),
             ("--max-models", self.max_models),
             ("--max-upstream-connections", self.max_connections),
+            ("--checkpoint-mb", 1 if self.checkpoint_mb is None else self.checkpoint_mb),
         )
         for name, count in counts:
             if count < 1:

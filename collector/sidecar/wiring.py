@@ -139,10 +139,11 @@ def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
 
 def _own_store(config: SidecarConfig) -> RequestStore | None:
     """The in-process store: a DuckDB file this sidecar alone owns (not with --store-url), on one
-    of DuckDB's threads (the proxy keeps the other cores)."""
+    of DuckDB's threads (the proxy keeps the other cores), folding its write-ahead log every
+    --checkpoint-mb (DuckDB's 16 MB unless told)."""
     if config.store_url or not config.db_path:
         return None
-    return RequestStore(config.db_path, threads=SIDECAR_STORE_THREADS)
+    return RequestStore(config.db_path, threads=SIDECAR_STORE_THREADS, checkpoint_mb=config.checkpoint_mb)
 
 
 def _shipper(config: SidecarConfig) -> StoreShipper | None:
