@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -16,9 +17,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from PIL import Image
 
-from collector.analysis.probe import ProbeError, ProbeSettings, run_probe
+from collector.analysis.probe import ProbeError, ProbeSettings, _Level, run_probe
 from collector.cli import main
+from collector.inflight import Inflight
 from collector.serving import serve_in_thread
+from collector.sources.base import EngineSnapshot
 from collector.store.db import RequestStore
 from collector.store.schema import COLUMN_NAMES
 
@@ -271,3 +274,16 @@ async def test_a_level_ends_when_p95_ttft_stops_drifting_or_at_the_cap(serve):
     assert level.ended_by.startswith("p95 TTFT stable") and level.stats.samples < 200
     never = await run_probe(quick(server.url, levels=(2,), max_samples=30, drift_tolerance=0.0))
     assert never.levels[0].ended_by == "sample cap 30" and never.levels[0].stats.samples >= 30
+
+
+def test_a_level_reads_the_engine_queue_only_from_polls_sent_during_it():
+    """A poll sent before the level began (the level below's queue, or a poll stuck on a busy
+    host) gives no waiting count instead of the wrong one; the next fresh poll gives it again."""
+    engine = SimpleNamespace(
+        latest=EngineSnapshot(engine="vllm", up=True, waiting=0, polled_at=time.time() - 1)
+    )
+    level = _Level(4, quick("http://127.0.0.1:9"), Inflight(), engine)  # type: ignore[arg-type]
+    assert level.waiting() is None
+    engine.latest = EngineSnapshot(engine="vllm", up=True, waiting=1, polled_at=level.started + 0.01)
+    assert level.waiting() == 1
+    assert _Level(4, quick("http://127.0.0.1:9"), Inflight()).waiting() is None  # no engine source

@@ -14,6 +14,7 @@ from support.engine import FIXTURES
 
 from collector.catalog import spec
 from collector.sources import build_engine_source, default_metrics_url
+from collector.sources.base import EngineSnapshot
 from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
 from collector.sources.poller import EngineSource
@@ -279,3 +280,25 @@ async def test_auto_over_http_on_every_engine_fixture(fake_engine, fixture, engi
         assert (snapshot.engine, snapshot.running, snapshot.waiting) == (engine, running, waiting)
     finally:
         await source.stop()
+
+
+async def test_a_snapshot_is_stamped_when_its_poll_was_sent_not_when_the_answer_came():
+    # The probe drops a snapshot older than its level; an answer that arrives late still
+    # describes the engine as of the moment it was asked.
+    answer = asyncio.Event()
+
+    async def slow_scrape(fetch):
+        await answer.wait()
+        return EngineSnapshot(engine="vllm", up=True, waiting=2)
+
+    source = EngineSource("vllm", slow_scrape, poll_interval_s=60, timeout_s=5)
+    before = time.time()
+    poll = asyncio.create_task(source.poll_once())
+    await asyncio.sleep(0)  # the poll is sent (its scrape now waits)
+    asked = time.time()
+    await asyncio.sleep(0.05)
+    answered = time.time()
+    answer.set()
+    snapshot = await poll
+    assert before <= snapshot.polled_at <= asked < answered
+    assert source.latest is snapshot and snapshot.waiting == 2

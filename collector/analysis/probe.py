@@ -179,8 +179,10 @@ def saturation_reason(levels: Sequence[LevelStats], settings: ProbeSettings) -> 
 class _Level:
     """State of one level while it runs; `check()` decides when measuring may stop."""
 
-    def __init__(self, concurrency: int, settings: ProbeSettings, meter: Inflight) -> None:
-        self.concurrency, self.settings, self.meter = concurrency, settings, meter
+    def __init__(
+        self, concurrency: int, settings: ProbeSettings, meter: Inflight, engine: EngineSource | None = None
+    ) -> None:
+        self.concurrency, self.settings, self.meter, self.engine = concurrency, settings, meter, engine
         self.rows: list[dict[str, Any]] = []
         self.measuring_since: float | None = None
         self.area_at_start = 0.0
@@ -190,6 +192,17 @@ class _Level:
         self.done = asyncio.Event()
         self.ended_by = ""
         self.stop_time = self.area_at_stop = 0.0
+
+    def waiting(self) -> int | None:
+        """The engine's queue as last polled, if that poll was sent during this level.
+
+        None without a source, when it is down, or when the latest poll predates the level: a
+        queue read at the level below says nothing about this one, and on a busy host a late
+        poll would otherwise put the last level's empty queue into this level's mean.
+        """
+        if self.engine is None or self.engine.latest.polled_at < self.started:
+            return None
+        return self.engine.latest.waiting
 
     def measured(self) -> list[dict[str, Any]]:
         start = self.measuring_since
@@ -287,17 +300,13 @@ class _Runner:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         while not level.done.is_set():
-            record = await send_one(self.client, self._spec(level), self.meter, self._waiting)
+            record = await send_one(self.client, self._spec(level), self.meter, level.waiting)
             level.rows.append(record.as_row())
             level.check()
             self.progress(level.concurrency, len(level.measured()), self.settings.max_samples)
 
-    def _waiting(self) -> int | None:
-        """The engine's queue as last polled; None without a source or when it is down."""
-        return None if self.engine is None else self.engine.latest.waiting
-
     async def run_level(self, concurrency: int, stagger_s: float = 0.0) -> LevelRun:
-        level = _Level(concurrency, self.settings, self.meter)
+        level = _Level(concurrency, self.settings, self.meter, self.engine)
         workers = [
             asyncio.create_task(self._worker(level, i * stagger_s / concurrency)) for i in range(concurrency)
         ]

@@ -48,7 +48,7 @@ class EngineSnapshot:
     kv_usage_ratio: float | None = None
     kv_capacity_tokens: int | None = None
     max_concurrency: int | None = None  # the engine's own ceiling: slots, or KV at max context
-    polled_at: float = field(default_factory=time.time)
+    polled_at: float = field(default_factory=time.time)  # POSIX s; EngineSource: when the poll was sent
     error: str | None = None
 
     @classmethod

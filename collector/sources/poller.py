@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import aiohttp
 from prometheus_client.core import GaugeMetricFamily
@@ -100,8 +101,13 @@ class EngineSource:
                 pass
 
     async def poll_once(self) -> EngineSnapshot:
-        """One bounded poll: updates `.latest`, never raises (a failure is a down snapshot)."""
-        started = time.perf_counter()
+        """One bounded poll: updates `.latest`, never raises (a failure is a down snapshot).
+
+        The snapshot's polled_at is when the poll was sent: what it reports is the engine's
+        state from then on, so a reader can tell a snapshot older than the moment it cares
+        about (the probe's level start) even when the answer arrived after that moment.
+        """
+        sent_at, started = time.time(), time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
                 snapshot = await self._scrape(self._fetch)
@@ -112,6 +118,7 @@ class EngineSource:
         except Exception as exc:  # any failure of the engine must only mark it down
             snapshot = EngineSnapshot.down(self.engine, _short(exc))
         self.last_duration_s = time.perf_counter() - started
+        snapshot = replace(snapshot, polled_at=sent_at)
         self.polls += 1
         if snapshot.up:
             self.engine = snapshot.engine  # `auto` learns its engine's name here
