@@ -11,7 +11,9 @@ DuckDB thread, as `headroom run` opens it):
 
 * `insert_rows`: RequestStore.insert_rows, the one insert path (Arrow in bulk, duplicates left
   out by an anti-join over the batch's admitted_at span, the count DuckDB returns), on a file-backed store;
-* `log_writer`: the sidecar's LogWriter in front of that store, from submit() to flush();
+* `log_writer`: the sidecar's LogWriter in front of that store, from submit() to flush(), as
+  `headroom run` builds it (a backlog appended up to 50,000 rows at a time), then with every
+  append a batch of --batch-rows;
 * `headroom store`: POST /v1/ingest to a `headroom store` process, bodies pre-serialised as Arrow
   IPC streams (rows_to_ipc), sent one after another: HTTP, reading, validation, insert; and the
   same batches as JSON (`{"rows": [...]}`, for clients that are not Python);
@@ -42,7 +44,7 @@ from prometheus_client import CollectorRegistry
 from store_query_10m import generate
 
 from collector.record import RequestRecord
-from collector.sidecar.wiring import SIDECAR_STORE_THREADS
+from collector.sidecar.wiring import SIDECAR_STORE_BATCH_ROWS, SIDECAR_STORE_THREADS
 from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_ipc
 from collector.store.shipper import StoreShipper
 from collector.store.writer import LogWriter
@@ -121,13 +123,24 @@ def _submit_all(
     return int(registry.get_sample_value("headroom_log_rows_written_total") or 0), seconds
 
 
-def bench_log_writer(store: RequestStore, batches: list[list[RequestRecord]], batch_rows: int) -> None:
+def bench_log_writer(
+    store: RequestStore, batches: list[list[RequestRecord]], batch_rows: int, max_batch_rows: int | None
+) -> None:
+    """The writer as `headroom run` builds it in front of its own store (a backlog written up to
+    SIDECAR_STORE_BATCH_ROWS at a time), or with `max_batch_rows` None in batches of `batch_rows`."""
     registry = CollectorRegistry()
-    writer = LogWriter(store, registry, max_queue_rows=sum(map(len, batches)) + 1, batch_rows=batch_rows)
+    writer = LogWriter(
+        store,
+        registry,
+        max_queue_rows=sum(map(len, batches)) + 1,
+        batch_rows=batch_rows,
+        max_batch_rows=max_batch_rows,
+    )
     written, seconds = _submit_all(writer, registry, batches)
     assert written == sum(map(len, batches)), f"written {written}"
     writer.close()
-    print(f"log_writer       {_rate(written, seconds)}")
+    most = f"up to {max_batch_rows:,}" if max_batch_rows else f"of {batch_rows:,}"
+    print(f"log_writer       {_rate(written, seconds)}   batches {most}")
 
 
 def _post_all(client: httpx.Client, payloads: list[bytes], content_type: str) -> tuple[int, float]:
@@ -264,7 +277,8 @@ def main() -> None:
             return [[RequestRecord(**row) for row in batch] for batch in batches(prefix)]
 
         bench_insert_rows(store, records("insert"))
-        bench_log_writer(store, records("writer"), args.batch_rows)
+        bench_log_writer(store, records("writer"), args.batch_rows, SIDECAR_STORE_BATCH_ROWS)
+        bench_log_writer(store, records("small"), args.batch_rows, None)
         store.close()
         if args.skip_store:
             return

@@ -46,6 +46,60 @@ class _Blocked:
         self.gate.wait(10)
 
 
+class _Gated(_Recording):
+    """Records batch sizes; the first write waits at a gate, so a backlog builds behind it."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def write_batch(self, rows):
+        self.entered.set()
+        assert self.gate.wait(10)
+        super().write_batch(rows)
+
+
+@pytest.mark.parametrize(("max_batch_rows", "largest"), [(None, 100), (1_000, 1_000)])
+def test_a_backlog_is_written_in_batches_of_up_to_max_batch_rows(max_batch_rows, largest):
+    """batch_rows queued rows wake the writer; what fell behind goes in batches of up to
+    max_batch_rows (default batch_rows), every row once (BENCHMARKS.md §5h)."""
+    sink = _Gated()
+    writer = LogWriter(
+        sink, CollectorRegistry(), batch_rows=100, max_batch_rows=max_batch_rows, flush_interval_s=5
+    )
+    rows = _rows(2_550)
+    for row in rows[:100]:
+        writer.submit(row)
+    assert sink.entered.wait(10)  # the first batch is being written: the rest queues behind it
+    for row in rows[100:]:
+        writer.submit(row)
+    sink.gate.set()
+    writer.close()
+    assert sink.batches[0] == 100 and sum(sink.batches) == 2_550
+    assert max(sink.batches) == largest  # 2,450 behind: filled batches of the most allowed
+
+
+def test_the_sidecars_writer_appends_a_backlog_of_rows_to_its_own_store_at_once(tmp_path):
+    """A store takes large appends faster per row; a shipper's bodies stay at --log-batch-rows."""
+    from collector.sidecar.config import SidecarConfig
+    from collector.sidecar.wiring import SIDECAR_STORE_BATCH_ROWS, build_sidecar
+
+    own = build_sidecar(
+        SidecarConfig(upstream="http://127.0.0.1:9", db_path=str(tmp_path / "a.duckdb"), engine="none")
+    )
+    shipped = build_sidecar(
+        SidecarConfig(
+            upstream="http://127.0.0.1:9", db_path="", store_url="http://127.0.0.1:9", engine="none"
+        )
+    )
+    try:
+        assert own.state.writer.max_batch_rows == SIDECAR_STORE_BATCH_ROWS == 50_000
+        assert shipped.state.writer.max_batch_rows == shipped.state.writer.batch_rows == 1_000
+    finally:
+        for app in (own, shipped):
+            app.state.writer.close()
+
+
 def test_full_queue_drops_and_counts():
     registry = CollectorRegistry()
     sink = _Blocked()
@@ -250,3 +304,19 @@ def test_client_max_tokens_beyond_the_column_is_not_recorded_as_garbage():
     assert parse_request(b'{"model":"m","max_tokens":99999999999}').max_tokens is None
     assert parse_request(b'{"model":"m","max_tokens":-5}').max_tokens is None
     assert parse_request(b'{"model":"m","max_completion_tokens":64}').max_tokens == 64
+
+
+def test_many_rows_convert_in_slices_into_one_table_with_the_same_values():
+    """Over 5,000 rows are converted 5,000 at a time (a bounded hold on the interpreter);
+    the table has every row, in order, and a bad value nulls only itself, even in a later slice."""
+    from collector.store.db import rows_to_arrow
+
+    rows = _rows(12_001)
+    rows[7_000] = {**rows[7_000], "max_tokens": 2**40}  # past INTEGER, in the second slice
+    table = rows_to_arrow(rows, lenient=True)
+    assert table.num_rows == 12_001 and table.column("request_id").num_chunks == 3
+    assert table.column("request_id").to_pylist() == [row["request_id"] for row in rows]
+    assert table.column("max_tokens").null_count == 12_001  # the one bad value too, alone
+    assert table.column("e2e_s").to_pylist()[11_999] == pytest.approx(1_199.9)
+    with pytest.raises((pa.ArrowInvalid, OverflowError)):
+        rows_to_arrow(rows)  # strict: the whole batch is refused, as before

@@ -50,6 +50,7 @@ from collector.store.writer import BatchSink, LogWriter
 __all__ = ["build_sidecar"]
 
 SIDECAR_STORE_THREADS = 1  # DuckDB threads of the in-process store (RequestStore: why)
+SIDECAR_STORE_BATCH_ROWS = 50_000  # the most rows one append to the in-process store takes (LogWriter)
 
 
 def build_sidecar(
@@ -88,6 +89,8 @@ def build_sidecar(
             batch_rows=config.log_batch_rows,
             flush_interval_s=config.log_flush_interval_s,
             owns_sink=log_sink is None,
+            # the own store catches up on a backlog in large appends; a shipper's bodies stay small
+            max_batch_rows=SIDECAR_STORE_BATCH_ROWS if batch_sink is store else None,
         )
     )
     if shipper is not None and log is not None:
