@@ -17,7 +17,7 @@ import httpx
 import pytest
 from support.sidecar import CHAT, Rig, live_gauges, sidecar_rig, wait_until
 
-from collector.sidecar import proxy  # the module whose name the watcher looks up
+from collector.sidecar import proxy, relay  # the modules whose names the watch is looked up by
 
 READ_TIMEOUT_S = 3.0
 PATH = "/v1/chat/completions"
@@ -178,22 +178,25 @@ def test_a_client_gone_before_done_is_client_cancelled(rig):
     assert row["error"] == "client disconnected"
 
 
-def test_the_sidecars_server_shows_the_clients_transport(rig, monkeypatch):
-    """The disconnect decision at an exchange's end reads uvicorn's transport (collector.sidecar.
-    relay.client_closing); were it hidden, a FIN read with the last upstream bytes would depend
-    on the order of one poll's callbacks."""
-    seen: list[bool | None] = []
-    original = proxy.client_closing
+def test_the_sidecars_server_is_watched_without_a_task_and_shows_the_clients_transport(rig, monkeypatch):
+    """On uvicorn (what `headroom run` serves on) the disconnect watch is the cycle's own event,
+    no task per request (collector.sidecar.relay.CycleWatch), and the decision at an exchange's
+    end can read the client's transport (relay.client_closing); were it hidden, a FIN read with
+    the last upstream bytes would depend on the order of one poll's callbacks."""
+    watches: list[tuple[object, bool | None]] = []
+    original = proxy.CycleWatch.on
 
-    def recorded(receive):
-        seen.append(closing := original(receive))
-        return closing
+    def recorded(receive, gone):
+        watches.append((watch := original(receive, gone), relay.client_closing(receive)))
+        return watch
 
-    monkeypatch.setattr(proxy, "client_closing", recorded)
+    monkeypatch.setattr(proxy.CycleWatch, "on", staticmethod(recorded))
     answer, _ = _post(rig, "ok")
     assert isinstance(answer, httpx.Response) and answer.status_code == 200
     _settled_row(rig, outcome="ok")
-    assert seen == [False]
+    assert len(watches) == 1
+    watch, closing = watches[0]
+    assert isinstance(watch, relay.CycleWatch) and closing is False
 
 
 def test_one_warning_per_failure_class_per_interval(rig, caplog):

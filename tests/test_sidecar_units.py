@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from support.strategies import json_scalars
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from collector.sidecar.proxy import CompletionsProxy
 from collector.sidecar.relay import ClientChannel, Ending, client_closing
@@ -625,6 +629,138 @@ def test_a_shutdown_beside_a_disconnect_still_ends_the_request_as_a_shutdown():
         watcher = next(t for t in asyncio.all_tasks() if t.get_coro().__name__ == "wait_disconnect")
         watcher.add_done_callback(lambda _: task.cancel())  # runs right after the watcher's own
         cycle.disconnect.set()
+        await asyncio.Event().wait()
+        return Ending("ok")
+
+    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy._exchange = exchange  # type: ignore[method-assign]
+
+    async def main() -> int:
+        with pytest.raises(asyncio.CancelledError):
+            await proxy._watched(None, None, {}, cycle.receive, ClientChannel(None), 0.0)  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
+
+    assert asyncio.run(main()) == 1  # the shutdown's request, still pending
+
+
+class _UvicornTransport(_Transport):
+    def __init__(self) -> None:
+        super().__init__(False)
+        self.resumed = 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        self.resumed += 1
+
+
+def _uvicorn_cycle() -> tuple[Any, _UvicornTransport]:
+    """A real uvicorn request cycle whose request was read, on a transport that records."""
+    transport = _UvicornTransport()
+    flow = FlowControl(transport)  # type: ignore[arg-type]
+    flow.pause_reading()  # a large body's last piece paused reading
+    quiet = logging.getLogger("test.uvicorn")
+    cycle = RequestResponseCycle(
+        {"type": "http", "method": "POST"},  # type: ignore[arg-type]
+        transport,  # type: ignore[arg-type]
+        flow,
+        quiet,
+        quiet,
+        False,
+        [],
+        asyncio.Event(),
+        False,
+        True,
+        lambda: None,
+    )
+    cycle.more_body = False
+    return cycle, transport
+
+
+def _lost(cycle: Any) -> None:
+    """What uvicorn's protocol does when the client's connection is lost (connection_lost)."""
+    cycle.disconnected = True
+    cycle.message_event.set()
+
+
+def _watched_on_cycle(cycle: Any, exchange) -> tuple[Ending, int]:
+    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy._exchange = exchange  # type: ignore[method-assign]
+    client = ClientChannel(None)
+    own = cycle.message_event
+
+    async def main() -> tuple[Ending, int]:
+        ending = await proxy._watched(None, None, {}, cycle.receive, client, 0.0)  # type: ignore[arg-type]
+        assert cycle.message_event is own  # the cycle has its own event back
+        return ending, len(asyncio.all_tasks())
+
+    ending, tasks = asyncio.run(main())
+    assert client.gone == (ending.outcome == "client_cancelled")
+    return ending, tasks
+
+
+def test_on_uvicorn_a_disconnect_mid_exchange_cancels_it_without_a_watcher_task():
+    cycle, transport = _uvicorn_cycle()
+    cancelled, tasks = [], []
+
+    async def exchange(*_: object) -> Ending:
+        tasks.append(len(asyncio.all_tasks()))
+        assert transport.resumed == 1  # reading resumed, as uvicorn's receive would: a FIN is seen
+        asyncio.get_running_loop().call_soon(_lost, cycle)
+        try:
+            await asyncio.Event().wait()  # the upstream never answers
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return Ending("ok")
+
+    ending, _ = _watched_on_cycle(cycle, exchange)
+    assert ending.outcome == "client_cancelled" and cancelled == [True]
+    assert tasks == [1]  # the request's own task alone: nothing runs beside it
+    assert cycle.message_event.is_set()  # uvicorn's own receive still hears the disconnect
+
+
+@pytest.mark.parametrize("closing", [True, False])
+def test_on_uvicorn_a_closing_transport_decides_at_once(closing):
+    """The FIN was read with the upstream's last bytes: the transport says so before uvicorn's
+    connection_lost runs."""
+    cycle, transport = _uvicorn_cycle()
+
+    async def exchange(*_: object) -> Ending:
+        transport.closing = closing
+        return Ending("ok")
+
+    ending, _ = _watched_on_cycle(cycle, exchange)
+    assert ending.outcome == ("client_cancelled" if closing else "ok")
+    assert not cycle.message_event.is_set()  # nothing happened to the cycle: its event untouched
+
+
+def test_on_uvicorn_a_disconnect_after_the_exchange_changes_nothing():
+    cycle, _ = _uvicorn_cycle()
+
+    async def exchange(*_: object) -> Ending:
+        return Ending("ok")
+
+    ending, _ = _watched_on_cycle(cycle, exchange)
+    _lost(cycle)  # on the cycle's own event again: the ended watch hears nothing
+    assert ending.outcome == "ok"
+
+
+def test_on_uvicorn_a_shutdown_beside_a_disconnect_still_ends_the_request_as_a_shutdown():
+    cycle, _ = _uvicorn_cycle()
+
+    async def exchange(*_: object) -> Ending:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def lost_and_shut_down() -> None:
+            _lost(cycle)  # the watch's cancel
+            task.cancel()  # uvicorn's shutdown, in the same step
+
+        asyncio.get_running_loop().call_soon(lost_and_shut_down)
         await asyncio.Event().wait()
         return Ending("ok")
 

@@ -26,8 +26,9 @@ from collector.sidecar.faults import FaultLog
 from collector.sidecar.relay import (
     BodyTooLarge,
     ClientChannel,
+    CycleWatch,
     Ending,
-    client_closing,
+    TaskWatch,
     describe_failure,
     end_on_connection_loss,
     read_body,
@@ -36,7 +37,6 @@ from collector.sidecar.relay import (
     request_headers,
     response_headers,
     target_url,
-    wait_disconnect,
 )
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
@@ -172,48 +172,43 @@ class CompletionsProxy:
         client: ClientChannel,
         read_at: float,
     ) -> Ending:
-        """The exchange, in this task, with a watcher that cancels it when the client disconnects.
+        """The exchange, in this task, watched for a disconnect that cancels it.
 
-        One task per request beside the server's own, not two (and no `asyncio.wait`): about a
-        tenth of the sidecar's CPU per request (BENCHMARKS.md §2). A disconnect seen before the
-        last byte is sent means the client never had the whole answer: client_cancelled, even
-        when the exchange finished in the same loop step. A relay that finds every byte buffered
-        runs to its end without yielding, while the client's FIN, read in the same poll, reaches
-        the watcher only steps later; so the decision reads the client's transport where the
-        server shows it (uvicorn does), and a finished watcher counts even before its callback
-        ran. Elsewhere the watcher gets one more step. A client gone after a stream's `[DONE]`
-        was forwarded had the whole answer: the relay's `client.answered` is the ending then.
+        No task of its own where the server is uvicorn's (`headroom run`): the watch is the
+        cycle's own event (`CycleWatch`); elsewhere one watcher task beside the server's
+        (`TaskWatch`). A disconnect seen before the last byte is sent means the client never had
+        the whole answer: client_cancelled, even when the exchange finished in the same loop
+        step. A relay that finds every byte buffered runs to its end without yielding, while the
+        client's FIN, read in the same poll, reaches the watch only steps later; so the decision
+        reads the client's transport where the server shows it (`client_closing`). A client gone
+        after a stream's `[DONE]` was forwarded had the whole answer: the relay's
+        `client.answered` is the ending then.
         """
         task = asyncio.current_task()
         assert task is not None  # an ASGI app runs in a task
-        watcher = asyncio.ensure_future(wait_disconnect(receive))
         gone = settled = False
 
-        def disconnected(done: asyncio.Future[None]) -> None:
+        def disconnected() -> None:
             nonlocal gone
-            if not settled and not done.cancelled():  # scheduled before it came off: too late
-                done.exception()  # retrieved: a receive that raised counts as the client gone
+            if not settled:  # a watch that fires after the exchange settled changes nothing
                 gone = True
                 task.cancel()
 
-        watcher.add_done_callback(disconnected)
+        watch = CycleWatch.on(receive, disconnected) or TaskWatch(receive, disconnected)
         try:
             ending = await self._exchange(request, parsed, scope, client, read_at)
-            closing = client_closing(receive)
-            if closing is None and not watcher.done():
+            seen = watch.seen()
+            if seen is None:  # the server does not show its transport: one more step for the watch
                 await asyncio.sleep(0)
-            if closing or watcher.done():
-                gone = True  # a finished watcher's callback, not yet run, comes off below
-                if watcher.done():
-                    watcher.exception()  # retrieved, as the callback would have
+                seen = watch.seen()
+            gone = gone or bool(seen)
         except asyncio.CancelledError:
             # ours is one cancel request; any other (a shutdown beside the disconnect) stays
             if not gone or task.uncancel() > 0:
                 raise  # server shutdown: the request ends as such in __call__
         finally:
             settled = True
-            watcher.remove_done_callback(disconnected)
-            watcher.cancel()
+            watch.stop()
         if gone:
             client.gone = True
             return client.answered or _CLIENT_GONE  # gone after [DONE] reached it: answered

@@ -35,6 +35,8 @@ __all__ = [
     "read_body",
     "client_closing",
     "wait_disconnect",
+    "TaskWatch",
+    "CycleWatch",
     "request_headers",
     "response_headers",
     "target_url",
@@ -191,6 +193,82 @@ async def wait_disconnect(receive: Any) -> None:
     """Return when the client disconnects."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class TaskWatch:
+    """A disconnect watch for any ASGI server: a task that waits on `receive` for http.disconnect
+    and calls `gone()` when it comes (or when `receive` raises)."""
+
+    __slots__ = ("_receive", "_gone", "_watcher")
+
+    def __init__(self, receive: Any, gone: Callable[[], None]) -> None:
+        self._receive, self._gone = receive, gone
+        self._watcher = asyncio.ensure_future(wait_disconnect(receive))
+        self._watcher.add_done_callback(self._done)
+
+    def _done(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled():  # scheduled before it came off: too late
+            done.exception()  # retrieved: a receive that raised counts as the client gone
+            self._gone()
+
+    def seen(self) -> bool | None:
+        """Whether the client is gone by now; None when neither the watcher nor the transport
+        says so yet and the server does not show its transport (then ask again a step later)."""
+        closing = client_closing(self._receive)
+        if self._watcher.done():  # its callback may not have run yet
+            self._watcher.exception()
+            return True
+        return closing
+
+    def stop(self) -> None:
+        """End the watch: `gone` is not called after this."""
+        self._watcher.remove_done_callback(self._done)
+        self._watcher.cancel()
+
+
+class CycleWatch(asyncio.Event):
+    """A disconnect watch without a task, on uvicorn's httptools server (`headroom run`'s).
+
+    uvicorn's request cycle wakes a waiting `receive` through its `message_event`, which its
+    protocol sets, among other times, when the connection is lost, with `cycle.disconnected`
+    set first (uvicorn 0.29-0.55, `HttpToolsProtocol.connection_lost`). For the exchange this
+    event stands in for it, and its `set` calls `gone()` when the cycle is disconnected: the
+    news arrives in the same loop step as uvicorn's own, and no task, coroutine or
+    cancellation is spent on each request (BENCHMARKS.md §2, stop 31). `stop` puts the
+    cycle's own event back, set if this one was.
+    """
+
+    def __init__(self, cycle: Any, gone: Callable[[], None]) -> None:
+        super().__init__()
+        self._cycle, self._gone, self._own = cycle, gone, cycle.message_event
+        cycle.message_event = self
+        cycle.flow.resume_reading()  # as uvicorn's `receive` does before it waits: a FIN is read
+
+    @classmethod
+    def on(cls, receive: Any, gone: Callable[[], None]) -> CycleWatch | None:
+        """The watch on the uvicorn cycle behind `receive`; None for any other server, or a
+        cycle that has already ended."""
+        cycle = getattr(receive, "__self__", None)
+        if type(cycle) is not _UvicornCycle or cycle.disconnected or cycle.response_complete:
+            return None
+        return cls(cycle, gone)
+
+    def set(self) -> None:
+        super().set()
+        if self._cycle.disconnected:
+            self._gone()
+
+    def seen(self) -> bool:
+        """Whether the client is gone by now: disconnected, or its FIN read (`client_closing`)."""
+        return bool(self._cycle.disconnected or self._cycle.transport.is_closing())
+
+    def stop(self) -> None:
+        """End the watch: the cycle's own event is back, set if anything set this one."""
+        if self._cycle.message_event is self:
+            self._cycle.message_event = self._own
+            if self.is_set():
+                self._own.set()
+        self._gone = _nothing
 
 
 def request_headers(scope: Scope, *, identity: bool) -> list[tuple[str, str]]:
