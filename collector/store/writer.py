@@ -165,7 +165,7 @@ class LogWriter:
                 return
 
     def _write_queued(self) -> bool:
-        """Write what is queued now, batch_rows at a time; True once the stop sentinel came."""
+        """Write what is queued now, max_batch_rows at a time; True once the stop sentinel came."""
         batch: list[RequestRecord] = []
         stopping = False
         while True:
