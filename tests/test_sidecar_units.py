@@ -618,6 +618,22 @@ def test_the_fast_path_normalises_like_the_segment_loop():
     assert fast > 300  # the fast path was taken (588 of these spellings), and agreed
 
 
+def _cancels_left_after_a_shutdown(receive, exchange) -> int:
+    """Run `_watched` over `exchange`, which must end cancelled; the cancel requests still pending
+    on the request's task after it (the shutdown's own stays, the watch's is taken back)."""
+    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy._exchange = exchange  # type: ignore[method-assign]
+
+    async def main() -> int:
+        with pytest.raises(asyncio.CancelledError):
+            await proxy._watched(None, None, {}, receive, ClientChannel(None), 0.0)  # type: ignore[arg-type]
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
+
+    return asyncio.run(main())
+
+
 def test_a_shutdown_beside_a_disconnect_still_ends_the_request_as_a_shutdown():
     """uvicorn's shutdown cancel landing in the step the watcher cancels: the watcher takes back
     only its own cancel request, and the request ends as a shutdown."""
@@ -632,17 +648,7 @@ def test_a_shutdown_beside_a_disconnect_still_ends_the_request_as_a_shutdown():
         await asyncio.Event().wait()
         return Ending("ok")
 
-    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
-    proxy._exchange = exchange  # type: ignore[method-assign]
-
-    async def main() -> int:
-        with pytest.raises(asyncio.CancelledError):
-            await proxy._watched(None, None, {}, cycle.receive, ClientChannel(None), 0.0)  # type: ignore[arg-type]
-        task = asyncio.current_task()
-        assert task is not None
-        return task.cancelling()
-
-    assert asyncio.run(main()) == 1  # the shutdown's request, still pending
+    assert _cancels_left_after_a_shutdown(cycle.receive, exchange) == 1  # the shutdown's, still pending
 
 
 class _UvicornTransport(_Transport):
@@ -764,14 +770,6 @@ def test_on_uvicorn_a_shutdown_beside_a_disconnect_still_ends_the_request_as_a_s
         await asyncio.Event().wait()
         return Ending("ok")
 
-    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
-    proxy._exchange = exchange  # type: ignore[method-assign]
-
-    async def main() -> int:
-        with pytest.raises(asyncio.CancelledError):
-            await proxy._watched(None, None, {}, cycle.receive, ClientChannel(None), 0.0)  # type: ignore[arg-type]
-        task = asyncio.current_task()
-        assert task is not None
-        return task.cancelling()
-
-    assert asyncio.run(main()) == 1  # the shutdown's request, still pending
+    own = cycle.message_event
+    assert _cancels_left_after_a_shutdown(cycle.receive, exchange) == 1  # the shutdown's, still pending
+    assert cycle.message_event is own  # put back on the cancelled path too
