@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from support.strategies import json_scalars
+from uvicorn.config import Config
 from uvicorn.protocols.http.flow_control import FlowControl
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
 
 from collector.sidecar.proxy import CompletionsProxy
 from collector.sidecar.relay import ClientChannel, Ending, client_closing
@@ -773,3 +775,69 @@ def test_on_uvicorn_a_shutdown_beside_a_disconnect_still_ends_the_request_as_a_s
     own = cycle.message_event
     assert _cancels_left_after_a_shutdown(cycle.receive, exchange) == 1  # the shutdown's, still pending
     assert cycle.message_event is own  # put back on the cancelled path too
+
+
+class _ProtocolTransport(_UvicornTransport):
+    """What uvicorn's protocol needs of a transport: no socket, writes and a close recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closing = True
+
+
+@pytest.mark.parametrize("then", ["more_body", "connection_lost"])
+def test_on_uvicorns_own_protocol_only_a_lost_connection_cancels_the_exchange(then):
+    """uvicorn's HttpToolsProtocol, fed bytes, sets the cycle's message_event for a body piece
+    (the exchange goes on) and in connection_lost (the exchange is cancelled in that step)."""
+    outcomes: list[str] = []
+    steps: dict[str, asyncio.Event] = {}
+
+    async def exchange(*_: object) -> Ending:
+        assert len(asyncio.all_tasks()) == 2  # the test's and the request's: no watcher task
+        steps["started"].set()
+        await steps["release"].wait()  # the upstream answers only when the test says so
+        return Ending("ok")
+
+    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy._exchange = exchange  # type: ignore[method-assign]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        ending = await proxy._watched(None, None, {}, receive, ClientChannel(None), 0.0)  # type: ignore[arg-type]
+        outcomes.append(ending.outcome)
+        if ending.outcome == "ok":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"done"})
+
+    async def main() -> None:
+        steps.update(started=asyncio.Event(), release=asyncio.Event())
+        config = Config(app=app, lifespan="off", log_level="critical")
+        state = ServerState()
+        protocol = HttpToolsProtocol(config, state, {})
+        transport = _ProtocolTransport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n{}"
+        )
+        await steps["started"].wait()  # the exchange runs; the body's last two bytes are still due
+        if then == "more_body":
+            protocol.data_received(b"  ")  # on_body, on_message_complete: message_event.set() twice
+            steps["release"].set()
+        else:
+            protocol.connection_lost(None)
+        (task,) = state.tasks
+        async with asyncio.timeout(10):  # a watch that never cancels fails here, not by hanging
+            await task
+        assert (b"\r\ndone\r\n" in transport.written) == (then == "more_body")
+        assert protocol.cycle.message_event.is_set()  # its own event, set as by the protocol
+
+    asyncio.run(main())
+    assert outcomes == (["ok"] if then == "more_body" else ["client_cancelled"])

@@ -54,6 +54,25 @@ def test_duplicates_inside_one_batch_are_stored_once():
     assert _ids(store) == sorted(row["request_id"] for row in rows)
 
 
+def test_a_batch_converted_in_several_slices_is_inserted_exactly_once():
+    """More than 5,000 rows become one table of several chunks (rows_to_arrow's slices); a
+    repeat across slices, a NULL admitted_at in a later slice and a resend are all caught."""
+    store = RequestStore()
+    rows = synthetic_rows(12_000, T0, span=timedelta(minutes=30), prefix="k")
+    batch = rows + [rows[42]]  # the repeat lands in the third slice, its original in the first
+    table = rows_to_arrow(batch)
+    assert table.column("request_id").num_chunks == 3
+    assert store.insert_rows(batch) == 12_000
+    assert store.insert_rows(batch) == 0
+    bare = [{"request_id": f"bare{i}", "model": "m"} for i in range(6_000)]  # slices 2 and 3: NULLs
+    mixed = synthetic_rows(5_000, T0 + timedelta(hours=1), prefix="m") + bare
+    admitted = rows_to_arrow(mixed).column("admitted_at")
+    assert [chunk.null_count for chunk in admitted.chunks] == [0, 5_000, 1_000]
+    assert store.insert_rows(mixed) == 11_000
+    assert store.insert_rows(mixed) == 0
+    assert store.query("SELECT count(*), count(DISTINCT request_id) FROM requests") == [(23_000, 23_000)]
+
+
 def test_rows_far_apart_in_time_are_checked_against_their_own_span_only():
     # a batch spanning a week next to stored rows from every day of it: the duplicate check must
     # still find each stored row, whichever row group it sits in

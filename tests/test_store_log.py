@@ -79,6 +79,39 @@ def test_a_backlog_is_written_in_batches_of_up_to_max_batch_rows(max_batch_rows,
     assert max(sink.batches) == largest  # 2,450 behind: filled batches of the most allowed
 
 
+class _Poisoned(_Gated):
+    """Fails any batch that holds the poison row, the way one bad row fails a whole INSERT."""
+
+    def __init__(self, poison: str):
+        super().__init__()
+        self.poison, self.failed = poison, []
+
+    def write_batch(self, rows):
+        if any(row["request_id"] == self.poison for row in rows):
+            self.failed.append(len(rows))
+            raise duckdb.ConversionException("bad row")
+        super().write_batch(rows)
+
+
+def test_a_failed_catch_up_batch_is_retried_in_pieces_and_loses_only_the_bad_piece():
+    """One failure in a 2,450-row catch-up batch costs the 100 rows around the bad one, not all."""
+    registry = CollectorRegistry()
+    sink = _Poisoned(poison="r1234")
+    writer = LogWriter(sink, registry, batch_rows=100, max_batch_rows=5_000, flush_interval_s=5)
+    rows = _rows(2_550)
+    for row in rows[:100]:
+        writer.submit(row)
+    assert sink.entered.wait(10)
+    for row in rows[100:]:
+        writer.submit(row)
+    sink.gate.set()
+    writer.close()
+    assert sink.failed == [2_450, 100]  # the catch-up batch, then only the piece with r1234
+    assert sum(sink.batches) == 2_450 and max(sink.batches) == 100
+    assert registry.get_sample_value("headroom_log_rows_dropped_total", {"reason": "db_error"}) == 100
+    assert registry.get_sample_value("headroom_log_rows_written_total") == 2_450
+
+
 def test_the_sidecars_writer_appends_a_backlog_of_rows_to_its_own_store_at_once(tmp_path):
     """A store takes large appends faster per row; a shipper's bodies stay at --log-batch-rows."""
     from collector.sidecar.config import SidecarConfig

@@ -196,6 +196,19 @@ class LogWriter:
             self.dropped.labels(exc.reason).inc(lost)
             self.written.inc(len(batch) - lost)
         except BaseException:  # a failing sink, whatever it raises, must never stop the writer
+            if len(batch) > self.batch_rows:
+                # A catch-up batch failed as a whole (one bad row, a full disk for a moment): retry
+                # it batch_rows at a time, so one failure loses at most that many rows, not up to
+                # max_batch_rows. Safe to resend: the store ignores a request_id it already holds.
+                log.warning(
+                    "request-log batch of %d rows failed; retrying it in batches of %d",
+                    len(batch),
+                    self.batch_rows,
+                    exc_info=True,
+                )
+                for start in range(0, len(batch), self.batch_rows):
+                    self._write(batch[start : start + self.batch_rows])
+                return
             log.exception("request-log sink failed; %d rows dropped", len(batch))
             self.dropped.labels("db_error").inc(len(batch))
         else:
