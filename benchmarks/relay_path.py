@@ -74,9 +74,12 @@ class _Content:
     __slots__ = ("_reads",)
 
     def __init__(self, reads: list[bytes]) -> None:
-        self._reads = reads
+        self._reads = iter(reads)
 
-    async def iter_any(self):
+    async def readany(self) -> bytes:  # aiohttp's StreamReader: b"" at the end
+        return next(self._reads, b"")
+
+    async def iter_any(self):  # what older relays and the pass-through read with
         for data in self._reads:
             yield data
 

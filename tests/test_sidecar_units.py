@@ -448,11 +448,10 @@ class _Reads:
 
     def __init__(self, reads: list[bytes]) -> None:
         self.content = self
-        self._reads = reads
+        self._reads = iter(reads)
 
-    async def iter_any(self):
-        for data in self._reads:
-            yield data
+    async def readany(self) -> bytes:  # aiohttp's StreamReader: b"" at the end
+        return next(self._reads, b"")
 
 
 class _Sent:

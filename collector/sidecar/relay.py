@@ -448,7 +448,8 @@ async def relay_stream(
     if cycle is not None:
         flow, write = cycle.flow, cycle.transport.write
     tracing = request.telemetry is not None  # the span reads each chunk's id, model and finish
-    async for data in response.content.iter_any():
+    readany = response.content.readany  # iter_any's loop without its iterator's coroutine per read
+    while data := await readany():
         began = clock()
         body = splitter.take(data)
         tokens = 0
