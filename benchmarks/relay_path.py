@@ -2,6 +2,8 @@
 
     python benchmarks/relay_path.py                  # three streams, 1 and 8 events per read
     python benchmarks/relay_path.py --repeat 400     # longer, steadier
+    python benchmarks/relay_path.py --strip-usage all  # every stream as for a client that did not
+                                                     # ask for usage (most clients of `headroom run`)
     python benchmarks/relay_path.py --against <(git show 97cf110:collector/sidecar/relay.py)
                                                      # another relay.py beside this one, rounds alternated
 
@@ -153,6 +155,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200, help="streams per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--against", metavar="FILE", help="another relay.py to run beside this one")
+    parser.add_argument(
+        "--strip-usage",
+        choices=("vllm", "all"),
+        default="vllm",
+        help="streams relayed as for a client that did not ask for usage (the proxy asked, and "
+        "strips what it asked for): the vLLM-style one only (the default, as recorded before "
+        "2026-12-04), or all, as `headroom run` relays most clients",
+    )
     args = parser.parse_args()
     against = load_relay(args.against).relay_stream if args.against else None
     tracker = Tracker(CollectorRegistry(), instance="bench")
@@ -162,7 +172,7 @@ def main() -> None:
         events = stream.count(b"\n\n")
         for per_read in (1, 8):
             reads = reads_of(stream, per_read)
-            vllm = name == "vLLM-style"
+            strip = args.strip_usage == "all" or name == "vLLM-style"
             relays = {"relay": relay_stream, **({"against": against} if against else {})}
             best = {name: float("inf") for name in ("forward", *relays)}
             for _ in range(args.rounds):  # alternated, so drift on the machine spreads over all
@@ -174,7 +184,7 @@ def main() -> None:
                     best[label] = min(
                         best[label],
                         cpu_per_event(
-                            lambda r, v=vllm, f=relay: accounted(r, client, tracker, v, f),
+                            lambda r, v=strip, f=relay: accounted(r, client, tracker, v, f),
                             reads,
                             events,
                             args.repeat,

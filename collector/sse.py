@@ -24,6 +24,7 @@ __all__ = [
     "ChunkInfo",
     "inspect_event",
     "plain_tokens",
+    "plain_read",
     "DONE",
     "MALFORMED",
     "ERROR",
@@ -32,6 +33,9 @@ __all__ = [
 
 class EventTooLarge(ValueError):
     """An event grew past the splitter's limit without ending; the message names the limit."""
+
+
+_CR = 13  # b"\r"[0]
 
 
 class EventSplitter:
@@ -80,8 +84,9 @@ class EventSplitter:
             self._parts, self._pending, self._tail = [], 0, b""
         else:
             buffer = data
-        # a one-byte search first: 0.15 against 0.72 us for a read of 8 events without "\r"
-        separator = b"\r\n\r\n" if b"\r" in buffer and b"\r\n\r\n" in buffer else b"\n\n"
+        # a one-byte search first, as an int (memchr): 0.03 us a read, against 0.16 for b"\r" in
+        # and 0.72 for the four-byte search, for a read of 8 events without "\r"
+        separator = b"\r\n\r\n" if _CR in buffer and b"\r\n\r\n" in buffer else b"\n\n"
         end = buffer.rfind(separator)
         if end < 0:
             self._hold(buffer)
@@ -271,14 +276,25 @@ class _Plain(msgspec.Struct, gc=False):
     """
 
     choices: list[_Choice]
-    usage: None = None
+    usage: msgspec.UnsetType | None = msgspec.UNSET  # None: `"usage":null` (vLLM), UNSET: absent
 
 
 _PLAIN = msgspec.json.Decoder(_Plain)
 
 
 def plain_tokens(complete: bytes) -> int | None:
-    """The tokens in a read of plain chunks, read in one parse; None when it holds anything else.
+    """The tokens in a read of plain chunks (`plain_read`'s first value), or None."""
+    read = plain_read(complete)
+    return None if read is None else read[0]
+
+
+def plain_read(complete: bytes) -> tuple[int, bool] | None:
+    """A read of plain chunks, read in one parse: (its tokens, whether a chunk says
+    `"usage":null`); None when it holds anything else.
+
+    The second value spares the proxy a search of every read for the `"usage":null` it strips
+    (0.5 us for a read of 8 events, about as long as parsing two of them) where no chunk has it,
+    as in OpenAI's and llama.cpp's streams.
 
     `complete` is what `EventSplitter.take` returned for "\\n\\n"-terminated events. A plain
     chunk is one `data:` line holding a JSON object with a `choices` list of objects, and no
@@ -301,9 +317,11 @@ def plain_tokens(complete: bytes) -> int | None:
     number past a double's range (`1e400`), which orjson refuses as malformed, this decoder
     reads as infinity in a field it skips.
 
-    >>> plain_tokens(b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\\n\\n' * 2)
-    4
-    >>> plain_tokens(b'data: {"choices":[],"usage":{"completion_tokens":4}}\\n\\n') is None
+    >>> plain_read(b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\\n\\n' * 2)
+    (4, False)
+    >>> plain_read(b'data: {"choices":[],"usage":null}\\n\\n')
+    (0, True)
+    >>> plain_read(b'data: {"choices":[],"usage":{"completion_tokens":4}}\\n\\n') is None
     True
     """
     if complete.startswith(b"data: "):
@@ -324,13 +342,16 @@ def plain_tokens(complete: bytes) -> int | None:
         if newlines == 2:  # one event (each read of a paced stream)
             chunks: Sequence[_Plain] = (_PLAIN.decode(complete[start:]),)
         else:  # one JSON value a line
-            chunks = _PLAIN.decode_lines(complete[start:].replace(boundary, b"\n"))
+            # (split and join: 0.86 against 1.13 us for `replace` on a read of 8 events)
+            chunks = _PLAIN.decode_lines(b"\n".join(complete[start:].split(boundary)))
             if 2 * len(chunks) != newlines:
                 return None  # an event of several lines, or payloads that parse only together
     except msgspec.DecodeError:  # bad JSON, or not a plain chunk (ValidationError is one)
         return None
-    tokens = 0
+    tokens, usage_null = 0, False
     for chunk in chunks:
+        if chunk.usage is None:
+            usage_null = True
         for choice in chunk.choices:
             delta = choice.delta
             if delta is None:
@@ -349,4 +370,4 @@ def plain_tokens(complete: bytes) -> int | None:
                 continue
             tool_call = delta.tool_calls or delta.function_call
             tokens += _delta_rule(content, delta.reasoning_content, delta.reasoning, tool_call)
-    return tokens
+    return tokens, usage_null

@@ -23,7 +23,7 @@ from collector.sidecar.relay import ClientChannel, Ending, client_closing
 from collector.sidecar.requests import parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
-from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event, plain_tokens
+from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event, plain_read, plain_tokens
 
 
 def test_splitter_reassembles_the_real_llamacpp_stream_under_any_chunking(fixtures_dir):
@@ -124,6 +124,9 @@ _OTHERS = [
 def test_a_read_of_plain_chunks_is_read_in_one_parse_and_anything_else_is_left_to_the_slow_path(fixtures_dir):
     vllm = b'data: {"choices":[{"delta":{"content":"abcdefghijkl"}}],"usage":null}\n\n'
     assert plain_tokens(_PLAIN) == 2 and plain_tokens(_PLAIN * 8) == 16 and plain_tokens(vllm * 3) == 9
+    # whether a chunk's own usage is null: the relay searches only such reads for what it strips
+    assert plain_read(_PLAIN * 8) == (16, False) and plain_read(_PLAIN * 2 + vllm) == (7, True)
+    assert plain_read(b'data: {"choices":[{"delta":{"content":"ab","usage":null}}]}\n\n') == (1, False)
     assert plain_tokens(_PLAIN.replace(b"data: ", b"data:") * 2) == 4  # TGI writes no space
     assert plain_tokens(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n') == 0
     for event, tokens in [  # the deltas the inlined common case must leave to `_delta_tokens`

@@ -26,7 +26,16 @@ from yarl import URL
 
 from collector.record import outcome_for_status
 from collector.sidecar.tracker import LiveRequest, Tracker
-from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, EventTooLarge, inspect_event, plain_tokens
+from collector.sse import (
+    DONE,
+    ERROR,
+    MALFORMED,
+    EventSplitter,
+    EventTooLarge,
+    inspect_event,
+    plain_read,
+    plain_tokens,
+)
 
 __all__ = [
     "Ending",
@@ -454,13 +463,16 @@ async def relay_stream(
         body = splitter.take(data)
         tokens = 0
         if body:
-            read = None if tracing else plain_tokens(body)
+            read = None if tracing else plain_read(body)
             if read is None:
-                read, body = reading.events(splitter, body)
-            tokens = read
+                tokens, body = reading.events(splitter, body)
+                usage_null = strip_usage
+            else:
+                tokens, usage_null = read
             # vLLM writes "usage":null into every chunk once usage was asked for: the client did
-            # not ask, so it goes, once per read (inside a JSON string the quotes would be escaped)
-            if strip_usage and _USAGE_NULL in body:
+            # not ask, so it goes, once per read (inside a JSON string the quotes would be escaped);
+            # a read that plain_read found without it is not searched
+            if usage_null and strip_usage and _USAGE_NULL in body:
                 body = body.replace(_USAGE_NULL, b"")
         # one tracker call per read (tokens and the time spent): the same instant for TTFT
         relayed(request, tokens, clock() - began)
