@@ -136,11 +136,14 @@ def test_short_prompt_ladder_knees_at_max_num_seqs(max_num_seqs):
         assert tput[high] > 1.5 * tput[low], f"tokens/s should rise to the knee: {tput} (client {client})"
     _assert_plateau(tput, seen, max_num_seqs, [c for c in levels if c > max_num_seqs])
     ttft = {c: s["ttft_p95_s"] for c, s in summaries.items()}
-    # past the knee a request waits for a slot: about one request duration per batch-full queued
+    typical = {c: s["ttft_p50_s"] for c, s in summaries.items()}
+    # past the knee a request waits for a slot: about one request duration per batch-full queued.
+    # The typical request shows it against the knee's: the knee's p95 also holds the host's
+    # stalls (a busy CI host once put it at 0.19 s, against 0.008 s at half the knee)
     duration_s = SHORT_OUTPUT * CostModel().step_seconds(max_num_seqs, max_num_seqs * 80) / SPEED
     jump = ttft[2 * max_num_seqs] - ttft[max_num_seqs]
-    assert jump > 0.5 * duration_s and ttft[2 * max_num_seqs] > 3 * ttft[max_num_seqs], (
-        f"p95 TTFT jumps past the knee (request duration {duration_s:.3f} s): {ttft}"
+    assert jump > 0.5 * duration_s and typical[2 * max_num_seqs] > 3 * typical[max_num_seqs], (
+        f"TTFT jumps past the knee (request duration {duration_s:.3f} s): p95 {ttft}, p50 {typical}"
     )
     # up to the knee nobody waits for a slot. The engine's own queue says so without the host's
     # noise: at most the odd request that arrived in the step before a slot freed, against a
