@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import threading
+import time
 from types import SimpleNamespace
 
 import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from support.sidecar import sidecar_rig, wait_until
 
 from collector.sources import gpu as gpu_module
 from collector.sources.gpu import GpuCollector
@@ -189,3 +194,92 @@ def test_this_machines_real_nvml_path_never_crashes():
     else:  # this development machine: no driver, no device
         assert sample(registry, "headroom_gpu_up") == 0.0
         assert collector.unavailable_reason
+
+
+def _nvidia_smi_gpus() -> list[dict[str, str]]:
+    """The GPUs nvidia-smi reads (index, uuid, name, memory.total in MiB); none without a driver."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    fields = ("index", "uuid", "name", "memory.total")
+    done = subprocess.run(
+        [exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        return []
+    return [
+        dict(zip(fields, (cell.strip() for cell in line.split(",")))) for line in done.stdout.splitlines()
+    ]
+
+
+@pytest.mark.subprocess  # nvidia-smi
+def test_on_a_real_gpu_the_sidecar_exports_what_nvidia_smi_reads_and_follows_a_load(tmp_path):
+    """The real sidecar on a GPU machine: every GPU nvidia-smi lists, labelled as nvidia-smi names
+    it, with its memory total to the MiB; with PyTorch there, a matmul load moves utilisation
+    and memory in the next scrapes. No GPU here: skipped (the fake-NVML tests above cover the
+    logic; this is the check a GPU machine runs)."""
+    gpus = _nvidia_smi_gpus()
+    if not gpus:
+        pytest.skip("no NVIDIA GPU on this machine (nvidia-smi absent or lists none)")
+    with sidecar_rig(tmp_path) as rig:
+        metrics = rig.metrics()
+        assert metrics[("headroom_source_scrape_success", (("source", "gpu"),))] == 1.0
+        for gpu in gpus:
+            labels = (("gpu", gpu["index"]), ("gpu_name", gpu["name"]), ("uuid", gpu["uuid"]))
+            assert metrics[("headroom_gpu_up", labels)] == 1.0
+            total = metrics[("headroom_gpu_memory_total_bytes", labels)]
+            assert 0 <= total - int(gpu["memory.total"]) * 2**20 < 2**20  # nvidia-smi floors to MiB
+            assert 0 < metrics[("headroom_gpu_memory_used_bytes", labels)] <= total
+            assert 0 <= metrics[("headroom_gpu_utilization_ratio", labels)] <= 1
+            assert metrics[("headroom_gpu_power_watts", labels)] > 0
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("PyTorch sees no GPU: the load half of this check needs one")
+        first = gpus[0]
+        labels = (("gpu", first["index"]), ("gpu_name", first["name"]), ("uuid", first["uuid"]))
+        used_before = metrics[("headroom_gpu_memory_used_bytes", labels)]
+        device = torch.device(f"cuda:{first['index']}")
+        ballast = torch.empty(4 * 2**30, dtype=torch.uint8, device=device)  # 4 GiB the driver must count
+        matrix = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        stop = threading.Event()
+
+        def load() -> None:  # bounded: stops when the check is done, or after 60 s
+            deadline = time.monotonic() + 60
+            while not stop.is_set() and time.monotonic() < deadline:
+                for _ in range(20):
+                    matrix @ matrix
+                torch.cuda.synchronize(device)
+
+        worker = threading.Thread(target=load, daemon=True)
+        worker.start()
+
+        def under_load() -> dict | None:
+            scrape = rig.metrics()
+            busy = scrape[("headroom_gpu_utilization_ratio", labels)] >= 0.5
+            return (
+                scrape
+                if busy and scrape[("headroom_gpu_memory_used_bytes", labels)] >= used_before + 4 * 2**30
+                else None
+            )
+
+        try:
+            loaded = wait_until(
+                under_load,
+                timeout_s=30,
+                interval_s=0.25,
+                what="GPU utilisation >= 0.5 and 4 GiB more memory in the sidecar's scrape",
+            )
+        finally:
+            stop.set()
+            worker.join(70)
+        print(
+            f"{first['name']}: utilisation {loaded[('headroom_gpu_utilization_ratio', labels)]:.2f}, "
+            f"memory used {used_before / 2**30:.2f} -> "
+            f"{loaded[('headroom_gpu_memory_used_bytes', labels)] / 2**30:.2f} GiB, power "
+            f"{metrics[('headroom_gpu_power_watts', labels)]:.0f} -> "
+            f"{loaded[('headroom_gpu_power_watts', labels)]:.0f} W"
+        )
+        del ballast
