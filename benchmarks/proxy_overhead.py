@@ -229,6 +229,11 @@ def run_workload(targets: list[Target], workload: str, args) -> dict:
         for target, style in units[shift:] + units[:shift]:
             runs[f"{target.name}/{style}"].append(measure(target, streams, pace, style, args.round_s))
     summary = {key: summarise(value, args.steal, args.max_steal) for key, value in runs.items()}
+    for key, rounds in runs.items():  # in the order they ran: a drift over the run shows here
+        summary[key]["chunks_per_s_in_round_order"] = [round(r["chunks_per_s"]) for r in rounds]
+        summary[key]["cpu_us_per_chunk_in_round_order"] = [
+            None if r["cpu_us_per_chunk"] is None else round(r["cpu_us_per_chunk"], 2) for r in rounds
+        ]
     compared = compare(summary)
     for key, spread in by_round(runs).items():
         compared[key].update(spread)
