@@ -2,6 +2,7 @@
 
     python benchmarks/proxy_overhead.py                      # the BENCHMARKS.md table
     python benchmarks/proxy_overhead.py --rounds 3 --round-s 3 --workloads 64:flood --no-litellm
+    python benchmarks/proxy_overhead.py --chunks 1 --workloads 64:flood --no-litellm  # CPU per request
     python benchmarks/proxy_overhead.py --extra-target 'asgi=python benchmarks/x.py {port} {upstream}'
 
 One independent upstream (benchmarks/sse_upstream.py: asyncio streams, 64 one-token chunks per
@@ -134,10 +135,12 @@ def _units(targets: list[Target], pace: str, vllm_targets: set[str]) -> list[tup
     return units
 
 
-def measure(target: Target, streams: int, pace: str, style: str, seconds: float) -> dict:
+def measure(
+    target: Target, streams: int, pace: str, style: str, seconds: float, answer_chunks: int = 64
+) -> dict:
     """One time-boxed round of one target: chunks/s, TTFT samples, CPU per chunk."""
     headers = {
-        "x-chunks": "64",
+        "x-chunks": str(answer_chunks),
         "x-pace-ms": "0" if pace == "flood" else str(1000 // int(pace)),
         "x-style": style,
     }
@@ -227,7 +230,9 @@ def run_workload(targets: list[Target], workload: str, args) -> dict:
     for round_index in range(args.rounds):
         shift = round_index % len(units)
         for target, style in units[shift:] + units[:shift]:
-            runs[f"{target.name}/{style}"].append(measure(target, streams, pace, style, args.round_s))
+            runs[f"{target.name}/{style}"].append(
+                measure(target, streams, pace, style, args.round_s, args.chunks)
+            )
     summary = {key: summarise(value, args.steal, args.max_steal) for key, value in runs.items()}
     for key, rounds in runs.items():  # in the order they ran: a drift over the run shows here
         summary[key]["chunks_per_s_in_round_order"] = [round(r["chunks_per_s"]) for r in rounds]
@@ -329,6 +334,12 @@ def main() -> None:
         help="comma-separated STREAMS:PACE, PACE = flood or tokens/s per stream",
     )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=64,
+        help="token chunks per answer (default 64; 1 makes CPU per chunk the CPU per request)",
+    )
     parser.add_argument("--round-s", type=float, default=4.0, help="seconds per target per round")
     parser.add_argument("--vllm-targets", default="headroom", help="targets that also get vLLM-style streams")
     parser.add_argument(
