@@ -202,12 +202,15 @@ def _nvidia_smi_gpus() -> list[dict[str, str]]:
     if exe is None:
         return []
     fields = ("index", "uuid", "name", "memory.total")
-    done = subprocess.run(
-        [exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    try:
+        done = subprocess.run(
+            [exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):  # a driver that cannot answer: no GPU to check
+        return []
     if done.returncode != 0:
         return []
     return [
