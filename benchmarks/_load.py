@@ -34,6 +34,7 @@ class RoundResult:
     token_chunks: int = 0
     completed: int = 0
     failed: int = 0
+    reads: int = 0  # the client's reads of answer bytes: fewer, larger reads cost it less per chunk
     ttft_s: list[float] = field(default_factory=list)
     ttft_at: list[float] = field(default_factory=list)  # wall time each of those requests was sent
 
@@ -78,6 +79,7 @@ async def drive_for(
                                 result.ttft_at.append(sent_at)
                                 first = False
                             result.token_chunks += tokens
+                            result.reads += 1
                     result.completed += 1
                 except (TimeoutError, aiohttp.ClientError):
                     result.failed += 1
@@ -90,6 +92,7 @@ async def drive_for(
             result.token_chunks,
             result.completed,
             result.failed,
+            result.reads,
             list(result.ttft_s),
             list(result.ttft_at),
         )

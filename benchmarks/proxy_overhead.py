@@ -21,7 +21,9 @@ token chunks/s (median of the rounds) and its ratios, TTFT p50/p99 over all roun
 proxy adds to direct's, the proxy's CPU per chunk, and its resident memory at the end. The
 upstream's and this process's CPU per chunk are in the JSON too (`upstream_cpu_us_per_chunk`,
 `client_cpu_us_per_chunk`): on 2 cores, whatever a proxy makes the other two spend (more reads,
-more wake-ups) costs chunk rate as surely as its own CPU does.
+more wake-ups) costs chunk rate as surely as its own CPU does. `chunks_per_client_read` says how
+many token chunks each of the load generator's reads carried: a proxy that forwards sooner, in
+smaller pieces, makes the client read more often for the same chunks.
 
 TTFT is also reported over the *clean* requests only (`clean_*`): those whose interval from
 sending to first token touched no second in which the host stole more than --max-steal percent
@@ -159,6 +161,7 @@ def measure(
     return {
         **{f"{name}_cpu_us_per_chunk": spent[name] / chunks * 1e6 for name in SIDES},
         "chunks_per_s": result.chunks_per_s,
+        "chunks_per_client_read": result.token_chunks / max(1, result.reads),
         "ttft_s": result.ttft_s,
         "ttft_at": result.ttft_at,
         "failed": result.failed,
@@ -186,6 +189,7 @@ def summarise(runs: list[dict], steal: StealSampler | None = None, max_steal: fl
     return {
         "chunks_per_s": round(statistics.median(run["chunks_per_s"] for run in runs), 1),
         **sides,
+        "chunks_per_client_read": round(statistics.median(run["chunks_per_client_read"] for run in runs), 2),
         "ttft_p50_ms": percentile_ms(ttft, 0.50),
         "ttft_p99_ms": percentile_ms(ttft, 0.99),
         "clean_requests": f"{len(clean)} of {len(ttft)}",
