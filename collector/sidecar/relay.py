@@ -603,7 +603,7 @@ class _StreamSink:
         self.tracing = request.telemetry is not None  # the span reads each chunk's id, model and finish
         self.status = exchange.status
         self.failure: BaseException | None = None
-        self.draining = False
+        self.draining: asyncio.Future[None] | None = None  # the task that resumes the upstream
 
     def body(self, data: bytes) -> None:
         began = time.monotonic()
@@ -628,10 +628,9 @@ class _StreamSink:
         if body:
             if not self.cycle.disconnected:
                 self.write(b"%x\r\n%b\r\n" % (len(body), body))
-                if self.flow.write_paused and not self.draining:
-                    self.draining = True
+                if self.flow.write_paused and self.draining is None:
                     self.exchange.pause()
-                    asyncio.ensure_future(self._drained())
+                    self.draining = asyncio.ensure_future(self._drained())
             if self.reading.done and self.client.answered is None:
                 self.client.answered = self.reading.ending(self.status, b"")
 
@@ -642,7 +641,7 @@ class _StreamSink:
         try:
             await self.flow.drain()
         finally:
-            self.draining = False
+            self.draining = None
             self.exchange.resume()
 
 
