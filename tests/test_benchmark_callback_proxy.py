@@ -16,7 +16,7 @@ import duckdb
 import httpx
 import pytest
 
-from tests.support.processes import free_port
+from support.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}'
