@@ -66,7 +66,9 @@ def test_answers_come_whole_and_one_connection_carries_them_in_turn():
         assert upstream.connections == 1  # kept alive and reused
     for status, body, ok in answers:
         assert status == 200 and ok
-        assert body.count(b"data: ") == 3 + 2 and body.endswith(b"data: [DONE]\n\n")  # role, 3 tokens, finish
+        assert body.count(b"data: ") == 1 + 3 + 1 + 1 and body.endswith(
+            b"data: [DONE]\n\n"
+        )  # role, tokens, finish, DONE
 
 
 def test_the_bound_holds_requests_until_a_connection_is_free():
@@ -150,7 +152,9 @@ def test_a_body_that_breaks_tells_the_sink_and_ends_false():
     async def main(url: str) -> tuple[_Collect, bool]:
         pool = H1Pool(url)
         try:
-            exchange = await pool.send(b"POST", b"/v1/chat/completions", _headers(fake="broken-framing"), BODY)
+            exchange = await pool.send(
+                b"POST", b"/v1/chat/completions", _headers(fake="broken-framing"), BODY
+            )
             sink = _Collect()
             exchange.start_body(sink)
             return sink, await exchange.ended
@@ -160,7 +164,7 @@ def test_a_body_that_breaks_tells_the_sink_and_ends_false():
     with FakeUpstream() as upstream:
         sink, ok = asyncio.run(main(upstream.url))
     assert not ok and isinstance(sink.failure, UpstreamBodyBroken)
-    assert b"".join(sink.reads).count(b"data: ") == 2  # the two good events came first
+    assert b"".join(sink.reads).count(b"data: ") == 3  # the role chunk and two tokens came first
 
 
 def test_abandoning_an_exchange_closes_its_connection():

@@ -50,7 +50,6 @@ __all__ = [
     "request_headers",
     "response_headers",
     "target_url",
-    "end_on_connection_loss",
     "describe_failure",
     "relay_body",
     "relay_stream",
@@ -285,15 +284,9 @@ class CycleWatch(asyncio.Event):
         self._gone = _nothing
 
 
-def request_headers(scope: Scope, *, identity: bool) -> list[tuple[str, str]]:
-    """The client's headers for the upstream, less hop-by-hop ones (and compression if `identity`)."""
-    headers = [
-        (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP_BY_HOP
-    ]
-    if identity:  # the proxy reads the stream, so it must arrive uncompressed
-        headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"]
-        headers.append(("Accept-Encoding", "identity"))
-    return headers
+def request_headers(scope: Scope) -> list[tuple[str, str]]:
+    """The client's headers for the upstream (the pass-through's), less hop-by-hop ones."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP_BY_HOP]
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]], *, keep_length: bool) -> list[tuple[bytes, bytes]]:
@@ -317,39 +310,6 @@ def target_url(upstream: str, scope: Scope) -> URL:
     if raw:
         return URL(upstream + raw.decode("latin-1") + tail, encoded=True)
     return URL(upstream + scope["path"] + tail)
-
-
-def end_on_connection_loss(response: aiohttp.ClientResponse) -> Callable[[], None]:
-    """Make a body read fail at once when the upstream connection dies before the body ended.
-
-    aiohttp (3.14) closes the connection when its parser rejects the body (say, a broken chunk
-    size line after two good events) but never wakes the reader, and drops the read timeout:
-    the read would hang until the client gives up. One callback per response, none per chunk.
-
-    Returns what takes the callback off the connection again; call it once the response is
-    done. The connection is pooled and outlives the response: left on, every request served
-    over it kept its response alive until the connection closed. That was about 7 KB per request,
-    a sidecar growing by 340 MiB over 48,000 requests (BENCHMARKS.md §7).
-    """
-    connection = response.connection
-    protocol = connection.protocol if connection is not None else None
-    if protocol is None:
-        return _nothing
-
-    def lost(_: object = None) -> None:
-        if not response.content.is_eof() and response.content.exception() is None:
-            response.content.set_exception(aiohttp.ClientPayloadError("connection lost mid-body"))
-
-    closed = protocol.closed
-    if closed is None:  # already lost before we asked
-        lost()
-        return _nothing
-    closed.add_done_callback(lost)
-
-    def forget() -> None:
-        closed.remove_done_callback(lost)
-
-    return forget
 
 
 def _nothing() -> None:
