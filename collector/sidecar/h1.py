@@ -146,6 +146,7 @@ class Exchange:
         if connection is not None:
             connection.exchange = None
             connection.close()
+        self._sink = None
         if not self.head.done():
             self.head.cancel()
         if not self.ended.done():
@@ -159,7 +160,7 @@ class Exchange:
             self._sink.body(data)
 
     def _end(self) -> None:
-        self.connection = None
+        self.connection = self._sink = None  # the sink refers back to this: no cycle left to collect
         if not self.ended.done():
             self.ended.set_result(True)
 
@@ -171,6 +172,7 @@ class Exchange:
             return
         if self._held is None and self._sink is not None:
             self._sink.broken(exc)
+            self._sink = None
         else:
             self._failure = exc  # told to the sink when it comes
         self.ended.set_result(False)
