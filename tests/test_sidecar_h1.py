@@ -9,6 +9,8 @@ import base64
 import json
 
 import pytest
+from support.processes import free_port
+from support.upstream import FakeUpstream
 
 from collector.sidecar.h1 import (
     BufferedBody,
@@ -19,8 +21,6 @@ from collector.sidecar.h1 import (
     UpstreamReadTimeout,
     UpstreamUnparsable,
 )
-from support.processes import free_port
-from support.upstream import FakeUpstream
 
 BODY = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
 

@@ -7,7 +7,9 @@ goes away. `CompletionsProxy.__call__` owns each request from admission to its l
     read the body (bounded) -> admit -> exchange with the upstream, watched for a disconnect
     -> finish (the one call of Tracker.finish) -> send the last byte
 
-The exchange and its relays (collector.sidecar.relay) return an `Ending` that says what happened;
+The upstream is reached through the accounted routes' own client (collector.sidecar.h1), whose
+connections hand each socket read of a stream to the relay in a callback. The exchange and its
+relays (collector.sidecar.relay) return an `Ending` that says what happened;
 they never finish the request and never send the last byte. The terminal transition is
 synchronous and idempotent and sits in a `finally`, so it completes even under cancellation (the
 gauge leak peers had, docs/domain.md §9). Once the client has its last byte, the row and the
