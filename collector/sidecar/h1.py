@@ -336,7 +336,7 @@ class H1Pool:
         self.ssl: ssl.SSLContext | None = ssl.create_default_context() if parts.scheme == "https" else None
         netloc = parts.netloc.rpartition("@")[2]
         self.prefix = parts.path.rstrip("/").encode("latin-1")  # the base URL's own path
-        self._fixed = [(b"host", netloc.encode("idna"))]
+        self._fixed = [(b"host", netloc.encode("ascii") if netloc.isascii() else netloc.encode("idna"))]
         if parts.username is not None:  # credentials in the URL: Basic authorization, as aiohttp sends
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
             self._fixed.append((b"authorization", b"Basic " + base64.b64encode(pair)))

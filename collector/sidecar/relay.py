@@ -25,7 +25,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _Uvico
 from yarl import URL
 
 from collector.record import outcome_for_status
-from collector.sidecar.h1 import BufferedBody, Exchange, UpstreamError
+from collector.sidecar.h1 import BufferedBody, Exchange, UpstreamBodyBroken, UpstreamError
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import (
     DONE,
@@ -450,7 +450,7 @@ async def relay_stream(
             # vLLM writes "usage":null into every chunk once usage was asked for: the client did
             # not ask, so it goes, once per read (inside a JSON string the quotes would be escaped);
             # a read that plain_read found without it is not searched
-            if usage_null and strip_usage and _USAGE_NULL in body:
+            if usage_null and strip_usage:  # (replace returns the read itself when it has none)
                 body = body.replace(_USAGE_NULL, b"")
         # one tracker call per read (tokens and the time spent): the same instant for TTFT
         relayed(request, tokens, clock() - began)
@@ -514,9 +514,11 @@ async def relay_exchange_stream(
         )
     sink = _StreamSink(tracker, request, strip_usage, exchange, cycle, client, max_event_bytes)
     exchange.start_body(sink)
-    await exchange.ended
+    whole = await exchange.ended
     if sink.failure is not None:
         raise sink.failure
+    if not whole:  # ended short without saying how: never reported as a whole answer
+        raise UpstreamBodyBroken("the upstream's response ended early")
     return sink.reading.ending(exchange.status, sink.splitter.remainder())
 
 
@@ -582,7 +584,7 @@ class _StreamSink:
             else:
                 tokens, usage_null = read
             # vLLM's "usage":null in every chunk, once usage was asked for (see relay_stream)
-            if usage_null and self.strip_usage and _USAGE_NULL in body:
+            if usage_null and self.strip_usage:  # (replace returns the read itself when it has none)
                 body = body.replace(_USAGE_NULL, b"")
         self.tracker.relayed(self.request, tokens, time.monotonic() - began)
         if body:
