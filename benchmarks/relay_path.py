@@ -8,7 +8,9 @@
                                                      # another relay.py beside this one, rounds alternated
 
 The sidecar's `relay_stream` (collector/sidecar/relay.py) runs on recorded streams, in this
-process, with no network: a stand-in upstream response yields the stream's bytes in reads of
+process, with no network. Since stop 34 `headroom run` does the same reading per read in a
+callback of its own upstream client (`relay._StreamSink`, collector/sidecar/h1.py); relay_stream
+is the relay for other ASGI servers, and its per-read reading is the same code: a stand-in upstream response yields the stream's bytes in reads of
 1 or 8 events (aiohttp hands the proxy whatever is buffered, so under load a read holds several
 events), and a stand-in client takes each forwarded body. Its events are split, read, counted
 by a real Tracker and forwarded, as in `headroom run`. The floor is the same loop with the

@@ -15,7 +15,6 @@ from pathlib import Path
 import duckdb
 import httpx
 import pytest
-
 from support.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

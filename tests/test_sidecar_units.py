@@ -523,7 +523,7 @@ class _Transport:
 
 
 def _watched(cycle: _Cycle, exchange) -> Ending:
-    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy = CompletionsProxy(None, None, tenant_header="x-tenant")  # type: ignore[arg-type]
     proxy._exchange = exchange  # type: ignore[method-assign]
     client = ClientChannel(None)
 
@@ -625,7 +625,7 @@ def test_the_fast_path_normalises_like_the_segment_loop():
 def _cancels_left_after_a_shutdown(receive, exchange) -> int:
     """Run `_watched` over `exchange`, which must end cancelled; the cancel requests still pending
     on the request's task after it (the shutdown's own stays, the watch's is taken back)."""
-    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy = CompletionsProxy(None, None, tenant_header="x-tenant")  # type: ignore[arg-type]
     proxy._exchange = exchange  # type: ignore[method-assign]
 
     async def main() -> int:
@@ -697,7 +697,7 @@ def _lost(cycle: Any) -> None:
 
 
 def _watched_on_cycle(cycle: Any, exchange) -> tuple[Ending, int]:
-    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy = CompletionsProxy(None, None, tenant_header="x-tenant")  # type: ignore[arg-type]
     proxy._exchange = exchange  # type: ignore[method-assign]
     client = ClientChannel(None)
     own = cycle.message_event
@@ -809,7 +809,7 @@ def test_on_uvicorns_own_protocol_only_a_lost_connection_cancels_the_exchange(th
         await steps["release"].wait()  # the upstream answers only when the test says so
         return Ending("ok")
 
-    proxy = CompletionsProxy(None, "http://upstream", None, tenant_header="x-tenant")  # type: ignore[arg-type]
+    proxy = CompletionsProxy(None, None, tenant_header="x-tenant")  # type: ignore[arg-type]
     proxy._exchange = exchange  # type: ignore[method-assign]
 
     async def app(scope: Any, receive: Any, send: Any) -> None:

@@ -41,6 +41,7 @@ from collector.record import RowSink
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.faults import FaultLog
+from collector.sidecar.h1 import H1Pool
 from collector.sidecar.passthrough import PassThrough
 from collector.sidecar.paths import normalised_scope, refuse_climbing
 from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
@@ -204,7 +205,7 @@ def _freeze_startup_objects() -> None:
 
 
 def _lifespan(
-    parts: SidecarParts, session: UpstreamClient, config: SidecarConfig
+    parts: SidecarParts, session: UpstreamClient, config: SidecarConfig, pool: H1Pool
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """Start the upstream client, the engine poller and the jobs; stop them, then close the sinks."""
 
@@ -231,6 +232,7 @@ def _lifespan(
             if parts.engine is not None:
                 await parts.engine.stop()
             await session.close()
+            pool.close()
             for sink in parts.sinks:
                 sink.close()
 
@@ -246,10 +248,16 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
         else:
             tracker.add_row_sink(sink.submit)
     session = _upstream_client(config)
+    pool = H1Pool(
+        config.upstream,
+        max_connections=config.max_connections,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.read_timeout_s,
+    )
     app = SidecarApp(
         title="llm-headroom sidecar",
         version=__version__,
-        lifespan=_lifespan(parts, session, config),
+        lifespan=_lifespan(parts, session, config, pool),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -262,8 +270,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
         max_sse_event_bytes=config.max_sse_event_bytes,
     )
     proxy = CompletionsProxy(
-        session,
-        config.upstream,
+        pool,
         tracker,
         tenant_header=config.tenant_header,
         engine=parts.engine,

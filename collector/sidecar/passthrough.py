@@ -66,7 +66,7 @@ class PassThrough:
                 scope["method"],
                 target_url(self._upstream, scope),
                 data=body or None,
-                headers=request_headers(scope, identity=False),
+                headers=request_headers(scope),
                 allow_redirects=False,
             )
             async with upstream.response as resp:

@@ -7,7 +7,9 @@ goes away. `CompletionsProxy.__call__` owns each request from admission to its l
     read the body (bounded) -> admit -> exchange with the upstream, watched for a disconnect
     -> finish (the one call of Tracker.finish) -> send the last byte
 
-The exchange and its relays (collector.sidecar.relay) return an `Ending` that says what happened;
+The upstream is reached through the accounted routes' own client (collector.sidecar.h1), whose
+connections hand each socket read of a stream to the relay in a callback. The exchange and its
+relays (collector.sidecar.relay) return an `Ending` that says what happened;
 they never finish the request and never send the last byte. The terminal transition is
 synchronous and idempotent and sits in a `finally`, so it completes even under cancellation (the
 gauge leak peers had, docs/domain.md §9). Once the client has its last byte, the row and the
@@ -23,6 +25,7 @@ import time
 from typing import Any
 
 from collector.sidecar.faults import FaultLog
+from collector.sidecar.h1 import BufferedBody, Exchange, H1Pool
 from collector.sidecar.relay import (
     BodyTooLarge,
     ClientChannel,
@@ -30,20 +33,19 @@ from collector.sidecar.relay import (
     Ending,
     TaskWatch,
     describe_failure,
-    end_on_connection_loss,
+    media_type,
     read_body,
     relay_body,
-    relay_stream,
-    request_headers,
+    relay_exchange_stream,
     response_headers,
-    target_url,
+    upstream_headers,
+    upstream_target,
 )
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
-from collector.sidecar.tracecontext import Telemetry, with_traceparent
+from collector.sidecar.tracecontext import Telemetry
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sources import EngineSource
-from collector.upstream import UpstreamClient
 
 __all__ = ["CompletionsProxy", "ProxyLimits"]
 
@@ -81,8 +83,7 @@ class CompletionsProxy:
 
     def __init__(
         self,
-        client: UpstreamClient,
-        upstream: str,
+        pool: H1Pool,
         tracker: Tracker,
         *,
         tenant_header: str,
@@ -92,8 +93,7 @@ class CompletionsProxy:
         read_timeout_s: float = 600.0,
         tracing: bool = False,
     ) -> None:
-        self._client = client
-        self._upstream = upstream
+        self._pool = pool
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
         self._task_cap = LabelCap(_MAX_TASK_CLASSES)  # named by probes: few, but a client could lie
@@ -217,45 +217,44 @@ class CompletionsProxy:
     async def _exchange(
         self, request: LiveRequest, parsed: ParsedRequest, scope: Scope, client: ClientChannel, read_at: float
     ) -> Ending:
-        """Send upstream, relay the answer; returns how it ended and never raises (but cancels)."""
+        """Send upstream, relay the answer; returns how it ended and never raises (but cancels).
+
+        An exchange still open when this returns (a cancel, a client gone, a relay that failed)
+        is abandoned: its connection closes, so the engine stops generating for nobody, and is
+        never pooled again."""
+        exchange: Exchange | None = None
         try:
-            url = target_url(self._upstream, scope)
-            headers = with_traceparent(request_headers(scope, identity=True), request.telemetry)
+            target = upstream_target(scope)
+            telemetry = request.telemetry
+            headers = upstream_headers(scope, telemetry.traceparent() if telemetry is not None else None)
             self._tracker.spent(request, time.monotonic() - read_at)  # body read to upstream send
-            upstream = await self._client.request(
-                "POST",
-                url,
-                data=parsed.body,
-                headers=headers,
-                allow_redirects=False,
+            exchange = await self._pool.send(b"POST", target, headers, parsed.body)
+            if exchange.retries:
+                self._tracker.retried(request, exchange.retry_reason or "stale_connection")
+            self._tracker.responded(request, exchange.status)
+            if exchange.status == 200 and media_type(exchange.headers) == "text/event-stream":
+                await client.start(200, response_headers(exchange.headers, keep_length=False))
+                return await relay_exchange_stream(
+                    self._tracker,
+                    request,
+                    parsed.usage_injected,
+                    exchange,
+                    client,
+                    self._limits.max_sse_event_bytes,
+                )
+            await client.start(exchange.status, response_headers(exchange.headers, keep_length=True))
+            return await relay_body(
+                self._tracker,
+                request,
+                BufferedBody(exchange),
+                client,
+                self._limits.max_buffered_response_bytes,
             )
         except Exception as exc:
             return self._failed(exc)
-        if upstream.retries:
-            self._tracker.retried(request, upstream.retry_reason or "stale_connection")
-        try:
-            async with upstream.response as resp:
-                forget = end_on_connection_loss(resp)
-                try:
-                    self._tracker.responded(request, resp.status)
-                    if resp.status == 200 and resp.content_type == "text/event-stream":
-                        await client.start(resp.status, response_headers(resp.raw_headers, keep_length=False))
-                        return await relay_stream(
-                            self._tracker,
-                            request,
-                            parsed.usage_injected,
-                            resp,
-                            client,
-                            self._limits.max_sse_event_bytes,
-                        )
-                    await client.start(resp.status, response_headers(resp.raw_headers, keep_length=True))
-                    return await relay_body(
-                        self._tracker, request, resp, client, self._limits.max_buffered_response_bytes
-                    )
-                finally:
-                    forget()  # the pooled connection must not keep this response alive
-        except Exception as exc:
-            return self._failed(exc)
+        finally:
+            if exchange is not None and exchange.connection is not None:
+                exchange.abandon()
 
     def _failed(self, exc: Exception) -> Ending:
         """The Ending of an exchange that raised, and one rate-limited WARNING for its class."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _Uvico
 from yarl import URL
 
 from collector.record import outcome_for_status
+from collector.sidecar.h1 import BufferedBody, Exchange, UpstreamBodyBroken, UpstreamError
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import (
     DONE,
@@ -49,10 +50,13 @@ __all__ = [
     "request_headers",
     "response_headers",
     "target_url",
-    "end_on_connection_loss",
     "describe_failure",
     "relay_body",
     "relay_stream",
+    "relay_exchange_stream",
+    "upstream_headers",
+    "upstream_target",
+    "media_type",
     "chunked_cycle",
     "send_error",
 ]
@@ -280,18 +284,12 @@ class CycleWatch(asyncio.Event):
         self._gone = _nothing
 
 
-def request_headers(scope: Scope, *, identity: bool) -> list[tuple[str, str]]:
-    """The client's headers for the upstream, less hop-by-hop ones (and compression if `identity`)."""
-    headers = [
-        (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP_BY_HOP
-    ]
-    if identity:  # the proxy reads the stream, so it must arrive uncompressed
-        headers = [(k, v) for k, v in headers if k.lower() != "accept-encoding"]
-        headers.append(("Accept-Encoding", "identity"))
-    return headers
+def request_headers(scope: Scope) -> list[tuple[str, str]]:
+    """The client's headers for the upstream (the pass-through's), less hop-by-hop ones."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP_BY_HOP]
 
 
-def response_headers(raw: tuple[tuple[bytes, bytes], ...], *, keep_length: bool) -> list[tuple[bytes, bytes]]:
+def response_headers(raw: Iterable[tuple[bytes, bytes]], *, keep_length: bool) -> list[tuple[bytes, bytes]]:
     """The upstream's headers for the client, less hop-by-hop ones (Content-Length if kept)."""
     return [
         (k, v)
@@ -314,39 +312,6 @@ def target_url(upstream: str, scope: Scope) -> URL:
     return URL(upstream + scope["path"] + tail)
 
 
-def end_on_connection_loss(response: aiohttp.ClientResponse) -> Callable[[], None]:
-    """Make a body read fail at once when the upstream connection dies before the body ended.
-
-    aiohttp (3.14) closes the connection when its parser rejects the body (say, a broken chunk
-    size line after two good events) but never wakes the reader, and drops the read timeout:
-    the read would hang until the client gives up. One callback per response, none per chunk.
-
-    Returns what takes the callback off the connection again; call it once the response is
-    done. The connection is pooled and outlives the response: left on, every request served
-    over it kept its response alive until the connection closed. That was about 7 KB per request,
-    a sidecar growing by 340 MiB over 48,000 requests (BENCHMARKS.md §7).
-    """
-    connection = response.connection
-    protocol = connection.protocol if connection is not None else None
-    if protocol is None:
-        return _nothing
-
-    def lost(_: object = None) -> None:
-        if not response.content.is_eof() and response.content.exception() is None:
-            response.content.set_exception(aiohttp.ClientPayloadError("connection lost mid-body"))
-
-    closed = protocol.closed
-    if closed is None:  # already lost before we asked
-        lost()
-        return _nothing
-    closed.add_done_callback(lost)
-
-    def forget() -> None:
-        closed.remove_done_callback(lost)
-
-    return forget
-
-
 def _nothing() -> None:
     return None
 
@@ -365,8 +330,20 @@ def describe_failure(exc: BaseException, read_timeout_s: float) -> Ending:
     """The Ending of an exchange that raised `exc`: outcome, our words and the exception's type.
 
     Example: ClientPayloadError(<upstream bytes>) -> Ending('upstream_error', "the upstream's
-    response body broke off or was malformed (ClientPayloadError)", answer=502).
+    response body broke off or was malformed (ClientPayloadError)", answer=502). The accounted
+    routes' own client (collector.sidecar.h1) raises UpstreamErrors whose messages are ours.
     """
+    if isinstance(exc, UpstreamError):
+        name = type(exc).__name__
+        if isinstance(exc, TimeoutError):
+            if "in time" in str(exc):
+                return Ending("timeout", f"{exc} ({name})", answer=504)
+            return Ending("timeout", f"{exc} (--read-timeout; {name})", answer=504)
+        return Ending("upstream_error", f"{exc} ({name})", answer=502)
+    return _describe_other(exc, read_timeout_s)
+
+
+def _describe_other(exc: BaseException, read_timeout_s: float) -> Ending:
     name = type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return Ending("timeout", f"could not connect to the upstream in time ({name})", answer=504)
@@ -387,7 +364,7 @@ def describe_failure(exc: BaseException, read_timeout_s: float) -> Ending:
 async def relay_body(
     tracker: Tracker,
     request: LiveRequest,
-    response: aiohttp.ClientResponse,
+    response: Any,
     client: ClientChannel,
     keep_limit: int,
 ) -> Ending:
@@ -403,7 +380,8 @@ async def relay_body(
     declared = response.content_length
     kept = received = 0
     held = b""
-    async for data in response.content.iter_any():
+    readany = response.content.readany  # aiohttp's StreamReader, or h1.BufferedBody: b"" at the end
+    while data := await readany():
         received += len(data)
         if declared is not None and received >= declared:
             held += data  # the last piece of a known length: after the finish
@@ -439,7 +417,7 @@ async def relay_stream(
     tracker: Tracker,
     request: LiveRequest,
     strip_usage: bool,
-    response: aiohttp.ClientResponse,
+    response: Any,
     client: ClientChannel,
     max_event_bytes: int,
 ) -> Ending:
@@ -472,7 +450,7 @@ async def relay_stream(
             # vLLM writes "usage":null into every chunk once usage was asked for: the client did
             # not ask, so it goes, once per read (inside a JSON string the quotes would be escaped);
             # a read that plain_read found without it is not searched
-            if usage_null and strip_usage and _USAGE_NULL in body:
+            if usage_null and strip_usage:  # (replace returns the read itself when it has none)
                 body = body.replace(_USAGE_NULL, b"")
         # one tracker call per read (tokens and the time spent): the same instant for TTFT
         relayed(request, tokens, clock() - began)
@@ -512,6 +490,150 @@ def chunked_cycle(send: Any) -> Any:
     ):
         return cycle
     return None
+
+
+async def relay_exchange_stream(
+    tracker: Tracker,
+    request: LiveRequest,
+    strip_usage: bool,
+    exchange: Exchange,
+    client: ClientChannel,
+    max_event_bytes: int,
+) -> Ending:
+    """relay_stream for an answer of the accounted routes' own client (collector.sidecar.h1).
+
+    On uvicorn's server (`headroom run`'s) each socket read of the upstream is read, counted and
+    written to the client's transport in the connection's callback (`_StreamSink`): no task step
+    or coroutine per read (BENCHMARKS.md §2, stop 34). Elsewhere the reads wait in a
+    BufferedBody and relay_stream forwards them with ASGI messages.
+    """
+    cycle = chunked_cycle(client.send)
+    if cycle is None:
+        return await relay_stream(
+            tracker, request, strip_usage, BufferedBody(exchange), client, max_event_bytes
+        )
+    sink = _StreamSink(tracker, request, strip_usage, exchange, cycle, client, max_event_bytes)
+    exchange.start_body(sink)
+    whole = await exchange.ended
+    if sink.failure is not None:
+        raise sink.failure
+    if not whole:  # ended short without saying how: never reported as a whole answer
+        raise UpstreamBodyBroken("the upstream's response ended early")
+    return sink.reading.ending(exchange.status, sink.splitter.remainder())
+
+
+class _StreamSink:
+    """An SSE answer's reads, each read, counted and written to uvicorn's transport as it comes.
+
+    What relay_stream's loop does per read, in the upstream connection's callback. A client
+    that does not keep up pauses the upstream's reading until uvicorn's flow control says its
+    transport drained.
+    """
+
+    __slots__ = (
+        "tracker",
+        "request",
+        "strip_usage",
+        "exchange",
+        "cycle",
+        "flow",
+        "write",
+        "client",
+        "splitter",
+        "reading",
+        "tracing",
+        "status",
+        "failure",
+        "draining",
+    )
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        request: LiveRequest,
+        strip_usage: bool,
+        exchange: Exchange,
+        cycle: Any,
+        client: ClientChannel,
+        max_event_bytes: int,
+    ) -> None:
+        self.tracker, self.request, self.strip_usage = tracker, request, strip_usage
+        self.exchange, self.cycle, self.client = exchange, cycle, client
+        self.flow, self.write = cycle.flow, cycle.transport.write
+        self.splitter = EventSplitter(max_event_bytes)
+        self.reading = _Reading(tracker, request, strip_usage)
+        self.tracing = request.telemetry is not None  # the span reads each chunk's id, model and finish
+        self.status = exchange.status
+        self.failure: BaseException | None = None
+        self.draining: asyncio.Future[None] | None = None  # the task that resumes the upstream
+
+    def body(self, data: bytes) -> None:
+        began = time.monotonic()
+        try:
+            body = self.splitter.take(data)
+        except EventTooLarge as exc:
+            self.failure = exc
+            self.exchange.abandon()
+            return
+        tokens = 0
+        if body:
+            read = None if self.tracing else plain_read(body)
+            if read is None:
+                tokens, body = self.reading.events(self.splitter, body)
+                usage_null = self.strip_usage
+            else:
+                tokens, usage_null = read
+            # vLLM's "usage":null in every chunk, once usage was asked for (see relay_stream)
+            if usage_null and self.strip_usage:  # (replace returns the read itself when it has none)
+                body = body.replace(_USAGE_NULL, b"")
+        self.tracker.relayed(self.request, tokens, time.monotonic() - began)
+        if body:
+            if not self.cycle.disconnected:
+                self.write(b"%x\r\n%b\r\n" % (len(body), body))
+                if self.flow.write_paused and self.draining is None:
+                    self.exchange.pause()
+                    self.draining = asyncio.ensure_future(self._drained())
+            if self.reading.done and self.client.answered is None:
+                self.client.answered = self.reading.ending(self.status, b"")
+
+    def broken(self, exc: UpstreamError) -> None:
+        self.failure = exc
+
+    async def _drained(self) -> None:
+        try:
+            await self.flow.drain()
+        finally:
+            self.draining = None
+            self.exchange.resume()
+
+
+def upstream_target(scope: Scope) -> bytes:
+    """The request target for the upstream: the (normalised) raw path and the query string."""
+    raw: bytes = scope.get("raw_path") or scope["path"].encode("latin-1")
+    query: bytes = scope.get("query_string") or b""
+    return raw + b"?" + query if query else raw
+
+
+def upstream_headers(scope: Scope, traceparent: str | None) -> list[tuple[bytes, bytes]]:
+    """The client's headers for the upstream, less hop-by-hop ones and compression (the proxy
+    reads the stream, so it must arrive as sent), with the sidecar's `traceparent` if tracing."""
+    headers = [
+        (k, v)
+        for k, v in scope["headers"]
+        if k not in _HOP_BY_HOP and k != b"accept-encoding" and (traceparent is None or k != b"traceparent")
+    ]
+    headers.append((b"accept-encoding", b"identity"))
+    if traceparent is not None:
+        headers.append((b"traceparent", traceparent.encode("latin-1")))
+    return headers
+
+
+def media_type(headers: list[tuple[bytes, bytes]]) -> str:
+    """The Content-Type's media type, lower case ('' when there is none)."""
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.split(b";", 1)[0].strip().lower().decode("latin-1")
+    return ""
 
 
 class _Reading:

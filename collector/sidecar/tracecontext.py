@@ -20,7 +20,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["Telemetry", "parse_traceparent", "with_traceparent", "TRACEPARENT"]
+__all__ = ["Telemetry", "parse_traceparent", "TRACEPARENT"]
 
 TRACEPARENT = "traceparent"
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-.*)?$")
@@ -92,11 +92,3 @@ class Telemetry:
         self.note(payload.get("id"), payload.get("model"), None)
         for reason in reasons:
             self.note(None, None, reason)
-
-
-def with_traceparent(headers: list[tuple[str, str]], telemetry: Telemetry | None) -> list[tuple[str, str]]:
-    """The client's headers for the engine, with `traceparent` naming the sidecar's span when tracing
-    is on (tracestate passes as is); unchanged when it is off."""
-    if telemetry is None:
-        return headers
-    return [(k, v) for k, v in headers if k.lower() != TRACEPARENT] + [(TRACEPARENT, telemetry.traceparent())]

@@ -1,0 +1,545 @@
+"""The accounted routes' upstream client: HTTP/1.1 in protocol callbacks, body relayed per socket read.
+
+Why not aiohttp here (it stays for the pass-through routes, the readiness check and the probe):
+aiohttp hands each read to a coroutine through a StreamReader (a future, a task step and a
+coroutine resumed per read) and spends about 100 µs of Python per request around that. Measured
+with the sidecar's own tracker and request log (BENCHMARKS.md §2, stop 34), a relay whose
+upstream side is an asyncio protocol with httptools' parser costs 0.68-0.85x a bare aiohttp
+proxy's CPU per streamed chunk, where the aiohttp-based relay costs 1.18-1.28x.
+
+One `Exchange` is one request on one connection of the pool:
+
+    exchange = await pool.send(b"POST", target, headers, body)  # returns once the head arrived
+    exchange.status, exchange.headers, exchange.retries
+    exchange.start_body(sink)   # from now on each socket read's body goes to sink.body(data)
+    ok = await exchange.ended   # True: the body ended as HTTP frames it; False: sink.broken(exc) ran
+
+A sink's `body` runs inside the connection's `data_received`: it must not block or await. The
+pieces of one socket read (httptools gives one per HTTP chunk, and engines write a chunk per SSE
+event) are joined and handed over once: relayed piece by piece, the benchmark's load generator
+read 5 chunks a read instead of 8, and the flood rate fell by a tenth.
+
+Kept from collector.upstream: a request whose *reused* pooled connection fails before any
+response byte is sent once more on a new connection (llama.cpp closes keep-alive connections
+without saying so); nothing else is retried. A connect timeout, a read timeout (no byte for
+`read_timeout_s`: one timer per exchange, moved on only when it fires), and at most
+`max_connections` connections (0: no bound), a request waiting in order for a free one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import ssl
+from typing import Protocol
+from urllib.parse import unquote, urlsplit
+
+import httptools
+
+__all__ = [
+    "BodySink",
+    "Exchange",
+    "H1Pool",
+    "UpstreamBodyBroken",
+    "UpstreamConnectError",
+    "UpstreamConnectTimeout",
+    "UpstreamDisconnected",
+    "UpstreamError",
+    "UpstreamReadTimeout",
+    "UpstreamUnparsable",
+]
+
+
+class UpstreamError(Exception):
+    """A failure of the exchange with the upstream; the message is ours, never the peer's bytes."""
+
+
+class UpstreamConnectError(UpstreamError):
+    """No connection could be made."""
+
+
+class UpstreamConnectTimeout(UpstreamError, TimeoutError):
+    """No connection within the connect timeout."""
+
+
+class UpstreamDisconnected(UpstreamError):
+    """The connection closed (or failed) before the response's head arrived."""
+
+
+class UpstreamBodyBroken(UpstreamError):
+    """The connection closed, or the chunked framing broke, inside the response's body."""
+
+
+class UpstreamUnparsable(UpstreamError):
+    """The response's status line or headers are not HTTP."""
+
+
+class UpstreamReadTimeout(UpstreamError, TimeoutError):
+    """Nothing arrived for the read timeout."""
+
+
+class BodySink(Protocol):
+    """Where an exchange's body goes, from the connection's callbacks."""
+
+    def body(self, data: bytes) -> None: ...
+
+    def broken(self, exc: UpstreamError) -> None: ...
+
+
+class Exchange:
+    """One request on one connection: its head, then its body into a sink (see the module doc)."""
+
+    __slots__ = (
+        "status",
+        "headers",
+        "retries",
+        "retry_reason",
+        "head",
+        "ended",
+        "connection",
+        "_sink",
+        "_held",
+        "_failure",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.retries = 0
+        self.retry_reason: str | None = None
+        self.head: asyncio.Future[None] = loop.create_future()
+        self.ended: asyncio.Future[bool] = loop.create_future()
+        self.connection: _Connection | None = None
+        self._sink: BodySink | None = None
+        self._held: list[bytes] | None = []  # body that came before start_body; None after it
+        self._failure: UpstreamError | None = None
+
+    def start_body(self, sink: BodySink) -> None:
+        """Hand the body to `sink` from now on; what arrived with the head goes first."""
+        self._sink = sink
+        held, self._held = self._held, None
+        if held:
+            sink.body(b"".join(held))
+        if self._failure is not None:
+            sink.broken(self._failure)
+
+    def pause(self) -> None:
+        """Stop reading the upstream (the client is slow); `resume` reads on."""
+        connection = self.connection
+        if connection is not None:
+            connection.paused = True
+            if connection.transport is not None:
+                connection.transport.pause_reading()
+
+    def resume(self) -> None:
+        connection = self.connection
+        if connection is not None:
+            connection.paused = False
+            if connection.transport is not None and not connection.transport.is_closing():
+                connection.transport.resume_reading()
+
+    def abandon(self) -> None:
+        """Nobody wants the rest (the client left, or the request was cancelled): the connection
+        closes and is never pooled again."""
+        connection, self.connection = self.connection, None
+        if connection is not None:
+            connection.exchange = None
+            connection.close()
+        self._sink = None
+        if not self.head.done():
+            self.head.cancel()
+        if not self.ended.done():
+            self.ended.set_result(False)
+
+    # --- what the connection calls ----------------------------------------------------------
+    def _body(self, data: bytes) -> None:
+        if self._held is not None:
+            self._held.append(data)
+        elif self._sink is not None:
+            self._sink.body(data)
+
+    def _end(self) -> None:
+        self.connection = self._sink = None  # the sink refers back to this: no cycle left to collect
+        if not self.ended.done():
+            self.ended.set_result(True)
+
+    def _fail(self, exc: UpstreamError) -> None:
+        self.connection = None
+        if not self.head.done():
+            self.head.set_exception(exc)
+        if self.ended.done():
+            return
+        if self._held is None and self._sink is not None:
+            self._sink.broken(exc)
+            self._sink = None
+        else:
+            self._failure = exc  # told to the sink when it comes
+        self.ended.set_result(False)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection of the pool, carrying one exchange at a time."""
+
+    def __init__(self, pool: H1Pool) -> None:
+        self.pool = pool
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.exchange: Exchange | None = None
+        self.parts: list[bytes] = []
+        self.used = False  # it has carried an exchange before the current one
+        self.got_bytes = False  # the current exchange's response has begun
+        self.headed = False  # ... and its head is complete
+        self.framed = True  # its body's end is in its framing (a length, or chunked)
+        self.paused = False
+        self.last_read = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, exchange: Exchange, data: bytes) -> None:
+        exchange.connection, self.exchange = self, exchange
+        self.got_bytes = self.headed = self.paused = False
+        self.framed = True
+        self.last_read = self.loop.time()
+        self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout_s, self._timed_out)
+        assert self.transport is not None
+        self.transport.write(data)
+
+    # --- httptools' callbacks and the socket's ------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        self.last_read = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._fail(
+                UpstreamBodyBroken("the upstream's response body broke off or was malformed")
+                if self.headed
+                else UpstreamUnparsable("the upstream's response could not be parsed")
+            )
+            return
+        if self.parts:
+            self._flush()
+
+    def _flush(self) -> None:
+        parts = self.parts
+        exchange = self.exchange
+        if exchange is not None and parts:
+            exchange._body(parts[0] if len(parts) == 1 else b"".join(parts))
+        parts.clear()
+
+    def on_message_begin(self) -> None:
+        if self.exchange is not None:
+            self.exchange.headers = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        exchange = self.exchange
+        status = self.parser.get_status_code()
+        if exchange is None or status < 200:  # a 1xx: the real head follows
+            return
+        self.headed = True
+        exchange.status = status
+        lengths = [name.lower() for name, _ in exchange.headers]
+        self.framed = b"content-length" in lengths or b"transfer-encoding" in lengths or status in (204, 304)
+        if not exchange.head.done():
+            exchange.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        if not self.headed:
+            return  # the end of a 1xx
+        self._flush()
+        exchange, self.exchange = self.exchange, None
+        self._stop_timer()
+        keep = self.parser.should_keep_alive() and not self.paused
+        if exchange is not None:
+            exchange._end()
+        self.used = True
+        if keep:
+            self.pool._release(self)
+        else:
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._stop_timer()
+        self.pool._forget(self)
+        exchange = self.exchange
+        if exchange is None:
+            return
+        if self.headed and not self.framed:  # a body that ends with its connection: ended
+            self._flush()
+            self.exchange = None
+            exchange._end()
+            return
+        self._fail(
+            UpstreamBodyBroken("the upstream closed the connection inside the body")
+            if self.headed
+            else UpstreamDisconnected("the upstream closed the connection")
+        )
+
+    # --- ours -------------------------------------------------------------------------------
+    def _timed_out(self) -> None:
+        self.timer = None
+        if self.exchange is None:
+            return
+        due = self.last_read + self.pool.read_timeout_s
+        if self.paused or self.loop.time() < due:  # a read since: wait out the rest of it
+            self.timer = self.loop.call_at(max(due, self.loop.time() + 0.001), self._timed_out)
+            return
+        self._fail(UpstreamReadTimeout(f"the upstream sent nothing for {self.pool.read_timeout_s:g} s"))
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _fail(self, exc: UpstreamError) -> None:
+        exchange, self.exchange = self.exchange, None
+        self.parts.clear()
+        self.close()
+        if exchange is not None:
+            exchange._fail(exc)
+
+    def close(self) -> None:
+        self._stop_timer()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+class H1Pool:
+    """Keep-alive HTTP/1.1 connections to one upstream (a base URL); open() inside the loop."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int = 1024,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if parts.scheme == "https" else None
+        netloc = parts.netloc.rpartition("@")[2]
+        self.prefix = parts.path.rstrip("/").encode("latin-1")  # the base URL's own path
+        self._fixed = [(b"host", netloc.encode("ascii") if netloc.isascii() else netloc.encode("idna"))]
+        if parts.username is not None:  # credentials in the URL: Basic authorization, as aiohttp sends
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            self._fixed.append((b"authorization", b"Basic " + base64.b64encode(pair)))
+        self.max_connections = max_connections
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._idle: collections.deque[_Connection] = collections.deque()
+        self._open = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._all: set[_Connection] = set()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    def close(self) -> None:
+        """Close every connection (at shutdown)."""
+        for connection in list(self._all):
+            connection.close()
+        self._idle.clear()
+
+    async def send(
+        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Exchange:
+        """Send; return the exchange once its head arrived. Raises an UpstreamError (the head
+        never came), once retried on a new connection where a reused one failed first."""
+        head = self._head(method, target, headers, len(body))
+        connection = await self._acquire()
+        exchange = await self._try(connection, head + body)
+        if exchange.head.done() and exchange.head.exception() is None:
+            return exchange
+        failure = exchange.head.exception()
+        assert isinstance(failure, UpstreamError)
+        if not (connection.used and not connection.got_bytes and isinstance(failure, UpstreamDisconnected)):
+            raise failure
+        again = await self._try(await self._open_connection(), head + body)
+        again.retries, again.retry_reason = 1, "stale_connection"
+        if again.head.exception() is not None:
+            raise again.head.exception()  # type: ignore[misc]
+        return again
+
+    async def _try(self, connection: _Connection, data: bytes) -> Exchange:
+        exchange = Exchange(self.loop)
+        connection.send(exchange, data)
+        try:
+            await exchange.head
+        except UpstreamError:
+            pass  # the caller reads it off the head
+        except asyncio.CancelledError:
+            exchange.abandon()
+            raise
+        return exchange
+
+    def _head(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], length: int) -> bytes:
+        lines = [method, b" ", self.prefix + target, b" HTTP/1.1\r\n"]
+        fixed_names = {name for name, _ in self._fixed}
+        for name, value in self._fixed:
+            lines += (name, b": ", value, b"\r\n")
+        for name, value in headers:
+            if name.lower() not in fixed_names:
+                lines += (name, b": ", value, b"\r\n")
+        lines.append(b"content-length: %d\r\n\r\n" % length)
+        return b"".join(lines)
+
+    # --- the pool -------------------------------------------------------------------------------
+    async def _acquire(self) -> _Connection:
+        while True:
+            while self._idle:
+                connection = self._idle.pop()  # the most recently used: the warmest
+                if not connection.closed and connection.transport is not None:
+                    if not connection.transport.is_closing():
+                        return connection
+            if self.max_connections <= 0 or self._open < self.max_connections:
+                return await self._open_connection()
+            waiter = self.loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif waiter.done() and not waiter.cancelled():
+                    self._wake()  # pass the turn on
+                raise
+
+    async def _open_connection(self) -> _Connection:
+        """A new connection (the single retry's may pass the bound, as aiohttp's unpooled one did)."""
+        self._open += 1
+        try:
+            _, connection = await asyncio.wait_for(
+                self.loop.create_connection(
+                    lambda: _Connection(self),
+                    self.host,
+                    self.port,
+                    ssl=self.ssl,
+                    server_hostname=self.host if self.ssl else None,
+                ),
+                self.connect_timeout_s,
+            )
+        except TimeoutError:
+            self._open -= 1
+            self._wake()
+            raise UpstreamConnectTimeout("could not connect to the upstream in time") from None
+        except OSError as exc:
+            self._open -= 1
+            self._wake()
+            raise UpstreamConnectError(f"cannot connect to the upstream ({type(exc).__name__})") from None
+        except BaseException:
+            self._open -= 1
+            self._wake()
+            raise
+        self._all.add(connection)
+        return connection
+
+    def _release(self, connection: _Connection) -> None:
+        self._idle.append(connection)
+        self._wake()
+
+    def _forget(self, connection: _Connection) -> None:
+        if connection in self._all:
+            self._all.discard(connection)
+            self._open -= 1
+        try:
+            self._idle.remove(connection)
+        except ValueError:
+            pass
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
+class BufferedBody:
+    """A BodySink read by a task, as aiohttp's StreamReader is (`readany`: b"" at the end).
+
+    For the answers that are not the hot path (non-streamed ones, errors) and for servers whose
+    transport the relay cannot write to from a callback: the reads wait here until the task takes
+    them, and past `high_water` bytes waiting the upstream is paused until it has.
+    """
+
+    __slots__ = (
+        "status",
+        "content_length",
+        "content",
+        "_exchange",
+        "_pending",
+        "_size",
+        "_wakeup",
+        "_failure",
+        "_high",
+    )
+
+    def __init__(self, exchange: Exchange, high_water: int = 2**20) -> None:
+        self.status = exchange.status
+        self.content_length = _content_length(exchange.headers)
+        self.content = self  # aiohttp's shape: response.content.readany()
+        self._exchange = exchange
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._wakeup: asyncio.Future[None] | None = None
+        self._failure: UpstreamError | None = None
+        self._high = high_water
+        exchange.ended.add_done_callback(self._wake)
+        exchange.start_body(self)
+
+    def body(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._size += len(data)
+        if self._size > self._high:
+            self._exchange.pause()
+        self._wake()
+
+    def broken(self, exc: UpstreamError) -> None:
+        self._failure = exc
+        self._wake()
+
+    def _wake(self, _: object = None) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def readany(self) -> bytes:
+        """What arrived since the last call; b"" once the body ended; raises how it broke."""
+        while not self._pending:
+            if self._failure is not None:
+                raise self._failure
+            if self._exchange.ended.done():
+                return b""
+            self._wakeup = asyncio.get_running_loop().create_future()
+            await self._wakeup
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if self._size > self._high:
+            self._exchange.resume()
+        self._size = 0
+        return data
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name.lower() == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return None
