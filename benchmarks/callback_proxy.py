@@ -50,7 +50,7 @@ import uvicorn
 import uvloop
 
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.relay import _Reading
+from collector.sidecar.relay import _Reading, read_body
 from collector.sidecar.requests import parse_request
 from collector.sidecar.tenants import resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
@@ -63,6 +63,7 @@ _HOP_BY_HOP = frozenset(
 _HEALTHY = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 _USAGE_NULL = b',"usage":null'
 _READ_TIMEOUT_S = 600.0
+_MAX_BODY_BYTES = 64 * 2**20  # the sidecar's --max-request-body-bytes default
 
 
 class Exchange(Protocol):
@@ -399,13 +400,10 @@ class AsgiProxy:
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"ok"})
             return
-        parts = []
-        while True:
-            message = await receive()
-            parts.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body, path, headers = b"".join(parts), scope["raw_path"], scope["headers"]
+        body = await read_body(receive, scope, _MAX_BODY_BYTES)  # as the sidecar reads it
+        if body is None:
+            return  # the client left before its request was read
+        path, headers = scope["raw_path"], scope["headers"]
         accounting = None if Settings.tracker is None else Accounting(Settings.tracker, path, headers, body)
         if accounting is not None:
             body = accounting.body_out
