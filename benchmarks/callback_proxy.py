@@ -26,7 +26,7 @@ With --accounted each request gets what the sidecar's own request path does that
 `parse_request` (body parse, `stream_options` injected), the tenant from the headers, the
 sidecar's own Tracker (`build_sidecar`'s) admitting and finishing a LiveRequest (labels, gauges,
 histograms, the record; with --db, its row through the sidecar's LogWriter into DuckDB), and per
-read the sidecar's reading: EventSplitter.take, `plain_read`, the slow path (`_Reading.events`)
+read the sidecar's reading: EventSplitter.take, `read_plain`, the slow path (`_Reading.events`)
 for the read that ends a stream, our usage chunk stripped, `Tracker.relayed`; and a read-timeout
 timer armed and cancelled per exchange. No disconnect watch beyond the connection's own
 `connection_lost`, no retries, no error answers: whatever of those a product needs is cost this
@@ -50,12 +50,12 @@ import uvicorn
 import uvloop
 
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.relay import _Reading, read_body
+from collector.sidecar.relay import _Reading, read_body, read_plain
 from collector.sidecar.requests import parse_request
 from collector.sidecar.tenants import resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sidecar.wiring import build_sidecar
-from collector.sse import EventSplitter, plain_read
+from collector.sse import EventSplitter
 
 _HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host", b"upgrade", b"te"}
@@ -220,14 +220,13 @@ class Accounting:
         data = self.splitter.take(data)
         tokens = 0
         if data:
-            read = plain_read(data)
+            read = read_plain(data, self.strip_usage)
             if read is None:
                 tokens, data = self.reading.events(self.splitter, data)
-                usage_null = self.strip_usage
+                if self.strip_usage:
+                    data = data.replace(_USAGE_NULL, b"")
             else:
-                tokens, usage_null = read
-            if usage_null and self.strip_usage and _USAGE_NULL in data:
-                data = data.replace(_USAGE_NULL, b"")
+                tokens, data = read
         self.tracker.relayed(self.request, tokens, time.monotonic() - began)
         return data
 

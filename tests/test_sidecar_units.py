@@ -19,11 +19,20 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from collector.sidecar.proxy import CompletionsProxy
-from collector.sidecar.relay import ClientChannel, Ending, client_closing
+from collector.sidecar.relay import ClientChannel, Ending, client_closing, read_plain
 from collector.sidecar.requests import parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
-from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event, plain_read, plain_tokens
+from collector.sse import (
+    DONE,
+    ERROR,
+    MALFORMED,
+    EventSplitter,
+    inspect_event,
+    plain_read,
+    plain_read_stripped,
+    plain_tokens,
+)
 
 
 def test_splitter_reassembles_the_real_llamacpp_stream_under_any_chunking(fixtures_dir):
@@ -205,6 +214,65 @@ def test_the_one_parse_reads_any_chunks_as_the_event_by_event_reading_does(chunk
     ):
         if all(c.get("usage") is None for c in chunks):
             assert fast == _one_by_one(complete)  # every read of plain chunks takes the fast path
+
+
+# mostly chunks of the kind the one parse takes, so that most reads are all of them
+_NULL_END = b',"usage":null}\n\n'
+_plain_chunks = st.fixed_dictionaries(
+    {"choices": st.lists(st.fixed_dictionaries({"index": st.integers(0, 3), "delta": _deltas}), max_size=2)},
+    optional={"id": st.text(max_size=8), "model": _values},
+)
+
+
+@given(
+    st.lists(st.one_of(_plain_chunks, _plain_chunks, _plain_chunks, _chunks), min_size=1, max_size=6),
+    st.lists(st.sampled_from([True, True, True, False]), min_size=6, max_size=6),
+    st.booleans(),
+)
+@settings(max_examples=600, deadline=None, database=None, derandomize=True)
+def test_the_strip_in_the_split_forwards_and_counts_what_parse_then_replace_did(chunks, nulls, ascii_only):
+    """vLLM-style reads (`"usage":null` ending each chunk, some or all): `read_plain`'s one split
+    must give the old path's tokens and bytes, and take every read whose chunks all end so."""
+    texts = []
+    for chunk, null in zip(chunks, nulls, strict=False):
+        text = json.dumps({k: v for k, v in chunk.items() if k != "usage"}, ensure_ascii=ascii_only).encode()
+        texts.append(b"data: " + (text[:-1] + b',"usage":null}' if null else text) + b"\n\n")
+    complete = b"".join(texts)
+    old = plain_read(complete)
+    expected = (
+        None if old is None else (old[0], complete.replace(b',"usage":null', b"") if old[1] else complete)
+    )
+    assert read_plain(complete, True) == expected, complete
+    assert read_plain(complete, False) == (None if old is None else (old[0], complete))  # asked: kept
+    stripped = plain_read_stripped(complete)
+    assert stripped is None or stripped == expected
+    if old is not None and all(nulls[: len(texts)]):
+        assert stripped == expected  # the one split takes every such read
+
+
+def test_the_strip_in_the_split_leaves_what_is_not_a_chunks_own_field():
+    nested = b'data: {"choices":[{"delta":{"content":"abcd","usage":null}}],"usage":null}\n\n'
+    # only the field that ends the chunk is the chunk's own (the whole-read replace took both)
+    assert read_plain(nested * 2, True) == (
+        2,
+        b'data: {"choices":[{"delta":{"content":"abcd","usage":null}}]}\n\n' * 2,
+    )
+    vllm = b'data: {"choices":[{"delta":{"content":"abcd"}}],"usage":null}\n\n'
+    assert plain_read_stripped(vllm) == (1, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\n\n')
+    assert plain_read_stripped(nested) == (
+        1,
+        b'data: {"choices":[{"delta":{"content":"abcd","usage":null}}]}\n\n',
+    )
+    assert plain_read_stripped(b"data: {oops" + _NULL_END) is None
+    assert read_plain(vllm, True) == (1, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\n\n')
+    for other in _OTHERS:  # a read holding anything else is not taken, whatever ends it
+        assert plain_read_stripped(vllm + other + vllm) is None, other
+    assert plain_read_stripped(b'data: {"choices":[]} {"choices":[],"usage":null}\n\n' + vllm) is None
+    assert plain_read_stripped(vllm.replace(b"abcd", "\u00e9t\u00e9".encode()) * 2) == (
+        2,
+        b'data: {"choices":[{"delta":{"content":"\xc3\xa9t\xc3\xa9"}}]}\n\n' * 2,
+    )
+    assert plain_read_stripped(vllm.replace(b"abcd", b"\xff\xfe") * 2) is None  # not UTF-8: malformed
 
 
 @given(st.lists(_deltas, min_size=1, max_size=3))

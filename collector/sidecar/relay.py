@@ -35,6 +35,7 @@ from collector.sse import (
     EventTooLarge,
     inspect_event,
     plain_read,
+    plain_read_stripped,
     plain_tokens,
 )
 
@@ -82,6 +83,30 @@ _HOP_BY_HOP = frozenset(
     }
 )
 _USAGE_NULL = b',"usage":null'
+_NULL_END = b',"usage":null}\n\n'  # how such a chunk ends
+
+
+def read_plain(body: bytes, strip_usage: bool) -> tuple[int, bytes] | None:
+    """A read of plain chunks: (its tokens, the bytes to forward); None for any other read.
+
+    vLLM and SGLang write `"usage":null` into every chunk once usage was asked for. When the
+    client did not ask (`strip_usage`: the sidecar asked for it), the field goes, once per read
+    (inside a JSON string its quotes would be escaped, so it is never text). A read whose chunks
+    all end with it is read and stripped in one split (`plain_read_stripped`); any other read of
+    plain chunks is parsed by `plain_read`, which says whether a chunk's `usage` is null, so
+    OpenAI- and llama.cpp-style reads, which never hold it, are not searched for it.
+    """
+    if strip_usage and body.endswith(_NULL_END):
+        stripped = plain_read_stripped(body)
+        if stripped is not None:
+            return stripped
+    read = plain_read(body)
+    if read is None:
+        return None
+    tokens, usage_null = read
+    if usage_null and strip_usage:
+        body = body.replace(_USAGE_NULL, b"")
+    return tokens, body
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,17 +466,13 @@ async def relay_stream(
         body = splitter.take(data)
         tokens = 0
         if body:
-            read = None if tracing else plain_read(body)
+            read = None if tracing else read_plain(body, strip_usage)
             if read is None:
                 tokens, body = reading.events(splitter, body)
-                usage_null = strip_usage
+                if strip_usage:  # (replace returns the read itself when it has none)
+                    body = body.replace(_USAGE_NULL, b"")
             else:
-                tokens, usage_null = read
-            # vLLM writes "usage":null into every chunk once usage was asked for: the client did
-            # not ask, so it goes, once per read (inside a JSON string the quotes would be escaped);
-            # a read that plain_read found without it is not searched
-            if usage_null and strip_usage:  # (replace returns the read itself when it has none)
-                body = body.replace(_USAGE_NULL, b"")
+                tokens, body = read
         # one tracker call per read (tokens and the time spent): the same instant for TTFT
         relayed(request, tokens, clock() - began)
         if body:
@@ -577,15 +598,13 @@ class _StreamSink:
             return
         tokens = 0
         if body:
-            read = None if self.tracing else plain_read(body)
+            read = None if self.tracing else read_plain(body, self.strip_usage)
             if read is None:
                 tokens, body = self.reading.events(self.splitter, body)
-                usage_null = self.strip_usage
+                if self.strip_usage:  # (replace returns the read itself when it has none)
+                    body = body.replace(_USAGE_NULL, b"")
             else:
-                tokens, usage_null = read
-            # vLLM's "usage":null in every chunk, once usage was asked for (see relay_stream)
-            if usage_null and self.strip_usage:  # (replace returns the read itself when it has none)
-                body = body.replace(_USAGE_NULL, b"")
+                tokens, body = read
         self.tracker.relayed(self.request, tokens, time.monotonic() - began)
         if body:
             if not self.cycle.disconnected:
