@@ -61,7 +61,6 @@ _HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"host", b"upgrade", b"te"}
 )
 _HEALTHY = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
-_USAGE_NULL = b',"usage":null'
 _READ_TIMEOUT_S = 600.0
 _MAX_BODY_BYTES = 64 * 2**20  # the sidecar's --max-request-body-bytes default
 
@@ -223,8 +222,6 @@ class Accounting:
             read = read_plain(data, self.strip_usage)
             if read is None:
                 tokens, data = self.reading.events(self.splitter, data)
-                if self.strip_usage:
-                    data = data.replace(_USAGE_NULL, b"")
             else:
                 tokens, data = read
         self.tracker.relayed(self.request, tokens, time.monotonic() - began)

@@ -911,3 +911,29 @@ def test_on_uvicorns_own_protocol_only_a_lost_connection_cancels_the_exchange(th
 
     asyncio.run(main())
     assert outcomes == (["ok"] if then == "more_body" else ["client_cancelled"])
+
+
+@pytest.mark.parametrize("null", [b"", b',"usage":null'])
+@pytest.mark.parametrize("strip", [True, False])
+def test_the_read_that_ends_a_stream_forwards_what_the_event_by_event_reading_would(null, strip):
+    """Plain chunks, the usage chunk and [DONE] in one read (each stream's last under a flood):
+    the plain part is read and stripped in one pass, the last two events one by one; the bytes
+    and counts must be those of reading every event and then replacing the field."""
+    from collector.sidecar.relay import _Reading
+
+    chunk = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"abcdefgh"}}]%s}\n\n' % null
+    usage = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":10}}\n\n'
+    read = chunk * 5 + usage + b"data: [DONE]\n\n"
+    results = {}
+    for one_by_one in (False, True):
+        tracker = Tracker(CollectorRegistry(), instance="unit")
+        request = _request(3)
+        reading = _Reading(tracker, request, strip)
+        splitter = EventSplitter()
+        tokens, body = (reading.each_event if one_by_one else reading.events)(splitter, splitter.take(read))
+        results[one_by_one] = (tokens, body, request.usage, reading.done)
+    assert results[False] == results[True]
+    tokens, body, usage, done = results[False]
+    assert tokens == 10 and usage == {"prompt_tokens": 3, "completion_tokens": 10} and done
+    # asked for by us: the usage chunk and every "usage":null go; asked for by the client: all kept
+    assert body == (chunk.replace(null, b"") * 5 + b"data: [DONE]\n\n" if strip else read)

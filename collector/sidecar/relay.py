@@ -36,7 +36,6 @@ from collector.sse import (
     inspect_event,
     plain_read,
     plain_read_stripped,
-    plain_tokens,
 )
 
 __all__ = [
@@ -448,8 +447,8 @@ async def relay_stream(
 ) -> Ending:
     """Forward SSE events as they complete, reading each; strip the usage chunk we asked for.
 
-    A read of plain chunks (nearly all of them) is read in one parse and forwarded as received
-    (`plain_tokens`); any other read is split and its events read one by one (`_Reading.events`).
+    A read of plain chunks (nearly all of them) is read in one parse and forwarded as received,
+    less what the sidecar asked for (`read_plain`); any other read is split and its events read one by one (`_Reading.events`).
     An event over `max_event_bytes` that has not ended raises EventTooLarge (the stream ends as
     upstream_error); the splitter keeps memory at that bound per stream.
     """
@@ -469,8 +468,6 @@ async def relay_stream(
             read = None if tracing else read_plain(body, strip_usage)
             if read is None:
                 tokens, body = reading.events(splitter, body)
-                if strip_usage:  # (replace returns the read itself when it has none)
-                    body = body.replace(_USAGE_NULL, b"")
             else:
                 tokens, body = read
         # one tracker call per read (tokens and the time spent): the same instant for TTFT
@@ -601,8 +598,6 @@ class _StreamSink:
             read = None if self.tracing else read_plain(body, self.strip_usage)
             if read is None:
                 tokens, body = self.reading.events(self.splitter, body)
-                if self.strip_usage:  # (replace returns the read itself when it has none)
-                    body = body.replace(_USAGE_NULL, b"")
             else:
                 tokens, body = read
         self.tracker.relayed(self.request, tokens, time.monotonic() - began)
@@ -684,25 +679,29 @@ class _Reading:
         )
 
     def events(self, splitter: EventSplitter, complete: bytes) -> tuple[int, bytes]:
-        """Read `complete`: (its tokens, the bytes to forward, less our usage chunk).
+        """Read `complete`: (its tokens, the bytes to forward, less what we asked for: the usage
+        chunk, and the `"usage":null` fields, as `read_plain` strips them).
 
         The read that ends a stream is plain chunks, then the usage chunk and `[DONE]` (a fifth
-        of all events under a flood, BENCHMARKS.md §2): its plain part is read in one parse,
-        and only its last two events one by one. Any other read is read event by event.
+        of all events under a flood, BENCHMARKS.md §2): its plain part is read (and stripped)
+        by `read_plain`, and only its last two events one by one. Any other read is read event
+        by event.
         """
         if splitter.separator == b"\n\n" and self._request.telemetry is None:  # tracing reads each chunk
             cut = _last_events_start(complete, 2)
             if cut > 0:
-                tokens = plain_tokens(complete[:cut])
-                if tokens is not None:
+                plain = complete[:cut]
+                read = read_plain(plain, self._strip_usage)
+                if read is not None:
+                    tokens, head = read
                     more, tail = self.each_event(splitter, complete[cut:])
-                    if len(tail) < len(complete) - cut:  # our usage chunk left the tail
-                        complete = complete[:cut] + tail
-                    return tokens + more, complete
+                    if head is plain and len(tail) == len(complete) - cut:  # nothing left either part
+                        return tokens + more, complete
+                    return tokens + more, head + tail
         return self.each_event(splitter, complete)
 
     def each_event(self, splitter: EventSplitter, complete: bytes) -> tuple[int, bytes]:
-        """Read each event of `complete`: (its tokens, the bytes to forward, less our usage chunk)."""
+        """Read each event of `complete`: (its tokens, the bytes to forward, less what we asked for)."""
         request, telemetry = self._request, self._request.telemetry
         events = splitter.events(complete)
         kept: list[bytes] | None = None  # None: forward `complete` exactly as received
@@ -728,7 +727,11 @@ class _Reading:
                         continue
             if kept is not None:
                 kept.append(event)
-        return tokens, complete if kept is None else splitter.join(kept)
+        if kept is not None:
+            complete = splitter.join(kept)
+        if self._strip_usage:  # (replace returns the read itself when it has none)
+            complete = complete.replace(_USAGE_NULL, b"")
+        return tokens, complete
 
 
 def _last_events_start(complete: bytes, events: int) -> int:

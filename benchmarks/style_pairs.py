@@ -1,0 +1,128 @@
+"""vLLM-style streams against plain ones through the sidecar, decided on many short paired windows.
+
+    python benchmarks/style_pairs.py                          # 64 streams, 100 pairs of 1.5 s, ~5.5 min
+    python benchmarks/style_pairs.py --streams 256 --pairs 60
+    python benchmarks/style_pairs.py --targets headroom,direct  # direct too: the load's own gap
+
+The issue's target: vLLM-style streams (`"usage":null` in every chunk plus a final usage chunk)
+no slower through `headroom run` than plain ones, a ratio of at least 0.98. proxy_overhead.py
+gives each (target, style) one 4 s window a round, with the other targets' windows between the
+two styles; on this 2-vCPU host one window's chunk rate moves by 10-25 % (the load generator,
+the upstream and the proxy share two cores with the host's other tenants), so 14 rounds leave
+the style ratio's interval at 0.8-1.1, far too wide to decide 0.98 (BENCHMARKS.md §2).
+
+Here nothing but the style changes. The windows of one target alternate plain, vLLM, vLLM,
+plain (ABBA, so a drift that is linear over four windows cancels within the pairs), each
+--window-s long, and each adjacent pair gives one ratio: the vLLM-style window's chunk rate over
+the plain one's. The verdict is the median of those ratios with its distribution-free 95 %
+interval (benchmarks/_verdict.py): `met` only when the whole interval is at or above 0.98.
+The proxy's CPU per chunk is paired the same way (`cpu_plain_over_vllm`: above 1 when a
+vLLM-style chunk costs the sidecar less). One window is one `proxy_overhead.measure`: the same
+upstream, load generator and `headroom run` as the main benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from _common import PYTHON, free_port, start
+from _verdict import describe
+from proxy_overhead import SIDES, STYLE_TARGET, Target, _headroom, measure
+
+
+def pairs_for(target: Target, args: argparse.Namespace) -> dict:
+    """ABBA windows of one target, --pairs pairs: the ratios and the verdict."""
+    rates: list[float] = []
+    cpus: list[float] = []
+    windows = {"plain": [], "vllm": []}
+    for index in range(args.pairs):
+        order = ("plain", "vllm") if index % 2 == 0 else ("vllm", "plain")
+        got = {style: measure(target, args.streams, "flood", style, args.window_s) for style in order}
+        for style in order:
+            windows[style].append(got[style])
+        if got["plain"]["chunks_per_s"]:
+            rates.append(got["vllm"]["chunks_per_s"] / got["plain"]["chunks_per_s"])
+        if got["plain"]["cpu_us_per_chunk"] and got["vllm"]["cpu_us_per_chunk"]:
+            cpus.append(got["plain"]["cpu_us_per_chunk"] / got["vllm"]["cpu_us_per_chunk"])
+        if args.progress:
+            print(f"{target.name}: pair {index + 1}/{args.pairs}", file=sys.stderr, end="\r")
+    out = {
+        "pairs": len(rates),
+        "window_s": args.window_s,
+        "streams": args.streams,
+        "chunks_per_s": {
+            s: round(statistics.median(w["chunks_per_s"] for w in v)) for s, v in windows.items()
+        },
+        "vllm_over_plain_by_pair": sorted(round(x, 3) for x in rates),
+        "style_verdict": describe(rates, at_least=STYLE_TARGET),
+        "failed": sum(w["failed"] for v in windows.values() for w in v),
+    }
+    if cpus:
+        out["cpu_us_per_chunk"] = {
+            s: round(statistics.median(w["cpu_us_per_chunk"] for w in v), 2) for s, v in windows.items()
+        }
+        out["cpu_plain_over_vllm"] = describe(cpus, at_least=STYLE_TARGET)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--streams", type=int, default=64, help="concurrent streams (default 64)")
+    parser.add_argument("--pairs", type=int, default=100, help="paired windows per target (default 100)")
+    parser.add_argument("--window-s", type=float, default=1.5, help="seconds per window (default 1.5)")
+    parser.add_argument(
+        "--targets",
+        default="headroom",
+        help="comma-separated: headroom, direct (default headroom)",
+    )
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    args = parser.parse_args()
+    names = args.targets.split(",")
+    unknown = set(names) - {"headroom", "direct"}
+    if unknown:
+        parser.error(f"unknown target(s): {', '.join(sorted(unknown))} (known: headroom, direct)")
+    if args.pairs < 1 or args.window_s <= 0:
+        parser.error("--pairs must be at least 1 and --window-s positive")
+    port = free_port()
+    upstream_process = start([PYTHON, "benchmarks/sse_upstream.py", str(port)], f"http://127.0.0.1:{port}/")
+    upstream = f"http://127.0.0.1:{port}"
+    SIDES.update(upstream=upstream_process.pid, client=os.getpid())
+    targets: list[Target] = []
+    try:
+        for name in names:
+            if name == "direct":
+                targets.append(Target("direct", upstream, None))
+            else:
+                url, process = _headroom(upstream)
+                targets.append(Target("headroom", url, process))
+        for target in targets:  # warm-up: connections, imports, first DuckDB batches
+            measure(target, 16, "flood", "plain", 1.0)
+            measure(target, 16, "flood", "vllm", 1.0)
+        results = {target.name: pairs_for(target, args) for target in targets}
+        print(json.dumps(results, indent=2))
+        for name, result in results.items():
+            print(
+                f"{args.streams} streams flood, {name}, vLLM-style over plain: {result['style_verdict']}",
+                file=sys.stderr,
+            )
+            if "cpu_plain_over_vllm" in result:
+                print(
+                    f"{args.streams} streams flood, {name}, CPU plain over vLLM-style: {result['cpu_plain_over_vllm']}",
+                    file=sys.stderr,
+                )
+    finally:
+        processes = [upstream_process] + [t.process for t in targets if t.process]
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(30)
+
+
+if __name__ == "__main__":
+    main()
