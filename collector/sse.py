@@ -331,8 +331,9 @@ def plain_read(complete: bytes) -> tuple[int, bool] | None:
     `complete` is what `EventSplitter.take` returned for "\\n\\n"-terminated events. A plain
     chunk is one `data:` line holding a JSON object with a `choices` list of objects, and no
     `usage` (or `"usage":null`): nearly every event of every stream. The events' payloads are
-    made one JSON value a line (each boundary "\\n\\ndata: " becomes a newline: a JSON string
-    cannot hold a raw newline, so a boundary is never inside one) and parsed once, by a decoder that
+    joined by spaces (each boundary "\\n\\ndata: " becomes one: a JSON string cannot hold a
+    raw newline, so a boundary is never inside one; a newline left over was inside an event,
+    found by a one-byte search, not a count) and parsed once, by a decoder that
     builds only the fields that carry tokens (`_Plain`) and skips the rest (id, model, created,
     timings: most of a chunk) without making a Python object of them; that costs about half of
     building every field (BENCHMARKS.md §2, "One parse that builds only the token fields").
@@ -369,15 +370,20 @@ def plain_read(complete: bytes) -> tuple[int, bool] | None:
             complete.decode()
         except UnicodeDecodeError:
             return None  # inspect_event says MALFORMED
-    newlines = complete.count(b"\n")
+    last = len(complete) - 2  # where the read's last "\n\n" starts
     try:  # (a copy parses faster than a memoryview at these sizes)
-        if newlines == 2:  # one event (each read of a paced stream)
+        if complete.find(b"\n") == last:  # one event of one line (each read of a paced stream)
             chunks: Sequence[_Plain] = (_PLAIN.decode(complete[start:]),)
-        else:  # one JSON value a line
-            # (split and join: 0.86 against 1.13 us for `replace` on a read of 8 events)
-            chunks = _PLAIN.decode_lines(b"\n".join(complete[start:].split(boundary)))
-            if 2 * len(chunks) != newlines:
-                return None  # an event of several lines, or payloads that parse only together
+        else:  # the payloads, a space between each two
+            pieces = complete[start:].split(boundary)
+            values = b" ".join(pieces)
+            # any newline left before the end was inside an event: one of several lines
+            # (a one-byte find is a memchr: 0.10 us a read of 8 events, against 0.52 for count)
+            if values.find(b"\n") != len(values) - 2:
+                return None
+            chunks = _PLAIN.decode_lines(values)
+            if len(chunks) != len(pieces):
+                return None  # payloads that parse only together, or two values in one event
     except msgspec.DecodeError:  # bad JSON, or not a plain chunk (ValidationError is one)
         return None
     return _plain_tokens(chunks)
@@ -389,7 +395,7 @@ def plain_read_stripped(complete: bytes) -> tuple[int, bytes] | None:
 
     `plain_read` and a `bytes.replace` of the field in one pass: the read is split once at the
     chunks' ends (`,"usage":null}\\n\\ndata: `), and the pieces are joined twice, into the bytes
-    to forward and into one JSON value a line for the same decoder. That is about a microsecond
+    to forward and into the payloads, a space between each two, for the same decoder. That is about a microsecond
     less a read of 8 chunks than parsing and then searching the read for the field again
     (BENCHMARKS.md §2, "vLLM-style: the strip in the parse's split"), the difference between a
     vLLM-style stream and a plain one through the sidecar.
@@ -409,19 +415,20 @@ def plain_read_stripped(complete: bytes) -> tuple[int, bytes] | None:
             complete.decode()
         except UnicodeDecodeError:
             return None
-    newlines = complete.count(b"\n")
     try:
-        if newlines == 2:  # one event (each read of a paced stream)
+        if complete.find(b"\n") == len(complete) - 2:  # one event of one line (a paced stream's read)
             body = complete[: -len(_NULL_END)] + b"}\n\n"
             return _plain_tokens((_PLAIN.decode(body[6:]),))[0], body
         pieces = complete.split(_NULL_BOUNDARY)
-        # every event one line ending in the field (an event that did not would hold "\n\ndata: ")
-        if 2 * len(pieces) != newlines:
-            return None
         pieces[-1] = pieces[-1][: -len(_NULL_END)] + b"}\n\n"
         body = b"}\n\ndata: ".join(pieces)
         pieces[0] = pieces[0][6:]
-        chunks = _PLAIN.decode_lines(b"}\n".join(pieces))
+        values = b"} ".join(pieces)
+        # any newline left before the end was inside an event: one of several lines, or an
+        # event that did not end with the field (its "\n\ndata: " is still there)
+        if values.find(b"\n") != len(values) - 2:
+            return None
+        chunks = _PLAIN.decode_lines(values)
     except msgspec.DecodeError:
         return None
     if len(chunks) != len(pieces):

@@ -265,6 +265,9 @@ def test_the_strip_in_the_split_leaves_what_is_not_a_chunks_own_field():
     )
     assert plain_read_stripped(b"data: {oops" + _NULL_END) is None
     assert read_plain(vllm, True) == (1, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\n\n')
+    split = b'data: {"choices":\n[{"delta":{"content":"abcd"}}],"usage":null}\n\n'  # two SSE lines
+    assert plain_read_stripped(split * 2) is None and plain_read_stripped(vllm + split) is None
+    assert plain_read_stripped(split) is None and plain_read(split) is None
     for other in _OTHERS:  # a read holding anything else is not taken, whatever ends it
         assert plain_read_stripped(vllm + other + vllm) is None, other
     assert plain_read_stripped(b'data: {"choices":[]} {"choices":[],"usage":null}\n\n' + vllm) is None

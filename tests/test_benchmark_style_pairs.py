@@ -1,0 +1,43 @@
+"""benchmarks/style_pairs.py, which decides the vLLM-style target (BENCHMARKS.md §2, stop 35):
+each pair must hold one window of each style through a real `headroom run`, and every request
+of both must succeed, or its ratios compare failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.subprocess
+
+
+def test_a_short_run_pairs_both_styles_and_gives_a_verdict():
+    done = subprocess.run(
+        [sys.executable, "benchmarks/style_pairs.py", "--pairs", "3", "--window-s", "0.3", "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(done.stdout)["headroom"]
+    assert result["pairs"] == 3 and result["failed"] == 0
+    assert result["chunks_per_s"]["plain"] > 0 and result["chunks_per_s"]["vllm"] > 0
+    assert len(result["vllm_over_plain_by_pair"]) == 3
+    assert result["style_verdict"].endswith("for >= 0.98") and "over 3 rounds" in result["style_verdict"]
+    assert result["cpu_us_per_chunk"]["plain"] > 0 and result["cpu_us_per_chunk"]["vllm"] > 0
+    assert b"vLLM-style over plain" in done.stderr
+
+
+def test_an_unknown_target_is_refused_with_the_known_ones():
+    done = subprocess.run(
+        [sys.executable, "benchmarks/style_pairs.py", "--targets", "litellm"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "unknown target(s): litellm (known: headroom, direct)" in done.stderr
