@@ -33,7 +33,9 @@ seconds alike, so what a proxy adds in them is its own, not the host's.
 Under the table, each flood target of the sidecar (chunk rate >= 0.95x the pass-through's, CPU
 per chunk <= 1.2x, vLLM-style >= 0.98x plain) gets a verdict from its per-round ratios: the
 median with a 95 % distribution-free interval, `met` or `missed` only when the whole interval
-is on one side of the target, else `undecided` (benchmarks/_verdict.py).
+is on one side of the target, else `undecided` (benchmarks/_verdict.py). The vLLM-style
+target needs more pairs than these rounds give (its windows sit seconds apart, between the other
+targets'): benchmarks/style_pairs.py decides it on 200 ABBA pairs of 1.5 s windows.
 """
 
 from __future__ import annotations
