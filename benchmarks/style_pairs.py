@@ -3,6 +3,7 @@
     python benchmarks/style_pairs.py                          # 64 streams, 100 pairs of 1.5 s, ~5.5 min
     python benchmarks/style_pairs.py --streams 256 --pairs 60
     python benchmarks/style_pairs.py --targets headroom,direct  # direct too: the load's own gap
+    python benchmarks/style_pairs.py --versus-floor --pairs 200 # headroom against the pass-through
 
 The issue's target: vLLM-style streams (`"usage":null` in every chunk plus a final usage chunk)
 no slower through `headroom run` than plain ones, a ratio of at least 0.98. proxy_overhead.py
@@ -19,6 +20,11 @@ interval (benchmarks/_verdict.py): `met` only when the whole interval is at or a
 The proxy's CPU per chunk is paired the same way (`cpu_plain_over_vllm`: above 1 when a
 vLLM-style chunk costs the sidecar less). One window is one `proxy_overhead.measure`: the same
 upstream, load generator and `headroom run` as the main benchmark.
+
+With --versus-floor the same pairing decides the flood targets instead: `headroom run` and the
+bare pass-through (benchmarks/passthrough_proxy.py) alternate ABBA on plain streams, and each
+pair gives headroom's chunk rate over the floor's (target >= 0.95) and its CPU per chunk over
+the floor's (target <= 1.2).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import sys
 
 from _common import PYTHON, free_port, start
 from _verdict import describe
-from proxy_overhead import SIDES, STYLE_TARGET, Target, _headroom, measure
+from proxy_overhead import CPU_TARGET, RATE_TARGET, SIDES, STYLE_TARGET, Target, _headroom, measure
 
 
 def pairs_for(target: Target, args: argparse.Namespace) -> dict:
@@ -69,6 +75,49 @@ def pairs_for(target: Target, args: argparse.Namespace) -> dict:
     return out
 
 
+def floor_pairs(headroom: Target, floor: Target, args: argparse.Namespace) -> dict:
+    """--versus-floor: ABBA windows of `headroom run` and the pass-through, plain streams; each
+    pair's chunk rate and CPU per chunk, headroom's over the floor's (the flood targets)."""
+    rates: list[float] = []
+    cpus: list[float] = []
+    windows: dict[str, list[dict]] = {headroom.name: [], floor.name: []}
+    for index in range(args.pairs):
+        order = (floor, headroom) if index % 2 == 0 else (headroom, floor)
+        got = {t.name: measure(t, args.streams, "flood", "plain", args.window_s) for t in order}
+        for t in order:
+            windows[t.name].append(got[t.name])
+        ours, base = got[headroom.name], got[floor.name]
+        if base["chunks_per_s"]:
+            rates.append(ours["chunks_per_s"] / base["chunks_per_s"])
+        if ours["cpu_us_per_chunk"] and base["cpu_us_per_chunk"]:
+            cpus.append(ours["cpu_us_per_chunk"] / base["cpu_us_per_chunk"])
+        if args.progress:
+            print(f"versus the floor: pair {index + 1}/{args.pairs}", file=sys.stderr, end="\r")
+    return {
+        "pairs": len(rates),
+        "window_s": args.window_s,
+        "streams": args.streams,
+        "chunks_per_s": {
+            n: round(statistics.median(w["chunks_per_s"] for w in v)) for n, v in windows.items()
+        },
+        "cpu_us_per_chunk": {
+            n: round(statistics.median(w["cpu_us_per_chunk"] for w in v), 2) for n, v in windows.items()
+        },
+        "over_passthrough_by_pair": sorted(round(x, 3) for x in rates),
+        "rate_verdict": describe(rates, at_least=RATE_TARGET),
+        "cpu_verdict": describe(cpus, at_most=CPU_TARGET),
+        "failed": sum(w["failed"] for v in windows.values() for w in v),
+    }
+
+
+def _passthrough(upstream: str) -> Target:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    return Target(
+        "passthrough", url, start([PYTHON, "benchmarks/passthrough_proxy.py", str(port), upstream], url + "/")
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -80,6 +129,12 @@ def main() -> None:
         "--targets",
         default="headroom",
         help="comma-separated: headroom, direct (default headroom)",
+    )
+    parser.add_argument(
+        "--versus-floor",
+        action="store_true",
+        help="pair headroom's plain windows with the bare pass-through's instead (the flood "
+        "targets: chunk rate >= 0.95x, CPU per chunk <= 1.2x)",
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     args = parser.parse_args()
@@ -101,6 +156,21 @@ def main() -> None:
             else:
                 url, process = _headroom(upstream)
                 targets.append(Target("headroom", url, process))
+        if args.versus_floor:
+            targets = [t for t in targets if t.name == "headroom"] or [
+                Target("headroom", *_headroom(upstream))
+            ]
+            targets.append(_passthrough(upstream))
+            for target in targets:  # warm-up: connections, imports, first DuckDB batches
+                measure(target, 16, "flood", "plain", 1.0)
+            result = floor_pairs(targets[0], targets[1], args)
+            print(json.dumps({"versus_floor": result}, indent=2))
+            for name in ("rate", "cpu"):
+                print(
+                    f"{args.streams} streams flood, headroom over the pass-through, {name}: {result[name + '_verdict']}",
+                    file=sys.stderr,
+                )
+            return
         for target in targets:  # warm-up: connections, imports, first DuckDB batches
             measure(target, 16, "flood", "plain", 1.0)
             measure(target, 16, "flood", "vllm", 1.0)

@@ -41,3 +41,29 @@ def test_an_unknown_target_is_refused_with_the_known_ones():
         timeout=60,
     )
     assert done.returncode == 2 and "unknown target(s): litellm (known: headroom, direct)" in done.stderr
+
+
+def test_versus_the_floor_pairs_headroom_with_the_pass_through():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/style_pairs.py",
+            "--versus-floor",
+            "--pairs",
+            "2",
+            "--window-s",
+            "0.3",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+        check=True,
+    )
+    result = json.loads(done.stdout)["versus_floor"]
+    assert result["pairs"] == 2 and result["failed"] == 0
+    assert (
+        set(result["chunks_per_s"]) == {"headroom", "passthrough"}
+        and min(result["chunks_per_s"].values()) > 0
+    )
+    assert result["rate_verdict"].endswith("for >= 0.95") and result["cpu_verdict"].endswith("for <= 1.2")
