@@ -58,6 +58,14 @@ def start(
     raise RuntimeError(f"{args} did not answer at {url} within {timeout_s} s")
 
 
+def stop_all(processes: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
+    """Terminate every process first, then wait for each: they shut down side by side."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.wait(timeout_s)
+
+
 def checkout_env(pythonpath: str | None = None) -> dict[str, str]:
     """The environment for a target that must import `collector` from `pythonpath` (another
     checkout) or, without one, from this checkout's install.

@@ -18,7 +18,7 @@ import time
 
 import aiohttp
 import httpx
-from _common import PYTHON, free_port, rss_mib, start
+from _common import PYTHON, free_port, rss_mib, start, stop_all
 from _load import BODY
 
 _HEADERS = {"content-type": "application/json", "x-chunks": "2000", "x-pace-ms": "20"}
@@ -111,10 +111,7 @@ def main() -> None:
                 f"(idle {idle[name]:.1f} MiB)"
             )
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(30)
+        stop_all(processes)
 
 
 if __name__ == "__main__":

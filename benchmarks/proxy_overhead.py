@@ -50,7 +50,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from _common import PYTHON, StealSampler, checkout_env, cpu_seconds, free_port, rss_mib, start
+from _common import PYTHON, StealSampler, checkout_env, cpu_seconds, free_port, rss_mib, start, stop_all
 from _load import drive_for, percentile_ms
 from _verdict import describe
 from litellm_target import start_litellm
@@ -400,10 +400,7 @@ def main() -> None:
         print(table(results), file=sys.stderr)
         print(verdicts(results), file=sys.stderr)
     finally:
-        for process in [upstream_process] + [t.process for t in targets if t.process]:
-            process.terminate()
-        for process in [upstream_process] + [t.process for t in targets if t.process]:
-            process.wait(30)
+        stop_all([upstream_process] + [t.process for t in targets if t.process])
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import os
 import statistics
 import sys
 
-from _common import PYTHON, free_port, start
+from _common import PYTHON, free_port, start, stop_all
 from _verdict import describe
 from proxy_overhead import CPU_TARGET, RATE_TARGET, SIDES, STYLE_TARGET, Target, _headroom, measure
 
@@ -187,11 +187,7 @@ def main() -> None:
                     file=sys.stderr,
                 )
     finally:
-        processes = [upstream_process] + [t.process for t in targets if t.process]
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(30)
+        stop_all([upstream_process] + [t.process for t in targets if t.process])
 
 
 if __name__ == "__main__":

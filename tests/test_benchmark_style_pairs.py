@@ -15,14 +15,19 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.subprocess
 
 
-def test_a_short_run_pairs_both_styles_and_gives_a_verdict():
-    done = subprocess.run(
-        [sys.executable, "benchmarks/style_pairs.py", "--pairs", "3", "--window-s", "0.3", "--no-progress"],
+def _style_pairs(*args: str) -> subprocess.CompletedProcess[bytes]:
+    """benchmarks/style_pairs.py with `args`, its exit checked."""
+    return subprocess.run(
+        [sys.executable, "benchmarks/style_pairs.py", *args],
         cwd=ROOT,
         capture_output=True,
         timeout=300,
         check=True,
     )
+
+
+def test_a_short_run_pairs_both_styles_and_gives_a_verdict():
+    done = _style_pairs("--pairs", "3", "--window-s", "0.3", "--no-progress")
     result = json.loads(done.stdout)["headroom"]
     assert result["pairs"] == 3 and result["failed"] == 0
     assert result["chunks_per_s"]["plain"] > 0 and result["chunks_per_s"]["vllm"] > 0
@@ -44,22 +49,7 @@ def test_an_unknown_target_is_refused_with_the_known_ones():
 
 
 def test_versus_the_floor_pairs_headroom_with_the_pass_through():
-    done = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/style_pairs.py",
-            "--versus-floor",
-            "--pairs",
-            "2",
-            "--window-s",
-            "0.3",
-            "--no-progress",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        timeout=300,
-        check=True,
-    )
+    done = _style_pairs("--versus-floor", "--pairs", "2", "--window-s", "0.3", "--no-progress")
     result = json.loads(done.stdout)["versus_floor"]
     assert result["pairs"] == 2 and result["failed"] == 0
     assert (
