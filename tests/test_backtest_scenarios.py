@@ -118,6 +118,21 @@ def test_daily_cycle_spike_warns_but_never_pages(backtest):
     assert any(14 * 3600 <= s.firing_at - timeline.start <= 14 * 3600 + 30 * MIN for s in timeline.warnings)
 
 
+def test_two_clusters_alert_for_the_cluster_over_its_knee_only(backtest):
+    """The same instance name in two clusters: cluster a's ramp warns and pages in time, b stays silent."""
+    result = backtest("two_clusters")
+    timeline = result.timeline
+    assert timeline.first_breach is not None and timeline.first_breach.cluster == "a", render_text(result)
+    assert timeline.lead_warning_s >= 15 * MIN, render_text(result)
+    assert timeline.lead_page_s >= 5 * MIN, render_text(result)
+    assert timeline.first_warning.labels.get("cluster") == "a"
+    assert timeline.first_page.labels.get("cluster") == "a"
+    a = [s for s in timeline.fired if matches('{cluster="a"}', s)]
+    assert [s for s in a if s.is_page] and [s for s in a if not s.is_page], render_text(result)
+    assert [s for s in timeline.fired if matches('{cluster="b"}', s)] == [], render_text(result)
+    assert timeline.false_pages == []
+
+
 def test_docs_show_these_numbers(backtest):
     """docs/rules.md's scenario table is this run's, row for row (regenerate it with --table)."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()

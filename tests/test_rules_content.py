@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collector.alerts.alerting import SIGNALS, alerts
+from collector.alerts.alerting import SIGNALS, alerting_groups, alerts
 from collector.alerts.alertmanager import alertmanager_config
 from collector.alerts.files import ALERTS_FILE, RECORDING_FILE, alert_files
 from collector.alerts.promtool_cases import cases
@@ -81,7 +82,7 @@ def test_every_alert_has_severity_summary_templated_description_and_runbook_anch
     runbooks = (ROOT / "docs" / "runbooks.md").read_text()
     anchors = {heading.strip().lower() for heading in re.findall(r"^## (.+)$", runbooks, re.M)}
     rules = _alert_rules()
-    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 25
+    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 26
     assert DEFAULT.runbook_base_url.startswith("https://"), "runbook links must work from Slack and PagerDuty"
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
@@ -169,8 +170,16 @@ def test_latency_per_replica_and_a_vanished_job_are_watched():
         in records["instance_model_quantile:headroom_time_to_first_token_seconds:histogram_quantile_rate5m"]
     )
     by_name = {rule["alert"]: rule for rule in _alert_rules()}
-    assert by_name["HeadroomSidecarJobAbsent"]["expr"] == f"absent(up{{{DEFAULT.job_selector}}})"
+    absence = by_name["HeadroomSidecarJobAbsent"]["expr"]
+    up = f"up{{{DEFAULT.job_selector}}}"
+    # anywhere at all, or per cluster: present within the lookback, gone now (central evaluation)
+    assert absence.startswith(f"absent({up})\nor\n")
+    assert f"group by (cluster, job) (max_over_time({up}[{DEFAULT.absence_lookback}]))" in absence
+    assert f"unless on (cluster, job)\n  group by (cluster, job) ({up})" in absence
     assert DEFAULT.job_selector == 'job="headroom-sidecar"'
+    one_cluster = alerting_groups(dataclasses.replace(DEFAULT, cluster_label=""))
+    rules = [r for g in one_cluster for r in g["rules"] if r["alert"] == "HeadroomSidecarJobAbsent"]
+    assert [r["expr"] for r in rules] == [f"absent({up})"]
 
 
 def test_the_knee_ratio_reads_the_new_gauges_and_a_task_class_is_optional():
@@ -195,7 +204,11 @@ def test_alertmanager_routes_page_and_ticket_and_inhibits():
     config = alertmanager_config()
     routes = {tuple(r["matchers"]): r["receiver"] for r in config["route"]["routes"]}
     assert routes == {('severity="critical"',): "page", ('severity="warning"',): "ticket"}
-    assert config["route"]["group_by"] == ["alertname", "model"]
+    assert config["route"]["group_by"] == ["alertname", "cluster", "model"]
+    assert all("cluster" in rule["equal"] for rule in config["inhibit_rules"]), (
+        "a cluster must not mute another"
+    )
+    assert alertmanager_config(cluster_label="")["route"]["group_by"] == ["alertname", "model"]
     sources = [rule["source_matchers"] for rule in config["inhibit_rules"]]
     assert ['alertname="HeadroomNearCapacityLimit"'] in sources
     assert any('severity="critical"' in s for s in sources)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collector.alerts.templating import to_go
+from collector.rules.cluster import keep_cluster
 from collector.rules.config import RulesConfig
 
 __all__ = ["Alert", "number"]
@@ -47,7 +48,7 @@ class Alert:
         """The Prometheus rule dict for this alert under `config`."""
         rule: dict[str, Any] = {
             "alert": self.name,
-            "expr": self.expr,
+            "expr": keep_cluster(self.expr, config.cluster_by),
             "for": config.for_duration(self.name),
             "labels": self.rule_labels(config),
             "annotations": {
@@ -56,6 +57,6 @@ class Alert:
                 "runbook_url": f"{config.runbook_base_url}#{self.anchor}",
             },
         }
-        if self.name in config.keep_firing_for:
-            rule["keep_firing_for"] = config.keep_firing_for[self.name]
+        if self.name in config.keeps_firing:
+            rule["keep_firing_for"] = config.keeps_firing[self.name]
         return rule

@@ -20,7 +20,7 @@ from collector.alerts.alert import Alert, number
 from collector.alerts.pipeline_alerts import pipeline_alerts
 from collector.alerts.slo_alerts import latency_matcher, requests_in, slo_alerts
 from collector.alerts.slo_classes import selector, slo_classes
-from collector.rules.config import RulesConfig
+from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import sample
 from collector.rules.records import R
 
@@ -162,11 +162,10 @@ def _capacity(c: RulesConfig) -> list[Alert]:
     ratio, step = R.KNEE_RATIO, c.knee_forecast_step
     trend = (
         f"{ratio} > {number(c.knee_forecast_min_ratio)}\n"
-        f"and predict_linear({ratio}[{c.knee_forecast_window}], {_seconds(c.knee_forecast_horizon)}) > 1"
+        f"and predict_linear({ratio}[{c.knee_forecast_window}], {seconds(c.knee_forecast_horizon)}) > 1"
     )
     low = [
-        f"min_over_time({ratio}[{step}]{'' if k == 0 else f' offset {k * _seconds(step)}s'})"
-        for k in range(3)
+        f"min_over_time({ratio}[{step}]{'' if k == 0 else f' offset {k * seconds(step)}s'})" for k in range(3)
     ]
     rise = number(c.knee_forecast_min_rise)
     sustained = f"{low[0]} > {low[1]} + {rise}\nand {low[1]} > {low[2]} + {rise}"
@@ -194,6 +193,7 @@ def _capacity(c: RulesConfig) -> list[Alert]:
             f"replicas before users queue.",
             {"component": "capacity"},
         ),
+        _fleet_headroom(c),
         Alert(
             "HeadroomKVCacheNearFull",
             "headroom-capacity",
@@ -263,9 +263,22 @@ def _capacity(c: RulesConfig) -> list[Alert]:
     ]
 
 
-def _seconds(duration: str) -> int:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    return int(duration[:-1]) * units[duration[-1]]
+def _fleet_headroom(c: RulesConfig) -> Alert:
+    """Less than one replica's pool spare at the forecast load, per model, caliber (and cluster)."""
+    return Alert(
+        "HeadroomFleetHeadroomLow",
+        "headroom-capacity",
+        f"(\n  {R.FLEET_POOL}\n  - on (model, caliber) {R.FLEET_LOAD_FORECAST}\n)\n"
+        f"/ on (model, caliber) {R.POOL_PER_REPLICA}\n< 1\n"
+        f"and on (model) {R.REPLICAS} >= {c.fleet_min_replicas}",
+        "warning",
+        "<model> has less than one replica of headroom at its forecast (<caliber>)",
+        f"On the {c.knee_forecast_window} trend, the <caliber> load of <model> {c.knee_forecast_horizon} "
+        f"from now leaves <value:humanize> replicas' worth of its summed pool free: losing or draining "
+        f"one replica puts the rest past their pool. {R.REPLICAS_NEEDED_FORECAST} says how many "
+        f"replicas that load needs.",
+        {"component": "capacity"},
+    )
 
 
 def alerts(config: RulesConfig) -> list[Alert]:

@@ -67,14 +67,21 @@ def _receiver(name: str, url: str, configured: dict[str, Any] | None) -> dict[st
 
 
 def alertmanager_config(
-    receivers: Receivers = PRODUCTION_RECEIVERS, configured: dict[str, dict[str, Any]] | None = None
+    receivers: Receivers = PRODUCTION_RECEIVERS,
+    configured: dict[str, dict[str, Any]] | None = None,
+    cluster_label: str = "cluster",
 ) -> dict[str, Any]:
-    """The Alertmanager configuration document; `configured` maps route -> a real receiver body."""
+    """The Alertmanager configuration document; `configured` maps route -> a real receiver body.
+
+    Grouping and inhibition name `cluster_label` (empty: one cluster), so one cluster's incident
+    never joins, or mutes, another's.
+    """
     configured = configured or {}
+    cluster = [cluster_label] if cluster_label else []
     return {
         "route": {
             "receiver": "ticket",
-            "group_by": ["alertname", "model"],
+            "group_by": ["alertname", *cluster, "model"],
             "group_wait": receivers.group_wait,
             "group_interval": receivers.group_interval,
             "repeat_interval": receivers.repeat_interval_ticket,
@@ -95,12 +102,12 @@ def alertmanager_config(
             {
                 "source_matchers": ['severity="critical"', 'family=~".+"'],
                 "target_matchers": ['severity="warning"', 'family=~".+"'],
-                "equal": ["family", "model"],
+                "equal": ["family", *cluster, "model"],
             },
             {
                 "source_matchers": ['alertname="HeadroomNearCapacityLimit"'],
                 "target_matchers": ['signal=~".+"'],
-                "equal": ["model"],
+                "equal": [*cluster, "model"],
             },
         ],
     }

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from collector.alerts.files import alert_files
-from collector.rules.config import DEFAULT, ConfigError, RulesConfig
+from collector.rules.config import DEFAULT, RULERS, ConfigError, RulesConfig
 from collector.rules.config_file import config_from_dict, load_config
 from collector.rules.files import write_or_check
 
@@ -60,6 +60,20 @@ def config_options(command: _Command) -> _Command:
                 help="Absolute URL of docs/runbooks.md in your fork (runbook_url of every alert).",
             ),
             click.option(
+                "--cluster-label",
+                default=None,
+                metavar="NAME",
+                help=f"Label that tells clusters apart, kept in every aggregation; '' for one cluster "
+                f"[default: {DEFAULT.cluster_label}].",
+            ),
+            click.option(
+                "--ruler",
+                type=click.Choice(RULERS),
+                default=None,
+                help=f"The rule engine that loads the files (vmalert: no keep_firing_for) "
+                f"[default: {DEFAULT.ruler}].",
+            ),
+            click.option(
                 "--label",
                 "labels",
                 multiple=True,
@@ -73,7 +87,12 @@ def config_options(command: _Command) -> _Command:
 
 
 def rules_config(
-    config_path: Path | None, sidecar_job: str | None, runbook_base_url: str | None, labels: tuple[str, ...]
+    config_path: Path | None,
+    sidecar_job: str | None,
+    runbook_base_url: str | None,
+    labels: tuple[str, ...],
+    cluster_label: str | None = None,
+    ruler: str | None = None,
 ) -> RulesConfig:
     """The RulesConfig the options describe: defaults, then the file, then the flags."""
     try:
@@ -81,6 +100,10 @@ def rules_config(
         overrides: dict[str, Any] = {}
         if sidecar_job:
             overrides["sidecar_job"] = sidecar_job
+        if cluster_label is not None:
+            overrides["cluster_label"] = cluster_label
+        if ruler:
+            overrides["ruler"] = ruler
         if runbook_base_url:
             overrides["runbook_base_url"] = runbook_base_url
         pairs = {}
@@ -115,6 +138,8 @@ def generate_alerts(
     sidecar_job: str | None,
     runbook_base_url: str | None,
     labels: tuple[str, ...],
+    cluster_label: str | None,
+    ruler: str | None,
 ) -> None:
     """Write *.rules.yaml, the promtool test file and alertmanager.yml (deterministic YAML).
 
@@ -126,6 +151,8 @@ def generate_alerts(
       headroom alerts generate && promtool check rules alerts/*.rules.yaml
       headroom alerts generate --config alerts.yaml --out /etc/prometheus/alerts
       headroom alerts generate --sidecar-job llm-sidecar --label cluster=prod-eu --out out/
+      headroom alerts generate --ruler vmalert --out /etc/vmalert/rules   # VictoriaMetrics
+      headroom alerts generate --cluster-label '' --out out/   # one cluster, no cluster label
     """
-    config = rules_config(config_path, sidecar_job, runbook_base_url, labels)
+    config = rules_config(config_path, sidecar_job, runbook_base_url, labels, cluster_label, ruler)
     write_or_check(alert_files(config), out, check, "alerts generate")

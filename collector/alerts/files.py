@@ -43,7 +43,9 @@ def rule_files(config: RulesConfig = DEFAULT) -> dict[str, str]:
 def alert_files(config: RulesConfig = DEFAULT, receivers: Receivers = PRODUCTION_RECEIVERS) -> dict[str, str]:
     """Rule files, their promtool tests and the Alertmanager configuration (with a receiver example)."""
     tests = unit_test_document(config, [RECORDING_FILE, ALERTS_FILE], recording_test_groups(config))
-    manager = render_yaml(alertmanager_config(receivers, config.receivers), _ALERTS_COMMAND)
+    manager = render_yaml(
+        alertmanager_config(receivers, config.receivers, config.cluster_label), _ALERTS_COMMAND
+    )
     return rule_files(config) | {
         TEST_FILE: render_yaml(tests, _ALERTS_COMMAND),
         ALERTMANAGER_FILE: manager + "\n" + RECEIVER_EXAMPLE,

@@ -39,11 +39,20 @@ def pipeline_alerts(c: RulesConfig) -> list[Alert]:
         Alert(
             "HeadroomSidecarJobAbsent",
             "headroom-pipeline",
-            f"absent({up})",
+            _absence(c, up),
             "critical",
-            "No sidecar is scraped at all",
-            f"Prometheus has no `up` series for {_named(c.job_selector)}: the scrape job or its targets are "
-            "gone, so every llm-headroom alert is blind. Check the scrape config or the PodMonitor.",
+            "No sidecar is scraped" + (" in a cluster that had them" if c.cluster_by else " at all"),
+            f"Prometheus has no `up` series for {_named(c.job_selector)}"
+            + (
+                f" in the cluster the alert's `{c.cluster_label}` label names (anywhere, without one), "
+                f"though it had within {c.absence_lookback}"
+                if c.cluster_by
+                else ""
+            )
+            + ": the scrape job or its targets are gone, so every llm-headroom alert"
+            + (" there" if c.cluster_by else "")
+            + " is blind. "
+            "Check the scrape config or the PodMonitor.",
             {"component": "pipeline"},
         ),
         Alert(
@@ -89,6 +98,18 @@ def pipeline_alerts(c: RulesConfig) -> list[Alert]:
             {"component": "pipeline"},
         ),
     ]
+
+
+def _absence(c: RulesConfig, up: str) -> str:
+    """No `up` for the job at all, or, per cluster, none now where there was within the lookback.
+
+    `absent()` evaluated centrally fires only when every cluster's sidecars are gone; the second
+    half names the one cluster that stopped reporting while the others still do.
+    """
+    if not c.cluster_by:
+        return f"absent({up})"
+    seen, now = f"max_over_time({up}[{c.absence_lookback}])", up
+    return f"absent({up})\nor\n(\n  group by (job) ({seen})\n  unless on (job)\n  group by (job) ({now})\n)"
 
 
 def _named(selector: str) -> str:

@@ -343,6 +343,87 @@ def _capacity_cases(c: RulesConfig) -> list[Case]:
     ]
 
 
+def _fleet_cases(c: RulesConfig) -> list[Case]:
+    """Two replicas with a pool of 24 each: 30 in flight leaves (48 - 30) / 24 = 0.75 replicas spare."""
+    alert, labels = "HeadroomFleetHeadroomLow", M | {"caliber": "requests"}
+
+    def fleet(inflight: float, replicas: str = "ab") -> dict[str, str]:
+        series = {}
+        for instance in replicas:
+            where = f'instance="{instance}",model="m",task_class="all",source="probe",confidence="high"'
+            series[f"headroom_capacity_recommended_pool_requests{{{where}}}"] = flat(24)
+            series[f"headroom_capacity_knee_requests{{{where}}}"] = flat(32)
+            series[f'headroom_inflight_requests{{instance="{instance}",model="m",tenant="t"}}'] = flat(
+                inflight / len(replicas)
+            )
+        return series
+
+    return [
+        Case(
+            "two replicas whose forecast load leaves under one pool spare",
+            alert,
+            fleet(30),
+            fires(c, alert, (0, 2), labels, humanize(0.75)),
+        ),
+        Case("two replicas with more than one pool spare", alert, fleet(20), quiet("30m")),
+        Case(
+            "one replica never has a spare one: left to the knee alerts",
+            alert,
+            fleet(20, "a") if c.fleet_min_replicas > 1 else fleet(0, "a"),
+            quiet("30m"),
+        ),
+    ]
+
+
+def _cluster_cases(c: RulesConfig) -> list[Case]:
+    """Two clusters, each with a pod `a` of model `m`: neither merges into the other (central rulers)."""
+    if not c.cluster_by:
+        return []
+    knee, label = 32, c.cluster_by
+    over, under = knee, int(knee * c.knee_warning_ratio) - 2
+    up = 'up{job="%s",instance="a",%s="%s"}'
+    series = {
+        f'headroom_inflight_requests{{instance="a",model="m",tenant="t",{label}="{name}"}}': flat(value)
+        for name, value in (("x", under), ("y", over))
+    } | {
+        f'headroom_capacity_knee_requests{{instance="a",model="m",task_class="all",{label}="{name}"}}': flat(
+            knee
+        )
+        for name in ("x", "y")
+    }
+    return [
+        Case(
+            "two clusters: the one over its knee warns, the other stays quiet",
+            "HeadroomConcurrencyNearKnee",
+            series,
+            fires(
+                c,
+                "HeadroomConcurrencyNearKnee",
+                (0, 0),
+                AM
+                | {label: "y", "caliber": "requests", "task_class": "all"}
+                | {"signal": "near_knee", "signal_kind": "saturation"},
+                humanize_percentage(1.0),
+            ),
+        ),
+        Case(
+            "two clusters: the sidecar job vanishes from one while the other reports",
+            "HeadroomSidecarJobAbsent",
+            {
+                up % (c.sidecar_job, label, "x"): flat(1),
+                up % (c.sidecar_job, label, "y"): "1+0x3 stale",
+            },
+            fires(
+                c,
+                "HeadroomSidecarJobAbsent",
+                (4, 4),
+                absent_labels(c.job_selector) | {label: "y"},
+                "1",
+            ),
+        ),
+    ]
+
+
 def _replicas(first: float, others: float) -> dict[str, str]:
     series = {}
     for index, instance in enumerate("abcd"):
@@ -541,6 +622,8 @@ def cases(c: RulesConfig) -> list[Case]:
         _signal_cases(c)
         + _knee_cases(c)
         + _capacity_cases(c)
+        + _fleet_cases(c)
+        + _cluster_cases(c)
         + _composite_cases(c)
         + _slo_cases(c)
         + _pipeline_cases(c)

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from collector.alerts.slo_classes import selector, slo_classes
-from collector.rules.config import RulesConfig
+from collector.rules.cluster import keep_cluster
+from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import le_label, sample
 from collector.rules.records import QUANTILES, RATE_WINDOW, SLO_WINDOWS, R
 
@@ -88,6 +89,52 @@ def _concurrency_rules() -> list[dict[str, Any]]:
         ),
         # Silent (no series) for a model, class and caliber without a published knee.
         _knee_ratio_rule(),
+    ]
+
+
+def _fleet_rules(c: RulesConfig) -> list[dict[str, Any]]:
+    """Load and capacity summed over a model's replicas (per cluster), and the replicas the load needs.
+
+    A replica's pool in tokens is its token knee at the request pool's share of the request knee
+    (knee_tokens x pool / knee_requests), the conversion the KEDA trigger uses.
+    """
+    every = '{task_class="all"}'
+
+    def per_replica(name: str) -> str:
+        return f"max by (instance, model) ({sample(name)}{every})"
+
+    pool, knee = (
+        per_replica("headroom_capacity_recommended_pool_requests"),
+        per_replica("headroom_capacity_knee_requests"),
+    )
+    knee_tokens = per_replica("headroom_capacity_knee_tokens")
+    load = [
+        _caliber(f"sum by (model) (avg_over_time({sample(live)}[{RATE_WINDOW}]))", caliber)
+        for caliber, live, _, _ in _CALIBERS
+    ]
+    tokens_pool = f"{knee_tokens}\n* on (instance, model) ({pool} / {knee})"
+    return [
+        _rule(R.REPLICA_POOL, f"{_caliber(pool, 'requests')}\nor\n{_caliber(tokens_pool, 'tokens')}"),
+        _rule(R.POOL_PER_REPLICA, f"avg by (model, caliber) ({R.REPLICA_POOL})"),
+        _rule(R.FLEET_POOL, f"sum by (model, caliber) ({R.REPLICA_POOL})"),
+        _rule(
+            R.FLEET_KNEE,
+            f"{_caliber(f'sum by (model) ({knee})', 'requests')}\nor\n"
+            f"{_caliber(f'sum by (model) ({knee_tokens})', 'tokens')}",
+        ),
+        _rule(R.REPLICAS, f'count by (model) ({R.REPLICA_POOL}{{caliber="requests"}})'),
+        _rule(R.FLEET_LOAD, "\nor\n".join(load)),
+        _rule(
+            R.FLEET_LOAD_FORECAST,
+            f"clamp_min(predict_linear({R.FLEET_LOAD}[{c.knee_forecast_window}], "
+            f"{seconds(c.knee_forecast_horizon)}), 0)",
+        ),
+        _rule(R.FLEET_POOL_RATIO, f"{R.FLEET_LOAD}\n/ on (model, caliber) {R.FLEET_POOL}"),
+        _rule(R.REPLICAS_NEEDED, f"ceil({R.FLEET_LOAD}\n/ on (model, caliber) {R.POOL_PER_REPLICA})"),
+        _rule(
+            R.REPLICAS_NEEDED_FORECAST,
+            f"ceil({R.FLEET_LOAD_FORECAST}\n/ on (model, caliber) {R.POOL_PER_REPLICA})",
+        ),
     ]
 
 
@@ -186,10 +233,22 @@ def _engine_rules() -> list[dict[str, Any]]:
 
 
 def recording_groups(config: RulesConfig) -> list[dict[str, Any]]:
-    """The recording-rule groups, in evaluation order (a rule may read the ones above it)."""
+    """The recording-rule groups, in evaluation order (a rule may read the ones above it).
+
+    Every expression keeps `config.cluster_by` through its aggregations (collector.rules.cluster).
+    """
+    groups = _groups(config)
+    for group in groups:
+        for rule in group["rules"]:
+            rule["expr"] = keep_cluster(rule["expr"], config.cluster_by)
+    return groups
+
+
+def _groups(config: RulesConfig) -> list[dict[str, Any]]:
     w = RATE_WINDOW
     return [
         {"name": "headroom-recording-concurrency", "rules": _concurrency_rules()},
+        {"name": "headroom-recording-fleet", "rules": _fleet_rules(config)},
         {"name": "headroom-recording-traffic", "rules": _traffic_rules(w)},
         {"name": "headroom-recording-latency", "rules": _latency_rules(w)},
         {"name": "headroom-recording-slo", "rules": _slo_rules(config)},

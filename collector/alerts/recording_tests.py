@@ -86,11 +86,64 @@ def recording_test_groups(config: RulesConfig) -> list[dict[str, Any]]:
         checks.append(_expect(R.slo_misses("5m"), (_M, 0.04)))
     if config.default_slo.e2e_seconds == 60.0:
         checks.append(_expect(R.slo_misses("5m", "e2e"), (_M, 0.01)))
-    return [
+    groups = [
         {
             "name": "recording rules: quantiles, SLO misses, calibers, knee ratio, shed and 429 ratios",
             "interval": "1m",
             "input_series": _inputs(),
             "promql_expr_test": checks,
-        }
+        },
+        _fleet_group(),
     ]
+    return groups + ([_two_clusters(config.cluster_by)] if config.cluster_by else [])
+
+
+def _fleet_group() -> dict[str, Any]:
+    """Two replicas (pools 24 and 16, knees 32 and 20, token knee 40000 on `a`) carrying 30 requests."""
+    series, where = [], '{instance="%s",model="m",task_class="all"}'
+    for instance, pool, knee, inflight in (("a", 24, 32, 18), ("b", 16, 20, 12)):
+        series += [
+            _series("headroom_capacity_recommended_pool_requests" + where % instance, f"{pool}+0x10"),
+            _series("headroom_capacity_knee_requests" + where % instance, f"{knee}+0x10"),
+            _series(
+                "headroom_inflight_requests" + _PER_TENANT.replace('"a"', f'"{instance}"') % "t",
+                f"{inflight}+0x10",
+            ),
+        ]
+    series.append(_series("headroom_capacity_knee_tokens" + where % "a", "40000+0x10"))
+    requests, tokens = _M | {"caliber": "requests"}, _M | {"caliber": "tokens"}
+    return {
+        "name": "fleet records: load and pools summed over replicas, replicas needed = ceil(load / mean pool)",
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            _expect(R.FLEET_POOL, (requests, 40), (tokens, 30000)),
+            _expect(R.FLEET_KNEE, (requests, 52), (tokens, 40000)),
+            _expect(R.POOL_PER_REPLICA, (requests, 20), (tokens, 30000)),
+            _expect(R.REPLICAS, (_M, 2)),
+            _expect(R.FLEET_LOAD, (requests, 30)),
+            _expect(R.FLEET_POOL_RATIO, (requests, 0.75)),
+            _expect(R.REPLICAS_NEEDED, (requests, 2)),
+            _expect(R.REPLICAS_NEEDED_FORECAST, (requests, 2)),
+        ],
+    }
+
+
+def _two_clusters(label: str) -> dict[str, Any]:
+    """The pitfall of central evaluation: pod `p1` of model `m` in two clusters, 5 and 7 in flight."""
+    inflight = 'headroom_inflight_requests{instance="p1",model="m",tenant="t",%s="%s"}'
+    per_cluster = [({label: name} | _M, value) for name, value in (("a", 5), ("b", 7))]
+    return {
+        "name": "two clusters: every aggregate keeps them apart (5 and 7, never 12)",
+        "interval": "1m",
+        "input_series": [
+            _series(inflight % (label, "a"), "5+0x10"),
+            _series(inflight % (label, "b"), "7+0x10"),
+        ],
+        "promql_expr_test": [
+            _expect(R.INFLIGHT, *per_cluster),
+            _expect(
+                R.INFLIGHT_INSTANCE, *[(labels | {"instance": "p1"}, value) for labels, value in per_cluster]
+            ),
+        ],
+    }

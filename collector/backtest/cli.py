@@ -228,6 +228,8 @@ def backtest(
     sidecar_job,
     runbook_base_url,
     labels,
+    cluster_label,
+    ruler,
 ) -> None:
     """Replay scenarios or your request log through the generated rules on a real Prometheus.
 
@@ -267,7 +269,7 @@ def backtest(
         raise click.BadParameter(
             "intervals must be positive seconds, e.g. 15", param_hint="--scrape-interval"
         )
-    config = rules_config(config_path, sidecar_job, runbook_base_url, labels)
+    config = rules_config(config_path, sidecar_job, runbook_base_url, labels, cluster_label, ruler)
     binaries = {"prometheus": prometheus_bin, "promtool": promtool_bin}
     results = []
     with tempfile.TemporaryDirectory(prefix="headroom-backtest-") as scratch:

@@ -5,7 +5,8 @@ and tenant (in flight = admitted and not yet complete; active tokens = prompt + 
 far, growing linearly from the first token to completion, prompt only when not streamed, as the
 tracker counts them), also per task class; requests, prompt and generated tokens by outcome; and the TTFT, TPOT and
 duration histograms, observed when a request completes (as the tracker does). Label sets appear
-with their first request and stay, like prometheus_client's.
+with their first request and stay, like prometheus_client's. A record with a cluster is exported
+with the label `cluster` (its target is job, cluster and instance); without one, job and instance.
 
     series = SeriesSet()
     sidecar_series(records, scrape_times(t0, t0 + 60, 15), "headroom-sidecar", series)
@@ -24,7 +25,7 @@ from collector.backtest.openmetrics import SeriesKey, SeriesSet
 from collector.catalog import spec
 from collector.rules.naming import le_label
 
-__all__ = ["scrape_times", "sidecar_series", "HISTOGRAMS"]
+__all__ = ["scrape_times", "sidecar_series", "target_labels", "HISTOGRAMS"]
 
 # histogram -> the record's observed value (None: not observed, e.g. no TTFT without a stream)
 HISTOGRAMS: dict[str, Callable[[Lifecycle], float | None]] = {
@@ -38,6 +39,11 @@ def scrape_times(start: float, end: float, interval_s: float) -> list[float]:
     """start, start + interval, ... up to and including end: scrape_times(0, 30, 15) -> [0, 15, 30]."""
     count = int((end - start) / interval_s + 1e-9)
     return [start + i * interval_s for i in range(count + 1)]
+
+
+def target_labels(job: str, instance: str, cluster: str = "") -> dict[str, str]:
+    """A sidecar's target labels: {"job", "instance"}, and "cluster" when it has one."""
+    return {"job": job, "instance": instance} | ({"cluster": cluster} if cluster else {})
 
 
 def _key(name: str, labels: dict[str, str]) -> SeriesKey:
@@ -179,11 +185,19 @@ def _instance_series(
 
 
 def sidecar_series(
-    records: list[Lifecycle], times: list[float], job: str, out: SeriesSet, instances: Iterable[str] = ()
+    records: list[Lifecycle],
+    times: list[float],
+    job: str,
+    out: SeriesSet,
+    targets: Iterable[tuple[str, str]] = (),
 ) -> None:
-    """Add every sidecar's request series (and `up`) to `out`: one per record instance, and `instances`."""
-    by_instance: dict[str, list[Lifecycle]] = {instance: [] for instance in instances}
+    """Add every sidecar's request series (and `up`) to `out`.
+
+    One sidecar per (cluster, instance) of the records, and one per pair of `targets` even without
+    records ("" as the cluster: no cluster label).
+    """
+    by_target: dict[tuple[str, str], list[Lifecycle]] = {target: [] for target in targets}
     for record in records:
-        by_instance.setdefault(record.instance, []).append(record)
-    for instance in sorted(by_instance):
-        _instance_series(by_instance[instance], times, {"job": job, "instance": instance}, out)
+        by_target.setdefault((record.cluster, record.instance), []).append(record)
+    for cluster, instance in sorted(by_target):
+        _instance_series(by_target[(cluster, instance)], times, target_labels(job, instance, cluster), out)

@@ -43,6 +43,7 @@ class Lifecycle:
     engine_waiting_at_admit: int | None = None
     kv_usage_at_admit: float | None = None
     task_class: str = UNSPECIFIED  # collector.tasks: by the declared output budget
+    cluster: str = ""  # the replica's cluster label (simulator only; "" : none)
 
     @property
     def ttft_s(self) -> float | None:

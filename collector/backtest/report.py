@@ -16,11 +16,22 @@ from typing import Any
 
 from collector.backtest.run import BacktestResult
 from collector.backtest.timeline import AlertSpan
+from collector.backtest.truth import Breach
 from collector.backtest.verdict import minutes
 
 __all__ = ["render_text", "to_json", "offset", "scenario_table"]
 
-_SHOWN_LABELS = ("instance", "model", "engine", "caliber", "task_class", "signal", "slo_class", "reason")
+_SHOWN_LABELS = (
+    "cluster",
+    "instance",
+    "model",
+    "engine",
+    "caliber",
+    "task_class",
+    "signal",
+    "slo_class",
+    "reason",
+)
 
 
 def offset(seconds: float) -> str:
@@ -59,13 +70,18 @@ def _lead_text(value: float | None, span: AlertSpan | None) -> str:
     return f"{when} ({span.name})"
 
 
+def _where(breach: Breach) -> str:
+    """'llama-70b', or 'llama-70b in cluster a'."""
+    return f"{breach.model} in cluster {breach.cluster}" if breach.cluster else breach.model
+
+
 def render_text(result: BacktestResult, *, pending: bool = False) -> str:
     """The timeline of one backtest; `pending` also lists alerts that went pending but never fired."""
     t = result.timeline
     lines = [f"{result.name}: {result.summary}"]
     breach = t.first_breach
     lines.append(
-        f"  breach   {offset(breach.start - t.start)}  {breach.kind} SLO breach ({breach.model}) until "
+        f"  breach   {offset(breach.start - t.start)}  {breach.kind} SLO breach ({_where(breach)}) until "
         f"{offset(breach.end - t.start)}"
         if breach
         else "  breach   none: the rows show no SLO breach"
@@ -114,6 +130,7 @@ def to_json(result: BacktestResult) -> dict[str, Any]:
         else {
             "kind": t.first_breach.kind,
             "model": t.first_breach.model,
+            "cluster": t.first_breach.cluster or None,
             "start": _when(t.first_breach.start, t.start),
             "end": _when(t.first_breach.end, t.start),
         },
@@ -166,7 +183,8 @@ def scenario_table(results: list[BacktestResult]) -> str:
         breach = (
             "none"
             if t.first_breach is None
-            else f"{(t.first_breach.start - t.start) / 60:.1f} min ({t.first_breach.kind})"
+            else f"{(t.first_breach.start - t.start) / 60:.1f} min ({t.first_breach.kind}"
+            + (f", cluster {t.first_breach.cluster})" if t.first_breach.cluster else ")")
         )
         lines.append(
             f"| `{result.name}` | {result.summary} | {breach} "

@@ -79,11 +79,22 @@ LONG = RequestClass("long", (800, 1500), (64, 128))
 
 @dataclass(frozen=True)
 class Replica:
-    """One sidecar and its engine: the `instance` label, the engine's settings and cost model."""
+    """One sidecar and its engine: the `instance` label, the engine's settings and cost model.
+
+    `cluster`, when set, labels every series of the replica `cluster=<value>` (two clusters may
+    each run a "replica-0"); `load`, when set, replaces the scenario's load for this replica.
+    """
 
     instance: str
     engine: SimConfig = BACKTEST_ENGINE
     cost: CostModel = BACKTEST_COST
+    cluster: str = ""
+    load: Callable[[float], float] | None = None  # t_s -> offered concurrency / knee (None: the scenario's)
+
+    @property
+    def key(self) -> str:
+        """What tells replicas apart: 'replica-0', or 'a/replica-0' in cluster a."""
+        return f"{self.cluster}/{self.instance}" if self.cluster else self.instance
 
 
 @dataclass(frozen=True)
@@ -93,7 +104,7 @@ class Fault:
     kind: str
     start_s: float
     end_s: float
-    instance: str | None = None  # None: every replica
+    instance: str | None = None  # None: every replica (an instance name: in every cluster)
     share: float = 1.0  # shedding: share of arrivals refused
     status: int = 503  # shedding: the engine's answer
     factor: float = 3.0  # slow_replica: how many times slower
@@ -125,8 +136,9 @@ class Expect:
     """What the rules must show on a scenario (collector.backtest.verdict checks it).
 
     `fires`: (alert selector, seconds) pairs: the alert fires within that long of the first fault
-    or incident. `silent`: selectors that must never fire. A selector is an alert name, labels, or
-    both: 'HeadroomSlowReplica{instance="replica-3"}', '{caliber="requests"}'.
+    or incident. `fired`: selectors that must fire at least once, at any time. `silent`: selectors
+    that must never fire. A selector is an alert name, labels, or both:
+    'HeadroomSlowReplica{instance="replica-3"}', '{caliber="requests"}', '{cluster="a"}'.
     """
 
     pages: int | None = None  # fired pages, exactly (None: not checked)
@@ -136,6 +148,7 @@ class Expect:
     lead_warning_s: float | None = None  # the first warning at least this long before the breach
     lead_page_s: float | None = None
     fires: tuple[tuple[str, float], ...] = ()
+    fired: tuple[str, ...] = ()
     silent: tuple[str, ...] = ()
     silent_before_breach: tuple[str, ...] = ()  # must not fire before the first breach
     breach: bool | None = None  # the rows must (True) or must not (False) show a breach
@@ -148,7 +161,7 @@ class Scenario:
     name: str
     summary: str
     duration_s: float
-    load: Callable[[float], float]  # t_s -> offered concurrency / knee, fleet-wide
+    load: Callable[[float], float]  # t_s -> offered concurrency / knee, per replica (Replica.load overrides)
     long_share: Callable[[float], float] = lambda t_s: 0.05
     short: RequestClass = SHORT
     long: RequestClass = LONG
@@ -165,6 +178,15 @@ class Scenario:
     evaluation_interval_s: float = 30.0
     seed: int = 1
     expect: Expect = field(default_factory=Expect)
+
+    def __post_init__(self) -> None:
+        keys = [replica.key for replica in self.replicas]
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        if twice:
+            raise ValueError(
+                f"scenario {self.name}: replicas {', '.join(twice)} appear twice "
+                "(give them different instances or clusters)"
+            )
 
     def faults_of(self, kind: str) -> list[Fault]:
         """This scenario's faults of one kind."""

@@ -14,14 +14,14 @@ request log); this module adds what only the simulation knows, each the way the 
     _oldest_age_seconds, headroom_log_rows_spooled_total, headroom_log_ship_lag_seconds
 
 and then applies the scrape faults: `sidecar_down` leaves `up` 0 and nothing else, `sidecar_gone`
-leaves nothing at all.
+leaves nothing at all. A replica in a cluster carries `cluster=<name>` on every one of its series.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from collector.backtest.exposition import scrape_times, sidecar_series
+from collector.backtest.exposition import scrape_times, sidecar_series, target_labels
 from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesKey, SeriesSet
 from collector.backtest.scenario import Replica, Scenario
@@ -152,11 +152,13 @@ def scenario_series(result: SimulationResult, job: str) -> SeriesSet:
     scenario, epoch = result.scenario, result.epoch
     times = scrape_times(epoch, result.end, scenario.scrape_interval_s)
     out = SeriesSet()
-    sidecar_series(result.records, times, job, out, instances=[r.instance for r in scenario.replicas])
+    sidecar_series(result.records, times, job, out, [(r.cluster, r.instance) for r in scenario.replicas])
     for replica in scenario.replicas:
-        target = {"job": job, "instance": replica.instance}
-        records = [r for r in result.records if r.instance == replica.instance]
-        _engine(out, target, result.engine[replica.instance], scenario, replica, epoch)
+        target = target_labels(job, replica.instance, replica.cluster)
+        records = [
+            r for r in result.records if r.instance == replica.instance and r.cluster == replica.cluster
+        ]
+        _engine(out, target, result.engine[replica.key], scenario, replica, epoch)
         _capacity(out, target, times, scenario, epoch)
         _log(out, target, times, records, scenario, replica.instance, epoch)
     _scrape_faults(out, scenario, epoch)

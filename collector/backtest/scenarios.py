@@ -45,6 +45,12 @@ _MID_KV = dataclasses.replace(BACKTEST_ENGINE, kv_cache_tokens=16384)
 _DOCUMENTS = RequestClass("document", (3000, 4000), (64, 128))
 _NIGHT_DOCUMENTS = RequestClass("document", (9000, 12000), (32, 64))
 _FOUR = tuple(Replica(f"replica-{i}") for i in range(4))
+_RAMP = linear(0.3, 1.5, 2 * _H)
+# The same instance name in two clusters: only the `cluster` label tells their series apart.
+_TWO_CLUSTERS = (
+    Replica("replica-0", cluster="a", load=_RAMP),
+    Replica("replica-0", cluster="b", load=constant(0.5)),
+)
 # Half the memory bandwidth: 0.19 s per decode step, so a simulated day costs half the steps.
 _SLOW_GPU = Replica("replica-0", cost=dataclasses.replace(BACKTEST_COST, memory_bandwidth=0.75e12))
 
@@ -60,7 +66,7 @@ _ALL = (
         "ramp",
         "a linear ramp from 30 % to 150 % of the knee over 2 h",
         2 * _H,
-        linear(0.3, 1.5, 2 * _H),
+        _RAMP,
         expect=Expect(breach=True, lead_warning_s=15 * _M, lead_page_s=5 * _M),
     ),
     Scenario(
@@ -175,6 +181,21 @@ _ALL = (
         constant(0.5),
         faults=(Fault("sidecar_gone", 20 * _M, 40 * _M),),
         expect=Expect(fires=(("HeadroomSidecarJobAbsent", 8 * _M),)),
+    ),
+    Scenario(
+        "two_clusters",
+        'two clusters, each with a "replica-0": cluster a ramps from 30 % to 150 % of the knee '
+        "over 2 h, cluster b stays at 50 %",
+        2 * _H,
+        _RAMP,
+        replicas=_TWO_CLUSTERS,
+        expect=Expect(
+            breach=True,
+            lead_warning_s=15 * _M,
+            lead_page_s=5 * _M,
+            fired=('{cluster="a"}',),
+            silent=('{cluster="b"}',),
+        ),
     ),
 )
 

@@ -10,6 +10,9 @@ collector.backtest.exposition.
     result = simulate(SCENARIOS["ramp"])
     result.records[0]        -> Lifecycle(admitted=..., first_token=..., outcome="ok", ...)
     result.engine["replica-0"][0] -> EngineSample(t=..., running=5, waiting=0, ...)
+
+Replicas are keyed by Replica.key: the instance, or "cluster/instance" for a replica in a cluster
+(whose records carry the cluster and request ids that start with it).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class EngineSample:
 
 @dataclass(frozen=True)
 class SimulationResult:
-    """Every request of the scenario and each replica's engine samples, at POSIX times from EPOCH."""
+    """Every request of the scenario and each replica's engine samples (by Replica.key), at POSIX times."""
 
     scenario: Scenario
     records: list[Lifecycle]
@@ -76,8 +79,12 @@ def _mean_duration_s(scenario: Scenario, replica: Replica, share: float, rate: f
 
 
 def arrival_rate(scenario: Scenario, replica: Replica, t_s: float) -> float:
-    """Requests per second to one replica so its offered concurrency is load(t) x knee (Little's law)."""
-    share, target = scenario.long_share(t_s), scenario.load(t_s) * scenario.knee_requests
+    """Requests per second to one replica so its offered concurrency is load(t) x knee (Little's law).
+
+    The load is the replica's own when it has one, else the scenario's.
+    """
+    load = replica.load or scenario.load
+    share, target = scenario.long_share(t_s), load(t_s) * scenario.knee_requests
     rate = 0.0
     for _ in range(12):  # fixed point of rate = target / duration(rate); converges in a few rounds
         rate = target / _mean_duration_s(scenario, replica, share, rate)
@@ -154,8 +161,9 @@ class _Replica:
         scenario, rng = self.scenario, self.rng
         kind = scenario.long if rng.random() < scenario.long_share(at) else scenario.short
         record = Lifecycle(
-            request_id=f"{self.replica.instance}-{self.sequence}",
+            request_id=f"{self.replica.key}-{self.sequence}",
             instance=self.replica.instance,
+            cluster=self.replica.cluster,
             model=scenario.model,
             tenant=_pick(scenario.tenants, rng),
             stream=rng.random() < scenario.streamed_share,
@@ -273,6 +281,6 @@ def simulate(scenario: Scenario) -> SimulationResult:
         loop = _Replica(scenario, replica, index)
         loop.run()
         records.extend(loop.records)
-        engine[replica.instance] = loop.samples
+        engine[replica.key] = loop.samples
     records.sort(key=lambda r: r.admitted)
     return SimulationResult(scenario, records, engine)

@@ -6,6 +6,8 @@
 - **Lead time** is measured against the first breach: the first warning and the first page that
   fired in the lead window or during the breach, as breach start minus firing time (positive:
   it fired before users were hurt; negative: late by that much).
+- **Clusters**: a breach in a cluster (Breach.cluster) earns, and leads, only the alerts labelled
+  with that cluster or with none (a fleet-wide alert); another cluster's alert is not its warning.
 
     timeline = build_timeline("ramp", evaluation, breaches, incidents, start, end)
     timeline.lead_page_s  ->  420.0     timeline.false_pages  ->  []
@@ -34,6 +36,16 @@ class Problem:
     start: float
     end: float
     kind: str  # "breach" | "incident"
+    cluster: str = ""  # a breach's cluster ("" : every cluster, as incidents are)
+
+    def concerns(self, labels: dict[str, str]) -> bool:
+        """Whether an alert with `labels` answers this problem: same cluster, or either has none."""
+        return _same_cluster(self.cluster, labels)
+
+
+def _same_cluster(cluster: str, labels: dict[str, str]) -> bool:
+    """True without a cluster, for an alert without one, and for the cluster's own alerts."""
+    return not cluster or labels.get("cluster", cluster) == cluster
 
 
 @dataclass(frozen=True)
@@ -112,15 +124,24 @@ class Timeline:
         return [span for span in self.fired if span.name == name]
 
 
-def _earned(episode: Episode, problems: list[Problem], end: float) -> bool:
+def _earned(episode: Episode, labels: dict[str, str], problems: list[Problem], end: float) -> bool:
     if episode.firing_at is None:
         return True
     stop = episode.ended_at if episode.ended_at is not None else end
-    return any(episode.firing_at <= p.end + GRACE_S and stop >= p.start - LEAD_WINDOW_S for p in problems)
+    return any(
+        episode.firing_at <= p.end + GRACE_S and stop >= p.start - LEAD_WINDOW_S and p.concerns(labels)
+        for p in problems
+    )
+
+
+def _breach_name(breach: Breach) -> str:
+    """'ttft SLO breach (llama-70b)', or '... (llama-70b in cluster a)'."""
+    where = f"{breach.model} in cluster {breach.cluster}" if breach.cluster else breach.model
+    return f"{breach.kind} SLO breach ({where})"
 
 
 def _problems(breaches: list[Breach], incidents: list[Incident], epoch: float) -> list[Problem]:
-    found = [Problem(f"{b.kind} SLO breach ({b.model})", b.start, b.end, "breach") for b in breaches]
+    found = [Problem(_breach_name(b), b.start, b.end, "breach", b.cluster) for b in breaches]
     found += [Problem(i.name, epoch + i.start_s, epoch + i.end_s, "incident") for i in incidents]
     return sorted(found, key=lambda p: (p.start, p.name))
 
@@ -134,6 +155,7 @@ def _first(spans: list[AlertSpan], breach: Breach | None, page: bool) -> AlertSp
         if s.firing_at is not None
         and s.is_page == page
         and breach.start - LEAD_WINDOW_S <= s.firing_at <= breach.end
+        and _same_cluster(breach.cluster, s.labels)
     ]
     return min(chosen, key=lambda s: s.fired_at, default=None)
 
@@ -160,7 +182,7 @@ def build_timeline(
                 episode.pending_at,
                 episode.firing_at,
                 episode.ended_at,
-                _earned(episode, problems, end),
+                _earned(episode, labels, problems, end),
             )
         )
     first_breach = breaches[0] if breaches else None

@@ -1,6 +1,8 @@
 """SLO truth from the request rows: when users were hurt, and the windows where an alert is earned.
 
-At each evaluation time t and for each model, the requests of the trailing 5 minutes are judged
+At each evaluation time t and for each model (in each cluster, when the records carry one: a
+cluster's users are hurt whatever the other clusters serve), the requests of the trailing 5 minutes
+are judged
 exactly (no histogram buckets): a **breach** is a window in which more than 5 % of them missed an
 SLO, the same test as "p95 over the target":
 
@@ -10,7 +12,7 @@ SLO, the same test as "p95 over the target":
                   (rate_limited, overloaded, upstream_error, timeout)
 
 Fewer than `min_requests` in a window say nothing about a p95, so such a window is no breach.
-Consecutive breached evaluations form one Breach(kind, model, start, end).
+Consecutive breached evaluations form one Breach(kind, model, start, end, cluster).
 
     breaches(records, times, slo_for)  ->  [Breach("ttft", "m", start=..., end=...)]
 """
@@ -35,12 +37,13 @@ BREACH_SHARE = 0.05  # more than this share missing the target in a window is a 
 
 @dataclass(frozen=True)
 class Breach:
-    """Users were hurt: `kind` (ttft, e2e, availability) of `model` from start to end (POSIX s)."""
+    """Users were hurt: `kind` (ttft, e2e, availability) of `model` in `cluster`, start to end (POSIX s)."""
 
     kind: str
     model: str
     start: float
     end: float
+    cluster: str = ""  # "" : the records carry no cluster
 
 
 class _Window:
@@ -95,13 +98,13 @@ def breaches(
     slo_for: Callable[[str], SloTargets],
     min_requests: int = 20,
 ) -> list[Breach]:
-    """Every breach episode per model and kind, judged at each of `times` over the trailing 5 minutes.
+    """Every breach episode per model, cluster and kind, judged at each of `times` (trailing 5 minutes).
 
     `slo_for(model)` returns an object with `ttft_seconds` and `e2e_seconds` (None: not judged).
     """
     found = []
-    for model in sorted({r.model for r in records}):
-        chosen = [r for r in records if r.model == model]
+    for model, cluster in sorted({(r.model, r.cluster) for r in records}):
+        chosen = [r for r in records if r.model == model and r.cluster == cluster]
         for kind, (window, limit) in _judged(chosen, slo_for(model)).items():
             start: float | None = None
             last = times[0]
@@ -111,9 +114,9 @@ def breaches(
                 if bad and start is None:
                     start = t
                 if not bad and start is not None:
-                    found.append(Breach(kind, model, start, last))
+                    found.append(Breach(kind, model, start, last, cluster))
                     start = None
                 last = t
             if start is not None:
-                found.append(Breach(kind, model, start, times[-1]))
-    return sorted(found, key=lambda b: (b.start, b.kind, b.model))
+                found.append(Breach(kind, model, start, times[-1], cluster))
+    return sorted(found, key=lambda b: (b.start, b.kind, b.model, b.cluster))

@@ -4,7 +4,7 @@
         -> [Check("pages == 0", True, "0 pages"), Check("lead of the first page >= 5m", False, "2m")]
 
 Also the structural check every scenario gets: the any-two composite fired only while a latency
-signal and a saturation signal were both firing for its model.
+signal and a saturation signal were both firing for its model (in its cluster, when it has one).
 """
 
 from __future__ import annotations
@@ -69,12 +69,13 @@ def _lead(what: str, minimum: float | None, lead: float | None, span: AlertSpan 
 def _composite_checks(timeline: Timeline) -> list[Check]:
     checks = []
     for span in timeline.firing(COMPOSITE):
-        model = span.labels.get("model")
+        model, cluster = span.labels.get("model"), span.labels.get("cluster")
         at = span.fired_at
         kinds = {
             s.labels.get("signal_kind", "")
             for s in timeline.fired
             if s.labels.get("model") == model
+            and s.labels.get("cluster") == cluster
             and s.labels.get("signal")
             and s.fired_at <= at
             and (s.ended_at is None or s.ended_at > at)
@@ -116,6 +117,15 @@ def verdict(timeline: Timeline, expect: Expect, origin: float | None) -> list[Ch
                 f"{selector} fires within {within_s / 60:g}m",
                 delay is not None and 0 <= delay <= within_s,
                 f"after {minutes(delay)}" if delay is not None else "never fired",
+            )
+        )
+    for selector in expect.fired:
+        first = min((s.fired_at for s in timeline.fired if matches(selector, s)), default=None)
+        checks.append(
+            Check(
+                f"{selector} fires",
+                first is not None,
+                f"first at {minutes(first - timeline.start)}" if first is not None else "never fired",
             )
         )
     for selector in expect.silent:

@@ -9,7 +9,14 @@ engine's own ceiling, pool, SLO burn, firing alerts). The capacity-panel helpers
 
 from __future__ import annotations
 
-from collector.dashboards.capacity import concurrency_panel, firing, firing_alerts, glance_row, gpu_panels
+from collector.dashboards.capacity import (
+    concurrency_panel,
+    firing,
+    firing_alerts,
+    fleet_panels,
+    glance_row,
+    gpu_panels,
+)
 from collector.dashboards.panels import (
     alert_annotation,
     dashboard_links,
@@ -23,6 +30,7 @@ from collector.dashboards.panels import (
     timeseries,
 )
 from collector.dashboards.queries import VARIABLES, published, quantile, rate, sel, slo_miss_ratio
+from collector.rules.cluster import keep_cluster
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
 from collector.rules.render import GENERATED_NOTICE
@@ -131,6 +139,7 @@ def overview(c: RulesConfig) -> dict:
     p = [
         *glance_row(c),
         concurrency_panel(),
+        *fleet_panels(c),
         timeseries(
             "Headroom per caliber (live ÷ knee)",
             "Live concurrency of each sidecar divided by its model's knee, in both calibers. Under "
@@ -394,5 +403,33 @@ def review(c: RulesConfig) -> dict:
 
 
 def dashboards(config: RulesConfig) -> list[dict]:
-    """All dashboards, in file order."""
-    return [overview(config), tenants(config), review(config)]
+    """All dashboards, in file order, each query keeping the cluster label (collector.rules.cluster)."""
+    return [
+        _for_cluster(board, config.cluster_label)
+        for board in (overview(config), tenants(config), review(config))
+    ]
+
+
+def _for_cluster(board: dict, label: str) -> dict:
+    """`board` with `label` in every by/on of its queries, and the `$cluster` variable reading `label`.
+
+    With several clusters selected, a panel shows each cluster's series instead of their merge; a
+    single-number stat stays one number. An empty label leaves the board as it is.
+    """
+    if not label:
+        return board
+    for panel in board["panels"]:
+        for query in panel.get("targets", ()):
+            query["expr"] = _renamed(keep_cluster(query["expr"], label, bare=False), label)
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            definition = _renamed(variable["definition"], label)
+            if variable["name"] == "cluster":
+                definition = definition.replace(", cluster)", f", {label})")
+            variable["definition"] = variable["query"]["query"] = definition
+    return board
+
+
+def _renamed(expr: str, label: str) -> str:
+    """The `cluster` matcher of the scope renamed to the configured label (kubernetes-mixin's clusterLabel)."""
+    return expr if label == "cluster" else expr.replace('cluster=~"$cluster"', f'{label}=~"$cluster"')

@@ -13,10 +13,10 @@ from typing import Any
 from collector.catalog import EXTERNAL_SERIES
 from collector.dashboards.panels import dashed, right_axis, stat, table, target, thresholds, timeseries
 from collector.dashboards.queries import published, scoped, sel, served, slo_miss_ratio
-from collector.rules.config import RulesConfig
+from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import sample
 
-__all__ = ["glance_row", "concurrency_panel", "gpu_panels", "firing_alerts", "firing"]
+__all__ = ["glance_row", "concurrency_panel", "gpu_panels", "firing_alerts", "firing", "fleet_panels"]
 
 _INFLIGHT, _TOKENS = sample("headroom_inflight_requests"), sample("headroom_active_tokens")
 _CEILING = sample("headroom_engine_max_concurrency_requests")
@@ -219,3 +219,55 @@ def firing_alerts(c: RulesConfig) -> dict[str, Any]:
             },
         ),
     )
+
+
+def _pool_per_replica(caliber: str) -> str:
+    """Each selected replica's published pool (tokens: knee_tokens x pool / knee), averaged per model."""
+    every = 'model=~"$model", task_class="all"'
+
+    def gauge(name: str) -> str:
+        return f"max by (instance, model) ({sample(name)}{scoped(every)})"
+
+    pool = gauge("headroom_capacity_recommended_pool_requests")
+    if caliber == "tokens":
+        knee_tokens, knee = gauge("headroom_capacity_knee_tokens"), gauge("headroom_capacity_knee_requests")
+        pool = f"{knee_tokens} * on (instance, model) ({pool} / {knee})"
+    return f"avg by (model) ({pool})"
+
+
+def _replicas_needed(live: str, caliber: str, c: RulesConfig, forecast: bool = False) -> str:
+    """ceil(the selected replicas' summed 5-minute mean load (or its forecast) / pool per replica)."""
+    load = f"sum by (model) (avg_over_time({live}{sel('model')}[5m]))"
+    if forecast:
+        horizon = seconds(c.knee_forecast_horizon)
+        load = f"clamp_min(predict_linear(({load})[{c.knee_forecast_window}:1m], {horizon}), 0)"
+    return f"ceil(\n  {load}\n  / on (model) {_pool_per_replica(caliber)}\n)"
+
+
+def fleet_panels(c: RulesConfig) -> list[dict[str, Any]]:
+    """The fleet row: replicas serving each model against the replicas its load needs, now and ahead."""
+    serving = f"count by (model) (group by (instance, model) ({_INFLIGHT}{sel('model')}))"
+    return [
+        timeseries(
+            "Fleet: replicas serving vs replicas needed, per cluster and model",
+            "Replicas the selected load needs at each replica's published pool (the measured capacity "
+            "per replica under the SLO, summed): ceil(load ÷ pool per replica), in each caliber, now "
+            f"and on the {c.knee_forecast_window} trend {c.knee_forecast_horizon} ahead, beside the "
+            "replicas serving. Needed above serving: add replicas (or let the autoscaler). The "
+            "HeadroomFleetHeadroomLow warning fires when less than one replica's pool is spare at the "
+            "forecast.",
+            [
+                target(serving, "{{model}} serving", "A"),
+                target(_replicas_needed(_INFLIGHT, "requests", c), "{{model}} needed (requests)", "B"),
+                target(_replicas_needed(_TOKENS, "tokens", c), "{{model}} needed (tokens)", "C"),
+                target(
+                    _replicas_needed(_INFLIGHT, "requests", c, forecast=True),
+                    f"{{{{model}}}} needed in {c.knee_forecast_horizon} (requests)",
+                    "D",
+                ),
+            ],
+            "short",
+            axis_label="replicas",
+            full=True,
+        )
+    ]

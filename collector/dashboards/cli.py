@@ -9,6 +9,8 @@ from rich.progress import Progress
 
 from collector.dashboards.files import dashboard_files
 from collector.dashboards.push import PushError, load_dashboards, push_dashboards
+from collector.rules.config import DEFAULT, ConfigError
+from collector.rules.config_file import config_from_dict, load_config
 from collector.rules.files import write_or_check
 
 __all__ = ["dashboards"]
@@ -35,15 +37,36 @@ def dashboards() -> None:
     help="Directory to write the dashboard JSON into.",
 )
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 when the files in --out differ.")
-def generate_dashboards(out: Path, check: bool) -> None:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="The YAML file `headroom alerts generate --config` takes (thresholds and SLO lines drawn).",
+)
+@click.option(
+    "--cluster-label",
+    default=None,
+    metavar="NAME",
+    help=f"Label that tells clusters apart: the $cluster variable reads it and every by()/on() keeps it; "
+    f"'' for one cluster [default: {DEFAULT.cluster_label}].",
+)
+def generate_dashboards(out: Path, check: bool, config_path: Path | None, cluster_label: str | None) -> None:
     """Write the capacity overview, tenants and capacity review dashboards (deterministic JSON).
 
     \b
     Examples:
       headroom dashboards generate
       headroom dashboards generate --out /var/lib/grafana/dashboards
+      headroom dashboards generate --cluster-label k8s_cluster --out out/
     """
-    write_or_check(dashboard_files(), out, check, "dashboards generate")
+    try:
+        config = load_config(config_path) if config_path else DEFAULT
+        if cluster_label is not None:
+            config = config_from_dict({"cluster_label": cluster_label}, config, where="the command line")
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config / --cluster-label") from None
+    write_or_check(dashboard_files(config), out, check, "dashboards generate")
 
 
 @dashboards.command("push")

@@ -16,10 +16,25 @@ from typing import Any
 
 from collector.catalog import DURATION_BUCKETS_SECONDS, TTFT_BUCKETS_SECONDS
 
-__all__ = ["RulesConfig", "Slo", "DEFAULT", "ConfigError", "FOR_DURATIONS", "KEEP_FIRING_FOR"]
+__all__ = [
+    "RulesConfig",
+    "Slo",
+    "DEFAULT",
+    "ConfigError",
+    "FOR_DURATIONS",
+    "KEEP_FIRING_FOR",
+    "RULERS",
+    "seconds",
+]
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+# Labels the rules themselves use; a cluster label of that name would be overwritten or merged.
+_RESERVED_LABELS = frozenset(
+    {"severity", "alertname", "model", "instance", "job", "caliber", "task_class", "quantile", "le"}
+)
+# Rulers the files are rendered for (RulesConfig.ruler).
+RULERS = ("prometheus", "vmalert")
 
 
 class ConfigError(ValueError):
@@ -80,6 +95,7 @@ FOR_DURATIONS: dict[str, str] = {
     "HeadroomE2EBudgetBurnSlow": "15m",
     "HeadroomSidecarDown": "2m",
     "HeadroomSidecarJobAbsent": "5m",
+    "HeadroomFleetHeadroomLow": "15m",
     "HeadroomEngineScrapeFailing": "3m",
     "HeadroomLogRowsDropped": "5m",
     "HeadroomStoreUnreachable": "5m",
@@ -185,6 +201,24 @@ class RulesConfig:
     for_durations: dict[str, str] = field(default_factory=lambda: dict(FOR_DURATIONS))
     keep_firing_for: dict[str, str] = field(default_factory=lambda: dict(KEEP_FIRING_FOR))
 
+    # --- fleets: where the rules are evaluated ---------------------------------------------------
+    # The label that tells clusters apart (kubernetes-mixin's `clusterLabel`): it is put in every
+    # `by()` and `on()` of the rules, in Alertmanager's grouping and inhibition, and the fleet
+    # records sum per cluster, so a central ruler (Thanos, Mimir, VictoriaMetrics, a Prometheus
+    # receiving remote write) never merges two clusters. Harmless at the edge, where series carry no
+    # such label. Empty: one cluster, the rules of a single Prometheus without it.
+    cluster_label: str = "cluster"
+    # The ruler that loads the files: "prometheus" (Prometheus 2.42+, Thanos, Mimir) or "vmalert"
+    # (VictoriaMetrics; before 1.91 it refuses `keep_firing_for`, so those rules go without it).
+    ruler: str = "prometheus"
+    # A cluster whose sidecar job had `up` series within this window and has none now raises
+    # HeadroomSidecarJobAbsent: `absent()` evaluated centrally fires only when every cluster is
+    # gone. Longer than the longest outage you want paged on; after it the cluster is forgotten.
+    absence_lookback: str = "6h"
+    # The fleet's headroom warning ("less than one replica spare at the forecast") only for models
+    # served by at least this many replicas in a cluster: one replica never has a spare one.
+    fleet_min_replicas: int = 2
+
     # --- wiring ---------------------------------------------------------------------------------
     # Prometheus job that scrapes the sidecars (deploy/prometheus/prometheus.yml, the PodMonitor).
     # `job_selector` replaces the whole matcher when one job name is not enough
@@ -207,6 +241,20 @@ class RulesConfig:
     def job_selector(self) -> str:
         """The label matcher that selects the sidecars' scrape job: job="headroom-sidecar"."""
         return self.job_selector_override or f'job="{self.sidecar_job}"'
+
+    @property
+    def cluster_by(self) -> str:
+        """The label every aggregation keeps: `cluster_label`, or none when `extra_labels` pins it.
+
+        extra_labels {"cluster": "prod-eu"} says these rules run at the edge of one cluster, where
+        its series carry no such label; keeping it there would only split ALERTS from its rules.
+        """
+        return "" if self.cluster_label in self.extra_labels else self.cluster_label
+
+    @property
+    def keeps_firing(self) -> dict[str, str]:
+        """`keep_firing_for` per alert as the ruler takes it: none for vmalert, which refuses the field."""
+        return {} if self.ruler == "vmalert" else self.keep_firing_for
 
     @property
     def default_slo(self) -> Slo:
@@ -256,6 +304,7 @@ class RulesConfig:
                 "knee_forecast_horizon": self.knee_forecast_horizon,
                 "knee_forecast_step": self.knee_forecast_step,
                 "queue_window": self.queue_window,
+                "absence_lookback": self.absence_lookback,
             },
         ):
             for key, value in table.items():
@@ -267,9 +316,26 @@ class RulesConfig:
                     f"extra_labels: {name!r} is not a usable label name (letters, digits, _; "
                     "not severity or alertname)"
                 )
+        if self.cluster_label and (
+            not _LABEL_NAME.match(self.cluster_label) or self.cluster_label in _RESERVED_LABELS
+        ):
+            raise ConfigError(
+                f"cluster_label: {self.cluster_label!r} is not a usable label name (letters, digits, _; "
+                f"not one of {', '.join(sorted(_RESERVED_LABELS))}); empty means one cluster"
+            )
+        if self.ruler not in RULERS:
+            raise ConfigError(f"ruler: {self.ruler!r} is not one of {', '.join(RULERS)}")
+        if self.fleet_min_replicas < 1:
+            raise ConfigError(f"fleet_min_replicas={self.fleet_min_replicas} must be 1 or more")
         if self.slo_min_requests < 0:
             raise ConfigError(f"slo_min_requests={self.slo_min_requests} must be 0 or more")
         return self
+
+
+def seconds(duration: str) -> int:
+    """Whole seconds of a simple Prometheus duration: seconds("1h") -> 3600."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    return int(duration[:-1]) * units[duration[-1]]
 
 
 def _check_slo(name: str, slo: Slo) -> None:

@@ -3,7 +3,7 @@
 Every key is optional; what a file leaves out keeps its default from collector.rules.config
 (docs/rules.md, "Configuration file", shows a whole file). Sections:
 
-    sidecar_job, job_selector, runbook_base_url, extra_labels   wiring
+    sidecar_job, job_selector, runbook_base_url, cluster_label, ruler, extra_labels   wiring
     slo             the default SLO (ttft_seconds, ttft_objective, e2e_seconds, e2e_objective,
                     availability_objective) and min_requests
     models          per-model SLOs, each key of `slo` optional (null switches one off)
@@ -41,6 +41,8 @@ _WIRING = {
     "sidecar_job": "sidecar_job",
     "job_selector": "job_selector_override",
     "runbook_base_url": "runbook_base_url",
+    "cluster_label": "cluster_label",
+    "ruler": "ruler",
 }
 _NOT_THRESHOLDS = (
     set(_SLO_KEYS.values())

@@ -27,6 +27,11 @@ DERIVED_METRICS = {
     "headroom_ttft_slo_misses": "requests slower than the TTFT SLO",
     "headroom_e2e_slo_misses": "ok requests slower end to end than the e2e SLO",
     "headroom_availability_slo_misses": "answered requests that failed (429, 503, other 5xx, timeouts)",
+    "headroom_replica_pool": "one replica's published pool in a caliber (tokens: knee_tokens x pool / knee)",
+    "headroom_fleet_pool": "the sum of the replicas' pools serving a model (in one cluster)",
+    "headroom_fleet_knee": "the sum of the replicas' published knees serving a model (in one cluster)",
+    "headroom_replicas": "replicas of a model with a published pool",
+    "headroom_replicas_needed": "replicas a load needs: ceil(load / pool per replica)",
 }
 
 RECORD_NAME = re.compile(r"^(?P<level>[a-z_]+):(?P<metric>[a-z_][a-z0-9_]*):(?P<operations>[a-z0-9_]+)$")

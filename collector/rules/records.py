@@ -38,6 +38,18 @@ class R:
     # 5-minute mean concurrency / the published knee, per task class (task_class="all": every
     # request against the knee measured over every kind of request).
     KNEE_RATIO = record("instance_model_task_class_caliber", "headroom_concurrency", "avg5m_knee_ratio")
+    # The fleet (one cluster's replicas of a model): load and capacity summed over replicas, and
+    # the replicas the load needs at each replica's published pool (task class "all").
+    REPLICA_POOL = record("instance_model_caliber", "headroom_replica_pool", "max")
+    POOL_PER_REPLICA = record("model_caliber", "headroom_replica_pool", "avg")
+    FLEET_POOL = record("model_caliber", "headroom_fleet_pool", "sum")
+    FLEET_KNEE = record("model_caliber", "headroom_fleet_knee", "sum")
+    REPLICAS = record("model", "headroom_replicas", "count")
+    FLEET_LOAD = record("model_caliber", "headroom_concurrency", "avg5m_sum")
+    FLEET_LOAD_FORECAST = record("model_caliber", "headroom_concurrency", "avg5m_sum_forecast")
+    FLEET_POOL_RATIO = record("model_caliber", "headroom_concurrency", "avg5m_sum_pool_ratio")
+    REPLICAS_NEEDED = record("model_caliber", "headroom_replicas_needed", "ceil")
+    REPLICAS_NEEDED_FORECAST = record("model_caliber", "headroom_replicas_needed", "forecast_ceil")
     REQUESTS_RATE = record("model", "headroom_requests_total", "rate5m")
     OUTCOME_RATE = record("model_outcome", "headroom_requests_total", "rate5m")
     RATE_LIMITED_RATIO = record("model", "headroom_requests_rate_limited", "ratio_rate5m")
