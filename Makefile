@@ -17,7 +17,7 @@ install: $(STAMP)  ## virtual environment with the package and test dependencies
 demo: $(STAMP)  ## simulator + sidecar + load past the knee + capacity summary
 	$(BIN)/headroom demo
 
-tools:  ## Debian's prometheus, alertmanager (promtool, amtool), cmake and g++, when missing
+tools:  ## Debian's prometheus, alertmanager (promtool, amtool), victoria-metrics (vmalert), cmake and g++, when missing
 	@bash scripts/install-tools.sh
 
 engine:  ## a real llama.cpp llama-server + Gemma 3 270M, built once into ~/.cache/llm-headroom

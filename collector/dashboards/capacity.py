@@ -240,7 +240,7 @@ def _replicas_needed(live: str, caliber: str, c: RulesConfig, forecast: bool = F
     load = f"sum by (model) (avg_over_time({live}{sel('model')}[5m]))"
     if forecast:
         horizon = seconds(c.knee_forecast_horizon)
-        load = f"clamp_min(predict_linear(({load})[{c.knee_forecast_window}:1m], {horizon}), 0)"
+        load = f"clamp_min(predict_linear(({load})[{c.knee_forecast_window}:], {horizon}), 0)"
     return f"ceil(\n  {load}\n  / on (model) {_pool_per_replica(caliber)}\n)"
 
 
