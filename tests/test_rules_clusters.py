@@ -150,3 +150,29 @@ def test_an_extra_cluster_label_means_the_edge_of_one_cluster():
 def test_a_cluster_label_that_would_clash_or_is_no_label_is_refused(label):
     with pytest.raises(ConfigError, match="cluster_label"):
         dataclasses.replace(DEFAULT, cluster_label=label).validate()
+
+
+def test_the_config_file_and_the_flags_take_the_cluster_label_and_the_ruler(tmp_path):
+    from click.testing import CliRunner
+
+    from collector.cli import main
+    from collector.rules.config_file import config_from_dict
+
+    config = config_from_dict({"cluster_label": "k8s_cluster", "ruler": "vmalert"})
+    assert (config.cluster_label, config.ruler, config.keeps_firing) == ("k8s_cluster", "vmalert", {})
+    with pytest.raises(ConfigError, match="ruler"):
+        config_from_dict({"ruler": "thanos"})
+    out = tmp_path / "one"
+    result = CliRunner().invoke(main, ["alerts", "generate", "--cluster-label", "", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "headroom-alerts.rules.yaml").read_text() == alert_files(ONE_CLUSTER)[
+        "headroom-alerts.rules.yaml"
+    ]
+    result = CliRunner().invoke(main, ["alerts", "generate", "--ruler", "vmalert", "--out", str(out)])
+    assert result.exit_code == 0 and "keep_firing_for" not in (out / "headroom-alerts.rules.yaml").read_text()
+    boards = tmp_path / "boards"
+    result = CliRunner().invoke(
+        main, ["dashboards", "generate", "--cluster-label", "kc", "--out", str(boards)]
+    )
+    assert result.exit_code == 0, result.output
+    assert 'kc=~\\"$cluster\\"' in (boards / "headroom-capacity-overview.json").read_text()
