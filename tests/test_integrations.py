@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import yaml
@@ -46,7 +47,8 @@ def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_
     for trigger in (requests, tokens):
         assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
         assert f'job="{DEFAULT.sidecar_job}", model="m"' in trigger["metadata"]["query"]
-    assert requests["metadata"]["query"].startswith("sum(headroom_inflight_requests{")
+    assert requests["metadata"]["query"].startswith("(sum(headroom_inflight_requests{")
+    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 12}
     assert "headroom_capacity_recommended_pool_requests" in requests["metadata"]["query"]
     assert f"or vector({limits['pool_requests']})" in requests["metadata"]["query"], (
         "the stored pool, as a floor"
@@ -115,3 +117,54 @@ def test_no_estimate_or_an_unreached_knee_is_refused_with_the_reason(tmp_path, s
     path.write_text(json.dumps(unreached))
     result = CliRunner().invoke(main, ["integrations", "gateway", "--estimate", str(path)])
     assert result.exit_code == 1 and "lower bound" in result.output
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("situation", "series", "expected"),
+    [
+        ("nothing in flight", {"inflight": "0+0x5", "pool": "6+0x5"}, (0, 0)),
+        ("no series at all", {}, (0, 0)),
+        ("a published pool of 0", {"inflight": "3+0x5", "pool": "0+0x5"}, (0.5, None)),
+        ("one request in flight", {"inflight": "1+0x5", "pool": "4+0x5"}, (0.25, None)),
+    ],
+)
+def test_keda_queries_never_yield_nan_or_inf(stored, tmp_path, situation, series, expected):
+    """promtool evaluates both triggers' queries: finite in every case (NaN at idle, +Inf with a 0 pool)."""
+    from conftest import require_tool
+
+    from collector.integrations.render import keda_scaled_object
+
+    promtool = require_tool("promtool")
+    _, estimate = stored
+    estimate = estimate | {"recommended_pool": 6, "knee": estimate["knee"] | {"requests": 8, "tokens": 9000}}
+    triggers = keda_scaled_object(estimate, deployment="d")["spec"]["triggers"]
+    where = f'job="{DEFAULT.sidecar_job}",model="m",instance="a",tenant="t"'
+    published = 'model="m",task_class="all",instance="a"'
+    names = {
+        "inflight": f"headroom_inflight_requests{{{where}}}",
+        "pool": f"headroom_capacity_recommended_pool_requests{{{published}}}",
+    }
+    inputs = [{"series": names[key], "values": values} for key, values in series.items()]
+    checks = []
+    for trigger, value in zip(triggers, expected, strict=True):
+        if value is None:  # the tokens trigger: finite, whatever the value
+            expr = f"count(({trigger['metadata']['query']}) > -Inf < +Inf)"
+            checks.append({"expr": expr, "eval_time": "4m", "exp_samples": [{"labels": "{}", "value": 1}]})
+            continue
+        expr = trigger["metadata"]["query"]
+        checks.append({"expr": expr, "eval_time": "4m", "exp_samples": [{"labels": "{}", "value": value}]})
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    document = {
+        "rule_files": ["rules.yaml"],
+        "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}],
+    }
+    (tmp_path / "keda.test.yaml").write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [promtool, "test", "rules", "keda.test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, f"{situation}: {result.stdout}{result.stderr}"

@@ -5,8 +5,8 @@ number below is the estimate's, per replica; the live ones stay in Prometheus:
 
     estimate: knee 8 requests / 9000 tokens, recommended pool 6
     keda_scaled_object(...)  -> ScaledObject, triggers
-         requests: sum(headroom_inflight_requests{model}) / (pool gauge or 6)        threshold 1
-         tokens:   sum(headroom_active_tokens{model}) / (knee_tokens gauge × 6/8, or 6750) threshold 1
+         requests: sum(headroom_inflight_requests{model}) / (pool gauge > 0, or 6, at least 1)   threshold 1
+         tokens:   sum(headroom_active_tokens{model}) / (knee_tokens gauge × 6/8, or 6750, at least 1)
       so the replicas KEDA asks for = ceil(live concurrency / what one replica should carry), in
       the caliber that needs more; a re-measured knee changes the gauge and the scaling at once.
     gateway_picker_config(...) -> EndpointPickerConfig with a concurrency-detector:
@@ -91,17 +91,23 @@ def keda_scaled_object(
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090",
     min_replicas: int = 1,
     max_replicas: int = 10,
+    fallback_replicas: int | None = None,
     config: RulesConfig = RulesConfig(),
 ) -> dict[str, Any]:
-    """A KEDA ScaledObject (keda.sh/v1alpha1) scaling `deployment` on live ÷ per-replica concurrency."""
+    """A KEDA ScaledObject (keda.sh/v1alpha1) scaling `deployment` on live ÷ per-replica concurrency.
+
+    Neither query can yield NaN or +Inf: no series counts as 0 in flight, a published pool (or knee)
+    of 0 is ignored for the estimate's own number, and the divisor is at least 1. KEDA's `fallback`
+    holds `fallback_replicas` (default `max_replicas`) while the query fails.
+    """
     limits = per_replica(estimate)
     model = estimate["model"]
     selected = _selector(model, config)
     published = f'{{model="{model}", task_class="all"}}'
     pool = sample("headroom_capacity_recommended_pool_requests")
     requests = (
-        f"sum({sample('headroom_inflight_requests')}{selected})\n"
-        f"/ on() (max({pool}{published}) or vector({limits['pool_requests']}))"
+        f"(sum({sample('headroom_inflight_requests')}{selected}) or vector(0))\n"
+        f"/ on() clamp_min(max({pool}{published} > 0) or vector({limits['pool_requests']}), 1)"
     )
     triggers = [_keda_trigger(requests, prometheus_url, "inflight-requests-per-pool")]
     if limits["pool_tokens"]:
@@ -110,10 +116,13 @@ def keda_scaled_object(
             sample("headroom_capacity_knee_requests"),
         )
         budget = (
-            f"(max({knee_tokens}{published}) * max({pool}{published}) / max({knee_requests}{published}))"
+            f"(max({knee_tokens}{published} > 0) * max({pool}{published} > 0)"
+            f" / max({knee_requests}{published} > 0))"
             f" or vector({limits['pool_tokens']})"
         )
-        tokens = f"sum({sample('headroom_active_tokens')}{selected})\n/ on() ({budget})"
+        tokens = (
+            f"(sum({sample('headroom_active_tokens')}{selected}) or vector(0))\n/ on() clamp_min({budget}, 1)"
+        )
         triggers.append(_keda_trigger(tokens, prometheus_url, "active-tokens-per-pool"))
     return {
         "apiVersion": "keda.sh/v1alpha1",
@@ -134,6 +143,9 @@ def keda_scaled_object(
             "maxReplicaCount": max_replicas,
             "pollingInterval": 15,
             "cooldownPeriod": 300,
+            # Prometheus unreachable or the query failing 3 times in a row: hold the most replicas
+            # (a blind autoscaler must not scale a loaded model in); docs/capacity.md.
+            "fallback": {"failureThreshold": 3, "replicas": fallback_replicas or max_replicas},
             "triggers": triggers,
         },
     }
