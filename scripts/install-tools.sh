@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install the Debian packages the suite runs for real, when any of their programs is missing:
-# prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool), and cmake
+# prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool), victoria-metrics
+# (victoria-metrics, vmalert: the second central ruler of tests/test_central_rulers.py), and cmake
 # and g++ to build llama.cpp's llama-server (scripts/build-llama-server.sh), and chromium for the
 # headless screenshots of the HTML reports (tests/test_screenshots.py). Needs root (CI runs
 # as root) or sudo; otherwise says what to run.
 set -euo pipefail
 # program:package
 needed="prometheus:prometheus promtool:prometheus prometheus-alertmanager:prometheus-alertmanager
-amtool:prometheus-alertmanager cmake:cmake g++:g++ chromium:chromium"
+amtool:prometheus-alertmanager victoria-metrics:victoria-metrics vmalert:victoria-metrics
+cmake:cmake g++:g++ chromium:chromium"
 missing=() packages=()
 for pair in $needed; do
   tool="${pair%%:*}" package="${pair##*:}"
@@ -29,6 +31,6 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 # The packages start system services; tests run their own instances on free ports.
-for svc in prometheus prometheus-alertmanager prometheus-node-exporter; do
+for svc in prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics; do
   $sudo systemctl stop "$svc" >/dev/null 2>&1 || $sudo service "$svc" stop >/dev/null 2>&1 || true
 done

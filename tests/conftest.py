@@ -22,7 +22,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def require_tool(name: str) -> str:
-    """Path of a real binary (promtool, prometheus, amtool, prometheus-alertmanager).
+    """Path of a real binary (promtool, prometheus, amtool, prometheus-alertmanager, vmalert, ...).
 
     Missing in CI (CI=true) is a failure: the suite must prove the real thing. Elsewhere it skips
     with the command that installs it.
@@ -31,7 +31,8 @@ def require_tool(name: str) -> str:
     if path:
         return path
     message = (
-        f"{name} not found; install with: make tools (apt-get install prometheus prometheus-alertmanager)"
+        f"{name} not found; install with: make tools "
+        "(apt-get install prometheus prometheus-alertmanager victoria-metrics)"
     )
     if IN_CI:
         pytest.fail(message)
