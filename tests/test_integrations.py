@@ -168,3 +168,12 @@ def test_keda_queries_never_yield_nan_or_inf(stored, tmp_path, situation, series
         timeout=60,
     )
     assert result.returncode == 0, f"{situation}: {result.stdout}{result.stderr}"
+
+
+def test_keda_for_one_cluster_of_a_central_prometheus_filters_live_and_published_series(stored):
+    db, _ = stored
+    scaled = _render("keda", "--db", str(db), "--deployment", "d", "--cluster", "eu-1")
+    for trigger in scaled["spec"]["triggers"]:
+        query = trigger["metadata"]["query"]
+        selectors = [part for part in query.split("{")[1:]]
+        assert selectors and all('cluster="eu-1"' in part.split("}")[0] for part in selectors), query

@@ -130,6 +130,13 @@ def _render(kind: str, estimate: dict[str, Any], **options) -> dict[str, Any]:
 )
 @click.option("--min-replicas", default=1, show_default=True, type=click.IntRange(0))
 @click.option("--max-replicas", default=10, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--cluster",
+    default=None,
+    metavar="NAME",
+    help='Scale on this cluster\'s sidecars only (cluster="NAME"): for a Prometheus that holds '
+    "several clusters' series (a central ruler, Thanos, Mimir, VictoriaMetrics).",
+)
 def keda(
     db,
     store_url,
@@ -142,6 +149,7 @@ def keda(
     prometheus_url,
     min_replicas,
     max_replicas,
+    cluster,
 ) -> None:
     """A KEDA ScaledObject: replicas = live concurrency ÷ the measured per-replica pool, both calibers.
 
@@ -149,6 +157,8 @@ def keda(
     Examples:
       headroom integrations keda --db headroom.duckdb --deployment llm-inference
       headroom integrations keda --estimate cap.json --deployment vllm --max-replicas 40 --out scaledobject.yaml
+      headroom integrations keda --db headroom.duckdb --deployment vllm --cluster eu-1 \\
+        --prometheus-url http://mimir-query-frontend.mimir.svc:8080/prometheus
     """
     estimate = _load_estimate(db, estimate_file, store_url, token, model)
     _emit(
@@ -160,6 +170,7 @@ def keda(
             prometheus_url=prometheus_url,
             min_replicas=min_replicas,
             max_replicas=max_replicas,
+            cluster=cluster,
         ),
         out,
     )

@@ -66,8 +66,9 @@ def per_replica(estimate: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _selector(model: str, config: RulesConfig) -> str:
-    return f'{{job="{config.sidecar_job}", model="{model}"}}'
+def _selector(model: str, config: RulesConfig, cluster: str | None) -> str:
+    place = f', {config.cluster_label or "cluster"}="{cluster}"' if cluster else ""
+    return f'{{job="{config.sidecar_job}", model="{model}"{place}}}'
 
 
 def _keda_trigger(query: str, prometheus_url: str, name: str) -> dict[str, Any]:
@@ -92,18 +93,21 @@ def keda_scaled_object(
     min_replicas: int = 1,
     max_replicas: int = 10,
     fallback_replicas: int | None = None,
+    cluster: str | None = None,
     config: RulesConfig = RulesConfig(),
 ) -> dict[str, Any]:
     """A KEDA ScaledObject (keda.sh/v1alpha1) scaling `deployment` on live ÷ per-replica concurrency.
 
     Neither query can yield NaN or +Inf: no series counts as 0 in flight, a published pool (or knee)
     of 0 is ignored for the estimate's own number, and the divisor is at least 1. KEDA's `fallback`
-    holds `fallback_replicas` (default `max_replicas`) while the query fails.
+    holds `fallback_replicas` (default `max_replicas`) while the query fails. `cluster` keeps both
+    the live series and the published gauges to one cluster, for a Prometheus holding several.
     """
     limits = per_replica(estimate)
     model = estimate["model"]
-    selected = _selector(model, config)
-    published = f'{{model="{model}", task_class="all"}}'
+    selected = _selector(model, config, cluster)
+    place = f', {config.cluster_label or "cluster"}="{cluster}"' if cluster else ""
+    published = f'{{model="{model}", task_class="all"{place}}}'
     pool = sample("headroom_capacity_recommended_pool_requests")
     requests = (
         f"(sum({sample('headroom_inflight_requests')}{selected}) or vector(0))\n"
