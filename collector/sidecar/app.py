@@ -1,7 +1,7 @@
 """create_app: the sidecar's HTTP surface, serving and running the parts it is given.
 
-Routes: POST /v1/chat/completions and /v1/completions (accounted), any other /v1/* (passed
-through), GET /metrics (Prometheus text format; the per-request series keep their rendered text,
+Routes: POST /v1/chat/completions and /v1/completions (accounted), /v1 and any other /v1/*
+(passed through), GET /metrics (Prometheus text format; the per-request series keep their rendered text,
 collector.sidecar.exposition, and the rest renders in a worker thread so a slow collector never
 stalls the proxy), GET /healthz (liveness: the process serves), GET /readyz (readiness: 503 while the upstream does
 not answer), and, where this sidecar owns its database, the store's token-protected routes under
@@ -61,6 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+PASSTHROUGH_ROOT = "/v1"  # itself passed through too (`/v1/` is normalised to it): never a redirect
 PASSTHROUGH_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 STORE_ROUTES_PREFIX = "/headroom"  # outside /v1, which belongs to the engine behind the proxy
 READINESS_PATH = "/v1/models"  # every OpenAI-compatible engine answers it once its model is loaded
@@ -74,7 +75,7 @@ class SidecarApp(FastAPI):
     routes skip its layers.
 
     Every HTTP path is normalised first (collector.sidecar.paths), then POST ACCOUNTED_PATHS go straight
-    to `accounted` and other /v1/* to `passthrough`. Both are registered as routes too, so the
+    to `accounted` and /v1 and other /v1/* to `passthrough`. Both are registered as routes too, so the
     framework path (FastAPI.__call__) serves the same thing, only slower.
     """
 
@@ -82,11 +83,15 @@ class SidecarApp(FastAPI):
     passthrough: ASGIApp | None = None
 
     def proxy_routes(self, accounted: ASGIApp, passthrough: ASGIApp) -> None:
-        """Serve POST ACCOUNTED_PATHS with `accounted` and other /v1/* with `passthrough`."""
+        """Serve POST ACCOUNTED_PATHS with `accounted`, /v1 and other /v1/* with `passthrough`."""
         self.accounted, self.passthrough = accounted, passthrough
         for path in ACCOUNTED_PATHS:
             self.router.routes.append(Route(path, accounted, methods=["POST"]))
         self.router.routes.append(Route("/v1/{path:path}", passthrough, methods=list(PASSTHROUGH_METHODS)))
+        self.router.routes.append(Route(PASSTHROUGH_ROOT, passthrough, methods=list(PASSTHROUGH_METHODS)))
+        # every path is normalised without its trailing slash first, so the router's redirect to
+        # the slashed spelling would come straight back: a 307 loop (GET /v1, issue #36 N5)
+        self.router.redirect_slashes = False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:  # type: ignore[override]
         # normalised and dispatched in this one coroutine (not through PathNormaliser): each level
@@ -101,7 +106,11 @@ class SidecarApp(FastAPI):
         path, method = normal["path"], normal["method"]
         if method == "POST" and path in ACCOUNTED_PATHS:
             await self.accounted(normal, receive, send)
-        elif path.startswith("/v1/") and method in PASSTHROUGH_METHODS and self.passthrough is not None:
+        elif (
+            (path.startswith("/v1/") or path == PASSTHROUGH_ROOT)
+            and method in PASSTHROUGH_METHODS
+            and self.passthrough is not None
+        ):
             await self.passthrough(normal, receive, send)
         else:
             await super().__call__(normal, receive, send)

@@ -284,7 +284,7 @@ def run(
     # lazy: `headroom run --help` must not load DuckDB and the whole sidecar
     import duckdb
 
-    from collector.sidecar.server import raise_file_limit, uvicorn_options
+    from collector.sidecar.server import fit_connection_cap, uvicorn_options
     from collector.sidecar.wiring import build_sidecar
     from collector.store.schema import SchemaTooNew
 
@@ -349,8 +349,9 @@ def run(
         f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})",
         err=True,
     )
-    # descriptors for every allowed client, the upstream pool, and the files the sidecar opens
-    raise_file_limit(max_client_connections + config.max_connections + 256)
+    # descriptors for every allowed client, the upstream pool, and the files the sidecar opens;
+    # the cap clamped (one WARNING) where the open-file limit cannot be raised that far
+    max_client_connections = fit_connection_cap(max_client_connections, config.max_connections)
     uvicorn.run(
         app,
         host=host,

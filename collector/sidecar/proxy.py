@@ -42,7 +42,7 @@ from collector.sidecar.relay import (
     upstream_target,
 )
 from collector.sidecar.requests import ParsedRequest, parse_request
-from collector.sidecar.tenants import LabelCap, resolve_tenant
+from collector.sidecar.tenants import LabelCap, decode_header_text, resolve_tenant
 from collector.sidecar.tracecontext import Telemetry
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sources import EngineSource
@@ -134,7 +134,7 @@ class CompletionsProxy:
         await client.end(ending)
 
     def _admit(self, scope: Scope, parsed: ParsedRequest) -> LiveRequest:
-        tenant = resolve_tenant(_header(scope, self._tenant_header), _header(scope, b"authorization"))
+        tenant = resolve_tenant(_text_header(scope, self._tenant_header), _header(scope, b"authorization"))
         probe = _header(scope, b"x-headroom-source") == "probe"  # `headroom probe` marks its load
         run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None if probe else None
         # the probe's own id carries the level (probe-...-c0008-000123): the stored run is then
@@ -270,4 +270,13 @@ def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
             return bytes(value).decode("latin-1")
+    return None
+
+
+def _text_header(scope: Scope, name: bytes) -> str | None:
+    """A header meant as text (the tenant): UTF-8, as clients send it (`équipe-北京`), else the
+    bytes as Latin-1, so that a value that is not UTF-8 still gets one stable label."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return decode_header_text(bytes(value))
     return None

@@ -11,13 +11,25 @@ them:
   descriptors are never exhausted.
 
 Idle kept-alive connections close after uvicorn's `timeout_keep_alive` (`--idle-timeout`). Both
-refusals count in headroom_connections_refused_total{reason}. `raise_file_limit` lifts the soft
-RLIMIT_NOFILE toward the hard one, so the cap, not the kernel, is what bites first.
+refusals count in headroom_connections_refused_total{reason}.
+
+The cap must bite before the kernel's open-file limit does, or connections past the limit fail
+silently in accept() (issue #36 N7). `fit_connection_cap` first lifts the soft RLIMIT_NOFILE
+toward the hard one (`raise_file_limit`), then clamps the cap to what the limit leaves
+(`connection_cap`) and logs one WARNING when it had to:
+
+    descriptors left = soft limit - FILE_RESERVE (64: log files, the store, DuckDB's WAL, sockets)
+    upstream share   = min(upstream pool bound, half of what is left)
+    cap              = min(requested, descriptors left - upstream share), at least 1
+
+e.g. a soft limit of 1,024 with the default 1,024-connection upstream pool: 960 left, 480 for the
+upstream, a cap of 480; a limit of 256 and a pool of 64: 192 left, a cap of 128.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import resource
 from typing import Any, ClassVar
 
@@ -29,7 +41,9 @@ from collector.catalog import spec
 
 __all__ = ["ConnectionGuard", "guarded_protocol", "raise_file_limit", "uvicorn_options"]
 
+log = logging.getLogger(__name__)
 _REFUSED = spec("headroom_connections_refused_total")
+FILE_RESERVE = 64  # descriptors kept for what is not a connection: log files, the store, DuckDB's WAL
 
 
 def _canned(status: int, reason: str, message: str, limit: str) -> bytes:
@@ -130,13 +144,55 @@ def guarded_protocol(
 
 
 def raise_file_limit(wanted: int) -> int:
-    """Lift the soft RLIMIT_NOFILE to `wanted` (at most the hard limit); returns the new soft one."""
+    """Lift the soft RLIMIT_NOFILE to `wanted` (at most the hard limit); returns the new soft one
+    (the old one where the kernel refuses)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return soft
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if target > soft:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft
         return target
     return soft
+
+
+def connection_cap(requested: int, file_limit: int, upstream_connections: int) -> int:
+    """The client connection cap that fits `file_limit` open files (the module docstring):
+    (4096, 1024, 1024) -> 480; (4096, 256, 64) -> 128; (100, 1024, 1024) -> 100; an unlimited
+    `file_limit` (resource.RLIM_INFINITY) keeps `requested`."""
+    if file_limit == resource.RLIM_INFINITY:
+        return requested
+    left = file_limit - FILE_RESERVE
+    upstream_share = min(upstream_connections, left // 2)
+    return max(1, min(requested, left - upstream_share))
+
+
+def fit_connection_cap(requested: int, upstream_connections: int) -> int:
+    """The cap to serve with: the soft RLIMIT_NOFILE lifted to cover `requested` (at most to the
+    hard limit), then the cap clamped to it, with one WARNING naming both numbers when clamped."""
+    limit = raise_file_limit(requested + upstream_connections + FILE_RESERVE)
+    cap = connection_cap(requested, limit, upstream_connections)
+    if cap < requested:
+        wanted = requested + upstream_connections + FILE_RESERVE
+        log.warning(
+            "--max-client-connections %d lowered to %d: the open-file limit (RLIMIT_NOFILE) is %d "
+            "and cannot be raised further (hard limit), and %d descriptors stay for the upstream "
+            "pool and files; raise it to %d to keep %d (`ulimit -n %d` before starting, "
+            "LimitNOFILE=%d in the systemd unit, or --ulimit nofile=%d in Docker)",
+            requested,
+            cap,
+            limit,
+            limit - cap,
+            wanted,
+            requested,
+            wanted,
+            wanted,
+            wanted,
+        )
+    return cap
 
 
 def uvicorn_options(

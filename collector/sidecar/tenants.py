@@ -1,6 +1,7 @@
 """Who sent a request (the tenant), and LabelCap: a plain cap on the distinct values of a label.
 
-Tenant (docs/design.md §4.2): the configured header's value, else `key-` + the first 8 hex digits
+Tenant (docs/design.md §4.2): the configured header's value (decoded as UTF-8, else as Latin-1:
+`decode_header_text`), else `key-` + the first 8 hex digits
 of sha256(bearer token), else `anonymous`. Which model and tenant values become label values is
 the series budget's decision (collector.sidecar.series); LabelCap caps the task classes a probe
 may name: at most `limit` distinct values, every later newcomer `other`. Request IDs are never
@@ -34,6 +35,15 @@ class LabelCap:
 
     def __len__(self) -> int:
         return len(self._seen)
+
+
+def decode_header_text(raw: bytes) -> str:
+    """A header value as text: UTF-8 (b'\xc3\xa9quipe' -> 'équipe'), else Latin-1, which decodes
+    every byte string, the same way each time (b'\xff-team' -> 'ÿ-team')."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 def resolve_tenant(header_value: str | None, authorization: str | None) -> str:
