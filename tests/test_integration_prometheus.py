@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from conftest import free_port, require_tool
+from support.processes import stop_process
 from test_rules_promtool import dashboard_queries
 
 from collector.alerts.alertmanager import Receivers, alertmanager_config
@@ -289,11 +290,7 @@ def stack(tmp_path):
         }
     finally:
         for process in processes:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_process(process)
         for handle in reversed(handles):
             handle.stop()
         for close in closers:

@@ -7,12 +7,12 @@ any-two composite mutes the signals it counts.
 
 from __future__ import annotations
 
-import subprocess
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 from conftest import free_port, require_tool
+from support.processes import stop_process
 from test_integration_prometheus import Webhook, _start, _wait
 
 from collector.alerts.alertmanager import Receivers, alertmanager_config
@@ -47,11 +47,7 @@ def alertmanager(tmp_path):
     try:
         yield f"http://127.0.0.1:{port}", webhook
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
         webhook.close()
 
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import resource
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from support.processes import HEADROOM, free_port
+from support.processes import headroom_process
 from support.sidecar import CHAT, sidecar_rig, wait_until
 from support.upstream import FakeUpstream
 
@@ -109,35 +108,11 @@ def _low_file_limit() -> None:
 @contextlib.contextmanager
 def _sidecar_with_256_files(tmp_path: Path, upstream: str) -> Iterator[tuple[str, Path]]:
     """`headroom run` with RLIMIT_NOFILE 256 (soft and hard); yields its URL and its log file."""
-    port, log = free_port(), tmp_path / "sidecar.log"
-    args = [str(HEADROOM), "run", "--upstream", upstream, "--db", str(tmp_path / "log.duckdb")]
-    args += ["--engine", "none", "--no-jobs", "--max-upstream-connections", "64", "--idle-timeout", "60"]
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*args, "--listen", f"127.0.0.1:{port}"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_low_file_limit,
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert process.poll() is None, log.read_text(errors="replace")[-2000:]
-        try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(healthy, 30, what="the sidecar answering /healthz")  # a process: no event to await
+    log = tmp_path / "sidecar.log"
+    args = ["run", "--upstream", upstream, "--db", str(tmp_path / "log.duckdb"), "--engine", "none"]
+    args += ["--no-jobs", "--max-upstream-connections", "64", "--idle-timeout", "60"]
+    with headroom_process(*args, health="/healthz", log=log, preexec_fn=_low_file_limit) as url:
         yield url, log
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 @pytest.mark.subprocess

@@ -55,6 +55,11 @@ def _caliber(expr: str, caliber: str) -> str:
     return f'label_replace({expr}, "caliber", "{caliber}", "", "")'
 
 
+def _per_caliber(requests: str, tokens: str) -> str:
+    """One series per caliber: `requests` labelled caliber="requests", or `tokens` caliber="tokens"."""
+    return f"{_caliber(requests, 'requests')}\nor\n{_caliber(tokens, 'tokens')}"
+
+
 def _knee_ratio_rule() -> dict[str, Any]:
     """One rule (Prometheus lints duplicate record names): per class and for every request, both calibers."""
     parts = []
@@ -82,11 +87,7 @@ def _concurrency_rules() -> list[dict[str, Any]]:
         _rule(R.TOKENS_INSTANCE, f"sum by (instance, model) ({tokens})"),
         _rule(R.INFLIGHT, f"sum by (model) ({inflight})"),
         _rule(R.ACTIVE_TOKENS, f"sum by (model) ({tokens})"),
-        _rule(
-            R.CONCURRENCY,
-            f'label_replace({R.INFLIGHT_INSTANCE}, "caliber", "requests", "", "")\n'
-            f'or\nlabel_replace({R.TOKENS_INSTANCE}, "caliber", "tokens", "", "")',
-        ),
+        _rule(R.CONCURRENCY, _per_caliber(R.INFLIGHT_INSTANCE, R.TOKENS_INSTANCE)),
         # Silent (no series) for a model, class and caliber without a published knee.
         _knee_ratio_rule(),
     ]
@@ -108,22 +109,18 @@ def _fleet_rules(c: RulesConfig) -> list[dict[str, Any]]:
         per_replica("headroom_capacity_knee_requests"),
     )
     knee_tokens = per_replica("headroom_capacity_knee_tokens")
-    load = [
-        _caliber(f"sum by (model) (avg_over_time({sample(live)}[{RATE_WINDOW}]))", caliber)
-        for caliber, live, _, _ in _CALIBERS
-    ]
+    inflight, tokens = (
+        f"sum by (model) (avg_over_time({sample(live)}[{RATE_WINDOW}]))"
+        for live in ("headroom_inflight_requests", "headroom_active_tokens")
+    )
     tokens_pool = f"{knee_tokens}\n* on (instance, model) ({pool} / {knee})"
     return [
-        _rule(R.REPLICA_POOL, f"{_caliber(pool, 'requests')}\nor\n{_caliber(tokens_pool, 'tokens')}"),
+        _rule(R.REPLICA_POOL, _per_caliber(pool, tokens_pool)),
         _rule(R.POOL_PER_REPLICA, f"avg by (model, caliber) ({R.REPLICA_POOL})"),
         _rule(R.FLEET_POOL, f"sum by (model, caliber) ({R.REPLICA_POOL})"),
-        _rule(
-            R.FLEET_KNEE,
-            f"{_caliber(f'sum by (model) ({knee})', 'requests')}\nor\n"
-            f"{_caliber(f'sum by (model) ({knee_tokens})', 'tokens')}",
-        ),
+        _rule(R.FLEET_KNEE, _per_caliber(f"sum by (model) ({knee})", f"sum by (model) ({knee_tokens})")),
         _rule(R.REPLICAS, f'count by (model) ({R.REPLICA_POOL}{{caliber="requests"}})'),
-        _rule(R.FLEET_LOAD, "\nor\n".join(load)),
+        _rule(R.FLEET_LOAD, _per_caliber(inflight, tokens)),
         _rule(
             R.FLEET_LOAD_FORECAST,
             f"clamp_min(predict_linear({R.FLEET_LOAD}[{c.knee_forecast_window}], "

@@ -14,12 +14,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 
-__all__ = ["HEADROOM", "HeadroomProcess", "free_port", "headroom_process", "sim_process"]
+__all__ = ["HEADROOM", "HeadroomProcess", "free_port", "headroom_process", "sim_process", "stop_process"]
 
 HEADROOM = Path(sys.executable).parent / "headroom"  # the installed console script
 
@@ -29,6 +29,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> int:
+    """SIGTERM (graceful: a sidecar flushes its log, Prometheus its TSDB), wait; kill past `timeout_s`."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+    return process.returncode
 
 
 class HeadroomProcess:
@@ -41,8 +53,9 @@ class HeadroomProcess:
         port: int | None = None,
         log: Path | None = None,
         env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
-        self.args, self.health, self.log = args, health, log
+        self.args, self.health, self.log, self.preexec_fn = args, health, log, preexec_fn
         self.port = port or free_port()
         self.env = os.environ | (env or {})
         self.url = f"http://127.0.0.1:{self.port}"
@@ -57,6 +70,7 @@ class HeadroomProcess:
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                preexec_fn=self.preexec_fn,  # e.g. a lower RLIMIT_NOFILE for the child only
             )
         finally:
             if self.log:
@@ -77,14 +91,7 @@ class HeadroomProcess:
         """SIGTERM (graceful: a sidecar flushes its log), then wait; kill past `timeout_s`."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        return self.process.returncode
+        return stop_process(self.process, timeout_s)
 
     def log_tail(self, chars: int = 2000) -> str:
         """The end of the process's output (when it has a log file)."""
@@ -98,9 +105,12 @@ def headroom_process(
     port: int | None = None,
     log: Path | None = None,
     env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[str]:
     """Run `headroom ARGS --listen 127.0.0.1:PORT`; yields its URL once `health` answers 200."""
-    process = HeadroomProcess(*args, health=health, port=port, log=log, env=env).start()
+    process = HeadroomProcess(
+        *args, health=health, port=port, log=log, env=env, preexec_fn=preexec_fn
+    ).start()
     try:
         yield process.url
     finally:

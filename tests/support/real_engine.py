@@ -17,6 +17,8 @@ import httpx
 import pytest
 from conftest import IN_CI, free_port
 
+from support.processes import stop_process
+
 SCRIPTS = Path(__file__).resolve().parent.parent.parent / "scripts"
 
 
@@ -71,9 +73,5 @@ def llama_server(parallel: int, *, threads: int = 1, startup_timeout_s: float = 
             time.sleep(0.1)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process, 20)
         log.close()

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import yaml
 
-from support.processes import free_port
+from support.processes import free_port, stop_process
 from support.waiting import wait_until
 
 __all__ = [
@@ -57,13 +57,7 @@ class Service:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 10 s."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        stop_process(self.process)
 
 
 class AlertSink:
