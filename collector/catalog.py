@@ -120,7 +120,7 @@ _PER_REQUEST = ("model", "tenant")
 _ENGINE = ("engine", "model")
 _GPU = ("gpu", "uuid", "gpu_name")
 _CAPACITY = ("model", "caliber")
-_PUBLISHED = ("model", "task_class", "source", "confidence")
+_PUBLISHED = ("model", "task_class", "replica_class", "source", "confidence")
 
 CATALOG: tuple[MetricSpec, ...] = (
     # --- sidecar, per request -----------------------------------------------------------------
@@ -385,6 +385,16 @@ CATALOG: tuple[MetricSpec, ...] = (
         "When the published capacity estimate was made (POSIX seconds).",
         _PUBLISHED,
         "dateTimeAsIso",
+        group="capacity",
+    ),
+    MetricSpec(
+        "headroom_replica_info",
+        "gauge",
+        "Always 1; the replica class this sidecar's engine belongs to (model x hardware x engine "
+        "configuration: --replica-class, else derived from the GPU name and the engine's slots), "
+        "whose published knee its concurrency is compared with.",
+        ("replica_class",),
+        "short",
         group="capacity",
     ),
     # deprecated: one metric per quantity with a unit-changing caliber label; removed next release

@@ -114,6 +114,7 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
         engine="auto",
         engine_poll_interval_s=0.1,
         jobs=False,
+        replica_class="h100-tp1",
     )
     app = build_sidecar(config)
     app.state.capacity.replace(
@@ -131,9 +132,11 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
         "headroom_gpu_up",
         "headroom_source_scrape_success",
         'headroom_capacity_knee{caliber="requests",model="m1"} 8.0',
-        'headroom_capacity_knee_requests{confidence="medium",model="m1",source="probe",task_class="all"} 8.0',
+        'headroom_capacity_knee_requests{confidence="medium",model="m1",replica_class="default",'
+        'source="probe",task_class="all"} 8.0',
         'headroom_capacity_estimate_timestamp_seconds{confidence="medium",model="m1",'
-        'source="probe",task_class="all"} 1.7e+09',
+        'replica_class="default",source="probe",task_class="all"} 1.7e+09',
+        'headroom_replica_info{replica_class="h100-tp1"} 1.0',
     ):
         assert name in text
     result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)

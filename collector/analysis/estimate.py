@@ -63,6 +63,7 @@ class CapacityEstimate:
     stopped_early: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     task_class: str = "all"  # the requests measured: a class of the workload, or all of them
+    replica_class: str = "default"  # the replicas measured: model x hardware x engine configuration
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON schema (docs/capacity.md); flat *_requests/*_tokens for gauges."""
@@ -71,6 +72,7 @@ class CapacityEstimate:
             "run_id": self.run_id,
             "model": self.model,
             "task_class": self.task_class,
+            "replica_class": self.replica_class,
             "source": self.source,
             "created_at": self.created_at.isoformat(),
             "profile": self.profile,
@@ -104,6 +106,7 @@ class CapacityEstimate:
             "run_id",
             "model",
             "task_class",
+            "replica_class",
             "source",
             "created_at",
             "profile",
@@ -135,6 +138,7 @@ class CapacityEstimate:
             data.get("stopped_early"),
             {k: v for k, v in data.items() if k not in known},
             data.get("task_class") or "all",
+            data.get("replica_class") or "default",
         )
 
 

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from collector.analysis.estimate import estimate_probe_run, save_estimate
 from collector.analysis.publish import PublishPolicy, publish
 from collector.analysis.refresh_worker import traffic_estimates, traffic_estimates_isolated
-from collector.store.capacity_gauges import CapacityGauges
+from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.estimates import import_estimates
 
@@ -55,7 +55,12 @@ def finished_probe_runs(store: RequestStore, now: datetime, quiet_s: float) -> l
 
 
 def _estimate_probes(
-    store: RequestStore, now: datetime, quiet_s: float, slo_ttft_p95_s: float | None, profile: str
+    store: RequestStore,
+    now: datetime,
+    quiet_s: float,
+    slo_ttft_p95_s: float | None,
+    profile: str,
+    replica_class: str,
 ) -> list[dict[str, Any]]:
     saved = []
     for run_id in finished_probe_runs(store, now, quiet_s):
@@ -63,6 +68,7 @@ def _estimate_probes(
         if estimate is None:
             log.info("probe run %s has no measured levels; nothing to estimate", run_id)
             continue
+        estimate.replica_class = replica_class
         save_estimate(store, estimate)
         saved.append(estimate.to_dict())
         log.info("probe run %s: knee %s", run_id, estimate.knee.requests)
@@ -76,10 +82,12 @@ def _estimate_traffic(
     slo_ttft_p95_s: float | None,
     profile: str,
     isolated: bool,
+    replica_class: str,
 ) -> list[dict[str, Any]]:
     estimate = traffic_estimates_isolated if isolated else traffic_estimates
     saved = []
     for found in estimate(store, now, window=window, slo_ttft_p95_s=slo_ttft_p95_s, profile=profile):
+        found.replica_class = replica_class
         save_estimate(store, found)
         saved.append(found.to_dict())
     return saved
@@ -98,6 +106,7 @@ def refresh_estimates(
     estimate_files: Sequence[str] = (),
     probe_max_age: timedelta = PublishPolicy().probe_max_age,
     isolated: bool = False,
+    replica_class: str | Callable[[], str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Import estimates saved in `estimate_files` (`headroom probe --db` files), estimate
     finished probe runs (and, with `traffic`, each active model's traffic), save them, then
@@ -105,13 +114,19 @@ def refresh_estimates(
 
     With `isolated`, the traffic curves are computed in a child process
     (collector.analysis.refresh_worker): what a process that also proxies or ingests runs.
+
+    `replica_class` labels the estimates made here (a sidecar passes its own class, or a callable
+    that says it once the sidecar has decided; the store service, whose rows come from sidecars of
+    any class, passes nothing: "default").
     """
+    found_class = replica_class() if callable(replica_class) else replica_class
+    own_class = found_class or DEFAULT_REPLICA_CLASS
     for path in estimate_files:
         if imported := import_estimates(store, path):
             log.info("imported %d capacity estimates from %s", imported, path)
-    saved = _estimate_probes(store, now, probe_quiet_s, slo_ttft_p95_s, profile)
+    saved = _estimate_probes(store, now, probe_quiet_s, slo_ttft_p95_s, profile, own_class)
     if traffic:
-        saved += _estimate_traffic(store, now, window, slo_ttft_p95_s, profile, isolated)
+        saved += _estimate_traffic(store, now, window, slo_ttft_p95_s, profile, isolated, own_class)
     for decision in publish(store, gauges, now, PublishPolicy(probe_max_age=probe_max_age)):
         log.debug("capacity of %s/%s: %s", decision.model, decision.task_class, decision.reason)
     return saved

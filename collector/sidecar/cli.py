@@ -53,6 +53,14 @@ __all__ = ["run"]
     help="Name of this sidecar in rows and labels.",
 )
 @click.option(
+    "--replica-class",
+    metavar="NAME",
+    show_default="derived: GPU name and engine slots, e.g. nvidia-l40s-slots8, else default",
+    help="The replica class of the engine behind this sidecar (hardware x engine configuration, "
+    "e.g. h100-tp1): exported as headroom_replica_info{replica_class}; the rules compare this "
+    "sidecar's concurrency with its own class's knee, and its estimates carry the class.",
+)
+@click.option(
     "--tenant-header", default="X-Tenant-ID", show_default=True, help="Request header naming the tenant."
 )
 @click.option(
@@ -237,6 +245,7 @@ def run(
     db_path,
     checkpoint_mb,
     instance,
+    replica_class,
     tenant_header,
     max_tenants,
     max_models,
@@ -277,6 +286,7 @@ def run(
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
       headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
+      headroom run --upstream http://l40s-pod:8000 --replica-class l40s-tp1 --store-url http://store:9200
       OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318 headroom run --upstream http://vllm:8000 --otlp-metrics
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
@@ -301,6 +311,7 @@ def run(
             db_path=None if store_url else db_path,
             checkpoint_mb=checkpoint_mb,
             instance=instance,
+            replica_class=replica_class,
             tenant_header=tenant_header,
             max_tenants=max_tenants,
             max_models=max_models,

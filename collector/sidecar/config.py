@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from collector.sidecar.replica import check_replica_class
+
 __all__ = ["SidecarConfig"]
 
 
@@ -18,6 +20,8 @@ class SidecarConfig:
     db_path: str | None = "headroom.duckdb"
     checkpoint_mb: int | None = None  # --checkpoint-mb: fold db_path's WAL every N MB (DuckDB: 16)
     instance: str = field(default_factory=socket.gethostname)
+    # --replica-class: hardware x engine configuration; None derives it (collector.sidecar.replica)
+    replica_class: str | None = None
     tenant_header: str = "X-Tenant-ID"
     max_tenants: int = 50
     max_models: int = 20
@@ -67,6 +71,8 @@ class SidecarConfig:
                 raise ValueError(
                     f"{name} {url!r} is not an http(s) URL; expected e.g. http://127.0.0.1:8000/metrics"
                 )
+        if self.replica_class is not None:
+            check_replica_class(self.replica_class)
         counts: tuple[tuple[str, int], ...] = (
             ("--max-tenants", self.max_tenants),
             ("--max-models", self.max_models),

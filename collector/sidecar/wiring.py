@@ -19,6 +19,7 @@ no database is opened here and no jobs run); `engine`, an EngineSource instead o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -36,6 +37,7 @@ from collector.sidecar import otel
 from collector.sidecar.app import SidecarParts, create_app
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.otel import OtelSink, provider_name
+from collector.sidecar.replica import ReplicaClass
 from collector.sidecar.series import SeriesBudget
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
@@ -74,7 +76,10 @@ def build_sidecar(
     capacity = CapacityGauges()
     registry.register(capacity)
     engine = engine if engine is not None else _engine_source(config)
-    registry.register(SourceHealth([source for source in (engine, GpuCollector()) if source is not None]))
+    gpu = GpuCollector()
+    registry.register(SourceHealth([source for source in (engine, gpu) if source is not None]))
+    replica_class = ReplicaClass(config.replica_class, gpu_names=gpu.names, engine=engine)
+    registry.register(replica_class)
     extra = [*_otel_sinks(config), *sinks]
     store = _own_store(config) if log_sink is None else None
     shipper = _shipper(config) if log_sink is None and store is None else None
@@ -96,7 +101,9 @@ def build_sidecar(
     if shipper is not None and log is not None:
         registry.register(shipper)  # spool depth, shipping lag, store up
         shipper.report_to(log)  # spooled and pipelined rows count as written once the store has them
-    scheduler = _scheduler(config, store, capacity) if store is not None and config.jobs else None
+    scheduler = (
+        _scheduler(config, store, capacity, replica_class) if store is not None and config.jobs else None
+    )
     routes, token_file = _store_routes(config, store, capacity)
     parts = SidecarParts(
         registry,
@@ -111,6 +118,7 @@ def build_sidecar(
     )
     app = create_app(config, parts)
     app.state.capacity, app.state.writer, app.state.batch_sink = capacity, log, batch_sink
+    app.state.replica_class = replica_class
     return app
 
 
@@ -173,8 +181,13 @@ def _report_dir(config: SidecarConfig) -> Path:
     return Path(config.db_path or "headroom.duckdb").with_suffix(".reports")
 
 
-def _scheduler(config: SidecarConfig, store: RequestStore, capacity: CapacityGauges) -> BackgroundScheduler:
-    """The store's jobs on the in-process store; Parquet exports and reports go beside the file."""
+def _scheduler(
+    config: SidecarConfig, store: RequestStore, capacity: CapacityGauges, replica_class: ReplicaClass
+) -> BackgroundScheduler:
+    """The store's jobs on the in-process store; Parquet exports and reports go beside the file.
+
+    The estimates made here (probe runs through this sidecar, its traffic) carry its replica class.
+    """
     base = Path(config.db_path or "headroom.duckdb")
     settings = JobSettings(
         export_dir=base.with_suffix(".parquet"),
@@ -183,9 +196,8 @@ def _scheduler(config: SidecarConfig, store: RequestStore, capacity: CapacityGau
         estimate_files=config.probe_dbs,
         probe_max_age=config.probe_max_age,
     )
-    return build_scheduler(
-        store, capacity, settings, refresh=refresh_estimates_isolated, review=_weekly_review
-    )
+    refresh = functools.partial(refresh_estimates_isolated, replica_class=lambda: replica_class.value)
+    return build_scheduler(store, capacity, settings, refresh=refresh, review=_weekly_review)
 
 
 def _weekly_review(

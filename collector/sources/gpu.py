@@ -108,6 +108,15 @@ class GpuCollector:
             index, handle, _text(pynvml.nvmlDeviceGetUUID(handle)), _text(pynvml.nvmlDeviceGetName(handle))
         )
 
+    def names(self) -> list[str]:
+        """The NVML names of the GPUs ("NVIDIA H100 80GB HBM3", ...); [] without a GPU.
+
+        The sidecar's replica class is derived from them (collector.sidecar.replica).
+        """
+        with self._lock:
+            devices = self._init()
+        return [device.name for device in devices or ()]
+
     def read(self) -> list[GpuReading] | None:
         """Read every cached GPU now; None when NVML or GPUs are unavailable."""
         with self._lock:

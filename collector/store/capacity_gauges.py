@@ -1,21 +1,24 @@
-"""CapacityGauges: the published capacity per model and task class, exported as headroom_capacity_*.
+"""CapacityGauges: the published capacity per model, task class and replica class (headroom_capacity_*).
 
 The sidecar and the store service both export it from their own /metrics. Whatever decides the
-published estimate (collector.analysis.publish) hands it a list of PublishedCapacity; alert rules
+published estimate (collector.store.decision) hands it a list of PublishedCapacity; alert rules
 compare live concurrency with these values instead of hard-coded numbers. A model with no
 published estimate exports nothing, so those alerts stay silent until there is evidence.
 
-One unit per metric name, and every series says where its number came from:
+A knee belongs to a replica class (model x hardware x engine configuration, DOMAIN §14): a model
+on H100 and L40S replicas publishes two knees, and the rules compare each sidecar with its own
+class's (the sidecar says its class in headroom_replica_info). One unit per metric name, and every
+series says where its number came from:
 
-    headroom_capacity_knee_requests{model, task_class, source, confidence}            8
+    headroom_capacity_knee_requests{model, task_class, replica_class, source, confidence}  8
     headroom_capacity_knee_tokens{...}                                             9000
     headroom_capacity_slo_max_requests{...} / _tokens{...}
     headroom_capacity_recommended_pool_requests{...}                                  5
     headroom_capacity_estimate_timestamp_seconds{...}                      1796100000.0
 
 The names before this release (`headroom_capacity_knee{model, caliber}`, `_slo_max`,
-`_recommended_pool`) are exported too, for the `all` task class, and will be removed in the next
-release (docs/design.md, "Deprecated metrics").
+`_recommended_pool`) are exported too, for the `all` task class of a model published for one
+replica class, and will be removed in the next release (docs/design.md, "Deprecated metrics").
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from collector.catalog import spec
 
-__all__ = ["CapacityGauges", "PublishedCapacity", "CALIBERS", "ALL_TASKS"]
+__all__ = ["CapacityGauges", "PublishedCapacity", "CALIBERS", "ALL_TASKS", "DEFAULT_REPLICA_CLASS"]
 
 CALIBERS = ("requests", "tokens")
 ALL_TASKS = "all"  # the task class of an estimate measured over every kind of request
+# The replica class of an estimate that names none (estimates saved before replica classes, a
+# sidecar started without --replica-class that could derive nothing): one class per model.
+DEFAULT_REPLICA_CLASS = "default"
 _CURRENT = {  # metric name -> PublishedCapacity field
     "headroom_capacity_knee_requests": "knee_requests",
     "headroom_capacity_knee_tokens": "knee_tokens",
@@ -49,10 +55,11 @@ _DEPRECATED = {  # old name -> {caliber: field}
 
 @dataclass(frozen=True)
 class PublishedCapacity:
-    """One published estimate: what the gauges say for a model and task class, and its origin."""
+    """One published estimate: what the gauges say for a model, task class and replica class."""
 
     model: str
     task_class: str = ALL_TASKS
+    replica_class: str = DEFAULT_REPLICA_CLASS
     source: str = "probe"  # probe | traffic
     confidence: str = "medium"  # high | medium | low
     estimated_at: float = 0.0  # POSIX seconds when the estimate was made
@@ -63,33 +70,40 @@ class PublishedCapacity:
     recommended_pool: float | None = None
 
     @property
-    def labels(self) -> tuple[str, str, str, str]:
-        return (self.model, self.task_class, self.source, self.confidence)
+    def labels(self) -> tuple[str, str, str, str, str]:
+        return (self.model, self.task_class, self.replica_class, self.source, self.confidence)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What one published estimate is per: (model, task class, replica class)."""
+        return (self.model, self.task_class, self.replica_class)
 
 
 class CapacityGauges:
     """Thread-safe holder of the published estimates; a prometheus-client collector."""
 
     def __init__(self) -> None:
-        self._published: dict[tuple[str, str], PublishedCapacity] = {}
+        self._published: dict[tuple[str, str, str], PublishedCapacity] = {}
         self._lock = threading.Lock()
 
     def replace(self, published: Sequence[PublishedCapacity]) -> None:
-        """Publish exactly these estimates (one per model and task class), dropping the rest."""
+        """Publish exactly these estimates (one per model, task class and replica class), dropping the rest."""
         with self._lock:
-            self._published = {(p.model, p.task_class): p for p in published}
+            self._published = {p.key: p for p in published}
 
     def clear(self) -> None:
         """Publish nothing (alerts that divide by capacity go silent)."""
         self.replace(())
 
-    def get(self, model: str, task_class: str = ALL_TASKS) -> PublishedCapacity | None:
-        """The published estimate for (model, task class), or None."""
+    def get(
+        self, model: str, task_class: str = ALL_TASKS, replica_class: str = DEFAULT_REPLICA_CLASS
+    ) -> PublishedCapacity | None:
+        """The published estimate for (model, task class, replica class), or None."""
         with self._lock:
-            return self._published.get((model, task_class))
+            return self._published.get((model, task_class, replica_class))
 
     def published(self) -> list[PublishedCapacity]:
-        """Every published estimate, ordered by model and task class."""
+        """Every published estimate, ordered by model, task class and replica class."""
         with self._lock:
             return [self._published[key] for key in sorted(self._published)]
 
@@ -103,11 +117,17 @@ class CapacityGauges:
                 if value is not None:
                     family.add_metric(item.labels, float(value))
             yield family
+        # The deprecated names have no replica_class label: a model published for two classes
+        # would give two series with one label set, so they carry only single-class models.
+        every = [item for item in items if item.task_class == ALL_TASKS]
+        classes: dict[str, set[str]] = {}
+        for item in every:
+            classes.setdefault(item.model, set()).add(item.replica_class)
         for name, fields in _DEPRECATED.items():
             entry = spec(name)
             family = GaugeMetricFamily(name, entry.help, labels=entry.labels)
-            for item in items:
-                if item.task_class != ALL_TASKS:
+            for item in every:
+                if len(classes[item.model]) > 1:
                     continue
                 for caliber, field in fields.items():
                     value = getattr(item, field)

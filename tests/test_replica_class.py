@@ -1,0 +1,112 @@
+"""Replica classes (#33 item 4): the sidecar's class, given or derived, its info series, and the
+capacity gauges per (model, task class, replica class)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client import CollectorRegistry, generate_latest
+from test_sources_gpu import FakeNvml
+
+from collector.cli import main
+from collector.sidecar.config import SidecarConfig
+from collector.sidecar.replica import ReplicaClass, check_replica_class, derive_replica_class
+from collector.sources.base import EngineSnapshot
+from collector.sources.gpu import GpuCollector
+from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, CapacityGauges, PublishedCapacity
+
+
+@pytest.mark.parametrize(
+    ("gpus", "slots", "expected"),
+    [
+        (["NVIDIA H100 80GB HBM3"], 16, "nvidia-h100-80gb-hbm3-slots16"),
+        (["NVIDIA L40S", "NVIDIA L40S"], None, "2x-nvidia-l40s"),
+        ([], 4, "slots4"),
+        ([], None, "default"),
+        ([], 0, "default"),
+    ],
+)
+def test_the_class_is_derived_from_the_gpus_and_the_slots(gpus, slots, expected):
+    assert derive_replica_class(gpus, slots) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "-leading", "x" * 64, 'quote"'])
+def test_a_bad_class_name_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="--replica-class"):
+        check_replica_class(bad)
+    with pytest.raises(ValueError, match="--replica-class"):
+        SidecarConfig(upstream="http://127.0.0.1:8000", replica_class=bad or " ")
+
+
+def test_headroom_run_refuses_a_bad_class_before_starting():
+    result = CliRunner().invoke(main, ["run", "--upstream", "http://127.0.0.1:1", "--replica-class", "a b"])
+    assert result.exit_code == 2 and "--replica-class 'a b' is not a class name" in result.output
+
+
+def test_headroom_run_help_names_the_option_and_an_example():
+    text = CliRunner().invoke(main, ["run", "--help"]).output
+    assert "--replica-class" in text and "--replica-class l40s-tp1" in text
+
+
+def _info(collector: ReplicaClass) -> str:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+def _engine(snapshot: EngineSnapshot) -> SimpleNamespace:
+    return SimpleNamespace(latest=snapshot)
+
+
+def test_undecided_until_the_engine_answers_then_fixed():
+    engine = _engine(EngineSnapshot.down("auto", "not polled yet"))
+    replica = ReplicaClass(None, gpu_names=lambda: ["NVIDIA L40S"], engine=engine)  # type: ignore[arg-type]
+    assert replica.value is None and "headroom_replica_info{" not in _info(replica)
+    engine.latest = EngineSnapshot("llamacpp", True, max_concurrency=8)
+    assert replica.value == "nvidia-l40s-slots8"
+    assert 'headroom_replica_info{replica_class="nvidia-l40s-slots8"} 1.0' in _info(replica)
+    engine.latest = EngineSnapshot("llamacpp", True, max_concurrency=4)  # decided once: no flapping
+    assert replica.value == "nvidia-l40s-slots8"
+
+
+def test_a_ceiling_that_is_not_a_slot_count_is_not_part_of_the_class():
+    engine = _engine(EngineSnapshot("vllm", True, max_concurrency=23))  # KV at the longest context
+    assert ReplicaClass(None, engine=engine).value == DEFAULT_REPLICA_CLASS  # type: ignore[arg-type]
+
+
+def test_the_given_class_wins_and_no_engine_decides_at_once():
+    engine = _engine(EngineSnapshot("llamacpp", True, max_concurrency=8))
+    assert ReplicaClass("h100-tp1", engine=engine).value == "h100-tp1"  # type: ignore[arg-type]
+    assert ReplicaClass(None, gpu_names=lambda: ["NVIDIA A10G"]).value == "nvidia-a10g"
+
+
+def test_the_gpu_collector_names_its_gpus_for_the_class(monkeypatch):
+    FakeNvml().install(monkeypatch)
+    assert GpuCollector().names() == ["NVIDIA H100 80GB HBM3", "NVIDIA A10G", "NVIDIA L4"]
+    FakeNvml(count=0).install(monkeypatch)
+    assert GpuCollector().names() == []
+
+
+def test_capacity_gauges_carry_the_class_and_keep_two_classes_of_one_model_apart():
+    gauges = CapacityGauges()
+    gauges.replace(
+        [
+            PublishedCapacity("m", replica_class="h100", knee_requests=16, recommended_pool=12),
+            PublishedCapacity("m", replica_class="l40s", knee_requests=8, recommended_pool=6),
+        ]
+    )
+    assert gauges.get("m", replica_class="h100").knee_requests == 16  # type: ignore[union-attr]
+    assert gauges.get("m", replica_class="l40s").knee_requests == 8  # type: ignore[union-attr]
+    assert gauges.get("m") is None
+    registry = CollectorRegistry()
+    registry.register(gauges)
+    labels = {"model": "m", "task_class": "all", "source": "probe", "confidence": "medium"}
+    for cls, knee in (("h100", 16.0), ("l40s", 8.0)):
+        value = registry.get_sample_value("headroom_capacity_knee_requests", labels | {"replica_class": cls})
+        assert value == knee
+    # the deprecated names have no class label: a model with two classes is left out of them
+    assert "headroom_capacity_knee{" not in generate_latest(registry).decode()
+    gauges.replace([PublishedCapacity("m", knee_requests=8)])
+    assert registry.get_sample_value("headroom_capacity_knee", {"model": "m", "caliber": "requests"}) == 8
