@@ -22,8 +22,22 @@ read 5 chunks a read instead of 8, and the flood rate fell by a tenth.
 Kept from collector.upstream: a request whose *reused* pooled connection fails before any
 response byte is sent once more on a new connection (llama.cpp closes keep-alive connections
 without saying so); nothing else is retried. A connect timeout, a read timeout (no byte for
-`read_timeout_s`: one timer per exchange, moved on only when it fires), and at most
-`max_connections` connections (0: no bound), a request waiting in order for a free one.
+`read_timeout_s`: one timer per exchange, moved on only when it fires; stopped while the
+exchange is paused for a slow client, since nothing is read then, and re-armed from the resume),
+and at most `max_connections` connections (0: no bound), a request waiting in order for a free one.
+
+A connection carries one exchange at a time, and a byte nobody asked for ends it (issue #36 N1:
+an upstream that wrote one extra response made the pool hold a connection twice, and one
+client received another's completion). A connection is closed, never pooled again, when
+
+- bytes arrive while it carries no exchange (it is idle in the pool);
+- bytes follow the end of a response in the same read (a second response, or garbage);
+- its kernel buffer already holds bytes when it is taken from the pool (a non-blocking
+  `MSG_PEEK` of one byte, one system call per reuse, catches what arrived since the loop last
+  polled it);
+- the response's framing breaks, or the response ends while the client's reading is paused.
+
+What a read parsed before its framing broke still reaches the sink, then the failure (N4).
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import socket
 import ssl
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
@@ -125,17 +140,21 @@ class Exchange:
             sink.broken(self._failure)
 
     def pause(self) -> None:
-        """Stop reading the upstream (the client is slow); `resume` reads on."""
+        """Stop reading the upstream (the client is slow); `resume` reads on. The read timeout
+        stops meanwhile (nothing is read, so nothing can arrive) and restarts at the resume."""
         connection = self.connection
-        if connection is not None:
+        if connection is not None and not connection.paused:
             connection.paused = True
+            connection._stop_timer()
             if connection.transport is not None:
                 connection.transport.pause_reading()
 
     def resume(self) -> None:
         connection = self.connection
-        if connection is not None:
+        if connection is not None and connection.paused:
             connection.paused = False
+            if connection.exchange is self:
+                connection._arm(connection.loop.time())
             if connection.transport is not None and not connection.transport.is_closing():
                 connection.transport.resume_reading()
 
@@ -179,7 +198,8 @@ class Exchange:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection of the pool, carrying one exchange at a time."""
+    """One keep-alive connection of the pool, carrying one exchange at a time (the module doc
+    says when it closes rather than going back to the pool)."""
 
     def __init__(self, pool: H1Pool) -> None:
         self.pool = pool
@@ -196,6 +216,10 @@ class _Connection(asyncio.Protocol):
         self.last_read = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
+        self.pooled = False  # waiting in the pool's idle list
+        self.completed = False  # the exchange's response ended in the read being parsed
+        self.keep = False  # ... and the connection may carry another
+        self.surprise = False  # bytes followed that end in the same read: closed, never pooled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -204,26 +228,56 @@ class _Connection(asyncio.Protocol):
         exchange.connection, self.exchange = self, exchange
         self.got_bytes = self.headed = self.paused = False
         self.framed = True
-        self.last_read = self.loop.time()
-        self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout_s, self._timed_out)
+        self._arm(self.loop.time())
         assert self.transport is not None
         self.transport.write(data)
 
+    def unread_bytes(self) -> bool:
+        """Whether the kernel holds bytes for this idle connection that the loop has not read:
+        a response nobody asked for (one non-blocking MSG_PEEK; the socket object only wraps the
+        descriptor and is detached, never closed)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return True
+        raw = transport.get_extra_info("socket")
+        if raw is None:  # not a socket (a test's transport): nothing to peek at
+            return False
+        peek = socket.socket(raw.family, raw.type, 0, raw.fileno())
+        try:
+            return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except BlockingIOError:
+            return False  # nothing waiting: the common case
+        except OSError:
+            return True  # reset or otherwise broken: not reusable
+        finally:
+            peek.detach()
+
     # --- httptools' callbacks and the socket's ------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self.exchange is None:  # idle: nobody asked for these bytes
+            self.surprise = True
+            self.close()
+            return
         self.got_bytes = True
         self.last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self._fail(
-                UpstreamBodyBroken("the upstream's response body broke off or was malformed")
-                if self.headed
-                else UpstreamUnparsable("the upstream's response could not be parsed")
-            )
-            return
+            if self.completed:  # garbage after a whole response: that response stands
+                self.surprise = True
+            else:
+                if self.headed:
+                    self._flush()  # what the read held before the break goes first (N4)
+                self._fail(
+                    UpstreamBodyBroken("the upstream's response body broke off or was malformed")
+                    if self.headed
+                    else UpstreamUnparsable("the upstream's response could not be parsed")
+                )
+                return
         if self.parts:
             self._flush()
+        if self.completed:
+            self._after_response()
 
     def _flush(self) -> None:
         parts = self.parts
@@ -233,17 +287,19 @@ class _Connection(asyncio.Protocol):
         parts.clear()
 
     def on_message_begin(self) -> None:
-        if self.exchange is not None:
+        if self.completed or self.exchange is None:  # a second response to one request
+            self.surprise = True
+        elif self.exchange is not None:
             self.exchange.headers = []
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.exchange is not None:
+        if self.exchange is not None and not self.completed:
             self.exchange.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         exchange = self.exchange
         status = self.parser.get_status_code()
-        if exchange is None or status < 200:  # a 1xx: the real head follows
+        if exchange is None or self.completed or status < 200:  # a 1xx: the real head follows
             return
         self.headed = True
         exchange.status = status
@@ -253,19 +309,26 @@ class _Connection(asyncio.Protocol):
             exchange.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        self.parts.append(body)
+        if not self.completed:
+            self.parts.append(body)
 
     def on_message_complete(self) -> None:
-        if not self.headed:
-            return  # the end of a 1xx
+        if not self.headed or self.completed:
+            return  # the end of a 1xx, or of a response nobody asked for
         self._flush()
         exchange, self.exchange = self.exchange, None
         self._stop_timer()
-        keep = self.parser.should_keep_alive() and not self.paused
+        self.completed = True
+        self.keep = self.parser.should_keep_alive() and not self.paused
         if exchange is not None:
             exchange._end()
+
+    def _after_response(self) -> None:
+        """The read that ended a response is parsed: pool the connection, unless that read held
+        more (another response, garbage) or the connection may not carry another request."""
+        self.completed = False
         self.used = True
-        if keep:
+        if self.keep and not self.surprise:
             self.pool._release(self)
         else:
             self.close()
@@ -289,12 +352,18 @@ class _Connection(asyncio.Protocol):
         )
 
     # --- ours -------------------------------------------------------------------------------
+    def _arm(self, now: float) -> None:
+        """The read timeout from `now`: one timer, moved on only when it fires."""
+        self.last_read = now
+        if self.timer is None:
+            self.timer = self.loop.call_at(now + self.pool.read_timeout_s, self._timed_out)
+
     def _timed_out(self) -> None:
         self.timer = None
-        if self.exchange is None:
+        if self.exchange is None or self.paused:  # paused: re-armed by the resume
             return
         due = self.last_read + self.pool.read_timeout_s
-        if self.paused or self.loop.time() < due:  # a read since: wait out the rest of it
+        if self.loop.time() < due:  # a read since: wait out the rest of it
             self.timer = self.loop.call_at(max(due, self.loop.time() + 0.001), self._timed_out)
             return
         self._fail(UpstreamReadTimeout(f"the upstream sent nothing for {self.pool.read_timeout_s:g} s"))
@@ -406,9 +475,14 @@ class H1Pool:
         while True:
             while self._idle:
                 connection = self._idle.pop()  # the most recently used: the warmest
-                if not connection.closed and connection.transport is not None:
-                    if not connection.transport.is_closing():
-                        return connection
+                connection.pooled = False
+                if connection.closed or connection.exchange is not None:
+                    continue
+                if connection.unread_bytes():  # a response nobody asked for waits in it
+                    connection.surprise = True
+                    connection.close()
+                    continue
+                return connection
             if self.max_connections <= 0 or self._open < self.max_connections:
                 return await self._open_connection()
             waiter = self.loop.create_future()
@@ -452,17 +526,21 @@ class H1Pool:
         return connection
 
     def _release(self, connection: _Connection) -> None:
-        self._idle.append(connection)
+        if not connection.pooled:  # never twice: two requests would share it
+            connection.pooled = True
+            self._idle.append(connection)
         self._wake()
 
     def _forget(self, connection: _Connection) -> None:
         if connection in self._all:
             self._all.discard(connection)
             self._open -= 1
-        try:
-            self._idle.remove(connection)
-        except ValueError:
-            pass
+        if connection.pooled:
+            connection.pooled = False
+            try:
+                self._idle.remove(connection)
+            except ValueError:
+                pass
         self._wake()
 
     def _wake(self) -> None:
