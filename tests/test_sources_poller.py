@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import time
 
@@ -13,11 +14,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from support.engine import FIXTURES
 
 from collector.catalog import spec
-from collector.sources import build_engine_source, default_metrics_url
+from collector.sources import build_engine_source, default_metrics_url, models_url
 from collector.sources.base import EngineSnapshot
 from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
 from collector.sources.poller import EngineSource
+from collector.sources.served import served_model
 
 
 def value(collector, name: str, **labels) -> float | None:
@@ -38,6 +40,14 @@ async def wait_for(condition, timeout_s: float = 10.0):
 async def started(source: EngineSource) -> EngineSource:
     await source.start()
     return source
+
+
+async def first_polled(source: EngineSource) -> EngineSnapshot:
+    """Start `source` and wait for its background loop's first poll (the next is a minute away), so
+    the test's own polls never overlap it."""
+    await source.start()
+    await wait_for(lambda: source.polls >= 1)
+    return source.latest
 
 
 async def test_poll_exports_normalised_gauges_with_engine_and_model_labels(fake_engine):
@@ -257,6 +267,7 @@ def test_public_names_are_pinned():
         "EngineSource",
         "build_engine_source",
         "default_metrics_url",
+        "models_url",
     ]
     assert sources.ENGINES == ("vllm", "sglang", "tgi", "llamacpp", "generic", "auto", "none")
 
@@ -302,3 +313,130 @@ async def test_a_snapshot_is_stamped_when_its_poll_was_sent_not_when_the_answer_
     snapshot = await poll
     assert before <= snapshot.polled_at <= asked < answered
     assert source.latest is snapshot and snapshot.waiting == 2
+
+
+# --- the served model: engine series carry the model the request series carry (issue #33, 5) ---
+
+LLAMACPP_MODEL = "/root/.cache/llm-headroom/models/gemma-3-270m-q4_k_m.gguf"  # in models.json
+
+
+def _llamacpp(engine) -> None:
+    """The fake engine as the real llama-server captured in tests/fixtures/llamacpp/ answers."""
+    engine.metrics_text = (FIXTURES / "llamacpp/metrics_busy.txt").read_text()
+    engine.slots = json.loads((FIXTURES / "llamacpp/slots_busy.json").read_text())
+    engine.models = json.loads((FIXTURES / "llamacpp/models.json").read_text())
+
+
+def test_served_model_reads_the_real_llama_server_model_list():
+    listing = json.loads((FIXTURES / "llamacpp/models.json").read_text())
+    assert served_model(listing) == LLAMACPP_MODEL
+    assert served_model({"data": [{"id": "m"}, {"id": "m"}]}) == "m"  # one model, listed twice
+    assert served_model({"data": [{"id": "x" * 300}]}) == "x" * 128  # the request side's cap
+    assert models_url("http://h:8080") == "http://h:8080/v1/models"
+    assert models_url("http://h:8080/v1/") == "http://h:8080/v1/models"
+
+
+@pytest.mark.parametrize(
+    "listing, complaint",
+    [
+        ({"data": [{"id": "a"}, {"id": "b"}]}, "lists 2 models (a, b); pass --model"),
+        ({"data": []}, "lists no model"),
+        ({"data": [{"id": ""}, {"object": "model"}]}, "lists no model"),
+        ({"models": []}, "no 'data' array"),
+        (["not", "a", "list"], "no 'data' array"),
+    ],
+)
+def test_served_model_says_why_it_names_none(listing, complaint):
+    with pytest.raises(ValueError, match=re.escape(complaint)):
+        served_model(listing)
+
+
+async def test_llamacpp_series_carry_the_model_its_v1_models_lists(fake_engine):
+    engine, url = fake_engine
+    _llamacpp(engine)
+    source = build_engine_source(
+        "llamacpp", f"{url}/metrics", 60, timeout_s=5, models_list_url=f"{url}/v1/models"
+    )
+    try:
+        snapshot = await first_polled(source)
+        assert snapshot.up and snapshot.model == LLAMACPP_MODEL
+        labels = {"engine": "llamacpp", "model": LLAMACPP_MODEL}
+        for name, expected in (
+            ("headroom_engine_requests_running", 4),
+            ("headroom_engine_requests_waiting", 2),
+            ("headroom_engine_kv_cache_capacity_tokens", 8192),
+            ("headroom_engine_max_concurrency_requests", 4),
+        ):
+            assert value(source, name, **labels) == expected, name
+        assert value(source, "headroom_engine_requests_waiting", engine="llamacpp", model="") is None
+        await source.poll_once()
+        assert engine.models_hits == 1  # asked once, not per poll
+        engine.mode = "error"  # the engine goes away ...
+        assert not (await source.poll_once()).up
+        engine.mode, engine.models = "ok", {"data": [{"id": "gemma-3-1b"}]}  # ... and comes back with another
+        assert (await source.poll_once()).model == "gemma-3-1b"
+        assert engine.models_hits == 2
+    finally:
+        await source.stop()
+
+
+async def test_the_model_flag_names_the_engine_series_whatever_the_engine_says(fake_engine):
+    engine, url = fake_engine  # vLLM labels its model meta-llama/Llama-3.1-8B-Instruct
+    engine.models = {"data": [{"id": "listed"}]}
+    source = build_engine_source(
+        "vllm", f"{url}/metrics", 60, timeout_s=5, model="llama-8b", models_list_url=f"{url}/v1/models"
+    )
+    try:
+        assert (await first_polled(source)).model == "llama-8b"
+        assert value(source, "headroom_engine_requests_waiting", engine="vllm", model="llama-8b") == 3
+        assert engine.models_hits == 0
+    finally:
+        await source.stop()
+    with pytest.raises(ValueError, match="--model is empty"):
+        build_engine_source("llamacpp", "http://h/metrics", 1.0, model=" ")
+
+
+async def test_an_engine_that_labels_its_model_is_not_asked(fake_engine):
+    engine, url = fake_engine
+    engine.models = {"data": [{"id": "listed"}]}
+    source = build_engine_source(
+        "vllm", f"{url}/metrics", 60, timeout_s=5, models_list_url=f"{url}/v1/models"
+    )
+    try:
+        assert (await first_polled(source)).model == "meta-llama/Llama-3.1-8B-Instruct"
+        assert engine.models_hits == 0
+    finally:
+        await source.stop()
+
+
+@pytest.mark.parametrize(
+    "models, models_mode, why",
+    [
+        (None, "ok", "HTTP 404"),
+        ({"data": [{"id": "a"}, {"id": "b"}]}, "ok", "lists 2 models"),
+        ({"data": [{"id": "a"}]}, "hang", "no answer in time"),
+    ],
+)
+async def test_without_a_model_name_the_engine_stays_up_and_asks_again_later(
+    fake_engine, monkeypatch, caplog, models, models_mode, why
+):
+    engine, url = fake_engine
+    _llamacpp(engine)
+    engine.models, engine.models_mode = models, models_mode
+    source = build_engine_source(
+        "llamacpp", f"{url}/metrics", 60, timeout_s=0.5, models_list_url=f"{url}/v1/models"
+    )
+    try:
+        with caplog.at_level("WARNING", logger="collector.sources.poller"):
+            snapshot = await first_polled(source)
+        assert snapshot.up and snapshot.model is None and snapshot.waiting == 2
+        assert value(source, "headroom_engine_requests_waiting", engine="llamacpp", model="") == 2
+        warning = "\n".join(r.getMessage() for r in caplog.records)
+        assert "model unknown" in warning and why in warning and "--model" in warning
+        await source.poll_once()
+        assert engine.models_hits == 1  # not asked again within MODEL_RETRY_S
+        monkeypatch.setattr("collector.sources.poller.MODEL_RETRY_S", 0.0)
+        engine.models, engine.models_mode = {"data": [{"id": "gemma"}]}, "ok"
+        assert (await source.poll_once()).model == "gemma"
+    finally:
+        await source.stop()

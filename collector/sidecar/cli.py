@@ -109,6 +109,14 @@ __all__ = ["run"]
 )
 @click.option("--engine-metrics-url", metavar="URL", help="Engine metrics URL [default: UPSTREAM/metrics].")
 @click.option(
+    "--model",
+    metavar="NAME",
+    show_default="the engine's model label, else the one model UPSTREAM/v1/models lists",
+    help="The served model as clients name it: the `model` label of the engine series "
+    "(headroom_engine_*), so they pair with the request series. Needed where the engine's metrics "
+    "name no model and /v1/models names another (llama-server without --alias) or several.",
+)
+@click.option(
     "--engine-poll-interval",
     default=1.0,
     show_default=True,
@@ -254,6 +262,7 @@ def run(
     engine,
     engine_mapping,
     engine_metrics_url,
+    model,
     engine_poll_interval,
     store_url,
     store_token,
@@ -282,6 +291,7 @@ def run(
       headroom run --upstream http://127.0.0.1:8000
       headroom run --upstream http://vllm:8000 --listen 0.0.0.0:9100 --engine vllm
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
+      headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --model gemma-3-270m
       headroom run --upstream http://vllm:8000 --max-series 5000 --max-models 40
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
@@ -322,6 +332,7 @@ def run(
             spool_dir=spool_dir,
             engine=engine,
             engine_metrics_url=engine_metrics_url,
+            model=model,
             engine_poll_interval_s=engine_poll_interval,
             engine_mapping=engine_mapping,
             otlp_endpoint=otlp_endpoint,

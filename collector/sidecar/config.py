@@ -33,6 +33,7 @@ class SidecarConfig:
     engine_metrics_url: str | None = None
     engine_mapping: str | None = None  # YAML mapping file for engine "generic"
     engine_poll_interval_s: float = 1.0
+    model: str | None = None  # --model: the engine series' model label (else the engine's, /v1/models)
     otlp_endpoint: str | None = None  # OTLP base endpoint: /v1/traces (and /v1/metrics) appended
     otlp_traces_endpoint: str | None = None  # the traces URL itself, used as it is
     otlp_protocol: str = "http/protobuf"  # or "grpc" (the [otlp-grpc] extra)

@@ -26,12 +26,12 @@ from typing import Any
 
 import orjson
 
+from collector.sources.served import MAX_MODEL_CHARS
 from collector.tokens import estimate_tokens, tokens_for_characters
 
 __all__ = ["ParsedRequest", "parse_request", "splice_include_usage"]
 
 _TOKENS_PER_MESSAGE = 3
-_MAX_MODEL_CHARS = 128
 _OPTIONS_KEY = re.compile(rb'"stream_options"\s*:\s*\{')
 _INCLUDE_USAGE = b'"include_usage":true'
 
@@ -102,7 +102,7 @@ def parse_request(body: bytes) -> ParsedRequest:
     if not isinstance(payload, dict):
         return _refused(body, f"request body is a JSON {type(payload).__name__}, not an object")
     model = payload.get("model")
-    model = model[:_MAX_MODEL_CHARS] if isinstance(model, str) and model else "unknown"
+    model = model[:MAX_MODEL_CHARS] if isinstance(model, str) and model else "unknown"
     stream = payload.get("stream") is True
     injected = False
     if stream:

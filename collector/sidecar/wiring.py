@@ -40,7 +40,7 @@ from collector.sidecar.otel import OtelSink, provider_name
 from collector.sidecar.replica import ReplicaClass
 from collector.sidecar.series import SeriesBudget
 from collector.sidecar.tracker import Tracker
-from collector.sources import EngineSource, build_engine_source, default_metrics_url
+from collector.sources import EngineSource, build_engine_source, default_metrics_url, models_url
 from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
 from collector.store.capacity_gauges import CapacityGauges
@@ -128,7 +128,12 @@ def _engine_source(config: SidecarConfig) -> EngineSource | None:
         return None
     metrics_url = config.engine_metrics_url or default_metrics_url(config.upstream)
     return build_engine_source(
-        config.engine, metrics_url, config.engine_poll_interval_s, mapping_path=config.engine_mapping
+        config.engine,
+        metrics_url,
+        config.engine_poll_interval_s,
+        mapping_path=config.engine_mapping,
+        model=config.model,
+        models_list_url=models_url(config.upstream),
     )
 
 

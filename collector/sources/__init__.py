@@ -2,13 +2,14 @@
 
     source = build_engine_source("vllm", "http://127.0.0.1:8000/metrics", 1.0)
     await source.start()          # background polling; source.latest is the last snapshot
-    source.latest.waiting, source.latest.kv_usage_ratio
+    source.latest.waiting, source.latest.kv_usage_ratio, source.latest.model
     registry.register(SourceHealth([source, GpuCollector()]))
                                   # headroom_engine_*, headroom_gpu_*, headroom_source_scrape_*{source}
 
 One module per engine (vllm, sglang, tgi, llamacpp, generic), each with a pure parse function;
-`detect` for `--engine auto`, `poller` for the background loop, `gpu` for NVML, `health` for the
-one collector that adds every source's scrape success and duration.
+`detect` for `--engine auto`, `poller` for the background loop, `served` for the model an engine
+serves when its metrics do not label it (`/v1/models`), `gpu` for NVML, `health` for the one
+collector that adds every source's scrape success and duration.
 """
 
 from __future__ import annotations
@@ -19,8 +20,16 @@ from collector.sources import scrapers
 from collector.sources.base import EngineSnapshot
 from collector.sources.generic import load_mapping
 from collector.sources.poller import EngineSource
+from collector.sources.served import models_url
 
-__all__ = ["ENGINES", "EngineSnapshot", "EngineSource", "build_engine_source", "default_metrics_url"]
+__all__ = [
+    "ENGINES",
+    "EngineSnapshot",
+    "EngineSource",
+    "build_engine_source",
+    "default_metrics_url",
+    "models_url",
+]
 
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "generic", "auto", "none")
 
@@ -51,11 +60,15 @@ def build_engine_source(
     *,
     timeout_s: float | None = None,
     mapping_path: str | Path | None = None,
+    model: str | None = None,
+    models_list_url: str | None = None,
 ) -> EngineSource | None:
     """An unstarted EngineSource for `engine` (None for 'none'); raises ValueError on bad input.
 
     `timeout_s` bounds each poll (default: the poll interval, at least 0.5 s and at most 2 s).
-    `engine` may be `generic:MAPPING.yaml`, or `generic` with `mapping_path`.
+    `engine` may be `generic:MAPPING.yaml`, or `generic` with `mapping_path`. The engine series
+    carry `model` when given, else the engine's own model label, else the one model
+    `models_list_url` (the engine's `/v1/models`, see `models_url`) lists.
     """
     name, mapping_path = _split_engine(engine, mapping_path)
     if name == "none":
@@ -77,9 +90,18 @@ def build_engine_source(
             scrapers.generic_scraper(mapping, metrics_url),
             poll_interval_s=poll_interval_s,
             timeout_s=timeout_s,
+            model=model,
+            models_url=models_list_url,
         )
     scrape = {
         "auto": lambda: scrapers.auto_scraper(metrics_url),
         "llamacpp": lambda: scrapers.llamacpp_scraper(metrics_url),
     }.get(name, lambda: scrapers.text_scraper(scrapers.PARSERS[name], metrics_url))()
-    return EngineSource(name, scrape, poll_interval_s=poll_interval_s, timeout_s=timeout_s)
+    return EngineSource(
+        name,
+        scrape,
+        poll_interval_s=poll_interval_s,
+        timeout_s=timeout_s,
+        model=model,
+        models_url=models_list_url,
+    )

@@ -5,6 +5,11 @@ The poller is an asyncio task on the sidecar's event loop. Each poll is bounded 
 trickles bytes or returns megabytes of garbage never holds the loop that proxies requests; it
 only turns `headroom_engine_up` to 0 and the snapshot's values to None (unknown).
 
+The engine series carry the served model: the engine's own model label where its metrics have
+one (vLLM, SGLang), else the one model its `GET /v1/models` lists (llama.cpp, TGI, a generic
+mapping without `model_label`), asked once when the engine comes up and then at most once a
+minute until it answers; `model` (`headroom run --model`) names it whatever the engine says.
+
 `collect()` builds fresh metric families per scrape from the last snapshot, with HELP text from
 the catalog ("as of the last poll"); `last_scrape` is how that poll went, which
 collector.sources.health.SourceHealth exports as headroom_source_scrape_*{source="engine"}.
@@ -13,6 +18,7 @@ collector.sources.health.SourceHealth exports as headroom_source_scrape_*{source
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,14 +30,16 @@ from prometheus_client.core import GaugeMetricFamily
 from collector.catalog import spec
 from collector.sources.base import EngineSnapshot
 from collector.sources.health import ScrapeHealth
+from collector.sources.served import MAX_MODEL_CHARS, served_model
 
-__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES"]
+__all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES", "MODEL_RETRY_S"]
 
 log = logging.getLogger(__name__)
 
 MAX_EXPOSITION_BYTES = 16 * 1024 * 1024  # vLLM with many LoRAs is ~1 MB; more is not metrics
 Fetch = Callable[[str], Awaitable[str]]
 Scrape = Callable[[Fetch], Awaitable[EngineSnapshot]]
+MODEL_RETRY_S = 60.0  # while /v1/models names no model, ask again at most this often
 
 
 class ScrapeError(RuntimeError):
@@ -49,12 +57,20 @@ class EngineSource:
         poll_interval_s: float = 1.0,
         timeout_s: float = 2.0,
         source: str = "engine",
+        model: str | None = None,
+        models_url: str | None = None,
     ) -> None:
         if poll_interval_s <= 0 or timeout_s <= 0:
             raise ValueError(
                 f"poll interval ({poll_interval_s}) and timeout ({timeout_s}) must be positive seconds"
             )
+        if model is not None and not model.strip():
+            raise ValueError("--model is empty; give the model name clients send, or leave it out")
         self.engine = engine
+        self.model = model[:MAX_MODEL_CHARS] if model else None  # --model: beats what the engine says
+        self.models_url = models_url  # GET /v1/models, for engines whose metrics name no model
+        self._served: str | None = None  # what models_url named
+        self._asked_at: float | None = None  # monotonic time of the last /v1/models question
         self.poll_interval_s = poll_interval_s
         self.timeout_s = timeout_s
         self.source = source
@@ -63,7 +79,7 @@ class EngineSource:
         self.polls = 0
         self._scrape = scrape
         self._client: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event | None = None
 
     async def start(self) -> None:
@@ -73,13 +89,14 @@ class EngineSource:
         self._client = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=aiohttp.TCPConnector(limit=2)
         )
-        self._stopping = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name=f"headroom-engine-{self.engine}")
+        self._stopping = stopping = asyncio.Event()  # made here: it belongs to the loop that runs it
+        self._task = asyncio.create_task(self._run(stopping), name=f"headroom-engine-{self.engine}")
 
     async def stop(self) -> None:
         """Stop polling and close the HTTP client; safe to call twice or without start()."""
         if self._task is not None:
-            self._stopping.set()
+            if self._stopping is not None:
+                self._stopping.set()
             self._task.cancel()
             try:
                 await self._task
@@ -90,13 +107,13 @@ class EngineSource:
             await self._client.close()
             self._client = None
 
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
+    async def _run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
             started = time.monotonic()
             await self.poll_once()
             delay = max(0.0, self.poll_interval_s - (time.monotonic() - started))
             try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+                await asyncio.wait_for(stopping.wait(), timeout=delay)
             except TimeoutError:
                 pass
 
@@ -117,6 +134,8 @@ class EngineSource:
             snapshot = EngineSnapshot.down(self.engine, f"no answer within {self.timeout_s:g} s")
         except Exception as exc:  # any failure of the engine must only mark it down
             snapshot = EngineSnapshot.down(self.engine, _short(exc))
+        if snapshot.up:
+            snapshot = await self._named(snapshot)
         self.last_duration_s = time.perf_counter() - started
         snapshot = replace(snapshot, polled_at=sent_at)
         self.polls += 1
@@ -125,6 +144,35 @@ class EngineSource:
         self._log_transition(snapshot)
         self.latest = snapshot
         return snapshot
+
+    async def _named(self, snapshot: EngineSnapshot) -> EngineSnapshot:
+        """The snapshot under the served model: --model, else the engine's label, else /v1/models."""
+        if self.model is not None:
+            return replace(snapshot, model=self.model)
+        if snapshot.model or self.models_url is None:
+            return snapshot
+        if not self.latest.up:  # first answer, or the engine is back: maybe with another model
+            self._served, self._asked_at = None, None
+        now = time.monotonic()
+        if self._served is None and (self._asked_at is None or now - self._asked_at >= MODEL_RETRY_S):
+            first = self._asked_at is None
+            self._asked_at = now
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    self._served = served_model(json.loads(await self._fetch(self.models_url)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the model is optional: the engine's figures stay up
+                level = logging.WARNING if first else logging.DEBUG
+                why = "no answer in time" if isinstance(exc, TimeoutError) else _short(exc)
+                log.log(
+                    level,
+                    'engine %s: model unknown (%s); its series carry model="" until /v1/models '
+                    "names one model, or pass --model",
+                    self.engine,
+                    why,
+                )
+        return replace(snapshot, model=self._served) if self._served else snapshot
 
     async def _fetch(self, url: str) -> str:
         """GET url as text, refusing non-200 answers and pages over MAX_EXPOSITION_BYTES."""
@@ -154,7 +202,7 @@ class EngineSource:
         """How the latest poll went: the engine answered usably, and how long it took."""
         return ScrapeHealth(self.latest.up, self.last_duration_s)
 
-    def collect(self):
+    def collect(self) -> list[GaugeMetricFamily]:
         """Fresh headroom_engine_* families from the last snapshot (prometheus-client custom collector)."""
         return engine_families(self.latest)
 
@@ -169,7 +217,7 @@ def _gauge(name: str, labels: tuple[str, ...] | None = None) -> GaugeMetricFamil
     return GaugeMetricFamily(name, entry.help, labels=list(labels or entry.labels))
 
 
-def engine_families(snapshot: EngineSnapshot) -> list:
+def engine_families(snapshot: EngineSnapshot) -> list[GaugeMetricFamily]:
     """The headroom_engine_* families for one snapshot."""
     up = _gauge("headroom_engine_up")
     up.add_metric([snapshot.engine], 1.0 if snapshot.up else 0.0)

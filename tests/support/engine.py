@@ -1,5 +1,6 @@
 """A fake engine's monitoring side for the source tests: /metrics (and llama.cpp's /slots) that
-can hang, fail or send garbage. The OpenAI side of an engine is support.upstream."""
+can hang, fail or send garbage, and the /v1/models list the served model is read from. The
+OpenAI side of an engine is support.upstream."""
 
 from __future__ import annotations
 
@@ -18,13 +19,19 @@ GARBAGE = ("\x00\x01 not metrics {{{ " * 4000).encode()  # ~80 kB of junk, like 
 
 
 class FakeEngine:
-    """Mutable behaviour: set .metrics_text, .slots and .mode ('ok', 'hang', 'garbage', 'error')."""
+    """Mutable behaviour: set .metrics_text, .slots, .models and .mode ('ok', 'hang', 'garbage', 'error').
+
+    .models is the /v1/models answer (None: 404); .models_mode 'hang' holds that answer back.
+    """
 
     def __init__(self, metrics_text: str = "", slots: object = None) -> None:
         self.metrics_text = metrics_text
         self.slots = slots
+        self.models: object = None
+        self.models_mode = "ok"
         self.mode = "ok"
         self.metrics_hits = 0
+        self.models_hits = 0
         self.release = threading.Event()  # set at teardown so hanging handlers end
 
     async def _metrics(self) -> Response:
@@ -45,6 +52,14 @@ class FakeEngine:
             )
         return JSONResponse(self.slots)
 
+    async def _models(self) -> Response:
+        self.models_hits += 1
+        while self.models_mode == "hang" and not self.release.is_set():
+            await asyncio.sleep(0.05)
+        if self.models is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return JSONResponse(self.models)
+
     async def _chat(self, request: Request) -> JSONResponse:
         await request.body()
         return JSONResponse(
@@ -64,6 +79,7 @@ class FakeEngine:
         app = FastAPI()
         app.add_api_route("/metrics", self._metrics, methods=["GET"])
         app.add_api_route("/slots", self._slots, methods=["GET"])
+        app.add_api_route("/v1/models", self._models, methods=["GET"])
         app.add_api_route("/v1/chat/completions", self._chat, methods=["POST"])
         return app
 
