@@ -338,7 +338,7 @@ CATALOG: tuple[MetricSpec, ...] = (
         group="gpu",
     ),
     MetricSpec("headroom_gpu_power_watts", "gauge", "GPU power draw.", _GPU, "watt", group="gpu"),
-    # --- capacity, the published estimate (collector.analysis.publish) ----------------------
+    # --- capacity, the published estimate (collector.store.decision) ----------------------
     MetricSpec(
         "headroom_capacity_knee_requests",
         "gauge",

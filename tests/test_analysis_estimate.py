@@ -14,13 +14,13 @@ from collector.analysis.estimate import (
     CapacityEstimate,
     build_estimate,
     estimate_capacity,
-    latest_estimates,
     probe_levels,
-    publish_estimates,
     save_estimate,
 )
 from collector.analysis.slo import Slo
 from collector.store.db import RequestStore
+from collector.store.decision import published_estimates
+from collector.store.estimates import published
 from collector.store.synthetic import closed_loop_rows
 
 REQUIRED_KEYS = {"run_id", "levels", "knee", "slo_max", "recommended_pool", "profile"}
@@ -60,20 +60,22 @@ def test_no_slo_means_null_slo_max():
     assert _estimate().to_dict()["slo_max"] is None
 
 
-def test_save_and_latest_per_model_round_trip(tmp_path):
+def test_save_and_publish_per_model_round_trip(tmp_path):
     store = RequestStore(tmp_path / "e.duckdb")
-    assert latest_estimates(store) == []
+    assert published_estimates(store) == []
     old = _estimate("a", knee_at=4)
     new = _estimate("a", knee_at=8)
     new.created_at = old.created_at + timedelta(minutes=5)
     for estimate in (old, new, _estimate("b", knee_at=16)):
         save_estimate(store, estimate)
-    latest = {e.model: e for e in latest_estimates(store)}
-    assert latest["a"].knee.requests == 8 and latest["b"].knee.requests == 16
-    assert latest["a"].to_dict() == new.to_dict()
+    latest = {e["model"]: e for e in published_estimates(store)}
+    assert latest["a"]["knee"]["requests"] == 8 and latest["b"]["knee"]["requests"] == 16
+    assert CapacityEstimate.from_dict(latest["a"]).to_dict() | {
+        "published_because": latest["a"]["published_because"]
+    } == new.to_dict() | {"published_because": latest["a"]["published_because"]}
     store.close()
     reopened = RequestStore(tmp_path / "e.duckdb")
-    assert len(latest_estimates(reopened)) == 2
+    assert len(published_estimates(reopened)) == 2
     reopened.close()
 
 
@@ -111,7 +113,7 @@ def test_publish_estimates_sets_capacity_gauges_in_both_calibers():
 
     gauges, registry = CapacityGauges(), CollectorRegistry()
     registry.register(gauges)
-    publish_estimates(gauges, [_estimate("llama", slo_ttft=0.5)])
+    gauges.replace([published(_estimate("llama", slo_ttft=0.5).to_dict())])
     value = registry.get_sample_value
     assert value("headroom_capacity_knee", {"model": "llama", "caliber": "requests"}) == 8
     assert value("headroom_capacity_slo_max", {"model": "llama", "caliber": "requests"}) == 8

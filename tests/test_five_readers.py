@@ -1,6 +1,6 @@
 """One database, five readers, one knee: `headroom demo`, `headroom capacity curve`,
 `headroom report`, the store's capacity job and the sidecar's, all reading the published
-decision (collector.analysis.publish), report the same knee for the demo's database."""
+decision (collector.store.decision), report the same knee for the demo's database."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def test_no_estimate_or_an_unreached_knee_is_refused_with_the_reason(tmp_path, s
     empty = tmp_path / "empty.duckdb"
     RequestStore(empty).close()
     result = CliRunner().invoke(main, ["integrations", "keda", "--db", str(empty), "--deployment", "d"])
-    assert result.exit_code == 1 and "headroom probe --db" in result.output
+    assert result.exit_code == 1 and "none passes the publication gate" in result.output
     _, estimate = stored
     unreached = estimate | {"knee": estimate["knee"] | {"reached": False}}
     with pytest.raises(EstimateError, match="never reached"):

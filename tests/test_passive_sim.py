@@ -18,7 +18,7 @@ import pytest
 from collector.analysis.estimate import estimate_capacity, probe_levels, save_estimate
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
-from collector.analysis.publish import published
+from collector.store.decision import decisions
 from collector.sim.config import SimConfig
 from collector.sim.cost import predicted_knee
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
@@ -101,6 +101,6 @@ def test_traffic_that_never_crossed_the_knee_publishes_nothing(tmp_path):
     estimate = estimate_capacity(store, model=mix.model, source="traffic")
     assert not estimate.knee.reached and estimate.confidence == "low"
     save_estimate(store, estimate)
-    [decision] = published(store, datetime.now(UTC))
+    [decision] = decisions(store, datetime.now(UTC))
     assert decision.estimate is None and "never crossed the knee" in decision.reason
     store.close()

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from support.processes import HEADROOM, sim_process
 
-from collector.analysis.publish import publish
+from collector.store.decision import publish
 from collector.analysis.workload import DEFAULT_WORKLOAD, load_workload
 from collector.sim.cost import predicted_knee
 from collector.store.capacity_gauges import CapacityGauges

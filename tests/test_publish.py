@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import CollectorRegistry
 
-from collector.analysis.publish import PublishPolicy, decide, publish
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.decision import PublishPolicy, decide, publish
 from collector.store.estimates import import_estimates, save_estimate
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -56,7 +56,7 @@ def estimate(source, knee=8, age_h=1.0, confidence="measured", model="m", run_id
         ),
         ([estimate("traffic", 16, confidence="medium")], 16, "traffic (medium"),
         ([estimate("traffic", None, confidence="low")], None, "traffic never crossed the knee"),
-        ([estimate("probe", None)], None, "the newest probe did not reach the knee"),
+        ([estimate("probe", None)], None, "its knee was not reached"),
         # the newest of each source counts: an older confident traffic estimate does not come back
         (
             [

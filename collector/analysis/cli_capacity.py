@@ -10,7 +10,7 @@ import orjson
 
 from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.passive import passive_curve
-from collector.analysis.publish import Decision, published
+from collector.store.decision import Decision, decisions
 from collector.analysis.quota import quota_ceiling
 from collector.store.owner import OwnerError, open_request_log
 
@@ -193,9 +193,9 @@ def curve(db, since, until, model, caliber, window_seconds, task_class, as_json)
                 window_s=window_seconds,
                 task_class=task_class,
             )
-            decisions = [
+            made = [
                 d
-                for d in published(store, datetime.now(UTC))
+                for d in decisions(store, datetime.now(UTC))
                 if (model is None or d.model == model) and (task_class is None or d.task_class == task_class)
             ]
     except (FileNotFoundError, OwnerError) as exc:
@@ -219,9 +219,9 @@ def curve(db, since, until, model, caliber, window_seconds, task_class, as_json)
         f"traffic knee: {knee.requests if knee else '-'} ({caliber}), confidence "
         f"{result.confidence}: {result.confidence_reason}"
     )
-    for decision in decisions:  # what the gauges export: the one decision every reader shares
+    for decision in made:  # what the gauges export: the one decision every reader shares
         lines.append(_published_line(decision))
-    _emit(result.to_dict() | {"published": [_published_dict(d) for d in decisions]}, as_json, lines)
+    _emit(result.to_dict() | {"published": [_published_dict(d) for d in made]}, as_json, lines)
 
 
 def _published_dict(decision: Decision) -> dict:

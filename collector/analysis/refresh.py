@@ -3,7 +3,7 @@
     refresh_estimates(store, gauges, now, window=timedelta(hours=24))
         -> [{"model": "m", "source": "traffic", "knee": {...}, ...}]   (the estimates it saved)
 
-Two kinds of new evidence are estimated, then collector.analysis.publish decides what the gauges
+Two kinds of new evidence are estimated, then collector.store.decision decides what the gauges
 export (a fresh probe beats traffic; traffic only with enough confidence; else nothing):
 
 * probe runs whose rows arrived (through a sidecar, `--store-url`, or into this file) and whose
@@ -27,10 +27,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from collector.analysis.estimate import estimate_probe_run, save_estimate
-from collector.analysis.publish import PublishPolicy, publish
 from collector.analysis.refresh_worker import traffic_estimates, traffic_estimates_isolated
 from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.decision import PublishPolicy, publish
 from collector.store.estimates import import_estimates
 
 __all__ = ["refresh_estimates", "refresh_estimates_isolated", "finished_probe_runs"]

@@ -17,6 +17,7 @@ in the simulator's own time with 8, and a demo of a few seconds needs more to fi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +31,8 @@ from collector.backtest.openmetrics import SeriesSet
 from collector.rules.naming import metric_names
 from collector.store.capacity_gauges import PublishedCapacity
 from collector.store.db import RequestStore
-from collector.store.estimates import latest_estimates, published
+from collector.store.decision import published_estimates
+from collector.store.estimates import published
 
 __all__ = [
     "ReplayLog",
@@ -107,6 +109,21 @@ def _window(
     return start, end
 
 
+def _published_then(
+    published_at: Callable[[datetime | None], list[dict[str, Any]]], end: float
+) -> tuple[list[dict[str, Any]], str | None]:
+    """What the publication gate (collector.store.decision) published at the window's end, which
+    the rules then divided by; when nothing was yet (a probe run after the traffic), what it
+    publishes now, and a note that says so."""
+    then = published_at(datetime.fromtimestamp(end, UTC))
+    if then:
+        return then, None
+    now = published_at(None)
+    if not now:
+        return [], None
+    return now, "no estimate was published at the end of the window: the knee published now is used"
+
+
 def from_db(
     path: str, since: datetime | None = None, until: datetime | None = None, model: str | None = None
 ) -> ReplayLog:
@@ -133,10 +150,10 @@ def from_db(
             "AND admitted_at >= ? AND admitted_at < ? ORDER BY admitted_at",
             params + [datetime.fromtimestamp(start - _MARGIN_S, UTC), datetime.fromtimestamp(end, UTC)],
         )
-        estimates = latest_estimates(store)
+        estimates, note = _published_then(lambda at: published_estimates(store, at), end)
     finally:
         store.close()
-    return _log(rows, estimates, start, end, f"--db {path}", model)
+    return _log(rows, estimates, start, end, f"--db {path}", model, note)
 
 
 def _get(client: httpx.Client, url: str, params: dict[str, Any]) -> Any:
@@ -158,7 +175,7 @@ def _get(client: httpx.Client, url: str, params: dict[str, Any]) -> Any:
 def from_store(
     url: str, token: str | None, since: datetime, until: datetime | None = None, model: str | None = None
 ) -> ReplayLog:
-    """Rows and the latest estimates from a store service's query API, page by page (bounded)."""
+    """Rows, and the estimates published then, from a store service's query API, page by page (bounded)."""
     base = url.rstrip("/")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     window = {"since": datetime.fromtimestamp(since.timestamp() - _MARGIN_S, UTC).isoformat()}
@@ -178,16 +195,19 @@ def from_store(
             raise ReplayError(
                 f"more than {_MAX_PAGES * _PAGE} requests in the window; narrow --since/--until"
             )
-        estimates = _get(client, f"{base}/v1/query/estimate", {"model": model} if model else {})["rows"]
-    done = [Lifecycle.from_row(row) for row in rows if row.get("completed_at")]
-    start, end = _window(
-        min((r.admitted for r in done), default=None),
-        max((r.completed for r in done if r.completed is not None), default=None),
-        since,
-        until,
-        f"--store-url {url}",
-    )
-    return _log(rows, estimates, start, end, f"--store-url {url}", model)
+        done = [Lifecycle.from_row(row) for row in rows if row.get("completed_at")]
+        start, end = _window(
+            min((r.admitted for r in done), default=None),
+            max((r.completed for r in done if r.completed is not None), default=None),
+            since,
+            until,
+            f"--store-url {url}",
+        )
+        route, params = f"{base}/v1/query/estimate", {"model": model} if model else {}
+        estimates, note = _published_then(
+            lambda at: _get(client, route, params | ({"until": at.isoformat()} if at else {}))["rows"], end
+        )
+    return _log(rows, estimates, start, end, f"--store-url {url}", model, note)
 
 
 def _log(
@@ -197,6 +217,7 @@ def _log(
     end: float,
     source: str,
     model: str | None,
+    note: str | None = None,
 ) -> ReplayLog:
     records = [Lifecycle.from_row(row) for row in rows]
     # whole seconds: Prometheus answers at millisecond timestamps, and every evaluation time is
@@ -206,6 +227,8 @@ def _log(
     if model:
         capacities = [c for c in capacities if c.model == model]
     notes = ["`up` is taken as 1 for every instance in the log (scrape health is not in it)"]
+    if note:
+        notes.append(note)
     if not capacities:
         notes.append(
             "no saved capacity estimate: the knee alerts stay silent (run `headroom probe` or the "

@@ -13,13 +13,14 @@ __all__ = ["integrations"]
 def _load_estimate(
     db: str | None, estimate_file: str | None, store_url: str | None, token: str | None, model: str | None
 ) -> dict[str, Any]:
-    """The newest stored estimate for `model` (or the only model) from --db, --store-url or --estimate."""
+    """The published estimate for `model` (or the only model) from --db, --store-url or --estimate:
+    what the gauges publish (collector.store.decision), never merely the newest one."""
     # lazy: `headroom integrations --help` must not load DuckDB or httpx
     import duckdb
     import httpx
     import orjson
 
-    from collector.store.estimates import latest_estimates
+    from collector.store.decision import published_estimates, unusable
     from collector.store.owner import OwnerError, open_request_log
 
     if [db, estimate_file, store_url].count(None) != 2:
@@ -27,6 +28,8 @@ def _load_estimate(
     try:
         if estimate_file:
             estimates = [orjson.loads(Path(estimate_file).read_bytes())]
+            if (trouble := unusable(estimates[0])) is not None:
+                raise click.ClickException(f"{estimate_file} would not be published: {trouble}")
         elif store_url:
             answer = httpx.get(
                 store_url.rstrip("/") + "/v1/query/estimate",
@@ -37,16 +40,18 @@ def _load_estimate(
             estimates = answer.json()["rows"]
         else:
             with open_request_log(str(db)) as store:
-                estimates = latest_estimates(store)
+                estimates = published_estimates(store)
     except (OSError, ValueError, OwnerError, duckdb.Error, httpx.HTTPError) as exc:
         source = estimate_file or store_url or db
         raise click.ClickException(f"cannot read an estimate from {source} ({exc})") from None
     matching = [e for e in estimates if model is None or e.get("model") == model]
     if len(matching) != 1:
-        models = sorted(str(e.get("model")) for e in estimates) or ["none: run `headroom probe --db` first"]
+        models = sorted(str(e.get("model")) for e in estimates) or [
+            "none passes the publication gate: run `headroom probe` (see `headroom capacity curve`)"
+        ]
         raise click.ClickException(
-            f"{'no' if not matching else 'several'} stored estimates match "
-            f"--model {model or '(any)'}; models with an estimate: {', '.join(models)}"
+            f"{'no' if not matching else 'several'} published estimates match "
+            f"--model {model or '(any)'}; models published: {', '.join(models)}"
             + ("; pass --model" if len(matching) > 1 else "")
         )
     chosen: dict[str, Any] = matching[0]

@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from collector.analysis.publish import Decision, published
 from collector.store.db import RequestStore
-from collector.store.estimates import latest_estimates
+from collector.store.decision import Decision, decisions
 
 __all__ = ["ReportInputs", "collect_inputs", "empty_columns", "COLUMNS"]
 
@@ -75,13 +74,8 @@ def _columns(store: RequestStore, since: datetime, until: datetime) -> dict[str,
     return result
 
 
-def _estimates(store: RequestStore, rank: int) -> dict[str, dict[str, Any]]:
-    """The rank-th newest estimate per model (1 = latest), keyed by model."""
-    return {item.get("model") or "unknown": item for item in latest_estimates(store, rank)}
-
-
 def _published(decisions: list[Decision]) -> dict[str, dict[str, Any]]:
-    """What the gauges publish per model (collector.analysis.publish), task class all: the same
+    """What the gauges publish per model (collector.store.decision), task class all: the same
     estimate the sidecar, the store and the other readers use."""
     return {
         d.model: dict(d.estimate) | {"published_because": d.reason}
@@ -112,22 +106,23 @@ def _classes(decisions: list[Decision]) -> dict[str, list[dict[str, Any]]]:
 def collect_inputs(
     store: RequestStore, since: datetime, until: datetime, *, slo_ttft_p95_s: float | None = None
 ) -> ReportInputs:
-    """Rows of [since, until) and of the window before it, plus the two newest estimates per model."""
+    """Rows of [since, until) and of the window before it, plus what was published at its end and
+    at its start, per model (collector.store.decision)."""
     if until <= since:
         raise ValueError(
             f"report window is empty: since {since.isoformat()} is not before until {until.isoformat()}"
         )
     previous_since = since - (until - since)
-    decisions = published(store, until)
+    made = decisions(store, until)
     return ReportInputs(
         since,
         until,
         _columns(store, since, until),
         _columns(store, previous_since, since),
-        _published(decisions),
-        _estimates(store, 2),
+        _published(made),
+        _published(decisions(store, since)),  # what was published when the window began
         slo_ttft_p95_s,
-        _classes(decisions),
+        _classes(made),
     )
 
 

@@ -8,7 +8,8 @@ The lifespan starts the job scheduler when job settings are given and stops it o
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
@@ -25,14 +26,15 @@ from collector.service.auth import require_token
 from collector.service.routes import build_store_routes
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
-from collector.store.estimates import publish_stored
+from collector.store.decision import PublishPolicy, publish
 from collector.store.jobs import JobSettings, build_scheduler
 
 __all__ = ["create_store_app", "LATEST_REPORT_NAME"]
 _WRITTEN = spec("headroom_log_rows_written_total")
 
 
-def _validation_as_400(request: Request, exc: RequestValidationError) -> JSONResponse:
+def _validation_as_400(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)  # registered for that class only
     problems = [
         {
             "parameter": ".".join(str(p) for p in err.get("loc", ())[1:]) or "body",
@@ -51,12 +53,15 @@ def _registry(gauges: CapacityGauges | None) -> tuple[CollectorRegistry, Counter
     return registry, written
 
 
-def _lifespan(store: RequestStore, gauges: CapacityGauges | None, job_settings: JobSettings | None):
+def _lifespan(
+    store: RequestStore, gauges: CapacityGauges | None, job_settings: JobSettings | None
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler = None
         if gauges is not None:
-            await run_in_threadpool(publish_stored, store, gauges)
+            policy = job_settings.policy if job_settings is not None else PublishPolicy()
+            await run_in_threadpool(publish, store, gauges, None, policy)
         if job_settings is not None:
             scheduler = build_scheduler(
                 store, gauges, job_settings, refresh=refresh_estimates_isolated, review=write_report_files
@@ -103,7 +108,7 @@ def create_store_app(
     app.state.store = store
 
     @app.get("/healthz", tags=["health"], summary="Liveness and row count (no token)")
-    async def healthz() -> dict:
+    async def healthz() -> dict[str, object]:
         rows = await run_in_threadpool(store.count)
         return {"status": "ok", "rows": rows}
 
@@ -118,6 +123,7 @@ def create_store_app(
             report_dir=Path(report_dir) if report_dir else None,
             gauges=gauges,
             on_rows=written.inc,
+            policy=job_settings.policy if job_settings is not None else None,
         )
     )
     return app

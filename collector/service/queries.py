@@ -15,10 +15,10 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from collector.analysis.estimate import latest_estimates
 from collector.service import querysql
 from collector.service.querysql import Where
 from collector.store.db import RequestStore
+from collector.store.decision import PublishPolicy, published_estimates
 from collector.timewin import parse_instant, utc_now
 
 __all__ = ["FILTER_VALUE_PATTERN", "WindowQuery", "PercentilesQuery", "build_query_router"]
@@ -135,13 +135,11 @@ def _curve_rows(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def _latest_estimate_dicts(store: RequestStore) -> list[dict]:
-    """The newest estimate per model in its documented JSON form (CapacityEstimate.to_dict())."""
-    return [estimate.to_dict() for estimate in latest_estimates(store)]
-
-
-def build_query_router(store: RequestStore, dependencies=()) -> APIRouter:
-    """The /v1/query/* routes, each behind `dependencies` (the token check)."""
+def build_query_router(
+    store: RequestStore, dependencies=(), policy: PublishPolicy | None = None
+) -> APIRouter:
+    """The /v1/query/* routes, each behind `dependencies` (the token check); /estimate answers
+    what `policy` publishes (collector.store.decision), as the gauges do."""
     router = APIRouter(prefix="/v1/query", tags=["query"], dependencies=list(dependencies))
 
     async def run(sql_and_params: tuple[str, list]) -> list[dict]:
@@ -181,9 +179,14 @@ def build_query_router(store: RequestStore, dependencies=()) -> APIRouter:
         more = len(rows) == q.limit
         return {"rows": rows, "offset": q.offset, "next_offset": q.offset + len(rows) if more else None}
 
-    @router.get("/estimate", summary="Latest capacity estimate per model (knee, SLO max, pool, Little's law)")
+    @router.get(
+        "/estimate",
+        summary="The published capacity estimate per model, task class and replica class, "
+        "with the reason it is published (the gauges' decision)",
+    )
     async def estimate(q: Annotated[WindowQuery, Query()]) -> dict:
-        rows = await run_in_threadpool(_latest_estimate_dicts, store)
+        at = q.to_where().until  # `until`: what was published at that moment; default now
+        rows = await run_in_threadpool(published_estimates, store, at, policy)
         if q.model is not None:
             rows = [row for row in rows if row.get("model") == q.model]
         return {"rows": rows}

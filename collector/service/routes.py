@@ -7,7 +7,7 @@ sidecar that owns its database serves under /headroom (collector.store.owner exp
     GET  /reports/latest   the weekly job's latest HTML report
     GET  /v1/snapshot      a consistent copy of the whole database (a DuckDB file) for readers
     POST /v1/estimates     save a capacity estimate (the probe's) and republish the gauges
-                           (collector.analysis.publish decides what is published)
+                           (collector.store.decision decides what is published)
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
-from collector.analysis.publish import publish
 from collector.service.ingest import build_ingest_router
 from collector.service.queries import build_query_router
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.decision import PublishPolicy, publish
 from collector.store.estimates import save_estimate
 from collector.timewin import utc_now
 
@@ -87,7 +87,9 @@ def _add_report_routes(router: APIRouter, store: RequestStore, report_dir: Path 
         return HTMLResponse(path.read_text())
 
 
-def _add_owner_routes(router: APIRouter, store: RequestStore, gauges: CapacityGauges | None) -> None:
+def _add_owner_routes(
+    router: APIRouter, store: RequestStore, gauges: CapacityGauges | None, policy: PublishPolicy | None
+) -> None:
     @router.get(
         "/v1/snapshot",
         tags=["query"],
@@ -116,7 +118,7 @@ def _add_owner_routes(router: APIRouter, store: RequestStore, gauges: CapacityGa
                 "send CapacityEstimate.to_dict() (docs/capacity.md)",
             ) from None
         if gauges is not None:
-            await run_in_threadpool(publish, store, gauges, utc_now())  # the one publishing decision
+            await run_in_threadpool(publish, store, gauges, utc_now(), policy)  # the one decision
         return {"estimate_id": estimate_id}
 
 
@@ -127,11 +129,13 @@ def build_store_routes(
     report_dir: Path | None = None,
     gauges: CapacityGauges | None = None,
     on_rows: Callable[[int], Any] | None = None,
+    policy: PublishPolicy | None = None,
 ) -> APIRouter:
-    """Every token-protected store route on `store`, each behind `dependencies` (the token check)."""
+    """Every token-protected store route on `store`, each behind `dependencies` (the token check);
+    `policy` is the publication gate's (the job settings' probe age)."""
     router = APIRouter(dependencies=list(dependencies))
     router.include_router(build_ingest_router(store, on_rows=on_rows))
-    router.include_router(build_query_router(store))
+    router.include_router(build_query_router(store, policy=policy))
     _add_report_routes(router, store, report_dir)
-    _add_owner_routes(router, store, gauges)
+    _add_owner_routes(router, store, gauges, policy)
     return router

@@ -45,9 +45,11 @@ from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.decision import PublishPolicy
 from collector.store.jobs import JobSettings, build_scheduler
 from collector.store.shipper import StoreShipper
 from collector.store.writer import BatchSink, LogWriter
+from collector.timewin import parse_duration
 
 __all__ = ["build_sidecar"]
 
@@ -177,8 +179,13 @@ def _store_routes(
     if store is None or config.db_path is None or config.db_path == ":memory:":
         return None, None
     token, token_file = resolve_token(None, config.db_path)
+    policy = PublishPolicy(probe_max_age=parse_duration(config.probe_max_age))
     return build_store_routes(
-        store, [Depends(require_token(token))], report_dir=_report_dir(config), gauges=capacity
+        store,
+        [Depends(require_token(token))],
+        report_dir=_report_dir(config),
+        gauges=capacity,
+        policy=policy,
     ), token_file
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from collector.analysis.estimate import build_estimate, save_estimate
 from collector.analysis.levels import summarize_level
-from collector.analysis.publish import publish
+from collector.store.decision import publish
 from collector.analysis.slo import Slo
 from collector.sim.workload import CaliberSample
 
@@ -150,7 +150,7 @@ def capacity_estimate(
         levels, slo=Slo(ttft_p95_s=slo_ttft_p95_s), model=model, source="probe", run_id=run_id
     )
     save_estimate(store, estimate)
-    # what is published comes from the one decision every reader shares (collector.analysis.publish)
+    # what is published comes from the one decision every reader shares (collector.store.decision)
     decision = next(d for d in publish(store, gauges, datetime.now(UTC)) if d.model == model)
     data = estimate.to_dict()
     return {

@@ -1,14 +1,16 @@
-"""The `capacity_estimates` table: saved capacity estimates and the newest one per model.
+"""The `capacity_estimates` table: every saved capacity estimate, and the candidates for publication.
 
 An estimate is saved as the JSON of `CapacityEstimate.to_dict()` (collector.analysis.estimate,
 schema in docs/capacity.md) plus the columns a person filters on. The table is created on the
-first save; readers on a read-only store see no estimates until then.
+first save; readers on a read-only store see no estimates until then. What is *published* out of
+these is decided in one place, collector.store.decision; nothing else picks an estimate.
 
     save_estimate(store, {"model": "m", "created_at": "2026-11-30T09:00:00+00:00",
                           "knee": {"requests": 8, "tokens": 9000, "reached": True, ...}, ...})
         -> "est-20261130T090000-1a2b3c"
-    latest_estimates(store)          -> [{...the newest dict per model...}]
-    latest_estimates(store, rank=2)  -> the one before it, per model (the weekly review compares)
+    candidate_estimates(store, 0.05)  -> per model, task class, replica class and source: the
+                                         newest estimate and the newest publishable one
+    published(estimate)               -> the PublishedCapacity the gauges export for it
 """
 
 from __future__ import annotations
@@ -16,27 +18,19 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import orjson
 
-from collector.store.capacity_gauges import ALL_TASKS, CapacityGauges, PublishedCapacity
+from collector.store.capacity_gauges import ALL_TASKS, DEFAULT_REPLICA_CLASS, PublishedCapacity
 from collector.store.db import RequestStore
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "save_estimate",
-    "import_estimates",
-    "latest_estimates",
-    "candidate_estimates",
-    "published",
-    "publish_estimates",
-    "publish_stored",
-]
+__all__ = ["save_estimate", "import_estimates", "candidate_estimates", "published"]
 
 _DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
     estimate_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, model VARCHAR,
@@ -44,31 +38,39 @@ _DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
     knee_reached BOOLEAN, slo_max INTEGER, recommended_pool INTEGER, confidence VARCHAR,
     estimate_json VARCHAR NOT NULL)"""
 _TASK_CLASS = "ALTER TABLE capacity_estimates ADD COLUMN IF NOT EXISTS task_class VARCHAR"
+_REPLICA_CLASS = "ALTER TABLE capacity_estimates ADD COLUMN IF NOT EXISTS replica_class VARCHAR"
 _EXISTS = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
-_CANDIDATES = (
-    "SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
-    "(PARTITION BY coalesce(model, ''), "
-    "coalesce(json_extract_string(estimate_json, '$.task_class'), 'all'), source "
-    "ORDER BY created_at DESC, estimate_id DESC) = 1 ORDER BY model, source"
-)
-_NEWEST = (
-    "SELECT estimate_json FROM capacity_estimates QUALIFY row_number() OVER "
-    "(PARTITION BY coalesce(model, '') ORDER BY created_at DESC, estimate_id DESC) = ? "
-    "ORDER BY model"
-)
+# per (model, task class, replica class, source): the newest row, and the newest that could be
+# published (knee reached, a pool above 0, confidence not none, few non-capacity errors); the one
+# decision (collector.store.decision) re-checks each in full
+_CANDIDATES = """
+SELECT estimate_json FROM (
+    SELECT estimate_json, created_at, estimate_id, source,
+        coalesce(model, '') AS m,
+        coalesce(json_extract_string(estimate_json, '$.task_class'), 'all') AS t,
+        coalesce(json_extract_string(estimate_json, '$.replica_class'), 'default') AS r,
+        coalesce(knee_reached, false) AND coalesce(recommended_pool, 1) > 0
+            AND coalesce(confidence, '') <> 'none'
+            AND coalesce(TRY_CAST(json_extract_string(estimate_json, '$.error_ratio') AS DOUBLE), 0)
+                <= ? AS usable
+    FROM capacity_estimates WHERE created_at <= ?)
+QUALIFY row_number() OVER (PARTITION BY m, t, r, source, usable
+                           ORDER BY created_at DESC, estimate_id DESC) = 1
+ORDER BY m, t, r, source, created_at"""
 
 
 def save_estimate(store: RequestStore, estimate: Mapping[str, Any], *, estimate_id: str | None = None) -> str:
     """Insert one estimate dict (CapacityEstimate.to_dict() form); returns its estimate_id."""
     store.execute(_DDL)
     store.execute(_TASK_CLASS)
+    store.execute(_REPLICA_CLASS)
     created_at = datetime.fromisoformat(estimate["created_at"])
     estimate_id = estimate_id or f"est-{created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
     knee = estimate["knee"]
     store.execute(
         "INSERT INTO capacity_estimates (estimate_id, created_at, model, source, run_id, profile, "
         "knee_requests, knee_tokens, knee_reached, slo_max, recommended_pool, confidence, "
-        "estimate_json, task_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "estimate_json, task_class, replica_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             estimate_id,
             created_at,
@@ -84,16 +86,10 @@ def save_estimate(store: RequestStore, estimate: Mapping[str, Any], *, estimate_
             estimate["confidence"],
             orjson.dumps(estimate).decode(),
             estimate.get("task_class") or ALL_TASKS,
+            estimate.get("replica_class") or "default",
         ],
     )
     return estimate_id
-
-
-def latest_estimates(store: RequestStore, rank: int = 1) -> list[dict[str, Any]]:
-    """The rank-th newest saved estimate per model (1 = the latest), ordered by model."""
-    if not store.query(_EXISTS)[0][0]:
-        return []
-    return [orjson.loads(row[0]) for row in store.query(_NEWEST, [rank])]
 
 
 def import_estimates(store: RequestStore, path: str | Path) -> int:
@@ -109,7 +105,8 @@ def import_estimates(store: RequestStore, path: str | Path) -> int:
         log.debug("estimates in %s not readable now: %s", path, exc)
         return 0
     try:
-        if not con.execute(_EXISTS).fetchone()[0]:
+        exists = con.execute(_EXISTS).fetchone()
+        if exists is None or not exists[0]:
             return 0
         theirs = con.execute("SELECT estimate_id, estimate_json FROM capacity_estimates").fetchall()
     finally:
@@ -123,11 +120,15 @@ def import_estimates(store: RequestStore, path: str | Path) -> int:
     return len(new)
 
 
-def candidate_estimates(store: RequestStore) -> list[dict[str, Any]]:
-    """The newest saved estimate per model, task class and source (probe, traffic)."""
+def candidate_estimates(
+    store: RequestStore, max_error_ratio: float, until: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Per model, task class, replica class and source: the newest saved estimate and the newest
+    one that could be published, among those saved up to `until` (default: all)."""
     if not store.query(_EXISTS)[0][0]:
         return []
-    return [orjson.loads(row[0]) for row in store.query(_CANDIDATES)]
+    until = until or datetime.max.replace(tzinfo=UTC)
+    return [orjson.loads(row[0]) for row in store.query(_CANDIDATES, [max_error_ratio, until])]
 
 
 def published(estimate: Mapping[str, Any]) -> PublishedCapacity:
@@ -136,6 +137,7 @@ def published(estimate: Mapping[str, Any]) -> PublishedCapacity:
     return PublishedCapacity(
         model=estimate["model"] or "unknown",
         task_class=estimate.get("task_class") or ALL_TASKS,
+        replica_class=estimate.get("replica_class") or DEFAULT_REPLICA_CLASS,
         source=estimate["source"],
         confidence="high" if confidence == "measured" else confidence,
         estimated_at=datetime.fromisoformat(estimate["created_at"]).timestamp(),
@@ -145,15 +147,3 @@ def published(estimate: Mapping[str, Any]) -> PublishedCapacity:
         slo_max_tokens=estimate["slo_max_tokens"],
         recommended_pool=estimate["recommended_pool"],
     )
-
-
-def publish_estimates(gauges: CapacityGauges, estimates: list[Mapping[str, Any]]) -> None:
-    """Replace the headroom_capacity_* gauges with these estimate dicts (both calibers)."""
-    gauges.replace([published(estimate) for estimate in estimates])
-
-
-def publish_stored(store: RequestStore, gauges: CapacityGauges) -> int:
-    """At start-up: export the newest stored estimate per model right away; returns how many."""
-    estimates = latest_estimates(store)
-    publish_estimates(gauges, estimates)
-    return len(estimates)

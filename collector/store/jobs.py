@@ -29,6 +29,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.decision import PublishPolicy
 from collector.store.retention import export_and_expire
 from collector.store.rollup import rollup_recent
 from collector.timewin import parse_duration, utc_now
@@ -67,6 +68,11 @@ class JobSettings:
     profile: str = "interactive"
     timezone: str = "UTC"
     clock: Callable[[], datetime] = field(default=utc_now)
+
+    @property
+    def policy(self) -> PublishPolicy:
+        """The publication gate these settings ask for (collector.store.decision)."""
+        return PublishPolicy(probe_max_age=parse_duration(self.probe_max_age))
 
 
 class RefreshEstimates(Protocol):
@@ -125,8 +131,8 @@ def _rollup(store: RequestStore) -> Callable[[datetime], Any]:
     return lambda now: rollup_recent(store, now)
 
 
-def _retention(store: RequestStore, settings: JobSettings) -> Callable[[datetime], Any]:
-    return lambda now: export_and_expire(store, settings.export_dir, settings.retention_days, now)
+def _retention(store: RequestStore, export_dir: Path, retention_days: int) -> Callable[[datetime], Any]:
+    return lambda now: export_and_expire(store, export_dir, retention_days, now)
 
 
 def _estimates(
@@ -153,10 +159,10 @@ def _estimates(
 
 
 def _weekly_report(
-    store: RequestStore, settings: JobSettings, review: WriteReport
+    store: RequestStore, settings: JobSettings, report_dir: Path, review: WriteReport
 ) -> Callable[[datetime], Any]:
     return lambda now: review(
-        store, Path(settings.report_dir), settings.report_since, now, slo_ttft_p95_s=settings.slo_ttft_p95_s
+        store, report_dir, settings.report_since, now, slo_ttft_p95_s=settings.slo_ttft_p95_s
     )
 
 
@@ -177,7 +183,9 @@ def job_table(
     if settings.export_dir is not None:
         jobs.append(
             ScheduledJob(
-                "retention", CronTrigger(hour=0, minute=15, timezone=tz), _retention(store, settings)
+                "retention",
+                CronTrigger(hour=0, minute=15, timezone=tz),
+                _retention(store, settings.export_dir, settings.retention_days),
             )
         )
     if refresh is not None and settings.estimate_interval_s > 0:
@@ -201,7 +209,7 @@ def job_table(
             ScheduledJob(
                 "weekly_report",
                 parse_weekly_cron(settings.report_cron, tz),
-                _weekly_report(store, settings, review),
+                _weekly_report(store, settings, settings.report_dir, review),
             )
         )
     return jobs

@@ -1,0 +1,220 @@
+"""The published capacity: one decision per model, task class and replica class.
+
+Every reader of "the capacity" asks this module, so none can disagree: the headroom_capacity_*
+gauges of the sidecar and the store (at start-up and after each refresh), `headroom integrations`,
+the backtest's replay, the query API's estimate route, `headroom capacity curve`, `headroom
+report` and `headroom demo`. The rule, over the saved estimates (collector.store.estimates), for
+each (model, task class, replica class):
+
+  0. An estimate that can never be published (`unusable`): its knee was not reached (a lower
+     bound), more than `max_error_ratio` (5 %) of its requests failed for reasons other than
+     capacity, it recommends a pool of 0, or its own confidence is "none". It is stored (the
+     review and `headroom capacity curve` show it, with the reason) but displaces nothing.
+  1. The newest usable probe run (a measured concurrency gradient) wins while it is younger than
+     `probe_max_age` (default 7 days): the knee moves when the model, version or hardware does,
+     so a probe is evidence for a while, not forever. A newer unreached or failed probe does not
+     unseat it.
+  2. Otherwise the newest traffic estimate (the passive curve) is published when its knee was
+     reached and its confidence clears `traffic_confidence` (default medium: the knee's bucket,
+     the one above and one below each held >= 50 requests and >= 3 windows). The newest traffic
+     estimate is today's traffic: an older one does not come back when it stops qualifying.
+  3. Otherwise nothing is published, and the alerts that divide by capacity stay silent; the
+     decision says why (e.g. "traffic never crossed the knee").
+
+    decide(saved_estimates_of_one_key, now)   -> Decision(estimate or None, reason)
+    decisions(store, now)                     -> [Decision per model, task class, replica class]
+    published_estimates(store, now)           -> [the published estimate dicts]
+    publish(store, gauges, now)               -> decisions(), with the gauges replaced
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from collector.store import estimates as saved
+from collector.store.capacity_gauges import ALL_TASKS, CapacityGauges
+from collector.store.db import RequestStore
+
+__all__ = [
+    "CONFIDENCE_RANK",
+    "DEFAULT_REPLICA_CLASS",
+    "MAX_ERROR_RATIO",
+    "Decision",
+    "PublishPolicy",
+    "decide",
+    "decisions",
+    "publish",
+    "published_estimates",
+    "replica_class_of",
+    "unusable",
+]
+
+CONFIDENCE_RANK = {"none": 0, "low": 1, "medium": 2, "high": 3, "measured": 3}
+# A probe whose requests fail for reasons other than capacity (HTTP 400 on a prompt too long for
+# the slot, a wrong model name, ...) measured the failures, not the engine: above this share of
+# its requests at any level it is never published and never says "high".
+MAX_ERROR_RATIO = 0.05
+DEFAULT_REPLICA_CLASS = "default"  # the class of an estimate saved before replica classes
+
+Estimate = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PublishPolicy:
+    """How old a probe may be, how confident traffic must be, how many errors are tolerated."""
+
+    probe_max_age: timedelta = timedelta(days=7)
+    traffic_confidence: str = "medium"
+    max_error_ratio: float = MAX_ERROR_RATIO
+
+    def __post_init__(self) -> None:
+        if self.traffic_confidence not in ("low", "medium", "high"):
+            raise ValueError(
+                f"traffic confidence {self.traffic_confidence!r} is not one of low, medium, high"
+            )
+        if not 0.0 <= self.max_error_ratio < 1.0:
+            raise ValueError(f"max error ratio {self.max_error_ratio} is not in [0, 1)")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What is published for one model, task class and replica class, and why."""
+
+    model: str
+    task_class: str
+    replica_class: str
+    estimate: Estimate | None
+    reason: str
+
+    @property
+    def knee_requests(self) -> int | None:
+        if self.estimate is None:
+            return None
+        knee: int | None = self.estimate.get("knee_requests")
+        return knee
+
+
+def replica_class_of(estimate: Estimate) -> str:
+    """The replica class an estimate was measured on ("default" for estimates saved before)."""
+    return str(estimate.get("replica_class") or DEFAULT_REPLICA_CLASS)
+
+
+def _key(estimate: Estimate) -> tuple[str, str, str]:
+    return (
+        str(estimate.get("model") or "unknown"),
+        str(estimate.get("task_class") or ALL_TASKS),
+        replica_class_of(estimate),
+    )
+
+
+def unusable(estimate: Estimate, policy: PublishPolicy | None = None) -> str | None:
+    """Why this estimate can never be published, or None when it can (its age aside)."""
+    policy = policy or PublishPolicy()
+    error_ratio = float(estimate.get("error_ratio") or 0.0)
+    if error_ratio > policy.max_error_ratio:
+        return (
+            f"{error_ratio:.0%} of its requests failed for reasons other than capacity "
+            f"(more than {policy.max_error_ratio:.0%})"
+        )
+    if estimate.get("knee_requests") is None:
+        return "its knee was not reached (a lower bound)"
+    pool = estimate.get("recommended_pool")
+    if pool is not None and pool <= 0:
+        return "it recommends a pool of 0 (no level met the SLO)"
+    if estimate.get("confidence") == "none":
+        return f"its confidence is none ({estimate.get('confidence_reason') or 'no reason given'})"
+    return None
+
+
+def _age(estimate: Estimate, now: datetime) -> timedelta:
+    return now - datetime.fromisoformat(estimate["created_at"])
+
+
+def _hours(age: timedelta) -> str:
+    return f"{age.total_seconds() / 3600:.1f} h"
+
+
+def _run(estimate: Estimate) -> str:
+    return str(estimate.get("run_id") or "-")
+
+
+def decide(estimates: Sequence[Estimate], now: datetime, policy: PublishPolicy | None = None) -> Decision:
+    """The decision for the saved estimates of ONE model, task class and replica class."""
+    if not estimates:
+        raise ValueError("decide() needs the estimates of one model; none were given")
+    policy = policy or PublishPolicy()
+    model, task_class, replica_class = _key(estimates[0])
+    newest = sorted(estimates, key=lambda e: str(e["created_at"]), reverse=True)
+    probes = [e for e in newest if e.get("source") == "probe"]
+    probe = next((e for e in probes if unusable(e, policy) is None), None)
+    passed_over = [
+        f"probe run {_run(e)} was not used: {unusable(e, policy)}"
+        for e in probes
+        if probe is None or str(e["created_at"]) > str(probe["created_at"])
+    ][:1]  # the newest one says enough
+    if probe is not None and _age(probe, now) <= policy.probe_max_age:
+        reason = f"probe run {_run(probe)} ({_hours(_age(probe, now))} old)"
+        return Decision(model, task_class, replica_class, probe, "; ".join([reason, *passed_over]))
+    why = list(passed_over)
+    if probe is not None:
+        why.append(f"the newest usable probe is {_hours(_age(probe, now))} old")
+    traffic = next((e for e in newest if e.get("source") == "traffic"), None)
+    if traffic is None:
+        why.append("no traffic estimate")
+    elif traffic.get("knee_requests") is None:
+        why.append("traffic never crossed the knee")
+    elif (trouble := unusable(traffic, policy)) is not None:
+        why.append(f"the traffic estimate is not usable: {trouble}")
+    elif CONFIDENCE_RANK.get(str(traffic.get("confidence")), 0) < CONFIDENCE_RANK[policy.traffic_confidence]:
+        why.append(
+            f"traffic confidence {traffic.get('confidence')} is below "
+            f"{policy.traffic_confidence} ({traffic.get('confidence_reason') or 'thin data'})"
+        )
+    else:
+        reason = f"traffic ({traffic.get('confidence')} confidence, {_hours(_age(traffic, now))} old)"
+        return Decision(model, task_class, replica_class, traffic, "; ".join([reason, *why]))
+    return Decision(model, task_class, replica_class, None, "nothing published: " + "; ".join(why))
+
+
+def decisions(
+    store: RequestStore, now: datetime | None = None, policy: PublishPolicy | None = None
+) -> list[Decision]:
+    """The decision for every model, task class and replica class with an estimate saved by
+    `now` (default: the present; a past `now` answers "what was published then")."""
+    policy = policy or PublishPolicy()
+    # the present takes every estimate (another machine's clock may run ahead); a past `now` only
+    # those saved by then
+    candidates = saved.candidate_estimates(store, policy.max_error_ratio, until=now)
+    now = now or datetime.now(UTC)
+    grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for estimate in candidates:
+        grouped[_key(estimate)].append(estimate)
+    return [decide(grouped[key], now, policy) for key in sorted(grouped)]
+
+
+def published_estimates(
+    store: RequestStore, now: datetime | None = None, policy: PublishPolicy | None = None
+) -> list[dict[str, Any]]:
+    """The estimates the gauges publish, each with `published_because`: what readers render."""
+    return [
+        dict(d.estimate) | {"published_because": d.reason}
+        for d in decisions(store, now, policy)
+        if d.estimate is not None
+    ]
+
+
+def publish(
+    store: RequestStore,
+    gauges: CapacityGauges | None,
+    now: datetime | None = None,
+    policy: PublishPolicy | None = None,
+) -> list[Decision]:
+    """Decide, then replace the gauges with what is published (nothing where nothing is)."""
+    made = decisions(store, now, policy)
+    if gauges is not None:
+        gauges.replace([saved.published(d.estimate) for d in made if d.estimate is not None])
+    return made
