@@ -119,7 +119,8 @@ def test_publish_estimates_sets_capacity_gauges_in_both_calibers():
     assert value("headroom_capacity_slo_max", {"model": "llama", "caliber": "requests"}) == 8
     assert value("headroom_capacity_recommended_pool", {"model": "llama", "caliber": "requests"}) == 5
     assert value("headroom_capacity_knee", {"model": "llama", "caliber": "tokens"}) == 8 * 150
-    labels = {"model": "llama", "task_class": "all", "source": "probe", "confidence": "high"}
+    labels = {"model": "llama", "task_class": "all", "replica_class": "default", "source": "probe"}
+    labels["confidence"] = "high"
     assert value("headroom_capacity_knee_requests", labels) == 8
     assert value("headroom_capacity_knee_tokens", labels) == 8 * 150
     assert value("headroom_capacity_recommended_pool_requests", labels) == 5

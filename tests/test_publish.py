@@ -91,7 +91,8 @@ def test_publish_sets_the_gauges_with_source_and_confidence_and_clears_what_lost
     save_estimate(store, estimate("traffic", 4, confidence="low", model="other"))
     decisions = publish(store, gauges, NOW)
     assert [(d.model, d.knee_requests) for d in decisions] == [("m", 8), ("other", None)]
-    labels = {"model": "m", "task_class": "all", "source": "probe", "confidence": "high"}
+    labels = {"model": "m", "task_class": "all", "replica_class": "default", "source": "probe"}
+    labels["confidence"] = "high"
     assert registry.get_sample_value("headroom_capacity_knee_requests", labels) == 8
     assert (
         registry.get_sample_value("headroom_capacity_estimate_timestamp_seconds", labels)

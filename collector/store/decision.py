@@ -36,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from collector.store import estimates as saved
-from collector.store.capacity_gauges import ALL_TASKS, CapacityGauges
+from collector.store.capacity_gauges import ALL_TASKS, DEFAULT_REPLICA_CLASS, CapacityGauges
 from collector.store.db import RequestStore
 
 __all__ = [
@@ -58,7 +58,6 @@ CONFIDENCE_RANK = {"none": 0, "low": 1, "medium": 2, "high": 3, "measured": 3}
 # the slot, a wrong model name, ...) measured the failures, not the engine: above this share of
 # its requests at any level it is never published and never says "high".
 MAX_ERROR_RATIO = 0.05
-DEFAULT_REPLICA_CLASS = "default"  # the class of an estimate saved before replica classes
 
 Estimate = Mapping[str, Any]
 
