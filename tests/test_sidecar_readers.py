@@ -13,6 +13,7 @@ from support.sidecar import CHAT
 from support.upstream import FakeUpstream
 
 from collector import __version__
+from collector.backtest.replay import from_db
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar
@@ -92,6 +93,16 @@ def test_a_reader_of_the_owned_log_goes_through_the_sidecar(owned):
     assert curve.json()["rows"] == [{"outcome": "ok", "n": 3}], (
         "the store's query routes are served under /headroom"
     )
+
+
+def test_the_backtest_replays_the_owned_log_through_the_sidecar(owned):
+    """`headroom alerts backtest --db` while the sidecar runs: no "Could not set lock on file"."""
+    sidecar, db, app = owned
+    for _ in range(3):
+        httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=10).raise_for_status()
+    assert app.state.writer.flush()
+    log = from_db(str(db))
+    assert len(log.records) == 3 and {r.model for r in log.records} == {"m1"}
 
 
 def test_owner_file_goes_with_the_sidecar_and_a_missing_owner_is_explained(owned, tmp_path):

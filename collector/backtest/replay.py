@@ -30,9 +30,9 @@ from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesSet
 from collector.rules.naming import metric_names
 from collector.store.capacity_gauges import PublishedCapacity
-from collector.store.db import RequestStore
 from collector.store.decision import published_estimates
 from collector.store.estimates import published
+from collector.store.owner import OwnerError, open_request_log
 
 __all__ = [
     "ReplayLog",
@@ -127,32 +127,33 @@ def _published_then(
 def from_db(
     path: str, since: datetime | None = None, until: datetime | None = None, model: str | None = None
 ) -> ReplayLog:
-    """Rows and saved estimates from a DuckDB request log (opened read-only)."""
+    """Rows and the estimates published then from a DuckDB request log: the file read-only, or,
+    while a sidecar or store owns it, a snapshot through that owner (collector.store.owner)."""
     try:
-        store = RequestStore(path, read_only=True)
-    except duckdb.Error as exc:  # a missing file, or one another process holds open
+        with open_request_log(path) as store:
+            where, params = ["completed_at IS NOT NULL"], []
+            if model:
+                where.append("model = ?")
+                params.append(model)
+            extent = store.query(
+                f"SELECT min(admitted_at), max(completed_at) FROM requests WHERE {' AND '.join(where)}",
+                params,
+            )[0]
+            first, last = (t.timestamp() if t else None for t in extent)
+            start, end = _window(first, last, since, until, f"--db {path}")
+            rows = store.query_dicts(
+                f"SELECT {_COLUMNS} FROM requests WHERE {' AND '.join(where)} "
+                "AND admitted_at >= ? AND admitted_at < ? ORDER BY admitted_at",
+                params + [datetime.fromtimestamp(start - _MARGIN_S, UTC), datetime.fromtimestamp(end, UTC)],
+            )
+            estimates, note = _published_then(lambda at: published_estimates(store, at), end)
+    except (FileNotFoundError, OwnerError) as exc:
+        raise ReplayError(f"--db {path}: {exc}") from None
+    except duckdb.Error as exc:  # not a database headroom wrote
         raise ReplayError(
-            f"cannot open --db {path} read-only ({str(exc).splitlines()[0]}); pass a request-log "
-            "file no other process holds open, or use --store-url"
+            f"cannot open --db {path} read-only ({str(exc).splitlines()[0]}); pass a request log "
+            "a sidecar or store wrote, or use --store-url"
         ) from None
-    try:
-        where, params = ["completed_at IS NOT NULL"], []
-        if model:
-            where.append("model = ?")
-            params.append(model)
-        extent = store.query(
-            f"SELECT min(admitted_at), max(completed_at) FROM requests WHERE {' AND '.join(where)}", params
-        )[0]
-        first, last = (t.timestamp() if t else None for t in extent)
-        start, end = _window(first, last, since, until, f"--db {path}")
-        rows = store.query_dicts(
-            f"SELECT {_COLUMNS} FROM requests WHERE {' AND '.join(where)} "
-            "AND admitted_at >= ? AND admitted_at < ? ORDER BY admitted_at",
-            params + [datetime.fromtimestamp(start - _MARGIN_S, UTC), datetime.fromtimestamp(end, UTC)],
-        )
-        estimates, note = _published_then(lambda at: published_estimates(store, at), end)
-    finally:
-        store.close()
     return _log(rows, estimates, start, end, f"--db {path}", model, note)
 
 
