@@ -240,8 +240,9 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_connections_refused_total",
         "counter",
-        "Client connections the sidecar closed before a request: headers not complete within "
-        "--header-timeout (408), or over --max-client-connections (503).",
+        "Client connections the sidecar closed before a request was admitted: headers not complete "
+        "within --header-timeout (408), a body not complete within --body-timeout (408), or over "
+        "--max-client-connections (503).",
         ("reason",),
         "short",
         group="sidecar",

@@ -20,7 +20,7 @@ from support.upstream import FakeUpstream
 from collector.serving import serve_in_thread
 from collector.sidecar.app import YOUNG_COLLECTION_THRESHOLD
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.server import raise_file_limit, uvicorn_options
+from collector.sidecar.server import ADMIN_SLOTS, raise_file_limit, uvicorn_options
 from collector.sidecar.wiring import SIDECAR_STORE_THREADS, build_sidecar
 
 IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60
@@ -85,9 +85,10 @@ def test_a_pipelined_requests_late_headers_never_break_the_stream_before_it(tmp_
 
 
 def test_past_the_connection_cap_a_new_connection_gets_503_at_once(tmp_path):
+    """Past the cap and its reserved admin slots (tests/test_sidecar_hardening.py has those)."""
     with FakeUpstream() as fake:
         app, handle = _guarded(tmp_path, fake, max_connections=5)
-        held = [socket.create_connection(("127.0.0.1", handle.port)) for _ in range(5)]
+        held = [socket.create_connection(("127.0.0.1", handle.port)) for _ in range(5 + ADMIN_SLOTS)]
         try:
             with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as extra:
                 answer = extra.recv(4096)

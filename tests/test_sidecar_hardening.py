@@ -1,14 +1,18 @@
 """Issue #36's sidecar defects, each against the real sidecar on loopback: `GET /v1` never
-redirects (N5), tenant headers are read as UTF-8 (N10), and the client connection cap fits the
-open-file limit (N7)."""
+redirects (N5), tenant headers are read as UTF-8 (N10), the client connection cap fits the
+open-file limit (N7), a request body has a deadline and /metrics, /healthz and /readyz keep
+reserved slots past the cap (N2). The hostile upstreams (N1, N4) are in
+tests/test_faults_hostile_upstream.py."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import resource
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +20,10 @@ from support.processes import headroom_process
 from support.sidecar import CHAT, sidecar_rig, wait_until
 from support.upstream import FakeUpstream
 
-from collector.sidecar.server import FILE_RESERVE, connection_cap
+from collector.serving import serve_in_thread
+from collector.sidecar.config import SidecarConfig
+from collector.sidecar.server import ADMIN_SLOTS, FILE_RESERVE, connection_cap, uvicorn_options
+from collector.sidecar.wiring import build_sidecar
 
 PATH = "/v1/chat/completions"
 
@@ -126,7 +133,8 @@ def test_a_sidecar_under_a_low_file_limit_clamps_its_cap_warns_and_enforces_it(t
         assert "4096 lowered to 128" in clamped[0] and "limit (RLIMIT_NOFILE) is 256" in clamped[0]
         assert "ulimit -n" in clamped[0] and "LimitNOFILE=" in clamped[0]
         # the effective cap is 128: 128 connections served (each proved accepted by an answer),
-        # the 129th refused with 503 by the sidecar, not left hanging by the kernel
+        # the 129th refused with 503 by the sidecar, not left hanging by the kernel (it has a
+        # reserved admin slot, which serves /metrics, /healthz and /readyz only)
         port = int(url.rsplit(":", 1)[1])
         held: list[socket.socket] = []
         try:
@@ -136,6 +144,7 @@ def test_a_sidecar_under_a_low_file_limit_clamps_its_cap_warns_and_enforces_it(t
                 sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert sock.recv(4096).startswith(b"HTTP/1.1 200")
             with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+                extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
                 answer = extra.recv(4096)
             assert answer.startswith(b"HTTP/1.1 503") and b"over 128 open connections" in answer
         finally:
@@ -147,3 +156,132 @@ def test_a_sidecar_under_a_low_file_limit_clamps_its_cap_warns_and_enforces_it(t
             return 'headroom_connections_refused_total{reason="connection_cap"} 1.0' in page
 
         wait_until(refused, what="the refusal counted")  # the sidecar sees the closes in its own time
+
+
+# N2: a body deadline; /metrics, /healthz and /readyz keep reserved slots past the cap
+
+
+@contextlib.contextmanager
+def _guarded(tmp_path: Path, **bounds: float) -> Iterator[tuple[Any, Any, FakeUpstream]]:
+    """A real sidecar served by uvicorn with the guard `headroom run` uses, these bounds changed."""
+    with FakeUpstream() as fake:
+        app = build_sidecar(
+            SidecarConfig(upstream=fake.url, db_path=str(tmp_path / "log.duckdb"), jobs=False)
+        )
+        options = {"header_timeout_s": 10.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds}
+        handle = serve_in_thread(app, **uvicorn_options(app.state.registry, **options))
+        try:
+            yield app, handle, fake
+        finally:
+            handle.stop()
+
+
+def _refused(app: Any, reason: str) -> float | None:
+    return app.state.registry.get_sample_value("headroom_connections_refused_total", {"reason": reason})
+
+
+def _until_closed(sock: socket.socket) -> bytes:
+    received = b""
+    while part := sock.recv(65536):  # the socket's timeout bounds each wait
+        received += part
+    return received
+
+
+def test_a_body_not_complete_in_time_gets_408_is_counted_logged_and_never_admitted(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="collector")
+    with _guarded(tmp_path, body_timeout_s=0.5) as (app, handle, fake):
+        body = b'{"model":"m1","stream":false,"messages":[]}'
+        head = (
+            f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        slow = []
+        for _ in range(3):
+            sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
+            sock.sendall(head + body[:10])  # headers and part of the body, then nothing
+            slow.append(sock)
+        try:
+            answers = [_until_closed(sock) for sock in slow]  # closed by the sidecar, not by us
+        finally:
+            for sock in slow:
+                sock.close()
+        for answer in answers:
+            assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer, answer
+        wait_until(lambda: _refused(app, "body_timeout") == 3, 5, what="three refusals counted")
+        # never admitted: no row, no request reached the engine, no gauge left
+        assert fake.requests == [] and not app.state.tracker.live
+        assert app.state.writer.flush()
+        assert app.state.batch_sink.query_dicts("SELECT * FROM requests", ()) == []
+        # one WARNING for the three (rate-limited per reason), naming the flag
+        lines = [r.getMessage() for r in caplog.records if "body not complete" in r.getMessage()]
+        assert len(lines) == 1 and "--body-timeout" in lines[0], lines
+        # a body that arrives in time is served as ever
+        answer = httpx.post(handle.url + PATH, json=CHAT | {"stream": False}, timeout=5)
+        assert answer.status_code == 200
+
+
+def test_metrics_and_health_keep_reserved_slots_when_half_bodies_fill_the_cap(tmp_path, caplog):
+    """The audit's outage: connections with headers and half a body fill the cap; /metrics,
+    /healthz and /readyz are still served (reserved slots), a completions request is refused
+    with 503, every refusal counted, one WARNING."""
+    caplog.set_level(logging.WARNING, logger="collector")
+    cap = 5
+    with _guarded(tmp_path, max_connections=cap) as (app, handle, fake):
+        body = b'{"model":"m1","messages":[]}'
+        head = f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        held = []
+        try:
+            for _ in range(cap):
+                sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
+                sock.sendall(head + body[:5])
+                held.append(sock)
+            wait_until(lambda: len(app.state.tracker.live) == 0, 5)  # (none admitted: bodies unread)
+            for path in ("/metrics", "/healthz", "/readyz", "//metrics/"):
+                with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as admin:
+                    admin.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                    answer = _until_closed(admin)
+                assert answer.split(b"\r\n", 1)[0] in (
+                    b"HTTP/1.1 200 OK",
+                    b"HTTP/1.1 503 Service Unavailable",
+                )
+                assert b"over 5 open connections" not in answer, (path, answer[:300])
+                if path.endswith("metrics/"):
+                    assert b"headroom_inflight_requests" in answer
+            for request in (
+                head + body,  # a completions request on a reserved slot
+                b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+            ):
+                with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as other:
+                    other.sendall(request)
+                    answer = _until_closed(other)
+                assert answer.startswith(b"HTTP/1.1 503") and b"--max-client-connections" in answer
+            assert fake.requests == []
+            assert _refused(app, "connection_cap") == 2
+            lines = [
+                r.getMessage() for r in caplog.records if "refused a client connection" in r.getMessage()
+            ]
+            assert len(lines) == 1 and "--max-client-connections" in lines[0], lines
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def test_past_the_reserved_slots_too_a_connection_is_refused_at_once(tmp_path):
+    with _guarded(tmp_path, max_connections=2) as (app, handle, _):
+        held = [
+            socket.create_connection(("127.0.0.1", handle.port), timeout=5) for _ in range(2 + ADMIN_SLOTS)
+        ]
+        try:
+            wait_until(
+                lambda: _open_connections(handle) >= 2 + ADMIN_SLOTS, 5, what="every connection accepted"
+            )
+            with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as extra:
+                answer = _until_closed(extra)  # before it sent anything
+            assert answer.startswith(b"HTTP/1.1 503") and b"--max-client-connections" in answer
+        finally:
+            for sock in held:
+                sock.close()
+
+
+def _open_connections(handle: Any) -> int:
+    return len(handle.server.server_state.connections)

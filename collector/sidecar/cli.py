@@ -200,6 +200,14 @@ __all__ = ["run"]
     help="A connection must send its request headers within this (else 408).",
 )
 @click.option(
+    "--body-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0.1),
+    metavar="SECONDS",
+    help="A request's body must be complete within this of its headers (else 408).",
+)
+@click.option(
     "--idle-timeout",
     default=5.0,
     show_default=True,
@@ -276,6 +284,7 @@ def run(
     max_buffered_response_bytes,
     max_sse_event_bytes,
     header_timeout,
+    body_timeout,
     idle_timeout,
     max_client_connections,
     jobs,
@@ -346,6 +355,7 @@ def run(
             max_buffered_response_bytes=max_buffered_response_bytes,
             max_sse_event_bytes=max_sse_event_bytes,
             header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
             idle_timeout_s=idle_timeout,
             max_client_connections=max_client_connections,
             probe_dbs=tuple(probe_dbs),
@@ -385,6 +395,7 @@ def run(
         **uvicorn_options(
             app.state.registry,
             header_timeout_s=header_timeout,
+            body_timeout_s=body_timeout,
             idle_timeout_s=idle_timeout,
             max_connections=max_client_connections,
         ),

@@ -54,6 +54,7 @@ class SidecarConfig:
     max_buffered_response_bytes: int = 16 * 2**20
     max_sse_event_bytes: int = 2**20
     header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0  # --body-timeout: a request's body complete within this of its headers
     idle_timeout_s: float = 5.0
     max_client_connections: int = 4096
     log_queue_rows: int = 50_000
@@ -89,6 +90,7 @@ class SidecarConfig:
             ("--max-sse-event-bytes", self.max_sse_event_bytes),
             ("--max-client-connections", self.max_client_connections),
             ("--header-timeout", self.header_timeout_s),
+            ("--body-timeout", self.body_timeout_s),
             ("--idle-timeout", self.idle_timeout_s),
         ):
             if value <= 0:

@@ -1,24 +1,32 @@
-"""Serving the sidecar: uvicorn with a header timeout, an idle timeout and a connection cap.
+"""Serving the sidecar: uvicorn with header and body deadlines, an idle timeout and a connection cap.
 
-uvicorn alone lets a connection that never finishes its headers (slowloris) or never sends
-anything live forever: 1,100 idle sockets against a 1,024 file-descriptor limit made every
-canary request fail. `ConnectionGuard` (uvicorn's httptools protocol plus two rules) closes
-them:
+uvicorn alone lets a connection that never finishes its headers (slowloris), never finishes its
+body, or never sends anything live forever: 1,100 idle sockets against a 1,024 file-descriptor
+limit made every canary request fail, and ~4,100 connections that sent headers and half a body
+filled the cap, so that even /metrics got 503 (issue #36 N2). `ConnectionGuard` (uvicorn's
+httptools protocol plus these rules) closes them:
 
 - headers must be complete within `header_timeout_s` of the connection opening, or of the
   request's first byte on a kept-alive connection; else `408` JSON and close;
-- past `max_connections` open connections, a new one gets `503` JSON and is closed at once, so
-  descriptors are never exhausted.
+- the body must be complete within `body_timeout_s` of the headers; else `408` JSON (when no
+  response has started) and close: the request was never admitted, so it has no row;
+- past `max_connections` open connections, a new one gets one of `ADMIN_SLOTS` reserved slots,
+  which serve only `GET`/`HEAD` of /metrics, /healthz and /readyz (and must send their headers
+  within `ADMIN_HEADER_TIMEOUT_S`), so Prometheus and the kubelet still see a sidecar whose
+  client slots are full; any other request there, or a connection past the reserved slots too,
+  gets `503` JSON and is closed at once, so descriptors are never exhausted.
 
-Idle kept-alive connections close after uvicorn's `timeout_keep_alive` (`--idle-timeout`). Both
-refusals count in headroom_connections_refused_total{reason}.
+Idle kept-alive connections close after uvicorn's `timeout_keep_alive` (`--idle-timeout`). Every
+refusal counts in headroom_connections_refused_total{reason} (header_timeout, body_timeout,
+connection_cap) and is logged: one WARNING per reason per minute, with how many more there were.
 
 The cap must bite before the kernel's open-file limit does, or connections past the limit fail
 silently in accept() (issue #36 N7). `fit_connection_cap` first lifts the soft RLIMIT_NOFILE
 toward the hard one (`raise_file_limit`), then clamps the cap to what the limit leaves
 (`connection_cap`) and logs one WARNING when it had to:
 
-    descriptors left = soft limit - FILE_RESERVE (64: log files, the store, DuckDB's WAL, sockets)
+    descriptors left = soft limit - FILE_RESERVE (64: log files, the store, DuckDB's WAL, the
+                       reserved admin slots)
     upstream share   = min(upstream pool bound, half of what is left)
     cap              = min(requested, descriptors left - upstream share), at least 1
 
@@ -33,17 +41,24 @@ import logging
 import resource
 from typing import Any, ClassVar
 
+import httptools
 import orjson
 from prometheus_client import CollectorRegistry, Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from collector.catalog import spec
+from collector.sidecar.faults import FaultLog
 
 __all__ = ["ConnectionGuard", "guarded_protocol", "raise_file_limit", "uvicorn_options"]
 
 log = logging.getLogger(__name__)
 _REFUSED = spec("headroom_connections_refused_total")
-FILE_RESERVE = 64  # descriptors kept for what is not a connection: log files, the store, DuckDB's WAL
+# descriptors kept for what is not a client or upstream connection: log files, the store, DuckDB's
+# WAL, and the reserved admin slots
+FILE_RESERVE = 64
+ADMIN_SLOTS = 8  # connections past the cap that may still scrape or probe health
+ADMIN_PATHS = frozenset({b"metrics", b"healthz", b"readyz"})  # their paths, slashes stripped
+ADMIN_HEADER_TIMEOUT_S = 2.0  # a reserved slot's header deadline: scrapers send theirs at once
 
 
 def _canned(status: int, reason: str, message: str, limit: str) -> bytes:
@@ -65,26 +80,39 @@ def _canned(status: int, reason: str, message: str, limit: str) -> bytes:
 
 
 class ConnectionGuard(HttpToolsProtocol):
-    """uvicorn's protocol with a header deadline and a connection cap (see the module docstring)."""
+    """uvicorn's protocol with header and body deadlines, a connection cap and reserved admin
+    slots (see the module docstring)."""
 
     header_timeout_s: ClassVar[float] = 10.0
+    body_timeout_s: ClassVar[float] = 60.0
     max_connections: ClassVar[int] = 4096
     refused: ClassVar[Any] = None  # the Counter, set by guarded_protocol
+    faults: ClassVar[FaultLog | None] = None  # the rate-limited WARNINGs, set by guarded_protocol
     _timer: asyncio.TimerHandle | None
+    _in_body: bool  # the timer is the body's deadline (else the headers')
+    _admin_only: bool  # a reserved slot: /metrics, /healthz, /readyz only
+    _closed_by_us: bool  # refused: the parser's later callbacks change nothing
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._timer = None
-        if len(self.connections) > self.max_connections:
-            self._refuse(
-                503,
-                "Service Unavailable",
-                "connection_cap",
-                f"over {self.max_connections} open connections; retry shortly",
-                "--max-client-connections",
-            )
+        self._in_body = self._admin_only = self._closed_by_us = False
+        self._cycles: list[Any] = []  # this connection's request cycles not yet answered
+        open_now = len(self.connections)
+        if open_now > self.max_connections + ADMIN_SLOTS:
+            self._cap_refusal()
             return
+        self._admin_only = open_now > self.max_connections
         self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed_by_us:
+            return
+        super().data_received(data)
+        # a body this read did not finish has its deadline from now (armed here, not at the
+        # headers: most requests' bodies end in the read that holds their headers, no timer)
+        if self._in_body and self._timer is None and not self._closed_by_us:
+            self._timer = self.loop.call_later(self.body_timeout_s, self._body_late)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -93,19 +121,54 @@ class ConnectionGuard(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        if self._admin_only and not self._admin_request():
+            self._cap_refusal()
+            return
         super().on_headers_complete()
+        cycles = self._cycles
+        if cycles and cycles[0].response_complete:  # the usual case: one request at a time
+            cycles[:] = [cycle for cycle in cycles if not cycle.response_complete]
+        cycles.append(self.cycle)
+        self._in_body = True  # the body's deadline is armed after this read, if it did not end
+
+    def on_body(self, body: bytes) -> None:
+        if not self._closed_by_us:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._closed_by_us:
+            return
+        if self._in_body:
+            self._disarm()
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        # uvicorn tells only its newest cycle; with pipelined requests that is one still queued,
+        # and the one running would run on for nobody (issue #36 N6): every cycle hears it
+        for cycle in self._cycles:
+            if cycle is not self.cycle and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
         super().connection_lost(exc)
 
+    def _admin_request(self) -> bool:
+        method = self.parser.get_method()
+        path = httptools.parse_url(self.url).path
+        return method in (b"GET", b"HEAD") and path.strip(b"/") in ADMIN_PATHS
+
     def _arm(self) -> None:
-        self._timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+        self._in_body = False
+        deadline = (
+            min(self.header_timeout_s, ADMIN_HEADER_TIMEOUT_S) if self._admin_only else self.header_timeout_s
+        )
+        self._timer = self.loop.call_later(deadline, self._headers_late)
 
     def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._in_body = False
 
     def _headers_late(self) -> None:
         self._timer = None
@@ -122,23 +185,61 @@ class ConnectionGuard(HttpToolsProtocol):
             "--header-timeout",
         )
 
-    def _refuse(self, status: int, reason: str, label: str, message: str, limit: str) -> None:
+    def _body_late(self) -> None:
+        self._timer = None
+        self._in_body = False
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body:
+            return  # complete after all
+        message = f"request body not complete within {self.body_timeout_s:g} s of its headers"
+        if cycle.response_started:  # the app answered without the body: just close
+            self._count("body_timeout", message, "--body-timeout")
+            self._closed_by_us = True
+            self.transport.close()
+            return
+        self._refuse(408, "Request Timeout", "body_timeout", message, "--body-timeout")
+
+    def _cap_refusal(self) -> None:
+        limit = f"over {self.max_connections} open connections"
+        self._refuse(
+            503,
+            "Service Unavailable",
+            "connection_cap",
+            f"{limit}; retry shortly"
+            if not self._admin_only
+            else f"{limit}; only /metrics, /healthz, /readyz",
+            "--max-client-connections",
+        )
+
+    def _count(self, label: str, message: str, limit: str) -> None:
         if self.refused is not None:
             self.refused.labels(label).inc()
+        if self.faults is not None:
+            self.faults.warn(f"refused:{label}", f"refused a client connection: {message} ({limit})")
+
+    def _refuse(self, status: int, reason: str, label: str, message: str, limit: str) -> None:
+        self._count(label, message, limit)
+        self._closed_by_us = True
         if not self.transport.is_closing():
             self.transport.write(_canned(status, reason, message, limit))
             self.transport.close()
 
 
 def guarded_protocol(
-    registry: CollectorRegistry | None, *, header_timeout_s: float, max_connections: int
+    registry: CollectorRegistry | None,
+    *,
+    header_timeout_s: float,
+    max_connections: int,
+    body_timeout_s: float = 60.0,
 ) -> type[ConnectionGuard]:
     """A ConnectionGuard class with these bounds, counting refusals in `registry`."""
     refused = Counter(_REFUSED.name.removesuffix("_total"), _REFUSED.help, _REFUSED.labels, registry=registry)
     attributes = {
         "header_timeout_s": header_timeout_s,
+        "body_timeout_s": body_timeout_s,
         "max_connections": max_connections,
         "refused": refused,
+        "faults": FaultLog(log),
     }
     return type("SidecarConnectionGuard", (ConnectionGuard,), attributes)
 
@@ -201,11 +302,15 @@ def uvicorn_options(
     header_timeout_s: float,
     idle_timeout_s: float,
     max_connections: int,
+    body_timeout_s: float = 60.0,
 ) -> dict[str, Any]:
     """uvicorn.run / uvicorn.Config keyword arguments for a guarded sidecar."""
     return {
         "http": guarded_protocol(
-            registry, header_timeout_s=header_timeout_s, max_connections=max_connections
+            registry,
+            header_timeout_s=header_timeout_s,
+            max_connections=max_connections,
+            body_timeout_s=body_timeout_s,
         ),
         "timeout_keep_alive": idle_timeout_s,
     }
