@@ -114,7 +114,10 @@ def test_an_empty_cluster_label_keeps_every_rule_and_panel_of_the_single_cluster
 
     With `cluster_label: ""` every rule, promtool test, panel and the Alertmanager config of that
     build comes out unchanged; what is new is only added (the fleet records, their alert, tests
-    and panel), never a change to what single-cluster users run.
+    and panel), never a change to what single-cluster users run. Replica classes (#33) changed
+    the fixture where they had to: the knee ratio and the capacity panels join each sidecar to its
+    class's knee (alerts on the ratio gain replica_class="default"; their tests say so), and the
+    class record and its tests are added.
     """
     generated = alert_files(ONE_CLUSTER) | dashboard_files(ONE_CLUSTER)
     added = set()
@@ -123,7 +126,7 @@ def test_an_empty_cluster_label_keeps_every_rule_and_panel_of_the_single_cluster
         changed = [key for key in before if before[key] != now.get(key)]
         assert changed == [], f"{path.name}: {changed}"
         added |= {f"{path.name}: {key}" for key in set(now) - set(before)}
-    assert all("fleet" in key.lower() or "Fleet" in key for key in added), sorted(added)
+    assert all("fleet" in key.lower() or "replica" in key.lower() for key in added), sorted(added)
     assert any("HeadroomFleetHeadroomLow" in key for key in added)
 
 

@@ -43,6 +43,9 @@ _ACTIVE = 'headroom_active_tokens{instance="a",model="m",tenant="t"}'
 _KNEE = (
     'headroom_capacity_knee_requests{instance="a",model="m",task_class="%s",source="probe",confidence="high"}'
 )
+# The label the knee ratio (and so the forecast) carries once the recording rules join each sidecar
+# to its replica class (R.REPLICA_CLASS): "default" for a sidecar that exports none.
+_CLASS = {"replica_class": "default"} if hasattr(R, "REPLICA_CLASS") else {}
 _REQUESTS = 'headroom_requests_total{instance="a",model="%s",tenant="t",outcome="%s"}'
 _GPU = 'headroom_gpu_utilization_ratio{instance="a",gpu="0",uuid="GPU-0",gpu_name="H100"}'
 _TOKENS = {
@@ -192,7 +195,7 @@ def _knee_cases(c: RulesConfig) -> list[Case]:
                 c,
                 "HeadroomConcurrencyNearKnee",
                 (9, 10),
-                AM | class_labels | {"signal": "near_knee", "signal_kind": "saturation"},
+                AM | class_labels | _CLASS | {"signal": "near_knee", "signal_kind": "saturation"},
                 humanize_percentage(near / knee),
             ),
         ),
@@ -212,6 +215,7 @@ def _knee_cases(c: RulesConfig) -> list[Case]:
                 "HeadroomConcurrencyNearKnee",
                 (9, 10),
                 AM
+                | _CLASS
                 | {
                     "caliber": "requests",
                     "task_class": "short",
@@ -235,7 +239,7 @@ def _knee_cases(c: RulesConfig) -> list[Case]:
                 c,
                 "HeadroomConcurrencyRising",
                 rising_onset,
-                AM | class_labels,
+                AM | class_labels | _CLASS,
                 humanize_percentage(ratio_at(rising_at)),
             ),
         ),
@@ -253,7 +257,7 @@ def _knee_cases(c: RulesConfig) -> list[Case]:
                 c,
                 "HeadroomCapacityForecast",
                 forecast_onset,
-                AM | class_labels,
+                AM | class_labels | _CLASS,
                 humanize_percentage(ratio_at(forecast_at)),
             ),
         ),
@@ -402,6 +406,7 @@ def _cluster_cases(c: RulesConfig) -> list[Case]:
                 (0, 0),
                 AM
                 | {label: "y", "caliber": "requests", "task_class": "all"}
+                | _CLASS
                 | {"signal": "near_knee", "signal_kind": "saturation"},
                 humanize_percentage(1.0),
             ),

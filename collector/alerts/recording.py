@@ -10,6 +10,15 @@ Two designs worth knowing:
   `headroom_task_active_tokens`) is compared with its own knee where one is published
   (`task_class!="all"`; silent otherwise), and every request together with the
   `task_class="all"` knee, so a model measured only over all its traffic works unchanged.
+- **Each sidecar against its own replica class.** A knee belongs to a replica class (DOMAIN §14):
+  each sidecar's concurrency is joined to its class (`headroom_replica_info`, recorded per
+  instance with "default" for a sidecar that exports none), then divided by that class's knee;
+  where the class has none, by the model's `default` class knee (estimates saved before classes,
+  or gauges without the label). The fleet records take each replica's pool from its class the
+  same way.
+- **SLOs per model.** Each distinct target is its own expression, selected by a `model` matcher
+  (collector.alerts.slo_classes) and `or`ed into the one rule of its record name (promtool
+  lints duplicate record names); without per-model SLOs there is one expression.
 - **SLOs per model.** Each distinct target is its own expression, selected by a `model` matcher
   (collector.alerts.slo_classes) and `or`ed into the one rule of its record name (promtool
   lints duplicate record names); without per-model SLOs there is one expression.
@@ -24,6 +33,7 @@ from collector.rules.cluster import keep_cluster
 from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import le_label, sample
 from collector.rules.records import QUANTILES, RATE_WINDOW, SLO_WINDOWS, R
+from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS
 
 __all__ = ["recording_groups", "ERROR_OUTCOMES", "SHED_OUTCOMES"]
 
@@ -60,29 +70,67 @@ def _per_caliber(requests: str, tokens: str) -> str:
     return f"{_caliber(requests, 'requests')}\nor\n{_caliber(tokens, 'tokens')}"
 
 
+# The capacity gauges of the model's `default` replica class: an estimate saved before replica
+# classes, or a gauge exported without the label, reads as "default".
+_DEFAULT_CLASS = f'replica_class=~"|{DEFAULT_REPLICA_CLASS}"'
+
+
+def _replica_class_rule() -> dict[str, Any]:
+    """Each sidecar's replica class; "default" for one that exports no headroom_replica_info."""
+    info, inflight = sample("headroom_replica_info"), sample("headroom_inflight_requests")
+    return _rule(
+        R.REPLICA_CLASS,
+        f"max by (instance, replica_class) ({info})\n"
+        f"or on (instance)\n"
+        f'label_replace(group by (instance) ({inflight}), "replica_class", "{DEFAULT_REPLICA_CLASS}", "", "")',
+    )
+
+
+def _with_class(per_instance: str) -> str:
+    """`per_instance` (by instance, ...) carrying its sidecar's replica_class label."""
+    return f"(\n{per_instance}\n* on (instance) group_left (replica_class) {R.REPLICA_CLASS}\n)"
+
+
+def _class_knee(left: str, op: str, on: tuple[str, ...], gauge: str, matcher: str) -> str:
+    """`left op` the gauge of left's own replica class, or else the model's default class's.
+
+    `left` carries replica_class; `on` are the other labels the gauge is matched on.
+    """
+    keys = ", ".join(on)
+    own = (
+        f"{left}\n{op} on ({keys}, replica_class) group_left ()\n"
+        f"max by ({keys}, replica_class) ({gauge}{{{matcher}}})"
+    )
+    default = (
+        f"{left}\n{op} on ({keys}) group_left ()\nmax by ({keys}) ({gauge}{{{matcher}, {_DEFAULT_CLASS}}})"
+    )
+    return f"(\n(\n{own}\n)\nor\n(\n{default}\n)\n)"
+
+
 def _knee_ratio_rule() -> dict[str, Any]:
-    """One rule (Prometheus lints duplicate record names): per class and for every request, both calibers."""
+    """One rule (Prometheus lints duplicate record names): per class and for every request, both
+    calibers, each sidecar against its own replica class's knee."""
     parts = []
+    on = ("model", "task_class")
     for caliber, live, per_task, knee in _CALIBERS:
         live, per_task, knee = sample(live), sample(per_task), sample(knee)
-        per_class = (
-            f"sum by (instance, model, task_class) (avg_over_time({per_task}[{RATE_WINDOW}]))\n"
-            f"/ on (model, task_class) group_left ()\n"
-            f'max by (model, task_class) ({knee}{{task_class!="all"}})'
+        per_class = _with_class(
+            f"sum by (instance, model, task_class) (avg_over_time({per_task}[{RATE_WINDOW}]))"
         )
-        every = (
+        every = _with_class(
             f"label_replace(sum by (instance, model) (avg_over_time({live}[{RATE_WINDOW}])), "
-            f'"task_class", "all", "", "")\n'
-            f"/ on (model, task_class) group_left ()\n"
-            f'max by (model, task_class) ({knee}{{task_class="all"}})'
+            f'"task_class", "all", "", "")'
         )
-        parts += [_caliber(f"(\n{per_class}\n)", caliber), _caliber(f"(\n{every}\n)", caliber)]
+        own_task = _class_knee(per_class, "/", on, knee, 'task_class!="all"')
+        all_tasks = _class_knee(every, "/", on, knee, 'task_class="all"')
+        parts += [_caliber(own_task, caliber), _caliber(all_tasks, caliber)]
     return _rule(R.KNEE_RATIO, "\nor\n".join(parts))
 
 
 def _concurrency_rules() -> list[dict[str, Any]]:
     inflight, tokens = sample("headroom_inflight_requests"), sample("headroom_active_tokens")
     return [
+        _replica_class_rule(),
         _rule(R.INFLIGHT_INSTANCE, f"sum by (instance, model) ({inflight})"),
         _rule(R.TOKENS_INSTANCE, f"sum by (instance, model) ({tokens})"),
         _rule(R.INFLIGHT, f"sum by (model) ({inflight})"),
@@ -96,13 +144,16 @@ def _concurrency_rules() -> list[dict[str, Any]]:
 def _fleet_rules(c: RulesConfig) -> list[dict[str, Any]]:
     """Load and capacity summed over a model's replicas (per cluster), and the replicas the load needs.
 
-    A replica's pool in tokens is its token knee at the request pool's share of the request knee
-    (knee_tokens x pool / knee_requests), the conversion the KEDA trigger uses.
+    A replica is a sidecar serving the model; its capacity is its replica class's (task class
+    "all"; the model's default class's where its class has none), wherever the gauge is exported
+    (the sidecar itself, or the store service). A replica's pool in tokens is its token knee at the
+    request pool's share of the request knee (knee_tokens x pool / knee_requests), the conversion
+    the KEDA trigger uses.
     """
-    every = '{task_class="all"}'
+    serving = _with_class(f"group by (instance, model) ({sample('headroom_inflight_requests')})")
 
     def per_replica(name: str) -> str:
-        return f"max by (instance, model) ({sample(name)}{every})"
+        return _class_knee(serving, "*", ("model",), sample(name), 'task_class="all"')
 
     pool, knee = (
         per_replica("headroom_capacity_recommended_pool_requests"),

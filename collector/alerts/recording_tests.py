@@ -7,7 +7,11 @@ Requests per minute: 60 ok, 6 overloaded (503) -> 1.1 requests/s; shed = availab
   6 / 66 = 9.0909 %; 429s 0 (no series: the `or ... * 0` default).
 Durations of ok requests per minute: 99 of 100 within the e2e bound -> e2e SLO misses 1 %.
 Concurrency: tenants of 3 and 5 requests -> 8 in flight; a knee of 10 (task class all) -> 5-minute
-  mean knee ratio 0.8; no token-caliber knee, so that caliber has no ratio.
+  mean knee ratio 0.8; no token-caliber knee, so that caliber has no ratio. The sidecar exports no
+  headroom_replica_info and the knee no replica_class: both read as the "default" class.
+Replica classes: one model on an h100 sidecar (knee 16) and an l40s one (knee 8), 8 in flight on
+  each -> ratios 0.5 and 1.0; a third sidecar of class a10g, which has no knee of its own, is judged
+  against the model's default class knee (10) -> 0.8.
 """
 
 from __future__ import annotations
@@ -76,7 +80,10 @@ def recording_test_groups(config: RulesConfig) -> list[dict[str, Any]]:
         _expect(R.TTFT_QUANTILE_INSTANCE, (_I | {"quantile": "0.95"}, 1.9375)),
         _expect(R.CONCURRENCY, (_I | {"caliber": "requests"}, 8), (_I | {"caliber": "tokens"}, 1000)),
         # No tokens-caliber knee: that caliber has no ratio (alerts on it stay silent).
-        _expect(R.KNEE_RATIO, (_I | {"caliber": "requests", "task_class": "all"}, 0.8)),
+        _expect(R.REPLICA_CLASS, ({"instance": "a", "replica_class": "default"}, 1)),
+        _expect(
+            R.KNEE_RATIO, (_I | {"caliber": "requests", "task_class": "all", "replica_class": "default"}, 0.8)
+        ),
         _expect(R.RATE_LIMITED_RATIO, (_M, 0)),
         _expect(R.SHED_RATIO, (_M, 0.0909)),
         _expect(R.REQUESTS_RATE, (_M, 1.1)),
@@ -94,23 +101,27 @@ def recording_test_groups(config: RulesConfig) -> list[dict[str, Any]]:
             "promql_expr_test": checks,
         },
         _fleet_group(),
+        _replica_classes_group(),
     ]
     return groups + ([_two_clusters(config.cluster_by)] if config.cluster_by else [])
 
 
 def _fleet_group() -> dict[str, Any]:
-    """Two replicas (pools 24 and 16, knees 32 and 20, token knee 40000 on `a`) carrying 30 requests."""
-    series, where = [], '{instance="%s",model="m",task_class="all"}'
-    for instance, pool, knee, inflight in (("a", 24, 32, 18), ("b", 16, 20, 12)):
+    """Two replicas of two classes (pools 24 and 16, knees 32 and 20, token knee 40000 for `a`'s
+    class) carrying 30 requests; the capacity comes from one exporter (a store service), each
+    replica takes its own class's."""
+    series, where = [], '{instance="store",model="m",task_class="all",replica_class="%s"}'
+    for instance, cls, pool, knee, inflight in (("a", "h100", 24, 32, 18), ("b", "l40s", 16, 20, 12)):
         series += [
-            _series("headroom_capacity_recommended_pool_requests" + where % instance, f"{pool}+0x10"),
-            _series("headroom_capacity_knee_requests" + where % instance, f"{knee}+0x10"),
+            _series("headroom_capacity_recommended_pool_requests" + where % cls, f"{pool}+0x10"),
+            _series("headroom_capacity_knee_requests" + where % cls, f"{knee}+0x10"),
+            _series(f'headroom_replica_info{{instance="{instance}",replica_class="{cls}"}}', "1+0x10"),
             _series(
                 "headroom_inflight_requests" + _PER_TENANT.replace('"a"', f'"{instance}"') % "t",
                 f"{inflight}+0x10",
             ),
         ]
-    series.append(_series("headroom_capacity_knee_tokens" + where % "a", "40000+0x10"))
+    series.append(_series("headroom_capacity_knee_tokens" + where % "h100", "40000+0x10"))
     requests, tokens = _M | {"caliber": "requests"}, _M | {"caliber": "tokens"}
     return {
         "name": "fleet records: load and pools summed over replicas, replicas needed = ceil(load / mean pool)",
@@ -125,6 +136,34 @@ def _fleet_group() -> dict[str, Any]:
             _expect(R.FLEET_POOL_RATIO, (requests, 0.75)),
             _expect(R.REPLICAS_NEEDED, (requests, 2)),
             _expect(R.REPLICAS_NEEDED_FORECAST, (requests, 2)),
+        ],
+    }
+
+
+def _replica_classes_group() -> dict[str, Any]:
+    """One model, sidecars of three classes: each knee ratio against its own class's knee, and a
+    class without a knee against the model's default class knee (see the module docstring)."""
+    knee = 'headroom_capacity_knee_requests{model="m",task_class="all",replica_class="%s"}'
+    series = [
+        _series(knee % cls, f"{value}+0x10") for cls, value in (("h100", 16), ("l40s", 8), ("default", 10))
+    ]
+    for instance, cls in (("a", "h100"), ("b", "l40s"), ("c", "a10g")):
+        series += [
+            _series(f'headroom_replica_info{{instance="{instance}",replica_class="{cls}"}}', "1+0x10"),
+            _series(f'headroom_inflight_requests{{instance="{instance}",model="m",tenant="t"}}', "8+0x10"),
+        ]
+    every = {"model": "m", "caliber": "requests", "task_class": "all"}
+    return {
+        "name": "replica classes: each sidecar against its own class's knee, else the default class's",
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            _expect(
+                R.KNEE_RATIO,
+                (every | {"instance": "a", "replica_class": "h100"}, 0.5),
+                (every | {"instance": "b", "replica_class": "l40s"}, 1.0),
+                (every | {"instance": "c", "replica_class": "a10g"}, 0.8),
+            ),
         ],
     }
 

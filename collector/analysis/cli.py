@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import tempfile
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -22,9 +24,9 @@ from collector.analysis.probe import ProbeError, ProbeSettings, new_run_id, run_
 from collector.analysis.prompts import load_prompts
 from collector.analysis.render import print_estimate
 from collector.analysis.slo import Slo
-from collector.analysis.workload import load_workload
+from collector.analysis.workload import FROM_LOG, load_workload, log_lengths
 from collector.store.db import RequestStore
-from collector.store.owner import OwnerError, find_owner, is_lock_error
+from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log
 from collector.store.shipper import StoreShipper
 
 __all__ = ["probe", "capacity"]
@@ -45,7 +47,8 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def _row_writer(db: str | None, store_url: str | None, store_token: str | None, url: str):
-    """Where probe rows and the estimate go. Returns (write rows, close, save estimate).
+    """Where probe rows and the estimate go. Returns (write rows, close, save estimate, the store
+    when this process opened --db itself).
 
     A --db that a running sidecar owns is written through it (collector.store.owner): rows to its
     ingest route, unless the probe runs through that same sidecar, which logs the load itself.
@@ -60,12 +63,12 @@ def _row_writer(db: str | None, store_url: str | None, store_token: str | None, 
                     "file headroom wrote, or a new path"
                 ) from None
             return _through_owner(db, url)
-        return store.insert_rows, store.close, lambda estimate: save_estimate(store, estimate)
+        return store.insert_rows, store.close, lambda estimate: save_estimate(store, estimate), store
     if store_url:
         spool = Path(tempfile.mkdtemp(prefix="probe-spool-"))
         shipper = StoreShipper(store_url, store_token or "", spool)
-        return shipper.write_batch, shipper.close, None
-    return None, (lambda: None), None
+        return shipper.write_batch, shipper.close, None, None
+    return None, (lambda: None), None, None
 
 
 def _through_owner(db: str, url: str):
@@ -97,6 +100,7 @@ def _through_owner(db: str, url: str):
         (None if shipper is None else shipper.write_batch),
         (shipper.close if shipper else lambda: None),
         save,
+        None,
     )
 
 
@@ -115,6 +119,9 @@ Examples:
   headroom probe --url http://gpu-1:8000 --prompts mixed --profile batch
   headroom probe --url http://127.0.0.1:9100 --workload classes --levels 1,2,4,8,16
   headroom probe --url http://127.0.0.1:9100 --workload my-workload.yaml --json knees.json
+  headroom probe --url http://127.0.0.1:9100 --workload from-log --db headroom.duckdb
+  headroom probe --url http://gpu-1:8000 --workload from-log --traffic-db headroom.duckdb \\
+      --db probes.duckdb
 """,
 )
 @click.option("--url", required=True, help="Base URL of the sidecar or the engine (OpenAI API).")
@@ -183,10 +190,20 @@ Examples:
 @click.option(
     "--workload",
     default=None,
-    metavar="FILE|classes",
+    metavar="FILE|classes|from-log",
     help="Measure one gradient per task class (YAML: classes with name, max_tokens, "
     "prompts; 'classes' = short 128, medium 512, long 1200 tokens); each class "
-    "gets its own knee and pool. Replaces --max-tokens and --prompts.",
+    "gets its own knee and pool. 'from-log': one gradient whose prompt and output "
+    "lengths are drawn from the traffic of the request log (--traffic-db), so its "
+    "knee in tokens is the traffic's. Replaces --max-tokens and --prompts.",
+)
+@click.option(
+    "--traffic-db",
+    default=None,
+    metavar="PATH",
+    help="Request log whose traffic (the 7 days before the probe) the probe's token mix is "
+    "compared with, and --workload from-log draws from; default: --db. Read through the "
+    "sidecar while one serves it. Without one the token knee is not published.",
 )
 @click.option(
     "--engine-metrics",
@@ -219,6 +236,7 @@ def probe(
     seed,
     api_key,
     workload,
+    traffic_db,
     engine_metrics,
 ) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
@@ -229,6 +247,12 @@ def probe(
     capacity errors and are never retried; a request whose reused connection the engine had
     closed is re-sent once on a new one (counted). The probe stops early once a level is
     clearly saturated and says why.
+
+    A level's outcome mix and first error are printed; when more than 5 % of a level's requests
+    fail for reasons other than capacity (a 400, a malformed answer) the estimate has confidence
+    none and publishes nothing. The knee in tokens is published only when the probe's tokens per
+    request are within 2x of the traffic's (--traffic-db), the passive token curve agrees, and
+    never above the engine's KV capacity; otherwise it is withheld and the reason printed.
     """
     engine_url = None if engine_metrics in ("auto", "none") else engine_metrics
     for name, value, example in (
@@ -257,22 +281,18 @@ def probe(
         api_key=api_key,
         engine_metrics=engine_metrics,
     )
-    runs = _class_settings(settings, workload)
-    write, close, save = _row_writer(db, store_url, store_token, url)
+    write, close, save, own = _row_writer(db, store_url, store_token, url)
     estimates = []
     try:
-        for run in runs:
-            if len(runs) > 1:
-                click.echo(
-                    f"\n== task class {run.task_class}: max_tokens {run.max_tokens}, prompts {run.prompts}"
-                )
-            result = _run_with_progress(run, write)
-            estimate = estimate_from_probe(result, slo=slo, profile=profile)
-            print_estimate(estimate)
-            click.echo(f"queueing evidence: {result.queue_evidence}")
-            if save is not None:
-                save(estimate)
-            estimates.append(estimate)
+        with contextlib.ExitStack() as stack:
+            traffic = _traffic_log(stack, traffic_db or db, own if traffic_db in (None, db) else None)
+            runs = _class_settings(settings, workload, traffic)
+            for run in runs:
+                if len(runs) > 1:
+                    click.echo(
+                        f"\n== task class {run.task_class}: max_tokens {run.max_tokens}, prompts {run.prompts}"
+                    )
+                estimates.append(_probe_once(run, write, save, slo, profile, traffic))
     except ProbeError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
@@ -282,10 +302,43 @@ def probe(
     _write_outputs(estimates, json_path, plot_path)
 
 
-def _class_settings(settings: ProbeSettings, workload: str | None) -> list[ProbeSettings]:
+def _probe_once(run, write, save, slo, profile, traffic):
+    """One gradient: run it, estimate it (its token knee checked against `traffic`), print, save."""
+    result = _run_with_progress(run, write)
+    estimate = estimate_from_probe(result, slo=slo, profile=profile, traffic=traffic)
+    print_estimate(estimate)
+    click.echo(f"queueing evidence: {result.queue_evidence}")
+    if save is not None:
+        save(estimate)
+    return estimate
+
+
+def _traffic_log(stack: contextlib.ExitStack, path: str | None, own: RequestStore | None):
+    """The request log the probe compares its token mix with (and from-log draws from), or None.
+
+    The --db this process opened itself is reused; any other path is opened read-only, or read
+    through the sidecar that serves it (collector.store.owner).
+    """
+    if own is not None or path is None:
+        return own
+    if not Path(path).exists():
+        raise click.BadParameter(
+            f"{path} does not exist; pass the sidecar's request log", param_hint="--traffic-db"
+        )
+    try:
+        return stack.enter_context(open_request_log(path))
+    except (OwnerError, duckdb.Error) as exc:
+        raise click.ClickException(f"cannot read the request log {path} ({exc})") from None
+
+
+def _class_settings(
+    settings: ProbeSettings, workload: str | None, traffic: RequestStore | None = None
+) -> list[ProbeSettings]:
     """One ProbeSettings per task class of the workload, or the one run without a workload."""
     if workload is None:
         return [settings]
+    if workload == FROM_LOG:
+        return [_from_log(settings, traffic)]
     try:
         classes = load_workload(workload)
     except ValueError as exc:
@@ -307,6 +360,25 @@ def _class_settings(settings: ProbeSettings, workload: str | None) -> list[Probe
             )
         )
     return runs
+
+
+def _from_log(settings: ProbeSettings, traffic: RequestStore | None) -> ProbeSettings:
+    """The settings of a from-log probe: lengths drawn from the traffic of the request log."""
+    if traffic is None:
+        raise click.BadParameter(
+            f"{FROM_LOG} needs the request log to draw lengths from: pass --traffic-db (or --db)",
+            param_hint="--workload",
+        )
+    try:
+        lengths = log_lengths(traffic, model=settings.model, until=datetime.now(UTC), seed=settings.seed)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--workload") from None
+    mix = lengths.mix
+    click.echo(
+        f"lengths from the request log: {mix.requests} traffic requests, mean prompt "
+        f"{mix.mean_prompt_tokens:.0f} and completion {mix.mean_completion_tokens:.0f} tokens"
+    )
+    return replace(settings, lengths=lengths.pairs, prompts=FROM_LOG)
 
 
 def _print_classes(estimates: list) -> None:

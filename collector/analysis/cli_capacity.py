@@ -10,8 +10,8 @@ import orjson
 
 from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.passive import passive_curve
-from collector.store.decision import Decision, decisions
 from collector.analysis.quota import quota_ceiling
+from collector.store.decision import Decision, decisions
 from collector.store.owner import OwnerError, open_request_log
 
 __all__ = ["register"]

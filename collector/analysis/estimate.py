@@ -4,8 +4,20 @@ An estimate comes from a probe run (measured levels) or from traffic (passive bu
 the levels, the knee in both calibers, the SLO maximum and the recommended pool for a profile.
 `to_dict()` is the stable JSON schema documented in docs/capacity.md (schema_version 1).
 Estimates are kept by the store (collector.store.estimates, table `capacity_estimates`) as that
-JSON; `save_estimate`, `latest_estimates` and `publish_estimates` here are the typed side of it,
+JSON; `save_estimate` here is the typed side of it,
 and the newest estimate per model is what the sidecar and the store export as headroom_capacity_*.
+
+What an estimate says must be true, so building one checks two things (docs/capacity.md):
+
+* errors: `error_ratio` is the worst level's share of requests that failed for reasons other than
+  capacity (a 400, a malformed answer; 429, 503 and timeouts are capacity). Above
+  collector.store.decision.MAX_ERROR_RATIO the estimate's confidence is "none", with the reason
+  and the level's first error, and the gate never publishes it;
+* the token knee: a probe's is checked against the traffic's length mix, the passive token curve
+  and the engine's KV capacity (collector.analysis.token_knee); when it must not be used the flat
+  `knee_tokens` is None and `token_knee_withheld` says why.
+
+A recommended pool of 0 comes with `pool_reason` (which level failed which target).
 """
 
 from __future__ import annotations
@@ -23,9 +35,10 @@ from collector.analysis.passive import passive_curve
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import Slo, slo_max
 from collector.analysis.stats import seconds
+from collector.analysis.token_knee import TokenCheck, mix_of_rows, token_check_in_store
 from collector.store import estimates as saved
-from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.decision import MAX_ERROR_RATIO
 
 __all__ = [
     "CapacityEstimate",
@@ -33,10 +46,10 @@ __all__ = [
     "estimate_capacity",
     "estimate_from_probe",
     "estimate_probe_run",
+    "apply_token_check",
+    "judge_errors",
     "probe_levels",
     "save_estimate",
-    "latest_estimates",
-    "publish_estimates",
     "SCHEMA_VERSION",
 ]
 
@@ -64,6 +77,18 @@ class CapacityEstimate:
     extra: dict[str, Any] = field(default_factory=dict)
     task_class: str = "all"  # the requests measured: a class of the workload, or all of them
     replica_class: str = "default"  # the replicas measured: model x hardware x engine configuration
+    error_ratio: float = 0.0  # the worst level's share of non-capacity failures (module docstring)
+    token_knee_withheld: str | None = None  # why the token knee must not be used; None: usable
+    kv_capacity_tokens: int | None = None  # the engine's KV cache: the token knee's ceiling
+
+    @property
+    def knee_tokens(self) -> int | None:
+        """The token knee the gauges export: None when not reached or withheld, capped at the KV."""
+        if not self.knee.reached or self.token_knee_withheld is not None:
+            return None
+        if self.kv_capacity_tokens:
+            return min(self.knee.tokens, self.kv_capacity_tokens)
+        return self.knee.tokens
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON schema (docs/capacity.md); flat *_requests/*_tokens for gauges."""
@@ -89,7 +114,10 @@ class CapacityEstimate:
             "stopped_early": self.stopped_early,
             # flat values the capacity gauges read; a knee not reached is a lower bound: not exported
             "knee_requests": self.knee.requests if self.knee.reached else None,
-            "knee_tokens": self.knee.tokens if self.knee.reached else None,
+            "knee_tokens": self.knee_tokens,
+            "token_knee_withheld": self.token_knee_withheld,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "error_ratio": round(self.error_ratio, 6),
             "slo_max_requests": self.slo_max,
             "slo_max_tokens": self.slo_max_tokens,
         } | self.extra
@@ -121,6 +149,9 @@ class CapacityEstimate:
             "knee_tokens",
             "slo_max_requests",
             "slo_max_tokens",
+            "token_knee_withheld",
+            "kv_capacity_tokens",
+            "error_ratio",
         }
         return cls(
             data["model"],
@@ -139,6 +170,9 @@ class CapacityEstimate:
             {k: v for k, v in data.items() if k not in known},
             data.get("task_class") or "all",
             data.get("replica_class") or "default",
+            float(data.get("error_ratio") or 0.0),
+            data.get("token_knee_withheld"),
+            data.get("kv_capacity_tokens"),
         )
 
 
@@ -160,7 +194,7 @@ def build_estimate(
     best = slo_max(ordered, slo)
     at_best = next((s for s in ordered if s.concurrency == best), None)
     tokens = int(round(at_best.mean_active_tokens)) if at_best and at_best.mean_active_tokens else None
-    return CapacityEstimate(
+    estimate = CapacityEstimate(
         model,
         source,
         run_id,
@@ -174,16 +208,63 @@ def build_estimate(
         confidence,
         stopped_early=stopped_early,
     )
+    if estimate.recommended_pool == 0:
+        estimate.extra["pool_reason"] = _pool_reason(ordered, slo)
+    worst = max(ordered, key=lambda s: s.non_capacity_error_ratio or 0.0, default=None)
+    if worst is not None and worst.non_capacity_error_ratio:
+        judge_errors(estimate, worst.non_capacity_error_ratio, _where(worst))
+    return estimate
 
 
-def probe_levels(rows: Sequence[dict]) -> list[LevelStats]:
+def _where(level: LevelStats) -> str:
+    """'at concurrency 4 (ok 30, http 400 10; first error: HTTP 400: ...)' for a reason."""
+    mix = ", ".join(f"{name} {count}" for name, count in (level.outcomes or {}).items())
+    first = f"; first error: {level.first_error}" if level.first_error else ""
+    return f"at concurrency {level.concurrency}" + (f" ({mix}{first})" if mix or first else "")
+
+
+def judge_errors(estimate: CapacityEstimate, error_ratio: float, where: str) -> None:
+    """Record the estimate's non-capacity error ratio; above MAX_ERROR_RATIO its confidence is none.
+
+    Such an estimate measured its own failures, not the engine's capacity: it is kept (and
+    printed) with the reason, and the gate (collector.store.decision) never publishes it.
+    """
+    estimate.error_ratio = error_ratio
+    if error_ratio > MAX_ERROR_RATIO:
+        estimate.confidence = "none"
+        estimate.extra["confidence_reason"] = (
+            f"{error_ratio:.0%} of the requests {where} failed for reasons other than capacity "
+            f"(more than {MAX_ERROR_RATIO:.0%}): the measurement is broken, not the engine full; "
+            "nothing is published"
+        )
+
+
+def _pool_reason(levels: Sequence[LevelStats], slo: Slo) -> str:
+    """Why the recommended pool is 0: the lowest level and the targets it missed."""
+    lowest = levels[0]
+    missed = []
+    for name, value, target in (
+        ("p95 TTFT", lowest.ttft_p95_s, slo.ttft_p95_s),
+        ("p95 TPOT", lowest.tpot_p95_s, slo.tpot_p95_s),
+    ):
+        if target is not None and (value is None or value > target):
+            shown = "no answer" if value is None else f"{value:.3f} s"
+            missed.append(f"{name} {shown} > {target:g} s")
+    if lowest.error_ratio > slo.max_error_ratio:
+        missed.append(f"error ratio {lowest.error_ratio:.0%} > {slo.max_error_ratio:.0%}")
+    return f"no level met the SLO: at concurrency {lowest.concurrency}, " + ", ".join(
+        missed or ["a target was missed"]
+    )
+
+
+def probe_levels(rows: Sequence[dict[str, Any]]) -> list[LevelStats]:
     """Levels of one stored probe run, the level read from the request id.
 
     Each level is measured from its first to its last measured (not warm-up) admission, as the
     probe measured it; every completion inside that window counts towards throughput, warm-up
     rows' too, so a queued level's long requests do not make it look slower than it was.
     """
-    grouped: dict[int, list[dict]] = defaultdict(list)
+    grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
     measured: dict[int, list[float]] = defaultdict(list)
     for row in rows:
         match = _LEVEL_IN_ID.search(row["request_id"])
@@ -191,7 +272,7 @@ def probe_levels(rows: Sequence[dict]) -> list[LevelStats]:
             level = int(match.group(1))
             grouped[level].append(row)
             if not match.group(2):
-                measured[level].append(seconds(row["admitted_at"]))
+                measured[level].append(seconds(row["admitted_at"]) or 0.0)
     return [
         summarize_level(
             grouped[level], level, window=(min(times), max(times)) if max(times) > min(times) else None
@@ -224,15 +305,49 @@ def _from_probe_run(
     estimate.task_class = classes.most_common(1)[0][0]  # the workload class the probe named
     # the run's own time: a probe stored hours ago must not look fresh when estimated now
     estimate.created_at = max(row["completed_at"] for row in rows if row["completed_at"])
+    first = min(row["admitted_at"] for row in rows)
+    # the traffic before the probe, in the same store; the passive token curve as the traffic
+    # refresh saved it (a serving process never computes one in its own interpreter)
+    check = token_check_in_store(
+        store if isinstance(store, RequestStore) else None,
+        estimate.knee.tokens if estimate.knee.reached else None,
+        mix_of_rows(rows),
+        model=estimate.model,
+        at=first,
+    )
+    apply_token_check(estimate, check)
     return estimate
+
+
+def apply_token_check(estimate: CapacityEstimate, check: TokenCheck) -> None:
+    """Set the estimate's token knee from the check: withheld (with why), or capped at the KV."""
+    estimate.token_knee_withheld = check.withheld
+    estimate.kv_capacity_tokens = check.kv_capacity_tokens
+    estimate.extra["token_check"] = check.to_dict()
 
 
 def estimate_probe_run(
     store: Any, run_id: str, *, slo_ttft_p95_s: float | None = None, profile: str = "interactive"
 ) -> CapacityEstimate | None:
     """The estimate of one stored probe run (rows through a sidecar, a store or a --db file);
-    None when it has no measured level."""
+    None when it has no measured level. Its token knee is checked against the store's traffic."""
     return _from_probe_run(store, run_id, None, Slo(ttft_p95_s=slo_ttft_p95_s), profile)
+
+
+_TRAFFIC_FAILURES = """SELECT count(*) FILTER (WHERE outcome = 'upstream_error'), count(*) FROM requests
+    WHERE source = 'traffic' AND (? IS NULL OR admitted_at >= ?) AND (? IS NULL OR admitted_at < ?)
+      AND (? IS NULL OR model = ?) AND (? IS NULL OR task_class = ?)"""
+
+
+def _traffic_error_ratio(
+    store: Any, model: str | None, since: datetime | None, until: datetime | None, task_class: str | None
+) -> float:
+    """Share of the window's traffic the engine failed (5xx other than 503, resets, malformed
+    answers). Clients' own 4xx and cancellations say nothing about the engine and are not counted."""
+    failed, total = store.query(
+        _TRAFFIC_FAILURES, [since, since, until, until, model, model, task_class, task_class]
+    )[0]
+    return failed / total if total else 0.0
 
 
 def _from_traffic(
@@ -261,11 +376,14 @@ def _from_traffic(
         knee=curve.knee,
     )
     estimate.task_class = task_class or "all"
-    estimate.extra = {
+    estimate.extra |= {
         "confidence_reason": curve.confidence_reason,
         "window_s": curve.window_s,
         "token_curve": tokens.to_dict(),
     }
+    failed = _traffic_error_ratio(store, model, since, until, task_class)
+    if failed:
+        judge_errors(estimate, failed, "of the traffic in the window (upstream errors)")
     return estimate
 
 
@@ -301,18 +419,18 @@ def save_estimate(store: RequestStore, estimate: CapacityEstimate) -> str:
     return saved.save_estimate(store, estimate.to_dict())
 
 
-def latest_estimates(store: RequestStore) -> list[CapacityEstimate]:
-    """The newest saved estimate per model (empty when none were saved yet)."""
-    return [CapacityEstimate.from_dict(data) for data in saved.latest_estimates(store)]
+def estimate_from_probe(
+    result: Any,
+    *,
+    slo: Slo = Slo(),
+    profile: str = "interactive",
+    traffic: RequestStore | None = None,
+) -> CapacityEstimate:
+    """The estimate of a finished probe run (collector.analysis.probe.ProbeResult).
 
-
-def publish_estimates(gauges: CapacityGauges, estimates: Sequence[CapacityEstimate]) -> None:
-    """Replace the headroom_capacity_* gauges with these estimates (both calibers)."""
-    saved.publish_estimates(gauges, [estimate.to_dict() for estimate in estimates])
-
-
-def estimate_from_probe(result: Any, *, slo: Slo = Slo(), profile: str = "interactive") -> CapacityEstimate:
-    """The estimate of a finished probe run (collector.analysis.probe.ProbeResult)."""
+    Its token knee is checked against `traffic` (a request log; None: no traffic to compare
+    with, so the token knee is withheld) and capped at the engine's KV capacity the probe read.
+    """
     estimate = build_estimate(
         [level.stats for level in result.levels],
         slo=slo,
@@ -325,4 +443,16 @@ def estimate_from_probe(result: Any, *, slo: Slo = Slo(), profile: str = "intera
     estimate.task_class = result.task_class
     if getattr(result, "engine_max_concurrency", None) is not None:
         estimate.extra["engine_max_concurrency"] = result.engine_max_concurrency
+    rows = [row for level in result.levels for row in level.rows]
+    started = min((row["admitted_at"] for row in rows), default=estimate.created_at)
+    check = token_check_in_store(
+        traffic,
+        estimate.knee.tokens if estimate.knee.reached else None,
+        mix_of_rows(rows),
+        model=result.model,
+        at=started,
+        kv_capacity_tokens=getattr(result, "engine_kv_capacity_tokens", None),
+        compute_passive=True,
+    )
+    apply_token_check(estimate, check)
     return estimate

@@ -9,6 +9,15 @@ the last admission among the rows, which in a closed loop spans whole waves of r
 level's requests (in admission order). Queueing past the knee raises both halves; one scheduling
 stall on a busy host raises one half only. The knee rule reads this value so that a blip of a
 few requests is not taken for a knee.
+
+Failures are kept as they happened: `outcomes` is the level's outcome mix ("ok", "http 400",
+"http 429", "timeout", "upstream_error" ...; an answer with an HTTP status is named by it) and
+`first_error` the first failure's text (the probe passes the upstream's error message, truncated
+and with any prompt text removed; a stored row only has our own short reason, e.g. "HTTP 400").
+`non_capacity_error_ratio` is the share of requests that failed for a reason other than capacity:
+429, 503 and timeouts are the engine running out of room (the knee's evidence); a 400, a reset or
+a malformed answer says the measurement itself is broken, and an estimate with more than a few
+of them is not published (collector.analysis.estimate).
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ __all__ = [
     "default_window",
     "persistent_p95",
     "is_capacity_error",
+    "outcome_key",
+    "outcome_mix",
     "latency_fields",
     "CAPACITY_STATUSES",
 ]
@@ -62,6 +73,11 @@ class LevelStats:
     ttft_p95_persistent_s: float | None = None  # min of the two halves' p95 (module docstring)
     capacity_errors: int = 0  # 429 and 503 answers and timeouts: the only errors the knee reads
     engine_waiting_mean: float | None = None  # the engine's queue length, mean over admissions
+    # the outcome mix ({"ok": 30, "http 400": 10}), the first failure's text and the share of
+    # failures that are not capacity errors; None where the level came from elsewhere (traffic)
+    outcomes: dict[str, int] | None = None
+    first_error: str | None = None
+    non_capacity_error_ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON (floats rounded to microseconds / 0.001 tokens)."""
@@ -104,6 +120,39 @@ def is_capacity_error(row: Row) -> bool:
     )
 
 
+def outcome_key(row: Row) -> str:
+    """The row's entry in an outcome mix: 'ok', 'http <status>' for an HTTP error, else the outcome.
+
+    Examples: a 400 -> 'http 400'; a 429 -> 'http 429'; a timeout -> 'timeout'; a reset or a
+    malformed stream (status 200) -> 'upstream_error'.
+    """
+    outcome = row.get("outcome") or "unknown"
+    if outcome == "ok":
+        return "ok"
+    status = row.get("status_code")
+    if status is not None and status != 200:
+        return f"http {status}"
+    return str(outcome)
+
+
+def outcome_mix(rows: Sequence[Row]) -> dict[str, int]:
+    """{outcome key: count}, the most frequent first; e.g. {'ok': 30, 'http 400': 10}."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        key = outcome_key(row)
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _first_error(rows: Sequence[Row]) -> str | None:
+    """Our short reason for the earliest failed row (stored rows keep no upstream text)."""
+    failed = [r for r in rows if r.get("outcome") not in ("ok", None)]
+    if not failed:
+        return None
+    first = min(failed, key=lambda r: seconds(r.get("admitted_at")) or 0.0)
+    return str(first.get("error") or first.get("outcome"))
+
+
 def _waiting_mean(rows: Sequence[Row]) -> float | None:
     """Mean engine queue length the rows saw at admission; None when it was never known."""
     return mean(r.get("engine_waiting_at_admit") for r in rows)
@@ -135,11 +184,13 @@ def summarize_level(
     *,
     window: tuple[float, float] | None = None,
     mean_inflight: float | None = None,
+    first_error: str | None = None,
 ) -> LevelStats:
     """Summarise the rows of one level: rates, p50/p95/p99 TTFT/TPOT/e2e, error ratios, Little.
 
     `window` is (start, end) in POSIX seconds; `mean_inflight` a live measurement for Little's
-    law (otherwise it is computed from the rows' time stamps).
+    law (otherwise it is computed from the rows' time stamps); `first_error` the text of the
+    level's first failure as the client saw it (otherwise the first failed row's own reason).
     """
     if not rows:
         raise ValueError(f"level {concurrency} has no rows; measure it before summarising")
@@ -176,10 +227,16 @@ def summarize_level(
         ttft_p95_persistent_s=persistent_p95(
             [
                 r.get("ttft_s")
-                for r in sorted(inside, key=lambda r: seconds(r["admitted_at"]))
+                for r in sorted(inside, key=lambda r: seconds(r["admitted_at"]) or 0.0)
                 if r.get("outcome") == "ok"
             ]
         ),
         capacity_errors=sum(1 for r in inside if is_capacity_error(r)),
         engine_waiting_mean=_waiting_mean(inside),
+        outcomes=outcome_mix(inside),
+        first_error=first_error or _first_error(rows),
+        non_capacity_error_ratio=sum(
+            1 for r in inside if r.get("outcome") != "ok" and not is_capacity_error(r)
+        )
+        / len(inside),
     )

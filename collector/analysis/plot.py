@@ -99,6 +99,8 @@ def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> byt
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, dict):  # the outcome mix: "ok 30, http 400 10"
+        return html.escape(", ".join(f"{k} {v}" for k, v in value.items()))
     return html.escape("" if value is None else str(value))
 
 
@@ -113,17 +115,30 @@ def render_html(estimate: Any, png: bytes) -> str:
         "tpot_p95_s",
         "e2e_p95_s",
         "error_ratio",
+        "outcomes",
+        "first_error",
     )
     rows = "".join(
-        "<tr>" + "".join(f"<td>{_cell(level.to_dict()[c])}</td>" for c in columns) + "</tr>"
+        "<tr>" + "".join(f"<td>{_cell(level.to_dict().get(c))}</td>" for c in columns) + "</tr>"
         for level in estimate.levels
     )
     knee = estimate.knee
+    withheld = getattr(estimate, "token_knee_withheld", None)
+    tokens = f"{knee.tokens} tokens" + (" (withheld)" if withheld and knee.reached else "")
+    pool_reason = estimate.extra.get("pool_reason")
     summary = (
-        f"knee {knee.requests} requests / {knee.tokens} tokens; SLO max "
+        f"knee {knee.requests} requests / {tokens}; SLO max "
         f"{_cell(estimate.slo_max)}; recommended pool {estimate.recommended_pool} "
-        f"({_cell(estimate.profile)})"
+        f"({_cell(estimate.profile)}){': ' + _cell(pool_reason) if pool_reason else ''}; "
+        f"confidence {_cell(estimate.confidence)}"
     )
+    notes = [
+        f"Token knee withheld: {withheld}" if withheld and knee.reached else None,
+        f"Publishes nothing: {estimate.extra.get('confidence_reason')}"
+        if estimate.confidence == "none"
+        else None,
+    ]
+    summary += "".join(f"</p>\n<p>{_cell(note)}" for note in notes if note)
     encoded = base64.b64encode(png).decode("ascii")
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>headroom capacity</title>"

@@ -12,11 +12,21 @@ retried. After each level the probe stops early, with the reason, once the level
 saturated (error ratio, or p95 TTFT far beyond the SLO or the low-load value), and inside a level
 it gives up as soon as half the answers are failures, so it never hammers a service that is down.
 An unreachable URL fails before any load with a message naming it.
+
+Each level keeps its outcome mix and the text of its first failure (LevelStats.outcomes,
+first_error): a probe whose requests fail for reasons other than capacity (a 400 for a prompt the
+engine cannot take, a malformed answer) measures nothing, and says so (collector.analysis.estimate).
+
+With `lengths` (`--workload from-log`) each request takes one (prompt tokens, completion tokens)
+pair drawn from the request log: a filler prompt of that length and that many output tokens.
+The filler's characters per token follow what the engine reports in `usage`, so the prompt
+tokens sent match the log's on any tokenizer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import secrets
 import time
 from collections import Counter
@@ -30,7 +40,7 @@ import aiohttp
 from collector.analysis.knee import KneeRule, detect_knee, judge_level
 from collector.analysis.levels import LevelStats, summarize_level
 from collector.analysis.probe_request import RequestSpec, send_one
-from collector.analysis.prompts import PromptPicker, load_prompts
+from collector.analysis.prompts import PromptPicker, load_prompts, prompt_of_tokens
 from collector.analysis.slo import Slo
 from collector.analysis.stats import percentile, seconds
 from collector.inflight import Inflight
@@ -83,6 +93,9 @@ class ProbeSettings:
     seed: int = 0
     run_id: str | None = None
     api_key: str | None = field(default=None, repr=False)  # sent as a bearer token, never stored
+    # (prompt tokens, completion tokens) pairs to draw each request from (--workload from-log);
+    # empty: `prompts` and `max_tokens`
+    lengths: tuple[tuple[int, int], ...] = field(default=(), repr=False)
 
 
 @dataclass
@@ -107,6 +120,7 @@ class ProbeResult:
     task_class: str = "all"
     engine_max_concurrency: int | None = None  # the engine's own ceiling, when it tells it
     queue_evidence: str = "TTFT growth (the engine's queue was not read)"
+    engine_kv_capacity_tokens: int | None = None  # the engine's KV cache, when it publishes it
 
 
 def new_run_id() -> str:
@@ -192,6 +206,7 @@ class _Level:
         self.done = asyncio.Event()
         self.ended_by = ""
         self.stop_time = self.area_at_stop = 0.0
+        self.first_error: str | None = None  # the first failure's text, as the client saw it
 
     def waiting(self) -> int | None:
         """The engine's queue as last polled, if that poll was sent during this level.
@@ -206,7 +221,7 @@ class _Level:
 
     def measured(self) -> list[dict[str, Any]]:
         start = self.measuring_since
-        return [] if start is None else [r for r in self.rows if seconds(r["admitted_at"]) >= start]
+        return [] if start is None else [r for r in self.rows if (seconds(r["admitted_at"]) or 0.0) >= start]
 
     def _stop(self, why: str) -> None:
         if not self.done.is_set():
@@ -261,18 +276,45 @@ class _Runner:
         self.settings, self.client, self.model, self.run_id = settings, client, model, run_id
         self.engine = engine
         self.progress = progress or (lambda level, done, cap: None)
-        self.picker = PromptPicker(load_prompts(settings.prompts), settings.seed)
+        self.picker = (
+            None if settings.lengths else PromptPicker(load_prompts(settings.prompts), settings.seed)
+        )
+        self.draw = random.Random(settings.seed)
         self.meter = Inflight()
         self.url = _base_url(settings.url) + settings.endpoint
         self.sequence = 0
+        # --workload from-log: prompt tokens asked for vs reported by the engine, of answered
+        # requests, to scale the filler's characters per token to the engine's tokenizer
+        self.asked: dict[str, int] = {}
+        self.asked_total = self.reported_total = 0
+
+    def _chars_per_token(self) -> float:
+        if self.reported_total < 1:
+            return 4.0
+        return min(16.0, max(1.0, 4.0 * self.asked_total / self.reported_total))
+
+    def _shape(self, request_id: str) -> tuple[str, int]:
+        """The prompt and max_tokens of the next request."""
+        if self.picker is not None:
+            return self.picker.next(), self.settings.max_tokens
+        prompt_tokens, completion_tokens = self.draw.choice(self.settings.lengths)
+        self.asked[request_id] = prompt_tokens
+        return prompt_of_tokens(prompt_tokens, self.sequence, self._chars_per_token()), completion_tokens
+
+    def _calibrate(self, row: dict[str, Any]) -> None:
+        asked = self.asked.pop(row["request_id"], None)
+        if asked is not None and row["outcome"] == "ok" and row["usage_source"] == "upstream":
+            self.asked_total += asked
+            self.reported_total += row["prompt_tokens"] or 0
 
     def _spec(self, level: _Level) -> RequestSpec:
         self.sequence += 1
         warm = "-w" if level.measuring_since is None else ""
-        prompt = self.picker.next()
+        request_id = f"{self.run_id}-c{level.concurrency:04d}-{self.sequence:06d}{warm}"
+        prompt, max_tokens = self._shape(request_id)
         payload: dict[str, Any] = {
             "model": self.model,
-            "max_tokens": self.settings.max_tokens,
+            "max_tokens": max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": 0,
@@ -283,25 +325,29 @@ class _Runner:
             payload["prompt"] = prompt
         if self.settings.ignore_eos:
             payload["ignore_eos"] = True
-        request_id = f"{self.run_id}-c{level.concurrency:04d}-{self.sequence:06d}{warm}"
         return RequestSpec(
             request_id,
             self.run_id,
             self.url,
             self.settings.endpoint,
             self.model,
-            self.settings.max_tokens,
+            max_tokens,
             payload,
             estimate_tokens(prompt),
             self.settings.task_class,
+            prompt,
         )
 
     async def _worker(self, level: _Level, delay_s: float) -> None:
         if delay_s > 0:
             await asyncio.sleep(delay_s)
         while not level.done.is_set():
-            record = await send_one(self.client, self._spec(level), self.meter, level.waiting)
-            level.rows.append(record.as_row())
+            answer = await send_one(self.client, self._spec(level), self.meter, level.waiting)
+            row = answer.record.as_row()
+            self._calibrate(row)
+            if answer.error_text is not None and level.first_error is None:
+                level.first_error = answer.error_text
+            level.rows.append(row)
             level.check()
             self.progress(level.concurrency, len(level.measured()), self.settings.max_samples)
 
@@ -324,7 +370,13 @@ class _Runner:
         if start is not None and level.stop_time > start:
             window = (start, level.stop_time)
             inflight = (level.area_at_stop - level.area_at_start) / (level.stop_time - start)
-        stats = summarize_level(level.rows, level.concurrency, window=window, mean_inflight=inflight)
+        stats = summarize_level(
+            level.rows,
+            level.concurrency,
+            window=window,
+            mean_inflight=inflight,
+            first_error=level.first_error,
+        )
         return LevelRun(level.concurrency, level.rows, stats, level.ended_by)
 
 
@@ -379,6 +431,7 @@ async def run_probe(
                 break
         result.queue_evidence = _queue_evidence(engine)
         result.engine_max_concurrency = engine.latest.max_concurrency if engine else None
+        result.engine_kv_capacity_tokens = engine.latest.kv_capacity_tokens if engine else None
     finally:
         if engine is not None:
             await engine.stop()

@@ -6,10 +6,17 @@ from the upstream `usage` chunk. Its own dual-caliber concurrency is a collector
 (the type the sidecar's tracker keeps), which becomes each record's inflight_at_admit /
 active_tokens_at_admit, and its time integral feeds the Little's-law check. The stream is parsed
 with collector.sse, the same reader the proxy uses.
+
+A failed request's error text (the upstream's error message, or the exception) comes back beside
+the record, for the probe's per-level "first error": whitespace collapsed, at most
+ERROR_TEXT_CHARS characters, and any run of ERROR_PROMPT_RUN or more characters that also occurs
+in the prompt replaced by "[prompt text]" (some servers echo the input). It is printed and kept
+in the estimate, never in the request log, whose `error` column holds our own short reason.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +30,10 @@ from collector.record import RequestRecord, outcome_for_status, time_per_output_
 from collector.sse import DONE, ERROR, MALFORMED, EventSplitter, inspect_event
 from collector.upstream import UpstreamClient
 
-__all__ = ["RequestSpec", "send_one"]
+__all__ = ["RequestSpec", "Answer", "send_one", "error_text", "ERROR_TEXT_CHARS", "ERROR_PROMPT_RUN"]
+
+ERROR_TEXT_CHARS = 300
+ERROR_PROMPT_RUN = 16
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,63 @@ class RequestSpec:
     payload: dict[str, Any]
     prompt_estimate: int
     task_class: str = "all"  # the workload class this request measures
+    prompt: str = ""  # the text sent, only to keep it out of an echoed error message; never stored
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request's record and, when it failed, its error text (module docstring)."""
+
+    record: RequestRecord
+    error_text: str | None = None
+
+
+def _redact(message: str, prompt: str) -> str:
+    """`message` with every run of >= ERROR_PROMPT_RUN characters that the prompt contains removed."""
+    prompt = " ".join(prompt.split())
+    if len(prompt) < ERROR_PROMPT_RUN:
+        return message.replace(prompt, "[prompt text]") if prompt else message
+    out, i = [], 0
+    while i < len(message):
+        if i + ERROR_PROMPT_RUN <= len(message) and message[i : i + ERROR_PROMPT_RUN] in prompt:
+            end = i + ERROR_PROMPT_RUN
+            while end < len(message) and message[i : end + 1] in prompt:
+                end += 1
+            out.append("[prompt text]")
+            i = end
+        else:
+            out.append(message[i])
+            i += 1
+    return "".join(out)
+
+
+def _message(body: bytes) -> str:
+    """The error message of an OpenAI-style error body ({"error": {"message": ...}}), else the text."""
+    text = body.decode("utf-8", "replace")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        for key in ("error", "message", "detail"):
+            if isinstance(data.get(key), str):
+                return str(data[key])
+    return text
+
+
+def error_text(prefix: str, body: bytes | str, prompt: str) -> str:
+    """'HTTP 400: <message>' for people: one line, truncated, the prompt's text removed.
+
+    Example: error_text("HTTP 400", b'{"error": {"message": "too long"}}', "hi") -> 'HTTP 400: too long'.
+    """
+    message = _message(body) if isinstance(body, bytes) else body
+    message = _redact(" ".join(message.split()), prompt)
+    if len(message) > ERROR_TEXT_CHARS:
+        message = message[: ERROR_TEXT_CHARS - 1] + "…"
+    return f"{prefix}: {message}" if message else prefix
 
 
 def _stamp(t: float | None) -> datetime | None:
@@ -69,8 +136,8 @@ async def send_one(
     spec: RequestSpec,
     meter: Inflight,
     waiting: Callable[[], int | None] = lambda: None,
-) -> RequestRecord:
-    """Send one streaming request and return its record (never raises for HTTP or network errors).
+) -> Answer:
+    """Send one streaming request; its record and error text (never raises for HTTP or network errors).
 
     `waiting()` is the engine's queue length as last read (None when unknown); it becomes the
     row's engine_waiting_at_admit, the knee rule's direct evidence of queueing.
@@ -84,6 +151,7 @@ async def send_one(
         "error": None,
         "retries": 0,
         "waiting": waiting(),
+        "error_text": None,
     }
     try:
         upstream = await client.request(
@@ -99,16 +167,19 @@ async def send_one(
             if response.status != 200:
                 state["outcome"] = outcome_for_status(response.status)
                 state["error"] = f"HTTP {response.status}"
-                await response.read()  # small error body; 429s are never retried
+                body = await response.read()  # a small error body; 429s are never retried
+                state["error_text"] = error_text(state["error"], body, spec.prompt)
             else:
                 await _read_stream(response, meter, state)
     except TimeoutError:
         state.update(outcome="timeout", error="request timed out")
+        state["error_text"] = "timeout: no answer within the request timeout"
     except (aiohttp.ClientError, ValueError) as exc:
         state.update(outcome="upstream_error", error=type(exc).__name__)
+        state["error_text"] = error_text(f"{type(exc).__name__}", str(exc), spec.prompt)
     finally:
         meter.release(spec.prompt_estimate + state["chunk_tokens"])
-    return _record(spec, state, admitted, time.time(), inflight, active)
+    return Answer(_record(spec, state, admitted, time.time(), inflight, active), state["error_text"])
 
 
 def _record(

@@ -1,5 +1,7 @@
 """The probe's prompt sets: short, long, mixed (seeded 4:1 short:long), or one prompt per line
-of a file. Only the text is sent; it is never stored (the request log keeps token counts only).
+of a file; and `prompt_of_tokens(n)`, a filler prompt of about n tokens, for a workload whose
+lengths come from the request log (collector.analysis.workload). Only the text is sent; it is
+never stored (the request log keeps token counts only).
 """
 
 from __future__ import annotations
@@ -7,7 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-__all__ = ["load_prompts", "PromptPicker", "PROMPT_SETS"]
+__all__ = ["load_prompts", "PromptPicker", "PROMPT_SETS", "prompt_of_tokens"]
 
 PROMPT_SETS = ("short", "long", "mixed")
 
@@ -36,6 +38,19 @@ def _long_prompt(index: int, words: int = 900) -> str:
     sentence = f"This paragraph number {index} discusses {topic} in careful technical detail. "
     text = sentence * (words // len(sentence.split()) + 1)
     return text + "Summarise the text above in three sentences."
+
+
+def prompt_of_tokens(tokens: int, index: int = 0, chars_per_token: float = 4.0) -> str:
+    """Filler text of about `tokens` tokens at `chars_per_token` (collector.tokens' 4 by default).
+
+    The probe scales `chars_per_token` by what the engine reports in `usage`, so the prompts it
+    sends reach the lengths asked for on any tokenizer. Example: prompt_of_tokens(3) ->
+    'This paragra' (12 characters, 3 tokens at 4 characters each).
+    """
+    if tokens < 1:
+        raise ValueError(f"a prompt needs at least one token, got {tokens}")
+    chars = max(1, round(tokens * chars_per_token))
+    return _long_prompt(index, words=chars // 4 + 20)[:chars]
 
 
 def load_prompts(spec: str) -> list[str]:

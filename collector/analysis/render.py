@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from collector.terminal import compact_table, output_console
 
-__all__ = ["levels_table", "print_estimate"]
+__all__ = ["levels_table", "print_estimate", "failure_lines", "token_lines"]
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -56,14 +57,71 @@ def print_estimate(estimate: Any, console: Console | None = None) -> None:
     console.print(levels_table(estimate))
     knee = estimate.knee
     reached = "" if knee.reached else " (not reached: the highest level measured; a lower bound)"
-    console.print(f"knee: {knee.requests} requests, {knee.tokens} tokens{reached}")
+    tokens = f"{knee.tokens} tokens"
+    if knee.reached and estimate.token_knee_withheld:
+        tokens += " (withheld: not a token capacity for this traffic)"
+    elif knee.reached and estimate.knee_tokens != knee.tokens:
+        tokens = f"{estimate.knee_tokens} tokens (measured {knee.tokens}, capped at the KV capacity)"
+    console.print(f"knee: {knee.requests} requests, {tokens}{reached}")
     console.print(f"  rule: {knee.rule_reason}")
     console.print(
         f"  Kneedle: tokens/s bends at {_level(knee.kneedle_throughput)}, p95 TTFT at "
         f"{_level(knee.kneedle_latency)}; {knee.note}"
     )
+    for line in token_lines(estimate):
+        console.print(line, markup=False)
     slo = "no SLO given" if estimate.slo_max is None else f"{estimate.slo_max}"
     console.print(f"SLO max: {slo}")
-    console.print(f"recommended pool ({estimate.profile}): {estimate.recommended_pool}")
+    pool_reason = estimate.extra.get("pool_reason")
+    console.print(
+        f"recommended pool ({estimate.profile}): {estimate.recommended_pool}"
+        + (f": {pool_reason}" if pool_reason else ""),
+        markup=False,
+    )
+    for line in failure_lines(estimate):
+        console.print(line, markup=False)
+    if estimate.confidence == "none":
+        reason = estimate.extra.get("confidence_reason") or "confidence none"
+        console.print(f"[red]publishes nothing:[/red] {escape(reason)}")
     if estimate.stopped_early:
         console.print(f"[yellow]{estimate.stopped_early}[/yellow]")
+
+
+def failure_lines(estimate: Any) -> list[str]:
+    """Per level with failures: its outcome mix and first error, e.g.
+    'concurrency 4: ok 30, http 400 10 (25 % failed, not capacity); first error: HTTP 400: ...'."""
+    lines = []
+    for s in estimate.levels:
+        mix = s.outcomes or {}
+        if not any(name != "ok" for name in mix):
+            continue
+        shown = ", ".join(f"{name} {count}" for name, count in mix.items())
+        other = s.non_capacity_error_ratio
+        share = "" if other is None else f" ({other:.0%} failed for reasons other than capacity)"
+        first = f"; first error: {s.first_error}" if s.first_error else ""
+        lines.append(f"concurrency {s.concurrency}: {shown}{share}{first}")
+    if lines:
+        lines.insert(0, "outcomes per level:")
+    return lines
+
+
+def token_lines(estimate: Any) -> list[str]:
+    """The token check's verdict: withheld and why, or capped, and the mixes compared."""
+    check = estimate.extra.get("token_check")
+    lines = []
+    if estimate.token_knee_withheld and estimate.knee.reached:
+        lines.append(f"  token knee withheld: {estimate.token_knee_withheld}")
+    if not isinstance(check, dict):
+        return lines
+    probe, traffic = check.get("probe_mix"), check.get("traffic_mix")
+    if probe:
+        compared = (
+            f", traffic {traffic['mean_tokens']:g} ({traffic['requests']} requests; {check['mix_ratio']:g}x)"
+            if traffic and check.get("mix_ratio") is not None
+            else ", no traffic to compare with"
+        )
+        lines.append(f"  tokens per request: probe {probe['mean_tokens']:g}{compared}")
+    if check.get("kv_capacity_tokens"):
+        lines.append(f"  engine KV capacity: {check['kv_capacity_tokens']} tokens")
+    lines.extend(f"  {note}" for note in check.get("notes") or [])
+    return lines

@@ -15,17 +15,47 @@ class (`task_class`), and the alerts compare each class's concurrency with its o
 
 `--workload classes` uses the default classes of collector.tasks (short 128, medium 512 and
 long 1200 output tokens).
+
+`--workload from-log` measures one gradient with the traffic's own lengths: `log_lengths` draws
+up to MAX_LOG_SAMPLES (prompt tokens, completion tokens) pairs of answered traffic requests from
+the request log (the LOG_WINDOW before now, one model or all, a seeded sample), and each probe
+request takes one pair at random: a filler prompt of that many tokens and that many output tokens
+(locked with ignore_eos). Its token knee is then the traffic's (collector.analysis.token_knee).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import yaml
 
-__all__ = ["WorkloadClass", "load_workload", "DEFAULT_WORKLOAD"]
+from collector.analysis.token_knee import TokenMix
+from collector.store.db import RequestStore
+
+__all__ = [
+    "WorkloadClass",
+    "load_workload",
+    "DEFAULT_WORKLOAD",
+    "FROM_LOG",
+    "LogLengths",
+    "log_lengths",
+    "MAX_LOG_SAMPLES",
+    "MIN_LOG_REQUESTS",
+    "LOG_WINDOW",
+]
+
+FROM_LOG = "from-log"
+MAX_LOG_SAMPLES = 5000  # pairs drawn from the log: enough for a mean within a few percent
+MIN_LOG_REQUESTS = 50  # fewer answered traffic requests are no mix to measure
+LOG_WINDOW = timedelta(days=7)
+
+_LENGTHS_SQL = """SELECT prompt_tokens, completion_tokens FROM requests
+    WHERE source = 'traffic' AND outcome = 'ok' AND prompt_tokens > 0 AND completion_tokens > 0
+      AND admitted_at >= ? AND admitted_at < ? AND (? IS NULL OR model = ?)
+    ORDER BY hash(request_id, ?) LIMIT ?"""
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
@@ -86,3 +116,44 @@ def load_workload(spec: str) -> tuple[WorkloadClass, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"--workload {spec}: class names repeat: {names}")
     return classes
+
+
+@dataclass(frozen=True)
+class LogLengths:
+    """(prompt tokens, completion tokens) pairs drawn from the request log, and their mix."""
+
+    pairs: tuple[tuple[int, int], ...]
+    since: datetime
+    until: datetime
+    model: str | None
+
+    @property
+    def mix(self) -> TokenMix:
+        """The sample's mean prompt and completion tokens."""
+        n = len(self.pairs)
+        return TokenMix(sum(p for p, _ in self.pairs) / n, sum(c for _, c in self.pairs) / n, n)
+
+
+def log_lengths(
+    store: RequestStore,
+    *,
+    model: str | None,
+    until: datetime,
+    window: timedelta = LOG_WINDOW,
+    seed: int = 0,
+    limit: int = MAX_LOG_SAMPLES,
+) -> LogLengths:
+    """A seeded sample of the answered traffic's lengths in [until - window, until).
+
+    Raises ValueError naming the window and the model when fewer than MIN_LOG_REQUESTS are there.
+    """
+    since = until - window
+    rows = store.query(_LENGTHS_SQL, [since, until, model, model, seed, limit])
+    if len(rows) < MIN_LOG_REQUESTS:
+        which = f" of model {model!r}" if model else ""
+        raise ValueError(
+            f"--workload {FROM_LOG}: the request log has {len(rows)} answered traffic requests{which} "
+            f"between {since:%Y-%m-%d %H:%M} and {until:%Y-%m-%d %H:%M} UTC ({MIN_LOG_REQUESTS} "
+            "needed); send traffic through the sidecar first, or pass --model or a --workload file"
+        )
+    return LogLengths(tuple((int(p), int(c)) for p, c in rows), since, until, model)

@@ -29,7 +29,7 @@ from collector.dashboards.panels import (
     thresholds,
     timeseries,
 )
-from collector.dashboards.queries import VARIABLES, published, quantile, rate, sel, slo_miss_ratio
+from collector.dashboards.queries import VARIABLES, per_class, published, quantile, rate, sel, slo_miss_ratio
 from collector.rules.cluster import keep_cluster
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
@@ -142,19 +142,26 @@ def overview(c: RulesConfig) -> dict:
         *fleet_panels(c),
         timeseries(
             "Headroom per caliber (live ÷ knee)",
-            "Live concurrency of each sidecar divided by its model's knee, in both calibers. Under "
+            "Live concurrency of each sidecar divided by its replica class's knee (else its model's "
+            "default class knee), in both calibers. Under "
             f"{c.knee_warning_ratio:.0%} is comfortable; above it the near-knee alert warns; 100 % is "
             "the knee itself. Empty for a model without a capacity estimate.",
             [
                 target(
-                    f"sum by (instance, model) ({_INFLIGHT}{sel('model')})\n/ on (model) group_left() "
-                    f"({published('headroom_capacity_knee_requests')})",
+                    per_class(
+                        f"sum by (instance, model) ({_INFLIGHT}{sel('model')})",
+                        "/",
+                        "headroom_capacity_knee_requests",
+                    ),
                     "{{instance}} {{model}} requests",
                     "A",
                 ),
                 target(
-                    f"sum by (instance, model) ({sample('headroom_active_tokens')}{sel('model')})\n/ on "
-                    f"(model) group_left() ({published('headroom_capacity_knee_tokens')})",
+                    per_class(
+                        f"sum by (instance, model) ({sample('headroom_active_tokens')}{sel('model')})",
+                        "/",
+                        "headroom_capacity_knee_tokens",
+                    ),
                     "{{instance}} {{model}} tokens",
                     "B",
                 ),
@@ -349,14 +356,9 @@ def review(c: RulesConfig) -> dict:
         ),
         timeseries(
             "Headroom trend: peak live ÷ knee per hour",
-            "Hourly peak of each sidecar's in-flight requests over its model's knee. A rising week means "
+            "Hourly peak of each sidecar's in-flight requests over its replica class's knee. A rising week means "
             "the knee will be crossed at peak: plan replicas before it does.",
-            [
-                target(
-                    f"{peak}\n/ on (model) group_left() ({published('headroom_capacity_knee_requests')})",
-                    "{{instance}} {{model}}",
-                )
-            ],
+            [target(per_class(peak, "/", "headroom_capacity_knee_requests"), "{{instance}} {{model}}")],
             "percentunit",
             defaults=thresholds((c.knee_warning_ratio, "orange"), (1.0, "red")),
             interval="1h",
@@ -368,7 +370,7 @@ def review(c: RulesConfig) -> dict:
                 target(peak, "{{instance}} {{model}} peak", "A"),
                 target(
                     published("headroom_capacity_recommended_pool_requests"),
-                    "{{model}} recommended pool",
+                    "{{model}} {{replica_class}} recommended pool",
                     "B",
                 ),
             ],

@@ -12,7 +12,7 @@ from typing import Any
 
 from collector.catalog import EXTERNAL_SERIES
 from collector.dashboards.panels import dashed, right_axis, stat, table, target, thresholds, timeseries
-from collector.dashboards.queries import published, scoped, sel, served, slo_miss_ratio
+from collector.dashboards.queries import per_class, published, scoped, sel, served, slo_miss_ratio
 from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import sample
 
@@ -24,10 +24,9 @@ _DCGM_UTIL, _DCGM_DRAM = (name for name in EXTERNAL_SERIES if name.startswith("D
 
 
 def _live_over_knee(live: str, knee: str) -> str:
-    """Busiest selected sidecar's live concurrency over its model's knee."""
-    return (
-        f"max(sum by (instance, model) ({live}{sel('model')})\n/ on (model) group_left() ({published(knee)}))"
-    )
+    """Busiest selected sidecar's live concurrency over its own replica class's knee."""
+    per_sidecar = f"sum by (instance, model) ({live}{sel('model')})"
+    return f"max({per_class(per_sidecar, '/', knee)})"
 
 
 def _ceiling_per_model() -> str:
@@ -120,11 +119,17 @@ def concurrency_panel() -> dict[str, Any]:
                 "{{instance}} {{model}} active tokens",
                 "B",
             ),
-            target(published("headroom_capacity_knee_requests"), "{{model}} knee (requests)", "C"),
-            target(published("headroom_capacity_knee_tokens"), "{{model}} knee (tokens)", "D"),
+            target(
+                published("headroom_capacity_knee_requests"),
+                "{{model}} {{replica_class}} knee (requests)",
+                "C",
+            ),
+            target(
+                published("headroom_capacity_knee_tokens"), "{{model}} {{replica_class}} knee (tokens)", "D"
+            ),
             target(
                 published("headroom_capacity_recommended_pool_requests"),
-                "{{model}} recommended pool (requests)",
+                "{{model}} {{replica_class}} recommended pool (requests)",
                 "E",
             ),
             target(
@@ -222,16 +227,17 @@ def firing_alerts(c: RulesConfig) -> dict[str, Any]:
 
 
 def _pool_per_replica(caliber: str) -> str:
-    """Each selected replica's published pool (tokens: knee_tokens x pool / knee), averaged per model."""
-    every = 'model=~"$model", task_class="all"'
+    """Each selected replica's pool, its replica class's (tokens: knee_tokens x pool / knee),
+    averaged per model."""
+    serving = f"group by (instance, model) ({_INFLIGHT}{sel('model')})"
 
     def gauge(name: str) -> str:
-        return f"max by (instance, model) ({sample(name)}{scoped(every)})"
+        return per_class(serving, "*", name)
 
     pool = gauge("headroom_capacity_recommended_pool_requests")
     if caliber == "tokens":
         knee_tokens, knee = gauge("headroom_capacity_knee_tokens"), gauge("headroom_capacity_knee_requests")
-        pool = f"{knee_tokens} * on (instance, model) ({pool} / {knee})"
+        pool = f"{knee_tokens} * on (instance, model) ({pool} / on (instance, model) {knee})"
     return f"avg by (model) ({pool})"
 
 

@@ -10,13 +10,26 @@ variables. Alerts keep using the records; Prometheus evaluates both from the sam
         -> 'histogram_quantile(0.95, sum by (le, model) (rate(headroom_..._bucket{...}[$__rate_interval])))'
     served("max by (model) (headroom_capacity_knee_requests{...})")
         -> the same, only for models the selected sidecars serve (`and on (model) ...`)
+    per_class("sum by (instance, model) (headroom_inflight_requests{...})", "/", "headroom_capacity_knee_requests")
+        -> each sidecar over the knee of its own replica class (else its model's default class)
 """
 
 from __future__ import annotations
 
 from collector.rules.naming import le_label, sample
 
-__all__ = ["SCOPE", "sel", "scoped", "rate", "quantile", "served", "published", "slo_miss_ratio", "VARIABLES"]
+__all__ = [
+    "SCOPE",
+    "sel",
+    "scoped",
+    "rate",
+    "quantile",
+    "served",
+    "published",
+    "per_class",
+    "slo_miss_ratio",
+    "VARIABLES",
+]
 
 # The variables every panel honours, in the order the dashboard shows them.
 VARIABLES = ("cluster", "namespace", "job", "instance")
@@ -54,14 +67,33 @@ def served(expr: str) -> str:
     return f"{expr}\nand on (model) group by (model) ({sample('headroom_inflight_requests')}{sel('model')})"
 
 
+_EVERY_TASK = 'model=~"$model", task_class="all"'
+_DEFAULT_CLASS = _EVERY_TASK + ', replica_class=~"|default"'  # unlabelled gauges read as "default"
+
+
 def published(name: str, aggregate: str = "max") -> str:
-    """A published capacity gauge per model (task class `all`), for the models the selection serves.
+    """A published capacity gauge per model and replica class (task class `all`), for the models
+    the selection serves.
 
     The sidecar publishes it where it owns its log, the store service in a fleet, so it is filtered by
     place, model and the selected sidecars' models, not by `job`.
     """
-    where = scoped('model=~"$model", task_class="all"')
-    return served(f"{aggregate} by (model) ({sample(name)}{where})")
+    return served(f"{aggregate} by (model, replica_class) ({sample(name)}{scoped(_EVERY_TASK)})")
+
+
+def per_class(left: str, op: str, name: str) -> str:
+    """`left` (one series per sidecar and model) `op` the capacity gauge `name` (task class `all`)
+    of that sidecar's own replica class (headroom_replica_info), else of its model's default class
+    (estimates saved before classes, a sidecar that exports no class): the join the rules make."""
+    info = f"max by (instance, replica_class) ({sample('headroom_replica_info')}{sel()})"
+    gauge = sample(name)
+    own = (
+        f"{left}\n* on (instance) group_left (replica_class) {info}\n"
+        f"{op} on (model, replica_class) group_left ()\n"
+        f"max by (model, replica_class) ({gauge}{scoped(_EVERY_TASK)})"
+    )
+    default = f"{left}\n{op} on (model) group_left ()\nmax by (model) ({gauge}{scoped(_DEFAULT_CLASS)})"
+    return f"(\n(\n{own}\n)\nor on (instance, model)\n(\n{default}\n)\n)"
 
 
 def slo_miss_ratio(slo_seconds: float, window: str) -> str:

@@ -35,16 +35,21 @@ def _knee_moved(report: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def _near_knee(report: dict[str, Any]) -> list[dict[str, str]]:
+    """Peaks near the knee, in the caliber that binds first; never on a withheld token knee
+    (report["concurrency"]["knee_tokens"] is None then: collector.report.build)."""
     found = []
     concurrency = report["concurrency"]
+    binding = concurrency.get("binding_caliber")
     for caliber in ("requests", "tokens"):
         peak, knee = concurrency.get(f"peak_{caliber}"), concurrency.get(f"knee_{caliber}")
         if peak is not None and knee and peak >= PEAK_SHARE * knee:
+            binds = f"; the {caliber} caliber binds first" if caliber == binding else ""
             found.append(
                 {
                     "action": f"Add capacity or cap admission ({caliber} caliber)",
                     "reason": f"peak {caliber} concurrency {peak:g} against the knee {knee:g}: "
-                    + _share(peak / knee),
+                    + _share(peak / knee)
+                    + binds,
                 }
             )
     return found

@@ -109,14 +109,43 @@ def _peak(values: np.ndarray) -> float | None:
     return float(known.max()) if known.size else None
 
 
+def token_knee_withheld(estimate: dict[str, Any]) -> str | None:
+    """Why the estimate's token knee must not be judged against, or None when it may.
+
+    The estimate says so itself (`token_knee_withheld`, collector.analysis.token_knee); a probe
+    estimate saved before that check existed carries no `token_check` and its token knee measured
+    the probe's own prompts (docs/domain.md §12), so it is not trusted either.
+    """
+    if estimate.get("token_knee_withheld"):
+        return str(estimate["token_knee_withheld"])
+    if estimate.get("source") == "probe" and estimate.get("knee_tokens") and "token_check" not in estimate:
+        return "a probe estimate from before the token check: its knee in tokens measured the probe's own prompts"
+    return None
+
+
 def _concurrency(rows: dict[str, np.ndarray], estimate: dict[str, Any]) -> dict[str, Any]:
+    """Peak against the knee per caliber, and which caliber binds (the higher peak/knee).
+
+    A withheld token knee is left out (knee None) with the reason, so the review never judges
+    traffic against a token knee that measured something else.
+    """
     result: dict[str, Any] = {}
+    withheld = token_knee_withheld(estimate)
     for caliber, column in (("requests", "inflight"), ("tokens", "active_tokens")):
         peak, knee = _peak(rows[column]), estimate.get(f"knee_{caliber}")
+        if caliber == "tokens" and withheld:
+            knee = None
         result[f"peak_{caliber}"] = peak
         result[f"knee_{caliber}"] = knee
         result[f"headroom_{caliber}"] = (1.0 - peak / knee) if peak is not None and knee else None
         result[f"peak_over_knee_{caliber}"] = round(peak / knee, 4) if peak is not None and knee else None
+    result["token_knee_withheld"] = withheld
+    ratios = {
+        caliber: result[f"peak_over_knee_{caliber}"]
+        for caliber in ("requests", "tokens")
+        if result[f"peak_over_knee_{caliber}"] is not None
+    }
+    result["binding_caliber"] = max(ratios, key=lambda c: ratios[c]) if ratios else None
     return result
 
 
@@ -162,6 +191,7 @@ def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any]) -> dic
         "confidence",
         "knee_requests",
         "knee_tokens",
+        "token_knee_withheld",
         "slo_max",
         "recommended_pool",
         "profile",

@@ -7,7 +7,7 @@ from html import escape
 from typing import Any
 
 from collector.report.plots import curve_png, throughput_png, week_png
-from collector.report.render_md import LATENCY_NAMES, fmt, pct, versus_knee, when
+from collector.report.render_md import LATENCY_NAMES, binding_line, fmt, pct, versus_knee, when
 
 __all__ = ["render_html", "curve_png"]
 
@@ -75,6 +75,7 @@ def _model(m: dict[str, Any]) -> str:
                     for cal in ("requests", "tokens")
                 ],
             ),
+            f"<p>{escape(binding_line(c))}</p>",
             "<h3>Peak concurrency over the window, against the knee</h3>",
             _image(
                 week_png(m),

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["render_md", "fmt", "pct", "capacity_line", "LATENCY_NAMES", "versus_knee", "when"]
+__all__ = [
+    "render_md",
+    "fmt",
+    "pct",
+    "capacity_line",
+    "binding_line",
+    "LATENCY_NAMES",
+    "versus_knee",
+    "when",
+]
 
 LATENCY_NAMES = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "e2e"}
 
@@ -25,6 +34,13 @@ def fmt(value: Any, digits: int = 3) -> str:
 def pct(value: float | None) -> str:
     """0.1234 -> '+12.3 %' for changes and shares; None -> '–'."""
     return "–" if value is None else f"{value * 100:+.1f} %"
+
+
+def binding_line(concurrency: dict[str, Any]) -> str:
+    """Which caliber binds: 'Binding caliber: requests (token knee withheld: ...)'."""
+    binding = concurrency.get("binding_caliber") or "unknown (no knee to compare with)"
+    withheld = concurrency.get("token_knee_withheld")
+    return f"Binding caliber: {binding}" + (f" (token knee withheld: {withheld})" if withheld else "")
 
 
 def versus_knee(ratio: float | None) -> str:
@@ -84,6 +100,7 @@ def _model(m: dict[str, Any]) -> list[str]:
             for cal in ("requests", "tokens")
         ],
     )
+    lines += ["", binding_line(c)]
     lines += [""] + [f"- {capacity_line(item)}" for item in m.get("capacity_by_class", [])]
     lines += [
         "",

@@ -35,11 +35,14 @@ class R:
     INFLIGHT = record("model", "headroom_inflight_requests", "sum")
     ACTIVE_TOKENS = record("model", "headroom_active_tokens", "sum")
     CONCURRENCY = record("instance_model_caliber", "headroom_concurrency", "sum")
-    # 5-minute mean concurrency / the published knee, per task class (task_class="all": every
-    # request against the knee measured over every kind of request).
+    # Each sidecar's replica class (headroom_replica_info; "default" for a sidecar that exports
+    # none). The class is the instance's, so the records joined to it keep their instance level.
+    REPLICA_CLASS = record("instance", "headroom_replica_info", "max")
+    # 5-minute mean concurrency / the published knee of the sidecar's replica class, per task class
+    # (task_class="all": every request against the knee measured over every kind of request).
     KNEE_RATIO = record("instance_model_task_class_caliber", "headroom_concurrency", "avg5m_knee_ratio")
     # The fleet (one cluster's replicas of a model): load and capacity summed over replicas, and
-    # the replicas the load needs at each replica's published pool (task class "all").
+    # the replicas the load needs at each replica's pool: its replica class's (task class "all").
     REPLICA_POOL = record("instance_model_caliber", "headroom_replica_pool", "max")
     POOL_PER_REPLICA = record("model_caliber", "headroom_replica_pool", "avg")
     FLEET_POOL = record("model_caliber", "headroom_fleet_pool", "sum")
