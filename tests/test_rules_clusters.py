@@ -132,7 +132,7 @@ def test_an_empty_cluster_label_keeps_every_rule_and_panel_of_the_single_cluster
 
 def test_the_committed_alertmanager_config_groups_and_inhibits_per_cluster():
     manager = yaml.safe_load((Path(__file__).parent.parent / "alerts" / "alertmanager.yml").read_text())
-    assert manager["route"]["group_by"] == ["alertname", "cluster", "model"]
+    assert manager["route"]["group_by"] == ["cluster", "model"]
     assert all("cluster" in rule["equal"] for rule in manager["inhibit_rules"])
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from collector.alerts.alerting import SIGNALS, alerting_groups, alerts
-from collector.alerts.alertmanager import alertmanager_config
+from collector.alerts.alertmanager import INCIDENT_PAGES, alertmanager_config
 from collector.alerts.files import ALERTS_FILE, RECORDING_FILE, alert_files
 from collector.alerts.promtool_cases import cases
 from collector.alerts.recording import ERROR_OUTCOMES
@@ -82,7 +82,7 @@ def test_every_alert_has_severity_summary_templated_description_and_runbook_anch
     runbooks = (ROOT / "docs" / "runbooks.md").read_text()
     anchors = {heading.strip().lower() for heading in re.findall(r"^## (.+)$", runbooks, re.M)}
     rules = _alert_rules()
-    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 26
+    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 27
     assert DEFAULT.runbook_base_url.startswith("https://"), "runbook links must work from Slack and PagerDuty"
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
@@ -204,16 +204,31 @@ def test_alertmanager_routes_page_and_ticket_and_inhibits():
     config = alertmanager_config()
     routes = {tuple(r["matchers"]): r["receiver"] for r in config["route"]["routes"]}
     assert routes == {('severity="critical"',): "page", ('severity="warning"',): "ticket"}
-    assert config["route"]["group_by"] == ["alertname", "cluster", "model"]
+    # one incident on one model is one group (per cluster), whatever alerts it raises
+    assert config["route"]["group_by"] == ["cluster", "model"]
     assert all("cluster" in rule["equal"] for rule in config["inhibit_rules"]), (
         "a cluster must not mute another"
     )
-    assert alertmanager_config(cluster_label="")["route"]["group_by"] == ["alertname", "model"]
+    assert alertmanager_config(cluster_label="")["route"]["group_by"] == ["model"]
+    # each page of a capacity incident mutes the ones after it, never one before it
+    order = {
+        tuple(r["source_matchers"]): r["target_matchers"][0]
+        for r in config["inhibit_rules"]
+        if r["source_matchers"][0].startswith("alertname=") and len(r["source_matchers"]) == 1
+    }
+    for index, page in enumerate(INCIDENT_PAGES[:-1]):
+        later = order[(f'alertname="{page}"',)]
+        assert later.removeprefix('alertname=~"').removesuffix('"').split("|") == list(
+            INCIDENT_PAGES[index + 1 :]
+        )
+    pages = {r["alert"] for r in _alert_rules() if r["labels"]["severity"] == "critical"}
+    assert set(INCIDENT_PAGES) <= pages
     sources = [rule["source_matchers"] for rule in config["inhibit_rules"]]
     assert ['alertname="HeadroomNearCapacityLimit"'] in sources
     assert any('severity="critical"' in s for s in sources)
     families = {r["alert"]: r["labels"].get("family") for r in _alert_rules()}
     assert families["HeadroomKVCacheExhausted"] == families["HeadroomKVCacheNearFull"] == "kv_cache"
+    assert families["HeadroomCapacityForecast"] == families["HeadroomConcurrencyRising"] == "knee_trend"
 
 
 def test_dashboards_have_variables_units_and_descriptions():

@@ -46,14 +46,15 @@ class Alert:
 
     def to_rule(self, config: RulesConfig) -> dict[str, Any]:
         """The Prometheus rule dict for this alert under `config`."""
+        keys = (config.cluster_by, "model") if config.cluster_by else ("model",)
         rule: dict[str, Any] = {
             "alert": self.name,
             "expr": keep_cluster(self.expr, config.cluster_by),
             "for": config.for_duration(self.name),
             "labels": self.rule_labels(config),
             "annotations": {
-                "summary": to_go(self.summary),
-                "description": to_go(self.description),
+                "summary": to_go(self.summary, keys),
+                "description": to_go(self.description, keys),
                 "runbook_url": f"{config.runbook_base_url}#{self.anchor}",
             },
         }

@@ -159,41 +159,7 @@ def _capacity(c: RulesConfig) -> list[Alert]:
     )
     kv, waiting = sample("headroom_engine_kv_cache_usage_ratio"), sample("headroom_engine_requests_waiting")
     kv_mean = f"max by (instance, model) (avg_over_time({kv}[5m]))"
-    ratio, step = R.KNEE_RATIO, c.knee_forecast_step
-    trend = (
-        f"{ratio} > {number(c.knee_forecast_min_ratio)}\n"
-        f"and predict_linear({ratio}[{c.knee_forecast_window}], {seconds(c.knee_forecast_horizon)}) > 1"
-    )
-    low = [
-        f"min_over_time({ratio}[{step}]{'' if k == 0 else f' offset {k * seconds(step)}s'})" for k in range(3)
-    ]
-    rise = number(c.knee_forecast_min_rise)
-    sustained = f"{low[0]} > {low[1]} + {rise}\nand {low[1]} > {low[2]} + {rise}"
-    return [
-        Alert(
-            "HeadroomConcurrencyRising",
-            "headroom-capacity",
-            trend,
-            "warning",
-            "<model> concurrency is climbing towards its knee (<caliber>, task class <task_class>)",
-            f"On the trend of the last {c.knee_forecast_window}, <caliber> concurrency of <model> on <instance> "
-            f"reaches the measured knee within {c.knee_forecast_horizon}; it is at <value:humanizePercentage> "
-            f"of it now. Plan replicas before the peak.",
-            {"component": "capacity"},
-        ),
-        Alert(
-            "HeadroomCapacityForecast",
-            "headroom-capacity",
-            f"{trend}\nand {sustained}",
-            "critical",
-            "<model> is heading for its knee (<caliber>, task class <task_class>)",
-            f"<caliber> concurrency of <model> on <instance> has climbed through the last three "
-            f"{c.knee_forecast_step} windows and on its {c.knee_forecast_window} trend reaches the measured "
-            f"knee within {c.knee_forecast_horizon}; it is at <value:humanizePercentage> of it now. Add "
-            f"replicas before users queue.",
-            {"component": "capacity"},
-        ),
-        _fleet_headroom(c),
+    return [*_knee_trend(c), _fleet_headroom(c), _estimate_stale(c)] + [
         Alert(
             "HeadroomKVCacheNearFull",
             "headroom-capacity",
@@ -261,6 +227,80 @@ def _capacity(c: RulesConfig) -> list[Alert]:
             {"component": "capacity"},
         ),
     ]
+
+
+def _knee_trend(c: RulesConfig) -> list[Alert]:
+    """Concurrency climbing towards the knee: a ticket per sidecar and caliber, a page per model.
+
+    "Rising" needs the trend to reach the knee within the horizon *and* a slope of at least the
+    forecast's climb rate (`knee_forecast_min_rise` of the knee per `knee_forecast_step`):
+    `predict_linear` of a flat load above the knee is above 1 too, and that is no climb. The page
+    needs the climb sustained (the low of each of the last three steps above the one before) and
+    is one alert per model (and replica class, where the knee ratio carries one): a fleet ramping
+    together is one incident, not one alert per replica. Its description says how many replicas
+    the load needs now and at the forecast, per caliber (the fleet records).
+    """
+    ratio, step, window = R.KNEE_RATIO, c.knee_forecast_step, c.knee_forecast_window
+    horizon = c.knee_forecast_horizon
+    trend = (
+        f"{ratio} > {number(c.knee_forecast_min_ratio)}\n"
+        f"and predict_linear({ratio}[{window}], {seconds(horizon)}) > 1"
+    )
+    slope = number(c.knee_forecast_min_rise / seconds(step))
+    low = [
+        f"min_over_time({ratio}[{step}]{'' if k == 0 else f' offset {k * seconds(step)}s'})" for k in range(3)
+    ]
+    rise = number(c.knee_forecast_min_rise)
+    sustained = f"{low[0]} > {low[1]} + {rise}\nand {low[1]} > {low[2]} + {rise}"
+    family = {"component": "capacity", "family": "knee_trend"}
+    return [
+        Alert(
+            "HeadroomConcurrencyRising",
+            "headroom-capacity",
+            f"{trend}\nand deriv({ratio}[{window}]) > {slope}",
+            "warning",
+            "<model> concurrency is climbing towards its knee (<caliber>, task class <task_class>)",
+            f"On the trend of the last {window}, <caliber> concurrency of <model> on <instance> "
+            f"climbs by at least {c.knee_forecast_min_rise:.0%} of the knee per {step} and reaches the "
+            f"measured knee within {horizon}; it is at <value:humanizePercentage> of it now. Plan "
+            f"replicas before the peak.",
+            family,
+        ),
+        Alert(
+            "HeadroomCapacityForecast",
+            "headroom-capacity",
+            f"max by (model, replica_class) (\n{trend}\nand {sustained}\n)",
+            "critical",
+            "<model> is heading for its knee",
+            f"Concurrency of <model> has climbed through the last three {step} windows and on its "
+            f"{window} trend reaches the measured knee within {horizon}; the busiest replica is at "
+            f"<value:humanizePercentage> of its knee now. Replicas needed now: "
+            f"<calibers:{R.REPLICAS_NEEDED}>; at the {horizon} forecast: "
+            f"<calibers:{R.REPLICAS_NEEDED_FORECAST}> (the caliber needing more binds). Add replicas "
+            f"before users queue.",
+            family,
+        ),
+    ]
+
+
+def _estimate_stale(c: RulesConfig) -> Alert:
+    """The published estimate the capacity alerts divide by is old, or only of low confidence."""
+    published = sample("headroom_capacity_estimate_timestamp_seconds")
+    by = "model, task_class, replica_class, source, confidence"
+    age = f"time() - max by ({by}) ({published})"
+    low = f"time() - max by ({by}) ({published}{{confidence=\"low\"}})"
+    return Alert(
+        "HeadroomCapacityEstimateStale",
+        "headroom-capacity",
+        f"{age} > {seconds(c.estimate_max_age)}\nor\n{low}",
+        "warning",
+        "The capacity estimate of <model> is stale or of low confidence (<source>, <confidence>)",
+        f"The published knee of <model> (task class <task_class>) is <value:humanizeDuration> old, "
+        f"from a <source> estimate of <confidence> confidence (stale past {c.estimate_max_age}, the "
+        f"probe's age limit): the knee, forecast and fleet alerts divide by it. Re-measure with "
+        f"`headroom probe` or check the store's capacity job.",
+        {"component": "capacity"},
+    )
 
 
 def _fleet_headroom(c: RulesConfig) -> Alert:

@@ -1,9 +1,15 @@
 """Alertmanager configuration for on-call: page vs ticket routes, grouping, inhibition, receivers.
 
-`severity="critical"` pages, `severity="warning"` opens a ticket. Alerts group by alert name and
-model, so one overloaded model is one notification, not one per sidecar. Inhibition: a critical
-alert mutes the warning of its `family` (KV cache exhausted mutes nearly full, a fast burn mutes
-the slow one), and the any-two composite mutes the signals it counts.
+`severity="critical"` pages, `severity="warning"` opens a ticket. Both group by model (and
+cluster), not by alert name: one capacity incident on one model is one page notification, and its
+warnings one ticket thread, however many alerts and sidecars it raises. Inhibition keeps the page
+to one: the pages of a capacity incident come in a known order (INCIDENT_PAGES: the forecast, the
+composite, the KV cache, then the SLO burns), and each mutes those after it for the same model;
+a critical alert mutes the warning of its `family` (the forecast mutes "rising", KV cache exhausted
+mutes nearly full, a fast burn mutes the slow one), and the any-two composite mutes the signals it
+counts. A later page reaches on-call only once every earlier one has resolved: the incident
+changed. `headroom alerts backtest` counts the notifications this produces (collector.backtest.
+notifications simulates Alertmanager's grouping and inhibition).
 
 The receivers are webhook placeholders unless the rules config names real ones
 (`receivers: {page: {pagerduty_configs: [...]}, ticket: {slack_configs: [...]}}`: Alertmanager's own
@@ -15,7 +21,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Receivers", "PRODUCTION_RECEIVERS", "alertmanager_config", "RECEIVER_EXAMPLE"]
+__all__ = [
+    "Receivers",
+    "PRODUCTION_RECEIVERS",
+    "alertmanager_config",
+    "RECEIVER_EXAMPLE",
+    "INCIDENT_PAGES",
+    "GROUP_BY",
+]
+
+# The pages one capacity incident on a model raises, in the order they come on a ramp (the
+# backtest's `ramp`: forecast, composite, TTFT burn, e2e burn, availability burn): each mutes
+# every one after it for the same model and cluster, so the incident pages once. The first is
+# the earliest warning of the cause; the later ones are its symptoms.
+INCIDENT_PAGES = (
+    "HeadroomCapacityForecast",
+    "HeadroomNearCapacityLimit",
+    "HeadroomKVCacheExhausted",
+    "HeadroomTTFTBudgetBurnFast",
+    "HeadroomE2EBudgetBurnFast",
+    "HeadroomAvailabilityBudgetBurnFast",
+)
+# Labels both routes group by (the cluster label goes before them): one incident, one group.
+GROUP_BY = ("model",)
 
 
 @dataclass(frozen=True)
@@ -81,7 +109,7 @@ def alertmanager_config(
     return {
         "route": {
             "receiver": "ticket",
-            "group_by": ["alertname", *cluster, "model"],
+            "group_by": [*cluster, *GROUP_BY],
             "group_wait": receivers.group_wait,
             "group_interval": receivers.group_interval,
             "repeat_interval": receivers.repeat_interval_ticket,
@@ -109,5 +137,18 @@ def alertmanager_config(
                 "target_matchers": ['signal=~".+"'],
                 "equal": [*cluster, "model"],
             },
+            *_incident_order(cluster),
         ],
     }
+
+
+def _incident_order(cluster: list[str]) -> list[dict[str, Any]]:
+    """Each page of INCIDENT_PAGES mutes the ones after it, for the same model (and cluster)."""
+    return [
+        {
+            "source_matchers": [f'alertname="{page}"'],
+            "target_matchers": [f'alertname=~"{"|".join(INCIDENT_PAGES[index + 1 :])}"'],
+            "equal": [*cluster, "model"],
+        }
+        for index, page in enumerate(INCIDENT_PAGES[:-1])
+    ]

@@ -24,7 +24,7 @@ from collector.alerts.promtool_support import (
     steps,
 )
 from collector.alerts.slo_classes import slo_classes
-from collector.rules.config import RulesConfig
+from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import le_label
 from collector.rules.records import R
 
@@ -43,9 +43,21 @@ _ACTIVE = 'headroom_active_tokens{instance="a",model="m",tenant="t"}'
 _KNEE = (
     'headroom_capacity_knee_requests{instance="a",model="m",task_class="%s",source="probe",confidence="high"}'
 )
+_POOL = (
+    "headroom_capacity_recommended_pool_requests"
+    '{instance="a",model="m",task_class="all",source="probe",confidence="high"}'
+)
+_INFLIGHT_B = 'headroom_inflight_requests{instance="b",model="m",tenant="t"}'
+_KNEE_B = (
+    'headroom_capacity_knee_requests{instance="b",model="m",task_class="all",source="probe",confidence="high"}'
+)
 # The label the knee ratio (and so the forecast) carries once the recording rules join each sidecar
 # to its replica class (R.REPLICA_CLASS): "default" for a sidecar that exports none.
 _CLASS = {"replica_class": "default"} if hasattr(R, "REPLICA_CLASS") else {}
+_ESTIMATE = (
+    "headroom_capacity_estimate_timestamp_seconds"
+    '{instance="a",model="m",task_class="all",source="probe",confidence="%s"}'
+)
 _REQUESTS = 'headroom_requests_total{instance="a",model="%s",tenant="t",outcome="%s"}'
 _GPU = 'headroom_gpu_utilization_ratio{instance="a",gpu="0",uuid="GPU-0",gpu_name="H100"}'
 _TOKENS = {
@@ -175,6 +187,9 @@ def _knee_cases(c: RulesConfig) -> list[Case]:
     near = int(knee * share) + 1  # in flight just over the warning share
     class_labels = {"caliber": "requests", "task_class": "all"}
     ramp = {_INFLIGHT % "": f"10+0.5x{_N}", _KNEE % "all": flat(knee)}
+    # with a pool of 20: 24.75 in flight needs 2 replicas now, ~55 at the 1 h forecast 3
+    paged = ramp | {_POOL: flat(20)}
+    needed = {R.REPLICAS_NEEDED: "requests 2", R.REPLICAS_NEEDED_FORECAST: "requests 3"}
 
     def ratio_at(t: int) -> float:  # 5-minute mean of 10 + 0.5 t, over a knee of 32
         return (10 + 0.5 * (t - 2.5)) / knee
@@ -250,16 +265,36 @@ def _knee_cases(c: RulesConfig) -> list[Case]:
             quiet("40m"),
         ),
         Case(
-            "a sustained climb towards the knee pages",
+            "flat load above the knee is no climb (predict_linear of a flat 2.5 is 2.5)",
+            "HeadroomConcurrencyRising",
+            {_INFLIGHT % "": flat(2.5 * knee), _KNEE % "all": flat(knee)},
+            quiet("40m"),
+        ),
+        Case(
+            "a sustained climb towards the knee pages, once per model, with the replicas needed",
             "HeadroomCapacityForecast",
-            ramp,
+            paged,
             fires(
                 c,
                 "HeadroomCapacityForecast",
                 forecast_onset,
-                AM | class_labels | _CLASS,
+                M | _CLASS,
                 humanize_percentage(ratio_at(forecast_at)),
             ),
+            calibers=needed,
+        ),
+        Case(
+            "two replicas climbing together are one page, on the busier one's ratio",
+            "HeadroomCapacityForecast",
+            paged | {_INFLIGHT_B: f"5+0.5x{_N}", _KNEE_B: flat(knee)},
+            fires(
+                c,
+                "HeadroomCapacityForecast",
+                forecast_onset,
+                M | _CLASS,
+                humanize_percentage(ratio_at(forecast_at)),
+            ),
+            calibers={R.REPLICAS_NEEDED: "requests 3", R.REPLICAS_NEEDED_FORECAST: "requests 6"},
         ),
         Case(
             "a burst, however tall, is no sustained climb",
@@ -379,6 +414,28 @@ def _fleet_cases(c: RulesConfig) -> list[Case]:
     ]
 
 
+def _estimate_cases(c: RulesConfig) -> list[Case]:
+    """promtool's clock starts at 0: an estimate stamped -max_age is past it from minute 1."""
+    alert, limit = "HeadroomCapacityEstimateStale", seconds(c.estimate_max_age)
+    labels = M | {"task_class": "all", "source": "probe"}
+    at = after_minute(c, alert, (1, 1))
+    return [
+        Case(
+            "an estimate older than the probe's age limit",
+            alert,
+            {_ESTIMATE % "high": flat(-limit)},
+            fires(c, alert, (1, 1), labels | {"confidence": "high"}, humanize_duration(limit + 60 * at)),
+        ),
+        Case(
+            "a fresh estimate of low confidence",
+            alert,
+            {_ESTIMATE % "low": flat(0)},
+            fires(c, alert, (0, 1), labels | {"confidence": "low"}, humanize_duration(60 * at)),
+        ),
+        Case("a fresh estimate of high confidence", alert, {_ESTIMATE % "high": flat(0)}, quiet("30m")),
+    ]
+
+
 def _cluster_cases(c: RulesConfig) -> list[Case]:
     """Two clusters, each with a pod `a` of model `m`: neither merges into the other (central rulers)."""
     if not c.cluster_by:
@@ -491,6 +548,11 @@ def _slo_series(kind: str, model: str, target: float, good: float, total: float)
     }
 
 
+def _as_probe(series: dict[str, str]) -> dict[str, str]:
+    """The same series as `headroom probe`'s load through a sidecar: labelled source="probe"."""
+    return {name.replace('instance="a"', 'instance="a",source="probe"'): v for name, v in series.items()}
+
+
 def _slo_cases(c: RulesConfig) -> list[Case]:
     found = []
     for kind, title in (("availability", "Availability"), ("ttft", "TTFT"), ("e2e", "E2E")):
@@ -513,7 +575,21 @@ def _slo_cases(c: RulesConfig) -> list[Case]:
             if slo_class.name != "default":
                 continue
             slow_misses = round(2 * budget, 9)
+            clients = _slo_series(kind, model, target, 50, 100)
             found += [
+                Case(
+                    "a probe past the SLO is left out: clients' half missing pages at their own 50%",
+                    fast,
+                    clients | _as_probe(_slo_series(kind, model, target, 0, 400)),
+                    fires(c, fast, (1, 2), labels, "50%"),
+                ),
+                Case(
+                    "a probe past the SLO alone does not page while clients are served",
+                    fast,
+                    _slo_series(kind, model, target, 100, 100)
+                    | _as_probe(_slo_series(kind, model, target, 0, 400)),
+                    quiet("30m"),
+                ),
                 Case(
                     "misses at five times the budget burn only slowly: no page",
                     fast,
@@ -628,6 +704,7 @@ def cases(c: RulesConfig) -> list[Case]:
         + _knee_cases(c)
         + _capacity_cases(c)
         + _fleet_cases(c)
+        + _estimate_cases(c)
         + _cluster_cases(c)
         + _composite_cases(c)
         + _slo_cases(c)

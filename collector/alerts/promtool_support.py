@@ -8,7 +8,7 @@ humanize_duration(2000)      -> "33m 20s"   (what `{{ $value | humanizeDuration 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Case", "steps", "counter", "minutes", "humanize", "humanize_duration", "humanize_percentage"]
 
@@ -91,7 +91,8 @@ class Case:
     """One promtool test group: input series, then [(eval_time, [(labels, value_text)])] per check.
 
     `rule` picks which rule of the alert's name renders the expected annotations when several share
-    it (one per SLO class): the index among the rules of that name, in render order.
+    it (one per SLO class): the index among the rules of that name, in render order. `calibers`:
+    the expected text of each `<calibers:RECORD>` of the annotations ("requests 2").
     """
 
     name: str
@@ -99,3 +100,4 @@ class Case:
     series: dict[str, str]
     checks: tuple[tuple[str, tuple[tuple[dict[str, str], str], ...]], ...]
     rule: int = 0
+    calibers: dict[str, str] = field(default_factory=dict)

@@ -24,14 +24,16 @@ from collector.rules.config import RulesConfig
 __all__ = ["Case", "unit_test_document"]
 
 
-def _expected(alert: Alert, config: RulesConfig, labels: dict[str, Any], value_text: str) -> dict[str, Any]:
+def _expected(
+    alert: Alert, config: RulesConfig, labels: dict[str, Any], value_text: str, calibers: dict[str, str]
+) -> dict[str, Any]:
     rule = alert.to_rule(config)
     full = {**rule["labels"], **labels}
     return {
         "exp_labels": full,
         "exp_annotations": {
-            "summary": to_text(alert.summary, full, value_text),
-            "description": to_text(alert.description, full, value_text),
+            "summary": to_text(alert.summary, full, value_text, calibers),
+            "description": to_text(alert.description, full, value_text, calibers),
             "runbook_url": rule["annotations"]["runbook_url"],
         },
     }
@@ -47,7 +49,9 @@ def _group(case: Case, by_name: dict[str, list[Alert]], config: RulesConfig) -> 
             {
                 "eval_time": at,
                 "alertname": case.alert,
-                "exp_alerts": [_expected(alert, config, labels, value) for labels, value in firing],
+                "exp_alerts": [
+                    _expected(alert, config, labels, value, case.calibers) for labels, value in firing
+                ],
             }
             for at, firing in case.checks
         ],

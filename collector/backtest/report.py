@@ -3,7 +3,8 @@
 ramp: a linear ramp from 30 % to 150 % of the knee over 2 h
   breach   +0:53:30  ttft SLO breach (llama-70b) until +2:00:00
   lead     first warning 21.0m before (HeadroomConcurrencyNearKnee), first page 8.5m before (...)
-  false    0 pages, 0 warnings
+  alerts   6 pages, 11 warnings; false: 0 pages, 0 warnings
+  notify   1 page, 4 ticket notifications (Alertmanager's grouping and inhibition)
   +0:32:00  pending   warning   HeadroomConcurrencyNearKnee  instance=replica-0 caliber=requests ...
   ...
   PASS  lead of the first page >= 5m: 8.5m (HeadroomCapacityForecast)
@@ -50,7 +51,7 @@ def _events(result: BacktestResult, pending: bool) -> list[tuple[float, str]]:
     for span in result.timeline.alerts:
         if span.firing_at is None and not pending:
             continue
-        tag = "" if span.earned else "  FALSE"
+        tag = "" if span.earned else f"  FALSE ({span.why})"
         head = f"{span.severity:<8}  {span.name}  {_labels(span)}{tag}"
         rows.append((span.pending_at, f"pending   {head}"))
         if span.firing_at is not None:
@@ -94,6 +95,12 @@ def render_text(result: BacktestResult, *, pending: bool = False) -> str:
     lines.append(
         f"  alerts   {len(t.pages)} pages, {len(t.warnings)} warnings; false: {len(t.false_pages)} "
         f"pages, {len(t.false_warnings)} warnings"
+    )
+    pages, tickets = result.notified("page"), result.notified("ticket")
+    lines.append(
+        f"  notify   {len(pages)} page, {len(tickets)} ticket notifications (Alertmanager's grouping "
+        "and inhibition)"
+        + "".join(f"\n           page at {offset(n.at - t.start)}: {', '.join(n.new)}" for n in pages)
     )
     if result.missing:
         lines.append(
@@ -142,6 +149,18 @@ def to_json(result: BacktestResult) -> dict[str, Any]:
         "warnings": len(t.warnings),
         "false_pages": len(t.false_pages),
         "false_warnings": len(t.false_warnings),
+        "page_notifications": len(result.notified("page")),
+        "ticket_notifications": len(result.notified("ticket")),
+        "notifications": [
+            {
+                "receiver": n.receiver,
+                "group": dict(n.group),
+                "at": _when(n.at, t.start),
+                "new": list(n.new),
+                "alerts": list(n.firing),
+            }
+            for n in result.notifications
+        ],
         "problems": [
             {"name": p.name, "kind": p.kind, "start": _when(p.start, t.start), "end": _when(p.end, t.start)}
             for p in t.problems
@@ -155,6 +174,7 @@ def to_json(result: BacktestResult) -> dict[str, Any]:
                 "firing": _when(s.firing_at, t.start),
                 "ended": _when(s.ended_at, t.start),
                 "earned": s.earned,
+                "false_because": s.why or None,
             }
             for s in t.alerts
         ],
@@ -172,11 +192,14 @@ def _lead_cell(value: float | None, span: AlertSpan | None) -> str:
 
 
 def scenario_table(results: list[BacktestResult]) -> str:
-    """The markdown table of docs/rules.md: breach, lead times, alert counts and false alerts per scenario."""
+    """The markdown table of docs/rules.md: breach, lead times, alerts, notifications, false alerts.
+
+    Notifications are what Alertmanager would send of the alerts (grouped by model, inhibited).
+    """
     lines = [
         "| scenario | what happens | first SLO breach | first warning | first page | pages / warnings "
-        "| false pages / warnings | checks |",
-        "|---|---|---|---|---|---|---|---|",
+        "| page / ticket notifications | false pages / warnings | checks |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         t = result.timeline
@@ -190,7 +213,9 @@ def scenario_table(results: list[BacktestResult]) -> str:
             f"| `{result.name}` | {result.summary} | {breach} "
             f"| {_lead_cell(t.lead_warning_s, t.first_warning) if t.first_breach else '-'} "
             f"| {_lead_cell(t.lead_page_s, t.first_page) if t.first_breach else '-'} "
-            f"| {len(t.pages)} / {len(t.warnings)} | {len(t.false_pages)} / {len(t.false_warnings)} "
+            f"| {len(t.pages)} / {len(t.warnings)} "
+            f"| {len(result.notified('page'))} / {len(result.notified('ticket'))} "
+            f"| {len(t.false_pages)} / {len(t.false_warnings)} "
             f"| {'pass' if result.passed else 'FAIL'} ({sum(c.ok for c in result.checks)}/{len(result.checks)}) |"
         )
     return "\n".join(lines) + "\n"

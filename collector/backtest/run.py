@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector.alerts.alerting import alerting_groups
+from collector.alerts.alertmanager import PRODUCTION_RECEIVERS, alertmanager_config
 from collector.alerts.recording import recording_groups
 from collector.backtest.evaluate import RuleSet, evaluate
 from collector.backtest.exposition import scrape_times
 from collector.backtest.lifecycle import Lifecycle
+from collector.backtest.notifications import Notification, notify
 from collector.backtest.openmetrics import SeriesSet
 from collector.backtest.scenario import Expect, Incident, Scenario
 from collector.backtest.scenario_series import scenario_series
@@ -36,7 +38,11 @@ EVALUATION_INTERVAL_S = 30.0
 
 @dataclass
 class BacktestResult:
-    """A backtest's timeline and checks, the calibers for the plot, and what each stage took."""
+    """A backtest's timeline and checks, the calibers for the plot, and what each stage took.
+
+    `notifications`: what the generated Alertmanager configuration would send of the timeline's
+    alerts (collector.backtest.notifications), page and ticket.
+    """
 
     name: str
     summary: str
@@ -47,10 +53,15 @@ class BacktestResult:
     missing: list[str] = field(default_factory=list)  # series a replay could not rebuild
     timings_s: dict[str, float] = field(default_factory=dict)
     replicas: int = 1
+    notifications: list[Notification] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return all(check.ok for check in self.checks)
+
+    def notified(self, receiver: str) -> list[Notification]:
+        """The notifications of one receiver: "page" or "ticket"."""
+        return [n for n in self.notifications if n.receiver == receiver]
 
 
 def generated_rules(config: RulesConfig) -> RuleSet:
@@ -103,10 +114,21 @@ def run_series(
     )
     truth = breaches(records, scrape_times(start, end, interval_s), config.slo_for, config.slo_min_requests)
     timeline = build_timeline(name, evaluation, truth, list(incidents), start, end)
+    manager = alertmanager_config(PRODUCTION_RECEIVERS, config.receivers, config.cluster_label)
+    notifications = notify(timeline.fired, manager, end)
     origin = min((start + i.start_s for i in incidents), default=None)
-    checks = verdict(timeline, expect, origin) if expect is not None else []
+    checks = verdict(timeline, expect, origin, notifications) if expect is not None else []
     timings = dict(evaluation.timings_s) | {"evaluate_s": time.perf_counter() - began}
-    return BacktestResult(name, summary, timeline, checks, _calibers(series), knee or {}, timings_s=timings)
+    return BacktestResult(
+        name,
+        summary,
+        timeline,
+        checks,
+        _calibers(series),
+        knee or {},
+        timings_s=timings,
+        notifications=notifications,
+    )
 
 
 def run_scenario(

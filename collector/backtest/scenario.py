@@ -152,6 +152,8 @@ class Expect:
     silent: tuple[str, ...] = ()
     silent_before_breach: tuple[str, ...] = ()  # must not fire before the first breach
     breach: bool | None = None  # the rows must (True) or must not (False) show a breach
+    # page notifications after Alertmanager's grouping and inhibition, exactly (None: not checked)
+    page_notifications: int | None = None
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ _ALL = (
         "a linear ramp from 30 % to 150 % of the knee over 2 h",
         2 * _H,
         _RAMP,
-        expect=Expect(breach=True, lead_warning_s=15 * _M, lead_page_s=5 * _M),
+        expect=Expect(breach=True, lead_warning_s=15 * _M, lead_page_s=5 * _M, page_notifications=1),
     ),
     Scenario(
         "token_shift",
@@ -193,6 +193,7 @@ _ALL = (
             breach=True,
             lead_warning_s=15 * _M,
             lead_page_s=5 * _M,
+            page_notifications=1,
             fired=('{cluster="a"}',),
             silent=('{cluster="b"}',),
         ),

@@ -1,8 +1,11 @@
 """From alert episodes and SLO truth to what on-call asks: did it warn in time, did it cry wolf?
 
 - **Problems** are the SLO breaches the rows show plus the scenario's declared incidents (every
-  fault is one). An alert that fires inside a problem, in the `lead_window_s` before one, or in
-  the `grace_s` after one is *earned*; any other firing alert is a **false alert**.
+  fault is one). An alert is *earned* when all of its firing lies inside problems that concern
+  it, each widened by the lead window (LEAD_WINDOW_S) before and the alert's documented tail
+  (`tail_s`: GRACE_S, longer for the alerts whose windows outlast a breach by design) after.
+  Any other fired alert is a **false alert**: one that fires outside every problem, and one that
+  starts inside a problem but keeps firing longer than its tail after it (`AlertSpan.why`).
 - **Lead time** is measured against the first breach: the first warning and the first page that
   fired in the lead window or during the breach, as breach start minus firing time (positive:
   it fired before users were hurt; negative: late by that much).
@@ -22,10 +25,35 @@ from collector.backtest.evaluate import Evaluation
 from collector.backtest.scenario import Incident
 from collector.backtest.truth import Breach
 
-__all__ = ["Problem", "AlertSpan", "Timeline", "build_timeline", "LEAD_WINDOW_S", "GRACE_S"]
+__all__ = [
+    "Problem",
+    "AlertSpan",
+    "Timeline",
+    "build_timeline",
+    "tail_s",
+    "LEAD_WINDOW_S",
+    "GRACE_S",
+    "TAILS_S",
+]
 
 LEAD_WINDOW_S = 1800.0  # an alert this long before a problem counts as a warning of it
 GRACE_S = 900.0  # and this long after one as its tail (rates and `keep_firing_for` lag)
+# Alerts whose windows keep them firing after the problem by design, and how long: the slow
+# burns' short window is 6 h (1x the budget over 6 h stays above it for up to 6 h after a burst
+# of misses), the fast burns' 30 m (their 6x pair), both plus GRACE_S.
+TAILS_S = {
+    "HeadroomAvailabilityBudgetBurnSlow": 6 * 3600 + GRACE_S,
+    "HeadroomTTFTBudgetBurnSlow": 6 * 3600 + GRACE_S,
+    "HeadroomE2EBudgetBurnSlow": 6 * 3600 + GRACE_S,
+    "HeadroomAvailabilityBudgetBurnFast": 1800 + GRACE_S,
+    "HeadroomTTFTBudgetBurnFast": 1800 + GRACE_S,
+    "HeadroomE2EBudgetBurnFast": 1800 + GRACE_S,
+}
+
+
+def tail_s(alert: str) -> float:
+    """How long `alert` may keep firing after the problem it answers: TAILS_S, else GRACE_S."""
+    return TAILS_S.get(alert, GRACE_S)
 
 
 @dataclass(frozen=True)
@@ -59,6 +87,7 @@ class AlertSpan:
     firing_at: float | None
     ended_at: float | None
     earned: bool
+    why: str = ""  # a false alert's reason: "outside every problem", "outlasts ... by 42.0m"
 
     @property
     def is_page(self) -> bool:
@@ -124,14 +153,25 @@ class Timeline:
         return [span for span in self.fired if span.name == name]
 
 
-def _earned(episode: Episode, labels: dict[str, str], problems: list[Problem], end: float) -> bool:
+def _judge(name: str, episode: Episode, labels: dict[str, str], problems: list[Problem], end: float) -> str:
+    """ "" when every moment the episode fired lies in a window it may fire in, else why not."""
     if episode.firing_at is None:
-        return True
-    stop = episode.ended_at if episode.ended_at is not None else end
-    return any(
-        episode.firing_at <= p.end + GRACE_S and stop >= p.start - LEAD_WINDOW_S and p.concerns(labels)
-        for p in problems
-    )
+        return ""
+    start, stop = episode.firing_at, episode.ended_at if episode.ended_at is not None else end
+    concerned = [p for p in problems if p.concerns(labels)]
+    windows = sorted((p.start - LEAD_WINDOW_S, p.end + tail_s(name), p) for p in concerned)
+    covered, last, resumes = start, None, stop
+    for low, high, problem in windows:
+        if low > covered:
+            resumes = min(stop, low)  # the next window it may fire in
+            break
+        if high > covered:
+            covered, last = high, problem
+    if covered >= stop:
+        return ""
+    if last is None:
+        return "outside every problem"
+    return f"outlasts {last.name} by {(resumes - last.end) / 60:.1f}m (its tail: {tail_s(name) / 60:g}m)"
 
 
 def _breach_name(breach: Breach) -> str:
@@ -174,6 +214,7 @@ def build_timeline(
     for episode in evaluation.episodes:
         name = episode.label("alertname")
         labels = {k: v for k, v in episode.labels if k != "alertname"}
+        why = _judge(name, episode, labels, problems, end)
         spans.append(
             AlertSpan(
                 name,
@@ -182,7 +223,8 @@ def build_timeline(
                 episode.pending_at,
                 episode.firing_at,
                 episode.ended_at,
-                _earned(episode, labels, problems, end),
+                not why,
+                why,
             )
         )
     first_breach = breaches[0] if breaches else None

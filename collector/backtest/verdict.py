@@ -10,8 +10,10 @@ signal and a saturation signal were both firing for its model (in its cluster, w
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from collector.backtest.notifications import Notification
 from collector.backtest.scenario import Expect
 from collector.backtest.timeline import AlertSpan, Timeline
 
@@ -90,11 +92,27 @@ def _composite_checks(timeline: Timeline) -> list[Check]:
     return checks
 
 
-def verdict(timeline: Timeline, expect: Expect, origin: float | None) -> list[Check]:
-    """Every check of `expect` (and the composite's) on `timeline`; `origin`: first fault/incident start."""
+def verdict(
+    timeline: Timeline, expect: Expect, origin: float | None, notifications: Sequence[Notification] = ()
+) -> list[Check]:
+    """Every check of `expect` (and the composite's) on `timeline`; `origin`: first fault/incident start.
+
+    `notifications`: what Alertmanager would send of the timeline (collector.backtest.notifications).
+    """
     checks = _count("pages", expect.pages, timeline.pages) + _count(
         "warnings", expect.warnings, timeline.warnings
     )
+    if expect.page_notifications is not None:
+        pages = [n for n in notifications if n.receiver == "page"]
+        checks.append(
+            Check(
+                f"page notifications == {expect.page_notifications}",
+                len(pages) == expect.page_notifications,
+                f"{len(pages)} ("
+                + ("; ".join(f"{minutes(n.at - timeline.start)}: {', '.join(n.new)}" for n in pages) or "-")
+                + ")",
+            )
+        )
     checks += _count("false pages", expect.false_pages, timeline.false_pages)
     checks += _count("false warnings", expect.false_warnings, timeline.false_warnings)
     if expect.breach is not None:

@@ -96,6 +96,7 @@ FOR_DURATIONS: dict[str, str] = {
     "HeadroomSidecarDown": "2m",
     "HeadroomSidecarJobAbsent": "5m",
     "HeadroomFleetHeadroomLow": "15m",
+    "HeadroomCapacityEstimateStale": "15m",
     "HeadroomEngineScrapeFailing": "3m",
     "HeadroomLogRowsDropped": "5m",
     "HeadroomStoreUnreachable": "5m",
@@ -153,6 +154,10 @@ class RulesConfig:
     knee_forecast_min_ratio: float = 0.5
     knee_forecast_step: str = "10m"
     knee_forecast_min_rise: float = 0.03
+    # A published estimate older than this (or of confidence "low") warns: the capacity alerts
+    # divide by it. The probe's own age limit (collector.store.decision's probe_max_age): a knee
+    # moves when the model, version or hardware does; an older one means the refresh stopped.
+    estimate_max_age: str = "7d"
     # KV-cache usage (5-minute mean) that warns, and the lower value it must fall below to clear
     # (hysteresis). The same level with the engine's queue never empty for 5 minutes pages: the
     # cache is the bottleneck and users queue behind it (a full cache alone is healthy under batch
@@ -303,6 +308,7 @@ class RulesConfig:
                 "knee_forecast_window": self.knee_forecast_window,
                 "knee_forecast_horizon": self.knee_forecast_horizon,
                 "knee_forecast_step": self.knee_forecast_step,
+                "estimate_max_age": self.estimate_max_age,
                 "queue_window": self.queue_window,
                 "absence_lookback": self.absence_lookback,
             },
