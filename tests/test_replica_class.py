@@ -110,3 +110,106 @@ def test_capacity_gauges_carry_the_class_and_keep_two_classes_of_one_model_apart
     assert "headroom_capacity_knee{" not in generate_latest(registry).decode()
     gauges.replace([PublishedCapacity("m", knee_requests=8)])
     assert registry.get_sample_value("headroom_capacity_knee", {"model": "m", "caliber": "requests"}) == 8
+
+
+@pytest.fixture
+def two_classes(tmp_path):
+    """One model measured on two replica classes: h100 (knee 16) and l40s (knee 8)."""
+    from test_analysis_estimate import _estimate
+
+    from collector.analysis.estimate import save_estimate
+    from collector.store.db import RequestStore
+
+    store = RequestStore(tmp_path / "fleet.duckdb")
+    estimates = {}
+    for cls, knee in (("h100", 16), ("l40s", 8)):
+        estimate = _estimate(model="m", knee_at=knee)
+        estimate.replica_class = cls
+        save_estimate(store, estimate)
+        estimates[cls] = estimate.to_dict()
+    store.close()
+    return tmp_path / "fleet.duckdb", estimates
+
+
+def test_integrations_render_per_replica_class_and_ask_which_when_there_are_several(two_classes):
+    import yaml
+
+    db = str(two_classes[0])
+    result = CliRunner().invoke(main, ["integrations", "keda", "--db", db, "--deployment", "d"])
+    assert result.exit_code == 1 and "pass --replica-class" in result.output
+    assert "m (replica class h100)" in result.output and "m (replica class l40s)" in result.output
+    pools = {}
+    for cls in ("h100", "l40s"):
+        args = ["integrations", "keda", "--db", db, "--deployment", f"m-{cls}", "--replica-class", cls]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        scaled = yaml.safe_load(result.output)
+        assert scaled["metadata"]["annotations"]["llm-headroom/replica-class"] == cls
+        requests = scaled["spec"]["triggers"][0]["metadata"]["query"]
+        assert f'headroom_replica_info{{replica_class="{cls}"}}' in requests
+        assert f'replica_class="{cls}"' in requests.split("headroom_capacity_recommended_pool_requests")[1]
+        pools[cls] = int(scaled["metadata"]["annotations"]["llm-headroom/pool-requests"])
+        gateway = CliRunner().invoke(main, ["integrations", "gateway", "--db", db, "--replica-class", cls])
+        assert gateway.exit_code == 0 and f"maxConcurrency: {pools[cls]}" in gateway.output
+        llmd = CliRunner().invoke(main, ["integrations", "llm-d", "--db", db, "--replica-class", cls])
+        assert llmd.exit_code == 0 and f"m-{cls}:" in llmd.output
+    assert pools["h100"] > pools["l40s"]
+    missing = CliRunner().invoke(
+        main, ["integrations", "keda", "--db", db, "--deployment", "d", "--replica-class", "a10g"]
+    )
+    assert missing.exit_code == 1 and "no published estimates match" in missing.output
+
+
+@pytest.mark.integration
+def test_keda_per_class_counts_only_that_class_s_sidecars_in_promtool(two_classes, tmp_path):
+    """Sidecar a (h100) carries 10 requests, b (l40s) 3; pools 12 and 6 published per class: the
+    l40s ScaledObject reads 3 / 6 = 0.5 and the h100 one 10 / 12, each ignoring the other class."""
+    import subprocess
+
+    import yaml
+    from conftest import require_tool
+
+    from collector.integrations.render import keda_scaled_object
+    from collector.rules.config import DEFAULT
+
+    promtool = require_tool("promtool")
+    _, estimates = two_classes
+    inputs = []
+    for instance, cls, inflight, pool in (("a", "h100", 10, 12), ("b", "l40s", 3, 6)):
+        where = f'job="{DEFAULT.sidecar_job}",model="m",instance="{instance}",tenant="t"'
+        inputs += [
+            {"series": f"headroom_inflight_requests{{{where}}}", "values": f"{inflight}+0x5"},
+            {
+                "series": f'headroom_replica_info{{instance="{instance}",replica_class="{cls}"}}',
+                "values": "1+0x5",
+            },
+            {
+                "series": f'headroom_capacity_recommended_pool_requests{{model="m",task_class="all",'
+                f'replica_class="{cls}",instance="store"}}',
+                "values": f"{pool}+0x5",
+            },
+        ]
+    checks = []
+    for cls, value in (("h100", round(10 / 12, 6)), ("l40s", 0.5)):
+        query = keda_scaled_object(estimates[cls], deployment="d")["spec"]["triggers"][0]["metadata"]["query"]
+        checks.append(
+            {
+                "expr": f"round({query}, 0.000001)",
+                "eval_time": "4m",
+                "exp_samples": [{"labels": "{}", "value": value}],
+            }
+        )
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    document = {
+        "rule_files": ["rules.yaml"],
+        "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}],
+    }
+    (tmp_path / "keda.test.yaml").write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [promtool, "test", "rules", "keda.test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

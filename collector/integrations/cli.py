@@ -10,8 +10,17 @@ import click
 __all__ = ["integrations"]
 
 
+def _class_of(estimate: dict[str, Any]) -> str:
+    return str(estimate.get("replica_class") or "default")
+
+
 def _load_estimate(
-    db: str | None, estimate_file: str | None, store_url: str | None, token: str | None, model: str | None
+    db: str | None,
+    estimate_file: str | None,
+    store_url: str | None,
+    token: str | None,
+    model: str | None,
+    replica_class: str | None = None,
 ) -> dict[str, Any]:
     """The published estimate for `model` (or the only model) from --db, --store-url or --estimate:
     what the gauges publish (collector.store.decision), never merely the newest one."""
@@ -44,15 +53,25 @@ def _load_estimate(
     except (OSError, ValueError, OwnerError, duckdb.Error, httpx.HTTPError) as exc:
         source = estimate_file or store_url or db
         raise click.ClickException(f"cannot read an estimate from {source} ({exc})") from None
-    matching = [e for e in estimates if model is None or e.get("model") == model]
+    # one estimate per model and replica class (task class all) is what a replica scales on
+    matching = [
+        e
+        for e in estimates
+        if (model is None or e.get("model") == model)
+        and (replica_class is None or _class_of(e) == replica_class)
+        and (e.get("task_class") or "all") == "all"
+    ]
     if len(matching) != 1:
-        models = sorted(str(e.get("model")) for e in estimates) or [
+        models = sorted(f"{e.get('model')} (replica class {_class_of(e)})" for e in estimates) or [
             "none passes the publication gate: run `headroom probe` (see `headroom capacity curve`)"
         ]
+        several_classes = len({_class_of(e) for e in matching}) > 1
         raise click.ClickException(
             f"{'no' if not matching else 'several'} published estimates match "
-            f"--model {model or '(any)'}; models published: {', '.join(models)}"
-            + ("; pass --model" if len(matching) > 1 else "")
+            f"--model {model or '(any)'} --replica-class {replica_class or '(any)'}; "
+            f"published: {', '.join(models)}"
+            + ("; pass --replica-class (one output per class)" if several_classes else "")
+            + ("; pass --model" if len(matching) > 1 and not several_classes else "")
         )
     chosen: dict[str, Any] = matching[0]
     return chosen
@@ -94,6 +113,13 @@ def _source_options(command: Any) -> Any:
             click.option(
                 "--model", default=None, help="Which model's estimate (needed when several have one)."
             ),
+            click.option(
+                "--replica-class",
+                default=None,
+                metavar="NAME",
+                help="Which replica class's estimate (needed when the model has several: render one "
+                "output per class, e.g. one ScaledObject per Deployment of a hardware class).",
+            ),
             click.option("--out", default=None, help="Write the YAML here instead of stdout."),
         )
     ):
@@ -110,6 +136,7 @@ def integrations() -> None:
       headroom integrations keda --db headroom.duckdb --deployment llm-inference
       headroom integrations gateway --estimate cap.json --mode tokens
       headroom integrations llm-d --store-url http://headroom-store:9200 --model Qwen/Qwen2.5-1.5B-Instruct
+      headroom integrations keda --db fleet.duckdb --model llama-70b --replica-class l40s --deployment llama-l40s
     """
 
 
@@ -148,6 +175,7 @@ def keda(
     token,
     estimate_file,
     model,
+    replica_class,
     out,
     deployment,
     namespace,
@@ -164,8 +192,12 @@ def keda(
       headroom integrations keda --estimate cap.json --deployment vllm --max-replicas 40 --out scaledobject.yaml
       headroom integrations keda --db headroom.duckdb --deployment vllm --cluster eu-1 \\
         --prometheus-url http://mimir-query-frontend.mimir.svc:8080/prometheus
+      headroom integrations keda --db fleet.duckdb --model llama-70b --replica-class h100 --deployment llama-h100
+
+    With --replica-class (or an estimate of a class other than "default") the ScaledObject counts
+    only that class's sidecars (headroom_replica_info) and reads that class's published gauges.
     """
-    estimate = _load_estimate(db, estimate_file, store_url, token, model)
+    estimate = _load_estimate(db, estimate_file, store_url, token, model, replica_class)
     _emit(
         _render(
             "keda_scaled_object",
@@ -190,7 +222,7 @@ def keda(
     show_default=True,
     help="The concurrency detector's caliber.",
 )
-def gateway(db, store_url, token, estimate_file, model, out, mode) -> None:
+def gateway(db, store_url, token, estimate_file, model, replica_class, out, mode) -> None:
     """Gateway API Inference Extension: an EndpointPickerConfig whose concurrency detector takes the
     pool as maxConcurrency / maxTokenConcurrency and allows bursts up to the knee.
 
@@ -201,7 +233,9 @@ def gateway(db, store_url, token, estimate_file, model, out, mode) -> None:
     """
     _emit(
         _render(
-            "gateway_picker_config", _load_estimate(db, estimate_file, store_url, token, model), mode=mode
+            "gateway_picker_config",
+            _load_estimate(db, estimate_file, store_url, token, model, replica_class),
+            mode=mode,
         ),
         out,
     )
@@ -210,7 +244,7 @@ def gateway(db, store_url, token, estimate_file, model, out, mode) -> None:
 @integrations.command("llm-d")
 @_source_options
 @click.option("--namespace", default="default", show_default=True, help="The model's namespace.")
-def llm_d(db, store_url, token, estimate_file, model, out, namespace) -> None:
+def llm_d(db, store_url, token, estimate_file, model, replica_class, out, namespace) -> None:
     """llm-d's Workload Variant Autoscaler: the saturation ConfigMap entry for the measured model.
 
     \b
@@ -221,7 +255,7 @@ def llm_d(db, store_url, token, estimate_file, model, out, namespace) -> None:
     _emit(
         _render(
             "llmd_saturation_config",
-            _load_estimate(db, estimate_file, store_url, token, model),
+            _load_estimate(db, estimate_file, store_url, token, model, replica_class),
             namespace=namespace,
         ),
         out,

@@ -23,6 +23,7 @@ from typing import Any
 
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
+from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS
 
 __all__ = [
     "EstimateError",
@@ -71,6 +72,22 @@ def _selector(model: str, config: RulesConfig, cluster: str | None) -> str:
     return f'{{job="{config.sidecar_job}", model="{model}"{place}}}'
 
 
+def _replica_class(estimate: dict[str, Any]) -> str:
+    return str(estimate.get("replica_class") or DEFAULT_REPLICA_CLASS)
+
+
+def _live(name: str, selected: str, replica_class: str, config: RulesConfig, cluster: str | None) -> str:
+    """The live series of the class's sidecars: every sidecar of the model for the default class
+    (as before classes), else only those whose headroom_replica_info names the class."""
+    if replica_class == DEFAULT_REPLICA_CLASS:
+        return f"{sample(name)}{selected}"
+    label = config.cluster_label or "cluster"
+    place = f', {label}="{cluster}"' if cluster else ""
+    on = f"{label}, instance" if cluster else "instance"
+    info = f'max by ({on}) ({sample("headroom_replica_info")}{{replica_class="{replica_class}"{place}}})'
+    return f"({sample(name)}{selected} * on ({on}) group_left () {info})"
+
+
 def _keda_trigger(query: str, prometheus_url: str, name: str) -> dict[str, Any]:
     return {
         "type": "prometheus",
@@ -104,13 +121,21 @@ def keda_scaled_object(
     the live series and the published gauges to one cluster, for a Prometheus holding several.
     """
     limits = per_replica(estimate)
-    model = estimate["model"]
+    model, replica_class = estimate["model"], _replica_class(estimate)
     selected = _selector(model, config, cluster)
     place = f', {config.cluster_label or "cluster"}="{cluster}"' if cluster else ""
-    published = f'{{model="{model}", task_class="all"{place}}}'
+    # the class's gauges; gauges of a release before classes carry no label and read as "default"
+    of_class = (
+        f'replica_class=~"|{DEFAULT_REPLICA_CLASS}"'
+        if replica_class == DEFAULT_REPLICA_CLASS
+        else f'replica_class="{replica_class}"'
+    )
+    published = f'{{model="{model}", task_class="all", {of_class}{place}}}'
     pool = sample("headroom_capacity_recommended_pool_requests")
+    inflight = _live("headroom_inflight_requests", selected, replica_class, config, cluster)
+    active = _live("headroom_active_tokens", selected, replica_class, config, cluster)
     requests = (
-        f"(sum({sample('headroom_inflight_requests')}{selected}) or vector(0))\n"
+        f"(sum({inflight}) or vector(0))\n"
         f"/ on() clamp_min(max({pool}{published} > 0) or vector({limits['pool_requests']}), 1)"
     )
     triggers = [_keda_trigger(requests, prometheus_url, "inflight-requests-per-pool")]
@@ -124,9 +149,7 @@ def keda_scaled_object(
             f" / max({knee_requests}{published} > 0))"
             f" or vector({limits['pool_tokens']})"
         )
-        tokens = (
-            f"(sum({sample('headroom_active_tokens')}{selected}) or vector(0))\n/ on() clamp_min({budget}, 1)"
-        )
+        tokens = f"(sum({active}) or vector(0))\n/ on() clamp_min({budget}, 1)"
         triggers.append(_keda_trigger(tokens, prometheus_url, "active-tokens-per-pool"))
     return {
         "apiVersion": "keda.sh/v1alpha1",
@@ -136,6 +159,7 @@ def keda_scaled_object(
             "namespace": namespace,
             "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
             "annotations": {
+                "llm-headroom/replica-class": replica_class,
                 "llm-headroom/estimate": str(estimate.get("created_at")),
                 "llm-headroom/pool-requests": str(limits["pool_requests"]),
                 "llm-headroom/knee-requests": str(limits["knee_requests"]),
@@ -207,8 +231,15 @@ def llmd_saturation_config(
             "namespace": namespace,
             "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
         },
-        "data": {_config_key(estimate["model"]): _yaml_block(entry)},
+        "data": {_config_key(_entry_name(estimate)): _yaml_block(entry)},
     }
+
+
+def _entry_name(estimate: dict[str, Any]) -> str:
+    """The model's entry, or the model's entry per class where the class is not the default one."""
+    replica_class = _replica_class(estimate)
+    model = str(estimate["model"])
+    return model if replica_class == DEFAULT_REPLICA_CLASS else f"{model}-{replica_class}"
 
 
 def _config_key(model: str) -> str:
