@@ -288,7 +288,7 @@ def _estimate_stale(c: RulesConfig) -> Alert:
     published = sample("headroom_capacity_estimate_timestamp_seconds")
     by = "model, task_class, replica_class, source, confidence"
     age = f"time() - max by ({by}) ({published})"
-    low = f"time() - max by ({by}) ({published}{{confidence=\"low\"}})"
+    low = f'time() - max by ({by}) ({published}{{confidence="low"}})'
     return Alert(
         "HeadroomCapacityEstimateStale",
         "headroom-capacity",

@@ -48,9 +48,7 @@ _POOL = (
     '{instance="a",model="m",task_class="all",source="probe",confidence="high"}'
 )
 _INFLIGHT_B = 'headroom_inflight_requests{instance="b",model="m",tenant="t"}'
-_KNEE_B = (
-    'headroom_capacity_knee_requests{instance="b",model="m",task_class="all",source="probe",confidence="high"}'
-)
+_KNEE_B = 'headroom_capacity_knee_requests{instance="b",model="m",task_class="all",source="probe",confidence="high"}'
 # The label the knee ratio (and so the forecast) carries once the recording rules join each sidecar
 # to its replica class (R.REPLICA_CLASS): "default" for a sidecar that exports none.
 _CLASS = {"replica_class": "default"} if hasattr(R, "REPLICA_CLASS") else {}

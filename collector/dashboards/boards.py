@@ -3,7 +3,8 @@
 Queries read catalog metrics through `dashboards.queries` (raw series, every selector filtered by
 the cluster, namespace, job and instance variables); each panel says how to read it. The
 overview opens with a stat row for a 30-second glance (headroom per caliber, knee beside the
-engine's own ceiling, pool, SLO burn, firing alerts). The capacity-panel helpers are in
+engine's own ceiling, pool, SLO burn, firing alerts), then one with the knee's provenance
+(source, confidence, age: the first check of a capacity page). The capacity-panel helpers are in
 `dashboards.capacity`.
 """
 
@@ -16,6 +17,7 @@ from collector.dashboards.capacity import (
     fleet_panels,
     glance_row,
     gpu_panels,
+    knee_provenance_row,
 )
 from collector.dashboards.panels import (
     alert_annotation,
@@ -138,6 +140,7 @@ def overview(c: RulesConfig) -> dict:
     requests = "headroom_requests_total"
     p = [
         *glance_row(c),
+        *knee_provenance_row(c),
         concurrency_panel(),
         *fleet_panels(c),
         timeseries(

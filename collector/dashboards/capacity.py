@@ -16,7 +16,15 @@ from collector.dashboards.queries import per_class, published, scoped, sel, serv
 from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import sample
 
-__all__ = ["glance_row", "concurrency_panel", "gpu_panels", "firing_alerts", "firing", "fleet_panels"]
+__all__ = [
+    "glance_row",
+    "knee_provenance_row",
+    "concurrency_panel",
+    "gpu_panels",
+    "firing_alerts",
+    "firing",
+    "fleet_panels",
+]
 
 _INFLIGHT, _TOKENS = sample("headroom_inflight_requests"), sample("headroom_active_tokens")
 _CEILING = sample("headroom_engine_max_concurrency_requests")
@@ -97,6 +105,60 @@ def glance_row(c: RulesConfig) -> list[dict[str, Any]]:
             decimals=0,
             defaults=thresholds((1, "red")),
         ),
+    ]
+
+
+def knee_provenance_row(c: RulesConfig) -> list[dict[str, Any]]:
+    """Under the glance row: where the knee every ratio divides by comes from, and how old it is.
+
+    The first of a capacity page's three checks (docs/runbooks.md): a probe or traffic estimate,
+    its confidence, its age (orange past the age limit that HeadroomCapacityEstimateStale warns at).
+    """
+    where = scoped('model=~"$model", task_class="all"')
+    knee = sample("headroom_capacity_knee_requests")
+    stamp = sample("headroom_capacity_estimate_timestamp_seconds")
+
+    def label_stat(title: str, description: str, label: str) -> dict[str, Any]:
+        expr = served(f"max by (model, replica_class, {label}) ({knee}{where})")
+        panel = stat(
+            title,
+            description,
+            [target(expr, f"{{{{model}}}} {{{{replica_class}}}}: {{{{{label}}}}}")],
+            "none",
+        )
+        panel["options"]["textMode"] = "name"
+        panel["options"]["colorMode"] = "none"
+        return panel | {"width": 8}
+
+    age = stat(
+        "Knee age",
+        "Age of the published estimate per model and replica class. Past "
+        f"{c.estimate_max_age} (the probe's age limit) HeadroomCapacityEstimateStale warns: the "
+        "model, engine or hardware may have moved the knee; re-measure with `headroom probe`.",
+        [
+            target(
+                served(f"time() - max by (model, replica_class) ({stamp}{where})"),
+                "{{model}} {{replica_class}}",
+            )
+        ],
+        "s",
+        decimals=0,
+        defaults=thresholds((seconds(c.estimate_max_age), "orange")),
+    )
+    return [
+        label_stat(
+            "Knee source",
+            "Where the published knee comes from, per model and replica class: `probe` (a measured "
+            "concurrency gradient) or `traffic` (the passive curve of production requests).",
+            "source",
+        ),
+        label_stat(
+            "Knee confidence",
+            "The published estimate's confidence (measured, high, medium, low). Low: the capacity "
+            "alerts divide by a guess, and HeadroomCapacityEstimateStale warns.",
+            "confidence",
+        ),
+        age | {"width": 8},
     ]
 
 
