@@ -12,10 +12,15 @@ from test_sources_gpu import FakeNvml
 
 from collector.cli import main
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.replica import ReplicaClass, check_replica_class, derive_replica_class
+from collector.sidecar.replica import ReplicaClass, derive_replica_class
 from collector.sources.base import EngineSnapshot
 from collector.sources.gpu import GpuCollector
-from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, CapacityGauges, PublishedCapacity
+from collector.store.capacity_gauges import (
+    DEFAULT_REPLICA_CLASS,
+    CapacityGauges,
+    PublishedCapacity,
+    check_replica_class,
+)
 
 
 @pytest.mark.parametrize(
@@ -213,3 +218,17 @@ def test_keda_per_class_counts_only_that_class_s_sidecars_in_promtool(two_classe
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_probe_takes_the_class_of_the_sidecar_it_probes_through(tmp_path):
+    from support.sidecar import sidecar_rig
+
+    from collector.analysis.cli import sidecar_replica_class
+
+    with sidecar_rig(tmp_path, replica_class="l40s-tp1") as rig:
+        assert sidecar_replica_class(rig.url) == "l40s-tp1"
+        assert sidecar_replica_class(rig.url + "/v1") == "l40s-tp1"
+        assert sidecar_replica_class(rig.upstream.url) == DEFAULT_REPLICA_CLASS  # the engine itself
+    assert sidecar_replica_class("http://127.0.0.1:1") == DEFAULT_REPLICA_CLASS  # nobody answers
+    result = CliRunner().invoke(main, ["probe", "--url", "http://127.0.0.1:1", "--replica-class", "a b"])
+    assert result.exit_code == 2 and "is not a class name" in result.output

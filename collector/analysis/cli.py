@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from collector.analysis.prompts import load_prompts
 from collector.analysis.render import print_estimate
 from collector.analysis.slo import Slo
 from collector.analysis.workload import FROM_LOG, load_workload, log_lengths
+from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, check_replica_class
 from collector.store.db import RequestStore
 from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log
 from collector.store.shipper import StoreShipper
@@ -214,6 +216,14 @@ Examples:
     "URL/metrics when it names an engine (vLLM, SGLang, TGI, llama.cpp, or a "
     "headroom sidecar); none = judge queueing from TTFT alone.",
 )
+@click.option(
+    "--replica-class",
+    default=None,
+    metavar="NAME",
+    show_default="the class of the sidecar at --url (its headroom_replica_info), else default",
+    help="The replica class (hardware x engine configuration) the estimate is for: the knee the "
+    "rules compare that class's sidecars with.",
+)
 def probe(
     url,
     model,
@@ -238,6 +248,7 @@ def probe(
     workload,
     traffic_db,
     engine_metrics,
+    replica_class,
 ) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
@@ -281,6 +292,13 @@ def probe(
         api_key=api_key,
         engine_metrics=engine_metrics,
     )
+    if replica_class is not None:
+        try:
+            check_replica_class(replica_class)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--replica-class") from None
+    replica_class = replica_class or sidecar_replica_class(url)
+    click.echo(f"replica class: {replica_class}")
     write, close, save, own = _row_writer(db, store_url, store_token, url)
     estimates = []
     try:
@@ -292,7 +310,7 @@ def probe(
                     click.echo(
                         f"\n== task class {run.task_class}: max_tokens {run.max_tokens}, prompts {run.prompts}"
                     )
-                estimates.append(_probe_once(run, write, save, slo, profile, traffic))
+                estimates.append(_probe_once(run, write, save, slo, profile, traffic, replica_class))
     except ProbeError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
@@ -302,15 +320,31 @@ def probe(
     _write_outputs(estimates, json_path, plot_path)
 
 
-def _probe_once(run, write, save, slo, profile, traffic):
+def _probe_once(run, write, save, slo, profile, traffic, replica_class=DEFAULT_REPLICA_CLASS):
     """One gradient: run it, estimate it (its token knee checked against `traffic`), print, save."""
     result = _run_with_progress(run, write)
     estimate = estimate_from_probe(result, slo=slo, profile=profile, traffic=traffic)
+    estimate.replica_class = replica_class
     print_estimate(estimate)
     click.echo(f"queueing evidence: {result.queue_evidence}")
     if save is not None:
         save(estimate)
     return estimate
+
+
+def sidecar_replica_class(url: str) -> str:
+    """The replica class the sidecar at `url` exports (headroom_replica_info), else "default" (an
+    engine, an older sidecar, one still deciding, or no answer within 5 s)."""
+    import httpx  # lazy, as the probe's other clients
+
+    base = url.rstrip("/")
+    base = base[: -len("/v1")] if base.endswith("/v1") else base
+    try:
+        text = httpx.get(f"{base}/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return DEFAULT_REPLICA_CLASS
+    found = re.search(r'^headroom_replica_info\{[^}]*replica_class="([^"]+)"[^}]*\} 1', text, re.MULTILINE)
+    return found.group(1) if found else DEFAULT_REPLICA_CLASS
 
 
 def _traffic_log(stack: contextlib.ExitStack, path: str | None, own: RequestStore | None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from collector.sidecar.replica import check_replica_class
+from collector.store.capacity_gauges import check_replica_class
 
 __all__ = ["SidecarConfig"]
 

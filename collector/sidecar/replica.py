@@ -30,27 +30,16 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from collector.catalog import spec
-from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS
+from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, check_replica_class
 
 if TYPE_CHECKING:  # the config imports check_replica_class: no engine machinery for `--help`
     from collector.sources import EngineSource
 
-__all__ = ["ReplicaClass", "derive_replica_class", "check_replica_class", "SLOT_ENGINES"]
+__all__ = ["ReplicaClass", "derive_replica_class", "SLOT_ENGINES"]
 
 # Engines whose `max_concurrency` is a fixed number of slots (a configuration, hence the class).
 SLOT_ENGINES = frozenset({"llamacpp"})
-_VALID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
-
-
-def check_replica_class(value: str) -> str:
-    """`value` when it is a usable class name, else ValueError naming the rule."""
-    if not _VALID.match(value):
-        raise ValueError(
-            f"--replica-class {value!r} is not a class name: 1 to 63 letters, digits, '.', '_' or "
-            "'-', starting with a letter or digit (e.g. h100-tp1, l40s-slots8)"
-        )
-    return value
 
 
 def _slug(text: str) -> str:

@@ -23,6 +23,7 @@ replica class, and will be removed in the next release (docs/design.md, "Depreca
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,13 +32,21 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from collector.catalog import spec
 
-__all__ = ["CapacityGauges", "PublishedCapacity", "CALIBERS", "ALL_TASKS", "DEFAULT_REPLICA_CLASS"]
+__all__ = [
+    "CapacityGauges",
+    "PublishedCapacity",
+    "CALIBERS",
+    "ALL_TASKS",
+    "DEFAULT_REPLICA_CLASS",
+    "check_replica_class",
+]
 
 CALIBERS = ("requests", "tokens")
 ALL_TASKS = "all"  # the task class of an estimate measured over every kind of request
 # The replica class of an estimate that names none (estimates saved before replica classes, a
 # sidecar started without --replica-class that could derive nothing): one class per model.
 DEFAULT_REPLICA_CLASS = "default"
+_CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _CURRENT = {  # metric name -> PublishedCapacity field
     "headroom_capacity_knee_requests": "knee_requests",
     "headroom_capacity_knee_tokens": "knee_tokens",
@@ -51,6 +60,17 @@ _DEPRECATED = {  # old name -> {caliber: field}
     "headroom_capacity_slo_max": {"requests": "slo_max_requests", "tokens": "slo_max_tokens"},
     "headroom_capacity_recommended_pool": {"requests": "recommended_pool"},
 }
+
+
+def check_replica_class(value: str) -> str:
+    """`value` when it is a usable replica class name (a label value, a Kubernetes-friendly part of
+    a name), else ValueError naming the rule."""
+    if not _CLASS_NAME.match(value):
+        raise ValueError(
+            f"--replica-class {value!r} is not a class name: 1 to 63 letters, digits, '.', '_' or "
+            "'-', starting with a letter or digit (e.g. h100-tp1, l40s-slots8)"
+        )
+    return value
 
 
 @dataclass(frozen=True)
