@@ -6,23 +6,33 @@ tests/test_faults_hostile_upstream.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import os
 import resource
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from support.processes import headroom_process
+from support.processes import HeadroomProcess, headroom_process
 from support.sidecar import CHAT, sidecar_rig, wait_until
 from support.upstream import FakeUpstream
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.server import ADMIN_SLOTS, FILE_RESERVE, connection_cap, uvicorn_options
+from collector.sidecar.server import (
+    ADMIN_SLOTS,
+    FILE_RESERVE,
+    connection_cap,
+    raise_file_limit,
+    uvicorn_options,
+)
 from collector.sidecar.wiring import build_sidecar
 
 PATH = "/v1/chat/completions"
@@ -285,3 +295,142 @@ def test_past_the_reserved_slots_too_a_connection_is_refused_at_once(tmp_path):
 
 def _open_connections(handle: Any) -> int:
     return len(handle.server.server_state.connections)
+
+
+# N6: a pipelined request whose client hangs up is cancelled like any other
+
+
+def test_a_pipelined_requests_client_hanging_up_cancels_it_at_once_without_tracebacks(tmp_path, caplog):
+    """The client sends a long stream's request and, behind it on the same connection, the next
+    one, then hangs up. uvicorn tells only the newest (queued) request; the running one must be
+    cancelled too (its upstream request cut, its row client_cancelled), not run on to its end."""
+    caplog.set_level(logging.WARNING)
+    with _guarded(tmp_path) as (app, handle, fake):
+        for attempt in range(3):
+            test_id = f"piped-gone-{attempt}"
+            body = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+            first = (
+                f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                f"x-fake-delay: 2\r\nx-fake-tokens: 5\r\nx-test-id: {test_id}\r\n"  # 10 s of stream
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+            with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as client:
+                client.sendall(first + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # pipelined
+                assert client.recv(65536).startswith(b"HTTP/1.1 200")  # the stream has begun
+            gone_at = time.monotonic()
+            wait_until(lambda: not app.state.tracker.live, 3, what="the running request cancelled")
+            assert time.monotonic() - gone_at < 1.5  # not at the next token (2 s), nor the end (10 s)
+        assert app.state.writer.flush()
+        rows = app.state.batch_sink.query_dicts("SELECT outcome, error FROM requests", ())
+        assert [(r["outcome"], r["error"]) for r in rows] == [("client_cancelled", "client disconnected")] * 3
+        # (checked before the fake upstream stops: its own cancelled handlers log then)
+        noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+        assert not noisy, [r.getMessage() for r in noisy]
+        assert "upstream request failed" not in caplog.text
+
+
+# N3: a client that stops reading costs no CPU once the read timeout has passed
+
+
+class _BigEventUpstream:
+    """Answers every completions request at once with one SSE event of EVENT_BYTES, then keeps
+    the stream open and silent: a client that reads nothing makes the sidecar pause it."""
+
+    EVENT_BYTES = 192 * 1024
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            self.requests += 1
+            text = b"x" * self.EVENT_BYTES
+            event = b'data: {"choices":[{"delta":{"content":"' + text + b'"}}]}\n\n'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                + b"%x\r\n%b\r\n" % (len(event), event)
+            )
+            await writer.drain()
+            await reader.read()  # silent until the sidecar leaves
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc (its own CPU time, whatever else the cores run)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+def test_500_stalled_readers_past_the_read_timeout_cost_under_5_percent_cpu(tmp_path):
+    """The audit's 500 paused streams took 68 % CPU once --read-timeout had passed (each timer
+    fired every millisecond). Here the sidecar's own CPU time over 4 s is measured after the
+    timeout passed with 500 readers stalled: under 5 % of one core."""
+    readers, read_timeout = 500, 1.0
+    raise_file_limit(4 * readers + 256)  # this process holds both ends' other sides
+    upstream = _BigEventUpstream()
+    log = tmp_path / "sidecar.log"
+    args = ["run", "--upstream", upstream.url, "--db", str(tmp_path / "log.duckdb"), "--engine", "none"]
+    args += ["--no-jobs", "--read-timeout", str(read_timeout), "--idle-timeout", "60"]
+    sidecar = HeadroomProcess(*args, health="/healthz", log=log).start()
+    sockets: list[socket.socket] = []
+    try:
+        assert sidecar.process is not None
+        body = b'{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+        request = (
+            f"POST {PATH} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        for _ in range(readers):
+            sock = socket.socket()
+            # a reader that reads nothing; a small segment size keeps the sidecar's kernel send
+            # buffer for it small too (loopback's 64 KiB segments let it take 2.8 MB), so that a
+            # 192 KiB event fills it and the sidecar pauses the stream
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+            sock.connect(("127.0.0.1", sidecar.port))
+            sock.sendall(request)
+            sockets.append(sock)
+        wait_until(lambda: upstream.requests == readers, 30, what="every request reaching the upstream")
+
+        def inflight() -> int:
+            return int(httpx.get(sidecar.url + "/healthz", timeout=5).json()["inflight_requests"])
+
+        # past the read timeout (twice over): every stream is paused, none timed out
+        time.sleep(2 * read_timeout)  # the timeout itself is what must pass: there is no event for it
+        paused = inflight()
+        began = _cpu_seconds(sidecar.process.pid)
+        time.sleep(4.0)  # the measured interval
+        spent = _cpu_seconds(sidecar.process.pid) - began
+        print(f"\n{paused} stalled readers past the read timeout: sidecar CPU {spent / 4.0:.1%} of a core")
+        assert paused == readers  # every stream paused, none timed out
+        assert spent / 4.0 < 0.05
+        assert inflight() == readers  # still paused, still accounted
+    finally:
+        for sock in sockets:
+            sock.close()
+        sidecar.stop()
+        upstream.stop()
