@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,9 +29,15 @@ from collector.sidecar.wiring import build_sidecar
 from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 from collector.sim.demo_render import render_summary
-from collector.sim.demo_summary import LevelWindow, caliber_course, capacity_estimate, level_table
-from collector.sim.load import run_level
-from collector.sim.workload import CaliberSampler, mixed_payload
+from collector.sim.demo_summary import (
+    DemoSummary,
+    LevelWindow,
+    caliber_course,
+    capacity_estimate,
+    level_table,
+)
+from collector.sim.load import Payload, run_level
+from collector.sim.workload import CaliberSample, CaliberSampler, mixed_payload
 
 __all__ = ["demo", "run_demo"]
 
@@ -49,12 +56,14 @@ def _levels(value: str) -> list[int]:
     return levels
 
 
-async def _drive(url: str, levels: list[int], level_s: float, payload, progress) -> tuple[list, list]:
+async def _drive(
+    url: str, levels: list[int], level_s: float, payload: Payload, progress: Progress
+) -> tuple[list[LevelWindow], list[CaliberSample]]:
     """Run each level through the sidecar; return (LevelWindow list, caliber samples)."""
     sampler = CaliberSampler(f"{url}/metrics")
     sampling = asyncio.create_task(sampler.run())
     task = progress.add_task("starting", total=len(levels) * level_s)
-    windows = []
+    windows: list[LevelWindow] = []
     try:
         for index, concurrency in enumerate(levels):
             sampler.level = concurrency
@@ -103,10 +112,10 @@ def run_demo(
     db_path: str,
     seed: int,
     slo_ttft_p95_s: float | None,
-    progress_console,
-    report=None,
+    progress_console: Console,
+    report: Callable[[DemoSummary], None] | None = None,
     keep_serving: bool = False,
-) -> dict:
+) -> DemoSummary:
     """Run the whole demo and return the summary dict (also what --json writes).
 
     `report(summary)` runs while both servers are still up; with keep_serving they then stay up
@@ -144,7 +153,7 @@ def run_demo(
                 )
             app.state.writer.flush()
             store = app.state.batch_sink
-            summary = {
+            summary: DemoSummary = {
                 "db": os.path.abspath(db_path),
                 "sidecar_url": sidecar.url,
                 "sim_url": sim.url,
@@ -236,17 +245,17 @@ def _serve_until_interrupted() -> None:
 @click.option("--json", "json_path", default=None, metavar="PATH", help="Also write the summary as JSON.")
 @click.option("--keep-serving", is_flag=True, help="Keep simulator and sidecar up after the summary.")
 def demo(
-    speed,
-    levels_text,
-    level_seconds,
-    duration,
-    max_num_seqs,
-    kv_cache_tokens,
-    db_path,
-    seed,
-    slo_ttft_p95,
-    json_path,
-    keep_serving,
+    speed: float,
+    levels_text: str,
+    level_seconds: float,
+    duration: float | None,
+    max_num_seqs: int,
+    kv_cache_tokens: int,
+    db_path: str | None,
+    seed: int,
+    slo_ttft_p95: float | None,
+    json_path: str | None,
+    keep_serving: bool,
 ) -> None:
     """Simulator + sidecar + a load that crosses the knee + a capacity summary; ends by itself.
 
@@ -274,7 +283,7 @@ def demo(
     # a pipe or file gets the full-width table (rich would cut it to 80 columns)
     console = Console() if sys.stdout.isatty() else Console(width=130)
 
-    def report(summary: dict) -> None:
+    def report(summary: DemoSummary) -> None:
         failed = None
         if json_path:
             summary["json"] = os.path.abspath(json_path)

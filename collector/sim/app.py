@@ -7,7 +7,9 @@ with uvicorn (`headroom sim`) or `collector.serving.serve_in_thread` (tests, `he
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -37,12 +39,14 @@ RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.5
 
 
-def _error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": kind, "code": status}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-async def _stream_events(engine: Engine, stream: Stream, req: ParsedRequest, model: str):
+async def _stream_events(
+    engine: Engine, stream: Stream, req: ParsedRequest, model: str
+) -> AsyncIterator[bytes]:
     """SSE body: role chunk with the first tokens, content every stream_interval tokens, finish,
     usage, [DONE]."""
     tokens, sent, started = req.plan.tokens, 0, False
@@ -127,7 +131,7 @@ def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = Non
     metrics = EngineMetricsCollector(engine.state, config.flavor, config.model, config.vllm_legacy_kv_metric)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI):
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         try:
             yield
@@ -146,7 +150,7 @@ def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = Non
         return await _complete(engine, request, chat=False)
 
     @app.get("/v1/models")
-    async def models() -> dict:
+    async def models() -> dict[str, Any]:
         return {
             "object": "list",
             "data": [
@@ -165,15 +169,15 @@ def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = Non
         return Response(render_metrics(metrics), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/slots")
-    async def slots() -> list:
+    async def slots() -> list[dict[str, Any]]:
         return slots_view(engine.scheduler)
 
     @app.get("/health")
-    async def health() -> dict:
+    async def health() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/sim/state")
-    async def state() -> dict:
-        return engine.state() | {"flavor": config.flavor, "model": config.model}
+    async def state() -> dict[str, Any]:
+        return {**engine.state(), "flavor": config.flavor, "model": config.model}
 
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from collector.sim.demo_summary import sparkline
+from collector.sim.demo_summary import DemoSummary, sparkline
 from collector.terminal import compact_table
 
 __all__ = ["render_summary", "ms"]
@@ -16,11 +16,11 @@ def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
-def _triple(level: dict, metric: str) -> str:
-    return " / ".join(ms(level[f"{metric}_{q}_s"]) for q in ("p50", "p95", "p99"))
+def _triple(p50: float | None, p95: float | None, p99: float | None) -> str:
+    return " / ".join(ms(seconds) for seconds in (p50, p95, p99))
 
 
-def _level_table(summary: dict) -> Table:
+def _level_table(summary: DemoSummary) -> Table:
     table = compact_table(
         f"Per concurrency level, exact percentiles from {summary['db']}",
         (
@@ -42,15 +42,15 @@ def _level_table(summary: dict) -> Table:
             str(level["requests"]),
             str(level["rate_limited"]),
             f"{level['output_tokens_per_s'] or 0:.0f}",
-            _triple(level, "ttft"),
-            _triple(level, "tpot"),
+            _triple(level["ttft_p50_s"], level["ttft_p95_s"], level["ttft_p99_s"]),
+            _triple(level["tpot_p50_s"], level["tpot_p95_s"], level["tpot_p99_s"]),
             f"{peak.get('inflight', 0):.0f}",
             f"{peak.get('active_tokens', 0):.0f}",
         )
     return table
 
 
-def render_summary(summary: dict, console: Console) -> None:
+def render_summary(summary: DemoSummary, console: Console) -> None:
     """Print the level table, the caliber time course, the capacity verdict and where data lives."""
     console.print(_level_table(summary))
     calibers = summary["calibers"]

@@ -11,16 +11,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from collector.analysis.estimate import build_estimate, save_estimate
 from collector.analysis.levels import summarize_level
-from collector.store.decision import publish
 from collector.analysis.slo import Slo
 from collector.sim.workload import CaliberSample
+from collector.store.capacity_gauges import CapacityGauges
+from collector.store.db import RequestStore
+from collector.store.decision import publish
 
 __all__ = [
     "LevelWindow",
+    "LevelRow",
+    "CaliberCourse",
+    "CapacitySummary",
+    "DemoSummary",
     "level_table",
     "caliber_course",
     "capacity_estimate",
@@ -69,30 +75,108 @@ class LevelWindow:
         }
 
 
+class LevelRow(TypedDict):
+    """One level of the demo's table: its window (ISO-8601) and what the requests table says."""
+
+    concurrency: int
+    start: str
+    measure_from: str
+    stop: str
+    end: str
+    requests: int
+    ok: int
+    rate_limited: int
+    inflight_at_admit_max: int | None
+    active_tokens_at_admit_max: int | None
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    tpot_p99_s: float | None
+    output_tokens_per_s: float | None
+
+
+class CaliberCourse(TypedDict):
+    """Both calibers over the run: peaks overall and per level, and every sample."""
+
+    peak_inflight: float
+    peak_active_tokens: float
+    per_level_peaks: dict[int, dict[str, float]]
+    time_course: list[dict[str, float]]
+
+
+class Published(TypedDict):
+    knee_requests: int | None
+    reason: str
+
+
+class CapacitySummary(TypedDict):
+    """The capacity verdict of the demo's levels and what the shared decision published."""
+
+    knee: dict[str, Any]
+    slo_max: int | None
+    recommended_pool: int
+    profile: str
+    published: Published
+
+
+class SimSettings(TypedDict):
+    max_num_seqs: int
+    kv_cache_tokens: int
+    speed: float
+    seed: int
+
+
+class DemoSummary(TypedDict):
+    """What `headroom demo` prints and --json writes."""
+
+    db: str
+    sidecar_url: str
+    sim_url: str
+    sim: SimSettings
+    levels: list[LevelRow]
+    calibers: CaliberCourse
+    capacity: CapacitySummary | None
+    serving: bool
+    json: NotRequired[str]  # where --json wrote it
+
+
 def _quantiles(values: Sequence[float] | None) -> tuple[float | None, float | None, float | None]:
-    return tuple(values) if values else (None, None, None)  # type: ignore[return-value]
+    if not values:
+        return None, None, None
+    p50, p95, p99 = values
+    return p50, p95, p99
 
 
-def level_table(store, windows: Sequence[LevelWindow]) -> list[dict]:
-    """One dict per level, every number straight from the requests table."""
+def level_table(store: RequestStore, windows: Sequence[LevelWindow]) -> list[LevelRow]:
+    """One row per level, every number straight from the requests table."""
     table = []
     for window in windows:
         row = store.query_dicts(LEVEL_SQL, [window.start, window.stop])[0]
         tokens = store.query(TOKENS_SQL, [window.measure_from, window.stop])[0][0]
         span_s = (window.stop - window.measure_from).total_seconds()
-        ttft, tpot = _quantiles(row.pop("ttft")), _quantiles(row.pop("tpot"))
+        ttft, tpot = _quantiles(row["ttft"]), _quantiles(row["tpot"])
         table.append(
-            window.to_dict()
-            | row
-            | {
-                "ttft_p50_s": ttft[0],
-                "ttft_p95_s": ttft[1],
-                "ttft_p99_s": ttft[2],
-                "tpot_p50_s": tpot[0],
-                "tpot_p95_s": tpot[1],
-                "tpot_p99_s": tpot[2],
-                "output_tokens_per_s": float(tokens) / span_s if span_s > 0 else None,
-            }
+            LevelRow(
+                concurrency=window.concurrency,
+                start=window.start.isoformat(),
+                measure_from=window.measure_from.isoformat(),
+                stop=window.stop.isoformat(),
+                end=window.end.isoformat(),
+                requests=row["requests"],
+                ok=row["ok"],
+                rate_limited=row["rate_limited"],
+                inflight_at_admit_max=row["inflight_at_admit_max"],
+                active_tokens_at_admit_max=row["active_tokens_at_admit_max"],
+                ttft_p50_s=ttft[0],
+                ttft_p95_s=ttft[1],
+                ttft_p99_s=ttft[2],
+                tpot_p50_s=tpot[0],
+                tpot_p95_s=tpot[1],
+                tpot_p99_s=tpot[2],
+                output_tokens_per_s=float(tokens) / span_s if span_s > 0 else None,
+            )
         )
     return table
 
@@ -107,13 +191,13 @@ def sparkline(values: Sequence[float], width: int = 60) -> str:
     return "".join(_BARS[min(len(_BARS) - 1, int(v / top * (len(_BARS) - 1) + 0.5))] for v in points)
 
 
-def caliber_course(samples: Sequence[CaliberSample], levels: Sequence[int]) -> dict:
+def caliber_course(samples: Sequence[CaliberSample], levels: Sequence[int]) -> CaliberCourse:
     """Peaks overall and per level, plus the sampled time course of both calibers."""
 
-    def series(key: str, chosen=samples) -> list[float]:
+    def series(key: str, chosen: Sequence[CaliberSample] = samples) -> list[float]:
         return [s.values.get(key, 0.0) for s in chosen]
 
-    per_level = {}
+    per_level: dict[int, dict[str, float]] = {}
     for level in levels:
         chosen = [s for s in samples if s.level == level]
         per_level[level] = {
@@ -129,8 +213,12 @@ def caliber_course(samples: Sequence[CaliberSample], levels: Sequence[int]) -> d
 
 
 def capacity_estimate(
-    store, windows: Sequence[LevelWindow], model: str, slo_ttft_p95_s: float | None, gauges=None
-) -> dict | None:
+    store: RequestStore,
+    windows: Sequence[LevelWindow],
+    model: str,
+    slo_ttft_p95_s: float | None,
+    gauges: CapacityGauges | None = None,
+) -> CapacitySummary | None:
     """Knee and recommended pool from collector.analysis (saved and published); None under 2 levels."""
     levels = []
     for w in windows:
@@ -152,11 +240,10 @@ def capacity_estimate(
     save_estimate(store, estimate)
     # what is published comes from the one decision every reader shares (collector.store.decision)
     decision = next(d for d in publish(store, gauges, datetime.now(UTC)) if d.model == model)
-    data = estimate.to_dict()
     return {
-        "knee": data["knee"],
-        "slo_max": data["slo_max"],
-        "recommended_pool": data["recommended_pool"],
-        "profile": data["profile"],
+        "knee": estimate.knee.to_dict(),
+        "slo_max": estimate.slo_max,
+        "recommended_pool": estimate.recommended_pool,
+        "profile": estimate.profile,
         "published": {"knee_requests": decision.knee_requests, "reason": decision.reason},
     }

@@ -12,14 +12,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel
 from collector.sim.scheduler import Scheduler, SimRequest
 
-__all__ = ["Engine", "Stream"]
+__all__ = ["Engine", "EngineState", "Stream"]
 
 MAX_DEBT_S = 1.0
+
+
+class EngineState(TypedDict):
+    """Engine.state(): the ground truth the simulated /metrics and /sim/state report."""
+
+    running: int
+    waiting: int
+    kv_used_blocks: int
+    kv_total_blocks: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    kv_usage_ratio: float
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    preemptions_total: int
+    sim_time_s: float
+    steps: int
+    max_num_seqs: int
+    speed: float
 
 
 @dataclass(eq=False)
@@ -42,7 +62,7 @@ class Engine:
         self.steps = 0
         self._streams: dict[SimRequest, Stream] = {}
         self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Start the step loop on the running event loop."""
@@ -113,7 +133,7 @@ class Engine:
                 stream.finished = True
                 stream.changed.set()
 
-    def state(self) -> dict:
+    def state(self) -> EngineState:
         """Ground truth for tests: running, waiting, KV use, token totals, simulated clock."""
         sched, cfg = self.scheduler, self.config
         return {

@@ -14,13 +14,14 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import aiohttp
 import orjson
 
-__all__ = ["RequestResult", "LevelResult", "run_level", "summarize", "percentile"]
+__all__ = ["RequestResult", "LevelResult", "LevelSummary", "Payload", "run_level", "summarize", "percentile"]
 
-Payload = Callable[[int, int], dict]  # (worker index, request index of that worker) -> JSON body
+Payload = Callable[[int, int], dict[str, Any]]  # (worker index, request index of that worker) -> JSON body
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class LevelResult:
     window: tuple[float, float]
 
 
-async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestResult:
+async def _one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> RequestResult:
     started = time.monotonic()
     first, tokens = None, 0
     async with session.post(
@@ -64,13 +65,19 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict) -> RequestR
     return RequestResult(200, started, first, time.monotonic(), tokens)
 
 
-def _content(choice: dict) -> bool:
+def _content(choice: dict[str, Any]) -> bool:
     delta = choice.get("delta")
     return bool(delta.get("content")) if delta is not None else bool(choice.get("text"))
 
 
 async def _worker(
-    session, url, payload: Payload, worker: int, stop_at: float, results: list, backoff_s: float
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: Payload,
+    worker: int,
+    stop_at: float,
+    results: list[RequestResult],
+    backoff_s: float,
 ) -> None:
     index = 0
     while time.monotonic() < stop_at:
@@ -136,7 +143,18 @@ def _tokens_in_window(result: RequestResult, start: float, end: float) -> float:
     return result.completion_tokens * overlap / (result.finished - begin)
 
 
-def summarize(level: LevelResult) -> dict:
+class LevelSummary(TypedDict):
+    """summarize(): one level's throughput over its window and TTFT percentiles."""
+
+    concurrency: int
+    requests: int
+    rate_limited: int
+    output_tokens_per_s: float
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+
+
+def summarize(level: LevelResult) -> LevelSummary:
     """Throughput over the window and p50/p95/p99 TTFT of requests started inside it."""
     start, end = level.window
     inside = [r for r in level.results if start <= r.started <= end]

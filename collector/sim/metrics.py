@@ -16,8 +16,12 @@ sees exactly what vLLM, SGLang or llama.cpp (`--metrics`) would expose (docs/dom
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from collector.sim.engine import EngineState
 
 __all__ = ["EngineMetricsCollector", "render_metrics"]
 
@@ -25,18 +29,21 @@ __all__ = ["EngineMetricsCollector", "render_metrics"]
 class EngineMetricsCollector:
     """prometheus-client custom collector over a zero-argument `state()` callable."""
 
-    def __init__(self, state, flavor: str, model: str, legacy_vllm_kv: bool = False) -> None:
+    def __init__(
+        self, state: Callable[[], EngineState], flavor: str, model: str, legacy_vllm_kv: bool = False
+    ) -> None:
         self._state = state
         self._flavor = flavor
         self._model = model
         self._legacy_vllm_kv = legacy_vllm_kv
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         """Yield this flavor's families built from the current engine state."""
         state = self._state()
-        yield from getattr(self, f"_{self._flavor}")(state)
+        families = {"vllm": self._vllm, "sglang": self._sglang, "llamacpp": self._llamacpp}[self._flavor]
+        yield from families(state)
 
-    def _vllm(self, s: dict):
+    def _vllm(self, s: EngineState) -> Iterator[Metric]:
         labels, values = ["model_name", "engine"], [self._model, "0"]
         yield _gauge(
             "vllm:num_requests_running",
@@ -87,7 +94,7 @@ class EngineMetricsCollector:
             s["preemptions_total"],
         )
 
-    def _sglang(self, s: dict):
+    def _sglang(self, s: EngineState) -> Iterator[Metric]:
         labels, values = ["model_name"], [self._model]
         yield _gauge(
             "sglang:num_running_reqs", "The number of running requests.", labels, values, s["running"]
@@ -122,7 +129,7 @@ class EngineMetricsCollector:
             s["generation_tokens_total"],
         )
 
-    def _llamacpp(self, s: dict):
+    def _llamacpp(self, s: EngineState) -> Iterator[Metric]:
         yield _counter(
             "llamacpp:prompt_tokens", "Number of prompt tokens processed.", [], [], s["prompt_tokens_total"]
         )
@@ -137,13 +144,17 @@ class EngineMetricsCollector:
         yield _gauge("llamacpp:requests_deferred", "Number of requests deferred.", [], [], s["waiting"])
 
 
-def _gauge(name: str, help_text: str, labels: list[str], values: list[str], value: float):
+def _gauge(
+    name: str, help_text: str, labels: list[str], values: list[str], value: float
+) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, help_text, labels=labels)
     family.add_metric(values, float(value))
     return family
 
 
-def _counter(name: str, help_text: str, labels: list[str], values: list[str], value: float):
+def _counter(
+    name: str, help_text: str, labels: list[str], values: list[str], value: float
+) -> CounterMetricFamily:
     family = CounterMetricFamily(name, help_text, labels=labels)
     family.add_metric(values, float(value))
     return family

@@ -174,7 +174,8 @@ def poisson_rows(
 def _arrivals(
     rng: random.Random, rate_at: Callable[[float], float], peak: float, duration_s: float
 ) -> list[float]:
-    times, t = [], 0.0
+    times: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(peak)
         if t >= duration_s:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -29,6 +30,9 @@ __all__ = [
 ]
 
 DONE = b"data: [DONE]\n\n"
+
+Body = dict[str, Any]  # a request body as parsed from JSON
+Message = dict[str, object]  # a response or chunk, as serialised to JSON
 
 
 class BadRequest(ValueError):
@@ -49,7 +53,7 @@ class ParsedRequest:
     created: int
 
 
-def _prompt(body: dict, chat: bool) -> tuple[str, int]:
+def _prompt(body: Body, chat: bool) -> tuple[str, int]:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -63,7 +67,7 @@ def _prompt(body: dict, chat: bool) -> tuple[str, int]:
     return prompt, count_text_tokens(prompt)
 
 
-def _stops(body: dict) -> tuple[str, ...]:
+def _stops(body: Body) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
         return ()
@@ -112,20 +116,21 @@ def parse_request(body: object, chat: bool, config: SimConfig) -> ParsedRequest:
     )
 
 
-def sse(obj: dict) -> bytes:
+def sse(obj: Message) -> bytes:
     """One server-sent event carrying `obj` as JSON."""
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-def _envelope(req: ParsedRequest, model: str, choices: list) -> dict:
+def _envelope(req: ParsedRequest, model: str, choices: list[Message]) -> Message:
     kind = "chat.completion.chunk" if req.chat else "text_completion"
     return {"id": req.response_id, "object": kind, "created": req.created, "model": model, "choices": choices}
 
 
 def chunk(
     req: ParsedRequest, model: str, text: str | None, finish_reason: str | None = None, role: bool = False
-) -> dict:
+) -> Message:
     """A streamed chunk: role-only (role=True), content, or final (finish_reason set)."""
+    choice: Message
     if req.chat:
         delta = (
             {"role": "assistant", "content": None} if role else ({} if text is None else {"content": text})
@@ -136,7 +141,7 @@ def chunk(
     return _envelope(req, model, [choice])
 
 
-def usage(req: ParsedRequest, completion_tokens: int) -> dict:
+def usage(req: ParsedRequest, completion_tokens: int) -> dict[str, int]:
     """The usage object: prompt, completion and total tokens."""
     return {
         "prompt_tokens": req.prompt_tokens,
@@ -145,12 +150,12 @@ def usage(req: ParsedRequest, completion_tokens: int) -> dict:
     }
 
 
-def usage_chunk(req: ParsedRequest, model: str, completion_tokens: int) -> dict:
+def usage_chunk(req: ParsedRequest, model: str, completion_tokens: int) -> Message:
     """The final usage chunk: empty choices and the usage object."""
     return _envelope(req, model, []) | {"usage": usage(req, completion_tokens)}
 
 
-def full_response(req: ParsedRequest, model: str, completion_tokens: int) -> dict:
+def full_response(req: ParsedRequest, model: str, completion_tokens: int) -> Message:
     """A non-streaming completion with usage."""
     text = "".join(req.plan.tokens)
     if req.chat:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = ["count_text_tokens", "count_chat_tokens", "plan_output", "OutputPlan", "CHAT_TEMPLATE_TOKENS"]
@@ -32,12 +33,12 @@ def count_text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
 
 
-def count_chat_tokens(messages: list[dict]) -> int:
+def count_chat_tokens(messages: Sequence[Mapping[str, object]]) -> int:
     """Tokens of a chat: per message, its text tokens plus CHAT_TEMPLATE_TOKENS."""
     return sum(count_text_tokens(message_text(m)) + CHAT_TEMPLATE_TOKENS for m in messages)
 
 
-def message_text(message: dict) -> str:
+def message_text(message: Mapping[str, object]) -> str:
     """Text of one chat message; content may be a string or a list of {type: text} parts."""
     content = message.get("content") or ""
     if isinstance(content, list):

@@ -49,6 +49,9 @@ class SimRequest:
         return self.generated >= self.output_tokens
 
 
+Scheduled = tuple[SimRequest, int, int]  # (request, new tokens, computed before)
+
+
 @dataclass
 class StepPlan:
     """What one step did: its simulated duration and the requests that sampled a token."""
@@ -106,14 +109,14 @@ class Scheduler:
         """Schedule one iteration, advance token state, and return its cost-model duration."""
         plan = StepPlan(duration_s=0.0)
         budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[SimRequest, int, int]] = []  # (request, new tokens, computed before)
+        scheduled: list[Scheduled] = []
         budget = self._schedule_running(plan, scheduled, budget)
         if not plan.preempted:
             self._admit_waiting(scheduled, budget)
         self._advance(plan, scheduled)
         return plan
 
-    def _schedule_running(self, plan: StepPlan, scheduled: list, budget: int) -> int:
+    def _schedule_running(self, plan: StepPlan, scheduled: list[Scheduled], budget: int) -> int:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
@@ -129,7 +132,7 @@ class Scheduler:
             index += 1
         return budget
 
-    def _admit_waiting(self, scheduled: list, budget: int) -> None:
+    def _admit_waiting(self, scheduled: list[Scheduled], budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             tokens = min(request.num_tokens - request.computed, budget)
@@ -140,7 +143,7 @@ class Scheduler:
             scheduled.append((request, tokens, request.computed))
             budget -= tokens
 
-    def _advance(self, plan: StepPlan, scheduled: list) -> None:
+    def _advance(self, plan: StepPlan, scheduled: list[Scheduled]) -> None:
         decode_seqs, kv_read, chunks = 0, 0, []
         for request, tokens, before in scheduled:
             request.computed = before + tokens

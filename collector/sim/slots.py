@@ -10,15 +10,22 @@ from collector.sim.scheduler import Scheduler
 
 __all__ = ["slots_view"]
 
+Slot = dict[str, object]  # one slot as llama.cpp's /slots serialises it
 
-def slots_view(scheduler: Scheduler) -> list[dict]:
+
+def slots_view(scheduler: Scheduler) -> list[Slot]:
     """A list of slot dicts: busy slots carry their request's prompt and decode progress."""
     config = scheduler.config
     n_ctx = config.kv_cache_tokens // config.max_num_seqs
     slots = []
     for slot_id in range(config.max_num_seqs):
         request = scheduler.running[slot_id] if slot_id < len(scheduler.running) else None
-        slot = {"id": slot_id, "n_ctx": n_ctx, "speculative": False, "is_processing": request is not None}
+        slot: Slot = {
+            "id": slot_id,
+            "n_ctx": n_ctx,
+            "speculative": False,
+            "is_processing": request is not None,
+        }
         if request is not None:
             slot |= {
                 "id_task": slot_id,

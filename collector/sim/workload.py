@@ -12,11 +12,13 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.catalog import spec
+from collector.sim.load import Payload
 
 __all__ = ["mixed_payload", "CaliberSample", "CaliberSampler", "SAMPLED"]
 
@@ -30,14 +32,14 @@ SAMPLED = {
 }
 
 
-def mixed_payload(seed: int, long_every: int = 10, long_words: int = 300, max_tokens: int = 64):
+def mixed_payload(seed: int, long_every: int = 10, long_words: int = 300, max_tokens: int = 64) -> Payload:
     """A payload(worker, index) for collector.sim.load.run_level: short and long prompts, seeded.
 
     Output length is locked (max_tokens + ignore_eos, docs/domain.md §7) so levels compare like for like.
     Example: a short body asks one question (~20 tokens); a long one carries ~600 tokens.
     """
 
-    def make(worker: int, index: int) -> dict:
+    def make(worker: int, index: int) -> dict[str, Any]:
         rng = random.Random(seed * 1_000_003 + worker * 10_007 + index)
         topic = rng.choice(_TOPICS)
         content = f"[{worker}-{index}] Explain {topic} of an inference server in a few sentences."
