@@ -78,9 +78,9 @@ def test_latency_buckets_reach_well_past_the_default_10_seconds():
 
 def test_per_request_labels_are_as_designed():
     assert BY_NAME["headroom_inflight_requests"].labels == ("model", "tenant")
-    assert BY_NAME["headroom_requests_total"].labels == ("model", "tenant", "outcome")
-    assert BY_NAME["headroom_time_to_first_token_seconds"].labels == ("model",)
-    assert BY_NAME["headroom_request_duration_seconds"].labels == ("model", "outcome")
+    assert BY_NAME["headroom_requests_total"].labels == ("model", "tenant", "outcome", "source")
+    assert BY_NAME["headroom_time_to_first_token_seconds"].labels == ("model", "source")
+    assert BY_NAME["headroom_request_duration_seconds"].labels == ("model", "outcome", "source")
     assert BY_NAME["headroom_capacity_knee"].labels == ("model", "caliber")
 
 

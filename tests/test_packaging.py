@@ -88,7 +88,7 @@ def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
         )
         assert answer.status_code == 200 and b"[DONE]" in answer.content
         assert (
-            'headroom_requests_total{model="m1",outcome="ok",tenant="anonymous"} 1.0'
+            'headroom_requests_total{model="m1",outcome="ok",source="traffic",tenant="anonymous"} 1.0'
             in httpx.get(url + "/metrics").text
         )
     finally:

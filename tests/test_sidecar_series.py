@@ -131,7 +131,8 @@ def test_hostile_tenant_values_are_escaped_in_the_exposition(tmp_path):
     with sidecar_rig(tmp_path) as rig:
         httpx.post(rig.url + "/v1/chat/completions", json=CHAT, headers={"X-Tenant-ID": tenant})
         metrics = rig.metrics()
-    assert metrics[("headroom_requests_total", (("model", "m1"), ("outcome", "ok"), ("tenant", tenant)))] == 1
+    key = (("model", "m1"), ("outcome", "ok"), ("source", "traffic"), ("tenant", tenant))
+    assert metrics[("headroom_requests_total", key)] == 1
 
 
 def test_overhead_histogram_counts_every_request_with_the_sidecars_own_time(tmp_path):

@@ -380,7 +380,9 @@ def test_token_caliber_walk_with_flat_inflight_and_climbing_tokens():
     tracker.finish(short, "client_cancelled")
     assert _gauges(registry) == (0, 0) and tracker.active_tokens_total == 0
     assert (
-        registry.get_sample_value("headroom_requests_total", {"model": "m", "tenant": "t", "outcome": "ok"})
+        registry.get_sample_value(
+            "headroom_requests_total", {"model": "m", "tenant": "t", "outcome": "ok", "source": "traffic"}
+        )
         == 2
     )
 

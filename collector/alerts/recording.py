@@ -19,16 +19,17 @@ Two designs worth knowing:
 - **SLOs per model.** Each distinct target is its own expression, selected by a `model` matcher
   (collector.alerts.slo_classes) and `or`ed into the one rule of its record name (promtool
   lints duplicate record names); without per-model SLOs there is one expression.
-- **SLOs per model.** Each distinct target is its own expression, selected by a `model` matcher
-  (collector.alerts.slo_classes) and `or`ed into the one rule of its record name (promtool
-  lints duplicate record names); without per-model SLOs there is one expression.
+- **Clients only, where users' experience is judged.** The SLO miss ratios, the latency
+  quantiles and the refusal ratios read `source!="probe"`: `headroom probe` runs past the knee
+  on purpose, and its requests must not burn the budget or raise a latency signal. Request and
+  token rates and concurrency keep the probe's load: it is load the engine carries.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from collector.alerts.slo_classes import selector, slo_classes
+from collector.alerts.slo_classes import CLIENT_TRAFFIC, selector, slo_classes
 from collector.rules.cluster import keep_cluster
 from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import le_label, sample
@@ -191,20 +192,22 @@ def _rate(metric: str, by: str, window: str, selector_text: str = "") -> str:
 
 
 def _outcomes(outcomes: tuple[str, ...]) -> str:
-    return f'{{outcome=~"{"|".join(outcomes)}"}}'
+    return f'outcome=~"{"|".join(outcomes)}"'
 
 
 def _traffic_rules(w: str) -> list[dict[str, Any]]:
     requests = sample("headroom_requests_total")
     prompt, generated = sample("headroom_prompt_tokens_total"), sample("headroom_generated_tokens_total")
-    limited = _rate(requests, "model", w, '{outcome="rate_limited"}')
-    shed = _rate(requests, "model", w, _outcomes(SHED_OUTCOMES))
+    # refusals of clients' requests over clients' requests: a probe past the knee is refused on purpose
+    limited = _rate(requests, "model", w, selector(CLIENT_TRAFFIC, 'outcome="rate_limited"'))
+    shed = _rate(requests, "model", w, selector(CLIENT_TRAFFIC, _outcomes(SHED_OUTCOMES)))
+    clients = _rate(requests, "model", w, selector(CLIENT_TRAFFIC))
     return [
         _rule(R.REQUESTS_RATE, _rate(requests, "model", w)),
         _rule(R.OUTCOME_RATE, _rate(requests, "model, outcome", w)),
         # `or ... * 0`: 0 instead of no series while no request has been refused yet.
-        _rule(R.RATE_LIMITED_RATIO, f"(\n  {limited}\n  or {R.REQUESTS_RATE} * 0\n)\n/ {R.REQUESTS_RATE}"),
-        _rule(R.SHED_RATIO, f"(\n  {shed}\n  or {R.REQUESTS_RATE} * 0\n)\n/ {R.REQUESTS_RATE}"),
+        _rule(R.RATE_LIMITED_RATIO, f"(\n  {limited}\n  or {clients} * 0\n)\n/ {clients}"),
+        _rule(R.SHED_RATIO, f"(\n  {shed}\n  or {clients} * 0\n)\n/ {clients}"),
         _rule(R.GENERATED_RATE, _rate(generated, "model", w)),
         _rule(R.TOKENS_RATE, f"{_rate(prompt, 'model', w)}\n+ {R.GENERATED_RATE}"),
         _rule(
@@ -215,34 +218,38 @@ def _traffic_rules(w: str) -> list[dict[str, Any]]:
 
 
 def _latency_rules(w: str) -> list[dict[str, Any]]:
-    rules = []
+    """Quantiles and the mean of clients' requests (the probe's are its own: `headroom probe`)."""
+    rules, clients = [], selector(CLIENT_TRAFFIC)
     for name, metric in (
         (R.TTFT_QUANTILE, "headroom_time_to_first_token_seconds"),
         (R.TPOT_QUANTILE, "headroom_time_per_output_token_seconds"),
         (R.E2E_QUANTILE, "headroom_request_duration_seconds"),
     ):
         for quantile in QUANTILES:
-            expr = f"histogram_quantile({quantile}, {_rate(sample(metric, 'bucket'), 'model, le', w)})"
+            buckets = _rate(sample(metric, "bucket"), "model, le", w, clients)
+            expr = f"histogram_quantile({quantile}, {buckets})"
             rules.append(_rule(name, expr, quantile=quantile))
     # per replica, so one slow replica is not averaged away by its healthy peers
-    ttft = _rate(sample("headroom_time_to_first_token_seconds", "bucket"), "instance, model, le", w)
+    ttft = _rate(sample("headroom_time_to_first_token_seconds", "bucket"), "instance, model, le", w, clients)
     rules.append(_rule(R.TTFT_QUANTILE_INSTANCE, f"histogram_quantile(0.95, {ttft})", quantile="0.95"))
     duration = "headroom_request_duration_seconds"
-    rules.append(
-        _rule(
-            R.E2E_MEAN,
-            f"{_rate(sample(duration, 'sum'), 'model', w)}\n/ {_rate(sample(duration, 'count'), 'model', w)}",
-        )
+    mean = (
+        f"{_rate(sample(duration, 'sum'), 'model', w, clients)}\n"
+        f"/ {_rate(sample(duration, 'count'), 'model', w, clients)}"
     )
+    rules.append(_rule(R.E2E_MEAN, mean))
     return rules
 
 
 def _miss_ratio(kind: str, window: str, matcher: str, target_s: float) -> str:
-    """1 - good / total of one SLI over `window` for the models `matcher` selects."""
+    """1 - good / total of one SLI over `window` for clients' requests to the models `matcher` selects."""
     if kind == "availability":
         requests = sample("headroom_requests_total")
-        failed = _rate(requests, "model", window, selector(matcher, f'outcome=~"{"|".join(ERROR_OUTCOMES)}"'))
-        answered = _rate(requests, "model", window, selector(matcher, 'outcome!="client_cancelled"'))
+        errors = f'outcome=~"{"|".join(ERROR_OUTCOMES)}"'
+        failed = _rate(requests, "model", window, selector(matcher, CLIENT_TRAFFIC, errors))
+        answered = _rate(
+            requests, "model", window, selector(matcher, CLIENT_TRAFFIC, 'outcome!="client_cancelled"')
+        )
         return f"(\n  {failed}\n  or {answered} * 0\n)\n/ {answered}"
     metric, extra = (
         ("headroom_time_to_first_token_seconds", "")
@@ -250,9 +257,12 @@ def _miss_ratio(kind: str, window: str, matcher: str, target_s: float) -> str:
         else ("headroom_request_duration_seconds", 'outcome="ok"')
     )
     good = _rate(
-        sample(metric, "bucket"), "model", window, selector(matcher, extra, f'le="{le_label(target_s)}"')
+        sample(metric, "bucket"),
+        "model",
+        window,
+        selector(matcher, CLIENT_TRAFFIC, extra, f'le="{le_label(target_s)}"'),
     )
-    total = _rate(sample(metric, "count"), "model", window, selector(matcher, extra))
+    total = _rate(sample(metric, "count"), "model", window, selector(matcher, CLIENT_TRAFFIC, extra))
     return f"1 - (\n  {good}\n  / {total}\n)"
 
 

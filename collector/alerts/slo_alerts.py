@@ -9,13 +9,14 @@ Fast burn pages: 14.4x the budget over 1 h and 5 m, or 6x over 6 h and 30 m, and
 least `slo_min_requests` requests in the last 5 minutes (at night one slow request in six is a
 16.7 % miss ratio and no evidence). Slow burn opens a ticket: 1x over 3 d and 6 h, with as many
 requests per 5 minutes on average over the 6 h. One rule per SLO class
-(collector.alerts.slo_classes), each with its own budget.
+(collector.alerts.slo_classes), each with its own budget. Every SLI counts clients' requests
+only: `headroom probe`'s load is labelled source="probe" and left out (slo_classes.CLIENT_TRAFFIC).
 """
 
 from __future__ import annotations
 
 from collector.alerts.alert import Alert, number
-from collector.alerts.slo_classes import SloClass, model_alternatives, selector, slo_classes
+from collector.alerts.slo_classes import CLIENT_TRAFFIC, SloClass, model_alternatives, selector, slo_classes
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
 from collector.rules.records import R
@@ -36,14 +37,15 @@ def _indent(text: str) -> str:
 
 
 def requests_in(kind: str, matcher: str = "", window: str = "5m", by: str = "model") -> str:
-    """Requests counted by `kind`'s SLI over `window`: the minimum-traffic guard's left side."""
+    """Clients' requests counted by `kind`'s SLI over `window`: the minimum-traffic guard's left side
+    (probe load is no evidence about what users get)."""
     if kind == "availability":
         name, extra = sample("headroom_requests_total"), 'outcome!="client_cancelled"'
     elif kind == "ttft":
         name, extra = sample("headroom_time_to_first_token_seconds", "count"), ""
     else:
         name, extra = sample("headroom_request_duration_seconds", "count"), 'outcome="ok"'
-    return f"sum by ({by}) (increase({name}{selector(matcher, extra)}[{window}]))"
+    return f"sum by ({by}) (increase({name}{selector(matcher, CLIENT_TRAFFIC, extra)}[{window}]))"
 
 
 def _per_5m(window: str) -> int:

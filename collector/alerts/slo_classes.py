@@ -2,7 +2,8 @@
 
 Prometheus rules cannot look a threshold up per model, so each model with its own SLO gets its own
 rules (same record and alert names, disjoint `model` matchers), and the default SLO covers every
-other model. Without per-model SLOs there is one class and no matcher at all:
+other model. Probe load is left out of every class (CLIENT_TRAFFIC). Without per-model SLOs there
+is one class and no model matcher at all:
 
     slo_classes(RulesConfig(), "ttft")
         -> [SloClass(matcher="", slo=Slo(ttft_seconds=2.0, ...))]
@@ -17,7 +18,12 @@ from dataclasses import dataclass
 
 from collector.rules.config import RulesConfig, Slo
 
-__all__ = ["SloClass", "slo_classes", "selector", "target_seconds", "model_alternatives"]
+__all__ = ["CLIENT_TRAFFIC", "SloClass", "slo_classes", "selector", "target_seconds", "model_alternatives"]
+
+# Every SLO and latency signal reads clients' requests only: `headroom probe` marks its load
+# (x-headroom-source: probe) and the sidecar labels it source="probe", so a probe driven past the
+# knee on purpose never burns the error budget or pages. `!=` also keeps series without the label.
+CLIENT_TRAFFIC = 'source!="probe"'
 
 _RE2_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
 

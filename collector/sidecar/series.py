@@ -10,14 +10,18 @@ becomes a label value, so the exposition can never pass `max_series`:
     a pair         (model, tenant): the two live gauges, the two token counters and one request
                    counter per outcome (series_per_pair(): 11)
     a task pair    (model, task class): the two live gauges per class (TASK_PAIR_SERIES: 2)
+    probe load     `headroom probe`'s requests are labelled source="probe" (the SLO rules leave
+                   them out): a model's first probe request costs its histograms again, and each
+                   (model, tenant) pair's first one its request counter per outcome
     reserved       RESERVED_SERIES for everything that is not per request (engine, GPU, capacity,
                    request-log health, overhead histogram) and the (other, other) fold
 
 A new model is admitted while fewer than `max_models` are and the budget has room, else it is
 labelled `other`; a new (model, tenant) pair likewise with `max_tenants` distinct tenants, else its
 tenant is `other`; a new (model, task class) pair while the budget has room, else its class is
-`other`. A model's reservation includes its (model, other) tenant and task pairs. Folds are
-counted per request in headroom_label_values_folded_total{label}.
+`other`. A model's reservation includes its (model, other) tenant and task pairs. Probe load
+past the budget is never relabelled as traffic: its latency and request counter are not exported
+(its row still is). Folds are counted per request in headroom_label_values_folded_total{label}.
 Admitted values stay admitted (counters cannot be taken back), so what is left only shrinks.
 
 Example: SeriesBudget(2000) admits one model with 116 tenants, or 7 models with none; the 8th
@@ -31,6 +35,8 @@ from collector.catalog import spec
 __all__ = [
     "SeriesBudget",
     "OTHER",
+    "PROBE",
+    "TRAFFIC",
     "RESERVED_SERIES",
     "TASK_PAIR_SERIES",
     "series_per_model",
@@ -38,6 +44,7 @@ __all__ = [
 ]
 
 OTHER = "other"
+TRAFFIC, PROBE = "traffic", "probe"  # values of the `source` label (the request row's source)
 TASK_PAIR_SERIES = 2  # headroom_task_inflight_requests and headroom_task_active_tokens
 RESERVED_SERIES = 300  # measured: ~110 with an engine, one GPU and a published estimate; 8 GPUs ~150
 _OUTCOMES = 7  # collector.sidecar.tracker.OUTCOMES
@@ -90,7 +97,9 @@ class SeriesBudget:
         self._tenants: set[str] = set()
         self._pairs: set[tuple[str, str]] = set()
         self._task_pairs: set[tuple[str, str]] = set()
-        self.folded = {"model": 0, "tenant": 0, "task_class": 0}
+        self._probe_models: set[str] = set()
+        self._probe_pairs: set[tuple[str, str]] = set()
+        self.folded = {"model": 0, "tenant": 0, "task_class": 0, "source": 0}
 
     def labels(self, model: str, tenant: str) -> tuple[str, str]:
         """(model label, tenant label) for one request, e.g. ('m1', 'team-a') or ('m1', 'other')."""
@@ -134,3 +143,17 @@ class SeriesBudget:
             return task_class
         self.folded["task_class"] += 1
         return OTHER
+
+    def source_label(self, model_label: str, tenant_label: str, source: str) -> str | None:
+        """The `source` label of a request of (model_label, tenant_label), admitted already: `source`
+        itself, or None for probe load the budget has no room for (not exported, never `traffic`)."""
+        if source == TRAFFIC or (model_label, tenant_label) in self._probe_pairs:
+            return source
+        cost = (0 if model_label in self._probe_models else series_per_model()) + _OUTCOMES
+        if self.left >= cost:
+            self._probe_models.add(model_label)
+            self._probe_pairs.add((model_label, tenant_label))
+            self.left -= cost
+            return source
+        self.folded["source"] += 1
+        return None

@@ -6,6 +6,9 @@ time from the set of live requests, so a request that leaves the set (by its one
 `finish`) can never leak a gauge. Everything here runs on the event loop thread; the per-chunk
 method `generated` is two integer additions. Label values come from the SeriesBudget at
 admission (collector.sidecar.series), which keeps the whole exposition within --max-series.
+`headroom probe`'s load (header x-headroom-source: probe) is counted and timed under
+source="probe", everything else under the tracker's source ("traffic"): the generated SLO and
+latency rules read `source!="probe"`, so a probe run past the knee never burns the SLO.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class LiveRequest:
         "kv_usage",
         "done",
         "source",
+        "source_label",
         "run_id",
         "upstream_retries",
         "task_class",
@@ -115,6 +119,8 @@ class LiveRequest:
         self.engine_waiting, self.kv_usage = engine_waiting, kv_usage  # the latest engine scrape
         self.done = False
         self.source = source  # None: the tracker's own (traffic); 'probe' for probe load
+        # the `source` label, decided at admission (None: probe load past the series budget)
+        self.source_label: str | None = source or "traffic"
         self.run_id = run_id
         self.upstream_retries = 0
         # the class it declared (max_tokens), or one the probe named; the label is capped
@@ -188,6 +194,9 @@ class Tracker:
         snapshot both, self included."""
         request.model_label, request.tenant_label = self.budget.labels(request.model, request.tenant)
         request.task_class_label = self.budget.task_label(request.model_label, request.task_class_label)
+        request.source_label = self.budget.source_label(
+            request.model_label, request.tenant_label, request.source or self.source
+        )
         self.live[request.request_id] = request
         request.inflight_at_admit, request.active_tokens_at_admit = self.load.admit(request.prompt_tokens)
         self._label_sets.add((request.model_label, request.tenant_label))
@@ -302,15 +311,18 @@ class Tracker:
 
     def _observe(self, request: LiveRequest, record: RequestRecord) -> None:
         model, tenant, outcome = request.model_label, request.tenant_label, record.outcome or ""
-        self.requests.labels(model, tenant, outcome).inc()
         self.prompt_tokens.labels(model, tenant).inc(record.prompt_tokens or 0)
         self.generated_tokens.labels(model, tenant).inc(record.completion_tokens or 0)
-        self.duration.labels(model, outcome).observe(record.e2e_s or 0.0)
-        if record.ttft_s is not None:
-            self.ttft.labels(model).observe(record.ttft_s)
-        if record.tpot_s is not None:
-            self.tpot.labels(model).observe(record.tpot_s)
         self.overhead.observe(request.overhead_s)
+        source = request.source_label  # probe load is source="probe": the SLO rules leave it out
+        if source is None:
+            return  # probe load past the series budget: never exported as traffic
+        self.requests.labels(model, tenant, outcome, source).inc()
+        self.duration.labels(model, outcome, source).observe(record.e2e_s or 0.0)
+        if record.ttft_s is not None:
+            self.ttft.labels(model, source).observe(record.ttft_s)
+        if record.tpot_s is not None:
+            self.tpot.labels(model, source).observe(record.tpot_s)
 
 
 def _token_counts(request: LiveRequest) -> tuple[int, int, int | None, str]:
