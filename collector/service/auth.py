@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import HTTPException, Request
@@ -18,7 +19,7 @@ from collector.store.owner import TOKEN_ENV, token_file_for
 __all__ = ["TOKEN_ENV", "resolve_token", "token_file_for", "require_token"]
 
 
-def resolve_token(token: str | None, db_path: str | os.PathLike | None) -> tuple[str, Path | None]:
+def resolve_token(token: str | None, db_path: str | os.PathLike[str] | None) -> tuple[str, Path | None]:
     """Return (token, file it was read from or written to, or None when given explicitly).
 
     Example: resolve_token(None, "data/h.duckdb") with HEADROOM_TOKEN unset -> ("k3v…", data/h.duckdb.token)
@@ -48,7 +49,7 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-def require_token(expected: str):
+def require_token(expected: str) -> Callable[[Request], None]:
     """A FastAPI dependency that answers 401 unless `Authorization: Bearer <expected>` is sent."""
     expected_bytes = expected.encode()
 

@@ -8,10 +8,11 @@ else is a 400 that names the parameter.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, params
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -29,6 +30,7 @@ FILTER_VALUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,199}$"
 _TIME_PATTERN = r"^[0-9][0-9A-Za-z:.+-]{0,39}$"
 _FilterValue = Annotated[str | None, Field(default=None, pattern=FILTER_VALUE_PATTERN)]
 _TimeValue = Annotated[str | None, Field(default=None, pattern=_TIME_PATTERN)]
+Row = dict[str, Any]  # one result row, {column: value}: the columns follow the query asked
 
 
 class WindowQuery(BaseModel):
@@ -59,7 +61,7 @@ class WindowQuery(BaseModel):
         return Where(since=since, until=until, filters=filters)
 
 
-def _split_names(value: str, allowed, what: str) -> tuple[str, ...]:
+def _split_names(value: str, allowed: Collection[str], what: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in value.split(",") if part.strip())
     bad = [name for name in names if name not in allowed]
     if bad or len(names) > 4:
@@ -120,14 +122,14 @@ class CurveQuery(WindowQuery):
     caliber: Literal["requests", "tokens"] = "requests"
 
 
-def _percentile_rows(rows: list[dict], quantiles: list[float]) -> list[dict]:
+def _percentile_rows(rows: list[Row], quantiles: list[float]) -> list[Row]:
     for row in rows:
         values = row.pop("quantiles") or [None] * len(quantiles)
         row.update({querysql.quantile_label(q): v for q, v in zip(quantiles, values)})
     return rows
 
 
-def _curve_rows(rows: list[dict]) -> list[dict]:
+def _curve_rows(rows: list[Row]) -> list[Row]:
     for row in rows:
         for metric in ("ttft_s", "tpot_s", "e2e_s"):
             values = row.pop(metric) or [None, None, None]
@@ -136,17 +138,17 @@ def _curve_rows(rows: list[dict]) -> list[dict]:
 
 
 def build_query_router(
-    store: RequestStore, dependencies=(), policy: PublishPolicy | None = None
+    store: RequestStore, dependencies: Sequence[params.Depends] = (), policy: PublishPolicy | None = None
 ) -> APIRouter:
     """The /v1/query/* routes, each behind `dependencies` (the token check); /estimate answers
     what `policy` publishes (collector.store.decision), as the gauges do."""
     router = APIRouter(prefix="/v1/query", tags=["query"], dependencies=list(dependencies))
 
-    async def run(sql_and_params: tuple[str, list]) -> list[dict]:
+    async def run(sql_and_params: tuple[str, list[object]]) -> list[Row]:
         return await run_in_threadpool(store.query_dicts, *sql_and_params)
 
     @router.get("/percentiles", summary="Exact percentiles of a metric from the request log")
-    async def percentiles(q: Annotated[PercentilesQuery, Query()]) -> dict:
+    async def percentiles(q: Annotated[PercentilesQuery, Query()]) -> dict[str, Any]:
         quantiles = q.quantile_values()
         rows = await run(querysql.percentiles_sql(q.metric, quantiles, q.group_names(), q.to_where()))
         return {
@@ -157,12 +159,12 @@ def build_query_router(
         }
 
     @router.get("/curve", summary="Passive capacity curve by concurrency bucket (requests or tokens)")
-    async def curve(q: Annotated[CurveQuery, Query()]) -> dict:
+    async def curve(q: Annotated[CurveQuery, Query()]) -> dict[str, Any]:
         rows = await run(querysql.curve_sql(q.caliber, q.to_where()))
         return {"caliber": q.caliber, "rows": _curve_rows(rows)}
 
     @router.get("/outcomes", summary="Counts of requests by outcome")
-    async def outcomes(q: Annotated[GroupedQuery, Query()]) -> dict:
+    async def outcomes(q: Annotated[GroupedQuery, Query()]) -> dict[str, Any]:
         group = tuple(name for name in q.group_names() if name != "outcome")
         rows = await run(querysql.outcomes_sql(group, q.to_where()))
         for row in rows:
@@ -170,11 +172,11 @@ def build_query_router(
         return {"group_by": list(group), "rows": rows}
 
     @router.get("/probe-runs", summary="Probe runs in the request log (source = probe)")
-    async def probe_runs(q: Annotated[WindowQuery, Query()]) -> dict:
+    async def probe_runs(q: Annotated[WindowQuery, Query()]) -> dict[str, Any]:
         return {"rows": await run(querysql.probe_runs_sql(q.to_where()))}
 
     @router.get("/lifecycles", summary="Request lifecycles (times, outcome, tokens) for a replay, paged")
-    async def lifecycles(q: Annotated[LifecyclesQuery, Query()]) -> dict:
+    async def lifecycles(q: Annotated[LifecyclesQuery, Query()]) -> dict[str, Any]:
         rows = await run(querysql.lifecycles_sql(q.to_where(), q.limit, q.offset))
         more = len(rows) == q.limit
         return {"rows": rows, "offset": q.offset, "next_offset": q.offset + len(rows) if more else None}
@@ -184,7 +186,7 @@ def build_query_router(
         summary="The published capacity estimate per model, task class and replica class, "
         "with the reason it is published (the gauges' decision)",
     )
-    async def estimate(q: Annotated[WindowQuery, Query()]) -> dict:
+    async def estimate(q: Annotated[WindowQuery, Query()]) -> dict[str, Any]:
         at = q.to_where().until  # `until`: what was published at that moment; default now
         rows = await run_in_threadpool(published_estimates, store, at, policy)
         if q.model is not None:

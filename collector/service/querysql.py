@@ -69,12 +69,13 @@ class Where:
     filters: dict[str, str] = field(default_factory=dict)
 
 
-def where_clause(where: Where, extra: tuple[str, ...] = ()) -> tuple[str, list]:
+def where_clause(where: Where, extra: tuple[str, ...] = ()) -> tuple[str, list[object]]:
     """(" WHERE ...", params) for a Where; filter names must be in FILTER_COLUMNS.
 
     Example: Where(since=t0, filters={"model": "m"}) -> (" WHERE admitted_at >= ? AND model = ?", [t0, "m"])
     """
-    parts, params = list(extra), []
+    parts = list(extra)
+    params: list[object] = []
     if where.since is not None:
         parts.append("admitted_at >= ?")
         params.append(where.since)
@@ -105,7 +106,7 @@ def _group_select(group_by: tuple[str, ...]) -> tuple[str, str]:
 
 def percentiles_sql(
     metric: str, quantiles: list[float], group_by: tuple[str, ...], where: Where
-) -> tuple[str, list]:
+) -> tuple[str, list[object]]:
     """Exact percentiles of one metric (quantile_cont over the rows), optionally grouped.
 
     Result columns: *group_by, n, mean, quantiles (a list in the order asked).
@@ -120,7 +121,7 @@ def percentiles_sql(
     return sql, [list(quantiles)] + params
 
 
-def curve_sql(caliber: str, where: Where) -> tuple[str, list]:
+def curve_sql(caliber: str, where: Where) -> tuple[str, list[object]]:
     """The passive capacity curve: per power-of-two concurrency bucket of one caliber, latency
     percentiles, error ratios and completion-token throughput share."""
     bucket = power_of_two_bucket(CALIBER_COLUMNS[caliber])
@@ -138,7 +139,7 @@ def curve_sql(caliber: str, where: Where) -> tuple[str, list]:
     return sql, params
 
 
-def outcomes_sql(group_by: tuple[str, ...], where: Where) -> tuple[str, list]:
+def outcomes_sql(group_by: tuple[str, ...], where: Where) -> tuple[str, list[object]]:
     """Counts of requests by outcome, optionally grouped further."""
     select, _ = _group_select(group_by)
     keys = list(group_by) + ["outcome"]
@@ -151,7 +152,7 @@ def outcomes_sql(group_by: tuple[str, ...], where: Where) -> tuple[str, list]:
     return sql, params
 
 
-def probe_runs_sql(where: Where) -> tuple[str, list]:
+def probe_runs_sql(where: Where) -> tuple[str, list[object]]:
     """One line per probe run: when, how many requests, the highest concurrency, outcome mix."""
     clause, params = where_clause(where, ("source = 'probe'",))
     sql = (
@@ -182,7 +183,7 @@ LIFECYCLE_COLUMNS = (
 )
 
 
-def lifecycles_sql(where: Where, limit: int, offset: int) -> tuple[str, list]:
+def lifecycles_sql(where: Where, limit: int, offset: int) -> tuple[str, list[object]]:
     """One page of request lifecycles in the window, oldest admission first (a stable order)."""
     clause, params = where_clause(where)
     sql = (

@@ -15,6 +15,7 @@ over)."""
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import threading
 import time
@@ -29,7 +30,12 @@ from collector.record import RequestRecord
 __all__ = ["BatchSink", "LogWriter", "RowsDropped"]
 
 log = logging.getLogger(__name__)
-_STOP = object()
+
+
+class _Stop(enum.Enum):
+    """The sentinel close() queues behind the last row."""
+
+    STOP = enum.auto()
 
 
 class BatchSink(Protocol):
@@ -84,7 +90,7 @@ class LogWriter:
         self.max_batch_rows = max(batch_rows, max_batch_rows or batch_rows)
         self.flush_interval_s = flush_interval_s
         # records, flush markers, the stop sentinel; append and popleft are atomic under the GIL
-        self._queue: collections.deque[RequestRecord | _Flush | object] = collections.deque()
+        self._queue: collections.deque[RequestRecord | _Flush | _Stop] = collections.deque()
         self._wake = threading.Event()
         self.written = Counter(
             _name("headroom_log_rows_written_total"),
@@ -144,7 +150,7 @@ class LogWriter:
         if self._closed:
             return
         self._closed = True
-        self._queue.append(_STOP)
+        self._queue.append(_Stop.STOP)
         self._wake.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
@@ -174,14 +180,14 @@ class LogWriter:
             except IndexError:
                 self._write(batch)
                 return stopping
-            if item is _STOP:
+            if item is _Stop.STOP:
                 stopping = True  # and write whatever is still queued behind it
             elif isinstance(item, _Flush):
                 self._write(batch)
                 batch = []
                 item.event.set()
             else:
-                batch.append(item)  # type: ignore[arg-type]
+                batch.append(item)
                 if len(batch) >= self.max_batch_rows:
                     self._write(batch)
                     batch = []
