@@ -232,3 +232,9 @@ def test_the_probe_takes_the_class_of_the_sidecar_it_probes_through(tmp_path):
     assert sidecar_replica_class("http://127.0.0.1:1") == DEFAULT_REPLICA_CLASS  # nobody answers
     result = CliRunner().invoke(main, ["probe", "--url", "http://127.0.0.1:1", "--replica-class", "a b"])
     assert result.exit_code == 2 and "is not a class name" in result.output
+
+
+def test_the_rules_default_class_is_the_store_s():
+    from collector.alerts import recording
+
+    assert recording.DEFAULT_REPLICA_CLASS == DEFAULT_REPLICA_CLASS

@@ -34,7 +34,6 @@ from collector.rules.cluster import keep_cluster
 from collector.rules.config import RulesConfig, seconds
 from collector.rules.naming import le_label, sample
 from collector.rules.records import QUANTILES, RATE_WINDOW, SLO_WINDOWS, R
-from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS
 
 __all__ = ["recording_groups", "ERROR_OUTCOMES", "SHED_OUTCOMES"]
 
@@ -71,6 +70,8 @@ def _per_caliber(requests: str, tokens: str) -> str:
     return f"{_caliber(requests, 'requests')}\nor\n{_caliber(tokens, 'tokens')}"
 
 
+# store.capacity_gauges.DEFAULT_REPLICA_CLASS (the rules may not import the store; a test pins them)
+DEFAULT_REPLICA_CLASS = "default"
 # The capacity gauges of the model's `default` replica class: an estimate saved before replica
 # classes, or a gauge exported without the label, reads as "default".
 _DEFAULT_CLASS = f'replica_class=~"|{DEFAULT_REPLICA_CLASS}"'
