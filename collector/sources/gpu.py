@@ -125,7 +125,7 @@ class GpuCollector:
             return None
         return [_read_device(device) for device in devices]
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         """Fresh headroom_gpu_* families; `last_scrape` says whether every GPU read, and how long."""
         started = time.perf_counter()
         readings = self.read()
@@ -134,7 +134,7 @@ class GpuCollector:
         return gpu_families(readings)
 
 
-def _utilization(handle) -> dict[str, float]:
+def _utilization(handle: object) -> dict[str, float]:
     rates = pynvml.nvmlDeviceGetUtilizationRates(handle)  # percent over the last sample period
     return {
         "headroom_gpu_utilization_ratio": rates.gpu / 100.0,
@@ -142,7 +142,7 @@ def _utilization(handle) -> dict[str, float]:
     }
 
 
-def _memory(handle) -> dict[str, float]:
+def _memory(handle: object) -> dict[str, float]:
     info = pynvml.nvmlDeviceGetMemoryInfo(handle)  # bytes
     return {
         "headroom_gpu_memory_used_bytes": float(info.used),
@@ -150,7 +150,7 @@ def _memory(handle) -> dict[str, float]:
     }
 
 
-def _power(handle) -> dict[str, float]:
+def _power(handle: object) -> dict[str, float]:
     return {"headroom_gpu_power_watts": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0}  # mW
 
 
@@ -172,7 +172,7 @@ def _read_device(device: _Device) -> GpuReading:
     return GpuReading(device, True, values)
 
 
-def gpu_families(readings: list[GpuReading] | None) -> list:
+def gpu_families(readings: list[GpuReading] | None) -> list[Metric]:
     """headroom_gpu_* families: an unlabelled `headroom_gpu_up 0` when there is no GPU."""
     up_spec = spec("headroom_gpu_up")
     up = Metric(up_spec.name, up_spec.help, "gauge")
