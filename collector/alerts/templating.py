@@ -47,7 +47,7 @@ def to_go(text: str, keys: Sequence[str] = ("model",)) -> str:
     """Replace placeholders with Prometheus (Go) template actions; `keys`: <calibers:...>'s matchers."""
     text = _CALIBERS.sub(lambda match: _calibers(match["record"], keys), text)
 
-    def replace(match: re.Match) -> str:
+    def replace(match: re.Match[str]) -> str:
         name, function = match["name"], match["function"]
         subject = "$value" if name == "value" else f"$labels.{name}"
         return f"{{{{ {subject} | {function} }}}}" if function else f"{{{{ {subject} }}}}"
@@ -68,7 +68,7 @@ def to_text(
 
     text = _CALIBERS.sub(listed, text)
 
-    def replace(match: re.Match) -> str:
+    def replace(match: re.Match[str]) -> str:
         name = match["name"]
         if name == "value":
             return value_text

@@ -68,4 +68,4 @@ def power_of_two_bucket(value: float | None) -> int | None:
         return None
     if value < 1.5:
         return 1
-    return 2 ** round(math.log2(value))
+    return int(2 ** round(math.log2(value)))

@@ -10,19 +10,24 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grafana_client import GrafanaApi
 
 __all__ = ["PushError", "with_datasource", "load_dashboards", "push_dashboards"]
 
 FOLDER_UID = "llm-headroom"
+Dashboard = dict[str, Any]  # a Grafana dashboard as JSON (also what Grafana answers to a push)
 
 
 class PushError(RuntimeError):
     """Grafana refused or could not be reached; the message says which call and what to check."""
 
 
-def with_datasource(dashboard: dict, datasource_uid: str) -> dict:
+def with_datasource(dashboard: Dashboard, datasource_uid: str) -> Dashboard:
     """A copy of `dashboard` whose `$datasource` variable defaults to `datasource_uid`; no numeric id."""
-    board = json.loads(json.dumps(dashboard))
+    board: Dashboard = json.loads(json.dumps(dashboard))
     board.pop("id", None)
     for variable in board.get("templating", {}).get("list", []):
         if variable.get("type") == "datasource":
@@ -30,12 +35,12 @@ def with_datasource(dashboard: dict, datasource_uid: str) -> dict:
     return board
 
 
-def load_dashboards(directory: Path) -> list[dict]:
+def load_dashboards(directory: Path) -> list[Dashboard]:
     """Every *.json in `directory`, sorted by name; raises PushError naming an empty or bad directory."""
     paths = sorted(directory.glob("*.json"))
     if not paths:
         raise PushError(f"no dashboards (*.json) in {directory}; run `headroom dashboards generate` first")
-    boards = []
+    boards: list[Dashboard] = []
     for path in paths:
         try:
             boards.append(json.loads(path.read_text(encoding="utf-8")))
@@ -46,25 +51,28 @@ def load_dashboards(directory: Path) -> list[dict]:
     return boards
 
 
-def _folder_uid(api, title: str) -> str:
+def _folder_uid(api: GrafanaApi, title: str) -> str:
     """The uid of the folder called `title`, created when no folder has that title."""
-    for folder in api.folder.get_all_folders() or []:
+    # grafana-client ships py.typed but leaves its Folder methods unannotated
+    for folder in api.folder.get_all_folders() or []:  # type: ignore[no-untyped-call]
         if folder.get("title") == title:
-            return folder["uid"]
-    created = api.folder.create_folder(title, uid=FOLDER_UID if title == "llm-headroom" else None)
-    return created["uid"]
+            return str(folder["uid"])
+    created = api.folder.create_folder(  # type: ignore[no-untyped-call]
+        title, uid=FOLDER_UID if title == "llm-headroom" else None
+    )
+    return str(created["uid"])
 
 
 def push_dashboards(
     grafana_url: str,
     token: str,
-    dashboards: Iterable[dict],
+    dashboards: Iterable[Dashboard],
     *,
     folder: str = "llm-headroom",
     datasource_uid: str = "headroom-prometheus",
     overwrite: bool = True,
     progress: Callable[[str], None] = lambda title: None,
-) -> list[dict]:
+) -> list[Dashboard]:
     """Upload `dashboards` into `folder`; returns Grafana's answer per dashboard (uid, url, version)."""
     # lazy: grafana-client (and its HTTP stack) loads only for `headroom dashboards push`
     from grafana_client import GrafanaApi
@@ -74,7 +82,7 @@ def push_dashboards(
     call = "GET /api/folders"
     try:
         folder_uid = _folder_uid(api, folder)
-        answers = []
+        answers: list[Dashboard] = []
         for board in dashboards:
             call = f"POST /api/dashboards/db ({board.get('uid')})"
             answers.append(
@@ -87,7 +95,7 @@ def push_dashboards(
                     }
                 )
             )
-            progress(board.get("title", board.get("uid", "?")))
+            progress(str(board.get("title", board.get("uid", "?"))))
         return answers
     except GrafanaException as exc:
         raise PushError(

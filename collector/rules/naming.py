@@ -66,7 +66,8 @@ def sample(name: str, suffix: str = "") -> str:
 
 def le_label(bound_seconds: float) -> str:
     """The `le` label value prometheus_client writes for a bucket bound (2.0 -> "2.0")."""
-    return floatToGoString(bound_seconds)
+    # prometheus_client.utils leaves floatToGoString unannotated; it returns a str
+    return str(floatToGoString(bound_seconds))  # type: ignore[no-untyped-call]
 
 
 def is_record_name(name: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -32,7 +33,7 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def render_yaml(document: dict, command: str) -> str:
+def render_yaml(document: dict[str, Any], command: str) -> str:
     """YAML text of `document` under a do-not-edit header naming `command` (e.g. "alerts generate")."""
     body = yaml.dump(
         document,
@@ -46,7 +47,7 @@ def render_yaml(document: dict, command: str) -> str:
     return f"# {GENERATED_NOTICE.format(command=command)}\n{body}"
 
 
-def render_json(document: dict) -> str:
+def render_json(document: dict[str, Any]) -> str:
     """JSON text of `document`: sorted keys, indent 2, trailing newline."""
     return json.dumps(document, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
