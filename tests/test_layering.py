@@ -23,16 +23,17 @@ PACKAGE_DIR = ROOT / "collector"
 ALLOWED: dict[str, set[str]] = {
     "sources": set(),
     "store": set(),
+    "lake": {"store"},
     "rules": set(),
-    "analysis": {"store", "sources"},
-    "report": {"store", "analysis"},
+    "analysis": {"store", "sources", "lake"},
+    "report": {"store", "analysis", "lake"},
     "sim": {"analysis"},
     "dashboards": {"rules"},
     "alerts": {"rules"},
-    "integrations": {"rules", "store", "alerts"},
+    "integrations": {"rules", "store", "alerts", "lake"},
     "service": {"store", "analysis", "report"},
-    "sidecar": {"store", "sources", "analysis", "report", "service"},
-    "backtest": {"sim", "alerts", "rules", "store"},
+    "sidecar": {"store", "sources", "analysis", "report", "service", "lake"},
+    "backtest": {"sim", "alerts", "rules", "store", "lake"},
 }
 FOUNDATION = {
     "__init__",

@@ -129,7 +129,29 @@ __all__ = ["run"]
     "--spool-dir",
     metavar="PATH",
     show_default="./headroom-spool",
-    help="On-disk spool for --store-url outages (bounded; replayed when the store is back).",
+    help="On-disk spool: --lake's write-ahead buffer, or --store-url's during outages (bounded).",
+)
+@click.option(
+    "--lake",
+    metavar="URI",
+    help="Write rows as immutable Parquet files into this lake (a directory, file:// or s3://...) "
+    "for `headroom lake commit` to register in the fleet's Iceberg table; instead of --db.",
+)
+@click.option(
+    "--lake-roll-seconds",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    metavar="SECONDS",
+    help="Stage a Parquet file once the oldest spooled row is this old (freshness).",
+)
+@click.option(
+    "--lake-roll-mb",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1),
+    metavar="MB",
+    help="Stage a Parquet file once the spool holds this many MB of rows.",
 )
 @click.option(
     "--otlp-endpoint",
@@ -275,6 +297,9 @@ def run(
     store_url,
     store_token,
     spool_dir,
+    lake,
+    lake_roll_seconds,
+    lake_roll_mb,
     otlp_endpoint,
     otlp_traces_endpoint,
     otlp_protocol,
@@ -305,6 +330,7 @@ def run(
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
       headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
+      headroom run --upstream http://vllm:8000 --lake s3://llm-logs/headroom --spool-dir /var/spool/headroom
       headroom run --upstream http://l40s-pod:8000 --replica-class l40s-tp1 --store-url http://store:9200
       OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318 headroom run --upstream http://vllm:8000 --otlp-metrics
 
@@ -327,7 +353,7 @@ def run(
             upstream=upstream,
             listen_host=host,
             listen_port=port,
-            db_path=None if store_url else db_path,
+            db_path=None if store_url or lake else db_path,
             checkpoint_mb=checkpoint_mb,
             instance=instance,
             replica_class=replica_class,
@@ -339,6 +365,9 @@ def run(
             store_url=store_url,
             store_token=store_token,
             spool_dir=spool_dir,
+            lake=lake,
+            lake_roll_seconds=lake_roll_seconds,
+            lake_roll_mb=lake_roll_mb,
             engine=engine,
             engine_metrics_url=engine_metrics_url,
             model=model,
@@ -364,6 +393,8 @@ def run(
         app = build_sidecar(config)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    except OSError as exc:  # the spool directory or --lake cannot be created or written
+        raise click.ClickException(f"cannot open the spool or --lake ({exc})") from None
     except (duckdb.Error, SchemaTooNew) as exc:  # locked by another process, not DuckDB, too new
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = (
@@ -378,7 +409,7 @@ def run(
         ) from None
     click.echo(
         f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
-        f"(metrics at /metrics, log: {store_url or os.path.abspath(db_path)})",
+        f"(metrics at /metrics, log: {store_url or lake or os.path.abspath(db_path)})",
         err=True,
     )
     # descriptors for every allowed client, the upstream pool, and the files the sidecar opens;

@@ -29,6 +29,9 @@ class SidecarConfig:
     store_url: str | None = None
     store_token: str | None = None
     spool_dir: str | None = None
+    lake: str | None = None  # --lake URI: stage rows as Parquet for `headroom lake commit` (collector.lake)
+    lake_roll_seconds: float = 60.0
+    lake_roll_mb: int = 64
     engine: str = "none"
     engine_metrics_url: str | None = None
     engine_mapping: str | None = None  # YAML mapping file for engine "generic"
@@ -75,6 +78,8 @@ class SidecarConfig:
                 )
         if self.replica_class is not None:
             check_replica_class(self.replica_class)
+        if self.lake and self.store_url:
+            raise ValueError("give --lake or --store-url, not both (the lake replaces the store service)")
         counts: tuple[tuple[str, int], ...] = (
             ("--max-tenants", self.max_tenants),
             ("--max-models", self.max_models),

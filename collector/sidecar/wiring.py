@@ -3,7 +3,8 @@
     sources   the engine's /metrics (config.engine; polled in the background) and the GPU (NVML),
               exported through one SourceHealth collector with headroom_source_scrape_*{source}
     sinks     the request log: a LogWriter in front of an in-process RequestStore at
-              config.db_path, or in front of a StoreShipper to config.store_url; an OtelSink
+              config.db_path, or in front of a StoreShipper to config.store_url, or a
+              LakeWriter staging Parquet files in config.lake (collector.lake); an OtelSink
               when config.otlp_endpoint is set
     jobs      the store's scheduled jobs, only where this sidecar owns its database (config.jobs)
     capacity  the headroom_capacity_* gauges those jobs publish
@@ -30,6 +31,7 @@ from fastapi import APIRouter, Depends, FastAPI
 
 from collector.analysis.refresh import refresh_estimates_isolated
 from collector.exposition import new_registry
+from collector.lake.stage import LakeWriter
 from collector.record import RowSink
 from collector.service.auth import require_token, resolve_token
 from collector.service.routes import build_store_routes
@@ -47,7 +49,7 @@ from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.decision import PublishPolicy
 from collector.store.jobs import JobSettings, build_scheduler
-from collector.store.shipper import StoreShipper
+from collector.store.shipper import DEFAULT_SPOOL_DIR, StoreShipper
 from collector.store.writer import BatchSink, LogWriter
 from collector.timewin import parse_duration
 
@@ -85,7 +87,8 @@ def build_sidecar(
     extra = [*_otel_sinks(config), *sinks]
     store = _own_store(config) if log_sink is None else None
     shipper = _shipper(config) if log_sink is None and store is None else None
-    batch_sink = log_sink if log_sink is not None else store or shipper
+    lake = _lake_writer(config) if log_sink is None and store is None and shipper is None else None
+    batch_sink = log_sink if log_sink is not None else store or shipper or lake
     log = (
         None
         if batch_sink is None
@@ -103,6 +106,9 @@ def build_sidecar(
     if shipper is not None and log is not None:
         registry.register(shipper)  # spool depth, shipping lag, store up
         shipper.report_to(log)  # spooled and pipelined rows count as written once the store has them
+    if lake is not None and log is not None:
+        registry.register(lake)  # spool depth and age, lake up
+        lake.report_to(log)  # rows count as written once a staged file holds them
     scheduler = (
         _scheduler(config, store, capacity, replica_class) if store is not None and config.jobs else None
     )
@@ -170,6 +176,19 @@ def _shipper(config: SidecarConfig) -> StoreShipper | None:
         return None
     # pipelined: the writer converts the next batch while the store inserts this one
     return StoreShipper(config.store_url, config.store_token, config.spool_dir, pipelined=True)
+
+
+def _lake_writer(config: SidecarConfig) -> LakeWriter | None:
+    """The lake's writer, when config.lake is set: the spool is its write-ahead (collector.lake.stage)."""
+    if not config.lake:
+        return None
+    return LakeWriter(
+        config.lake,
+        config.instance,
+        config.spool_dir if config.spool_dir is not None else DEFAULT_SPOOL_DIR,
+        roll_seconds=config.lake_roll_seconds,
+        roll_bytes=config.lake_roll_mb * 2**20,
+    )
 
 
 def _store_routes(
