@@ -26,13 +26,14 @@ makes the store forget the instant, so a delete can never make it skip a check i
 
 from __future__ import annotations
 
+import enum
 import operator
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Final, TypeGuard
 
 import duckdb
 import pyarrow as pa
@@ -136,7 +137,13 @@ def rows_to_ipc(rows: Rows) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-_UNKNOWN: Any = object()  # the store does not know the newest admitted_at it holds
+class _Unknown(enum.Enum):
+    UNKNOWN = enum.auto()
+
+
+_UNKNOWN: Final = _Unknown.UNKNOWN  # the store does not know the newest admitted_at it holds
+Newest = datetime | None | _Unknown  # the newest admitted_at stored (None: no row has one)
+BatchFacts = tuple[bool, datetime | None, datetime | None, bool]  # what _batch_facts returns
 
 
 class _Newest:
@@ -147,7 +154,7 @@ class _Newest:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.value: Any = _UNKNOWN
+        self.value: Newest = _UNKNOWN
 
 
 _NEWEST: dict[str, _Newest] = {}
@@ -163,7 +170,7 @@ def _newest_for(path: str, store: object) -> _Newest:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _batch_facts(batch: pa.Table) -> tuple[bool, datetime | None, datetime | None, bool]:
+def _batch_facts(batch: pa.Table) -> BatchFacts:
     """What the INSERT needs to know of a batch: (an id repeats or is NULL, earliest and latest
     admitted_at, some admitted_at is NULL). Read from the columns' own buffers: pyarrow.compute
     would cost every sidecar 8 MiB more, a DuckDB pass 1.3 ms more per batch."""
@@ -187,7 +194,9 @@ def _batch_facts(batch: pa.Table) -> tuple[bool, datetime | None, datetime | Non
     return repeated, low, high, False
 
 
-def _insert_sql(facts: Sequence[Any], newest: Any = _UNKNOWN) -> tuple[str, list[Any], Any]:
+def _insert_sql(
+    facts: BatchFacts, newest: Newest = _UNKNOWN
+) -> tuple[str, list[datetime | None], datetime | None]:
     """The INSERT for a batch (bound as `batch`), its parameters and the batch's newest admitted_at.
 
     `facts` are _batch_facts(batch): (ids repeat in it, earliest and latest admitted_at, some
@@ -199,7 +208,7 @@ def _insert_sql(facts: Sequence[Any], newest: Any = _UNKNOWN) -> tuple[str, list
     repeated, low, high, nulls = facts
     source = "(SELECT DISTINCT ON (request_id, admitted_at) * FROM batch)" if repeated else "batch"
     insert = f"INSERT INTO requests ({_COLUMN_LIST}) SELECT {_COLUMN_LIST} FROM {source} AS b"
-    if not nulls and newest is not _UNKNOWN and (newest is None or low > newest):
+    if not nulls and newest is not _UNKNOWN and (newest is None or (low is not None and low > newest)):
         return insert, [], high  # begins after every stored row: nothing stored can repeat
     same_time = "r.admitted_at = b.admitted_at"
     span, params = "r.admitted_at BETWEEN ? AND ?", [low, high]
@@ -286,16 +295,18 @@ class RequestStore:
             return 0
         newest = self._newest
         with newest.lock, self._lock:
-            if newest.value is _UNKNOWN:
-                newest.value = self._con.execute("SELECT max(admitted_at) FROM requests").fetchall()[0][0]
+            stored = newest.value
+            if stored is _UNKNOWN:
+                found = self._con.execute("SELECT max(admitted_at) FROM requests").fetchall()
+                stored = newest.value = found[0][0]
             # the SQL reads the local `batch` (a DuckDB replacement scan)
-            sql, params, high = _insert_sql(_batch_facts(batch), newest.value)
+            sql, params, high = _insert_sql(_batch_facts(batch), stored)
             try:
                 inserted = int(self._con.execute(sql, params).fetchall()[0][0])
             except BaseException:
                 newest.value = _UNKNOWN  # ask again rather than trust what a failure left
                 raise
-            if high is not None and (newest.value is None or high > newest.value):
+            if high is not None and (stored is None or high > stored):
                 newest.value = high
             return inserted
 
