@@ -173,3 +173,36 @@ def test_checkpoint_mb_is_a_positive_flag_of_run():
     result = CliRunner().invoke(run, ["--upstream", "http://127.0.0.1:9", "--checkpoint-mb", "0"])
     assert result.exit_code == 2 and "--checkpoint-mb" in result.output
     assert "--checkpoint-mb MB" in CliRunner().invoke(run, ["--help"]).output
+
+
+def test_probe_load_is_labelled_source_probe_and_its_row_keeps_its_source(tmp_path):
+    probe = {"X-Headroom-Source": "probe", "X-Tenant-ID": "headroom-probe", "X-Headroom-Run-Id": "probe-run"}
+    with sidecar_rig(tmp_path) as rig:
+        httpx.post(rig.url + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=probe)
+        httpx.post(rig.url + "/v1/chat/completions", json={**CHAT, "stream": True})
+        metrics = rig.metrics()
+        rows = rig.rows()
+    by_source = {
+        dict(labels)["source"]: value
+        for (name, labels), value in metrics.items()
+        if name == "headroom_time_to_first_token_seconds_count"
+    }
+    assert by_source == {"probe": 1, "traffic": 1}
+    probe_key = (("model", "m1"), ("outcome", "ok"), ("source", "probe"), ("tenant", "headroom-probe"))
+    assert metrics[("headroom_requests_total", probe_key)] == 1
+    assert sorted(row["source"] for row in rows) == ["probe", "traffic"]
+
+
+def test_probe_series_are_charged_when_they_appear_and_never_folded_into_traffic():
+    budget = SeriesBudget(2000)
+    model, tenant = budget.labels("m", "headroom-probe")
+    assert budget.source_label(model, tenant, "traffic") == "traffic"  # in the model's reservation
+    left = budget.left
+    assert budget.source_label(model, tenant, "probe") == "probe"
+    assert left - budget.left == series_per_model() + len(OUTCOMES)  # its histograms and counters again
+    assert budget.source_label(model, tenant, "probe") == "probe" and budget.left == left - (
+        series_per_model() + len(OUTCOMES)
+    )
+    budget.left = 0  # full: probe load of a new model is not exported at all
+    assert budget.source_label("m2", tenant, "probe") is None
+    assert budget.folded["source"] == 1
