@@ -20,6 +20,7 @@ breach the request rows show, and every alert outside a real problem.
     alertsvector     ALERTS as literal vectors, for rules that read it
     evaluate         recording rules level by level, then alerts, on the real Prometheus
     timeline         episodes, lead times and false alerts, pure
+    notifications    what the generated Alertmanager config sends of them: grouping, inhibition, pure
     verdict          a scenario's expectations checked against its timeline
     run              one backtest end to end
     report, plot     text, JSON and the markdown table; the picture
