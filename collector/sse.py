@@ -23,6 +23,7 @@ __all__ = [
     "EventTooLarge",
     "ChunkInfo",
     "inspect_event",
+    "openai_usage",
     "plain_tokens",
     "plain_read",
     "plain_read_stripped",
@@ -163,16 +164,37 @@ def _delta_tokens(choice: dict[str, Any]) -> int:
 
 
 def _delta_rule(content: Any, reasoning_content: Any, reasoning: Any, tool_call: Any) -> int:
-    """A delta's tokens from its fields, whichever parse read them: its text (content and
-    reasoning), else 1 for a tool call. Example: ("abcd", None, "abcdefgh", None) -> 3."""
+    """A delta's tokens from its fields, whichever parse read them: its text (content, reasoning,
+    and a tool call's name and arguments, which the engine generates like any text), at least 1
+    for a tool call. Examples: ("abcd", None, "abcdefgh", None) -> 3; a tool call whose arguments
+    are 2,000 characters -> 500 (issue #36 N9: it counted 1); a tool call with only an id -> 1."""
     text_len = len(content) if isinstance(content, str) else 0
     # vLLM >= 0.9 names it `reasoning` (and may send both, synced): count it once
     reasoning = reasoning_content or reasoning
     if isinstance(reasoning, str):
         text_len += len(reasoning)
+    if tool_call:
+        text_len += _tool_call_characters(tool_call)
     if text_len:
         return tokens_for_characters(text_len)
     return 1 if tool_call else 0
+
+
+def _tool_call_characters(tool_call: Any) -> int:
+    """Characters of generated text in a delta's `tool_calls` (a list) or legacy `function_call`
+    (one object): each function's `name` and `arguments` strings."""
+    calls = tool_call if type(tool_call) is list else (tool_call,)
+    characters = 0
+    for call in calls:
+        if type(call) is not dict:
+            continue
+        function = call.get("function", call)  # function_call is the function itself
+        if type(function) is dict:
+            for field in ("name", "arguments"):
+                value = function.get(field)
+                if type(value) is str:
+                    characters += len(value)
+    return characters
 
 
 def _fields(event: bytes) -> tuple[bytes | None, bool]:
@@ -220,6 +242,8 @@ def _read_chunk(chunk: object, keep_chunk: bool) -> ChunkInfo:
                 tokens += _delta_tokens(choice)
     elif chunk.get("error") or chunk.get("object") == "error":  # vLLM/SGLang: error mid-stream
         return ERROR
+    elif type(kind := chunk.get("type")) is str and (kind.startswith("response.") or kind == "error"):
+        return _responses_event(chunk, kind, keep_chunk)  # the Responses API's events
     usage = chunk.get("usage")
     if type(usage) is not dict:
         if not keep_chunk and tokens < len(_TOKENS_ONLY):
@@ -228,12 +252,74 @@ def _read_chunk(chunk: object, keep_chunk: bool) -> ChunkInfo:
     return ChunkInfo(tokens, usage, not choices, chunk)
 
 
+# Responses API (/v1/responses) stream events whose `delta` string is generated text: the
+# answer, reasoning, a refusal, a tool call's arguments
+_RESPONSES_TEXT = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.reasoning_summary_text.delta",
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+# the events that end a response and carry its usage (`response.usage`)
+_RESPONSES_END = frozenset({"response.completed", "response.incomplete"})
+
+
+def _responses_event(chunk: dict[str, Any], kind: str, keep_chunk: bool) -> ChunkInfo:
+    """One Responses API event: text deltas carry tokens (the same rule as a chat delta's), the
+    final event its usage (renamed to the chat names, `openai_usage`), and `error` or
+    `response.failed` is an error the engine sent inside the stream."""
+    if kind in _RESPONSES_TEXT:
+        delta = chunk.get("delta")
+        tokens = tokens_for_characters(len(delta)) if type(delta) is str else 0
+        if not keep_chunk and tokens < len(_TOKENS_ONLY):
+            return _TOKENS_ONLY[tokens]
+        return ChunkInfo(tokens, None, False, chunk if keep_chunk else None)
+    if kind in _RESPONSES_END:
+        response = chunk.get("response")
+        usage = response.get("usage") if type(response) is dict else None
+        normal = openai_usage(usage) if type(usage) is dict else None
+        return ChunkInfo(0, normal, False, response if type(response) is dict else None)
+    if kind == "error" or kind == "response.failed":
+        return ERROR
+    return _TOKENS_ONLY[0] if not keep_chunk else ChunkInfo(0, None, False, chunk)
+
+
+def openai_usage(usage: dict[str, Any], *, embeddings: bool = False) -> dict[str, Any]:
+    """A `usage` object in the chat API's names, which the request log reads.
+
+    The Responses API says `input_tokens`, `output_tokens` and `input_tokens_details`; they are
+    renamed (an object that has the chat names already is returned as it is). An embeddings
+    answer has only `prompt_tokens`: it generated nothing, so `completion_tokens` is 0.
+
+    >>> openai_usage({"input_tokens": 5, "output_tokens": 7, "input_tokens_details": {"cached_tokens": 2}})
+    {'prompt_tokens': 5, 'completion_tokens': 7, 'prompt_tokens_details': {'cached_tokens': 2}}
+    >>> openai_usage({"prompt_tokens": 8, "total_tokens": 8}, embeddings=True)
+    {'prompt_tokens': 8, 'total_tokens': 8, 'completion_tokens': 0}
+    """
+    if "prompt_tokens" not in usage and ("input_tokens" in usage or "output_tokens" in usage):
+        normal: dict[str, Any] = {
+            "prompt_tokens": usage.get("input_tokens"),
+            "completion_tokens": usage.get("output_tokens"),
+        }
+        details = usage.get("input_tokens_details")
+        if type(details) is dict:
+            normal["prompt_tokens_details"] = details
+        return normal
+    if embeddings and "completion_tokens" not in usage:
+        return {**usage, "completion_tokens": 0}
+    return usage
+
+
 def inspect_event(event: bytes, keep_chunk: bool = True) -> ChunkInfo | None:
     """Read one event; None for comments/keep-alives, DONE for `[DONE]`, MALFORMED for bad JSON,
     ERROR for an error the engine reported inside the stream.
 
     A chunk's token estimate is collector.tokens' rule (floor(characters / 4), at least 1 for
-    non-empty content), 1 for a tool call. A role-only chunk carries no token (it must not
+    non-empty content) over its content, reasoning and tool calls' names and arguments, at least
+    1 for a tool call. A role-only chunk carries no token (it must not
     stamp TTFT). The row's completion_tokens come from upstream usage whenever it is sent.
     Without `keep_chunk`, a chunk without usage comes back without its parsed dict (`chunk` is
     None), as a shared ChunkInfo: what the proxy asks for unless it is tracing.

@@ -9,6 +9,9 @@ error, within the read timeout, and the request log has one row per request.
 
 N4: events that arrived intact before broken framing, in the same read, still reach the client.
 
+N8: /v1/embeddings and a non-streamed /v1/responses answer are accounted, with the usage the
+engine reports in each API's own names.
+
 The upstream here writes every byte itself on raw sockets, one asyncio loop in a thread; each
 answer carries its request's id (header `x-rid`), and every extra response carries it too,
 marked `LEAK-`, so a client that receives another's bytes is seen.
@@ -81,6 +84,7 @@ class HostileUpstream:
     second        a streamed answer and, in the same write, a second whole response
     garbage       the answer, then bytes that are no HTTP response, pipelined behind it
     broken-read   two whole events and broken chunk framing in one write (N4)
+    json          (well-behaved) the request's `x_fake_json` as a JSON answer (N8)
     """
 
     def __init__(self, mode: str) -> None:
@@ -162,6 +166,12 @@ class HostileUpstream:
 
     async def _answer(self, rid: str, payload: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
         self.answered += 1
+        if self.mode == "json":
+            body = json.dumps(payload.get("x_fake_json")).encode()
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            writer.write(head % len(body) + body)
+            await writer.drain()
+            return True
         stream = payload.get("stream") is True
         answer = _stream_response(rid) if stream else _json_response(rid)
         if self.mode == "unsolicited":
@@ -271,5 +281,67 @@ def test_events_before_broken_framing_in_the_same_read_reach_the_client(tmp_path
             assert app.state.writer.flush()
             (row,) = app.state.batch_sink.query_dicts("SELECT * FROM requests", ())
             assert row["outcome"] == "upstream_error" and row["completion_tokens"] == 2
+    finally:
+        upstream.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "request_body", "answer", "expected"),
+    [
+        (
+            "/v1/embeddings",
+            {"model": "e5", "input": ["one two three four five six seven eight", "nine"]},
+            {"object": "list", "data": [], "usage": {"prompt_tokens": 11, "total_tokens": 11}},
+            {"prompt_tokens": 11, "completion_tokens": 0, "usage_source": "upstream", "stream": False},
+        ),
+        (
+            "/v1/responses",
+            {"model": "m", "instructions": "be brief", "input": [{"role": "user", "content": "hello there"}]},
+            {
+                "id": "resp_1",
+                "object": "response",
+                "output": [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}],
+                "usage": {
+                    "input_tokens": 9,
+                    "output_tokens": 2,
+                    "total_tokens": 11,
+                    "input_tokens_details": {"cached_tokens": 4},
+                },
+            },
+            {
+                "prompt_tokens": 9,
+                "completion_tokens": 2,
+                "cached_prompt_tokens": 4,
+                "usage_source": "upstream",
+            },
+        ),
+    ],
+)
+def test_embeddings_and_responses_answers_are_accounted_with_their_usage(
+    tmp_path, path, request_body, answer, expected
+):
+    """N8: each request is one row (endpoint, outcome ok, the engine's counts) and is counted in
+    headroom_requests_total; before, both were passed through unseen."""
+    upstream = HostileUpstream("json")
+    try:
+        with _sidecar(tmp_path, upstream.url) as (server, app):
+            for _ in range(2):
+                got = httpx.post(server.url + path, json=request_body | {"x_fake_json": answer}, timeout=10)
+                assert got.status_code == 200 and got.json() == answer  # forwarded untouched
+            wait_until(lambda: not app.state.tracker.live, 5, what="the requests leaving the live set")
+            assert app.state.writer.flush()
+            rows = app.state.batch_sink.query_dicts("SELECT * FROM requests", ())
+            assert len(rows) == 2  # one row per request
+            for row in rows:
+                assert row["endpoint"] == path and row["outcome"] == "ok"
+                for key, value in expected.items():
+                    assert row[key] == value, (key, row[key], value)
+            page = httpx.get(server.url + "/metrics", timeout=5).text
+            counted = [
+                line
+                for line in page.splitlines()
+                if line.startswith("headroom_requests_total{") and 'outcome="ok"' in line
+            ]
+            assert counted and sum(float(line.rsplit(" ", 1)[1]) for line in counted) == 2
     finally:
         upstream.stop()

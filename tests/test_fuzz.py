@@ -1,7 +1,8 @@
 """Fuzzing the sidecar with hypothesis (fixed seed, bounded examples): request bodies and SSE streams.
 
 Whatever a client sends and whatever an upstream streams back, the sidecar never answers its own
-500, and once every request is over no gauge is left above 0.
+500, and once every request is over no gauge is left above 0. Generated tool calls and Responses
+API streams are counted by the same rule as chat content (issue #36 N9, N8).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from support.sidecar import live_gauges, sidecar_rig, wait_until
 from support.strategies import json_scalars
+
+from collector.tokens import tokens_for_characters
 
 PATH = "/v1/chat/completions"
 FUZZ = settings(
@@ -135,3 +138,92 @@ def test_sse_streams_never_get_a_sidecar_500_or_leak_a_gauge(rig, stream, cuts, 
     response = httpx.post(rig.url + PATH, json=body, timeout=10, headers={"x-fake": "scripted"})
     assert response.status_code == 200
     _no_gauge_left(rig)
+
+
+# Issue #36 N9 and N8: what the engine generates is counted whatever shape it streams in
+
+
+def _last_row(rig) -> dict:
+    wait_until(lambda: not rig.app.state.tracker.live, 10, what="the request leaving the live set")
+    return rig.rows()[-1]
+
+
+def _scripted(rig, path: str, events: list[bytes], cuts: list[int], **extra) -> httpx.Response:
+    stream = b"".join(events)
+    body = {
+        "model": "m1",
+        "stream": True,
+        "x_fake_stream": base64.b64encode(stream).decode(),
+        "x_fake_cuts": cuts,
+        **extra,
+    }
+    return httpx.post(rig.url + path, json=body, timeout=10, headers={"x-fake": "scripted"})
+
+
+def _sse(obj: dict, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+@seed(20261204)
+@settings(FUZZ, max_examples=15)
+@given(
+    arguments=st.text(min_size=1, max_size=3000),
+    pieces=st.integers(min_value=1, max_value=12),
+    cuts=st.lists(st.integers(min_value=1, max_value=4000), max_size=4),
+)
+def test_tool_call_arguments_without_usage_are_estimated_like_content(rig, arguments, pieces, cuts):
+    """N9: without engine usage, a tool call's arguments count as their characters / 4, not one
+    token a chunk (a 2,000-character argument string is about 500 tokens, and counted 1)."""
+    size = -(-len(arguments) // pieces)
+    parts = [arguments[i : i + size] for i in range(0, len(arguments), size)]
+    call = {
+        "index": 0,
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
+    events = [_sse({"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}}]})]
+    for part in parts:
+        delta = {"tool_calls": [{"index": 0, "function": {"arguments": part}}]}
+        events.append(_sse({"choices": [{"index": 0, "delta": delta}]}))
+    events.append(b"data: [DONE]\n\n")
+    answer = _scripted(rig, PATH, events, cuts, stream_options={"include_usage": False})
+    assert answer.status_code == 200
+    row = _last_row(rig)
+    expected = tokens_for_characters(len("get_weather")) + sum(tokens_for_characters(len(p)) for p in parts)
+    assert row["usage_source"] == "estimated" and row["completion_tokens"] == expected
+    assert row["completion_tokens"] >= len(arguments) // 4
+
+
+@seed(20261205)
+@settings(FUZZ, max_examples=15)
+@given(
+    deltas=st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=10),
+    usage=st.one_of(st.none(), st.tuples(st.integers(0, 10**6), st.integers(0, 10**6))),
+    cuts=st.lists(st.integers(min_value=1, max_value=2000), max_size=4),
+)
+def test_responses_api_streams_are_accounted_like_chat_completions(rig, deltas, usage, cuts):
+    """N8: /v1/responses is accounted: `response.output_text.delta` events carry the tokens (and
+    the first one is the first token), `response.completed` the usage; one row each."""
+    before = len(rig.rows())
+    events = [_sse({"type": "response.created", "response": {"id": "resp_1"}}, "response.created")]
+    for text in deltas:
+        delta = {"type": "response.output_text.delta", "item_id": "msg_1", "delta": text}
+        events.append(_sse(delta, "response.output_text.delta"))
+    if usage is not None:
+        counts = {"input_tokens": usage[0], "output_tokens": usage[1], "total_tokens": sum(usage)}
+        done = {"type": "response.completed", "response": {"id": "resp_1", "usage": counts}}
+        events.append(_sse(done, "response.completed"))
+    answer = _scripted(rig, "/v1/responses", events, cuts, input="tell me a story please")
+    assert answer.status_code == 200 and answer.content == b"".join(events)  # forwarded untouched
+    assert "stream_options" not in rig.fake.requests[-1]["payload"]  # never asked for
+    row = _last_row(rig)
+    assert len(rig.rows()) == before + 1
+    assert row["endpoint"] == "/v1/responses" and row["outcome"] == "ok" and row["ttft_s"] is not None
+    if usage is None:
+        estimate = sum(tokens_for_characters(len(text)) for text in deltas)
+        assert row["usage_source"] == "estimated" and row["completion_tokens"] == estimate
+    else:
+        assert row["usage_source"] == "upstream"
+        assert (row["prompt_tokens"], row["completion_tokens"]) == usage

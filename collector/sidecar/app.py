@@ -1,6 +1,7 @@
 """create_app: the sidecar's HTTP surface, serving and running the parts it is given.
 
-Routes: POST /v1/chat/completions and /v1/completions (accounted), /v1 and any other /v1/*
+Routes: POST /v1/chat/completions, /v1/completions, /v1/responses and /v1/embeddings (accounted),
+/v1 and any other /v1/*
 (passed through), GET /metrics (Prometheus text format; the per-request series keep their rendered text,
 collector.sidecar.exposition, and the rest renders in a worker thread so a slow collector never
 stalls the proxy), GET /healthz (liveness: the process serves), GET /readyz (readiness: 503 while the upstream does
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions")
+ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 PASSTHROUGH_ROOT = "/v1"  # itself passed through too (`/v1/` is normalised to it): never a redirect
 PASSTHROUGH_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 STORE_ROUTES_PREFIX = "/headroom"  # outside /v1, which belongs to the engine behind the proxy

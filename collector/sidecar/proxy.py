@@ -116,7 +116,7 @@ class CompletionsProxy:
         else:
             if body is None:
                 return  # never admitted: the client left before its request was read
-            parsed = parse_request(body)
+            parsed = parse_request(body, scope["path"])
             refusal = None if parsed.refusal is None else Ending("bad_request", parsed.refusal, answer=400)
         read_at = time.monotonic()  # the sidecar's own time (headroom_proxy_overhead_seconds) starts
         request = self._admit(scope, parsed)

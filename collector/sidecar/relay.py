@@ -26,6 +26,7 @@ from yarl import URL
 
 from collector.record import outcome_for_status
 from collector.sidecar.h1 import BufferedBody, Exchange, UpstreamBodyBroken, UpstreamError
+from collector.sidecar.requests import EMBEDDINGS_PATH
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sse import (
     DONE,
@@ -34,6 +35,7 @@ from collector.sse import (
     EventSplitter,
     EventTooLarge,
     inspect_event,
+    openai_usage,
     plain_read,
     plain_read_stripped,
 )
@@ -421,8 +423,9 @@ async def relay_body(
         began = time.monotonic()
         payload = _payload(b"".join(keep))
         usage = payload.get("usage") if isinstance(payload, dict) else None
-        if isinstance(usage, dict):
-            tracker.reported_usage(request, usage)
+        if isinstance(usage, dict):  # in the chat API's names (the Responses API's renamed)
+            embeddings = request.endpoint == EMBEDDINGS_PATH
+            tracker.reported_usage(request, openai_usage(usage, embeddings=embeddings))
         if request.telemetry is not None:
             request.telemetry.note_answer(payload)
         tracker.spent(request, time.monotonic() - began)

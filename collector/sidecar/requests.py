@@ -16,6 +16,13 @@ and nesting deeper than a serialiser allows reach the engine unchanged:
 
 A body that is not a JSON object we can read (bad UTF-8, not JSON, nested past orjson's 1,024
 levels, an array) is refused by the proxy with 400 and a row (`refusal` says why).
+
+The other accounted endpoints read the same way, with their own fields (issue #36 N8):
+`/v1/responses` (the Responses API) estimates its prompt from `instructions` and `input` (a
+string, or items: messages with their 3 tokens of framing, text parts, tool outputs), takes
+`max_output_tokens`, and is never given `stream_options` (its stream always ends with the
+usage, in `response.completed`); `/v1/embeddings` estimates `input` as a completions prompt is
+(strings, or token IDs one each) and never streams.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from collector.tokens import estimate_tokens, tokens_for_characters
 __all__ = ["ParsedRequest", "parse_request", "splice_include_usage"]
 
 _TOKENS_PER_MESSAGE = 3
+RESPONSES_PATH = "/v1/responses"
+EMBEDDINGS_PATH = "/v1/embeddings"
 _OPTIONS_KEY = re.compile(rb'"stream_options"\s*:\s*\{')
 _INCLUDE_USAGE = b'"include_usage":true'
 
@@ -82,14 +91,33 @@ def _estimate_prompt(payload: dict[str, Any]) -> int:
     return _prompt_tokens(payload.get("prompt"))
 
 
+def _responses_prompt(payload: dict[str, Any]) -> int:
+    """/v1/responses: `instructions` and `input` (a string, or a list of items)."""
+    instructions = payload.get("instructions")
+    tokens = estimate_tokens(instructions) if isinstance(instructions, str) else 0
+    items = payload.get("input")
+    if not isinstance(items, list):
+        return tokens + _content_tokens(items)
+    for item in items:
+        if not isinstance(item, dict):
+            tokens += _content_tokens(item)
+        elif "role" in item:  # a message: its content, and its framing
+            tokens += _TOKENS_PER_MESSAGE + _content_tokens(item.get("content"))
+        else:  # a part ({"type": "input_text", "text": ...}) or a tool's output
+            text = item.get("text", item.get("output"))
+            tokens += estimate_tokens(text) if isinstance(text, str) else 0
+    return tokens
+
+
 def _max_tokens(payload: dict[str, Any]) -> int | None:
-    value = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    value = payload.get("max_completion_tokens", payload.get("max_tokens", payload.get("max_output_tokens")))
     valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
     return value if valid else None  # beyond the INTEGER column it is no useful limit anyway
 
 
-def parse_request(body: bytes) -> ParsedRequest:
-    """Read a completions body; splice in `stream_options.include_usage` when a stream left it unset.
+def parse_request(body: bytes, endpoint: str = "/v1/chat/completions") -> ParsedRequest:
+    """Read an accounted body; splice in `stream_options.include_usage` when a chat or completions
+    stream left it unset.
 
     Never raises: a body we cannot read comes back with `refusal` set (model 'unknown', an
     estimate from its length), so the proxy answers 400 and still writes the request's row.
@@ -103,7 +131,11 @@ def parse_request(body: bytes) -> ParsedRequest:
         return _refused(body, f"request body is a JSON {type(payload).__name__}, not an object")
     model = payload.get("model")
     model = model[:MAX_MODEL_CHARS] if isinstance(model, str) and model else "unknown"
+    if endpoint == EMBEDDINGS_PATH:
+        return ParsedRequest(body, model, False, None, _prompt_tokens(payload.get("input")), False)
     stream = payload.get("stream") is True
+    if endpoint == RESPONSES_PATH:  # its stream ends with usage unasked: nothing to splice
+        return ParsedRequest(body, model, stream, _max_tokens(payload), _responses_prompt(payload), False)
     injected = False
     if stream:
         options = payload.get("stream_options")
