@@ -13,6 +13,7 @@ Example output (one model, abridged):
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ def _traffic(rows: dict[str, np.ndarray], previous: dict[str, np.ndarray], span_
 
 
 def _latency(rows: dict[str, np.ndarray], previous: dict[str, np.ndarray]) -> dict[str, Any]:
-    result = {}
+    result: dict[str, Any] = {}
     for metric in _LATENCIES:
         now, before = percentiles(rows[metric]), percentiles(previous[metric])
         result[metric] = now | {"previous": before, "change_p95": change(now["p95"], before["p95"])}
@@ -201,14 +202,17 @@ def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any]) -> dic
     return summary
 
 
-def _model_report(model: str, inputs: ReportInputs, current: dict, previous: dict) -> dict[str, Any]:
+def _model_report(
+    model: str, inputs: ReportInputs, current: dict[str, np.ndarray], previous: dict[str, np.ndarray]
+) -> dict[str, Any]:
     start, end = inputs.since.timestamp(), inputs.until.timestamp()
     estimate = inputs.estimates.get(model, {})
     slo = inputs.slo_ttft_p95_s or (estimate.get("slo") or {}).get("ttft_p95_s")
-    report = {
+    latency = _latency(current, previous)
+    report: dict[str, Any] = {
         "model": model,
         "traffic": _traffic(current, previous, end - start),
-        "latency": _latency(current, previous),
+        "latency": latency,
         "outcomes": _outcomes(current),
         "concurrency": _concurrency(current, estimate),
         "top_tenants": _top_tenants(current),
@@ -223,13 +227,13 @@ def _model_report(model: str, inputs: ReportInputs, current: dict, previous: dic
         else None,
         "capacity_by_class": inputs.classes.get(model, []),
     }
-    p95 = report["latency"]["ttft_s"]["p95"]
+    p95 = latency["ttft_s"]["p95"]
     report["slo"] = {"ttft_p95_s": slo, "met": None if slo is None or p95 is None else p95 <= slo}
     report["actions"] = recommend_actions(report)
     return report
 
 
-def _second(moment) -> str:
+def _second(moment: datetime) -> str:
     """ISO-8601 to the second: people read windows, not microseconds."""
     return moment.replace(microsecond=0).isoformat()
 
