@@ -141,7 +141,7 @@ def test_another_clusters_alert_neither_leads_nor_is_earned_by_a_breach():
 
     def episode(name: str, at: float, **labels: str) -> Episode:
         pairs = tuple(sorted({"alertname": name, "model": "m", **labels}.items()))
-        return Episode(pairs, at - 300, at)
+        return Episode(pairs, at - 300, at, EPOCH + 4500)  # resolved within the breach's tail
 
     evaluation = Evaluation(
         [],
