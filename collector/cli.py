@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "dashboards": "collector.dashboards.cli:dashboards",
     "alerts": "collector.backtest.cli:alerts",
     "integrations": "collector.integrations.cli:integrations",
+    "lake": "collector.lake.cli:lake",
 }
 
 _SHORT_HELP = {
@@ -40,6 +41,7 @@ _SHORT_HELP = {
     "dashboards": "Generate Grafana dashboards or push them to a Grafana.",
     "alerts": "Generate Prometheus rules and Alertmanager config; backtest them on scenarios or your log.",
     "integrations": "KEDA, Inference Gateway and llm-d settings from the measured knee.",
+    "lake": "The fleet's request log on Iceberg: commit staged files, maintain, import.",
 }
 
 
@@ -50,6 +52,7 @@ _EXTRAS = {
     "matplotlib": "report",
     "kneed": "analysis",
     "grafana_client": "grafana",
+    "pyiceberg": "lake",
 }
 
 

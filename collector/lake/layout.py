@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -56,7 +55,7 @@ class Lake:
             raise ValueError("--lake is empty; give a directory or a URI such as s3://bucket/prefix")
         if "://" not in text:
             local = os.path.abspath(text)
-            return cls(uri=Path(local).as_uri(), fs=pafs.LocalFileSystem(), base=local.rstrip("/") or "/")
+            return cls(uri=_file_uri(local), fs=pafs.LocalFileSystem(), base=local.rstrip("/") or "/")
         try:
             fs, base = pafs.FileSystem.from_uri(text)
         except (pa.ArrowInvalid, OSError, ValueError) as exc:
@@ -67,7 +66,7 @@ class Lake:
         scheme = text.split("://", 1)[0]
         base = base.rstrip("/")
         if isinstance(fs, pafs.LocalFileSystem):
-            return cls(uri=Path(base).as_uri(), fs=fs, base=base)
+            return cls(uri=_file_uri(base), fs=fs, base=base)
         return cls(uri=f"{scheme}://{base}", fs=fs, base=base)
 
     @property
@@ -82,7 +81,7 @@ class Lake:
     def uri_of(self, path: str) -> str:
         """The URI Iceberg records for a path of this filesystem (file:///... or s3://...)."""
         if self.local:
-            return Path(path).as_uri()
+            return _file_uri(path)
         scheme = self.uri.split("://", 1)[0]
         return f"{scheme}://{path}"
 
@@ -108,6 +107,11 @@ class Lake:
             if parsed is not None:
                 found.append(parsed)
         return sorted(found, key=lambda name: (name.writer, name.seq))
+
+
+def _file_uri(path: str) -> str:
+    """`/a/day=1` -> `file:///a/day=1`: not percent-encoded, as pyiceberg's FileIO reads it back."""
+    return "file://" + path
 
 
 def safe_writer_part(text: str) -> str:

@@ -1,0 +1,260 @@
+"""`headroom lake commit|maintain|import`: the committer, the upkeep and the one-box import."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import click
+
+__all__ = ["lake", "catalog_options"]
+
+_MISSING_EXTRA = "the lake commands need pyiceberg: pip install 'llm-headroom[lake]'"
+
+
+def catalog_options(function: Any) -> Any:
+    """--catalog, --lake, --table and --catalog-property, shared by every lake command."""
+    function = click.option(
+        "--catalog-property",
+        "catalog_properties",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="A property for the catalog (a REST catalog's credential, warehouse, s3.region...); repeatable.",
+    )(function)
+    function = click.option(
+        "--table", default="headroom.requests", show_default=True, help="The Iceberg table (namespace.name)."
+    )(function)
+    function = click.option(
+        "--lake",
+        "lake_uri",
+        required=True,
+        envvar="HEADROOM_LAKE",
+        metavar="URI",
+        help="Where the sidecars stage files (`headroom run --lake`): a directory, file:// or s3://... "
+        "[env: HEADROOM_LAKE].",
+    )(function)
+    function = click.option(
+        "--catalog",
+        "catalog_uri",
+        required=True,
+        envvar="HEADROOM_CATALOG",
+        metavar="URI",
+        help="sqlite:///path.db, postgresql://user@host/db, or a REST catalog's http(s):// URL "
+        "[env: HEADROOM_CATALOG; keep passwords out of the command line].",
+    )(function)
+    return function
+
+
+def _properties(pairs: tuple[str, ...]) -> dict[str, str]:
+    found = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--catalog-property")
+        found[key] = value
+    return found
+
+
+def _open(catalog_uri: str, lake_uri: str, pairs: tuple[str, ...]) -> tuple[Any, Any]:
+    try:
+        from collector.lake.layout import Lake
+        from collector.lake.table import open_catalog  # lazy: pyiceberg, the [lake] extra
+    except ImportError as exc:
+        raise click.ClickException(f"{_MISSING_EXTRA} ({exc})") from None
+    try:
+        lake_location = Lake.parse(lake_uri)
+        return open_catalog(catalog_uri, lake_location, properties=_properties(pairs)), lake_location
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    except Exception as exc:  # sqlalchemy or the REST client: the catalog cannot be reached
+        raise click.ClickException(f"cannot open --catalog ({type(exc).__name__}: {exc})") from None
+
+
+@click.group("lake")
+def lake() -> None:
+    """The fleet's request log on Apache Iceberg: commit staged files, maintain the table, import.
+
+    \b
+    Examples:
+      headroom lake commit --catalog sqlite:///lake/catalog.db --lake /data/lake
+      HEADROOM_CATALOG=postgresql://headroom@db/iceberg headroom lake commit --lake s3://logs/headroom --every 30
+      headroom lake maintain --catalog sqlite:///lake/catalog.db --lake /data/lake --retention-days 400
+      headroom lake import --catalog sqlite:///lake/catalog.db --lake /data/lake --db headroom.duckdb
+    """
+
+
+@lake.command("commit")
+@catalog_options
+@click.option(
+    "--every",
+    type=click.FloatRange(1),
+    metavar="SECONDS",
+    help="Run as a loop: commit, then wait this long (30 keeps rows visible within 2 minutes "
+    "of their request with the sidecar's 60 s roll). Without it: one pass.",
+)
+def commit(
+    catalog_uri: str, lake_uri: str, table: str, catalog_properties: tuple[str, ...], every: float | None
+) -> None:
+    """Register the files the sidecars staged in the Iceberg table (creating it on first use).
+
+    Idempotent: a file is added once, however often this runs, and two committers at once are
+    safe (the catalog lets one commit win; the other reloads and retries).
+
+    \b
+    Examples:
+      headroom lake commit --catalog sqlite:///lake/catalog.db --lake /data/lake
+      headroom lake commit --catalog postgresql://headroom@db/iceberg --lake s3://logs/headroom --every 30
+      headroom lake commit --catalog https://polaris:8181/api/catalog --catalog-property warehouse=logs \\
+        --catalog-property credential=ID:SECRET --lake s3://logs/headroom
+    """
+    from collector.lake.table import commit_staged
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    catalog, location = _open(catalog_uri, lake_uri, catalog_properties)
+    stop = threading.Event()
+    while True:
+        try:
+            result = commit_staged(
+                catalog,
+                location,
+                table,
+                on_commit=lambda r: click.echo(
+                    f"committed {r.files} files, {r.rows} rows ({r.pending} staged files left)", err=True
+                ),
+            )
+        except Exception as exc:  # the catalog or the lake is away: say so; the loop tries again
+            if every is None:
+                raise click.ClickException(f"commit failed ({type(exc).__name__}: {exc})") from None
+            click.echo(f"commit failed ({type(exc).__name__}: {exc}); retrying in {every:g} s", err=True)
+        else:
+            click.echo(
+                f"{table}: {result.files} files, {result.rows} rows in {result.commits} commits"
+                f" ({result.conflicts} conflicts retried)",
+                err=True,
+            )
+        if every is None or stop.wait(every):
+            return
+
+
+@lake.command("maintain")
+@catalog_options
+@click.option(
+    "--seal-hours",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="A day is sealed this long after it ends (late rows).",
+)
+@click.option(
+    "--min-files",
+    default=2,
+    show_default=True,
+    type=click.IntRange(2),
+    help="Compact a sealed day holding at least this many files.",
+)
+@click.option(
+    "--snapshot-age",
+    default=6.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    metavar="HOURS",
+    help="Expire snapshots older than this.",
+)
+@click.option(
+    "--retention-days", type=click.IntRange(1), help="Delete days older than this [default: keep every day]."
+)
+def maintain_command(
+    catalog_uri: str,
+    lake_uri: str,
+    table: str,
+    catalog_properties: tuple[str, ...],
+    seal_hours: float,
+    min_files: int,
+    snapshot_age: float,
+    retention_days: int | None,
+) -> None:
+    """Compact sealed days, expire old snapshots, drop days past retention, delete unreferenced files.
+
+    Each sealed day becomes one file sorted by model and admission time, each request_id once.
+    Safe while `lake commit` runs: a day that gained files meanwhile is read again.
+
+    \b
+    Examples:
+      headroom lake maintain --catalog sqlite:///lake/catalog.db --lake /data/lake
+      headroom lake maintain --catalog postgresql://headroom@db/iceberg --lake s3://logs/headroom --retention-days 400
+    """
+    from collector.lake.table import maintain
+
+    catalog, location = _open(catalog_uri, lake_uri, catalog_properties)
+    result = maintain(
+        catalog,
+        location,
+        table,
+        seal_hours=seal_hours,
+        min_files=min_files,
+        snapshot_age=timedelta(hours=snapshot_age),
+        retention_days=retention_days,
+        on_day=lambda day, before, _after: click.echo(f"compacted {day}: {before} files -> 1", err=True),
+    )
+    click.echo(
+        f"{table}: {len(result.days_compacted)} days compacted ({result.files_before} files -> "
+        f"{result.files_after}, {result.duplicates_dropped} repeated rows dropped), "
+        f"{result.snapshots_expired} snapshots expired, {result.days_deleted} days past retention "
+        f"deleted, {result.files_removed} unreferenced files removed",
+        err=True,
+    )
+
+
+@lake.command("import")
+@catalog_options
+@click.option(
+    "--db",
+    "db_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    metavar="PATH",
+    help="A one-box DuckDB request log (`headroom run --db`).",
+)
+def import_command(
+    catalog_uri: str, lake_uri: str, table: str, catalog_properties: tuple[str, ...], db_path: str
+) -> None:
+    """Add a one-box DuckDB request log's sealed days (before today, UTC) to the fleet's table.
+
+    Importing the same file again adds nothing; days sealed since are added. Works while the
+    sidecar owning the file runs (through its snapshot, as `headroom report --db` reads).
+
+    \b
+    Examples:
+      headroom lake import --catalog sqlite:///lake/catalog.db --lake /data/lake --db headroom.duckdb
+    """
+    import os
+
+    from collector.lake.table import import_duckdb
+    from collector.store.owner import OwnerError, open_request_log
+    from collector.store.schema import COLUMN_NAMES
+
+    catalog, location = _open(catalog_uri, lake_uri, catalog_properties)
+    today = datetime.now(UTC).date()
+    try:
+        with open_request_log(db_path) as store:
+            found = store.query(
+                "SELECT DISTINCT CAST(timezone('UTC', admitted_at) AS DATE) AS day FROM requests "
+                "WHERE admitted_at < ? ORDER BY day",
+                [datetime(today.year, today.month, today.day, tzinfo=UTC)],
+            )
+            days: list[tuple[date, Any]] = []
+            columns = ", ".join(COLUMN_NAMES)
+            sealed: list[date] = [row[0] for row in found if row[0] is not None]
+            for done, day in enumerate(sealed, 1):
+                click.echo(f"reading {day} ({done}/{len(sealed)})", err=True)
+                start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+                sql = f"SELECT {columns} FROM requests WHERE admitted_at >= ? AND admitted_at < ?"
+                days.append((day, store.arrow(sql, [start, start + timedelta(days=1)])))
+    except (FileNotFoundError, OwnerError) as exc:
+        raise click.ClickException(f"--db {db_path}: {exc}") from None
+    result = import_duckdb(catalog, location, os.path.abspath(db_path), days, table)
+    click.echo(
+        f"{table}: {len(days)} sealed days read, {result.files} files and {result.rows} rows added", err=True
+    )

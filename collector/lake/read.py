@@ -1,0 +1,82 @@
+"""The readers' view of the fleet's table: a RequestStore whose `requests` is the table's rows.
+
+`open_lake_log(catalog, lake, since=...)` scans the Iceberg table with pyiceberg, pruned to the
+days at or after `since` (the day partition and each file's admitted_at bounds), streams the
+Arrow batches into one temporary Parquet file, and opens it with RequestStore.over_parquet: every
+reader (the weekly review, the passive curve, the alert backtest, the estimate) runs the same SQL
+over it as over a one-box DuckDB file. DuckDB's own iceberg extension would read the table
+without the copy, but its wheels pin DuckDB 1.5.5 and the project runs 2.x
+(BENCHMARKS.md, "The fleet's request log", measures both paths).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collector.lake.layout import Lake
+from collector.lake.stage import conform
+from collector.lake.table import DEFAULT_TABLE, open_catalog, open_table
+from collector.store.db import ARROW_SCHEMA, RequestStore
+
+__all__ = ["open_lake_log", "scan_to_parquet"]
+
+
+def scan_to_parquet(
+    catalog_uri: str,
+    lake_uri: str,
+    path: Path,
+    *,
+    table: str = DEFAULT_TABLE,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> int:
+    """Write the table's rows admitted in [since, until) to a Parquet file at `path`; returns rows.
+
+    Raises pyiceberg's NoSuchTableError when the table does not exist (nothing committed yet).
+    """
+    lake = Lake.parse(lake_uri)
+    iceberg = open_table(open_catalog(catalog_uri, lake), table, create=False)
+    bounds = []
+    if since is not None:
+        bounds.append(f"admitted_at >= '{since.isoformat()}'")  # datetimes, formatted by us
+    if until is not None:
+        bounds.append(f"admitted_at < '{until.isoformat()}'")
+    scan = iceberg.scan(row_filter=" AND ".join(bounds) or "True")
+    rows = 0
+    with pq.ParquetWriter(str(path), ARROW_SCHEMA, compression="zstd") as writer:
+        for batch in scan.to_arrow_batch_reader():
+            part = conform(pa.Table.from_batches([batch]))
+            writer.write_table(part)
+            rows += part.num_rows
+    return rows
+
+
+@contextlib.contextmanager
+def open_lake_log(
+    catalog_uri: str,
+    lake_uri: str,
+    *,
+    table: str = DEFAULT_TABLE,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Iterator[RequestStore]:
+    """A read-only RequestStore over the table's rows admitted in [since, until) (module docstring)."""
+    directory = Path(tempfile.mkdtemp(prefix="headroom-lake-"))
+    try:
+        path = directory / "requests.parquet"
+        scan_to_parquet(catalog_uri, lake_uri, path, table=table, since=since, until=until)
+        store = RequestStore.over_parquet(path)
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,481 @@
+"""The fleet's Iceberg table: catalog, committer, maintenance and import (pyiceberg; `[lake]` extra).
+
+One table, `headroom.requests` by default, holds every sidecar's rows with the `requests` columns
+(collector.store.schema, from collector.record.RequestRecord), partitioned by day(admitted_at).
+
+**Commit** (`commit_staged`). Sidecars stage immutable files (collector.lake.stage) under
+`staged/<writer>/<writer>-<seq>.parquet`; each writer's files appear in sequence order. The table
+records, per writer, the highest sequence it holds (a table property
+`headroom.committed.<writer>`), in the same catalog commit as the files themselves: a file is
+added exactly when its sequence is above its writer's mark. That mark, not the list of the
+table's current files, is what makes a commit idempotent: compaction replaces the staged files
+in the current snapshot, and the mark still says they were added. Two committers at once read
+the marks from the table they start from; the catalog's compare-and-swap lets one commit win,
+the other gets CommitFailedException, reloads and computes again (nothing is ever added twice).
+A column added to RequestRecord is added to the table (`union_by_name`) before the files that
+carry it; files written before it read as NULL through the table's name mapping.
+
+**Maintain** (`maintain`). Per sealed day (ended more than `seal_hours` ago) with more than one
+file: read the day, drop repeated request_ids, sort by model and admitted_at, and overwrite the
+day in one commit. The overwrite's commit asserts the snapshot it read, so a commit that landed
+meanwhile makes it fail and start over: rows committed during maintenance are never lost. Then
+snapshots older than `snapshot_age` are expired, days past `retention_days` deleted, and files
+no remaining snapshot references (staged files once their writer's mark covers them, compacted
+ones replaced a day ago or more) removed from the lake.
+
+**Import** (`import_duckdb`). A one-box DuckDB request log's sealed days become staged files of
+the writer `import.<hash of the file's path>`, sequence = the day's number (YYYYMMDD), then are
+committed: importing the same file again adds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import RestCatalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import DayTransform
+from pyiceberg.types import (
+    BooleanType,
+    DoubleType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestamptzType,
+)
+
+from collector.lake.layout import Lake, StagedName, parse_staged, staged_name
+from collector.lake.stage import conform, day_files, parquet_bytes
+from collector.store.db import ARROW_SCHEMA
+
+__all__ = [
+    "DEFAULT_TABLE",
+    "MARK_PREFIX",
+    "CommitResult",
+    "MaintainResult",
+    "open_catalog",
+    "iceberg_schema",
+    "open_table",
+    "commit_staged",
+    "maintain",
+    "import_duckdb",
+    "day_bounds",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TABLE = "headroom.requests"
+MARK_PREFIX = "headroom.committed."  # + writer -> the highest sequence the table holds
+MAX_FILES_PER_COMMIT = 2_000
+_RETRIES = 20
+
+_ICEBERG_TYPES: dict[str, IcebergType] = {
+    "string": StringType(),
+    "bool": BooleanType(),
+    "timestamp[us, tz=UTC]": TimestamptzType(),
+    "int32": IntegerType(),
+    "int64": LongType(),
+    "double": DoubleType(),
+}
+
+
+def iceberg_schema(arrow: pa.Schema = ARROW_SCHEMA) -> Schema:
+    """The table's schema: the `requests` columns in order, every one optional (ids from 1)."""
+    return Schema(
+        *(
+            NestedField(
+                field_id=index + 1, name=f.name, field_type=_ICEBERG_TYPES[str(f.type)], required=False
+            )
+            for index, f in enumerate(arrow)
+        )
+    )
+
+
+def open_catalog(uri: str, lake: Lake, *, properties: dict[str, str] | None = None) -> Catalog:
+    """pyiceberg's catalog for a URI: `sqlite:///path` or `postgresql://...` (SQL catalog, its
+    warehouse in the lake), `http(s)://...` (REST: Polaris, Lakekeeper, Nessie, Glue, S3 Tables).
+
+    ValueError names a URI of any other kind. `properties` go to the catalog as they are (e.g.
+    a REST catalog's `credential`, `warehouse`, `s3.region`).
+    """
+    extra = dict(properties or {})
+    if uri.startswith(("sqlite:", "postgresql:", "postgresql+")):
+        for attempt in range(5):  # two first users of one database may race to create its tables
+            try:
+                return SqlCatalog("headroom", uri=uri, warehouse=lake.warehouse, **extra)
+            except Exception as exc:  # sqlalchemy's IntegrityError/OperationalError on that race
+                if attempt == 4 or "exist" not in str(exc).lower() and "unique" not in str(exc).lower():
+                    raise
+    if uri.startswith(("http://", "https://")):
+        return RestCatalog("headroom", uri=uri, **extra)
+    raise ValueError(
+        f"--catalog {uri!r} is not a catalog URI; expected sqlite:///path/catalog.db, "
+        "postgresql://user@host/db or the http(s):// URL of a REST catalog"
+    )
+
+
+def open_table(catalog: Catalog, identifier: str = DEFAULT_TABLE, *, create: bool = True) -> Table:
+    """The table, created (partitioned by day(admitted_at)) on first use when `create`.
+
+    NoSuchTableError when it does not exist and `create` is False.
+    """
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        if not create:
+            raise
+    namespace = identifier.rsplit(".", 1)[0]
+    try:
+        catalog.create_namespace(namespace)
+    except NamespaceAlreadyExistsError:
+        pass
+    schema = iceberg_schema()
+    admitted = schema.find_field("admitted_at").field_id
+    spec = PartitionSpec(
+        PartitionField(source_id=admitted, field_id=1000, transform=DayTransform(), name="day")
+    )
+    try:
+        table = catalog.create_table(identifier, schema=schema, partition_spec=spec)
+    except TableAlreadyExistsError:
+        return catalog.load_table(identifier)
+    with table.transaction() as txn:  # the name mapping lets files without field ids be read
+        txn.set_properties({"schema.name-mapping.default": table.schema().name_mapping.model_dump_json()})
+    return catalog.load_table(identifier)
+
+
+def _evolve(table: Table, arrow: pa.Schema) -> Table:
+    """Add the columns of `arrow` the table lacks (union by name); older files read them as NULL."""
+    present = {f.name for f in table.schema().fields}
+    if all(name in present for name in arrow.names):
+        return table
+    with table.update_schema() as update:
+        update.union_by_name(arrow)
+    log.info("table %s: added columns %s", table.name(), [n for n in arrow.names if n not in present])
+    return table.refresh()
+
+
+def marks(table: Table) -> dict[str, int]:
+    """{writer: the highest sequence the table holds} from the table's properties."""
+    return {
+        key[len(MARK_PREFIX) :]: int(value)
+        for key, value in table.properties.items()
+        if key.startswith(MARK_PREFIX)
+    }
+
+
+@dataclass
+class CommitResult:
+    """What one `commit_staged` did."""
+
+    files: int = 0
+    rows: int = 0
+    commits: int = 0
+    conflicts: int = 0  # CommitFailedException, retried
+    pending: int = 0  # staged files left for the next pass (past MAX_FILES_PER_COMMIT)
+
+
+def _pending(lake: Lake, committed: dict[str, int]) -> list[StagedName]:
+    return [name for name in lake.staged() if name.seq > committed.get(name.writer, -1)]
+
+
+def commit_staged(
+    catalog: Catalog,
+    lake: Lake,
+    identifier: str = DEFAULT_TABLE,
+    *,
+    writers: Iterable[str] | None = None,
+    on_commit: Callable[[CommitResult], None] | None = None,
+) -> CommitResult:
+    """Register every staged file not yet in the table (module docstring); safe to run twice at once.
+
+    `writers` limits it to those writers' files (the import's). Raises CommitFailedException
+    when 20 attempts in a row lost the race, which only a storm of committers would cause.
+    """
+    result = CommitResult()
+    only = set(writers) if writers is not None else None
+    table = open_table(catalog, identifier)
+    while True:
+        for attempt in range(_RETRIES):
+            table = table.refresh()
+            pending = [p for p in _pending(lake, marks(table)) if only is None or p.writer in only]
+            if not pending:
+                return result
+            batch = _in_sequence(pending)[:MAX_FILES_PER_COMMIT]
+            result.pending = len(pending) - len(batch)
+            schemas = {pq.read_schema(lake.fs.open_input_file(name.path)) for name in batch[:1]}
+            for schema in schemas:
+                table = _evolve(table, schema)
+            top: dict[str, int] = {}
+            for name in batch:
+                top[name.writer] = max(top.get(name.writer, -1), name.seq)
+            try:
+                with table.transaction() as txn:
+                    txn.set_properties({f"{MARK_PREFIX}{writer}": str(seq) for writer, seq in top.items()})
+                    txn.add_files([lake.uri_of(name.path) for name in batch], check_duplicate_files=False)
+            except CommitFailedException:
+                result.conflicts += 1
+                time.sleep(min(2.0, 0.05 * 2**attempt))  # backoff: the other committer's commit is done
+                continue
+            result.files += len(batch)
+            result.commits += 1
+            result.rows += _rows_added(table.refresh())
+            if on_commit is not None:
+                on_commit(result)
+            break
+        else:
+            raise CommitFailedException(f"{identifier}: {_RETRIES} commits in a row lost the race")
+
+
+def _in_sequence(pending: list[StagedName]) -> list[StagedName]:
+    """Oldest first per writer, interleaved so a cap per commit leaves every writer's tail, not one writer."""
+    return sorted(pending, key=lambda name: (name.seq, name.writer))
+
+
+def _rows_added(table: Table) -> int:
+    snapshot = table.current_snapshot()
+    if snapshot is None or snapshot.summary is None:
+        return 0
+    return int(snapshot.summary.additional_properties.get("added-records", 0))
+
+
+# --- reading a day ----------------------------------------------------------------------------------
+def day_bounds(day: date) -> tuple[datetime, datetime]:
+    """[00:00, next 00:00) UTC of `day`."""
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    return start, start + timedelta(days=1)
+
+
+def _day_filter(day: date) -> str:
+    start, end = day_bounds(day)
+    return f"admitted_at >= '{start.isoformat()}' AND admitted_at < '{end.isoformat()}'"  # dates we made
+
+
+def _files_per_day(table: Table) -> dict[date, int]:
+    """{day: data files} in the current snapshot (from the partition of each file)."""
+    if table.current_snapshot() is None:
+        return {}
+    files = table.inspect.files()
+    counts: dict[date, int] = {}
+    epoch = date(1970, 1, 1)
+    for partition in files["partition"].to_pylist():
+        value = partition.get("day") if partition else None
+        if value is None:
+            continue
+        day = value if isinstance(value, date) else epoch + timedelta(days=int(value))
+        counts[day] = counts.get(day, 0) + 1
+    return counts
+
+
+def dedupe_sorted(table: pa.Table) -> pa.Table:
+    """One row per request_id (the first by admitted_at), sorted by model then admitted_at."""
+    table = conform(table)
+    ordered = table.sort_by([("request_id", "ascending"), ("admitted_at", "ascending")])
+    ids = ordered["request_id"].combine_chunks()
+    if len(ids) == 0:
+        return ordered
+    previous = pa.concat_arrays([pa.array([None], pa.string()), ids.slice(0, len(ids) - 1)])
+    first = pc.or_kleene(pc.is_null(previous), pc.not_equal(ids, previous))
+    unique = ordered.filter(pc.fill_null(first, True))
+    return unique.sort_by([("model", "ascending"), ("admitted_at", "ascending"), ("request_id", "ascending")])
+
+
+@dataclass
+class MaintainResult:
+    """What one `maintain` did."""
+
+    days_compacted: list[date] = field(default_factory=list)
+    files_before: int = 0
+    files_after: int = 0
+    duplicates_dropped: int = 0
+    snapshots_expired: int = 0
+    days_deleted: int = 0
+    files_removed: int = 0
+    conflicts: int = 0
+
+
+def maintain(
+    catalog: Catalog,
+    lake: Lake,
+    identifier: str = DEFAULT_TABLE,
+    *,
+    seal_hours: float = 2.0,
+    min_files: int = 2,
+    snapshot_age: timedelta = timedelta(hours=6),
+    retention_days: int | None = None,
+    orphan_age: timedelta = timedelta(days=1),
+    now: datetime | None = None,
+    on_day: Callable[[date, int, int], None] | None = None,
+) -> MaintainResult:
+    """Compact sealed days, drop days past retention, expire snapshots, remove unreferenced files."""
+    now = now or datetime.now(UTC)
+    result = MaintainResult()
+    table = open_table(catalog, identifier)
+    sealed_before = (now - timedelta(hours=seal_hours)).date()  # days < this one are sealed
+    for day, count in sorted(_files_per_day(table).items()):
+        if day >= sealed_before or count < min_files:
+            continue
+        table = _compact_day(table, lake, day, result)
+        if on_day is not None:
+            on_day(day, count, result.files_after)
+    if retention_days is not None:
+        table = _drop_past(table, (now - timedelta(days=retention_days)).date(), result)
+    table = _expire(table, now - snapshot_age, result)
+    _remove_unreferenced(table, lake, now - orphan_age, result)
+    return result
+
+
+def _compacted_path(table: Table, lake: Lake, day: date) -> str:
+    """A new file in the table's data directory for a compacted day (a failed attempt's is an orphan)."""
+    directory = lake.path_of(f"{table.location().rstrip('/')}/data/day={day.isoformat()}")
+    lake.fs.create_dir(directory, recursive=True)
+    return f"{directory}/compact-{uuid.uuid4().hex}.parquet"
+
+
+def _compact_day(table: Table, lake: Lake, day: date, result: MaintainResult) -> Table:
+    for attempt in range(_RETRIES):
+        table = table.refresh()
+        before = _files_per_day(table).get(day, 0)
+        rows = table.scan(row_filter=_day_filter(day)).to_arrow()
+        compacted = dedupe_sorted(rows)
+        path = _compacted_path(table, lake, day)
+        with lake.fs.open_output_stream(path) as stream:
+            stream.write(parquet_bytes(compacted))
+        try:
+            # one commit: the day's files dropped (each holds that day only: no rewrite), the new one added
+            with table.transaction() as txn:
+                txn.delete(_day_filter(day))
+                txn.add_files([lake.uri_of(path)], check_duplicate_files=False)
+        except CommitFailedException:  # a commit landed meanwhile: read the day again
+            result.conflicts += 1
+            time.sleep(min(2.0, 0.05 * 2**attempt))
+            continue
+        table = table.refresh()
+        result.days_compacted.append(day)
+        result.files_before += before
+        result.files_after += _files_per_day(table).get(day, 0)
+        result.duplicates_dropped += rows.num_rows - compacted.num_rows
+        return table
+    raise CommitFailedException(f"compacting {day}: {_RETRIES} attempts in a row lost the race")
+
+
+def _drop_past(table: Table, first_kept: date, result: MaintainResult) -> Table:
+    start, _ = day_bounds(first_kept)
+    old = [day for day in _files_per_day(table) if day < first_kept]
+    if not old:
+        return table
+    for attempt in range(_RETRIES):
+        try:
+            table.refresh().delete(f"admitted_at < '{start.isoformat()}'")  # a date we made
+        except CommitFailedException:
+            result.conflicts += 1
+            time.sleep(min(2.0, 0.05 * 2**attempt))
+            continue
+        result.days_deleted += len(old)
+        return table.refresh()
+    raise CommitFailedException(f"deleting days before {first_kept}: lost the race {_RETRIES} times")
+
+
+def _expire(table: Table, older_than: datetime, result: MaintainResult) -> Table:
+    table = table.refresh()
+    current = table.current_snapshot()
+    expired = [
+        s.snapshot_id
+        for s in table.snapshots()
+        if s.timestamp_ms < older_than.timestamp() * 1000
+        and (current is None or s.snapshot_id != current.snapshot_id)
+    ]
+    if not expired:
+        return table
+    try:
+        table.maintenance.expire_snapshots().by_ids(expired).commit()
+    except CommitFailedException:
+        result.conflicts += 1  # the next run expires them
+        return table.refresh()
+    result.snapshots_expired += len(expired)
+    return table.refresh()
+
+
+def _remove_unreferenced(table: Table, lake: Lake, older_than: datetime, result: MaintainResult) -> None:
+    """Delete files no remaining snapshot references: staged files their writer's mark covers,
+    and data files of the table's own (compaction output) older than `older_than`."""
+    table = table.refresh()
+    referenced = {lake.path_of(path) for path in table.inspect.all_files()["file_path"].to_pylist()}
+    committed = marks(table)
+    for name in lake.staged():
+        if name.seq <= committed.get(name.writer, -1) and name.path not in referenced:
+            lake.fs.delete_file(name.path)
+            result.files_removed += 1
+    data_dir = lake.path_of(f"{table.location().rstrip('/')}/data")
+    from pyarrow import fs as pafs
+
+    infos = lake.fs.get_file_info(pafs.FileSelector(data_dir, allow_not_found=True, recursive=True))
+    cutoff_ns = older_than.timestamp() * 1e9
+    for info in infos:
+        if (
+            info.type == pafs.FileType.File
+            and info.path.endswith(".parquet")
+            and info.path not in referenced
+            and info.mtime_ns is not None
+            and info.mtime_ns < cutoff_ns
+        ):
+            lake.fs.delete_file(info.path)
+            result.files_removed += 1
+
+
+# --- import -----------------------------------------------------------------------------------------
+def import_writer(db_path: str) -> str:
+    """The writer name of an imported DuckDB file: `import.` + 12 hex digits of its path's sha256."""
+    return "import." + hashlib.sha256(db_path.encode()).hexdigest()[:12]
+
+
+def import_duckdb(
+    catalog: Catalog,
+    lake: Lake,
+    db_path: str,
+    days: Sequence[tuple[date, pa.Table]],
+    identifier: str = DEFAULT_TABLE,
+) -> CommitResult:
+    """Stage each (sealed day, its rows) as the import writer's file numbered YYYYMMDD, then commit
+    those files; a day the table already holds from this file is skipped (its mark covers it)."""
+    writer = import_writer(db_path)
+    table = open_table(catalog, identifier)
+    done = marks(table).get(writer, -1)
+    for day, rows in days:
+        seq = int(day.strftime("%Y%m%d"))
+        if seq <= done:
+            continue
+        lake.fs.create_dir(lake.path("staged", writer), recursive=True)
+        for part in day_files(conform(rows)):
+            path = staged_name(lake, writer, seq)
+            with lake.fs.open_output_stream(path) as stream:
+                stream.write(parquet_bytes(part))
+    return commit_staged(catalog, lake, identifier, writers=[writer])
+
+
+def staged_writers(lake: Lake) -> set[str]:
+    """Writers with staged files in the lake."""
+    return {name.writer for name in lake.staged()}
+
+
+__all__ += ["marks", "dedupe_sorted", "import_writer", "staged_writers", "parse_staged"]
