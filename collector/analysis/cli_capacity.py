@@ -11,8 +11,9 @@ import orjson
 from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.passive import passive_curve
 from collector.analysis.quota import quota_ceiling
+from collector.lake.source import open_log, reader_options
 from collector.store.decision import Decision, decisions
-from collector.store.owner import OwnerError, open_request_log
+from collector.store.owner import OwnerError
 
 __all__ = ["register"]
 
@@ -153,9 +154,10 @@ def _when(text: str | None, option: str = "--since") -> datetime | None:
 @click.command("curve")
 @click.option(
     "--db",
-    required=True,
+    default=None,
     help="DuckDB request log; while a sidecar serves it, read through the sidecar (its .owner file).",
 )
+@reader_options
 @click.option("--since", default=None, help="ISO start time (inclusive).")
 @click.option("--until", default=None, help="ISO end time (exclusive).")
 @click.option("--model", default=None)
@@ -173,7 +175,9 @@ def _when(text: str | None, option: str = "--since") -> datetime | None:
     help="Only requests of this task class (short, medium, long, or a workload's name).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def curve(db, since, until, model, caliber, window_seconds, task_class, as_json) -> None:
+def curve(
+    db, since, until, model, caliber, window_seconds, task_class, as_json, lake_uri, catalog_uri, lake_table
+) -> None:
     """Passive capacity curve from live traffic (source='traffic'), bucketed by concurrency at admission.
 
     \b
@@ -181,9 +185,14 @@ def curve(db, since, until, model, caliber, window_seconds, task_class, as_json)
       headroom capacity curve --db headroom.duckdb --caliber requests
       headroom capacity curve --db headroom.duckdb --caliber tokens --since 2026-11-30T09:00:00+00:00 --json
       headroom capacity curve --db headroom.duckdb --task-class long
+      headroom capacity curve --catalog sqlite:///lake/catalog.db --lake /data/lake --since 2026-11-30T00:00:00+00:00
     """
+    if (db is None) == (lake_uri is None):
+        raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
     try:
-        with open_request_log(db) as store:
+        with open_log(
+            db, catalog_uri, lake_uri, table=lake_table, since=_when(since), until=_when(until, "--until")
+        ) as store:
             result = passive_curve(
                 store,
                 caliber,
@@ -199,7 +208,7 @@ def curve(db, since, until, model, caliber, window_seconds, task_class, as_json)
                 if (model is None or d.model == model) and (task_class is None or d.task_class == task_class)
             ]
     except (FileNotFoundError, OwnerError) as exc:
-        raise click.ClickException(f"--db {db}: {exc}") from None
+        raise click.ClickException(f"{'--lake' if lake_uri else '--db'} {lake_uri or db}: {exc}") from None
     except duckdb.Error as exc:
         raise click.ClickException(
             f"cannot open --db {db} ({str(exc).splitlines()[0]}); pass a DuckDB file written by headroom"

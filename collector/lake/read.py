@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.exceptions import NoSuchTableError
 
 from collector.lake.layout import Lake
 from collector.lake.stage import conform
@@ -40,10 +41,15 @@ def scan_to_parquet(
 ) -> int:
     """Write the table's rows admitted in [since, until) to a Parquet file at `path`; returns rows.
 
-    Raises pyiceberg's NoSuchTableError when the table does not exist (nothing committed yet).
+    Raises FileNotFoundError when the table does not exist (nothing committed yet).
     """
     lake = Lake.parse(lake_uri)
-    iceberg = open_table(open_catalog(catalog_uri, lake), table, create=False)
+    try:
+        iceberg = open_table(open_catalog(catalog_uri, lake), table, create=False)
+    except NoSuchTableError:
+        raise FileNotFoundError(
+            f"no table {table} in {catalog_uri} yet; `headroom lake commit` creates it with the first rows"
+        ) from None
     bounds = []
     if since is not None:
         bounds.append(f"admitted_at >= '{since.isoformat()}'")  # datetimes, formatted by us

@@ -8,6 +8,7 @@ database (through its owner while a sidecar serves it: collector.store.owner) or
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import click
@@ -15,9 +16,10 @@ import duckdb
 import httpx
 from rich.console import Console
 
+from collector.lake.source import open_log, reader_options
 from collector.report.review import FORMATS, render_report_from_store
-from collector.store.owner import OwnerError, open_request_log
-from collector.timewin import parse_duration
+from collector.store.owner import OwnerError
+from collector.timewin import parse_duration, utc_now
 
 __all__ = ["report"]
 
@@ -43,15 +45,27 @@ def _from_store_url(url: str, token: str | None, since: str, fmt: str, slo: floa
     return response.text
 
 
-def _from_db(db: str, since: str, fmt: str, slo: float | None) -> str:
+def _from_db(
+    db: str | None,
+    since: str,
+    fmt: str,
+    slo: float | None,
+    lake: tuple[str | None, str | None, str] = (None, None, ""),
+) -> str:
+    catalog_uri, lake_uri, table = lake
+    # the review compares the window with the one before it: read both (the table is pruned by day)
+    first = utc_now() - 2 * parse_duration(since) - timedelta(days=1)
+    where = f"{table} in {lake_uri}" if lake_uri else db
     try:
         with (
-            open_request_log(db) as store,
-            Console(stderr=True).status(f"building the {since} review from {db}"),
+            open_log(db, catalog_uri, lake_uri, table=table, since=first) as store,
+            Console(stderr=True).status(f"building the {since} review from {where}"),
         ):
             return render_report_from_store(store, since, fmt, slo_ttft_p95_s=slo)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     except (FileNotFoundError, OwnerError) as exc:
-        raise click.ClickException(f"--db {db}: {exc}") from None
+        raise click.ClickException(f"{'--lake' if lake_uri else '--db'} {lake_uri or db}: {exc}") from None
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise click.ClickException(
@@ -69,6 +83,7 @@ def _from_db(db: str, since: str, fmt: str, slo: float | None) -> str:
     help="Read this DuckDB file (while a sidecar serves it, through the sidecar).",
 )
 @click.option("--store-url", default=None, help="Ask a running `headroom store` for the report.")
+@reader_options
 @click.option(
     "--token", envvar="HEADROOM_TOKEN", default=None, help="Store token (default: $HEADROOM_TOKEN)."
 )
@@ -82,6 +97,9 @@ def report(
     token: str | None,
     slo_ttft_p95: float | None,
     out: str | None,
+    lake_uri: str | None = None,
+    catalog_uri: str | None = None,
+    lake_table: str = "headroom.requests",
 ) -> None:
     """The weekly capacity review: per model, traffic, latency vs SLO and vs the previous period,
     peak concurrency vs the knee in both calibers, failures, top tenants, the passive capacity
@@ -92,17 +110,20 @@ def report(
       headroom report --db headroom.duckdb --since 7d --format md
       headroom report --store-url http://127.0.0.1:9200 --token "$(cat fleet.duckdb.token)" \\
                       --format html --out review.html
+      headroom report --catalog sqlite:///lake/catalog.db --lake /data/lake --since 7d   # the fleet's table
     """
     try:
         parse_duration(since)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
-    if (db is None) == (store_url is None):
-        raise click.UsageError("give exactly one of --db PATH or --store-url URL")
+    if [db, store_url, lake_uri].count(None) != 2:
+        raise click.UsageError(
+            "give exactly one of --db PATH, --store-url URL or --lake URI (with --catalog)"
+        )
     text = (
         _from_store_url(store_url, token, since, fmt, slo_ttft_p95)
         if store_url
-        else _from_db(db, since, fmt, slo_ttft_p95)
+        else _from_db(db, since, fmt, slo_ttft_p95, (catalog_uri, lake_uri, lake_table))
     )
     if out:
         try:

@@ -1,0 +1,80 @@
+"""One reader entry for both request logs: a DuckDB file (`--db`) or the fleet's table (`--catalog --lake`).
+
+Importing this module loads neither pyiceberg nor the table: a reader without `--lake` never needs
+the `[lake]` extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any, TypeVar
+
+import click
+
+from collector.store.db import RequestStore
+from collector.store.owner import open_request_log
+
+__all__ = ["open_log", "reader_options", "MISSING_LAKE_EXTRA"]
+
+MISSING_LAKE_EXTRA = "reading the fleet's table needs pyiceberg: pip install 'llm-headroom[lake]'"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reader_options(function: F) -> F:
+    """--lake, --catalog and --table on a reader command (the table instead of --db)."""
+    function = click.option(
+        "--table",
+        "lake_table",
+        default="headroom.requests",
+        show_default=True,
+        help="The Iceberg table, with --lake.",
+    )(function)
+    function = click.option(
+        "--catalog",
+        "catalog_uri",
+        envvar="HEADROOM_CATALOG",
+        metavar="URI",
+        help="With --lake: the Iceberg catalog (sqlite:///path.db, postgresql://..., http(s):// REST) "
+        "[env: HEADROOM_CATALOG].",
+    )(function)
+    function = click.option(
+        "--lake",
+        "lake_uri",
+        metavar="URI",
+        help="Read the fleet's Iceberg table (`headroom lake commit`) in this lake instead of --db.",
+    )(function)
+    return function
+
+
+@contextlib.contextmanager
+def open_log(
+    db: str | None,
+    catalog_uri: str | None = None,
+    lake_uri: str | None = None,
+    *,
+    table: str = "headroom.requests",
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Iterator[RequestStore]:
+    """A read-only RequestStore: the fleet's table when `lake_uri` is given, else the file `db`.
+
+    With a lake, only rows admitted in [since, until) are read (the table is pruned by day).
+    Raises ValueError for a missing --catalog or extra, FileNotFoundError when there is nothing to
+    read (no file, no table yet), and what open_request_log raises.
+    """
+    if lake_uri:
+        if not catalog_uri:
+            raise ValueError("--lake needs --catalog (or HEADROOM_CATALOG): the table's catalog URI")
+        try:
+            from collector.lake.read import open_lake_log  # lazy: pyiceberg, the [lake] extra
+        except ImportError as exc:
+            raise ValueError(f"{MISSING_LAKE_EXTRA} ({exc})") from None
+        with open_lake_log(catalog_uri, lake_uri, table=table, since=since, until=until) as store:
+            yield store
+        return
+    if db is None:
+        raise ValueError("give --db PATH, or --lake URI with --catalog URI")
+    with open_request_log(db) as store:
+        yield store
