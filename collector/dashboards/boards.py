@@ -10,6 +10,8 @@ engine's own ceiling, pool, SLO burn, firing alerts), then one with the knee's p
 
 from __future__ import annotations
 
+from typing import Any
+
 from collector.dashboards.capacity import (
     concurrency_panel,
     firing,
@@ -43,7 +45,7 @@ TAG = "llm-headroom"
 _INFLIGHT = sample("headroom_inflight_requests")
 
 
-def _variables(with_tenant: bool) -> list[dict]:
+def _variables(with_tenant: bool) -> list[dict[str, Any]]:
     """datasource, then cluster > namespace > job > instance > model (> tenant), each narrowing the next."""
     variables, narrowed = [datasource_variable()], list[str]()
     labels = {
@@ -62,8 +64,14 @@ def _variables(with_tenant: bool) -> list[dict]:
 
 
 def _dashboard(
-    uid: str, title: str, panels: list[dict], c: RulesConfig, *, time_from: str, with_tenant: bool = False
-) -> dict:
+    uid: str,
+    title: str,
+    panels: list[dict[str, Any]],
+    c: RulesConfig,
+    *,
+    time_from: str,
+    with_tenant: bool = False,
+) -> dict[str, Any]:
     return {
         "uid": uid,
         "title": title,
@@ -83,10 +91,10 @@ def _dashboard(
     }
 
 
-def _latency_panels(c: RulesConfig) -> list[dict]:
+def _latency_panels(c: RulesConfig) -> list[dict[str, Any]]:
     """TTFT, TPOT and end-to-end latency per model side by side, then p95 TTFT per sidecar."""
 
-    def quantiles(histogram: str) -> list[dict]:
+    def quantiles(histogram: str) -> list[dict[str, Any]]:
         return [
             target(quantile(q, histogram), f"{{{{model}}}} p{q * 100:g}", ref)
             for q, ref in ((0.5, "A"), (0.95, "B"), (0.99, "C"))
@@ -135,7 +143,7 @@ def _latency_panels(c: RulesConfig) -> list[dict]:
     ]
 
 
-def overview(c: RulesConfig) -> dict:
+def overview(c: RulesConfig) -> dict[str, Any]:
     """Capacity overview: the glance row, concurrency against the knee, engine, latency, GPU, outcomes."""
     requests = "headroom_requests_total"
     p = [
@@ -241,7 +249,7 @@ def _tenant_tokens_rate() -> str:
     )
 
 
-def tenants(c: RulesConfig) -> dict:
+def tenants(c: RulesConfig) -> dict[str, Any]:
     """Per-tenant concurrency in both calibers, tokens/s, 429s, and the top-N consumers."""
     st = sel("model", "tenant")
     limited = sel("model", "tenant", extra='outcome="rate_limited"')
@@ -301,7 +309,7 @@ def tenants(c: RulesConfig) -> dict:
     )
 
 
-def review(c: RulesConfig) -> dict:
+def review(c: RulesConfig) -> dict[str, Any]:
     """Weekly capacity review: Little's law, p95 by hour of day, headroom trend, week over week."""
     duration, s = "headroom_request_duration_seconds", sel("model")
     completions = f"sum by (model) (rate({sample(duration, 'count')}{s}[1h]))"
@@ -407,7 +415,7 @@ def review(c: RulesConfig) -> dict:
     )
 
 
-def dashboards(config: RulesConfig) -> list[dict]:
+def dashboards(config: RulesConfig) -> list[dict[str, Any]]:
     """All dashboards, in file order, each query keeping the cluster label (collector.rules.cluster)."""
     return [
         _for_cluster(board, config.cluster_label)
@@ -415,7 +423,7 @@ def dashboards(config: RulesConfig) -> list[dict]:
     ]
 
 
-def _for_cluster(board: dict, label: str) -> dict:
+def _for_cluster(board: dict[str, Any], label: str) -> dict[str, Any]:
     """`board` with `label` in every by/on of its queries, and the `$cluster` variable reading `label`.
 
     With several clusters selected, a panel shows each cluster's series instead of their merge; a
