@@ -3,7 +3,8 @@
 # prometheus (prometheus, promtool), prometheus-alertmanager (alertmanager, amtool), victoria-metrics
 # (victoria-metrics, vmalert: the second central ruler of tests/test_central_rulers.py), and cmake
 # and g++ to build llama.cpp's llama-server (scripts/build-llama-server.sh), and chromium for the
-# headless screenshots of the HTML reports (tests/test_screenshots.py). Needs root (CI runs
+# headless screenshots of the HTML reports (tests/test_screenshots.py), and postgresql (the catalog
+# of the Iceberg fleet tests, started by tests/support/postgres.py). Needs root (CI runs
 # as root) or sudo; otherwise says what to run.
 set -euo pipefail
 # program:package
@@ -18,6 +19,12 @@ for pair in $needed; do
     case " ${packages[*]:-} " in *" $package "*) ;; *) packages+=("$package") ;; esac
   fi
 done
+# PostgreSQL (the Iceberg catalog of tests/test_lake_fleet.py): Debian keeps initdb and pg_ctl in
+# /usr/lib/postgresql/<version>/bin, off PATH (tests/support/postgres.py looks there too)
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  missing+=("initdb")
+  packages+=("postgresql")
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "installing Debian packages for: ${missing[*]}"
 sudo=""
@@ -31,6 +38,6 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
 # The packages start system services; tests run their own instances on free ports.
-for svc in prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics; do
+for svc in prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics postgresql; do
   $sudo systemctl stop "$svc" >/dev/null 2>&1 || $sudo service "$svc" stop >/dev/null 2>&1 || true
 done

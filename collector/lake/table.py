@@ -223,9 +223,8 @@ def commit_staged(
                 return result
             batch = _in_sequence(pending)[:MAX_FILES_PER_COMMIT]
             result.pending = len(pending) - len(batch)
-            schemas = {pq.read_schema(lake.fs.open_input_file(name.path)) for name in batch[:1]}
-            for schema in schemas:
-                table = _evolve(table, schema)
+            for schema in {pq.read_schema(lake.fs.open_input_file(name.path)) for name in batch}:
+                table = _evolve(table, schema)  # a newer writer's column joins the table first
             top: dict[str, int] = {}
             for name in batch:
                 top[name.writer] = max(top.get(name.writer, -1), name.seq)
