@@ -18,11 +18,11 @@ import pytest
 from collector.analysis.estimate import estimate_capacity, probe_levels, save_estimate
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
-from collector.store.decision import decisions
 from collector.sim.config import SimConfig
 from collector.sim.cost import predicted_knee
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 from collector.store.db import RequestStore
+from collector.store.decision import decisions
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 OUTPUT = 64

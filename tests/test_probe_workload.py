@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 import pytest
 from support.processes import HEADROOM, sim_process
 
-from collector.store.decision import publish
 from collector.analysis.workload import DEFAULT_WORKLOAD, load_workload
 from collector.sim.cost import predicted_knee
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.decision import publish
 
 WORKLOAD = """classes:
   - name: short
