@@ -177,3 +177,24 @@ def test_keda_for_one_cluster_of_a_central_prometheus_filters_live_and_published
         query = trigger["metadata"]["query"]
         selectors = [part for part in query.split("{")[1:]]
         assert selectors and all('cluster="eu-1"' in part.split("}")[0] for part in selectors), query
+
+
+def test_a_withheld_token_knee_drives_no_token_scaling(stored, tmp_path):
+    """A short-prompt probe's token knee is not the traffic's: the gauges publish none, so no
+    autoscaler scales on it (the flat knee_tokens, not knee.tokens, is what is published)."""
+    _, estimate = stored
+    withheld = estimate | {
+        "knee_tokens": None,
+        "token_knee_withheld": "mean tokens per request 4.0x the traffic's",
+    }
+    limits = per_replica(withheld)
+    assert limits["knee_tokens"] is None and limits["pool_tokens"] is None
+    path = tmp_path / "withheld.json"
+    path.write_text(json.dumps(withheld))
+    scaled = _render("keda", "--estimate", str(path), "--deployment", "d")
+    assert len(scaled["spec"]["triggers"]) == 1  # requests only
+    assert "headroom_active_tokens" not in json.dumps(scaled)
+    result = CliRunner().invoke(
+        main, ["integrations", "gateway", "--estimate", str(path), "--mode", "tokens"]
+    )
+    assert result.exit_code == 1 and "4.0x the traffic's" in result.output

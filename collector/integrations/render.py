@@ -45,7 +45,9 @@ def per_replica(estimate: dict[str, Any]) -> dict[str, float]:
     "pool_requests": 6, "pool_tokens": 6750.0, "burst_ratio": 0.3333}
     """
     knee = estimate.get("knee") or {}
-    knee_requests, knee_tokens = knee.get("requests"), knee.get("tokens")
+    # the token knee the gauges publish: None when it was withheld (a probe's prompt lengths far
+    # from the traffic's, docs/capacity.md "Token capacity"), capped at the engine's KV cache
+    knee_requests, knee_tokens = knee.get("requests"), estimate.get("knee_tokens", knee.get("tokens"))
     pool = estimate.get("recommended_pool")
     model = estimate.get("model") or "the model"
     if not knee.get("reached"):
@@ -186,8 +188,10 @@ def gateway_picker_config(estimate: dict[str, Any], *, mode: str = "requests") -
         raise ValueError(f"mode {mode!r} is not requests or tokens")
     limits = per_replica(estimate)
     if mode == "tokens" and not limits["pool_tokens"]:
+        why = estimate.get("token_knee_withheld") or "none was measured"
         raise EstimateError(
-            f"the estimate for {estimate.get('model')} has no knee in tokens; use --mode requests"
+            f"the estimate for {estimate.get('model')} publishes no knee in tokens ({why}); "
+            "use --mode requests, or probe with --workload from-log"
         )
     parameters = {
         "concurrencyMode": mode,
