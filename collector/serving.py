@@ -74,9 +74,9 @@ def serve_in_thread(
     return ServerHandle(server, thread, host, bound_port)
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """'HOST:PORT' -> (host, port); '[::1]:9100' works too. Raises ValueError naming the input."""
+def parse_listen(value: str, flag: str = "--listen") -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port); '[::1]:9100' works too. Raises ValueError naming `flag` and the input."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not host or not 0 < int(port) < 65536:
-        raise ValueError(f"--listen {value!r} is not HOST:PORT with a port 1-65535 (e.g. 127.0.0.1:9100)")
+        raise ValueError(f"{flag} {value!r} is not HOST:PORT with a port 1-65535 (e.g. 127.0.0.1:9100)")
     return host.strip("[]"), int(port)

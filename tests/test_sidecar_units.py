@@ -487,7 +487,7 @@ def test_config_rejects_bad_urls_and_ports_with_the_option_name():
 
 
 def test_healthz_never_shows_upstream_credentials():
-    from collector.sidecar.app import _without_credentials
+    from collector.sidecar.admin import _without_credentials
 
     assert _without_credentials("http://user:secret@engine:8000") == "http://engine:8000"
     assert _without_credentials("https://engine:8000/base") == "https://engine:8000/base"

@@ -23,22 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, FastAPI
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CollectorRegistry
 from starlette.routing import Route
 
 from collector import __version__
 from collector.record import RowSink
+from collector.sidecar.admin import STORE_ROUTES_PREFIX, AdminListener, admin_routes, base_url
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.faults import FaultLog
@@ -56,7 +56,6 @@ __all__ = [
     "SidecarApp",
     "SidecarParts",
     "ACCOUNTED_PATHS",
-    "STORE_ROUTES_PREFIX",
     "READINESS_PATH",
 ]
 
@@ -64,7 +63,6 @@ log = logging.getLogger(__name__)
 ACCOUNTED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 PASSTHROUGH_ROOT = "/v1"  # itself passed through too (`/v1/` is normalised to it): never a redirect
 PASSTHROUGH_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-STORE_ROUTES_PREFIX = "/headroom"  # outside /v1, which belongs to the engine behind the proxy
 READINESS_PATH = "/v1/models"  # every OpenAI-compatible engine answers it once its model is loaded
 READINESS_TIMEOUT_S = 2.0
 
@@ -144,18 +142,6 @@ def _upstream_client(config: SidecarConfig) -> UpstreamClient:
     )
 
 
-def _without_credentials(url: str) -> str:
-    """'http://user:secret@engine:8000' -> 'http://engine:8000' (never show credentials)."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-
-
-def _own_base_url(config: SidecarConfig) -> str:
-    """Where a process on this machine reaches the sidecar: 0.0.0.0:9100 -> http://127.0.0.1:9100."""
-    host = "127.0.0.1" if config.listen_host in ("", "0.0.0.0", "::") else config.listen_host
-    return f"http://{f'[{host}]' if ':' in host else host}:{config.listen_port}"
-
-
 async def upstream_ready(session: UpstreamClient, upstream: str) -> tuple[bool, str]:
     """(ready, why): the engine answered GET /v1/models below 500 within READINESS_TIMEOUT_S."""
     try:
@@ -215,21 +201,29 @@ def _freeze_startup_objects() -> None:
 
 
 def _lifespan(
-    parts: SidecarParts, session: UpstreamClient, config: SidecarConfig, pool: H1Pool
+    parts: SidecarParts,
+    session: UpstreamClient,
+    config: SidecarConfig,
+    pool: H1Pool,
+    admin: AdminListener | None,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """Start the upstream client, the engine poller and the jobs; stop them, then close the sinks."""
+    """Start the upstream client, the admin listener, the engine poller and the jobs; stop them,
+    then close the sinks."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await session.open()
+        if admin is not None:
+            admin.start()
         if parts.engine is not None:
             await parts.engine.start()
         if parts.scheduler is not None:
             parts.scheduler.start()
         if parts.owned_db is not None:
-            base = _own_base_url(config)
+            proxy = base_url(config.listen_host, config.listen_port)
+            routes = proxy if admin is None else base_url(admin.host, admin.port)
             write_owner(
-                parts.owned_db, base + STORE_ROUTES_PREFIX, proxy=base, token_in_file=parts.token_in_file
+                parts.owned_db, routes + STORE_ROUTES_PREFIX, proxy=proxy, token_in_file=parts.token_in_file
             )
         _freeze_startup_objects()
         try:
@@ -241,6 +235,8 @@ def _lifespan(
                 parts.scheduler.shutdown(wait=False)
             if parts.engine is not None:
                 await parts.engine.stop()
+            if admin is not None:
+                await admin.stop()
             await session.close()
             pool.close()
             for sink in parts.sinks:
@@ -264,10 +260,15 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
     )
+    page = MetricsPage(parts.registry, [tracker.exported])
+    routes = admin_routes(
+        config, tracker, page, functools.partial(upstream_ready, session, config.upstream), parts.store_routes
+    )
+    admin = None if config.admin_listen is None else AdminListener(routes, *config.admin_listen, config)
     app = SidecarApp(
         title="llm-headroom sidecar",
         version=__version__,
-        lifespan=_lifespan(parts, session, config, pool),
+        lifespan=_lifespan(parts, session, config, pool, admin),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -289,43 +290,8 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
         read_timeout_s=config.read_timeout_s,
         tracing=parts.tracing,
     )
-    # the tracker's series from their own text (MetricsPage) on the event loop, where the tracker
-    # updates them (a consistent page, in about a millisecond); the rest of the registry (engine,
-    # GPU, capacity, sinks) in a worker thread, so a slow collector never stalls the proxy
-    page = MetricsPage(parts.registry, [tracker.exported])
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        fast = page.fast_text().encode()
-        rest = await asyncio.to_thread(page.rest)
-        return Response(fast + rest, media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> JSONResponse:
-        return JSONResponse(
-            {
-                "status": "ok",
-                "inflight_requests": len(tracker.live),
-                "upstream": _without_credentials(config.upstream),
-                "instance": config.instance,
-            }
-        )
-
-    @app.get("/readyz", include_in_schema=False)
-    async def readyz() -> JSONResponse:
-        ready, why = await upstream_ready(session, config.upstream)
-        return JSONResponse(
-            {
-                "status": "ready" if ready else "not ready",
-                "reason": why,
-                "upstream": _without_credentials(config.upstream),
-            },
-            status_code=200 if ready else 503,
-        )
-
-    if parts.store_routes is not None:
-        app.include_router(parts.store_routes, prefix=STORE_ROUTES_PREFIX, include_in_schema=False)
-
+    if admin is None:
+        app.include_router(routes)
     passthrough = PassThrough(
         session,
         config.upstream,
@@ -335,5 +301,5 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
     )
     app.proxy_routes(proxy, passthrough)
     app.state.config, app.state.tracker, app.state.registry = config, tracker, parts.registry
-    app.state.scheduler = parts.scheduler
+    app.state.scheduler, app.state.admin = parts.scheduler, admin
     return app

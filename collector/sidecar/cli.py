@@ -27,7 +27,13 @@ __all__ = ["run"]
     default="127.0.0.1:9100",
     show_default=True,
     metavar="HOST:PORT",
-    help="Where the proxy, /metrics and /healthz listen.",
+    help="Where the proxy listens (and /metrics, /healthz, /readyz, /headroom without --admin-listen).",
+)
+@click.option(
+    "--admin-listen",
+    metavar="HOST:PORT",
+    help="Serve /metrics, /healthz, /readyz and /headroom here instead of on --listen, which then "
+    "serves only the proxy (keep tenant names, traffic and the request log off the client port).",
 )
 @click.option(
     "--db",
@@ -280,6 +286,7 @@ __all__ = ["run"]
 def run(
     upstream,
     listen,
+    admin_listen,
     db_path,
     checkpoint_mb,
     instance,
@@ -324,6 +331,7 @@ def run(
     Examples:
       headroom run --upstream http://127.0.0.1:8000
       headroom run --upstream http://vllm:8000 --listen 0.0.0.0:9100 --engine vllm
+      headroom run --upstream http://vllm:8000 --listen 0.0.0.0:9100 --admin-listen 0.0.0.0:9101
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --model gemma-3-270m
       headroom run --upstream http://vllm:8000 --max-series 5000 --max-models 40
@@ -334,7 +342,8 @@ def run(
       headroom run --upstream http://l40s-pod:8000 --replica-class l40s-tp1 --store-url http://store:9200
       OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318 headroom run --upstream http://vllm:8000 --otlp-metrics
 
-    Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics.
+    Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics
+    (http://ADMIN-LISTEN/metrics with --admin-listen).
     """
     # lazy: `headroom run --help` must not load DuckDB and the whole sidecar
     import duckdb
@@ -353,6 +362,7 @@ def run(
             upstream=upstream,
             listen_host=host,
             listen_port=port,
+            admin_listen=None if admin_listen is None else parse_listen(admin_listen, "--admin-listen"),
             db_path=None if store_url or lake else db_path,
             checkpoint_mb=checkpoint_mb,
             instance=instance,
@@ -409,7 +419,8 @@ def run(
         ) from None
     click.echo(
         f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
-        f"(metrics at /metrics, log: {store_url or lake or os.path.abspath(db_path)})",
+        f"(metrics at {'' if admin_listen is None else 'http://' + admin_listen}/metrics, "
+        f"log: {store_url or lake or os.path.abspath(db_path)})",
         err=True,
     )
     # descriptors for every allowed client, the upstream pool, and the files the sidecar opens;

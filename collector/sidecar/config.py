@@ -17,6 +17,8 @@ class SidecarConfig:
     upstream: str
     listen_host: str = "127.0.0.1"
     listen_port: int = 9100
+    # --admin-listen: /metrics, /healthz, /readyz and /headroom on this address only (not on listen)
+    admin_listen: tuple[str, int] | None = None
     db_path: str | None = "headroom.duckdb"
     checkpoint_mb: int | None = None  # --checkpoint-mb: fold db_path's WAL every N MB (DuckDB: 16)
     instance: str = field(default_factory=socket.gethostname)
