@@ -17,6 +17,8 @@ __all__ = [
     "TPOT_BUCKETS_SECONDS",
     "DURATION_BUCKETS_SECONDS",
     "OVERHEAD_BUCKETS_SECONDS",
+    "INFLIGHT_AGE_BOUNDS",
+    "SIGNAL_REASONS",
     "spec",
     "EXTERNAL_SERIES",
 ]
@@ -102,6 +104,25 @@ DURATION_BUCKETS_SECONDS = (
     600.0,
 )
 
+# headroom_inflight_older_than_requests{older_than}: bounded, from a quick answer to a stuck one.
+INFLIGHT_AGE_BOUNDS: tuple[tuple[str, float], ...] = (
+    ("1s", 1.0),
+    ("5s", 5.0),
+    ("30s", 30.0),
+    ("2m", 120.0),
+    ("10m", 600.0),
+)
+# headroom_signal_valid{reason}: the fixed vocabulary, valid ones first (docs/engines.md).
+SIGNAL_REASONS: dict[str, bool] = {
+    "ok": True,
+    "idle": True,
+    "renamed": True,
+    "missing": False,
+    "stale": False,
+    "stuck": False,
+    "scrape_failing": False,
+}
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -154,6 +175,25 @@ CATALOG: tuple[MetricSpec, ...] = (
         "gauge",
         "Active tokens (prompt + generated so far) of in-flight requests per task class.",
         ("model", "task_class"),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_inflight_oldest_age_seconds",
+        "gauge",
+        "Age of the oldest in-flight request (seconds since admission) per model and task class, "
+        "computed from the live set at scrape time; 0 while none is in flight. Engines record "
+        "latency only when a request ends: this shows a stuck or very long request while it runs.",
+        ("model", "task_class"),
+        "s",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_inflight_older_than_requests",
+        "gauge",
+        "In-flight requests admitted longer ago than `older_than` (1s, 5s, 30s, 2m, 10m; each "
+        "request counts in every bound it passed), computed from the live set at scrape time.",
+        ("model", "older_than"),
         "short",
         group="sidecar",
     ),
@@ -506,6 +546,17 @@ CATALOG: tuple[MetricSpec, ...] = (
         "Seconds the last collection from this source took.",
         ("source",),
         "s",
+        group="pipeline",
+    ),
+    MetricSpec(
+        "headroom_signal_valid",
+        "gauge",
+        "1 when a capacity input (source engine: running, waiting, kv_usage, kv_capacity) can be "
+        "trusted, 0 when not; `reason` says why: ok, idle, renamed (read under a known older or "
+        "newer name) with 1; missing, stale, stuck, scrape_failing with 0. Rules built on a "
+        "signal stay silent while it is 0.",
+        ("source", "signal", "reason"),
+        "short",
         group="pipeline",
     ),
     MetricSpec(

@@ -9,7 +9,9 @@ becomes a label value, so the exposition can never pass `max_series`:
                    (series_per_model(): 195 with the catalog's buckets), plus its (model, other) pair
     a pair         (model, tenant): the two live gauges, the two token counters and one request
                    counter per outcome (series_per_pair(): 11)
-    a task pair    (model, task class): the two live gauges per class (TASK_PAIR_SERIES: 2)
+    a task pair    (model, task class): the two live gauges and the oldest age per class
+                   (TASK_PAIR_SERIES: 3)
+    age bounds     a model's in-flight requests past each age bound (AGE_SERIES_PER_MODEL: 5)
     probe load     `headroom probe`'s requests are labelled source="probe" (the SLO rules leave
                    them out): a model's first probe request costs its histograms again, and each
                    (model, tenant) pair's first one its request counter per outcome
@@ -24,13 +26,13 @@ past the budget is never relabelled as traffic: its latency and request counter 
 (its row still is). Folds are counted per request in headroom_label_values_folded_total{label}.
 Admitted values stay admitted (counters cannot be taken back), so what is left only shrinks.
 
-Example: SeriesBudget(2000) admits one model with 116 tenants, or 7 models with none; the 8th
+Example: SeriesBudget(2000) admits one model with 115 tenants, or 6 models with none; the 7th
 model's requests are labelled ("other", tenant) while the budget has room for that pair.
 """
 
 from __future__ import annotations
 
-from collector.catalog import spec
+from collector.catalog import INFLIGHT_AGE_BOUNDS, spec
 
 __all__ = [
     "SeriesBudget",
@@ -39,13 +41,16 @@ __all__ = [
     "TRAFFIC",
     "RESERVED_SERIES",
     "TASK_PAIR_SERIES",
+    "AGE_SERIES_PER_MODEL",
     "series_per_model",
     "series_per_pair",
 ]
 
 OTHER = "other"
 TRAFFIC, PROBE = "traffic", "probe"  # values of the `source` label (the request row's source)
-TASK_PAIR_SERIES = 2  # headroom_task_inflight_requests and headroom_task_active_tokens
+# headroom_task_inflight_requests, headroom_task_active_tokens, headroom_inflight_oldest_age_seconds
+TASK_PAIR_SERIES = 3
+AGE_SERIES_PER_MODEL = len(INFLIGHT_AGE_BOUNDS)  # headroom_inflight_older_than_requests{older_than}
 RESERVED_SERIES = 300  # measured: ~110 with an engine, one GPU and a published estimate; 8 GPUs ~150
 _OUTCOMES = 7  # collector.sidecar.tracker.OUTCOMES
 _PER_PAIR = (
@@ -85,7 +90,8 @@ class SeriesBudget:
         reserved: int = RESERVED_SERIES,
     ) -> None:
         self.max_series, self.max_models, self.max_tenants = max_series, max_models, max_tenants
-        self._model_cost = series_per_model() + series_per_pair() + TASK_PAIR_SERIES  # and its `other`s
+        # its histograms, age bounds, and its `other` pair and task pair
+        self._model_cost = series_per_model() + AGE_SERIES_PER_MODEL + series_per_pair() + TASK_PAIR_SERIES
         self._pair_cost = series_per_pair()
         self.left = max_series - reserved - self._model_cost  # (other, other) is always there
         if self.left < 0:

@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from collector.catalog import spec
+from collector.catalog import INFLIGHT_AGE_BOUNDS, spec
 from collector.inflight import Inflight
 from collector.record import OUTCOMES, RequestRecord, time_per_output_token
 from collector.sidecar.exposition import CounterVec, HistogramVec, MetricsPage, gauge_text, number_text
@@ -354,13 +354,38 @@ def _count(value: object) -> int | None:
     return value if valid and isinstance(value, int) else None
 
 
+def _ages(
+    tasks: Iterable[tuple[str, str]],
+    oldest_admitted: dict[tuple[str, str], float],
+    admissions: dict[str, list[float]],
+) -> tuple[dict[tuple[str, ...], float], dict[tuple[str, ...], float]]:
+    """(oldest age per (model, task class), requests older than each bound per model), at now.
+
+    Every (model, task class) pair ever seen exports (0 while none is in flight), and every model
+    of those pairs exports each bound, like the other live gauges.
+    """
+    now = time.monotonic()
+    oldest: dict[tuple[str, ...], float] = dict.fromkeys(tasks, 0.0)
+    for task, admitted in oldest_admitted.items():
+        oldest[task] = max(0.0, now - admitted)
+    older: dict[tuple[str, ...], float] = {}
+    for model in {model for model, _ in oldest}:
+        times = admissions.get(model, ())
+        for label, bound in INFLIGHT_AGE_BOUNDS:
+            older[(model, label)] = sum(1 for admitted in times if now - admitted > bound)
+    return oldest, older
+
+
 class TrackerMetrics:
     """Everything the tracker exports, for MetricsPage (text kept per series) and for a registry.
 
     headroom_inflight_requests and headroom_active_tokens (and the per-task-class pair) are summed
     from the live set on each scrape; every label pair ever seen keeps exporting (0 when idle), so
     dashboards show a drop to zero instead of a vanished series, and before the first request one
-    series at 0 exports. The counters and histograms keep their text per child.
+    series at 0 exports. The age of what is in flight comes from the same pass over the live set:
+    the oldest request's age per (model, task class) and the requests older than each of
+    INFLIGHT_AGE_BOUNDS per model. Nothing of it is kept per request or per chunk: admission
+    already stamps `admitted_mono`. The counters and histograms keep their text per child.
     """
 
     def __init__(self, tracker: Tracker) -> None:
@@ -372,14 +397,17 @@ class TrackerMetrics:
                 "headroom_active_tokens",
                 "headroom_task_inflight_requests",
                 "headroom_task_active_tokens",
+                "headroom_inflight_oldest_age_seconds",
+                "headroom_inflight_older_than_requests",
             )
         )
         self._folded = spec("headroom_label_values_folded_total")
         # label parts per gauge, kept across scrapes
-        self._prefixes: tuple[dict[tuple[str, ...], str], ...] = ({}, {}, {}, {})
+        self._prefixes: tuple[dict[tuple[str, ...], str], ...] = ({}, {}, {}, {}, {}, {})
 
     def _live(self) -> tuple[dict[tuple[str, ...], float], ...]:
-        """In-flight requests and active tokens per (model, tenant), then per (model, task class)."""
+        """In-flight requests and active tokens per (model, tenant), then per (model, task class),
+        the oldest age per (model, task class) and the requests past each age bound per model."""
         tracker = self._tracker
         pairs = tracker._label_sets or {("", "")}  # before any request: one series at 0
         tasks = tracker._task_label_sets or {("", "")}
@@ -387,6 +415,8 @@ class TrackerMetrics:
         tokens: dict[tuple[str, ...], float] = dict.fromkeys(pairs, 0)
         task_inflight: dict[tuple[str, ...], float] = dict.fromkeys(tasks, 0)
         task_tokens: dict[tuple[str, ...], float] = dict.fromkeys(tasks, 0)
+        oldest_admitted: dict[tuple[str, str], float] = {}
+        admissions: dict[str, list[float]] = {}
         for request in list(tracker.live.values()):
             key = (request.model_label, request.tenant_label)
             task = (request.model_label, request.task_class_label)
@@ -395,7 +425,11 @@ class TrackerMetrics:
             tokens[key] = tokens.get(key, 0) + weight
             task_inflight[task] = task_inflight.get(task, 0) + 1
             task_tokens[task] = task_tokens.get(task, 0) + weight
-        return inflight, tokens, task_inflight, task_tokens
+            admitted = request.admitted_mono
+            if admitted < oldest_admitted.get(task, float("inf")):
+                oldest_admitted[task] = admitted
+            admissions.setdefault(request.model_label, []).append(admitted)
+        return inflight, tokens, task_inflight, task_tokens, *_ages(tasks, oldest_admitted, admissions)
 
     def _vecs(self) -> tuple[CounterVec | HistogramVec, ...]:
         t = self._tracker
