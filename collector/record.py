@@ -82,6 +82,7 @@ class RequestRecord:
     kv_usage_at_admit: float | None = None
     upstream_retries: int | None = None
     task_class: str | None = None  # collector.tasks: short, medium, long, or a probe workload's name
+    adapter: str | None = None  # the LoRA adapter the request named (`model` is then its base model)
 
     def as_row(self) -> dict[str, Any]:
         """The record as {column: value} in column order, e.g. for the analysis or a test."""

@@ -49,6 +49,7 @@ FULL = RequestRecord(
     kv_usage_at_admit=0.5,
     upstream_retries=1,
     task_class="short",
+    adapter="sql-lora",
 )
 
 

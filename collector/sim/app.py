@@ -33,7 +33,7 @@ from collector.sim.openai import (
 from collector.sim.scheduler import QueueFull, SimRequest
 from collector.sim.slots import slots_view
 
-__all__ = ["create_sim_app"]
+__all__ = ["create_sim_app", "model_list"]
 
 RETRY_AFTER_S = 1
 DISCONNECT_POLL_S = 0.5
@@ -87,7 +87,12 @@ async def _complete(engine: Engine, request: Request, chat: bool) -> Response:
     except BadRequest as exc:
         return _error(400, str(exc), "invalid_request_error")
     model = str(body.get("model") or config.model)
-    sim_request = SimRequest(parsed.response_id, parsed.prompt_tokens, max(1, len(parsed.plan.tokens)))
+    sim_request = SimRequest(
+        parsed.response_id,
+        parsed.prompt_tokens,
+        max(1, len(parsed.plan.tokens)),
+        adapter=config.adapter_of(body.get("model")),
+    )
     try:
         stream = engine.submit(sim_request)
     except QueueFull as exc:
@@ -124,6 +129,23 @@ async def _wait_whole(
     return JSONResponse(full_response(parsed, model, stream.request.generated))
 
 
+def model_list(config: SimConfig) -> list[dict[str, Any]]:
+    """/v1/models' entries as vLLM lists them: the base model, then each LoRA adapter with its
+    `parent` (the base model's id) and `root` (where it was loaded from)."""
+    entry = {
+        "object": "model",
+        "created": 0,
+        "owned_by": "headroom-sim",
+        "max_model_len": config.max_model_len,
+    }
+    base = {"id": config.model, "root": config.model, "parent": None, **entry}
+    adapters = [
+        {"id": name, "root": f"/adapters/{name}", "parent": config.model, **entry}
+        for name in config.lora_adapters
+    ]
+    return [base, *adapters]
+
+
 def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = None) -> FastAPI:
     """Build the simulator app; the engine loop runs while the app's lifespan is active."""
     config = config or SimConfig()
@@ -151,18 +173,7 @@ def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = Non
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": config.model,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "headroom-sim",
-                    "max_model_len": config.max_model_len,
-                }
-            ],
-        }
+        return {"object": "list", "data": model_list(config)}
 
     @app.get("/metrics")
     async def engine_metrics() -> Response:

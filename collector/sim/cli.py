@@ -84,6 +84,26 @@ __all__ = ["sim"]
     is_flag=True,
     help="Expose vllm:gpu_cache_usage_perc (vLLM before 0.10) instead of kv_cache_usage_perc.",
 )
+@click.option(
+    "--lora-adapters",
+    default="",
+    help="Comma-separated LoRA adapter names served beside --model (/v1/models lists each with "
+    "its parent); a request naming one runs with that adapter.",
+)
+@click.option(
+    "--max-loras",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Adapter slots: most distinct adapters in the running batch and on the GPU (vLLM --max-loras).",
+)
+@click.option(
+    "--lora-load-ms",
+    type=float,
+    default=50.0,
+    show_default=True,
+    help="Simulated milliseconds to load an adapter into a free GPU slot (added to that step).",
+)
 def sim(
     listen: str,
     flavor: str,
@@ -99,6 +119,9 @@ def sim(
     stream_interval: int,
     cost_profile: str,
     legacy_vllm_kv_metric: bool,
+    lora_adapters: str,
+    max_loras: int,
+    lora_load_ms: float,
 ) -> None:
     """Built-in continuous-batching engine simulator with an OpenAI-compatible API.
 
@@ -112,6 +135,7 @@ def sim(
       headroom sim --flavor sglang --max-num-seqs 8 --speed 10
       headroom sim --flavor llamacpp --listen 127.0.0.1:8080 --kv-cache-tokens 8192
       headroom sim --cost-profile cpu --max-num-seqs 4    # compute-bound, like llama.cpp on a CPU
+      headroom sim --lora-adapters a,b,c,d,e,f,g,h --max-loras 4   # 8 adapters over 4 slots
       curl -N localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}],"stream":true}'
     """
     # lazy: `headroom sim --help` must not load uvicorn and the simulator's FastAPI app
@@ -137,6 +161,9 @@ def sim(
             stream_interval=stream_interval,
             vllm_legacy_kv_metric=legacy_vllm_kv_metric,
             cost_profile=cost_profile,
+            lora_adapters=tuple(name.strip() for name in lora_adapters.split(",") if name.strip()),
+            max_loras=max_loras,
+            lora_load_s=lora_load_ms / 1000,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

@@ -29,6 +29,11 @@ class SimConfig:
     stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM/SGLang --stream-interval)
     vllm_legacy_kv_metric: bool = False  # expose vllm:gpu_cache_usage_perc (vLLM < 0.10) instead
     cost_profile: str = "gpu"  # step-time model: gpu (memory-bound) or cpu (compute-bound)
+    # LoRA adapters served beside the base model (vLLM --lora-modules), the GPU's adapter slots
+    # (vLLM --max-loras, SGLang --max-loras-per-batch) and the simulated seconds to load one
+    lora_adapters: tuple[str, ...] = ()
+    max_loras: int = 4
+    lora_load_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.flavor not in FLAVORS:
@@ -41,11 +46,16 @@ class SimConfig:
             "mean_output_tokens",
             "max_model_len",
             "stream_interval",
+            "max_loras",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.cost_profile not in COST_PROFILES:
             raise ValueError(f"cost_profile {self.cost_profile!r} is not one of {', '.join(COST_PROFILES)}")
+        if not self.lora_load_s >= 0:
+            raise ValueError(f"lora_load_s={self.lora_load_s} must be 0 or more seconds")
+        if self.model in self.lora_adapters or len(set(self.lora_adapters)) < len(self.lora_adapters):
+            raise ValueError(f"lora_adapters {list(self.lora_adapters)} repeat a name or the model's")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting={self.max_waiting} must be 0 or more")
         if not self.speed > 0:
@@ -55,6 +65,10 @@ class SimConfig:
                 f"kv_cache_tokens={self.kv_cache_tokens} is smaller than one block "
                 f"({self.block_size} tokens); raise --kv-cache-tokens"
             )
+
+    def adapter_of(self, model: object) -> str | None:
+        """The adapter a request's `model` names, or None for the base model (or any other name)."""
+        return model if isinstance(model, str) and model in self.lora_adapters else None
 
     @property
     def num_blocks(self) -> int:

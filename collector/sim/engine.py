@@ -40,6 +40,12 @@ class EngineState(TypedDict):
     steps: int
     max_num_seqs: int
     speed: float
+    max_loras: int  # the adapter slots; the lora_* fields are empty without --lora-adapters
+    lora_adapters: list[str]
+    running_adapters: list[str]  # distinct adapters of the running batch, sorted
+    waiting_adapters: list[str]  # distinct adapters of the waiting queue, sorted
+    loaded_adapters: list[str]  # adapters in a GPU slot, least recently used first
+    adapter_loads_total: int
 
 
 @dataclass(eq=False)
@@ -151,4 +157,10 @@ class Engine:
             "steps": self.steps,
             "max_num_seqs": cfg.max_num_seqs,
             "speed": cfg.speed,
+            "max_loras": cfg.max_loras,
+            "lora_adapters": list(cfg.lora_adapters),
+            "running_adapters": sorted(sched.running_adapters()),
+            "waiting_adapters": sorted({r.adapter for r in sched.waiting if r.adapter is not None}),
+            "loaded_adapters": list(sched.loaded_adapters),
+            "adapter_loads_total": sched.adapter_loads_total,
         }

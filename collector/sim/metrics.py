@@ -6,16 +6,21 @@ sees exactly what vLLM, SGLang or llama.cpp (`--metrics`) would expose (docs/dom
   vllm      vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc
             (or the pre-0.10 vllm:gpu_cache_usage_perc), vllm:cache_config_info{num_gpu_blocks,
             block_size}, vllm:prompt_tokens_total, vllm:generation_tokens_total,
-            vllm:num_preemptions_total; labels model_name, engine
+            vllm:num_preemptions_total; labels model_name, engine; with LoRA adapters also
+            vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters} (the
+            adapters comma-separated; the value is the time it was set, as vLLM does)
   sglang    sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage,
             sglang:max_total_num_tokens, sglang:prompt_tokens_total,
-            sglang:generation_tokens_total; label model_name
+            sglang:generation_tokens_total; label model_name; with LoRA adapters also
+            sglang:lora_pool_slots_used (distinct adapters of the running batch) and
+            sglang:lora_pool_slots_total (max_loras_per_batch)
   llamacpp  llamacpp:requests_processing, llamacpp:requests_deferred,
             llamacpp:prompt_tokens_total, llamacpp:tokens_predicted_total; no labels
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -93,6 +98,14 @@ class EngineMetricsCollector:
             values,
             s["preemptions_total"],
         )
+        if s["lora_adapters"]:
+            yield _gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+                [str(s["max_loras"]), ",".join(s["running_adapters"]), ",".join(s["waiting_adapters"])],
+                time.time(),
+            )
 
     def _sglang(self, s: EngineState) -> Iterator[Metric]:
         labels, values = ["model_name"], [self._model]
@@ -128,6 +141,10 @@ class EngineMetricsCollector:
             values,
             s["generation_tokens_total"],
         )
+        if s["lora_adapters"]:
+            used = len(s["running_adapters"])
+            yield _gauge("sglang:lora_pool_slots_used", "LoRA slots in use.", labels, values, used)
+            yield _gauge("sglang:lora_pool_slots_total", "Total LoRA slots.", labels, values, s["max_loras"])
 
     def _llamacpp(self, s: EngineState) -> Iterator[Metric]:
         yield _counter(

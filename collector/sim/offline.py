@@ -36,7 +36,8 @@ START = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 
 @dataclass(frozen=True)
 class Mix:
-    """What requests look like: lengths in tokens, a share of long prompts, tenants."""
+    """What requests look like: lengths in tokens, a share of long prompts, tenants, and the LoRA
+    adapters they name (each request one of `adapters`, uniformly; none: the base model)."""
 
     prompt_tokens: int = 40
     long_prompt_tokens: int = 1000
@@ -44,12 +45,17 @@ class Mix:
     output_tokens: int = 64
     tenants: int = 3
     model: str = "headroom-sim"
+    adapters: tuple[str, ...] = ()
 
     def draw(self, rng: random.Random) -> tuple[int, int, str]:
         """(prompt tokens, output tokens, tenant) of one request."""
         long = rng.random() < self.long_share
         prompt = self.long_prompt_tokens if long else self.prompt_tokens
         return prompt, self.output_tokens, f"tenant-{rng.randrange(self.tenants)}"
+
+    def adapter(self, rng: random.Random) -> str | None:
+        """The adapter one request names (drawn only when there are adapters: seeds stay stable)."""
+        return rng.choice(self.adapters) if self.adapters else None
 
 
 @dataclass
@@ -76,8 +82,9 @@ class _Run:
     def admit(self, client: int | None = None) -> None:
         """A request arrives now: snapshot both calibers and the queue, hand it to the engine."""
         prompt, output, tenant = self.mix.draw(self.rng)
+        adapter = self.mix.adapter(self.rng)
         n = next(self.ids)
-        request = SimRequest(f"r{n}", prompt, output)
+        request = SimRequest(f"r{n}", prompt, output, adapter=adapter)
         active = sum(live.request.num_tokens for live in self.live.values()) + prompt
         request_id = (
             f"{self.run_id}-c{self.level:04d}-{n:06d}" if self.run_id and self.level else f"sim-{n:07d}"
@@ -100,6 +107,7 @@ class _Run:
             "engine_waiting_at_admit": len(self.scheduler.waiting),
             "upstream_retries": 0,
             "task_class": classify(output),
+            "adapter": adapter,
         }
         live = _Live(request, row, self.now, client=client)
         try:

@@ -9,11 +9,18 @@ never sneaks in a request whose prompt cannot fit). When a running request needs
 recently admitted running request is preempted (its blocks freed, recomputed later from the front
 of the queue). `plan_step()` returns what the step computed and how long it took per the cost
 model; the engine sleeps that long (scaled) and then delivers the tokens.
+
+LoRA adapters (docs/simulator.md, "LoRA adapters"): a request may name one of the configured
+adapters. Like vLLM V1, the running batch holds requests of at most `max_loras` distinct adapters:
+a waiting request whose adapter would be one too many is skipped (it keeps its place; later
+requests may be admitted past it). The GPU holds `max_loras` adapters (LRU); a step whose batch
+needs one that is not loaded loads it first, evicting the least recently used one the step does
+not need, and each load adds `lora_load_s` to the step's time.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from collector.sim.config import SimConfig
@@ -38,6 +45,7 @@ class SimRequest:
     blocks: int = 0
     preemptions: int = 0
     prompt_counted: bool = False
+    adapter: str | None = None  # the LoRA adapter it names; None for the base model
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +69,7 @@ class StepPlan:
     finished: list[SimRequest] = field(default_factory=list)
     preempted: list[SimRequest] = field(default_factory=list)
     scheduled_tokens: int = 0
+    adapter_loads: int = 0  # adapters loaded into a GPU slot before this step ran
 
 
 class Scheduler:
@@ -75,6 +84,8 @@ class Scheduler:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
+        self.loaded_adapters: OrderedDict[str, None] = OrderedDict()  # the GPU's slots, LRU first
+        self.adapter_loads_total = 0
 
     # --- queue -------------------------------------------------------------------------------
     def add(self, request: SimRequest) -> None:
@@ -132,16 +143,28 @@ class Scheduler:
             index += 1
         return budget
 
+    def running_adapters(self) -> set[str]:
+        """The distinct adapters of the running batch (never more than max_loras)."""
+        return {request.adapter for request in self.running if request.adapter is not None}
+
     def _admit_waiting(self, scheduled: list[Scheduled], budget: int) -> None:
+        adapters, skipped = self.running_adapters(), list[SimRequest]()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            adapter = request.adapter
+            if adapter is not None and adapter not in adapters and len(adapters) >= self.config.max_loras:
+                skipped.append(self.waiting.popleft())  # one adapter too many: vLLM skips it
+                continue
             tokens = min(request.num_tokens - request.computed, budget)
             if not self._grow(request, request.num_tokens):
-                return  # head-of-line waits for blocks (FCFS)
+                break  # head-of-line waits for blocks (FCFS)
             self.waiting.popleft()
             self.running.append(request)
             scheduled.append((request, tokens, request.computed))
             budget -= tokens
+            if adapter is not None:
+                adapters.add(adapter)
+        self.waiting.extendleft(reversed(skipped))  # the skipped keep their places
 
     def _advance(self, plan: StepPlan, scheduled: list[Scheduled]) -> None:
         decode_seqs, kv_read, chunks = 0, 0, []
@@ -155,7 +178,26 @@ class Scheduler:
             plan.scheduled_tokens += tokens
             if request.computed == request.num_tokens:  # caught up: sample the next token
                 self._sample(request, plan)
-        plan.duration_s = self.cost.step_seconds(decode_seqs, kv_read, tuple(chunks))
+        plan.adapter_loads = self._load_adapters({r.adapter for r, _, _ in scheduled if r.adapter})
+        plan.duration_s = (
+            self.cost.step_seconds(decode_seqs, kv_read, tuple(chunks))
+            + plan.adapter_loads * self.config.lora_load_s
+        )
+
+    def _load_adapters(self, needed: set[str]) -> int:
+        """Load the step's adapters that are not in a GPU slot (LRU eviction); returns how many."""
+        loads = 0
+        for adapter in sorted(needed):
+            if adapter in self.loaded_adapters:
+                self.loaded_adapters.move_to_end(adapter)
+                continue
+            if len(self.loaded_adapters) >= self.config.max_loras:  # the batch needs <= max_loras
+                victim = next(a for a in self.loaded_adapters if a not in needed)
+                del self.loaded_adapters[victim]
+            self.loaded_adapters[adapter] = None
+            loads += 1
+        self.adapter_loads_total += loads
+        return loads
 
     def _sample(self, request: SimRequest, plan: StepPlan) -> None:
         if not request.prompt_counted:

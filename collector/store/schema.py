@@ -52,10 +52,13 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 # Version 3 added upstream_retries (a request re-sent after a stale pooled connection), version 4
 # task_class (collector.tasks: short, medium, long, or what a probe's workload named). Version 5
 # dropped the primary key on request_id: duplicates are left out by the insert itself
-# (collector.store.db), which is 2-3x faster without the index to maintain.
+# (collector.store.db), which is 2-3x faster without the index to maintain. Version 6 added
+# adapter (the LoRA adapter a request named; `model` is then its base model).
+_ADDED_AFTER_V5 = ("adapter",)
+_V5_COLUMNS = tuple(c for c in COLUMNS if c[0] not in _ADDED_AFTER_V5)
 _V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
     c
-    for c in COLUMNS[1:]
+    for c in _V5_COLUMNS[1:]
     if c[0]
     not in (
         "cached_prompt_tokens",
@@ -96,15 +99,19 @@ def _v5(con: duckdb.DuckDBPyConnection) -> None:
     Sorting by admitted_at keeps each row group's admitted_at span narrow, which is what lets the
     insert's duplicate check skip the rest of the table.
     """
-    names = ", ".join(name for name, _ in COLUMNS)
-    con.execute(_ddl(COLUMNS).replace("TABLE IF NOT EXISTS requests", "TABLE requests_v5"))
+    names = ", ".join(name for name, _ in _V5_COLUMNS)
+    con.execute(_ddl(_V5_COLUMNS).replace("TABLE IF NOT EXISTS requests", "TABLE requests_v5"))
     con.execute(f"INSERT INTO requests_v5 SELECT {names} FROM requests ORDER BY admitted_at")
     con.execute("DROP TABLE requests")
     con.execute("ALTER TABLE requests_v5 RENAME TO requests")
 
 
+def _v6(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS adapter VARCHAR")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5)
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6)
 SCHEMA_VERSION = len(MIGRATIONS)
 V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
 
