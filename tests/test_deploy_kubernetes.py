@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from starlette.testclient import TestClient
 
 from collector.alerts.files import ALERTS_FILE, rule_files
 from collector.cli import main
@@ -75,19 +76,33 @@ def test_probes_reach_what_they_probe():
         # the kubelet dials the pod IP: a loopback-bound engine is probed from inside its container
         assert "httpGet" not in vllm[probe] and "tcpSocket" not in vllm[probe]
         assert "http://127.0.0.1:8000/health" in " ".join(vllm[probe]["exec"]["command"])
-    assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
     assert _arg(sidecar, "--listen").startswith("0.0.0.0:"), "the sidecar must answer on the pod IP"
+    assert _arg(sidecar, "--admin-listen").startswith("0.0.0.0:"), "the kubelet dials the pod IP"
+    from collector.serving import parse_listen
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import build_sidecar
 
-    paths = {
-        route.path
-        for route in build_sidecar(
-            SidecarConfig(upstream="http://127.0.0.1:1", db_path=None, jobs=False)
-        ).routes
-    }
-    assert {"/healthz", "/readyz", "/metrics"} <= paths
+    admin = parse_listen(_arg(sidecar, "--admin-listen"))
+    app = build_sidecar(
+        SidecarConfig(upstream="http://127.0.0.1:1", db_path=None, jobs=False, admin_listen=admin)
+    )
+    admin_port, proxy_port = TestClient(app.state.admin.app), TestClient(app)
+    for path in ("/healthz", "/metrics"):
+        assert admin_port.get(path).status_code == 200 and proxy_port.get(path).status_code == 404, path
+
+
+def test_the_service_exposes_only_the_proxy_and_prometheus_scrapes_the_admin_port():
+    sidecar = _containers(_find("Deployment", "llm-inference"))["headroom"]
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert ports["http"] == int(_arg(sidecar, "--listen").rpartition(":")[2])
+    assert ports["admin"] == int(_arg(sidecar, "--admin-listen").rpartition(":")[2])
+    service = _find("Service", "llm-inference")["spec"]["ports"]
+    assert [p["targetPort"] for p in service] == ["http"], "metrics and the request log stay off the Service"
+    template = _find("Deployment", "llm-inference")["spec"]["template"]["metadata"]
+    assert template["annotations"]["prometheus.io/port"] == str(ports["admin"])
+    assert _find("PodMonitor", "llm-headroom")["spec"]["podMetricsEndpoints"][0]["port"] == "admin"
 
 
 def test_read_only_containers_have_scratch_and_the_sidecar_sees_the_gpu():
@@ -201,7 +216,7 @@ def test_rules_podmonitor_and_documented_scrape_config_agree_on_the_sidecar_job(
     target = _relabel(_documented_scrape_job()["relabel_configs"], _pod_meta(inference))
     assert target is not None, "the documented scrape config drops the inference pod"
     assert target["job"] == DEFAULT.sidecar_job
-    assert target["__address__"] == "10.0.0.7:9100" and target["__metrics_path__"] == "/metrics"
+    assert target["__address__"] == "10.0.0.7:9101" and target["__metrics_path__"] == "/metrics"
     assert (target["namespace"], target["pod"]) == ("llm", "llm-inference-5d9f")
     store = _relabel(
         _documented_scrape_job()["relabel_configs"], _pod_meta(_find("Deployment", "headroom-store"))

@@ -104,7 +104,7 @@ class AdminListener:
 
     def __init__(self, routes: APIRouter, host: str, port: int, config: SidecarConfig) -> None:
         self.host, self.port = host, port
-        app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+        self.app = app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
         app.include_router(routes)
         protocol = guarded_protocol(
             None,
