@@ -39,6 +39,14 @@ import aiohttp
 
 from collector.analysis.knee import KneeRule, detect_knee, judge_level
 from collector.analysis.levels import LevelStats, summarize_level
+from collector.analysis.openloop import (
+    RateResult,
+    RateSettings,
+    bracket_rates,
+    little_check,
+    rate_tag,
+    run_rates,
+)
 from collector.analysis.probe_request import RequestSpec, send_one
 from collector.analysis.prompts import PromptPicker, load_prompts, prompt_of_tokens
 from collector.analysis.slo import Slo
@@ -96,6 +104,12 @@ class ProbeSettings:
     # (prompt tokens, completion tokens) pairs to draw each request from (--workload from-log);
     # empty: `prompts` and `max_tokens`
     lengths: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+    # the open-loop ladder after the gradient (collector.analysis.openloop): offered requests/s,
+    # or rates_auto to bracket the knee's rate (knee / mean e2e at the knee); empty: none
+    rates: tuple[float, ...] = ()
+    rates_auto: bool = False
+    rate_level_s: float = 30.0
+    rate_warmup_s: float = 5.0
 
 
 @dataclass
@@ -121,6 +135,7 @@ class ProbeResult:
     engine_max_concurrency: int | None = None  # the engine's own ceiling, when it tells it
     queue_evidence: str = "TTFT growth (the engine's queue was not read)"
     engine_kv_capacity_tokens: int | None = None  # the engine's KV cache, when it publishes it
+    rates: RateResult | None = None  # the open-loop ladder, when one ran
 
 
 def new_run_id() -> str:
@@ -308,9 +323,19 @@ class _Runner:
             self.reported_total += row["prompt_tokens"] or 0
 
     def _spec(self, level: _Level) -> RequestSpec:
+        return self._spec_for(f"c{level.concurrency:04d}", level.measuring_since is None)
+
+    def rate_spec(self, rate_per_s: float, warm: bool) -> RequestSpec:
+        """The next request of an open-loop level (collector.analysis.openloop)."""
+        return self._spec_for(rate_tag(rate_per_s), warm)
+
+    def calibrate(self, row: dict[str, Any]) -> None:
+        """Learn the engine's characters per token from an answered from-log request."""
+        self._calibrate(row)
+
+    def _spec_for(self, tag: str, warm: bool) -> RequestSpec:
         self.sequence += 1
-        warm = "-w" if level.measuring_since is None else ""
-        request_id = f"{self.run_id}-c{level.concurrency:04d}-{self.sequence:06d}{warm}"
+        request_id = f"{self.run_id}-{tag}-{self.sequence:06d}{'-w' if warm else ''}"
         prompt, max_tokens = self._shape(request_id)
         payload: dict[str, Any] = {
             "model": self.model,
@@ -429,6 +454,8 @@ async def run_probe(
             if why and concurrency != levels[-1]:
                 result.stopped_early = f"stopped after concurrency {concurrency}: {why}"
                 break
+        if settings.rates or settings.rates_auto:
+            result.rates = await _open_loop(runner, settings, result, write_rows)
         result.queue_evidence = _queue_evidence(engine)
         result.engine_max_concurrency = engine.latest.max_concurrency if engine else None
         result.engine_kv_capacity_tokens = engine.latest.kv_capacity_tokens if engine else None
@@ -437,6 +464,57 @@ async def run_probe(
             await engine.stop()
         await client.close()
     return result
+
+
+def _knee_e2e(result: ProbeResult) -> tuple[int, bool, float | None]:
+    """The closed loop's knee, whether it was reached, and the mean e2e of its measured requests."""
+    knee = detect_knee([level.stats for level in result.levels])
+    at = next((level for level in result.levels if level.concurrency == knee.requests), None)
+    e2e = [
+        r["e2e_s"]
+        for r in (at.rows if at else [])
+        if r["outcome"] == "ok" and r["e2e_s"] is not None and not str(r["request_id"]).endswith("-w")
+    ]
+    return knee.requests, knee.reached, (sum(e2e) / len(e2e) if e2e else None)
+
+
+async def _open_loop(
+    runner: _Runner,
+    settings: ProbeSettings,
+    result: ProbeResult,
+    write_rows: Callable[[list[dict[str, Any]]], Any] | None,
+) -> RateResult:
+    """The open-loop ladder after the gradient, checked against its knee by Little's law."""
+    knee, reached, e2e = _knee_e2e(result)
+    rates = settings.rates
+    if settings.rates_auto:
+        if e2e is None:
+            return RateResult([], None, None, "no answered request at the knee to bracket rates from")
+        rates = tuple(sorted(set(rates) | set(bracket_rates(knee, e2e))))
+    ladder = RateSettings(
+        rates,
+        level_s=settings.rate_level_s,
+        warmup_s=settings.rate_warmup_s,
+        seed=settings.seed,
+        slo=settings.slo,
+    )
+
+    def written(_level: Any, rows: list[dict[str, Any]]) -> None:
+        if write_rows is not None:
+            write_rows(rows)
+
+    rated = await run_rates(runner, ladder, on_level=written)
+    rated.run_id = runner.run_id
+    if rated.mu_slo_per_s is not None and e2e is not None:
+        failing = next((lv for lv in rated.levels if lv.offered_per_s > rated.mu_slo_per_s), None)
+        rated.little = little_check(
+            knee,
+            e2e,
+            rated.mu_slo_per_s,
+            knee_reached=reached,
+            slo_bound=failing is not None and not failing.meets_slo,
+        )
+    return rated
 
 
 def _queue_evidence(engine: EngineSource | None) -> str:
