@@ -422,6 +422,24 @@ CATALOG: tuple[MetricSpec, ...] = (
         group="capacity",
     ),
     MetricSpec(
+        "headroom_capacity_rate_requests_per_second",
+        "gauge",
+        "Published open-loop capacity μ_slo: the highest arrival rate one replica serves within the "
+        "SLO with no queue drift (headroom probe --rates), in requests/s.",
+        _PUBLISHED,
+        "reqps",
+        group="capacity",
+    ),
+    MetricSpec(
+        "headroom_capacity_prefill_tokens_per_second",
+        "gauge",
+        "Published prefill capacity V_P: uncached prompt tokens/s one replica prefills at μ_slo "
+        "(headroom probe --rates).",
+        _PUBLISHED,
+        "short",
+        group="capacity",
+    ),
+    MetricSpec(
         "headroom_capacity_estimate_timestamp_seconds",
         "gauge",
         "When the published capacity estimate was made (POSIX seconds).",

@@ -20,10 +20,11 @@ from rich.progress import BarColumn, Progress, TextColumn
 
 from collector.analysis.cli_capacity import register
 from collector.analysis.estimate import estimate_from_probe, save_estimate
+from collector.analysis.openloop import parse_rates
 from collector.analysis.plot import write_plot
 from collector.analysis.probe import ProbeError, ProbeSettings, new_run_id, run_probe
 from collector.analysis.prompts import load_prompts
-from collector.analysis.render import print_estimate
+from collector.analysis.render import print_estimate, print_rates
 from collector.analysis.slo import Slo
 from collector.analysis.workload import FROM_LOG, load_workload, log_lengths
 from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, check_replica_class
@@ -116,6 +117,8 @@ def _write_json(path: str, data: dict) -> None:
     epilog="""\b
 Examples:
   headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16,32
+  headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16 --rates auto --slo-ttft-p95 2
+  headroom probe --url http://127.0.0.1:9100 --rates 2,4,6,8 --rate-seconds 60 --db headroom.duckdb
   headroom probe --url http://127.0.0.1:8000 --model llama-3-8b --max-tokens 256 \\
       --slo-ttft-p95 2.0 --profile interactive --json cap.json --plot cap.png --db headroom.duckdb
   headroom probe --url http://gpu-1:8000 --prompts mixed --profile batch
@@ -224,6 +227,22 @@ Examples:
     help="The replica class (hardware x engine configuration) the estimate is for: the knee the "
     "rules compare that class's sidecars with.",
 )
+@click.option(
+    "--rates",
+    default=None,
+    metavar="auto|R1,R2,...",
+    help="After the gradient, an open-loop ladder: Poisson arrivals at these requests/s (or "
+    "'auto': a bracket around the knee's rate, knee / mean e2e at the knee) to measure μ_slo, the "
+    "highest rate within the SLO whose queue does not drift, and V_P, the prefill tokens/s there; "
+    "checked against the knee by Little's law and published with it.",
+)
+@click.option(
+    "--rate-seconds",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(1.0),
+    help="Measuring time per --rates level (after 5 s of warm-up); a level past capacity ends early.",
+)
 def probe(
     url,
     model,
@@ -249,6 +268,8 @@ def probe(
     traffic_db,
     engine_metrics,
     replica_class,
+    rates=None,
+    rate_seconds=30.0,
 ) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
@@ -291,6 +312,7 @@ def probe(
         seed=seed,
         api_key=api_key,
         engine_metrics=engine_metrics,
+        **_rate_settings(rates, rate_seconds),
     )
     if replica_class is not None:
         try:
@@ -320,6 +342,18 @@ def probe(
     _write_outputs(estimates, json_path, plot_path)
 
 
+def _rate_settings(rates: str | None, rate_seconds: float) -> dict:
+    """ProbeSettings' open-loop fields from --rates and --rate-seconds."""
+    if rates is None:
+        return {}
+    if rates.strip() == "auto":
+        return {"rates_auto": True, "rate_level_s": rate_seconds}
+    try:
+        return {"rates": parse_rates(rates), "rate_level_s": rate_seconds}
+    except ValueError as exc:
+        raise click.BadParameter(f"{exc}, or auto", param_hint="--rates") from None
+
+
 def _probe_once(run, write, save, slo, profile, traffic, replica_class=DEFAULT_REPLICA_CLASS):
     """One gradient: run it, estimate it (its token knee checked against `traffic`), print, save."""
     result = _run_with_progress(run, write)
@@ -327,6 +361,8 @@ def _probe_once(run, write, save, slo, profile, traffic, replica_class=DEFAULT_R
     estimate.replica_class = replica_class
     print_estimate(estimate)
     click.echo(f"queueing evidence: {result.queue_evidence}")
+    if result.rates is not None:
+        print_rates(result.rates)
     if save is not None:
         save(estimate)
     return estimate

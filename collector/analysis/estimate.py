@@ -31,6 +31,7 @@ from typing import Any
 
 from collector.analysis.knee import KneeResult, detect_knee
 from collector.analysis.levels import LevelStats, summarize_level
+from collector.analysis.openloop import RateResult, little_check, rate_levels_from_rows, rate_result
 from collector.analysis.passive import passive_curve
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import Slo, slo_max
@@ -47,6 +48,7 @@ __all__ = [
     "estimate_from_probe",
     "estimate_probe_run",
     "apply_token_check",
+    "apply_rates",
     "judge_errors",
     "probe_levels",
     "save_estimate",
@@ -80,6 +82,11 @@ class CapacityEstimate:
     error_ratio: float = 0.0  # the worst level's share of non-capacity failures (module docstring)
     token_knee_withheld: str | None = None  # why the token knee must not be used; None: usable
     kv_capacity_tokens: int | None = None  # the engine's KV cache: the token knee's ceiling
+    # capacity in rates from the open-loop ladder (collector.analysis.openloop): μ_slo, V_P (uncached
+    # prompt tokens/s at μ_slo) and the ladder itself with its Little's-law check; None: not measured
+    rate_requests_per_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+    rates: dict[str, Any] | None = None
 
     @property
     def knee_tokens(self) -> int | None:
@@ -120,6 +127,9 @@ class CapacityEstimate:
             "error_ratio": round(self.error_ratio, 6),
             "slo_max_requests": self.slo_max,
             "slo_max_tokens": self.slo_max_tokens,
+            "rate_requests_per_s": self.rate_requests_per_s,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "rates": self.rates,
         } | self.extra
 
     @classmethod
@@ -152,6 +162,9 @@ class CapacityEstimate:
             "token_knee_withheld",
             "kv_capacity_tokens",
             "error_ratio",
+            "rate_requests_per_s",
+            "prefill_tokens_per_s",
+            "rates",
         }
         return cls(
             data["model"],
@@ -173,6 +186,9 @@ class CapacityEstimate:
             float(data.get("error_ratio") or 0.0),
             data.get("token_knee_withheld"),
             data.get("kv_capacity_tokens"),
+            data.get("rate_requests_per_s"),
+            data.get("prefill_tokens_per_s"),
+            data.get("rates"),
         )
 
 
@@ -316,7 +332,45 @@ def _from_probe_run(
         at=first,
     )
     apply_token_check(estimate, check)
+    apply_rates(estimate, _stored_rates(rows, estimate))
     return estimate
+
+
+def apply_rates(estimate: CapacityEstimate, rates: RateResult | None) -> None:
+    """Put an open-loop ladder's μ_slo and V_P on the estimate (published with its knee)."""
+    if rates is None:
+        return
+    estimate.rate_requests_per_s = rates.mu_slo_per_s
+    estimate.prefill_tokens_per_s = rates.prefill_tokens_per_s
+    estimate.rates = rates.to_dict()
+
+
+def _stored_rates(rows: Sequence[dict[str, Any]], estimate: CapacityEstimate) -> RateResult | None:
+    """The open-loop ladder of a stored run (its `-o<rate>-` rows), checked against its knee."""
+    levels = rate_levels_from_rows(rows, estimate.slo)
+    if not levels:
+        return None
+    rated = rate_result(levels)
+    rated.run_id = estimate.run_id
+    tag = f"-c{estimate.knee.requests:04d}-"
+    e2e = [
+        r["e2e_s"]
+        for r in rows
+        if tag in r["request_id"]
+        and r["outcome"] == "ok"
+        and r["e2e_s"]
+        and not r["request_id"].endswith("-w")
+    ]
+    if rated.mu_slo_per_s is not None and e2e:
+        failing = next((lv for lv in levels if lv.offered_per_s > rated.mu_slo_per_s and lv.why_not), None)
+        rated.little = little_check(
+            estimate.knee.requests,
+            sum(e2e) / len(e2e),
+            rated.mu_slo_per_s,
+            knee_reached=estimate.knee.reached,
+            slo_bound=failing is not None and not failing.meets_slo,
+        )
+    return rated
 
 
 def apply_token_check(estimate: CapacityEstimate, check: TokenCheck) -> None:
@@ -455,4 +509,5 @@ def estimate_from_probe(
         compute_passive=True,
     )
     apply_token_check(estimate, check)
+    apply_rates(estimate, getattr(result, "rates", None))
     return estimate

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from collector.terminal import compact_table, output_console
 
-__all__ = ["levels_table", "print_estimate", "failure_lines", "token_lines"]
+__all__ = ["levels_table", "print_estimate", "print_rates", "failure_lines", "token_lines"]
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -125,3 +125,53 @@ def token_lines(estimate: Any) -> list[str]:
         lines.append(f"  engine KV capacity: {check['kv_capacity_tokens']} tokens")
     lines.extend(f"  {note}" for note in check.get("notes") or [])
     return lines
+
+
+def print_rates(rates: Any, console: Console | None = None) -> None:
+    """The open-loop ladder (collector.analysis.openloop.RateResult): one row per offered rate,
+    then μ_slo, V_P and the Little's-law check against the knee."""
+    table = compact_table(
+        "open loop (Poisson arrivals)",
+        (
+            "offered",
+            "sent/s",
+            "done/s",
+            "queue",
+            "growth",
+            "ttft95",
+            "tpot95",
+            "e2e95",
+            "prefill/s",
+            "err",
+            "verdict",
+        ),
+        caption="rates per second, latencies in seconds; queue = mean outstanding requests",
+    )
+    for level in rates.levels:
+        table.add_row(
+            f"{level.offered_per_s:g}",
+            _num(level.sent_per_s, 2),
+            _num(level.achieved_per_s, 2),
+            _num(level.outstanding_mean, 1),
+            f"{level.outstanding_growth:+.1f}",
+            _num(level.ttft_p95_s),
+            _num(level.tpot_p95_s),
+            _num(level.e2e_p95_s),
+            _num(level.prefill_tokens_per_s, 0),
+            str(level.errors),
+            escape(level.why_not or "ok"),
+        )
+    out = console or output_console()
+    out.print(table)
+    if rates.mu_slo_per_s is None:
+        out.print(f"μ_slo: not measured ({escape(rates.reason)})")
+    else:
+        out.print(
+            f"μ_slo {rates.mu_slo_per_s:.3g} requests/s, V_P {rates.prefill_tokens_per_s:.0f} prefill "
+            f"tokens/s ({escape(rates.reason)})"
+        )
+    if rates.stopped_early:
+        out.print(f"open loop {escape(rates.stopped_early)}")
+    if rates.little is not None:
+        verdict = "consistent" if rates.little.consistent else "NOT consistent"
+        out.print(f"Little's law: {verdict}: {escape(rates.little.explanation)}")

@@ -14,6 +14,8 @@ series says where its number came from:
     headroom_capacity_knee_tokens{...}                                             9000
     headroom_capacity_slo_max_requests{...} / _tokens{...}
     headroom_capacity_recommended_pool_requests{...}                                  5
+    headroom_capacity_rate_requests_per_second{...}                                 9.5
+    headroom_capacity_prefill_tokens_per_second{...}                                380
     headroom_capacity_estimate_timestamp_seconds{...}                      1796100000.0
 
 The names before this release (`headroom_capacity_knee{model, caliber}`, `_slo_max`,
@@ -53,6 +55,8 @@ _CURRENT = {  # metric name -> PublishedCapacity field
     "headroom_capacity_slo_max_requests": "slo_max_requests",
     "headroom_capacity_slo_max_tokens": "slo_max_tokens",
     "headroom_capacity_recommended_pool_requests": "recommended_pool",
+    "headroom_capacity_rate_requests_per_second": "rate_requests_per_s",
+    "headroom_capacity_prefill_tokens_per_second": "prefill_tokens_per_s",
     "headroom_capacity_estimate_timestamp_seconds": "estimated_at",
 }
 _DEPRECATED = {  # old name -> {caliber: field}
@@ -88,6 +92,8 @@ class PublishedCapacity:
     slo_max_requests: float | None = None
     slo_max_tokens: float | None = None
     recommended_pool: float | None = None
+    rate_requests_per_s: float | None = None  # μ_slo of the open-loop probe (collector.analysis.openloop)
+    prefill_tokens_per_s: float | None = None  # V_P: uncached prompt tokens/s at μ_slo
 
     @property
     def labels(self) -> tuple[str, str, str, str, str]:

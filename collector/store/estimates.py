@@ -146,4 +146,6 @@ def published(estimate: Mapping[str, Any]) -> PublishedCapacity:
         slo_max_requests=estimate["slo_max"],
         slo_max_tokens=estimate["slo_max_tokens"],
         recommended_pool=estimate["recommended_pool"],
+        rate_requests_per_s=estimate.get("rate_requests_per_s"),
+        prefill_tokens_per_s=estimate.get("prefill_tokens_per_s"),
     )
