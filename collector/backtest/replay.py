@@ -146,7 +146,7 @@ def from_db(
                 "AND admitted_at >= ? AND admitted_at < ? ORDER BY admitted_at",
                 params + [datetime.fromtimestamp(start - _MARGIN_S, UTC), datetime.fromtimestamp(end, UTC)],
             )
-            estimates, note = _published_then(lambda at: published_estimates(store, at), end)
+            estimates, note = _published_then(lambda at: published_estimates(store, as_of=at), end)
     except (FileNotFoundError, OwnerError) as exc:
         raise ReplayError(f"--db {path}: {exc}") from None
     except duckdb.Error as exc:  # not a database headroom wrote

@@ -1,6 +1,9 @@
 """Read what the review needs from a RequestStore: traffic columns for two windows and estimates.
 
 The only impure part of the report: SQL with parameters, results as numpy arrays keyed by column.
+Estimates are what collector.store.decision publishes per model and replica class (task class
+all); an instance's replica class is the class of the probe runs it served (its rows of a probe
+run whose estimate names the class), else the model's (collector.report.build, `_class_of`).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ __all__ = ["ReportInputs", "collect_inputs", "empty_columns", "COLUMNS"]
 # name -> SQL; timestamps as POSIX seconds so the pure side needs no time zones.
 COLUMNS = {
     "model": "coalesce(model, 'unknown')",
+    "instance": "coalesce(instance, 'unknown')",
     "tenant": "coalesce(tenant, 'anonymous')",
     "outcome": "coalesce(outcome, 'unknown')",
     "admitted": "epoch(admitted_at)",
+    "first_token": "epoch(first_token_at)",
     "completed": "epoch(completed_at)",
     "ttft_s": "ttft_s",
     "tpot_s": "tpot_s",
@@ -33,7 +38,16 @@ COLUMNS = {
     "active_tokens": "active_tokens_at_admit",
 }
 _SELECT = ", ".join(f"{sql} AS {name}" for name, sql in COLUMNS.items())
-_TEXT = ("model", "tenant", "outcome")
+_TEXT = ("model", "instance", "tenant", "outcome")
+# (model, instance) -> replica class, from the probe runs an instance served
+_PROBED = """
+SELECT DISTINCT coalesce(r.model, 'unknown'), coalesce(r.instance, 'unknown'),
+       coalesce(e.replica_class, 'default')
+FROM requests r JOIN capacity_estimates e ON r.run_id = e.run_id
+WHERE r.source = 'probe' AND e.created_at <= ?"""
+_HAS_ESTIMATES = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
+
+Key = tuple[str, str]  # (model, replica class)
 
 
 @dataclass
@@ -44,11 +58,14 @@ class ReportInputs:
     until: datetime
     current: dict[str, np.ndarray]
     previous: dict[str, np.ndarray]
-    estimates: dict[str, dict[str, Any]] = field(default_factory=dict)
-    previous_estimates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (model, replica class) -> the published estimate, with `published_because`
+    estimates: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    previous_estimates: dict[Key, dict[str, Any]] = field(default_factory=dict)
     slo_ttft_p95_s: float | None = None
-    # model -> what is published per task class: {task_class, knee_requests, ..., reason}
+    # model -> what is published per task class and replica class: {task_class, ..., reason}
     classes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # (model, instance) -> the replica class of the probe runs it served
+    instance_classes: dict[Key, str] = field(default_factory=dict)
 
     @property
     def previous_since(self) -> datetime:
@@ -74,14 +91,20 @@ def _columns(store: RequestStore, since: datetime, until: datetime) -> dict[str,
     return result
 
 
-def _published(decisions: list[Decision]) -> dict[str, dict[str, Any]]:
-    """What the gauges publish per model (collector.store.decision), task class all: the same
-    estimate the sidecar, the store and the other readers use."""
+def _published(decisions: list[Decision]) -> dict[Key, dict[str, Any]]:
+    """What the gauges publish per model and replica class (collector.store.decision), task class
+    all: the same estimate the sidecar, the store and the other readers use."""
     return {
-        d.model: dict(d.estimate) | {"published_because": d.reason}
+        (d.model, d.replica_class): dict(d.estimate) | {"published_because": d.reason}
         for d in decisions
         if d.estimate is not None and d.task_class == "all"
     }
+
+
+def _probed(store: RequestStore, until: datetime) -> dict[Key, str]:
+    if not store.query(_HAS_ESTIMATES)[0][0]:
+        return {}
+    return {(str(m), str(i)): str(c) for m, i, c in store.query(_PROBED, [until])}
 
 
 def _classes(decisions: list[Decision]) -> dict[str, list[dict[str, Any]]]:
@@ -92,6 +115,7 @@ def _classes(decisions: list[Decision]) -> dict[str, list[dict[str, Any]]]:
         by_model.setdefault(d.model, []).append(
             {
                 "task_class": d.task_class,
+                "replica_class": d.replica_class,
                 "knee_requests": estimate.get("knee_requests"),
                 "recommended_pool": estimate.get("recommended_pool") if estimate else None,
                 "slo_max": estimate.get("slo_max"),
@@ -113,16 +137,17 @@ def collect_inputs(
             f"report window is empty: since {since.isoformat()} is not before until {until.isoformat()}"
         )
     previous_since = since - (until - since)
-    made = decisions(store, until)
+    made = decisions(store, as_of=until)
     return ReportInputs(
         since,
         until,
         _columns(store, since, until),
         _columns(store, previous_since, since),
         _published(made),
-        _published(decisions(store, since)),  # what was published when the window began
+        _published(decisions(store, as_of=since)),  # what was published when the window began
         slo_ttft_p95_s,
         _classes(made),
+        _probed(store, until),
     )
 
 

@@ -1,5 +1,5 @@
-"""The token-protected query API: exact percentiles, capacity curves, estimates, probe runs, outcomes,
-and request lifecycles for `headroom alerts backtest --store-url`.
+"""The token-protected query API: exact percentiles, capacity curves, estimates, probe runs and
+outcomes, on the owning sidecar under /headroom/v1/query.
 
 Every parameter is validated by a pydantic model that forbids unknown names; metric, group-by and
 caliber names come from whitelists (querysql.py) and values are bound as SQL parameters. Anything
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from collector.service import querysql
 from collector.service.querysql import Where
+from collector.service.validation import StoreRoute
 from collector.store.db import RequestStore
 from collector.store.decision import PublishPolicy, published_estimates
 from collector.timewin import parse_instant, utc_now
@@ -109,13 +110,6 @@ class PercentilesQuery(GroupedQuery):
         return values
 
 
-class LifecyclesQuery(WindowQuery):
-    """A page of request lifecycles."""
-
-    limit: int = Field(50_000, ge=1, le=200_000, description="rows per page")
-    offset: int = Field(0, ge=0, description="rows to skip (the previous page's next_offset)")
-
-
 class CurveQuery(WindowQuery):
     """The caliber of the concurrency axis."""
 
@@ -142,7 +136,9 @@ def build_query_router(
 ) -> APIRouter:
     """The /v1/query/* routes, each behind `dependencies` (the token check); /estimate answers
     what `policy` publishes (collector.store.decision), as the gauges do."""
-    router = APIRouter(prefix="/v1/query", tags=["query"], dependencies=list(dependencies))
+    router = APIRouter(
+        prefix="/v1/query", tags=["query"], dependencies=list(dependencies), route_class=StoreRoute
+    )
 
     async def run(sql_and_params: tuple[str, list[object]]) -> list[Row]:
         return await run_in_threadpool(store.query_dicts, *sql_and_params)
@@ -175,12 +171,6 @@ def build_query_router(
     async def probe_runs(q: Annotated[WindowQuery, Query()]) -> dict[str, Any]:
         return {"rows": await run(querysql.probe_runs_sql(q.to_where()))}
 
-    @router.get("/lifecycles", summary="Request lifecycles (times, outcome, tokens) for a replay, paged")
-    async def lifecycles(q: Annotated[LifecyclesQuery, Query()]) -> dict[str, Any]:
-        rows = await run(querysql.lifecycles_sql(q.to_where(), q.limit, q.offset))
-        more = len(rows) == q.limit
-        return {"rows": rows, "offset": q.offset, "next_offset": q.offset + len(rows) if more else None}
-
     @router.get(
         "/estimate",
         summary="The published capacity estimate per model, task class and replica class, "
@@ -188,7 +178,7 @@ def build_query_router(
     )
     async def estimate(q: Annotated[WindowQuery, Query()]) -> dict[str, Any]:
         at = q.to_where().until  # `until`: what was published at that moment; default now
-        rows = await run_in_threadpool(published_estimates, store, at, policy)
+        rows = await run_in_threadpool(lambda: published_estimates(store, None, policy, as_of=at))
         if q.model is not None:
             rows = [row for row in rows if row.get("model") == q.model]
         return {"rows": rows}

@@ -180,15 +180,19 @@ def decide(estimates: Sequence[Estimate], now: datetime, policy: PublishPolicy |
 
 
 def decisions(
-    store: RequestStore, now: datetime | None = None, policy: PublishPolicy | None = None
+    store: RequestStore,
+    now: datetime | None = None,
+    policy: PublishPolicy | None = None,
+    *,
+    as_of: datetime | None = None,
 ) -> list[Decision]:
-    """The decision for every model, task class and replica class with an estimate saved by
-    `now` (default: the present; a past `now` answers "what was published then")."""
+    """The decision for every model, task class and replica class with a saved estimate, ages
+    counted at `now` (default: the present). `as_of` answers "what was published then": ages at
+    that moment, over the estimates saved by then. Without it every estimate counts, whatever its
+    timestamp (another machine's clock may run ahead of this one's)."""
     policy = policy or PublishPolicy()
-    # the present takes every estimate (another machine's clock may run ahead); a past `now` only
-    # those saved by then
-    candidates = saved.candidate_estimates(store, policy.max_error_ratio, until=now)
-    now = now or datetime.now(UTC)
+    candidates = saved.candidate_estimates(store, policy.max_error_ratio, until=as_of)
+    now = as_of or now or datetime.now(UTC)
     grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for estimate in candidates:
         grouped[_key(estimate)].append(estimate)
@@ -196,12 +200,17 @@ def decisions(
 
 
 def published_estimates(
-    store: RequestStore, now: datetime | None = None, policy: PublishPolicy | None = None
+    store: RequestStore,
+    now: datetime | None = None,
+    policy: PublishPolicy | None = None,
+    *,
+    as_of: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """The estimates the gauges publish, each with `published_because`: what readers render."""
+    """The estimates the gauges publish (decisions()), each with `published_because`: what
+    readers render."""
     return [
         dict(d.estimate) | {"published_because": d.reason}
-        for d in decisions(store, now, policy)
+        for d in decisions(store, now, policy, as_of=as_of)
         if d.estimate is not None
     ]
 
