@@ -5,6 +5,7 @@ sidecars on loopback in front of the suite's fake engine."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import socket
 
@@ -106,3 +107,23 @@ def test_a_malformed_admin_listen_is_a_usage_error_naming_the_flag():
     result = CliRunner().invoke(run, ["--upstream", "http://127.0.0.1:1", "--admin-listen", "9101"])
     assert result.exit_code == 2
     assert "--admin-listen '9101' is not HOST:PORT" in result.output
+
+
+def test_readiness_keeps_a_connection_of_its_own_when_the_pool_is_full(upstream):
+    """--max-upstream-connections 1, held by a request whose answer the engine withholds: /readyz
+    still reaches the engine, and a second client request waits for the one connection."""
+    app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=None, instance="r", max_connections=1))
+    sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
+    held = {"x-fake": "gate-headers", "x-test-id": "full-pool"}
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(
+                httpx.post, sidecar.url + "/v1/chat/completions", json=CHAT, headers=held, timeout=10
+            )
+            assert upstream.expect("full-pool").wait(10), "the held request never reached the engine"
+            ready = httpx.get(sidecar.url + "/readyz", timeout=5)
+            assert ready.status_code == 200 and ready.json()["status"] == "ready"
+            upstream.gate("full-pool").set()
+            assert answer.result(10).status_code == 200
+    finally:
+        sidecar.stop()

@@ -152,11 +152,11 @@ def test_overhead_histogram_counts_every_request_with_the_sidecars_own_time(tmp_
 def test_the_upstream_connection_limit_is_a_flag_that_reaches_the_pool():
     from click.testing import CliRunner
 
-    from collector.sidecar.app import _upstream_client
+    from collector.sidecar.app import _pool
     from collector.sidecar.cli import run
 
     config = SidecarConfig(upstream="http://127.0.0.1:9", db_path=None, max_connections=7)
-    assert _upstream_client(config).max_connections == 7
+    assert _pool(config, config.max_connections).max_connections == 7
     with pytest.raises(ValueError, match="--max-upstream-connections must be at least 1, got 0"):
         SidecarConfig(upstream="http://127.0.0.1:9", max_connections=0)
     result = CliRunner().invoke(run, ["--upstream", "http://127.0.0.1:9", "--max-upstream-connections", "0"])

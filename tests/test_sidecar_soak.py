@@ -7,10 +7,11 @@ import gc
 import logging
 import random
 
-import aiohttp
 import httpx
 import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
+
+from collector.sidecar.upstream import Exchange
 
 TOTAL, CONCURRENCY = 2000, 64
 # (mode, x-fake-tokens, stream, client cancels after N bytes or None)
@@ -95,7 +96,7 @@ def test_answers_served_over_a_kept_alive_upstream_connection_are_not_kept_alive
     # (about 7 KB per request: 340 MiB over 48,000 requests)
     def answers_alive() -> int:
         gc.collect()
-        return sum(isinstance(o, aiohttp.ClientResponse) for o in gc.get_objects())
+        return sum(isinstance(o, Exchange) for o in gc.get_objects())
 
     with sidecar_rig(tmp_path) as rig, httpx.Client(base_url=rig.url, timeout=10) as client:
         for stream in (True, False):  # warm the pool, both relays

@@ -481,8 +481,6 @@ def test_config_rejects_bad_urls_and_ports_with_the_option_name():
         parse_listen("127.0.0.1:99999")
     with pytest.raises(ValueError, match="--engine-metrics-url 'metrics'"):
         SidecarConfig(upstream="http://x:1", engine_metrics_url="metrics")
-    with pytest.raises(ValueError, match="--store-url"):
-        SidecarConfig(upstream="http://x:1", store_url="store:9200")
     assert parse_listen("[::1]:9100") == ("::1", 9100)
 
 
@@ -518,15 +516,14 @@ def test_one_place_finishes_a_request_and_only_the_tracker_changes_it():
 
 
 class _Reads:
-    """A stand-in upstream response: its body in the reads given (aiohttp hands over what is buffered)."""
+    """A stand-in upstream response: its body in the reads given (as BufferedBody hands them over)."""
 
     status = 200
 
     def __init__(self, reads: list[bytes]) -> None:
-        self.content = self
         self._reads = iter(reads)
 
-    async def readany(self) -> bytes:  # aiohttp's StreamReader: b"" at the end
+    async def readany(self) -> bytes:  # BufferedBody's: b"" at the end
         return next(self._reads, b"")
 
 

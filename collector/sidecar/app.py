@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry
@@ -42,14 +41,13 @@ from collector.sidecar.admin import STORE_ROUTES_PREFIX, AdminListener, admin_ro
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.faults import FaultLog
-from collector.sidecar.h1 import H1Pool
 from collector.sidecar.passthrough import PassThrough
 from collector.sidecar.paths import normalised_scope, refuse_climbing
 from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
 from collector.sidecar.tracker import Tracker
+from collector.sidecar.upstream import BufferedBody, Exchange, H1Pool, UpstreamError
 from collector.sources import EngineSource
 from collector.store.owner import remove_owner, write_owner
-from collector.upstream import UpstreamClient
 
 __all__ = [
     "create_app",
@@ -130,31 +128,33 @@ class SidecarParts:
     tracing: bool = False  # an OtelSink is among the sinks: propagate trace context, note response facts
 
 
-def _upstream_client(config: SidecarConfig) -> UpstreamClient:
-    """The pooled upstream client: connect fast or fail; between chunks a prefill may take minutes."""
-    return UpstreamClient(
-        max_connections=config.max_connections,
-        timeout=aiohttp.ClientTimeout(
-            total=None, sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s
-        ),
-        auto_decompress=False,  # bytes reach the client exactly as the upstream sent them
-        skip_auto_headers=("User-Agent",),
+def _pool(config: SidecarConfig, max_connections: int) -> H1Pool:
+    """A pool of the upstream client: connect fast or fail; between chunks a prefill may take minutes."""
+    return H1Pool(
+        config.upstream,
+        max_connections=max_connections,
+        connect_timeout_s=config.connect_timeout_s,
+        read_timeout_s=config.read_timeout_s,
     )
 
 
-async def upstream_ready(session: UpstreamClient, upstream: str) -> tuple[bool, str]:
+async def upstream_ready(pool: H1Pool) -> tuple[bool, str]:
     """(ready, why): the engine answered GET /v1/models below 500 within READINESS_TIMEOUT_S."""
+    exchange: Exchange | None = None
     try:
-        answer = await asyncio.wait_for(
-            session.request("GET", upstream + READINESS_PATH, allow_redirects=False), READINESS_TIMEOUT_S
-        )
-        async with answer.response as response:
-            status = response.status
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        async with asyncio.timeout(READINESS_TIMEOUT_S):
+            exchange = await pool.send(b"GET", READINESS_PATH.encode(), [], b"")
+            reader = BufferedBody(exchange)
+            while await reader.readany():  # read to its end: the connection is kept for the next check
+                pass
+    except (TimeoutError, UpstreamError, OSError) as exc:
         return False, f"upstream unreachable ({type(exc).__name__})"
-    if status >= 500:
-        return False, f"upstream answered {status} on {READINESS_PATH} (loading or failing)"
-    return True, f"upstream answered {status}"
+    finally:
+        if exchange is not None and exchange.connection is not None:
+            exchange.abandon()
+    if exchange.status >= 500:
+        return False, f"upstream answered {exchange.status} on {READINESS_PATH} (loading or failing)"
+    return True, f"upstream answered {exchange.status}"
 
 
 class _DeliberateBreak(logging.Filter):
@@ -202,17 +202,15 @@ def _freeze_startup_objects() -> None:
 
 def _lifespan(
     parts: SidecarParts,
-    session: UpstreamClient,
     config: SidecarConfig,
-    pool: H1Pool,
+    pools: tuple[H1Pool, ...],
     admin: AdminListener | None,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """Start the upstream client, the admin listener, the engine poller and the jobs; stop them,
+    """Start the admin listener, the engine poller and the jobs; stop them,
     then close the sinks."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await session.open()
         if admin is not None:
             admin.start()
         if parts.engine is not None:
@@ -237,8 +235,8 @@ def _lifespan(
                 await parts.engine.stop()
             if admin is not None:
                 await admin.stop()
-            await session.close()
-            pool.close()
+            for pool in pools:
+                pool.close()
             for sink in parts.sinks:
                 sink.close()
 
@@ -253,22 +251,18 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
             tracker.add_span_sink(sink.submit)  # type: ignore[arg-type]
         else:
             tracker.add_row_sink(sink.submit)
-    session = _upstream_client(config)
-    pool = H1Pool(
-        config.upstream,
-        max_connections=config.max_connections,
-        connect_timeout_s=config.connect_timeout_s,
-        read_timeout_s=config.read_timeout_s,
-    )
+    # one bound (--max-upstream-connections) for every client request; readiness keeps a
+    # connection of its own, so a full pool never makes /readyz say "not ready"
+    pool, readiness = _pool(config, config.max_connections), _pool(config, 1)
     page = MetricsPage(parts.registry, [tracker.exported])
     routes = admin_routes(
-        config, tracker, page, functools.partial(upstream_ready, session, config.upstream), parts.store_routes
+        config, tracker, page, functools.partial(upstream_ready, readiness), parts.store_routes
     )
     admin = None if config.admin_listen is None else AdminListener(routes, *config.admin_listen, config)
     app = SidecarApp(
         title="llm-headroom sidecar",
         version=__version__,
-        lifespan=_lifespan(parts, session, config, pool, admin),
+        lifespan=_lifespan(parts, config, (pool, readiness), admin),
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
@@ -293,8 +287,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
     if admin is None:
         app.include_router(routes)
     passthrough = PassThrough(
-        session,
-        config.upstream,
+        pool,
         faults=faults,
         max_request_body_bytes=config.max_request_body_bytes,
         read_timeout_s=config.read_timeout_s,

@@ -18,10 +18,10 @@ from collector.sidecar.relay import (
     request_headers,
     response_headers,
     send_error,
-    target_url,
+    upstream_target,
     wait_disconnect,
 )
-from collector.upstream import UpstreamClient
+from collector.sidecar.upstream import BufferedBody, Exchange, H1Pool
 
 __all__ = ["PassThrough"]
 
@@ -33,14 +33,13 @@ class PassThrough:
 
     def __init__(
         self,
-        client: UpstreamClient,
-        upstream: str,
+        pool: H1Pool,
         *,
         faults: FaultLog,
         max_request_body_bytes: int = 64 * 2**20,
         read_timeout_s: float = 600.0,
     ) -> None:
-        self._client, self._upstream, self._faults = client, upstream, faults
+        self._pool, self._faults = pool, faults
         self._max_body, self._read_timeout_s = max_request_body_bytes, read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -61,20 +60,19 @@ class PassThrough:
                 work.cancel()  # client gone: drop the upstream request (a stream would run on)
 
     async def _forward(self, scope: Scope, body: bytes, client: ClientChannel) -> None:
+        exchange: Exchange | None = None
         try:
-            upstream = await self._client.request(
-                scope["method"],
-                target_url(self._upstream, scope),
-                data=body or None,
-                headers=request_headers(scope),
-                allow_redirects=False,
-            )
-            async with upstream.response as resp:
-                await client.start(resp.status, response_headers(resp.raw_headers, keep_length=True))
-                async for data in resp.content.iter_any():
-                    await client.body(data)
-                await client.end_body()
+            method = scope["method"].encode("ascii")
+            exchange = await self._pool.send(method, upstream_target(scope), request_headers(scope), body)
+            await client.start(exchange.status, response_headers(exchange.headers, keep_length=True))
+            reader = BufferedBody(exchange)
+            while data := await reader.readany():
+                await client.body(data)
+            await client.end_body()
         except Exception as exc:  # never let client or upstream input crash the request unanswered
             ending = describe_failure(exc, self._read_timeout_s)
             self._faults.warn(f"passthrough_{ending.outcome}", f"pass-through failed: {ending.error}")
             await client.end(ending)
+        finally:
+            if exchange is not None and exchange.connection is not None:
+                exchange.abandon()  # unfinished (a cancel, a failure): its connection closes

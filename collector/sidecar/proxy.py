@@ -25,7 +25,6 @@ import time
 from typing import Any
 
 from collector.sidecar.faults import FaultLog
-from collector.sidecar.h1 import BufferedBody, Exchange, H1Pool
 from collector.sidecar.relay import (
     BodyTooLarge,
     ClientChannel,
@@ -45,6 +44,7 @@ from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, decode_header_text, resolve_tenant
 from collector.sidecar.tracecontext import Telemetry
 from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.upstream import BufferedBody, Exchange, H1Pool
 from collector.sources import EngineSource
 
 __all__ = ["CompletionsProxy", "ProxyLimits"]

@@ -7,8 +7,8 @@ the proxy finishes the request, then calls `ClientChannel.end(ending)`, which se
 where the upstream broke).
 
 Errors are ours: an Ending's `error` (the row's `error` column, the 502 body) is a short
-description and an exception *type*, never an exception's text, which for aiohttp's parser
-quotes the upstream's bytes.
+description and an exception *type*, never an exception's text, which for a parser may quote the
+upstream's bytes.
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as _UvicornCycle
-from yarl import URL
 
 from collector.record import outcome_for_status
-from collector.sidecar.h1 import BufferedBody, Exchange, UpstreamBodyBroken, UpstreamError
 from collector.sidecar.requests import EMBEDDINGS_PATH
 from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.upstream import BufferedBody, Exchange, UpstreamBodyBroken, UpstreamError
 from collector.sse import (
     DONE,
     ERROR,
@@ -51,7 +49,6 @@ __all__ = [
     "CycleWatch",
     "request_headers",
     "response_headers",
-    "target_url",
     "describe_failure",
     "relay_body",
     "relay_stream",
@@ -310,9 +307,9 @@ class CycleWatch(asyncio.Event):
         self._gone = _nothing
 
 
-def request_headers(scope: Scope) -> list[tuple[str, str]]:
+def request_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
     """The client's headers for the upstream (the pass-through's), less hop-by-hop ones."""
-    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP_BY_HOP]
+    return [(k, v) for k, v in scope["headers"] if k not in _HOP_BY_HOP]
 
 
 def response_headers(raw: Iterable[tuple[bytes, bytes]], *, keep_length: bool) -> list[tuple[bytes, bytes]]:
@@ -324,40 +321,17 @@ def response_headers(raw: Iterable[tuple[bytes, bytes]], *, keep_length: bool) -
     ]
 
 
-def target_url(upstream: str, scope: Scope) -> URL:
-    """Upstream URL for this request: the (normalised) raw path and the query string.
-
-    `scope["path"]` is percent-decoded (a model id `org%2Fname` would become two segments), so the
-    raw path is forwarded, unquoted by nobody; collector.sidecar.paths has already normalised it.
-    """
-    raw = scope.get("raw_path")
-    query = scope.get("query_string")
-    tail = ("?" + query.decode("latin-1")) if query else ""
-    if raw:
-        return URL(upstream + raw.decode("latin-1") + tail, encoded=True)
-    return URL(upstream + scope["path"] + tail)
-
-
 def _nothing() -> None:
     return None
-
-
-_DESCRIPTIONS: tuple[tuple[type[BaseException], str], ...] = (
-    (aiohttp.ClientConnectorError, "cannot connect to the upstream"),
-    (aiohttp.ServerDisconnectedError, "the upstream closed the connection"),
-    (aiohttp.ClientPayloadError, "the upstream's response body broke off or was malformed"),
-    (aiohttp.ClientResponseError, "the upstream's response could not be parsed"),
-    (aiohttp.ClientOSError, "the upstream connection failed"),
-    (aiohttp.ClientError, "the upstream request failed"),
-)
 
 
 def describe_failure(exc: BaseException, read_timeout_s: float) -> Ending:
     """The Ending of an exchange that raised `exc`: outcome, our words and the exception's type.
 
-    Example: ClientPayloadError(<upstream bytes>) -> Ending('upstream_error', "the upstream's
-    response body broke off or was malformed (ClientPayloadError)", answer=502). The accounted
-    routes' own client (collector.sidecar.h1) raises UpstreamErrors whose messages are ours.
+    Example: UpstreamBodyBroken("the upstream closed the connection inside the body") ->
+    Ending('upstream_error', "the upstream closed the connection inside the body
+    (UpstreamBodyBroken)", answer=502). The upstream client (collector.sidecar.upstream) raises
+    UpstreamErrors whose messages are ours; anything else is named by its type only.
     """
     if isinstance(exc, UpstreamError):
         name = type(exc).__name__
@@ -371,8 +345,6 @@ def describe_failure(exc: BaseException, read_timeout_s: float) -> Ending:
 
 def _describe_other(exc: BaseException, read_timeout_s: float) -> Ending:
     name = type(exc).__name__
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return Ending("timeout", f"could not connect to the upstream in time ({name})", answer=504)
     if isinstance(exc, asyncio.TimeoutError):
         return Ending(
             "timeout",
@@ -381,9 +353,6 @@ def _describe_other(exc: BaseException, read_timeout_s: float) -> Ending:
         )
     if isinstance(exc, EventTooLarge):
         return Ending("upstream_error", str(exc), answer=502, limit="--max-sse-event-bytes")
-    for kind, words in _DESCRIPTIONS:
-        if isinstance(exc, kind):
-            return Ending("upstream_error", f"{words} ({name})", answer=502)
     return Ending("upstream_error", f"proxy error: {name}", answer=502)
 
 
@@ -406,7 +375,7 @@ async def relay_body(
     declared = response.content_length
     kept = received = 0
     held = b""
-    readany = response.content.readany  # aiohttp's StreamReader, or h1.BufferedBody: b"" at the end
+    readany = response.readany  # b"" at the end
     while data := await readany():
         received += len(data)
         if declared is not None and received >= declared:
@@ -462,7 +431,7 @@ async def relay_stream(
     if cycle is not None:
         flow, write = cycle.flow, cycle.transport.write
     tracing = request.telemetry is not None  # the span reads each chunk's id, model and finish
-    readany = response.content.readany  # iter_any's loop without its iterator's coroutine per read
+    readany = response.readany  # b"" at the end
     while data := await readany():
         began = clock()
         body = splitter.take(data)
@@ -521,7 +490,7 @@ async def relay_exchange_stream(
     client: ClientChannel,
     max_event_bytes: int,
 ) -> Ending:
-    """relay_stream for an answer of the accounted routes' own client (collector.sidecar.h1).
+    """relay_stream for an answer of the accounted routes' own client (collector.sidecar.upstream).
 
     On uvicorn's server (`headroom run`'s) each socket read of the upstream is read, counted and
     written to the client's transport in the connection's callback (`_StreamSink`): no task step

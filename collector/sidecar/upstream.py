@@ -1,11 +1,10 @@
-"""The accounted routes' upstream client: HTTP/1.1 in protocol callbacks, body relayed per socket read.
+"""The sidecar's one upstream client: HTTP/1.1 in protocol callbacks, body relayed per socket read.
 
-Why not aiohttp here (it stays for the pass-through routes, the readiness check and the probe):
-aiohttp hands each read to a coroutine through a StreamReader (a future, a task step and a
-coroutine resumed per read) and spends about 100 µs of Python per request around that. Measured
-with the sidecar's own tracker and request log (BENCHMARKS.md §2, stop 34), a relay whose
-upstream side is an asyncio protocol with httptools' parser costs 0.68-0.85x a bare aiohttp
-proxy's CPU per streamed chunk, where the aiohttp-based relay costs 1.18-1.28x.
+Every route that reaches the engine goes through an `H1Pool`: the accounted completions, the
+pass-through and the readiness check (which keeps a pool of one connection of its own, so a full
+pool never makes /readyz say "not ready"). It is asyncio protocols with httptools' parser rather
+than an HTTP client library because the body is handed over in the socket's own callback, without
+a coroutine resumed per read (BENCHMARKS.md §2, stop 34, has the figures).
 
 One `Exchange` is one request on one connection of the pool:
 
@@ -19,8 +18,8 @@ pieces of one socket read (httptools gives one per HTTP chunk, and engines write
 event) are joined and handed over once: relayed piece by piece, the benchmark's load generator
 read 5 chunks a read instead of 8, and the flood rate fell by a tenth.
 
-Kept from collector.upstream: a request whose *reused* pooled connection fails before any
-response byte is sent once more on a new connection (llama.cpp closes keep-alive connections
+A request whose *reused* pooled connection fails before any response byte is sent once more
+on a new connection (llama.cpp closes keep-alive connections
 without saying so); nothing else is retried. A connect timeout, a read timeout (no byte for
 `read_timeout_s`: one timer per exchange, moved on only when it fires; stopped while the
 exchange is paused for a slow client, since nothing is read then, and re-armed from the resume),
@@ -64,6 +63,9 @@ __all__ = [
     "UpstreamReadTimeout",
     "UpstreamUnparsable",
 ]
+
+
+_BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})  # they declare a length, even of 0
 
 
 class UpstreamError(Exception):
@@ -406,7 +408,7 @@ class H1Pool:
         netloc = parts.netloc.rpartition("@")[2]
         self.prefix = parts.path.rstrip("/").encode("latin-1")  # the base URL's own path
         self._fixed = [(b"host", netloc.encode("ascii") if netloc.isascii() else netloc.encode("idna"))]
-        if parts.username is not None:  # credentials in the URL: Basic authorization, as aiohttp sends
+        if parts.username is not None:  # credentials in the URL: Basic authorization
             pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
             self._fixed.append((b"authorization", b"Basic " + base64.b64encode(pair)))
         self.max_connections = max_connections
@@ -460,6 +462,7 @@ class H1Pool:
         return exchange
 
     def _head(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], length: int) -> bytes:
+        """The request's head; a bodiless GET, DELETE or OPTIONS declares no length (RFC 9110 §8.6)."""
         lines = [method, b" ", self.prefix + target, b" HTTP/1.1\r\n"]
         fixed_names = {name for name, _ in self._fixed}
         for name, value in self._fixed:
@@ -467,7 +470,7 @@ class H1Pool:
         for name, value in headers:
             if name.lower() not in fixed_names:
                 lines += (name, b": ", value, b"\r\n")
-        lines.append(b"content-length: %d\r\n\r\n" % length)
+        lines.append(b"content-length: %d\r\n\r\n" % length if length or method in _BODY_METHODS else b"\r\n")
         return b"".join(lines)
 
     # --- the pool -------------------------------------------------------------------------------
@@ -497,7 +500,7 @@ class H1Pool:
                 raise
 
     async def _open_connection(self) -> _Connection:
-        """A new connection (the single retry's may pass the bound, as aiohttp's unpooled one did)."""
+        """A new connection (the single retry's may pass the bound by one)."""
         self._open += 1
         try:
             _, connection = await asyncio.wait_for(
@@ -552,7 +555,7 @@ class H1Pool:
 
 
 class BufferedBody:
-    """A BodySink read by a task, as aiohttp's StreamReader is (`readany`: b"" at the end).
+    """A BodySink read by a task (`readany`: b"" at the end).
 
     For the answers that are not the hot path (non-streamed ones, errors) and for servers whose
     transport the relay cannot write to from a callback: the reads wait here until the task takes
@@ -562,7 +565,6 @@ class BufferedBody:
     __slots__ = (
         "status",
         "content_length",
-        "content",
         "_exchange",
         "_pending",
         "_size",
@@ -574,7 +576,6 @@ class BufferedBody:
     def __init__(self, exchange: Exchange, high_water: int = 2**20) -> None:
         self.status = exchange.status
         self.content_length = _content_length(exchange.headers)
-        self.content = self  # aiohttp's shape: response.content.readany()
         self._exchange = exchange
         self._pending: list[bytes] = []
         self._size = 0

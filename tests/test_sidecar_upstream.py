@@ -1,4 +1,4 @@
-"""collector/sidecar/h1.py, the accounted routes' upstream client, against the suite's fake upstream
+"""collector/sidecar/upstream.py, the sidecar's one upstream client, against the suite's fake upstream
 (raw sockets, so it can break HTTP): pooling and its bound, the single retry on a stale pooled
 connection, timeouts, broken answers, and a cancel that closes the connection."""
 
@@ -12,7 +12,7 @@ import pytest
 from support.processes import free_port
 from support.upstream import FakeUpstream
 
-from collector.sidecar.h1 import (
+from collector.sidecar.upstream import (
     BufferedBody,
     H1Pool,
     UpstreamBodyBroken,
@@ -218,7 +218,7 @@ def test_url_credentials_become_basic_authorization_and_the_base_path_prefixes_t
         assert upstream.targets[-1] == (b"/v1/chat/completions", b"x=1")
 
 
-def test_the_buffered_body_reads_like_aiohttps_stream_reader():
+def test_the_buffered_body_reads_the_whole_answer_and_its_length():
     async def main(url: str) -> tuple[int | None, bytes]:
         pool = H1Pool(url)
         try:
