@@ -13,6 +13,13 @@ number below is the estimate's, per replica; the live ones stay in Prometheus:
          maxConcurrency 6, maxTokenConcurrency 6750, headroom 0.33 (bursts up to the knee, 8/6 - 1)
     llmd_saturation_config(...) -> the WVA saturation ConfigMap entry for the model
 
+With capacity in rates (μ_slo 9.5 requests/s, V_P 380 prefill tokens/s, `headroom probe --rates`):
+    keda_scaled_object(...)  + a third trigger, request-rate-per-replica:
+         sum(rate(headroom_requests_total{model, source="traffic"}[2m]))   threshold μ_slo × 0.8 = 7.6
+      (KEDA's AverageValue: replicas = ceil(live rate / threshold)), the source and measurement time
+      of μ_slo in the annotations; no μ_slo published -> no rate trigger (the concurrency ones stay);
+    llmd_saturation_config(...) + V_P per replica as a comment in the model's entry.
+
 Why the pool and not the knee: the knee is where the replica stops getting faster; the pool
 (70-80 % of it, docs/domain.md §2.2) leaves the burst room that scaling takes to arrive.
 """
@@ -26,12 +33,18 @@ from collector.rules.naming import sample
 from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS
 
 __all__ = [
+    "DEFAULT_RATE_UTILISATION",
     "EstimateError",
     "per_replica",
     "keda_scaled_object",
     "gateway_picker_config",
     "llmd_saturation_config",
 ]
+
+
+# the share of μ_slo a replica is scaled to carry: the rest absorbs bursts until scaling arrives,
+# the rate counterpart of the pool's 70-80 % of the knee (docs/domain.md §2.2)
+DEFAULT_RATE_UTILISATION = 0.8
 
 
 class EstimateError(ValueError):
@@ -90,14 +103,14 @@ def _live(name: str, selected: str, replica_class: str, config: RulesConfig, clu
     return f"({sample(name)}{selected} * on ({on}) group_left () {info})"
 
 
-def _keda_trigger(query: str, prometheus_url: str, name: str) -> dict[str, Any]:
+def _keda_trigger(query: str, prometheus_url: str, name: str, threshold: str = "1") -> dict[str, Any]:
     return {
         "type": "prometheus",
         "name": name,
         "metadata": {
             "serverAddress": prometheus_url,
             "query": query,
-            "threshold": "1",
+            "threshold": threshold,
             "ignoreNullValues": "true",
         },
     }
@@ -114,6 +127,7 @@ def keda_scaled_object(
     fallback_replicas: int | None = None,
     cluster: str | None = None,
     config: RulesConfig = RulesConfig(),
+    rate_utilisation: float = DEFAULT_RATE_UTILISATION,
 ) -> dict[str, Any]:
     """A KEDA ScaledObject (keda.sh/v1alpha1) scaling `deployment` on live ÷ per-replica concurrency.
 
@@ -121,7 +135,11 @@ def keda_scaled_object(
     of 0 is ignored for the estimate's own number, and the divisor is at least 1. KEDA's `fallback`
     holds `fallback_replicas` (default `max_replicas`) while the query fails. `cluster` keeps both
     the live series and the published gauges to one cluster, for a Prometheus holding several.
+    An estimate with μ_slo adds a rate trigger: the traffic's request rate against the threshold
+    μ_slo x `rate_utilisation` (module docstring).
     """
+    if not 0 < rate_utilisation <= 1:
+        raise ValueError(f"rate utilisation {rate_utilisation} must be in (0, 1], e.g. 0.8")
     limits = per_replica(estimate)
     model, replica_class = estimate["model"], _replica_class(estimate)
     selected = _selector(model, config, cluster)
@@ -153,6 +171,24 @@ def keda_scaled_object(
         )
         tokens = f"(sum({active}) or vector(0))\n/ on() clamp_min({budget}, 1)"
         triggers.append(_keda_trigger(tokens, prometheus_url, "active-tokens-per-pool"))
+    annotations = {
+        "llm-headroom/replica-class": replica_class,
+        "llm-headroom/estimate": str(estimate.get("created_at")),
+        "llm-headroom/pool-requests": str(limits["pool_requests"]),
+        "llm-headroom/knee-requests": str(limits["knee_requests"]),
+    }
+    mu = estimate.get("rate_requests_per_s")
+    if mu:
+        threshold = f"{mu * rate_utilisation:.6g}"
+        completed = _live(
+            "headroom_requests_total", selected[:-1] + ', source="traffic"}', replica_class, config, cluster
+        )
+        rate = f"sum(rate({completed}[2m])) or vector(0)"
+        triggers.append(_keda_trigger(rate, prometheus_url, "request-rate-per-replica", threshold))
+        annotations["llm-headroom/rate-requests-per-s"] = (
+            f"{mu:.6g} (mu_slo, source {estimate.get('source')}, measured {estimate.get('created_at')}; "
+            f"threshold {threshold} = x {rate_utilisation:g} utilisation)"
+        )
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -160,12 +196,7 @@ def keda_scaled_object(
             "name": f"{deployment}-headroom",
             "namespace": namespace,
             "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
-            "annotations": {
-                "llm-headroom/replica-class": replica_class,
-                "llm-headroom/estimate": str(estimate.get("created_at")),
-                "llm-headroom/pool-requests": str(limits["pool_requests"]),
-                "llm-headroom/knee-requests": str(limits["knee_requests"]),
-            },
+            "annotations": annotations,
         },
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
@@ -235,8 +266,23 @@ def llmd_saturation_config(
             "namespace": namespace,
             "labels": {"app.kubernetes.io/part-of": "llm-headroom"},
         },
-        "data": {_config_key(_entry_name(estimate)): _yaml_block(entry)},
+        "data": {_config_key(_entry_name(estimate)): _yaml_block(entry) + _prefill_comment(estimate)},
     }
+
+
+def _prefill_comment(estimate: dict[str, Any]) -> str:
+    """V_P per replica, for llm-d's token-aware scaling, as a comment: WVA's entry has no field."""
+    v_p = estimate.get("prefill_tokens_per_s")
+    if not v_p:
+        return (
+            "# V_P (prefill tokens/s per replica): not measured; run headroom probe --rates "
+            "(until then, calibrate it as llm-d's guide says, never borrow a figure)\n"
+        )
+    return (
+        f"# V_P {v_p:.6g} prefill tokens/s per replica (uncached, at mu_slo "
+        f"{estimate.get('rate_requests_per_s')} requests/s; source {estimate.get('source')}, "
+        f"measured {estimate.get('created_at')})\n"
+    )
 
 
 def _entry_name(estimate: dict[str, Any]) -> str:
