@@ -1,7 +1,6 @@
-"""The upstream HTTP client of the pass-through routes, the readiness check and the probe: one
-pooled aiohttp session, retrying once on a fresh connection when a *reused* pooled connection fails
-before any response byte arrived. (The accounted routes have their own: collector.sidecar.h1,
-with the same rule.)
+"""The probe's HTTP client: one pooled aiohttp session, retrying once on a fresh connection when a
+*reused* pooled connection fails before any response byte arrived. (The sidecar has its own,
+collector.sidecar.upstream, with the same rule.)
 
 Why: llama.cpp's llama-server closes a keep-alive connection after a streamed answer without
 saying `Connection: close`. The next request that the pool puts on that connection fails while

@@ -939,3 +939,30 @@ def test_the_read_that_ends_a_stream_forwards_what_the_event_by_event_reading_wo
     assert tokens == 10 and usage == {"prompt_tokens": 3, "completion_tokens": 10} and done
     # asked for by us: the usage chunk and every "usage":null go; asked for by the client: all kept
     assert body == (chunk.replace(null, b"") * 5 + b"data: [DONE]\n\n" if strip else read)
+
+
+def test_the_task_watch_reports_a_disconnect_once_and_nothing_after_stop():
+    """TaskWatch, the disconnect watch on ASGI servers other than uvicorn's httptools one."""
+    import asyncio  # noqa: PLC0415 - only this test runs an event loop
+
+    from collector.sidecar.relay import TaskWatch  # noqa: PLC0415 - beside its only user here
+
+    async def main() -> tuple[bool | None, bool | None, int, int]:
+        messages: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+        calls: list[str] = []
+        left = asyncio.Event()
+        watch = TaskWatch(messages.get, lambda: (calls.append("gone"), left.set()))
+        before = watch.seen()  # no transport to read: undecided, not gone
+        await messages.put({"type": "http.request", "body": b"", "more_body": False})
+        await messages.put({"type": "http.disconnect"})
+        await asyncio.wait_for(left.wait(), 5)
+        after = watch.seen()
+        watch.stop()
+        stopped_calls: list[str] = []
+        stopped = TaskWatch(messages.get, lambda: stopped_calls.append("gone"))
+        stopped.stop()
+        await messages.put({"type": "http.disconnect"})
+        await asyncio.sleep(0)  # a step in which a leftover watcher could still call
+        return before, after, len(calls), len(stopped_calls)
+
+    assert asyncio.run(main()) == (None, True, 1, 0)

@@ -1,14 +1,26 @@
 """The sidecar: a streaming OpenAI-API proxy that tracks every request's lifecycle.
 
-    config.py    SidecarConfig: everything `headroom run` can be told
-    wiring.py    build_sidecar: the one place that decides the sources, sinks and jobs from a config
-    app.py       create_app: the HTTP surface (proxy routes, /metrics, /healthz) and its lifespan
-    proxy.py     the ASGI handlers: accounted completions and the untouched pass-through
-    requests.py  reading a request body: model, stream flags, a prompt-token estimate
-    tracker.py   live state, the dual-caliber gauges, counters, histograms, one row per request
-    tenants.py   tenant resolution and label capping
-    otel.py      OtelSink: one OpenTelemetry GenAI span per finished row
-    cli.py       `headroom run`
+    config.py        SidecarConfig: everything `headroom run` can be told
+    wiring.py        build_sidecar: the one place that decides the sources, sinks and jobs from a config
+    app.py           create_app: routing (proxy first, then FastAPI), the upstream pools, the lifespan
+    admin.py         /metrics, /healthz, /readyz, /headroom: on the proxy's port or on --admin-listen
+    server.py        uvicorn with header and body deadlines, an idle timeout and a connection cap
+    paths.py         one spelling per path, before routing
+    proxy.py         CompletionsProxy: the accounted routes, one function owning each request
+    passthrough.py   PassThrough: every other /v1/* path, forwarded untouched, not accounted
+    upstream.py      the one upstream client: HTTP/1.1 pools in protocol callbacks
+    relay.py         relaying an answer to the client, disconnect watches, how it ended (Ending)
+    requests.py      reading a request body: model, stream flags, a prompt-token estimate
+    tracker.py       live state, the dual-caliber gauges, counters, histograms, one row per request
+    exposition.py    the tracker's series kept as text, and the /metrics page
+    series.py        SeriesBudget: one bound on the series /metrics exports
+    tenants.py       tenant resolution and label capping
+    replica.py       the replica class, headroom_replica_info
+    faults.py        one WARNING per failure class per interval
+    tracecontext.py  W3C trace context and the response facts a span needs
+    otel.py          OtelSink: one OpenTelemetry GenAI span per finished row
+    otel_metrics.py  the OpenTelemetry GenAI server metrics
+    cli.py           `headroom run`
 
 Rows leave through RowSinks (collector.record); the request log's writer and shipper are in
 collector.store, the engine and GPU sources in collector.sources.
