@@ -196,13 +196,14 @@ def test_the_review_never_judges_a_withheld_token_knee():
         assert concurrency["knee_tokens"] is None and concurrency["binding_caliber"] == "requests"
         assert concurrency["token_knee_withheld"]
         report = {
-            "concurrency": concurrency,
-            "estimate": None,
+            "classes": [
+                {"replica_class": "default", "concurrency": concurrency, "estimate": None, "plan": {}}
+            ],
             "latency": {"ttft_s": {"change_p95": None}},
             "slo": {"met": True},
             "outcomes": {"rate_limited_ratio": 0, "error_ratio": 0},
             "traffic": {"requests": 0},
-            "littles_law": {"ratio": None},
+            "littles_law": {"inconsistent": 0},
         }
         assert not any("tokens caliber" in a["action"] for a in recommend_actions(report))
 

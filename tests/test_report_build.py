@@ -60,7 +60,12 @@ def test_report_figures_equal_direct_sql(store, report):
             m["traffic"]["prompt_tokens"],
             m["traffic"]["completion_tokens"],
         ) == (n, prompt, completion)
-        assert (m["concurrency"]["peak_requests"], m["concurrency"]["peak_tokens"]) == (peak_r, peak_t)
+        (entry,) = m["classes"]  # no estimate: every instance is of the default class
+        assert entry["replica_class"] == "default"
+        assert (entry["concurrency"]["peak_requests"], entry["concurrency"]["peak_tokens"]) == (
+            peak_r,
+            peak_t,
+        )
         for metric in ("ttft_s", "tpot_s", "e2e_s"):
             expected = _sql(store, f"SELECT quantile_cont({metric}, [0.5, 0.95, 0.99])", model)[0]
             got = [m["latency"][metric][k] for k in ("p50", "p95", "p99")]
@@ -99,7 +104,7 @@ def test_week_over_week_shows_the_known_shift(report):
         assert m["traffic"]["requests_change"] == 0.0
         reasons = " ".join(a["reason"] for a in m["actions"])
         assert "p95 TTFT rose 50% week over week" in reasons
-        assert m["littles_law"]["consistent"] is True
+        assert m["littles_law"]["checked"] > 0 and m["littles_law"]["inconsistent"] == 0
 
 
 def _save_probe_estimate(store, run_id, start, knee):
@@ -118,14 +123,15 @@ def test_a_moved_knee_recommends_a_pool_change_and_peaks_are_judged_against_it()
     model = build_report(collect_inputs(store, WEEK2, WEEK2 + WEEK))["models"][0]
     store.close()
     assert (old.knee.requests, new.knee.requests) == (32, 16) and old.recommended_pool != new.recommended_pool
-    assert model["concurrency"]["knee_requests"] == 16
-    assert model["concurrency"]["headroom_requests"] == pytest.approx(1 - 16 / 16)
+    (entry,) = model["classes"]
+    assert entry["concurrency"]["knee_requests"] == 16
+    assert entry["concurrency"]["headroom_requests"] == pytest.approx(1 - 16 / 16)
     assert model["traffic"]["requests"] == 300  # the probe runs' rows are not traffic
     actions = {a["action"]: a["reason"] for a in model["actions"]}
     change = f"Change the pool from {old.recommended_pool} to {new.recommended_pool} concurrent requests"
     assert "the knee moved from 32 to 16 requests" in actions[change]
     assert (
-        "16 against the knee 16: peak is 1.0 × the knee"
+        "16 on one replica against the knee 16: peak is 1.0 × the knee"
         in actions["Add capacity or cap admission (requests caliber)"]
     )
 

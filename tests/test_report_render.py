@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
@@ -58,12 +58,14 @@ def test_html_is_self_contained_with_a_decodable_plot_per_model(report):
     html = render_report(report, "html")
     assert not re.search(r"(src|href)=[\"']?(https?:)?//", html), "HTML must not load anything from outside"
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 6, "per model: the week against the knee, the passive curve, throughput"
+    assert len(images) == 8, "per model: load per replica, throughput, the passive curve, Little's law"
     for image in images:
         with Image.open(io.BytesIO(base64.b64decode(image))) as picture:
             assert picture.format == "PNG" and picture.size == (1200, 420)
     assert "model-a" in html and "Recommended actions" in html and "Little" in html
-    assert "Throughput against concurrency" in html and "Peak concurrency over the window" in html
+    assert (
+        "Throughput against concurrency, per replica" in html and "Load per replica over the window" in html
+    )
     assert re.search(r"Window \d{4}-\d\d-\d\d \d\d:\d\d UTC", html), "timestamps to the minute for people"
     assert "peak vs knee" in html and not re.search(r"headroom [−-]\d", html)
 
@@ -77,10 +79,50 @@ def test_peak_against_the_knee_reads_as_a_multiple_or_a_share():
     assert when("2026-11-30T09:00:00+00:00") == "2026-11-30 09:00 UTC"
 
 
-def test_week_and_throughput_figures_have_hourly_points(report):
-    hourly = report["models"][0]["hourly"]
-    assert len(hourly) > 24, "the week time series has a point per hour with traffic"
-    assert all(h["hour"] % 3600 == 0 and h["peak_requests"] >= (h["mean_requests"] or 0) for h in hourly)
+def test_figures_are_per_replica_drawn_and_span_the_traffic(report):
+    """Every axis has something drawn on it; time axes span the traffic (a bin either side), not
+    the years matplotlib picks around a lone date; the y axes are per replica."""
+    from matplotlib.dates import date2num
+
+    from collector.report.plots import curve_figure, littles_figure, load_figure, throughput_figure
+
+    for model in report["models"]:
+        (entry,) = model["classes"]
+        bins, step = entry["load"]["bins"], entry["load"]["step"]
+        assert step == 3600 and len(bins) > 24
+        first, last = (date2num(datetime.fromtimestamp(b["t"], UTC)) for b in (bins[0], bins[-1]))
+        for axis in load_figure(model).axes:
+            low, high = axis.get_xlim()
+            assert first - 2 * step / 86400 <= low < first and last < high <= last + 3 * step / 86400
+            assert "per replica" in axis.get_ylabel() and axis.lines[0].get_xydata().shape[0] == len(bins)
+        throughput = throughput_figure(model).axes[0]
+        assert "per replica" in throughput.get_xlabel() and "per replica" in throughput.get_ylabel()
+        for figure in (throughput_figure(model), littles_figure(model), curve_figure(model)):
+            for axis in figure.axes:
+                drawn = sum(len(c.get_offsets()) for c in axis.collections) + sum(
+                    len(line.get_xydata()) for line in axis.lines
+                )
+                assert drawn > 0, axis.get_title()
+
+
+def test_a_lone_bin_is_a_marker_on_a_sane_time_axis():
+    from matplotlib.dates import date2num
+
+    from collector.report.plots import load_figure
+
+    t = datetime(2026, 11, 30, 9, tzinfo=UTC).timestamp()
+    point = {"t": t, "requests_per_replica": 3.0, "tokens_per_replica": 900.0}
+    entry = {
+        "replica_class": "default",
+        "load": {"step": 60, "bins": [point]},
+        "concurrency": {"knee_requests": 8, "knee_tokens": None},
+        "plan": {"pool_per_replica": {"requests": 5.0, "tokens": None}},
+    }
+    for axis in load_figure({"classes": [entry]}).axes:
+        low, high = axis.get_xlim()
+        assert high - low == pytest.approx(3 * 60 / 86400)  # three minutes, not four years
+        assert low < date2num(datetime.fromtimestamp(t, UTC)) < high
+        assert axis.lines[0].get_marker() == "o"
 
 
 def test_markdown_and_json_carry_the_same_figures(report):

@@ -18,38 +18,75 @@ __all__ = ["recommend_actions", "KNEE_MOVE", "PEAK_SHARE", "TTFT_RISE", "RATE_LI
 KNEE_MOVE, PEAK_SHARE, TTFT_RISE, RATE_LIMITED, ERRORS = 0.10, 0.80, 0.20, 0.01, 0.01
 
 
+def _label(entry: dict[str, Any], report: dict[str, Any]) -> str:
+    """' (replica class l40s)' when a model runs on several classes, else ''."""
+    return f" (replica class {entry['replica_class']})" if len(report.get("classes") or []) > 1 else ""
+
+
 def _knee_moved(report: dict[str, Any]) -> list[dict[str, str]]:
-    estimate = report.get("estimate") or {}
-    previous = estimate.get("previous") or {}
-    now, before = estimate.get("knee_requests"), previous.get("knee_requests")
-    if not now or not before or abs(now - before) / before < KNEE_MOVE:
-        return []
-    return [
-        {
-            "action": f"Change the pool from {previous.get('recommended_pool')} to "
-            f"{estimate.get('recommended_pool')} concurrent requests",
-            "reason": f"the knee moved from {before} to {now} requests "
-            f"(estimates of {previous.get('created_at')} and {estimate.get('created_at')})",
-        }
-    ]
+    found = []
+    for entry in report.get("classes") or []:
+        estimate = entry.get("estimate") or {}
+        previous = estimate.get("previous") or {}
+        now, before = estimate.get("knee_requests"), previous.get("knee_requests")
+        if not now or not before or abs(now - before) / before < KNEE_MOVE:
+            continue
+        found.append(
+            {
+                "action": f"Change the pool from {previous.get('recommended_pool')} to "
+                f"{estimate.get('recommended_pool')} concurrent requests" + _label(entry, report),
+                "reason": f"the knee moved from {before} to {now} requests "
+                f"(estimates of {previous.get('created_at')} and {estimate.get('created_at')})",
+            }
+        )
+    return found
 
 
 def _near_knee(report: dict[str, Any]) -> list[dict[str, str]]:
-    """Peaks near the knee, in the caliber that binds first; never on a withheld token knee
-    (report["concurrency"]["knee_tokens"] is None then: collector.report.build)."""
+    """Per replica class, a replica's peaks near its knee, in the caliber that binds first; never
+    on a withheld token knee (concurrency["knee_tokens"] is None then: collector.report.build)."""
     found = []
-    concurrency = report["concurrency"]
-    binding = concurrency.get("binding_caliber")
-    for caliber in ("requests", "tokens"):
-        peak, knee = concurrency.get(f"peak_{caliber}"), concurrency.get(f"knee_{caliber}")
-        if peak is not None and knee and peak >= PEAK_SHARE * knee:
-            binds = f"; the {caliber} caliber binds first" if caliber == binding else ""
+    for entry in report.get("classes") or []:
+        concurrency = entry["concurrency"]
+        binding = concurrency.get("binding_caliber")
+        for caliber in ("requests", "tokens"):
+            peak, knee = concurrency.get(f"peak_{caliber}"), concurrency.get(f"knee_{caliber}")
+            if peak is not None and knee and peak >= PEAK_SHARE * knee:
+                binds = f"; the {caliber} caliber binds first" if caliber == binding else ""
+                found.append(
+                    {
+                        "action": f"Add capacity or cap admission ({caliber} caliber)"
+                        + _label(entry, report),
+                        "reason": f"peak {caliber} concurrency {peak:g} on one replica against the knee "
+                        f"{knee:g}: " + _share(peak / knee) + binds,
+                    }
+                )
+    return found
+
+
+def _replicas(report: dict[str, Any]) -> list[dict[str, str]]:
+    """Run more replicas when the week's peak, or next week's at the trend, needs more than ran."""
+    found = []
+    for entry in report.get("classes") or []:
+        plan = entry.get("plan") or {}
+        needed, ran = plan.get("replicas_needed"), plan.get("replicas_run")
+        ahead = (plan.get("trend") or {}).get("replicas_needed")
+        caliber = plan.get("binding_caliber")
+        if needed is not None and ran is not None and needed > ran:
             found.append(
                 {
-                    "action": f"Add capacity or cap admission ({caliber} caliber)",
-                    "reason": f"peak {caliber} concurrency {peak:g} against the knee {knee:g}: "
-                    + _share(peak / knee)
-                    + binds,
+                    "action": f"Run {needed} replicas of class {entry['replica_class']} at the peak "
+                    f"(ran {ran})",
+                    "reason": f"the busiest minute's {caliber} load {plan['peak'][caliber]:g} over a "
+                    f"pool of {plan['pool_per_replica'][caliber]:g} per replica",
+                }
+            )
+        elif ahead is not None and ran is not None and ahead > ran:
+            found.append(
+                {
+                    "action": f"Plan {ahead} replicas of class {entry['replica_class']} for next week "
+                    f"(ran {ran})",
+                    "reason": "the daily peaks' trend over the last two windows",
                 }
             )
     return found
@@ -109,20 +146,25 @@ def _failures(report: dict[str, Any]) -> list[dict[str, str]]:
 
 def _evidence(report: dict[str, Any]) -> list[dict[str, str]]:
     found = []
-    if report.get("estimate") is None and report["traffic"]["requests"]:
+    unmeasured = [c["replica_class"] for c in report.get("classes") or [] if c.get("estimate") is None]
+    if unmeasured and report["traffic"]["requests"]:
         found.append(
             {
                 "action": "Measure the knee: run headroom probe against this model",
-                "reason": "no capacity estimate is stored, so headroom cannot be judged",
+                "reason": "no capacity estimate is published for replica class "
+                + ", ".join(unmeasured)
+                + ", so headroom cannot be judged",
             }
         )
     law = report["littles_law"]
-    if law["ratio"] is not None and not law["consistent"]:
+    worst = law.get("worst")
+    if law.get("inconsistent") and worst is not None:
         found.append(
             {
                 "action": "Check the request log (clocks, lost rows, counting)",
-                "reason": f"Little's law is off: measured in-flight {law['measured_inflight']} vs "
-                f"rate x e2e {law['predicted_inflight']}",
+                "reason": f"Little's law is off in {law['inconsistent']} of {law['checked']} windows "
+                f"of {law['window_s']} s; worst: measured in-flight {worst['measured_inflight']} vs "
+                f"rate x e2e {worst['predicted_inflight']}",
             }
         )
     return found
@@ -131,13 +173,19 @@ def _evidence(report: dict[str, Any]) -> list[dict[str, str]]:
 def recommend_actions(report: dict[str, Any]) -> list[dict[str, str]]:
     """[{'action', 'reason'}] for one model's figures; 'No change' with its reason when nothing trips."""
     actions = (
-        _knee_moved(report) + _near_knee(report) + _latency(report) + _failures(report) + _evidence(report)
+        _replicas(report)
+        + _knee_moved(report)
+        + _near_knee(report)
+        + _latency(report)
+        + _failures(report)
+        + _evidence(report)
     )
     if actions:
         return actions
     return [
         {
             "action": "No change",
-            "reason": "peaks below the knee, latency within SLO and steady, failures under 1 %",
+            "reason": "the replicas run carry the peak, peaks below the knee, latency within SLO "
+            "and steady, failures under 1 %",
         }
     ]

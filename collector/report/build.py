@@ -1,18 +1,24 @@
-"""build_report: the capacity review's figures per model, pure over ReportInputs.
+"""build_report: the capacity review's figures per model and replica class, pure over ReportInputs.
 
-Example output (one model, abridged):
-  {"window": {...}, "models": [{"model": "m", "traffic": {"requests": 1200, ...},
+Example output (one model, one replica class, abridged):
+  {"window": {...}, "models": [{"model": "/models/gemma-3-270m.gguf", "heading": "gemma-3-270m",
+   "traffic": {"requests": 1200, ...},
    "latency": {"ttft_s": {"p50": .., "p95": .., "p99": .., "previous": {...}, "change_p95": 0.5}},
-   "concurrency": {"peak_requests": 16, "knee_requests": 12, "headroom_requests": -0.33,
-                   "peak_over_knee_requests": 1.33, ...},
-   "hourly": [{"hour": 1796000400.0, "peak_requests": 14, "peak_tokens": 9000, "mean_requests": 6.1,
-               "tokens_per_s": 410.2}, ...],
-   "outcomes": {...}, "top_tenants": [...], "curve": [...], "littles_law": {...},
-   "estimate": {...}, "actions": [{"action": .., "reason": ..}]}]}
+   "classes": [{"replica_class": "slots8", "instances": ["a", "b"], "replicas_run": 2,
+                "estimate": {"source": "probe", "confidence": "measured", "age_h": 2.0,
+                             "published_because": "probe run r (2.0 h old)", ...},
+                "concurrency": {"peak_requests": 11, "knee_requests": 8, ...},   # per replica
+                "load": {"step": 15, "bins": [...], "peak": {"requests": 19.9, ...}, "days": [...]},
+                "plan": {"needed": {"requests": 4, "tokens": 2}, "binding_caliber": "requests",
+                         "replicas_needed": 4, "replicas_run": 2, "trend": {...}}}],
+   "outcomes": {...}, "top_tenants": [...], "curve": [...],
+   "littles_law": {"window_s": 60, "windows": [...], "checked": 40, "inconsistent": 0, ...},
+   "actions": [{"action": .., "reason": ..}]}]}
 """
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -20,9 +26,11 @@ import numpy as np
 
 from collector.report.actions import recommend_actions
 from collector.report.collect import ReportInputs
-from collector.report.figures import change, littles_law, nearest_power_of_two, percentiles, ratio
+from collector.report.figures import change, nearest_power_of_two, percentiles, ratio
+from collector.report.plan import bin_step, littles_law_windows, plan, profile
+from collector.store.decision import DEFAULT_REPLICA_CLASS
 
-__all__ = ["build_report", "TOP_TENANTS", "LITTLES_LAW_TOLERANCE"]
+__all__ = ["build_report", "heading", "token_knee_withheld", "TOP_TENANTS", "LITTLES_LAW_TOLERANCE"]
 
 TOP_TENANTS = 5
 LITTLES_LAW_TOLERANCE = 0.15  # as collector.analysis.littles_law.DEFAULT_TOLERANCE
@@ -150,81 +158,129 @@ def _concurrency(rows: dict[str, np.ndarray], estimate: dict[str, Any]) -> dict[
     return result
 
 
-def _hourly(rows: dict[str, np.ndarray], start: float, end: float) -> list[dict[str, Any]]:
-    """Per hour of the window: peak and mean concurrency at admission (both calibers) and tokens/s.
+_PROVENANCE = (
+    "created_at",
+    "source",
+    "run_id",
+    "confidence",
+    "confidence_reason",
+    "published_because",
+    "knee_requests",
+    "knee_tokens",
+    "token_knee_withheld",
+    "slo_max",
+    "recommended_pool",
+    "profile",
+    "replica_class",
+)
+# the open-loop probe's rates, shown when an estimate carries them (collector.analysis)
+OPEN_LOOP_KEYS = ("mu_slo", "v_p")
+_MODEL_FILES = (".gguf", ".ggml", ".bin", ".safetensors")
 
-    Example: 3 requests admitted 09:10-09:40 at in-flight 1, 2, 3 -> {"hour": <09:00>, "peak_requests": 3,
-    "mean_requests": 2.0, ...}; hours without traffic are left out.
+
+def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any], until: datetime) -> dict[str, Any]:
+    """Where the knee came from: source, run, confidence, age at the window's end, and why it is
+    the one published (collector.store.decision)."""
+    keys = _PROVENANCE + tuple(k for k in OPEN_LOOP_KEYS if estimate.get(k) is not None)
+    summary = {key: estimate.get(key) for key in keys}
+    created = estimate.get("created_at")
+    summary["age_h"] = (
+        round((until - datetime.fromisoformat(created)).total_seconds() / 3600, 1) if created else None
+    )
+    summary["previous"] = {key: previous.get(key) for key in _PROVENANCE} if previous else None
+    return summary
+
+
+def heading(model: str) -> str:
+    """The served model name for a heading; a file path (llama.cpp serves the GGUF path as the
+    model's name) shortens to its file stem. A hub name keeps its slash.
+
+    heading('/models/gemma-3-270m-Q8_0.gguf') -> 'gemma-3-270m-Q8_0'
+    heading('meta-llama/Llama-3.1-8B-Instruct') -> 'meta-llama/Llama-3.1-8B-Instruct'
     """
-    admitted = rows["admitted"]
-    known = ~np.isnan(admitted)
-    if not known.any():
-        return []
-    first = np.floor(start / 3600) * 3600
-    hours = np.floor((admitted[known] - first) / 3600).astype(np.int64)
-    tokens = (rows["prompt_tokens"] + rows["completion_tokens"])[known]
-    inflight, active = rows["inflight"][known], rows["active_tokens"][known]
-    result = []
-    for hour in np.unique(hours):
-        mask = hours == hour
-        result.append(
+    lowered = model.lower()
+    is_path = model.startswith(("/", "./", "../", "~")) or re.match(r"^[A-Za-z]:[\\/]", model)
+    extension = next((e for e in _MODEL_FILES if lowered.endswith(e)), None)
+    if not is_path and extension is None:
+        return model
+    name = re.split(r"[\\/]", model.rstrip("/\\"))[-1]
+    return (name[: -len(extension)] if extension else name) or model
+
+
+def _class_of(model: str, instance: str, inputs: ReportInputs, published: list[str]) -> str:
+    """An instance's replica class: the class of the probe runs it served; else the model's only
+    published class; else the default class (as the rules fall back to it)."""
+    probed = inputs.instance_classes.get((model, instance))
+    if probed:
+        return probed
+    return published[0] if len(published) == 1 else DEFAULT_REPLICA_CLASS
+
+
+def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: np.concatenate([a[name], b[name]]) for name in a}
+
+
+def _class_reports(
+    model: str, inputs: ReportInputs, current: dict[str, np.ndarray], previous: dict[str, np.ndarray]
+) -> list[dict[str, Any]]:
+    """One entry per replica class with traffic in either window: per-replica peaks against its
+    knee, the fleet's load over time, and the planning numbers."""
+    start, end = inputs.since.timestamp(), inputs.until.timestamp()
+    published = sorted(c for m, c in inputs.estimates if m == model)
+
+    def classes_of(rows: dict[str, np.ndarray]) -> np.ndarray:
+        names = rows["instance"].astype(str)
+        lookup = {i: _class_of(model, i, inputs, published) for i in set(names)}
+        return np.array([lookup[i] for i in names], dtype=object)
+
+    now_class, before_class = classes_of(current), classes_of(previous)
+    found = []
+    for replica_class in sorted(set(now_class) | set(before_class)):
+        rows = _subset(current, now_class == replica_class)
+        both = _concat(rows, _subset(previous, before_class == replica_class))
+        estimate = inputs.estimates.get((model, replica_class), {})
+        instances = sorted(set(rows["instance"].astype(str)))
+        concurrency = _concurrency(rows, estimate)
+        load = profile(both, start, end, before=inputs.previous_since.timestamp())
+        found.append(
             {
-                "hour": float(first + hour * 3600),
-                "requests": int(mask.sum()),
-                "peak_requests": _peak(inflight[mask]),
-                "peak_tokens": _peak(active[mask]),
-                "mean_requests": _mean(inflight[mask]),
-                "tokens_per_s": round(float(tokens[mask].sum()) / 3600.0, 3),
+                "replica_class": replica_class,
+                "instances": instances,
+                "replicas_run": len(instances),
+                "estimate": _estimate_summary(
+                    estimate, inputs.previous_estimates.get((model, replica_class), {}), inputs.until
+                )
+                if estimate
+                else None,
+                "concurrency": concurrency,
+                "load": load,
+                "plan": plan(load, estimate or None, concurrency["knee_tokens"], len(instances), end),
             }
         )
-    return result
-
-
-def _mean(values: np.ndarray) -> float | None:
-    known = values[~np.isnan(values)]
-    return round(float(known.mean()), 3) if known.size else None
-
-
-def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
-    keys = (
-        "created_at",
-        "source",
-        "confidence",
-        "knee_requests",
-        "knee_tokens",
-        "token_knee_withheld",
-        "slo_max",
-        "recommended_pool",
-        "profile",
-    )
-    summary = {key: estimate.get(key) for key in keys}
-    summary["previous"] = {key: previous.get(key) for key in keys} if previous else None
-    return summary
+    return found
 
 
 def _model_report(
     model: str, inputs: ReportInputs, current: dict[str, np.ndarray], previous: dict[str, np.ndarray]
 ) -> dict[str, Any]:
     start, end = inputs.since.timestamp(), inputs.until.timestamp()
-    estimate = inputs.estimates.get(model, {})
-    slo = inputs.slo_ttft_p95_s or (estimate.get("slo") or {}).get("ttft_p95_s")
+    classes = _class_reports(model, inputs, current, previous)
+    slos = [(inputs.estimates.get((model, c["replica_class"])) or {}).get("slo") or {} for c in classes]
+    slo = inputs.slo_ttft_p95_s or next((s["ttft_p95_s"] for s in slos if s.get("ttft_p95_s")), None)
     latency = _latency(current, previous)
+    admitted = current["admitted"][~np.isnan(current["admitted"])]
+    step = bin_step(float(np.ptp(admitted)) or 1.0) if admitted.size else None
     report: dict[str, Any] = {
         "model": model,
+        "heading": heading(model),
         "traffic": _traffic(current, previous, end - start),
         "latency": latency,
         "outcomes": _outcomes(current),
-        "concurrency": _concurrency(current, estimate),
+        "classes": classes,
         "top_tenants": _top_tenants(current),
         "curve": _curve(current, "inflight"),
         "curve_tokens": _curve(current, "active_tokens"),
-        "hourly": _hourly(current, start, end),
-        "littles_law": littles_law(
-            current["admitted"], current["completed"], current["e2e_s"], start, end, LITTLES_LAW_TOLERANCE
-        ),
-        "estimate": _estimate_summary(estimate, inputs.previous_estimates.get(model, {}))
-        if estimate
-        else None,
+        "littles_law": littles_law_windows(current, start, end, step, LITTLES_LAW_TOLERANCE),
         "capacity_by_class": inputs.classes.get(model, []),
     }
     p95 = latency["ttft_s"]["p95"]

@@ -6,16 +6,30 @@ import base64
 from html import escape
 from typing import Any
 
-from collector.report.plots import curve_png, throughput_png, week_png
-from collector.report.render_md import LATENCY_NAMES, binding_line, fmt, pct, versus_knee, when
+from collector.report.plots import curve_png, littles_png, load_png, throughput_png
+from collector.report.render_md import (
+    LATENCY_NAMES,
+    binding_line,
+    capacity_line,
+    class_table,
+    fmt,
+    littles_line,
+    pct,
+    period,
+    plan_line,
+    provenance_line,
+    when,
+)
 
-__all__ = ["render_html", "curve_png"]
+__all__ = ["render_html"]
 
 _CSS = (
     "body{font-family:system-ui,sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;"
     "margin:.5em 0 1em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}"
     "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}li{margin:.3em 0}"
     "img{width:100%;max-width:1200px;height:auto;display:block;margin:.5em 0 1.5em}"
+    ".plan{font-size:1.15em;background:#eef5ff;border-left:4px solid #2a6fd6;padding:.5em .8em;margin:.5em 0}"
+    ".provenance{color:#333;margin:.3em 0 .8em}.served{color:#666;margin-top:-.5em}"
 )
 
 
@@ -29,8 +43,23 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _model(m: dict[str, Any]) -> str:
-    t, c, o, law = m["traffic"], m["concurrency"], m["outcomes"], m["littles_law"]
+def _class(entry: dict[str, Any], word: str) -> str:
+    instances = ", ".join(entry["instances"][:10]) + (" …" if len(entry["instances"]) > 10 else "")
+    header, rows = class_table(entry)
+    return "".join(
+        [
+            f"<h3>Replica class {escape(entry['replica_class'])}: {entry['replicas_run']} run "
+            f"({escape(instances)})</h3>",
+            f"<p class='plan'><b>{escape(plan_line(entry, word))}</b></p>",
+            f"<p class='provenance'>{escape(provenance_line(entry))}</p>",
+            _table(header, rows),
+            f"<p>{escape(binding_line(entry['concurrency']))}</p>",
+        ]
+    )
+
+
+def _model(m: dict[str, Any], word: str) -> str:
+    t, o = m["traffic"], m["outcomes"]
     actions = "".join(f"<li><b>{escape(a['action'])}</b> — {escape(a['reason'])}</li>" for a in m["actions"])
     latency = [
         [
@@ -43,9 +72,29 @@ def _model(m: dict[str, Any]) -> str:
         ]
         for k, name in LATENCY_NAMES.items()
     ]
+    served = (
+        f"<p class='served'>served as <code>{escape(m['model'])}</code></p>"
+        if m["heading"] != m["model"]
+        else ""
+    )
+    published = (
+        _table(
+            ["published per task class", "replica class", "capacity"],
+            [
+                [item["task_class"], item.get("replica_class") or "default", capacity_line(item)]
+                for item in m["capacity_by_class"]
+            ],
+        )
+        if m.get("capacity_by_class")
+        else ""
+    )
     return "".join(
         [
-            f"<h2>{escape(m['model'])}</h2><h3>Recommended actions</h3><ul>{actions}</ul>",
+            f"<h2>{escape(m['heading'])}</h2>{served}",
+            "".join(_class(entry, word) for entry in m["classes"]),
+            "<h3>Load per replica over the window, against the knee and the pool</h3>",
+            _image(load_png(m), f"load per replica over time against the knee for {m['heading']}"),
+            f"<h3>Recommended actions</h3><ul>{actions}</ul>",
             _table(
                 ["traffic", "value"],
                 [
@@ -63,26 +112,16 @@ def _model(m: dict[str, Any]) -> str:
             ),
             _table(["latency (s)", "p50", "p95", "p99", "previous p95", "p95 change"], latency),
             f"<p>SLO p95 TTFT: {escape(fmt(m['slo']['ttft_p95_s']))} s — met: {escape(fmt(m['slo']['met']))}</p>",
-            _table(
-                ["caliber", "peak", "knee", "peak vs knee"],
-                [
-                    [
-                        cal,
-                        fmt(c[f"peak_{cal}"]),
-                        fmt(c[f"knee_{cal}"]),
-                        versus_knee(c[f"peak_over_knee_{cal}"]),
-                    ]
-                    for cal in ("requests", "tokens")
-                ],
-            ),
-            f"<p>{escape(binding_line(c))}</p>",
-            "<h3>Peak concurrency over the window, against the knee</h3>",
+            published,
+            "<h3>Throughput against concurrency, per replica</h3>",
             _image(
-                week_png(m),
-                f"hourly peak in-flight requests and active tokens against the knee for {m['model']}",
+                throughput_png(m),
+                f"tokens per second per replica against requests in flight for {m['heading']}",
             ),
-            f"<p>Little's law: measured in-flight {fmt(law['measured_inflight'])}, rate × e2e "
-            f"{fmt(law['predicted_inflight'])}, consistent: {fmt(law['consistent'])}</p>",
+            "<h3>Passive capacity curve</h3>",
+            _image(curve_png(m), f"p95 TTFT by concurrency bucket for {m['heading']}"),
+            f"<h3>Little's law per window</h3><p>{escape(littles_line(m['littles_law']))}</p>",
+            _image(littles_png(m), f"Little's law per window for {m['heading']}"),
             _table(
                 ["top tenant", "tokens", "requests", "share"],
                 [
@@ -90,10 +129,6 @@ def _model(m: dict[str, Any]) -> str:
                     for x in m["top_tenants"]
                 ],
             ),
-            "<h3>Passive capacity curve</h3>",
-            _image(curve_png(m), f"p95 TTFT by concurrency bucket for {m['model']}"),
-            "<h3>Throughput against concurrency</h3>",
-            _image(throughput_png(m), f"tokens per second against mean in-flight requests for {m['model']}"),
         ]
     )
 
@@ -101,7 +136,7 @@ def _model(m: dict[str, Any]) -> str:
 def render_html(report: dict[str, Any]) -> str:
     """The whole review as a standalone HTML document."""
     w = report["window"]
-    models = "".join(_model(m) for m in report["models"]) or "<p>No traffic in either window.</p>"
+    models = "".join(_model(m, period(w)) for m in report["models"]) or "<p>No traffic in either window.</p>"
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Capacity review</title>"
         f"<style>{_CSS}</style></head><body><h1>Capacity review</h1>"

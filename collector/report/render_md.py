@@ -10,6 +10,11 @@ __all__ = [
     "pct",
     "capacity_line",
     "binding_line",
+    "plan_line",
+    "provenance_line",
+    "littles_line",
+    "class_table",
+    "period",
     "LATENCY_NAMES",
     "versus_knee",
     "when",
@@ -43,6 +48,105 @@ def binding_line(concurrency: dict[str, Any]) -> str:
     return f"Binding caliber: {binding}" + (f" (token knee withheld: {withheld})" if withheld else "")
 
 
+def period(window: dict[str, Any]) -> str:
+    """'week' for a 7-day window, else 'window': the planning line speaks of the review's period."""
+    from datetime import datetime
+
+    days = (datetime.fromisoformat(window["until"]) - datetime.fromisoformat(window["since"])).days
+    return "week" if days == 7 else "window"
+
+
+def plan_line(entry: dict[str, Any], word: str = "week") -> str:
+    """The planning number of one replica class, e.g. 'At this week's peak you needed 4 replicas of
+    class slots8 (you ran 1); the requests caliber binds. At the trend, 5 next week.'"""
+    p, name = entry["plan"], entry["replica_class"]
+    needed, ran, binding = p["replicas_needed"], p["replicas_run"], p["binding_caliber"]
+    if needed is None:
+        why = "no pool is published for it" if entry.get("estimate") is None else "no peak to plan for"
+        return f"Replicas needed for class {name}: unknown ({why}); you ran {ran}."
+    pool = p["pool_per_replica"][binding]
+    line = (
+        f"At this {word}'s peak you needed {needed} replica{'s' if needed != 1 else ''} of class {name} "
+        f"(you ran {ran}); the {binding} caliber binds (busiest minute {fmt(p['peak'][binding], 1)} "
+        f"{binding} over a pool of {fmt(pool, 1)} per replica)."
+    )
+    trend = p["trend"]
+    if trend.get("reason"):
+        return line + f" No trend yet: {trend['reason']}."
+    ahead = trend.get("replicas_needed")
+    return line + f" At the trend, {fmt(ahead)} next {word}."
+
+
+def provenance_line(entry: dict[str, Any]) -> str:
+    """Where the class's knee came from, for the header: source, run, confidence, age, and why it
+    is the published one; the open-loop probe's rates when the estimate has them."""
+    e = entry.get("estimate")
+    if e is None:
+        return f"Knee of class {entry['replica_class']}: none published (run headroom probe)."
+    knee = f"{fmt(e['knee_requests'])} requests"
+    knee += f", {fmt(e['knee_tokens'])} tokens" if e.get("knee_tokens") else " (no token knee)"
+    parts = [
+        f"source {e['source']}" + (f" run {e['run_id']}" if e.get("run_id") else ""),
+        f"confidence {e['confidence']}",
+        f"{fmt(e['age_h'], 1)} h old at the window's end",
+        f"pool {fmt(e['recommended_pool'])}",
+    ]
+    rates = [f"{key} {fmt(e[key])}" for key in ("mu_slo", "v_p") if e.get(key) is not None]
+    return (
+        f"Knee of class {entry['replica_class']}: {knee}; "
+        + ", ".join(parts + rates)
+        + f"; published because: {e.get('published_because') or '–'}."
+    )
+
+
+def class_table(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Per caliber: the fleet's busiest minute, the pool per replica, replicas needed, and one
+    replica's peak against the knee."""
+    p, c = entry["plan"], entry["concurrency"]
+    header = [
+        "caliber",
+        "busiest minute (class total)",
+        "pool per replica",
+        "replicas needed",
+        "peak on one replica",
+        "knee",
+        "peak vs knee",
+    ]
+    rows = [
+        [
+            cal,
+            fmt((p["peak"] or {}).get(cal), 1),
+            fmt(p["pool_per_replica"][cal], 1),
+            fmt(p["needed"][cal]),
+            fmt(c[f"peak_{cal}"]),
+            fmt(c[f"knee_{cal}"]),
+            versus_knee(c[f"peak_over_knee_{cal}"]),
+        ]
+        for cal in ("requests", "tokens")
+    ]
+    return header, rows
+
+
+def littles_line(law: dict[str, Any]) -> str:
+    """Little's law per window: 'checked in 40 windows of 60 s: 0 off by more than 15 %; busiest ...'."""
+    if not law["checked"]:
+        return "Little's law: no window with completed requests to check."
+    worst = law["worst"]
+    return (
+        f"Little's law, per {law['window_s']} s window with traffic: {law['checked']} checked, "
+        f"{law['inconsistent']} off by more than 15 %; the furthest: measured in-flight "
+        f"{fmt(worst['measured_inflight'])} vs rate × e2e {fmt(worst['predicted_inflight'])} "
+        f"(window from {when_s(worst['t'])})."
+    )
+
+
+def when_s(seconds: float) -> str:
+    """POSIX seconds -> '2026-11-30 09:00:15 UTC'."""
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def versus_knee(ratio: float | None) -> str:
     """Peak against the knee for people: 4.0 -> 'peak is 4.0 × the knee', 0.62 -> 'peak is 62 % of the knee'."""
     if ratio is None:
@@ -64,9 +168,23 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def _model(m: dict[str, Any]) -> list[str]:
-    t, c, o, law, slo = m["traffic"], m["concurrency"], m["outcomes"], m["littles_law"], m["slo"]
-    lines = [f"## {m['model']}", "", "**Recommended actions**", ""]
+def _class(entry: dict[str, Any], word: str) -> list[str]:
+    instances = ", ".join(entry["instances"][:10]) + (" …" if len(entry["instances"]) > 10 else "")
+    lines = [f"### Replica class {entry['replica_class']}: {entry['replicas_run']} run ({instances})", ""]
+    lines += [f"**{plan_line(entry, word)}**", "", provenance_line(entry), ""]
+    header, rows = class_table(entry)
+    lines += _table(header, rows)
+    return lines + ["", binding_line(entry["concurrency"]), ""]
+
+
+def _model(m: dict[str, Any], word: str) -> list[str]:
+    t, o, slo = m["traffic"], m["outcomes"], m["slo"]
+    lines = [f"## {m['heading']}", ""]
+    if m["heading"] != m["model"]:
+        lines += [f"Served as `{m['model']}`.", ""]
+    for entry in m["classes"]:
+        lines += _class(entry, word)
+    lines += ["**Recommended actions**", ""]
     lines += [f"- **{a['action']}** — {a['reason']}" for a in m["actions"]] + [""]
     lines += _table(
         ["traffic", "value"],
@@ -93,28 +211,21 @@ def _model(m: dict[str, Any]) -> list[str]:
         )
     lines += _table(["latency (s)", "p50", "p95", "p99", "previous p95", "p95 change"], rows)
     lines += ["", f"SLO p95 TTFT: {fmt(slo['ttft_p95_s'])} s — met: {fmt(slo['met'])}", ""]
-    lines += _table(
-        ["caliber", "peak", "knee", "peak vs knee"],
-        [
-            [cal, fmt(c[f"peak_{cal}"]), fmt(c[f"knee_{cal}"]), versus_knee(c[f"peak_over_knee_{cal}"])]
-            for cal in ("requests", "tokens")
-        ],
-    )
-    lines += ["", binding_line(c)]
-    lines += [""] + [f"- {capacity_line(item)}" for item in m.get("capacity_by_class", [])]
-    lines += [
-        "",
-        f"Little's law: measured in-flight {fmt(law['measured_inflight'])}, rate × e2e "
-        f"{fmt(law['predicted_inflight'])}, ratio {fmt(law['ratio'])}, "
-        f"consistent: {fmt(law['consistent'])}",
-        "",
-    ]
+    if m.get("capacity_by_class"):
+        lines += _table(
+            ["published per task class", "replica class", "capacity"],
+            [
+                [item["task_class"], item.get("replica_class") or "default", capacity_line(item)]
+                for item in m["capacity_by_class"]
+            ],
+        ) + [""]
+    lines += [littles_line(m["littles_law"]), ""]
     lines += _table(
         ["top tenant", "tokens", "requests", "share"],
         [[x["tenant"], fmt(x["tokens"]), fmt(x["requests"]), fmt(x["share"])] for x in m["top_tenants"]],
     ) + [""]
     lines += _table(
-        ["in-flight bucket", "n", "p95 TTFT (s)", "p95 TPOT (s)", "error ratio"],
+        ["in-flight bucket (one replica)", "n", "p95 TTFT (s)", "p95 TPOT (s)", "error ratio"],
         [
             [
                 fmt(b["bucket"]),
@@ -130,16 +241,16 @@ def _model(m: dict[str, Any]) -> list[str]:
 
 
 def capacity_line(item: dict[str, Any]) -> str:
-    """'all: engine ceiling 46, measured knee 16, SLO max 12, pool 11 (probe run x, 2.0 h old)'."""
+    """'engine ceiling 46, measured knee 16, SLO max 12, pool 11 (probe run x, 2.0 h old)'."""
     if item.get("knee_requests") is None:
-        return f"{item['task_class']}: {item['reason']}"
+        return str(item["reason"])
     ceiling = item.get("engine_max_concurrency")
     parts = ([f"engine ceiling {fmt(ceiling)}"] if ceiling is not None else []) + [
         f"measured knee {fmt(item['knee_requests'])}",
         f"SLO max {fmt(item.get('slo_max'))}",
         f"pool {fmt(item.get('recommended_pool'))}",
     ]
-    return f"{item['task_class']}: " + ", ".join(parts) + f" ({item['reason']})"
+    return ", ".join(parts) + f" ({item['reason']})"
 
 
 def render_md(report: dict[str, Any]) -> str:
@@ -155,5 +266,5 @@ def render_md(report: dict[str, Any]) -> str:
     if not report["models"]:
         lines += ["No traffic in either window.", ""]
     for model in report["models"]:
-        lines += _model(model)
+        lines += _model(model, period(w))
     return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,288 @@
+"""The review that plans: replicas needed at the peak per replica class against the simulator's
+known slots, a fleet's load per replica, the trend to next week, Little's law per window where it
+can fail, the model heading.
+
+The traffic is the simulator's own (collector.sim.offline: the real scheduler and cost model in
+simulated time), probed as `headroom probe` would and estimated by collector.analysis; the expected
+replica count is derived from the pool that was published, never a constant.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from collector.analysis.estimate import estimate_probe_run, save_estimate
+from collector.report.build import build_report, heading
+from collector.report.collect import collect_inputs
+from collector.report.plan import bin_step, load_at
+from collector.sim.config import SimConfig
+from collector.sim.offline import START, closed_loop_rows
+from collector.store.db import RequestStore
+from collector.store.decision import decisions
+
+SLOTS = 8
+CLIENTS = 20  # load peaks at 20 concurrent requests against an engine of 8 slots
+
+
+def _shifted(rows: list[dict[str, Any]], by: timedelta, **fields: Any) -> list[dict[str, Any]]:
+    """Probe-shaped rows moved in time and relabelled (traffic from the probe's closed loop)."""
+    stamps = ("admitted_at", "first_byte_at", "first_token_at", "completed_at")
+    return [
+        dict(row, **{k: row[k] + by for k in stamps if row[k] is not None}, **fields)
+        | {"request_id": f"{fields.get('instance', 'x')}-{row['request_id']}"}
+        for row in rows
+    ]
+
+
+def one_hour_store(
+    path: Any = None, *, replicas: int = 1, slots: int = SLOTS, clients: int = CLIENTS
+) -> tuple[RequestStore, datetime]:
+    """A database with under an hour of traffic: a probe of the simulator (max_num_seqs=slots)
+    through replica r0, its estimate (replica class slots<slots>) published, then `clients` closed-
+    loop clients ramping up over ~12 minutes, spread evenly over `replicas` sidecars. Returns the
+    store and a `now` 5 minutes after the last request."""
+    config = SimConfig(max_num_seqs=slots)
+    probe = closed_loop_rows(config, (1, 2, 4, 8, 16, 32), 15.0, run_id="probe-sim")
+    probe = [dict(row, instance="r0") for row in probe]
+    store = RequestStore(path) if path else RequestStore()
+    store.insert_rows(probe)
+    estimate = estimate_probe_run(store, "probe-sim", slo_ttft_p95_s=2.0)
+    assert estimate is not None
+    estimate.task_class, estimate.replica_class = "all", f"slots{slots}"
+    estimate.created_at = max(row["completed_at"] for row in probe)
+    save_estimate(store, estimate)
+    after = estimate.created_at - START + timedelta(minutes=1)
+    per = clients // replicas
+    last = estimate.created_at
+    for r in range(replicas):
+        levels = (max(1, per // 2), per)
+        rows = closed_loop_rows(config, levels, 300.0, seed=10 + r, run_id="load")
+        traffic = _shifted(rows, after, source="traffic", run_id=None, instance=f"r{r}")
+        store.insert_rows(traffic)
+        last = max(last, max(row["completed_at"] for row in traffic))
+    return store, last + timedelta(minutes=5)
+
+
+def _published_pool(store: RequestStore, now: datetime) -> int:
+    (decision,) = [d for d in decisions(store, now) if d.task_class == "all"]
+    assert decision.estimate is not None
+    return int(decision.estimate["recommended_pool"])
+
+
+@pytest.fixture(scope="module")
+def one_replica():
+    store, now = one_hour_store()
+    report = build_report(collect_inputs(store, now - timedelta(days=7), now))
+    pool = _published_pool(store, now)
+    store.close()
+    return report, pool
+
+
+def test_the_planning_number_follows_the_published_pool(one_replica):
+    report, pool = one_replica
+    (model,) = report["models"]
+    (entry,) = model["classes"]
+    plan = entry["plan"]
+    assert entry["replica_class"] == f"slots{SLOTS}" and entry["replicas_run"] == 1
+    # 20 clients in a closed loop: the busiest minute carries ~20 requests in flight
+    assert CLIENTS - 0.5 <= plan["peak"]["requests"] <= CLIENTS
+    assert plan["pool_per_replica"]["requests"] == pool
+    assert plan["replicas_needed"] == plan["needed"]["requests"] == math.ceil(CLIENTS / pool) > 1
+    assert plan["binding_caliber"] == "requests"
+    assert plan["trend"]["reason"] == "traffic on 1 day(s); a trend needs 2"
+    estimate = entry["estimate"]
+    assert estimate["source"] == "probe" and estimate["run_id"] == "probe-sim"
+    assert estimate["published_because"].startswith("probe run probe-sim")
+    assert estimate["age_h"] is not None and estimate["age_h"] < 1
+    actions = [a["action"] for a in model["actions"]]
+    assert f"Run {math.ceil(CLIENTS / pool)} replicas of class slots{SLOTS} at the peak (ran 1)" in actions
+
+
+def test_the_planning_line_and_the_provenance_lead_the_model(one_replica):
+    from collector.report.review import render_report
+
+    report, pool = one_replica
+    needed = math.ceil(CLIENTS / pool)
+    for fmt in ("md", "html"):
+        text = render_report(report, fmt).replace("&#x27;", "'")
+        line = f"At this week's peak you needed {needed} replicas of class slots{SLOTS} (you ran 1)"
+        assert line in text
+        provenance = text.index("Knee of class slots8: 8 requests")
+        assert "published because: probe run probe-sim" in text
+        assert text.index(line[:20]) < provenance < text.index("Recommended actions")
+
+
+def test_bins_and_throughput_are_per_replica_and_real(one_replica):
+    report, _ = one_replica
+    entry = report["models"][0]["classes"][0]
+    load = entry["load"]
+    assert load["step"] == bin_step(17 * 60) == 5  # ~17 minutes of traffic in 5 s bins
+    busy = [b for b in load["bins"] if b["requests_per_replica"] > CLIENTS - 1]
+    assert busy, "the busiest bins carry the 20 clients"
+    # a real throughput: what the engine produced while busy, not the hour's tokens / 3600 s
+    sim = [b["tokens_per_s_per_replica"] for b in busy]
+    assert min(sim) > 200
+
+
+def test_a_fleet_reads_per_replica_and_sums_the_demand():
+    store, now = one_hour_store(replicas=2)
+    report = build_report(collect_inputs(store, now - timedelta(days=7), now))
+    pool = _published_pool(store, now)
+    store.close()
+    (entry,) = report["models"][0]["classes"]
+    plan = entry["plan"]
+    assert entry["instances"] == ["r0", "r1"] and plan["replicas_run"] == 2
+    assert CLIENTS - 1 <= plan["peak"]["requests"] <= CLIENTS  # the class's two replicas together
+    assert plan["replicas_needed"] == math.ceil(plan["peak"]["requests"] / pool)
+    busiest = max(entry["load"]["bins"], key=lambda b: b["requests"])
+    assert busiest["replicas"] == 2
+    assert busiest["requests_per_replica"] == pytest.approx(busiest["requests"] / 2, abs=1e-3)
+    # one replica's own peak (the sidecar's count at admission) is its half of the load
+    assert entry["concurrency"]["peak_requests"] == CLIENTS // 2
+
+
+def _burst(day: int, concurrent: int, start: datetime) -> list[dict[str, Any]]:
+    """`concurrent` requests in flight together for 5 minutes on `day`."""
+    begin = start + timedelta(days=day, hours=12)
+    return [
+        {
+            "request_id": f"d{day}-{i}",
+            "source": "traffic",
+            "instance": "r0",
+            "model": "m",
+            "admitted_at": begin,
+            "first_token_at": begin + timedelta(seconds=1),
+            "completed_at": begin + timedelta(minutes=5),
+            "outcome": "ok",
+            "prompt_tokens": 100,
+            "completion_tokens": 100,
+            "e2e_s": 300.0,
+            "ttft_s": 1.0,
+            "inflight_at_admit": i + 1,
+        }
+        for i in range(concurrent)
+    ]
+
+
+def _estimate(pool: int, created: datetime) -> dict[str, Any]:
+    return {
+        "model": "m",
+        "source": "probe",
+        "run_id": "p",
+        "profile": "interactive",
+        "created_at": created.isoformat(),
+        "knee": {"requests": pool + 2, "tokens": None, "reached": True},
+        "knee_requests": pool + 2,
+        "knee_tokens": None,
+        "slo_max": pool,
+        "recommended_pool": pool,
+        "confidence": "measured",
+        "task_class": "all",
+        "replica_class": "default",
+    }
+
+
+def test_the_trend_gives_next_weeks_replicas():
+    """Daily peaks 4, 6, ..., 30 over 14 days (2 a day, each day at its start): next week's peak
+    at the trend is the line at the end of next week, 4 + 2 x 21 = 46, so ceil(46 / 5) = 10."""
+    store = RequestStore()
+    first = datetime(2026, 11, 16, tzinfo=UTC)
+    for day in range(14):
+        store.insert_rows(_burst(day, 4 + 2 * day, first))
+    until = first + timedelta(days=14)
+    from collector.store.estimates import save_estimate as save
+
+    save(store, _estimate(5, until - timedelta(days=1)))
+    report = build_report(collect_inputs(store, until - timedelta(days=7), until))
+    store.close()
+    plan = report["models"][0]["classes"][0]["plan"]
+    assert plan["peak"]["requests"] == 30 and plan["replicas_needed"] == 6
+    trend = plan["trend"]
+    assert trend["days"] == 14 and trend["per_day"]["requests"] == pytest.approx(2.0)
+    assert trend["next_week_peak"]["requests"] == pytest.approx(46.0, abs=0.01)
+    assert trend["replicas_needed"] == 10
+
+
+def test_littles_law_per_window_catches_durations_that_disagree_with_the_stamps():
+    store = RequestStore()
+    start = datetime(2026, 11, 30, 8, tzinfo=UTC)
+    rows = []
+    for minute in range(120):
+        begin = start + timedelta(minutes=minute)
+        broken = minute >= 60  # the second hour's durations are half of what the stamps say
+        for i in range(4):
+            admitted = begin + timedelta(seconds=15 * i)
+            rows.append(
+                {
+                    "request_id": f"r{minute}-{i}",
+                    "source": "traffic",
+                    "instance": "r0",
+                    "model": "m",
+                    "admitted_at": admitted,
+                    "completed_at": admitted + timedelta(seconds=10),
+                    "outcome": "ok",
+                    "e2e_s": 5.0 if broken else 10.0,
+                }
+            )
+    store.insert_rows(rows)
+    until = start + timedelta(hours=3)
+    report = build_report(collect_inputs(store, until - timedelta(days=7), until))
+    store.close()
+    law = report["models"][0]["littles_law"]
+    assert law["window_s"] == 300 and law["checked"] == 24
+    off = [w for w in law["windows"] if not w["consistent"]]
+    assert len(off) == law["inconsistent"] == 12
+    assert all(w["t"] >= (start + timedelta(hours=1)).timestamp() for w in off)
+    assert off[0]["ratio"] == pytest.approx(2.0, rel=0.05)
+    assert any(
+        "Little's law is off in 12 of 24 windows" in a["reason"] for a in report["models"][0]["actions"]
+    )
+
+
+def test_an_instance_takes_the_class_of_the_probe_runs_it_served():
+    store, now = one_hour_store(replicas=1)
+    # a second class probed through replica h1; its traffic is h1's
+    config = SimConfig(max_num_seqs=16)
+    probe = [dict(row, instance="h1") for row in closed_loop_rows(config, (1, 4, 16, 32), 10.0, run_id="p16")]
+    store.insert_rows(_shifted(probe, timedelta(minutes=2), instance="h1"))
+    estimate = estimate_probe_run(store, "p16", slo_ttft_p95_s=2.0)
+    assert estimate is not None
+    estimate.task_class, estimate.replica_class = "all", "slots16"
+    estimate.created_at = now - timedelta(minutes=1)
+    save_estimate(store, estimate)
+    traffic = closed_loop_rows(config, (12,), 120.0, seed=5, run_id="load")
+    store.insert_rows(_shifted(traffic, timedelta(minutes=10), source="traffic", run_id=None, instance="h1"))
+    report = build_report(collect_inputs(store, now - timedelta(days=7), now))
+    store.close()
+    classes = {c["replica_class"]: c for c in report["models"][0]["classes"]}
+    assert sorted(classes) == ["slots16", "slots8"]
+    assert classes["slots16"]["instances"] == ["h1"] and classes["slots8"]["instances"] == ["r0"]
+    assert classes["slots16"]["plan"]["pool_per_replica"]["requests"] == estimate.recommended_pool
+
+
+def test_load_at_counts_requests_and_ramps_tokens():
+    import numpy as np
+
+    rows = {
+        "admitted": np.array([0.0, 1.0]),
+        "first_token": np.array([1.0, np.nan]),
+        "completed": np.array([3.0, 2.0]),
+        "prompt_tokens": np.array([10.0, 5.0]),
+        "completion_tokens": np.array([20.0, 0.0]),
+        "instance": np.array(["a", "a"], dtype=object),
+    }
+    from collector.report.plan import _intervals
+
+    requests, tokens = load_at(_intervals(rows), np.array([0.5, 1.5, 2.0, 2.5, 3.0]))
+    assert requests.tolist() == [1, 2, 1, 1, 0]
+    assert tokens.tolist() == pytest.approx([10, 10 + 5 + 5, 20, 25, 0])
+
+
+def test_the_heading_is_the_served_name_and_a_path_its_file_stem():
+    assert heading("/models/gemma-3-270m-it-Q8_0.gguf") == "gemma-3-270m-it-Q8_0"
+    assert heading("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Llama-3.1-8B-Instruct"
+    assert heading("gemma.gguf") == "gemma" and heading("llama-3-8b") == "llama-3-8b"
