@@ -2,25 +2,20 @@
 
     python benchmarks/ingest_10m.py                    # 10 M rows first (about 30 s), then ingest
     python benchmarks/ingest_10m.py --rows 200000      # a quick run on a small table
-    python benchmarks/ingest_10m.py --base FILE --batches 160 --sidecar-checkpoint-mb 64 --skip-store
+    python benchmarks/ingest_10m.py --base FILE --batches 160 --sidecar-checkpoint-mb 64
 
-Three ways in, each measured over --batches batches of --batch-rows new rows (sidecar-shaped
+Two ways in, each measured over --batches batches of --batch-rows new rows (sidecar-shaped
 rows: 28 columns, four timestamps, every column set as the tracker sets it; RequestRecords, as
-the tracker submits them, on the in-process paths and the shipper's; the in-process store on one
-DuckDB thread, as `headroom run` opens it):
+the tracker submits them; the in-process store on one DuckDB thread, as `headroom run` opens it):
 
 * `insert_rows`: RequestStore.insert_rows, the one insert path (Arrow in bulk, duplicates left
   out by an anti-join over the batch's admitted_at span, the count DuckDB returns), on a file-backed store;
 * `log_writer`: the sidecar's LogWriter in front of that store, from submit() to flush(), as
   `headroom run` builds it (a backlog appended up to 50,000 rows at a time), then with every
-  append a batch of --batch-rows;
-* `headroom store`: POST /v1/ingest to a `headroom store` process, bodies pre-serialised as Arrow
-  IPC streams (rows_to_ipc), sent one after another: HTTP, reading, validation, insert; and the
-  same batches as JSON (`{"rows": [...]}`, for clients that are not Python);
-* `log_writer -> store`: a sidecar's LogWriter in front of a StoreShipper to that store
-  (`headroom run --store-url`, pipelined as there), from submit() until the store has accepted
-  every row: the writer thread converts each batch to Arrow IPC while the shipper's sender
-  POSTs the one before.
+  append a batch of --batch-rows.
+
+(The `headroom store` ingest service this script also measured was retired with #35: a fleet's rows
+go to the Iceberg table, benchmarks/lake_commit.py.)
 
 Every row of every batch must be new and inserted once; the script checks the returned counts
 and the table's final count, then resends one batch to check that nothing is inserted twice.
@@ -37,16 +32,12 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
-import orjson
-from _common import PYTHON, free_port, start
 from prometheus_client import CollectorRegistry
 from store_query_10m import generate
 
 from collector.record import RequestRecord
 from collector.sidecar.wiring import SIDECAR_STORE_BATCH_ROWS, SIDECAR_STORE_THREADS
-from collector.store.db import ARROW_STREAM_TYPE, RequestStore, rows_to_ipc
-from collector.store.shipper import StoreShipper
+from collector.store.db import RequestStore
 from collector.store.writer import LogWriter
 
 _NOW = datetime(2026, 12, 1, 9, tzinfo=UTC)
@@ -143,95 +134,6 @@ def bench_log_writer(
     print(f"log_writer       {_rate(written, seconds)}   batches {most}")
 
 
-def _post_all(client: httpx.Client, payloads: list[bytes], content_type: str) -> tuple[int, float]:
-    began = time.perf_counter()
-    inserted = sum(
-        client.post("/v1/ingest", content=body, headers={"Content-Type": content_type}).json()["inserted"]
-        for body in payloads
-    )
-    return inserted, time.perf_counter() - began
-
-
-def bench_shipped_writer(
-    url: str, token: str, spool: Path, batches: list[list[RequestRecord]], batch_rows: int
-) -> str:
-    """The sidecar's writer shipping to the store: submit() until the store accepted every row."""
-    registry = CollectorRegistry()
-    shipper = StoreShipper(url, token, spool, timeout_s=120, pipelined=True)  # as the sidecar's
-    writer = LogWriter(
-        shipper, registry, max_queue_rows=sum(map(len, batches)) + 1, batch_rows=batch_rows, owns_sink=True
-    )
-    shipper.report_to(writer)
-    written, seconds = _submit_all(writer, registry, batches)
-    writer.close()
-    assert written == sum(map(len, batches)) and shipper.spooled_rows == 0, (written, shipper.spooled_rows)
-    return f"log_writer->store {_rate(written, seconds)}   StoreShipper, Arrow IPC, pipelined"
-
-
-def bench_store_service(
-    db: Path,
-    batches: list[list[dict]],
-    json_batches: list[list[dict]],
-    shipped_batches: list[list[RequestRecord]],
-    checkpoint_mb: int | None,
-) -> None:
-    port, token = free_port(), "bench-token"
-    extra = ["--checkpoint-mb", str(checkpoint_mb)] if checkpoint_mb else []
-    process = start(
-        [
-            PYTHON,
-            "-m",
-            "collector.cli",
-            "store",
-            "--db",
-            str(db),
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--token",
-            token,
-            "--no-jobs",
-            *extra,
-        ],
-        f"http://127.0.0.1:{port}/healthz",
-        timeout_s=120,
-    )
-    arrow = [rows_to_ipc(batch) for batch in batches]
-    as_json = [orjson.dumps({"rows": batch}) for batch in json_batches]  # as StoreShipper does
-    try:
-        with httpx.Client(
-            base_url=f"http://127.0.0.1:{port}", timeout=120, headers={"Authorization": f"Bearer {token}"}
-        ) as client:
-            inserted, seconds = _post_all(client, arrow, ARROW_STREAM_TYPE)
-            again = client.post(
-                "/v1/ingest", content=arrow[0], headers={"Content-Type": ARROW_STREAM_TYPE}
-            ).json()
-            json_inserted, json_seconds = _post_all(client, as_json, "application/json")
-            shipped = bench_shipped_writer(
-                f"http://127.0.0.1:{port}",
-                token,
-                db.parent / "spool",
-                shipped_batches,
-                len(shipped_batches[0]) if shipped_batches else 1,
-            )
-            rows = client.get("/healthz").json()["rows"]
-        status = Path(f"/proc/{process.pid}/status")
-        peak = next(
-            (line.split()[1] for line in status.read_text().splitlines() if line.startswith("VmHWM")), "?"
-        )
-    finally:
-        process.terminate()
-        process.wait(60)
-    assert inserted == sum(map(len, batches)) and again["inserted"] == 0, (inserted, again)
-    assert json_inserted == sum(map(len, json_batches)), json_inserted
-    print(
-        f"headroom store   {_rate(inserted, seconds)}   Arrow IPC bodies (resent batch: "
-        f"{again['duplicates']} duplicates, 0 inserted)"
-    )
-    print(f"headroom store   {_rate(json_inserted, json_seconds)}   JSON bodies")
-    print(f"{shipped}; table now {rows:,} rows")
-    print(f"headroom store   peak memory {int(peak) / 1024:,.0f} MiB" if peak != "?" else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000, help="rows in the table before ingest")
@@ -244,19 +146,10 @@ def main() -> None:
         help="reuse (copy) this pre-filled DuckDB file instead of generating one",
     )
     parser.add_argument(
-        "--store-checkpoint-mb",
-        type=int,
-        default=None,
-        help="headroom store's --checkpoint-mb (default: the store's own default)",
-    )
-    parser.add_argument(
         "--sidecar-checkpoint-mb",
         type=int,
         default=None,
         help="`headroom run --checkpoint-mb` for the in-process paths (default: DuckDB's 16)",
-    )
-    parser.add_argument(
-        "--skip-store", action="store_true", help="measure the in-process paths only (no `headroom store`)"
     )
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp())
@@ -280,11 +173,6 @@ def main() -> None:
         bench_log_writer(store, records("writer"), args.batch_rows, SIDECAR_STORE_BATCH_ROWS)
         bench_log_writer(store, records("small"), args.batch_rows, None)
         store.close()
-        if args.skip_store:
-            return
-        bench_store_service(
-            db, batches("service"), batches("json"), records("shipped"), args.store_checkpoint_mb
-        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         os.sync()

@@ -22,7 +22,6 @@ COMMANDS: dict[str, str] = {
     "demo": "collector.demo:demo",
     "probe": "collector.analysis.cli:probe",
     "capacity": "collector.analysis.cli:capacity",
-    "store": "collector.service.cli:store",
     "report": "collector.report.cli:report",
     "dashboards": "collector.dashboards.cli:dashboards",
     "alerts": "collector.backtest.cli:alerts",
@@ -36,7 +35,6 @@ _SHORT_HELP = {
     "demo": "Simulator + sidecar + a load that crosses the knee + a capacity summary.",
     "probe": "Concurrency-gradient load test with knee detection and recommendations.",
     "capacity": "Capacity formulas: KV-cache ceiling, quota ceilings.",
-    "store": "The store service: ingest API, query API, scheduled jobs.",
     "report": "The weekly capacity review (Markdown, HTML or JSON).",
     "dashboards": "Generate Grafana dashboards or push them to a Grafana.",
     "alerts": "Generate Prometheus rules and Alertmanager config; backtest them on scenarios or your log.",
@@ -55,6 +53,13 @@ _EXTRAS = {
     "pyiceberg": "lake",
 }
 
+# commands of earlier releases -> what replaced them (one line, instead of "No such command")
+_RETIRED = {
+    "store": "`headroom store` is gone: on one box the sidecar owns its --db and serves readers; a "
+    "fleet writes the Iceberg table (headroom run --lake URI, then headroom lake commit): "
+    "docs/operations.md, 'From one box to a fleet'",
+}
+
 
 class _LazyGroup(click.Group):
     """A click group that imports a subcommand's module only when that subcommand runs."""
@@ -64,6 +69,8 @@ class _LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
+        if name in _RETIRED:
+            raise click.UsageError(_RETIRED[name])
         if target is None:
             return None
         module_name, attribute = target.split(":")

@@ -1,7 +1,7 @@
 """A finished request as every consumer receives it: the record type, its derivations, RowSink.
 
 `RequestRecord` is declared once, here: the request-log columns (collector.store.schema derives
-the DuckDB table from its fields), the store's ingest parser, the shipper's JSON, the probe's and
+the DuckDB table from its fields), the store's ingest parser, the probe's and
 the synthetic rows and the OpenTelemetry span all follow its fields. When a request reaches its
 one terminal transition the sidecar's tracker builds one record and submits it to every RowSink:
 the request-log writer (collector.store.writer.LogWriter), the span exporter

@@ -21,19 +21,19 @@ from collector.analysis.estimate import CapacityEstimate
 from collector.analysis.knee import KneeResult
 from collector.analysis.slo import Slo
 from collector.backtest.exposition import HISTOGRAMS
-from collector.backtest.replay import ENGINE_SIDE, from_db, from_store, missing_series, replay_series
+from collector.backtest.replay import ENGINE_SIDE, from_db, missing_series, replay_series
 from collector.backtest.run import generated_rules
 from collector.backtest.scenario import Scenario, constant
 from collector.backtest.scenario_series import scenario_series
 from collector.backtest.simulate import simulate
 from collector.cli import main
+from collector.lake.layout import Lake
+from collector.lake.stage import LakeWriter
+from collector.lake.table import commit_staged, open_catalog
 from collector.rules.config import DEFAULT
-from collector.service.app import create_store_app
-from collector.serving import serve_in_thread
 from collector.store.db import RequestStore
 from collector.store.estimates import save_estimate
 
-TOKEN = "replay-token"
 SIDECAR = {
     "headroom_inflight_requests",
     "headroom_active_tokens",
@@ -123,24 +123,31 @@ def test_what_rows_cannot_tell_is_named():
     assert "HeadroomTTFTBudgetBurnFast" not in blind and "HeadroomConcurrencyNearKnee" not in blind
 
 
-def test_a_store_service_gives_the_same_records(logged):
+def test_the_fleets_table_gives_the_same_records(logged, tmp_path):
+    """The same rows staged by a LakeWriter and committed: the replay reads the table as the file."""
     result, path = logged
     store = RequestStore(path, read_only=True)
-    handle = serve_in_thread(create_store_app(store, TOKEN))
-    try:
-        since = datetime.fromtimestamp(result.epoch, UTC)
-        remote = from_store(handle.url, TOKEN, since)
-        refused = pytest.raises(Exception, match="refused the token")
-        with refused:
-            from_store(handle.url, "wrong", since)
-    finally:
-        handle.stop()
-        store.close()
+    rows = store.query_dicts("SELECT * FROM requests")
+    store.close()
+    lake, catalog = str(tmp_path / "lake"), f"sqlite:///{tmp_path / 'catalog.db'}"
+    writer = LakeWriter(lake, "box", tmp_path / "spool", roll_seconds=3600)
+    writer.write_batch(rows)
+    writer.close()
+    commit_staged(open_catalog(catalog, Lake.parse(lake)), Lake.parse(lake))
+    since = datetime.fromtimestamp(result.epoch, UTC)
+    fleet = from_db(None, since, catalog=catalog, lake=lake)
     local = from_db(str(path), since=since)
-    assert sorted(r.request_id for r in remote.records) == sorted(r.request_id for r in local.records)
+    assert sorted(r.request_id for r in fleet.records) == sorted(r.request_id for r in local.records)
     pairs = {r.request_id: r for r in local.records}
-    assert all(abs(r.completed - pairs[r.request_id].completed) < 1e-5 for r in remote.records)
-    assert [c.knee_requests for c in remote.capacities] == [32]
+    assert all(abs(r.completed - pairs[r.request_id].completed) < 1e-5 for r in fleet.records)
+    assert fleet.source == f"--lake {lake}" and fleet.capacities == []  # estimates live beside --db
+    runner = CliRunner()
+    no_since = runner.invoke(main, ["alerts", "backtest", "--lake", lake, "--catalog", catalog])
+    assert no_since.exit_code == 1 and "--lake needs --since" in no_since.output
+    no_catalog = runner.invoke(
+        main, ["alerts", "backtest", "--lake", lake, "--since", "24h"], env={"HEADROOM_CATALOG": ""}
+    )
+    assert no_catalog.exit_code == 1 and "--lake needs --catalog" in no_catalog.output
 
 
 @pytest.mark.integration
@@ -202,8 +209,6 @@ def test_backtest_command_line_errors_name_the_input(tmp_path):
     assert both.exit_code == 2 and "not both" in both.output
     nothing = runner.invoke(main, ["alerts", "backtest"])
     assert nothing.exit_code == 2 and "--list" in nothing.output
-    store = runner.invoke(main, ["alerts", "backtest", "--store-url", "http://127.0.0.1:9"])
-    assert store.exit_code == 1 and "--store-url needs --since" in store.output
     missing = runner.invoke(main, ["alerts", "backtest", "--db", str(tmp_path / "none.duckdb")])
     assert missing.exit_code == 1 and "none.duckdb" in missing.output
     listed = runner.invoke(main, ["alerts", "backtest", "--list"])

@@ -1,6 +1,6 @@
 """Probe results reach the headroom_capacity_* gauges on every documented path, as the README's
 single-box flow runs them: `headroom probe` through `headroom run`, `headroom probe --db` into a
-file the sidecar imports (`--probe-db`), and `headroom probe --store-url` into a `headroom store`.
+file the sidecar imports (`--probe-db`).
 Each ends with gauges equal to the probe's own knee and pool, labelled source="probe", and with a
 first estimate at start-up rather than after the first 15-minute refresh.
 """
@@ -98,14 +98,6 @@ def test_probe_db_file_beside_a_sidecar_reaches_its_gauges(tmp_path):
         ) as sidecar:
             estimate = _probe(sim, tmp_path / "cap.json", "--db", str(probe_db))
             _assert_matches(_published(sidecar), estimate)
-
-
-def test_probe_to_a_store_service_reaches_its_gauges(tmp_path, monkeypatch):
-    monkeypatch.setenv("HEADROOM_TOKEN", "paths-token")
-    with sim_process(speed=1, max_num_seqs=4, seed=5) as sim:
-        with headroom_process("store", "--db", str(tmp_path / "fleet.duckdb"), health="/healthz") as store:
-            estimate = _probe(sim, tmp_path / "cap.json", "--store-url", store)
-            _assert_matches(_published(store), estimate)
 
 
 def test_a_stored_probe_is_published_at_start_up(tmp_path):

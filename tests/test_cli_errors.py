@@ -85,28 +85,54 @@ def test_capacity_curve_not_a_duckdb_file(not_duckdb):
 
 @pytest.mark.subprocess
 def test_capacity_curve_on_a_held_db_says_who_to_ask(locked_db):
-    _one_clear_error(run("capacity", "curve", "--db", str(locked_db)), str(locked_db), "holds", "/v1/query")
+    _one_clear_error(
+        run("capacity", "curve", "--db", str(locked_db)), str(locked_db), "holds", "left no readable"
+    )
 
 
 def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
-    _one_clear_error(run("report", "--db", str(not_duckdb)), str(not_duckdb), "sidecar or store wrote")
+    _one_clear_error(run("report", "--db", str(not_duckdb)), str(not_duckdb), "a sidecar or store wrote")
 
 
 @pytest.mark.subprocess
-def test_report_on_a_held_db_points_at_the_store(locked_db):
-    _one_clear_error(run("report", "--db", str(locked_db)), str(locked_db), "holds", "--store-url")
+def test_report_on_a_held_db_says_who_holds_it(locked_db):
+    _one_clear_error(run("report", "--db", str(locked_db)), str(locked_db), "holds", "left no readable")
 
 
-def test_report_unreachable_store_names_the_url_and_what_to_check():
-    url = f"http://127.0.0.1:{_closed_port()}"
-    _one_clear_error(run("report", "--store-url", url, "--token", "t"), url, "headroom store` is running")
+def _owner_file(db, token: str) -> str:
+    url = f"http://127.0.0.1:{_closed_port()}/headroom"
+    record = f'{{"url": "{url}", "proxy": null, "token": "{token}", "pid": 1}}'
+    (db.parent / f"{db.name}.owner").write_text(record)
+    return url
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("command", [("report",), ("capacity", "curve"), ("alerts", "backtest")])
+def test_an_unreachable_owner_is_one_line_naming_it(locked_db, command):
+    (locked_db.parent / f"{locked_db.name}.token").write_text("t\n")
+    url = _owner_file(locked_db, "file")
+    result = run(*command, "--db", str(locked_db))
+    _one_clear_error(result, url, "cannot reach the owner", "(ConnectError)", "is it still running")
+    assert "Errno" not in result.output and "httpx" not in result.output
+
+
+@pytest.mark.subprocess
+def test_a_missing_token_is_one_line_naming_headroom_token(locked_db, monkeypatch):
+    monkeypatch.delenv("HEADROOM_TOKEN", raising=False)
+    _owner_file(locked_db, "env")
+    result = run("report", "--db", str(locked_db))
+    _one_clear_error(result, "its token was not found", "set HEADROOM_TOKEN")
+    assert "Illegal header" not in result.output
+
+
+def test_the_retired_store_command_says_what_replaced_it():
+    _one_clear_error(run("store", "--db", "x.duckdb"), "headroom store` is gone", "--lake", code=2)
 
 
 @pytest.mark.parametrize(
     "args, hint",
     [
         (["--url", "127.0.0.1:9100"], "--url"),
-        (["--url", "http://127.0.0.1:9100", "--store-url", "store:9200"], "--store-url"),
     ],
 )
 def test_probe_url_without_scheme_is_a_usage_error(args, hint):
@@ -120,34 +146,15 @@ def test_probe_db_that_is_not_duckdb_is_not_blamed_on_a_sidecar(not_duckdb):
 
 
 @pytest.mark.subprocess
-def test_probe_db_held_by_a_sidecar_suggests_the_store(locked_db):
+def test_probe_db_held_without_an_owner_file_says_so(locked_db):
     result = run("probe", "--url", f"http://127.0.0.1:{_closed_port()}", "--db", str(locked_db))
-    _one_clear_error(result, str(locked_db), "--store-url")
+    _one_clear_error(result, str(locked_db), "left no readable")
 
 
 def test_demo_with_a_db_that_is_not_duckdb(not_duckdb):
     result = run("demo", "--db", str(not_duckdb), "--levels", "1", "--level-seconds", "0.5")
     _one_clear_error(result, str(not_duckdb), "pass a new path")
     assert not_duckdb.read_text().startswith("this is not a database")  # nothing overwritten
-
-
-def test_store_with_a_db_that_is_not_duckdb(tmp_path, not_duckdb):
-    result = run("store", "--db", str(not_duckdb), "--listen", f"127.0.0.1:{_closed_port()}", "--token", "t")
-    _one_clear_error(result, str(not_duckdb), "pass a DuckDB file")
-    assert "Only one process" not in result.output and "only one process" not in result.output
-
-
-def test_store_with_a_bad_db_leaves_no_token_file_behind(tmp_path, not_duckdb, monkeypatch):
-    monkeypatch.delenv("HEADROOM_TOKEN", raising=False)
-    result = run("store", "--db", str(not_duckdb), "--listen", f"127.0.0.1:{_closed_port()}")
-    _one_clear_error(result, str(not_duckdb), "pass a DuckDB file")
-    assert not list(not_duckdb.parent.glob("*.token"))
-
-
-@pytest.mark.subprocess
-def test_store_with_a_held_db_says_only_one_process(locked_db):
-    result = run("store", "--db", str(locked_db), "--listen", f"127.0.0.1:{_closed_port()}", "--token", "t")
-    _one_clear_error(result, str(locked_db), "only one process may own it")
 
 
 def test_dashboards_push_url_without_scheme(tmp_path):

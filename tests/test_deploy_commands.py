@@ -134,7 +134,7 @@ def test_command_line_is_a_real_headroom_command(where, words, listed_subcommand
 
 def test_unknown_flags_are_caught():
     assert _unknown_flags(["run", "--upstream", "http://e:8000", "--no-such-flag"]) == ["--no-such-flag"]
-    assert _unknown_flags(["store", "--listen=0.0.0.0:9200", "--help"]) == []
+    assert _unknown_flags(["run", "--listen=0.0.0.0:9100", "--help"]) == []
 
 
 def test_the_extractor_finds_continued_and_inline_commands():

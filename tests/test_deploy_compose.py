@@ -41,7 +41,7 @@ def _targets(job_name: str) -> list[str]:
 
 
 def test_the_whole_pipeline_is_there_with_gpu_profiles():
-    assert set(ALWAYS_ON) == {"sim", "sidecar", "store", "prometheus", "alertmanager", "grafana"}
+    assert set(ALWAYS_ON) == {"sim", "sidecar", "prometheus", "alertmanager", "grafana"}
     assert SERVICES["vllm"]["profiles"] == ["vllm"]
     assert SERVICES["dcgm-exporter"]["profiles"] == ["dcgm"]
 
@@ -70,9 +70,9 @@ def test_published_ports_are_bound_to_loopback():
 
 def test_duckdb_and_prometheus_data_live_in_named_volumes():
     named = set(COMPOSE["volumes"])
-    store_command = SERVICES["store"]["command"]
-    db_dir = str(Path(store_command[store_command.index("--db") + 1]).parent)
-    store_volumes = dict(entry.split(":")[:2][::-1] for entry in SERVICES["store"]["volumes"])
+    sidecar_command = SERVICES["sidecar"]["command"]
+    db_dir = str(Path(sidecar_command[sidecar_command.index("--db") + 1]).parent)
+    store_volumes = dict(entry.split(":")[:2][::-1] for entry in SERVICES["sidecar"]["volumes"])
     assert store_volumes.get(db_dir) in named, f"the DuckDB directory {db_dir} is not a named volume"
     prometheus_volumes = dict(entry.split(":")[:2][::-1] for entry in SERVICES["prometheus"]["volumes"])
     assert prometheus_volumes.get("/prometheus") in named
@@ -92,7 +92,7 @@ def test_secrets_come_from_the_environment_never_literal():
                     f"{name}.{key} must be an ${{VAR:?...}} reference, not a value"
                 )
     text = (ROOT / "docker-compose.yml").read_text()
-    assert "${HEADROOM_TOKEN:?" in text, "the store token must be required from the environment"
+    assert "${HEADROOM_TOKEN:?" in text, "the owner routes' token must be required from the environment"
     assert "--token" not in text, "a token on the command line is visible in `ps`; use the env"
 
 
@@ -124,12 +124,11 @@ def test_dockerfile_copies_only_what_exists_and_is_not_ignored():
         )
 
 
-def test_prometheus_scrapes_the_sidecar_and_store_where_compose_serves_them():
+def test_prometheus_scrapes_the_sidecar_where_compose_serves_it():
     sidecar = SERVICES["sidecar"]["command"]
     sidecar_port = sidecar[sidecar.index("--listen") + 1].rsplit(":", 1)[1]
     assert _targets("headroom-sidecar") == [f"sidecar:{sidecar_port}"]
-    store = SERVICES["store"]["command"]
-    assert _targets("headroom-store") == [f"store:{store[store.index('--listen') + 1].rsplit(':', 1)[1]}"]
+    assert "store" not in SERVICES and "headroom-store" not in str(PROMETHEUS)
     (alertmanagers,) = PROMETHEUS["alerting"]["alertmanagers"]
     assert alertmanagers["static_configs"][0]["targets"] == ["alertmanager:9093"]
     assert "alertmanager" in SERVICES
@@ -144,12 +143,12 @@ def test_rule_files_resolve_inside_the_mounted_alerts_directory():
         assert sorted(ROOT.glob(pattern)), f"rule_files {pattern} matches nothing in the repository"
 
 
-def test_sidecar_points_at_the_engine_and_ships_to_the_store():
+def test_sidecar_points_at_the_engine_and_owns_its_log_on_a_volume():
     command = SERVICES["sidecar"]["command"]
     assert command[command.index("--upstream") + 1] == "${HEADROOM_UPSTREAM:-http://sim:8000}"
     sim_listen = SERVICES["sim"]["command"][SERVICES["sim"]["command"].index("--listen") + 1]
     assert sim_listen.endswith(":8000")
-    assert command[command.index("--store-url") + 1] == "http://store:9200"
+    assert "--store-url" not in command and command[command.index("--db") + 1].startswith("/data/db/")
 
 
 def _dashboard_datasource_uids() -> set[str]:

@@ -106,7 +106,7 @@ def test_the_service_exposes_only_the_proxy_and_prometheus_scrapes_the_admin_por
 
 
 def test_read_only_containers_have_scratch_and_the_sidecar_sees_the_gpu():
-    for deployment in ("llm-inference", "headroom-store"):
+    for deployment in ("llm-inference", "headroom-lake-committer"):
         doc = _find("Deployment", deployment)
         volumes = {v["name"]: v for v in doc["spec"]["template"]["spec"]["volumes"]}
         for container in _containers(doc).values():
@@ -218,10 +218,8 @@ def test_rules_podmonitor_and_documented_scrape_config_agree_on_the_sidecar_job(
     assert target["job"] == DEFAULT.sidecar_job
     assert target["__address__"] == "10.0.0.7:9101" and target["__metrics_path__"] == "/metrics"
     assert (target["namespace"], target["pod"]) == ("llm", "llm-inference-5d9f")
-    store = _relabel(
-        _documented_scrape_job()["relabel_configs"], _pod_meta(_find("Deployment", "headroom-store"))
-    )
-    assert store["job"] == "headroom-store" != DEFAULT.sidecar_job, "the store is not a sidecar"
+    committer = _pod_meta(_find("Deployment", "headroom-lake-committer"))
+    assert _relabel(_documented_scrape_job()["relabel_configs"], committer) is None, "not a sidecar"
 
 
 @pytest.mark.subprocess
@@ -244,27 +242,29 @@ def test_documented_relabeling_loads_in_promtool(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_tokens_come_from_a_secret_never_from_a_literal():
-    token_envs = []
+def test_the_catalog_comes_from_a_secret_never_from_a_literal():
+    secret_envs = []
     for doc in DOCUMENTS:
-        if doc["kind"] != "Deployment":
-            continue
-        for container in _containers(doc).values():
+        spec = doc.get("spec", {})
+        pod = spec.get("jobTemplate", {}).get("spec", spec)
+        for container in pod.get("template", {}).get("spec", {}).get("containers", []):
             for env in container.get("env", []):
-                if "TOKEN" in env["name"]:
+                if "TOKEN" in env["name"] or "CATALOG" in env["name"]:
                     assert "value" not in env, f"{env['name']} has a literal value"
-                    token_envs.append(env["valueFrom"]["secretKeyRef"]["name"])
-    assert token_envs.count("headroom-store-token") == 2  # the store checks it, the sidecar sends it
+                    secret_envs.append(env["valueFrom"]["secretKeyRef"]["name"])
+    assert secret_envs.count("headroom-catalog") == 2  # the committer and the maintenance
     assert not [doc for doc in DOCUMENTS if doc["kind"] == "Secret"], "never commit a Secret"
 
 
-def test_store_is_its_own_single_writer_deployment_with_a_service():
-    store = _find("Deployment", "headroom-store")
-    assert store["spec"]["replicas"] == 1
-    assert store["spec"]["strategy"]["type"] == "Recreate", "two DuckDB writers during a rollout"
-    service_port = _find("Service", "headroom-store")["spec"]["ports"][0]["port"]
+def test_sidecars_stage_into_the_lake_the_committer_and_maintenance_read():
     sidecar = _containers(_find("Deployment", "llm-inference"))["headroom"]
-    assert _arg(sidecar, "--store-url") == f"http://headroom-store:{service_port}"
+    committer = _containers(_find("Deployment", "headroom-lake-committer"))["committer"]
+    (maintain,) = _find("CronJob", "headroom-lake-maintain")["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert _arg(sidecar, "--lake") == _arg(committer, "--lake") == _arg(maintain, "--lake")
+    assert committer["args"][:2] == ["lake", "commit"] and maintain["args"][:2] == ["lake", "maintain"]
+    assert "--store-url" not in sidecar["args"] and "--db" not in sidecar["args"]
     assert (
         _arg(sidecar, "--upstream")
         == f"http://127.0.0.1:{_arg(_containers(_find('Deployment', 'llm-inference'))['vllm'], '--port')}"

@@ -141,10 +141,3 @@ def test_sidecar_with_lake_stages_rows_and_exports_spool_health(tmp_path: Path) 
         assert metrics[("headroom_log_rows_written_total", ())] == 5
         assert metrics[("headroom_store_up", ())] == 1
     assert not (tmp_path / "log.duckdb").exists()
-
-
-def test_lake_and_store_url_together_is_refused() -> None:
-    from collector.sidecar.config import SidecarConfig
-
-    with pytest.raises(ValueError, match="--lake or --store-url"):
-        SidecarConfig(upstream="http://127.0.0.1:1", lake="/tmp/x", store_url="http://127.0.0.1:2")

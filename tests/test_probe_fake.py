@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import orjson
@@ -16,6 +18,7 @@ from conftest import free_port
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from PIL import Image
+from support.processes import HEADROOM
 
 from collector.analysis.probe import ProbeError, ProbeSettings, _Level, run_probe
 from collector.cli import main
@@ -236,34 +239,39 @@ def test_cli_rejects_bad_levels_and_prompts():
     assert missing.exit_code == 2 and "one prompt per line" in missing.output
 
 
-def test_cli_ships_rows_to_a_store_service(serve, tmp_path):
-    from collector.service.app import create_store_app
+@pytest.mark.subprocess
+def test_cli_sends_rows_and_estimate_to_the_sidecar_that_owns_db(serve, tmp_path, monkeypatch):
+    """`probe --db` on a file a sidecar owns: rows to its ingest route, the estimate to its estimates
+    route (collector.store.owner); a token it refuses is one line naming HEADROOM_TOKEN."""
+    from collector.sidecar.config import SidecarConfig
+    from collector.sidecar.wiring import build_sidecar
 
-    store = RequestStore(tmp_path / "service.duckdb")
-    store_server = serve(create_store_app(store, "probe-token"))
+    monkeypatch.delenv("HEADROOM_TOKEN", raising=False)
     server = serve(fake_app(slots=8))
-    result = CliRunner().invoke(
-        main,
-        [
-            "probe",
-            "--url",
-            server.url,
-            "--levels",
-            "1,2",
-            "--max-tokens",
-            str(TOKENS),
-            "--max-samples",
-            "12",
-            "--store-url",
-            store_server.url,
-            "--store-token",
-            "probe-token",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    shipped = store.query("SELECT count(*), min(source), count(DISTINCT run_id) FROM requests")[0]
-    assert shipped == (requests_sent(server), "probe", 1)
-    store.close()
+    db, port = tmp_path / "owned.duckdb", free_port()
+    app = build_sidecar(SidecarConfig(upstream=server.url, db_path=str(db), jobs=False, listen_port=port))
+    sidecar = serve_in_thread(app, port=port, timeout_graceful_shutdown=5)
+    args = [str(HEADROOM), "probe", "--url", server.url, "--levels", "1,2", "--max-tokens", str(TOKENS)]
+
+    def probe(samples: int) -> subprocess.CompletedProcess[str]:  # another process: DuckDB's lock
+        command = [*args, "--max-samples", str(samples), "--db", str(db)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+    try:
+        result = probe(12)
+        assert result.returncode == 0, result.stdout + result.stderr
+        store = app.state.batch_sink
+        sent = store.query("SELECT count(*), min(source), count(DISTINCT run_id) FROM requests")[0]
+        assert sent == (requests_sent(server), "probe", 1)
+        assert store.query("SELECT count(*) FROM capacity_estimates")[0][0] == 1
+        monkeypatch.setenv("HEADROOM_TOKEN", "not-the-owners")  # the owner read its token from the file
+        Path(f"{db}.owner").write_text(Path(f"{db}.owner").read_text().replace('"file"', '"env"'))
+        refused = probe(4)
+        assert refused.returncode == 1
+        assert "refused the token; set HEADROOM_TOKEN to the owner's" in refused.stderr
+        assert "Traceback" not in refused.stderr and "httpx" not in refused.stderr
+    finally:
+        sidecar.stop()
 
 
 async def test_a_level_ends_when_p95_ttft_stops_drifting_or_at_the_cap(serve):

@@ -1,4 +1,4 @@
-"""The request record is declared once: the DuckDB table, the ingest parser, the shipper's JSON and
+"""The request record is declared once: the DuckDB table, the ingest parser, the JSON a client sends and
 the span mapping all follow its fields, and the shared rules (outcome, TPOT, tokens) have one home."""
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def test_the_duckdb_table_is_the_record():
     assert dict(described) == expected and list(expected) == list(FIELD_NAMES)
 
 
-def test_a_record_survives_the_shipper_json_the_ingest_parser_and_duckdb():
-    (parsed,) = parse_batch(orjson.dumps({"rows": [FULL]}))  # what StoreShipper sends
+def test_a_record_survives_json_the_ingest_parser_and_duckdb():
+    (parsed,) = parse_batch(orjson.dumps({"rows": [FULL]}))  # what a client of /v1/ingest sends
     assert parsed == FULL
     store = RequestStore(":memory:")
     assert store.insert_rows([parsed]) == 1

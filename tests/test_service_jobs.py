@@ -6,18 +6,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi.testclient import TestClient
+from support.owner_routes import routes_app
 
 from collector.analysis.refresh import refresh_estimates
 from collector.report.review import write_report_files
-from collector.service.app import create_store_app
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
+from collector.store.decision import publish
 from collector.store.jobs import JobSettings, build_scheduler, job_table, parse_weekly_cron, run_due
 from collector.store.retention import export_and_expire
 from collector.store.rollup import rollup_hours
 from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 
-# The work the store service and `headroom run` hand to the store's jobs.
+# The work `headroom run` hands to the store's jobs.
 WORK = {"refresh": refresh_estimates, "review": write_report_files}
 
 UTC = UTC
@@ -76,7 +77,7 @@ def test_jobs_fire_on_their_triggers_with_an_injected_clock(store, tmp_path):
     assert gauges.get("model-a").knee_requests == 8.0
     assert (tmp_path / "reports" / "latest.html").read_text().startswith("<!doctype html>")
     assert (tmp_path / "reports" / "capacity-review-2026-11-30.md").exists()
-    with TestClient(create_store_app(store, "t", report_dir=tmp_path / "reports")) as client:
+    with TestClient(routes_app(store, "t", report_dir=tmp_path / "reports")) as client:
         served = client.get("/reports/latest", headers={"Authorization": "Bearer t"})
     assert served.status_code == 200 and "model-b" in served.text and "data:image/png;base64," in served.text
 
@@ -91,15 +92,15 @@ def test_weekly_report_schedule_is_configurable():
         parse_weekly_cron("monday 9am")
 
 
-def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_estimates(store, tmp_path):
+def test_stored_estimates_are_published_and_served_and_the_scheduler_holds_every_job(store, tmp_path):
     store.insert_rows(synthetic_probe_run(SUNDAY_EVENING, model="model-z"))
     refresh_estimates(store, None, SUNDAY_EVENING + timedelta(hours=1), window=timedelta(hours=2))
     settings = JobSettings(export_dir=tmp_path / "pq", report_dir=tmp_path / "reports")
     gauges = CapacityGauges()
-    app = create_store_app(store, "t", gauges=gauges, job_settings=settings)
-    with TestClient(app) as client:
-        assert gauges.get("model-z").knee_requests == 8.0  # before the first 15-minute refresh
-        assert 'headroom_capacity_knee{caliber="requests",model="model-z"} 8.0' in client.get("/metrics").text
+    publish(store, gauges, None)  # what an owning sidecar does at start, before the first refresh
+    assert gauges.get("model-z").knee_requests == 8.0
+    scheduler = build_scheduler(store, gauges, settings, **WORK)
+    with TestClient(routes_app(store, "t", gauges=gauges, report_dir=tmp_path / "reports")) as client:
         auth = {"Authorization": "Bearer t"}
         estimate = client.get("/v1/query/estimate", params={"model": "model-z"}, headers=auth).json()["rows"]
         assert [(e["knee_requests"], e["source"], e["run_id"]) for e in estimate] == [(8, "probe", "run-1")]
@@ -108,8 +109,6 @@ def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_esti
         assert [(r["run_id"], r["model"], r["requests"], r["max_inflight"]) for r in runs] == [
             ("run-1", "model-z", store.count(), 32)
         ]
-        scheduler = app.state.scheduler
-        assert scheduler.running
         assert {job.id for job in scheduler.get_jobs()} == {
             "rollup",
             "retention",
@@ -118,7 +117,6 @@ def test_store_lifespan_starts_and_stops_the_scheduler_and_publishes_stored_esti
             "weekly_report",
         }
         assert client.get("/reports/latest", headers={"Authorization": "Bearer t"}).status_code == 404
-    assert not scheduler.running
     default_jobs = build_scheduler(store, None, JobSettings(), **WORK).get_jobs()
     assert {job.id for job in default_jobs} == {"rollup", "capacity_estimates", "probe_runs"}
 

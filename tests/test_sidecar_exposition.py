@@ -81,10 +81,10 @@ def test_no_text_or_authorization_reaches_any_file_log_or_metric(tmp_path, caplo
         with sidecar_rig(
             tmp_path / "fleet",
             db_path=None,
-            store_url="http://127.0.0.1:9",
-            store_token="t",
+            lake=str(tmp_path / "fleet" / "lake"),
+            lake_roll_seconds=3600.0,
             spool_dir=str(spool),
-        ) as fleet:  # a store that is down
+        ) as fleet:  # rows spooled, the lake's write-ahead
             _send_marked_traffic(fleet.url)
             assert fleet.app.state.writer.flush()
             metrics_text += httpx.get(fleet.url + "/metrics").text

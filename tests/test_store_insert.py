@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
+from support.owner_routes import routes_app
 
 from collector.cli import main
 from collector.record import RequestRecord
-from collector.service.app import create_store_app
 from collector.store.db import (
     _UNKNOWN,
     ARROW_STREAM_TYPE,
@@ -164,7 +164,7 @@ def test_an_older_file_is_rebuilt_without_the_primary_key_keeping_every_row(tmp_
 @pytest.fixture
 def client():
     store = RequestStore()
-    with TestClient(create_store_app(store, TOKEN)) as client:
+    with TestClient(routes_app(store, TOKEN)) as client:
         client.store = store
         yield client
     store.close()
@@ -258,7 +258,7 @@ def test_rows_to_arrow_keeps_every_value_of_a_row_and_nulls_the_missing_columns(
     }
 
 
-def test_the_store_service_folds_its_write_ahead_log_less_often_than_duckdb_would(tmp_path):
+def test_a_store_told_to_fold_its_write_ahead_log_less_often_than_duckdb_would(tmp_path):
     tuned = RequestStore(tmp_path / "tuned.duckdb", checkpoint_mb=64)
     default = RequestStore(tmp_path / "default.duckdb")
     try:
@@ -268,8 +268,8 @@ def test_the_store_service_folds_its_write_ahead_log_less_often_than_duckdb_woul
     finally:
         tuned.close()
         default.close()
-    shown = CliRunner().invoke(main, ["store", "--help"]).output
-    assert "--checkpoint-mb" in shown and "[default: 128" in shown
+    shown = CliRunner().invoke(main, ["run", "--help"]).output
+    assert "--checkpoint-mb" in shown and "16, DuckDB's" in shown
 
 
 @pytest.mark.parametrize("count", [0, 1, 3])

@@ -113,7 +113,7 @@ def test_a_failed_catch_up_batch_is_retried_in_pieces_and_loses_only_the_bad_pie
 
 
 def test_the_sidecars_writer_appends_a_backlog_of_rows_to_its_own_store_at_once(tmp_path):
-    """A store takes large appends faster per row; a shipper's bodies stay at --log-batch-rows."""
+    """A store takes large appends faster per row; the lake's writer spools --log-batch-rows at a time."""
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import SIDECAR_STORE_BATCH_ROWS, build_sidecar
 
@@ -122,7 +122,11 @@ def test_the_sidecars_writer_appends_a_backlog_of_rows_to_its_own_store_at_once(
     )
     shipped = build_sidecar(
         SidecarConfig(
-            upstream="http://127.0.0.1:9", db_path="", store_url="http://127.0.0.1:9", engine="none"
+            upstream="http://127.0.0.1:9",
+            db_path=None,
+            lake=str(tmp_path / "lake"),
+            spool_dir=str(tmp_path / "spool"),
+            engine="none",
         )
     )
     try:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,8 +28,7 @@ from collector.analysis.slo import Slo
 from collector.analysis.workload import FROM_LOG, load_workload, log_lengths
 from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, check_replica_class
 from collector.store.db import RequestStore
-from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log
-from collector.store.shipper import StoreShipper
+from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log, send_rows
 
 __all__ = ["probe", "capacity"]
 
@@ -49,7 +47,7 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-def _row_writer(db: str | None, store_url: str | None, store_token: str | None, url: str):
+def _row_writer(db: str | None, url: str):
     """Where probe rows and the estimate go. Returns (write rows, close, save estimate, the store
     when this process opened --db itself).
 
@@ -67,10 +65,6 @@ def _row_writer(db: str | None, store_url: str | None, store_token: str | None, 
                 ) from None
             return _through_owner(db, url)
         return store.insert_rows, store.close, lambda estimate: save_estimate(store, estimate), store
-    if store_url:
-        spool = Path(tempfile.mkdtemp(prefix="probe-spool-"))
-        shipper = StoreShipper(store_url, store_token or "", spool)
-        return shipper.write_batch, shipper.close, None, None
     return None, (lambda: None), None, None
 
 
@@ -81,30 +75,36 @@ def _through_owner(db: str, url: str):
     except OwnerError as exc:
         raise click.ClickException(f"--db {db}: {exc}") from None
     same_sidecar = owner.proxy is not None and owner.proxy.rstrip("/") == url.rstrip("/")
-    shipper = (
-        None
-        if same_sidecar
-        else StoreShipper(owner.url, owner.token, Path(tempfile.mkdtemp(prefix="probe-spool-")))
-    )
+
+    def write(rows) -> None:
+        try:
+            send_rows(owner, rows)
+        except OwnerError as exc:
+            raise ProbeError(f"--db {db}: {exc}") from None
 
     def save(estimate) -> None:
-        answer = httpx.post(
-            f"{owner.url}/v1/estimates",
-            content=orjson.dumps(estimate.to_dict()),
-            timeout=30,
-            headers={"Authorization": f"Bearer {owner.token}", "Content-Type": "application/json"},
-        )
+        try:
+            answer = httpx.post(
+                f"{owner.url}/v1/estimates",
+                content=orjson.dumps(estimate.to_dict()),
+                timeout=30,
+                headers={"Authorization": f"Bearer {owner.token}", "Content-Type": "application/json"},
+            )
+        except httpx.HTTPError as exc:
+            raise click.ClickException(
+                f"cannot reach the owner of --db {db} at {owner.url} ({type(exc).__name__}); "
+                "the estimate is printed above"
+            ) from None
+        if answer.status_code == 401:
+            raise click.ClickException(
+                f"{owner.url} refused the token; set HEADROOM_TOKEN to the owning sidecar's"
+            )
         if answer.status_code != 200:
             raise click.ClickException(
                 f"{owner.url} did not save the estimate (HTTP {answer.status_code}: {answer.text[:200]})"
             )
 
-    return (
-        (None if shipper is None else shipper.write_batch),
-        (shipper.close if shipper else lambda: None),
-        save,
-        None,
-    )
+    return (None if same_sidecar else write), (lambda: None), save, None
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -163,13 +163,6 @@ Examples:
     default=None,
     help="DuckDB request log to append rows (source='probe') and the estimate to "
     "(through the sidecar while one serves it).",
-)
-@click.option("--store-url", default=None, help="Ship rows to a `headroom store` service instead.")
-@click.option(
-    "--store-token",
-    envvar="HEADROOM_TOKEN",
-    default=None,
-    help="Bearer token for --store-url [env: HEADROOM_TOKEN].",
 )
 @click.option("--max-samples", default=400, show_default=True, help="Per-level cap on measured requests.")
 @click.option(
@@ -256,8 +249,6 @@ def probe(
     json_path,
     plot_path,
     db,
-    store_url,
-    store_token,
     max_samples,
     max_level_seconds,
     timeout_s,
@@ -289,7 +280,6 @@ def probe(
     engine_url = None if engine_metrics in ("auto", "none") else engine_metrics
     for name, value, example in (
         ("--url", url, "http://127.0.0.1:9100"),
-        ("--store-url", store_url, "http://127.0.0.1:9200"),
         ("--engine-metrics", engine_url, "http://127.0.0.1:8000/metrics"),
     ):
         if value is not None and not value.startswith(("http://", "https://")):
@@ -321,7 +311,7 @@ def probe(
             raise click.BadParameter(str(exc), param_hint="--replica-class") from None
     replica_class = replica_class or sidecar_replica_class(url)
     click.echo(f"replica class: {replica_class}")
-    write, close, save, own = _row_writer(db, store_url, store_token, url)
+    write, close, save, own = _row_writer(db, url)
     estimates = []
     try:
         with contextlib.ExitStack() as stack:

@@ -6,7 +6,7 @@
 Two kinds of new evidence are estimated, then collector.store.decision decides what the gauges
 export (a fresh probe beats traffic; traffic only with enough confidence; else nothing):
 
-* probe runs whose rows arrived (through a sidecar, `--store-url`, or into this file) and whose
+* probe runs whose rows arrived (through a sidecar, or into this file) and whose
   last request ended at least `probe_quiet_s` ago, not estimated yet: one estimate per run, from
   its own rows, so `headroom probe` through a sidecar reaches the gauges within seconds;
 * estimates another file holds (`estimate_files`: a `headroom probe --db PATH` beside a sidecar

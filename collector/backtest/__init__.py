@@ -24,6 +24,6 @@ breach the request rows show, and every alert outside a real problem.
     verdict          a scenario's expectations checked against its timeline
     run              one backtest end to end
     report, plot     text, JSON and the markdown table; the picture
-    replay           a user's request log (DuckDB file or store service) as a backtest
+    replay           a user's request log (DuckDB file or the fleet's table) as a backtest
     cli              the `headroom alerts` group and `backtest`
 """

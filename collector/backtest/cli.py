@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from collector.alerts.cli import GROUP_HELP, config_options, generate_alerts, rules_config
+from collector.lake.source import reader_options
 from collector.timewin import parse_instant, utc_now
 
 if TYPE_CHECKING:  # annotations only: the modules themselves load lazily, when a backtest runs
@@ -64,7 +65,6 @@ def _replay(
     from collector.backtest.replay import (
         ReplayError,
         from_db,
-        from_store,
         missing_series,
         replay_series,
         stretched,
@@ -72,14 +72,17 @@ def _replay(
     from collector.backtest.run import generated_rules, run_series  # lazy, as above
 
     try:
-        if source["db"]:
-            log = from_db(source["db"], source["since"], source["until"], source["model"])
-        else:
-            if source["since"] is None:
-                raise ReplayError("--store-url needs --since (e.g. --since 24h)")
-            log = from_store(
-                source["store_url"], source["token"], source["since"], source["until"], source["model"]
-            )
+        if source["lake"] and source["since"] is None:
+            raise ReplayError("--lake needs --since (e.g. --since 24h): the table holds the whole fleet")
+        log = from_db(
+            source["db"],
+            source["since"],
+            source["until"],
+            source["model"],
+            catalog=source["catalog"],
+            lake=source["lake"],
+            table=source["lake_table"],
+        )
         log = stretched(log, source["time_scale"])
     except ReplayError as exc:
         raise click.ClickException(str(exc)) from None
@@ -141,15 +144,13 @@ def _write_outputs(results: list[BacktestResult], json_path: str | None, plot_pa
 @click.argument("scenario_names", metavar="[SCENARIO]...", nargs=-1)
 @click.option("--all", "run_all", is_flag=True, help="Run every built-in scenario.")
 @click.option("--list", "list_only", is_flag=True, help="List the built-in scenarios and exit.")
-@click.option("--db", default=None, metavar="PATH", help="Replay a DuckDB request log instead of a scenario.")
-@click.option("--store-url", default=None, metavar="URL", help="Replay from a store service's query API.")
 @click.option(
-    "--store-token",
-    envvar="HEADROOM_STORE_TOKEN",
+    "--db",
     default=None,
-    metavar="TOKEN",
-    help="Bearer token of the store (or $HEADROOM_STORE_TOKEN).",
+    metavar="PATH",
+    help="Replay a DuckDB request log instead of a scenario (through its sidecar while one serves it).",
 )
+@reader_options
 @click.option(
     "--since",
     default=None,
@@ -194,7 +195,12 @@ def _write_outputs(results: list[BacktestResult], json_path: str | None, plot_pa
     help="Write a PNG: calibers, SLO breaches and alert bands (a directory for several scenarios).",
 )
 @click.option("--pending", is_flag=True, help="Also list alerts that went pending but never fired.")
-@click.option("--table", is_flag=True, help="End with the markdown table of docs/rules.md for these results.")
+@click.option(
+    "--markdown",
+    "table",
+    is_flag=True,
+    help="End with the markdown table of docs/rules.md for these results.",
+)
 @click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -209,8 +215,9 @@ def backtest(
     run_all,
     list_only,
     db,
-    store_url,
-    store_token,
+    lake_uri,
+    catalog_uri,
+    lake_table,
     since,
     until,
     model,
@@ -245,7 +252,7 @@ def backtest(
       headroom alerts backtest --all --json results.json
       headroom alerts backtest steady --config alerts.yaml
       headroom alerts backtest --db headroom.duckdb --since 2026-11-24T09:00 --until 2026-11-24T12:00
-      headroom alerts backtest --store-url http://store:9200 --since 24h --model llama-70b
+      headroom alerts backtest --catalog "$HEADROOM_CATALOG" --lake s3://llm-logs/headroom --since 24h --model llama-70b
     """
     # lazy: the simulator, Prometheus' client and the rules load only when a backtest runs (`--help` stays fast)
     from collector.backtest.prometheus import PrometheusError
@@ -258,13 +265,13 @@ def backtest(
         for name, scenario in SCENARIOS.items():
             click.echo(f"{name:<22}{scenario.summary}")
         return
-    replaying = bool(db or store_url)
+    replaying = bool(db or lake_uri)
     if replaying and (scenario_names or run_all):
-        raise click.UsageError("give scenarios or a log (--db / --store-url), not both")
-    if db and store_url:
-        raise click.UsageError("give --db or --store-url, not both")
+        raise click.UsageError("give scenarios or a log (--db / --lake), not both")
+    if db and lake_uri:
+        raise click.UsageError("give --db or --lake, not both")
     if not replaying and not scenario_names and not run_all:
-        raise click.UsageError("name a scenario (see --list), --all, or a log with --db / --store-url")
+        raise click.UsageError("name a scenario (see --list), --all, or a log with --db / --lake")
     if not scrape_interval > 0 or (evaluation_interval is not None and not evaluation_interval > 0):
         raise click.BadParameter(
             "intervals must be positive seconds, e.g. 15", param_hint="--scrape-interval"
@@ -278,14 +285,15 @@ def backtest(
             if replaying:
                 source = {
                     "db": db,
-                    "store_url": store_url,
-                    "token": store_token,
+                    "lake": lake_uri,
+                    "catalog": catalog_uri,
+                    "lake_table": lake_table,
                     "model": model,
                     "since": _instant(since, "--since"),
                     "until": _instant(until, "--until"),
                     "time_scale": time_scale,
                 }
-                click.echo(f"replaying {db or store_url} ...", err=True)
+                click.echo(f"replaying {db or lake_uri} ...", err=True)
                 results.append(
                     _replay(
                         config,

@@ -1,7 +1,7 @@
 """A user's own request log as a backtest: "would these rules have warned us last Tuesday?".
 
-Rows come from a DuckDB file (`--db`) or a store service (`--store-url`, paged through
-/v1/query/lifecycles). The sidecar's series are rebuilt from them by collector.backtest.exposition,
+Rows come from a DuckDB file (`--db`, through its owning sidecar while one serves it) or the
+fleet's Iceberg table (`--catalog --lake`, pruned to the window's days). The sidecar's series are rebuilt from them by collector.backtest.exposition,
 the same code the scenarios use: both calibers from the admit, first-token and completion times,
 the histograms from TTFT, TPOT and end-to-end times, counters by outcome. The capacity gauges come
 from the newest saved estimate per model. What rows cannot tell is **missing**, never invented:
@@ -23,21 +23,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
-import httpx
 
 from collector.backtest.exposition import scrape_times, sidecar_series
 from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesSet
+from collector.lake.source import open_log
 from collector.rules.naming import metric_names
 from collector.store.capacity_gauges import PublishedCapacity
 from collector.store.decision import published_estimates
 from collector.store.estimates import published
-from collector.store.owner import OwnerError, open_request_log
+from collector.store.owner import OwnerError
 
 __all__ = [
     "ReplayLog",
     "from_db",
-    "from_store",
     "stretched",
     "replay_series",
     "missing_series",
@@ -125,12 +124,22 @@ def _published_then(
 
 
 def from_db(
-    path: str, since: datetime | None = None, until: datetime | None = None, model: str | None = None
+    path: str | None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    model: str | None = None,
+    *,
+    catalog: str | None = None,
+    lake: str | None = None,
+    table: str = "headroom.requests",
 ) -> ReplayLog:
-    """Rows and the estimates published then from a DuckDB request log: the file read-only, or,
-    while a sidecar or store owns it, a snapshot through that owner (collector.store.owner)."""
+    """Rows and the estimates published then from a request log: the DuckDB file `path` read-only
+    (while a sidecar owns it, a snapshot through that owner: collector.store.owner), or, with
+    `lake`, the fleet's Iceberg table in `catalog`, read from `since` less a margin to `until`."""
+    name = f"--lake {lake}" if lake else f"--db {path}"
+    read_from = None if since is None else datetime.fromtimestamp(since.timestamp() - _MARGIN_S, UTC)
     try:
-        with open_request_log(path) as store:
+        with open_log(path, catalog, lake, table=table, since=read_from, until=until) as store:
             where, params = ["completed_at IS NOT NULL"], []
             if model:
                 where.append("model = ?")
@@ -140,75 +149,22 @@ def from_db(
                 params,
             )[0]
             first, last = (t.timestamp() if t else None for t in extent)
-            start, end = _window(first, last, since, until, f"--db {path}")
+            start, end = _window(first, last, since, until, name)
             rows = store.query_dicts(
                 f"SELECT {_COLUMNS} FROM requests WHERE {' AND '.join(where)} "
                 "AND admitted_at >= ? AND admitted_at < ? ORDER BY admitted_at",
                 params + [datetime.fromtimestamp(start - _MARGIN_S, UTC), datetime.fromtimestamp(end, UTC)],
             )
             estimates, note = _published_then(lambda at: published_estimates(store, as_of=at), end)
-    except (FileNotFoundError, OwnerError) as exc:
-        raise ReplayError(f"--db {path}: {exc}") from None
+    except ReplayError:
+        raise
+    except (FileNotFoundError, OwnerError, ValueError) as exc:  # ValueError: --lake without --catalog
+        raise ReplayError(f"{name}: {exc}") from None
     except duckdb.Error as exc:  # not a database headroom wrote
         raise ReplayError(
-            f"cannot open --db {path} read-only ({str(exc).splitlines()[0]}); pass a request log "
-            "a sidecar or store wrote, or use --store-url"
+            f"cannot open {name} read-only ({str(exc).splitlines()[0]}); pass a request log a sidecar wrote"
         ) from None
-    return _log(rows, estimates, start, end, f"--db {path}", model, note)
-
-
-def _get(client: httpx.Client, url: str, params: dict[str, Any]) -> Any:
-    try:
-        response = client.get(url, params=params)
-    except httpx.HTTPError as exc:
-        raise ReplayError(
-            f"cannot reach the store at {url} ({type(exc).__name__}); check --store-url"
-        ) from None
-    if response.status_code in (401, 403):
-        raise ReplayError(
-            f"the store at {url} refused the token (HTTP {response.status_code}); pass --store-token"
-        )
-    if response.status_code != 200:
-        raise ReplayError(f"the store at {url} answered HTTP {response.status_code}: {response.text[:300]}")
-    return response.json()  # the store's documented query API (docs/store.md)
-
-
-def from_store(
-    url: str, token: str | None, since: datetime, until: datetime | None = None, model: str | None = None
-) -> ReplayLog:
-    """Rows, and the estimates published then, from a store service's query API, page by page (bounded)."""
-    base = url.rstrip("/")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    window = {"since": datetime.fromtimestamp(since.timestamp() - _MARGIN_S, UTC).isoformat()}
-    if until is not None:
-        window["until"] = until.isoformat()
-    if model:
-        window["model"] = model
-    rows, offset = [], 0
-    with httpx.Client(headers=headers, timeout=60) as client:
-        for _ in range(_MAX_PAGES):
-            page = _get(client, f"{base}/v1/query/lifecycles", window | {"limit": _PAGE, "offset": offset})
-            rows += page["rows"]
-            if page["next_offset"] is None:
-                break
-            offset = page["next_offset"]
-        else:
-            raise ReplayError(
-                f"more than {_MAX_PAGES * _PAGE} requests in the window; narrow --since/--until"
-            )
-        done = [Lifecycle.from_row(row) for row in rows if row.get("completed_at")]
-        start, end = _window(
-            min((r.admitted for r in done), default=None),
-            max((r.completed for r in done if r.completed is not None), default=None),
-            since,
-            until,
-            f"--store-url {url}",
-        )
-        route, params = f"{base}/v1/query/estimate", {"model": model} if model else {}
-        estimates, note = _published_then(
-            lambda at: _get(client, route, params | ({"until": at.isoformat()} if at else {}))["rows"], end
-        )
-    return _log(rows, estimates, start, end, f"--store-url {url}", model, note)
+    return _log(rows, estimates, start, end, name, model, note)
 
 
 def _log(

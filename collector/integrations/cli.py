@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from collector.lake.source import reader_options
+
 __all__ = ["integrations"]
 
 
@@ -17,41 +19,35 @@ def _class_of(estimate: dict[str, Any]) -> str:
 def _load_estimate(
     db: str | None,
     estimate_file: str | None,
-    store_url: str | None,
-    token: str | None,
+    lake: tuple[str | None, str | None, str],
     model: str | None,
     replica_class: str | None = None,
 ) -> dict[str, Any]:
-    """The published estimate for `model` (or the only model) from --db, --store-url or --estimate:
+    """The published estimate for `model` (or the only model) from --db, --lake or --estimate:
     what the gauges publish (collector.store.decision), never merely the newest one."""
-    # lazy: `headroom integrations --help` must not load DuckDB or httpx
+    # lazy: `headroom integrations --help` must not load DuckDB
     import duckdb
-    import httpx
     import orjson
 
+    from collector.lake.source import open_log
     from collector.store.decision import published_estimates, unusable
-    from collector.store.owner import OwnerError, open_request_log
+    from collector.store.owner import OwnerError
 
-    if [db, estimate_file, store_url].count(None) != 2:
-        raise click.UsageError("give exactly one of --db PATH, --store-url URL or --estimate FILE")
+    catalog_uri, lake_uri, table = lake
+    if [db, estimate_file, lake_uri].count(None) != 2:
+        raise click.UsageError(
+            "give exactly one of --db PATH, --lake URI (with --catalog) or --estimate FILE"
+        )
     try:
         if estimate_file:
             estimates = [orjson.loads(Path(estimate_file).read_bytes())]
             if (trouble := unusable(estimates[0])) is not None:
                 raise click.ClickException(f"{estimate_file} would not be published: {trouble}")
-        elif store_url:
-            answer = httpx.get(
-                store_url.rstrip("/") + "/v1/query/estimate",
-                timeout=30,
-                headers={"Authorization": f"Bearer {token or ''}"},
-            )
-            answer.raise_for_status()
-            estimates = answer.json()["rows"]
         else:
-            with open_request_log(str(db)) as store:
+            with open_log(db, catalog_uri, lake_uri, table=table) as store:
                 estimates = published_estimates(store)
-    except (OSError, ValueError, OwnerError, duckdb.Error, httpx.HTTPError) as exc:
-        source = estimate_file or store_url or db
+    except (OSError, ValueError, OwnerError, duckdb.Error) as exc:
+        source = estimate_file or lake_uri or db
         raise click.ClickException(f"cannot read an estimate from {source} ({exc})") from None
     # one estimate per model and replica class (task class all) is what a replica scales on
     matching = [
@@ -94,18 +90,13 @@ def _emit(
 
 
 def _source_options(command: Any) -> Any:
+    command = reader_options(command)
     for option in reversed(
         (
             click.option(
                 "--db",
                 default=None,
                 help="Request log holding the estimate (through its sidecar while one serves it).",
-            ),
-            click.option(
-                "--store-url", default=None, help="A `headroom store` to ask for the latest estimate."
-            ),
-            click.option(
-                "--token", envvar="HEADROOM_TOKEN", default=None, help="Store token [env: HEADROOM_TOKEN]."
             ),
             click.option(
                 "--estimate", "estimate_file", default=None, help="An estimate JSON (headroom probe --json)."
@@ -135,7 +126,7 @@ def integrations() -> None:
     Examples:
       headroom integrations keda --db headroom.duckdb --deployment llm-inference
       headroom integrations gateway --estimate cap.json --mode tokens
-      headroom integrations llm-d --store-url http://headroom-store:9200 --model Qwen/Qwen2.5-1.5B-Instruct
+      headroom integrations llm-d --db headroom.duckdb --model Qwen/Qwen2.5-1.5B-Instruct
       headroom integrations keda --db fleet.duckdb --model llama-70b --replica-class l40s --deployment llama-l40s
     """
 
@@ -171,8 +162,6 @@ def _render(kind: str, estimate: dict[str, Any], **options) -> dict[str, Any]:
 )
 def keda(
     db,
-    store_url,
-    token,
     estimate_file,
     model,
     replica_class,
@@ -183,6 +172,9 @@ def keda(
     min_replicas,
     max_replicas,
     cluster,
+    lake_uri,
+    catalog_uri,
+    lake_table,
 ) -> None:
     """A KEDA ScaledObject: replicas = live concurrency ÷ the measured per-replica pool, both calibers.
 
@@ -197,7 +189,7 @@ def keda(
     With --replica-class (or an estimate of a class other than "default") the ScaledObject counts
     only that class's sidecars (headroom_replica_info) and reads that class's published gauges.
     """
-    estimate = _load_estimate(db, estimate_file, store_url, token, model, replica_class)
+    estimate = _load_estimate(db, estimate_file, (catalog_uri, lake_uri, lake_table), model, replica_class)
     _emit(
         _render(
             "keda_scaled_object",
@@ -222,7 +214,7 @@ def keda(
     show_default=True,
     help="The concurrency detector's caliber.",
 )
-def gateway(db, store_url, token, estimate_file, model, replica_class, out, mode) -> None:
+def gateway(db, estimate_file, model, replica_class, out, mode, lake_uri, catalog_uri, lake_table) -> None:
     """Gateway API Inference Extension: an EndpointPickerConfig whose concurrency detector takes the
     pool as maxConcurrency / maxTokenConcurrency and allows bursts up to the knee.
 
@@ -234,7 +226,7 @@ def gateway(db, store_url, token, estimate_file, model, replica_class, out, mode
     _emit(
         _render(
             "gateway_picker_config",
-            _load_estimate(db, estimate_file, store_url, token, model, replica_class),
+            _load_estimate(db, estimate_file, (catalog_uri, lake_uri, lake_table), model, replica_class),
             mode=mode,
         ),
         out,
@@ -244,7 +236,7 @@ def gateway(db, store_url, token, estimate_file, model, replica_class, out, mode
 @integrations.command("llm-d")
 @_source_options
 @click.option("--namespace", default="default", show_default=True, help="The model's namespace.")
-def llm_d(db, store_url, token, estimate_file, model, replica_class, out, namespace) -> None:
+def llm_d(db, estimate_file, model, replica_class, out, namespace, lake_uri, catalog_uri, lake_table) -> None:
     """llm-d's Workload Variant Autoscaler: the saturation ConfigMap entry for the measured model.
 
     \b
@@ -255,7 +247,7 @@ def llm_d(db, store_url, token, estimate_file, model, replica_class, out, namesp
     _emit(
         _render(
             "llmd_saturation_config",
-            _load_estimate(db, estimate_file, store_url, token, model, replica_class),
+            _load_estimate(db, estimate_file, (catalog_uri, lake_uri, lake_table), model, replica_class),
             namespace=namespace,
         ),
         out,

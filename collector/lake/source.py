@@ -9,12 +9,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from collector.store.db import RequestStore
-from collector.store.owner import open_request_log
+if TYPE_CHECKING:  # imported where used: a command's --help loads no DuckDB through reader_options
+    from collector.store.db import RequestStore
 
 __all__ = ["open_log", "reader_options", "MISSING_LAKE_EXTRA"]
 
@@ -76,5 +76,7 @@ def open_log(
         return
     if db is None:
         raise ValueError("give --db PATH, or --lake URI with --catalog URI")
+    from collector.store.owner import open_request_log  # lazy: DuckDB (see TYPE_CHECKING above)
+
     with open_request_log(db) as store:
         yield store

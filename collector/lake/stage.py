@@ -1,7 +1,7 @@
 """LakeWriter: `headroom run --lake URI`, the sidecar's rows as immutable Parquet files in a lake.
 
-The LogWriter hands each batch to `write_batch`, which appends it to the spool (the same bounded
-on-disk spool the store shipper uses: one Arrow IPC file per batch, written atomically) and
+The LogWriter hands each batch to `write_batch`, which appends it to the spool (collector.store.spool: bounded,
+on disk, one Arrow IPC file per batch, written atomically) and
 returns: the spool is the write-ahead buffer, so a row is on disk within the writer's 0.5 s of
 its request ending, whatever the lake is doing. A roller thread turns the spool into staged
 Parquet files when the oldest spooled batch is `roll_seconds` old, or the spool holds
@@ -55,6 +55,7 @@ __all__ = [
     "DEFAULT_ROLL_SECONDS",
     "DEFAULT_ROLL_BYTES",
     "DEFAULT_SPOOL_BYTES",
+    "DEFAULT_SPOOL_DIR",
     "PARQUET_OPTIONS",
     "day_files",
     "conform",
@@ -66,6 +67,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ROLL_SECONDS = 60.0  # freshness: a row is staged at most this long after it was spooled
 DEFAULT_ROLL_BYTES = 64 * 2**20  # Arrow IPC spooled before a roll (Parquet with zstd: a fifth of it)
 DEFAULT_SPOOL_BYTES = 1024 * 2**20  # the write-ahead buffer, and what an outage of the lake can hold
+DEFAULT_SPOOL_DIR = "headroom-spool"  # beside the working directory, like the default headroom.duckdb
 # Fixed writer options: the same table gives the same bytes (a retried write is identical).
 PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",

@@ -1,8 +1,9 @@
-"""`headroom report`: the weekly capacity review on the command line, from a DuckDB file or a store.
+"""`headroom report`: the weekly capacity review on the command line, from a DuckDB file or the
+fleet's table.
 
 The review itself is collector.report.review; this module only reads the options, opens the
-database (through its owner while a sidecar serves it: collector.store.owner) or asks a running
-`headroom store`, and writes the text.
+database (through its owner while a sidecar serves it: collector.store.owner) or the Iceberg
+table (collector.lake.source), and writes the text.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pathlib import Path
 
 import click
 import duckdb
-import httpx
 from rich.console import Console
 
 from collector.lake.source import open_log, reader_options
@@ -22,27 +22,6 @@ from collector.store.owner import OwnerError
 from collector.timewin import parse_duration, utc_now
 
 __all__ = ["report"]
-
-
-def _from_store_url(url: str, token: str | None, since: str, fmt: str, slo: float | None) -> str:
-    params = {"since": since, "format": fmt} | ({"slo_ttft_p95_s": slo} if slo is not None else {})
-    try:
-        response = httpx.get(
-            url.rstrip("/") + "/v1/report",
-            params=params,
-            timeout=300,
-            headers={"Authorization": f"Bearer {token or ''}"},
-        )
-    except httpx.HTTPError as exc:
-        raise click.ClickException(
-            f"cannot reach the store at {url} ({exc}); check --store-url (e.g. "
-            "http://127.0.0.1:9200) and that `headroom store` is running"
-        ) from None
-    if response.status_code == 401:
-        raise click.ClickException("the store refused the token: pass --token or set HEADROOM_TOKEN")
-    if response.status_code != 200:
-        raise click.ClickException(f"store answered HTTP {response.status_code}: {response.text[:300]}")
-    return response.text
 
 
 def _from_db(
@@ -69,7 +48,7 @@ def _from_db(
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise click.ClickException(
-            f"cannot open {db} ({first}); pass the request log a sidecar or store wrote"
+            f"cannot open {db} ({first}); pass the request log a sidecar wrote"
         ) from None
 
 
@@ -82,19 +61,13 @@ def _from_db(
     default=None,
     help="Read this DuckDB file (while a sidecar serves it, through the sidecar).",
 )
-@click.option("--store-url", default=None, help="Ask a running `headroom store` for the report.")
 @reader_options
-@click.option(
-    "--token", envvar="HEADROOM_TOKEN", default=None, help="Store token (default: $HEADROOM_TOKEN)."
-)
 @click.option("--slo-ttft-p95", type=float, default=None, help="p95 TTFT SLO in seconds to judge against.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write here instead of stdout.")
 def report(
     since: str,
     fmt: str,
     db: str | None,
-    store_url: str | None,
-    token: str | None,
     slo_ttft_p95: float | None,
     out: str | None,
     lake_uri: str | None = None,
@@ -108,23 +81,16 @@ def report(
     \b
     Examples:
       headroom report --db headroom.duckdb --since 7d --format md
-      headroom report --store-url http://127.0.0.1:9200 --token "$(cat fleet.duckdb.token)" \\
-                      --format html --out review.html
+      headroom report --db headroom.duckdb --format html --out review.html
       headroom report --catalog sqlite:///lake/catalog.db --lake /data/lake --since 7d   # the fleet's table
     """
     try:
         parse_duration(since)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
-    if [db, store_url, lake_uri].count(None) != 2:
-        raise click.UsageError(
-            "give exactly one of --db PATH, --store-url URL or --lake URI (with --catalog)"
-        )
-    text = (
-        _from_store_url(store_url, token, since, fmt, slo_ttft_p95)
-        if store_url
-        else _from_db(db, since, fmt, slo_ttft_p95, (catalog_uri, lake_uri, lake_table))
-    )
+    if (db is None) == (lake_uri is None):
+        raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
+    text = _from_db(db, since, fmt, slo_ttft_p95, (catalog_uri, lake_uri, lake_table))
     if out:
         try:
             Path(out).write_text(text)

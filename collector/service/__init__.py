@@ -1,11 +1,12 @@
-"""The store service's HTTP API: the one process that owns the fleet's DuckDB file, over HTTP.
+"""The store's HTTP routes, served under /headroom by the sidecar that owns the DuckDB file.
 
-    app.py       create_store_app: /healthz, /metrics, and the token-protected routes below
-    auth.py      the bearer token: where it comes from, where it is kept, how a request proves it
-    ingest.py    POST /v1/ingest (rows from sidecars' StoreShipper, idempotent by request_id)
-    queries.py   GET /v1/query/* (exact percentiles, curves, outcomes, probe runs, estimates)
-    querysql.py  the whitelisted SQL builders behind the query routes
-    cli.py       `headroom store`
+    routes.py      build_store_routes: the token-protected routes below as one router
+    auth.py        the bearer token: where it comes from, where it is kept, how a request proves it
+    ingest.py      POST /v1/ingest (rows from `headroom probe --db` through the owner, idempotent)
+    queries.py     GET /v1/query/* (exact percentiles, curves, outcomes, probe runs, estimates)
+    querysql.py    the whitelisted SQL builders behind the query routes
+    validation.py  bad parameters answer 400 naming them, whichever app includes the routes
 
-The database, its jobs and its estimates are collector.store; the service only serves them.
+The database, its jobs and its estimates are collector.store; these routes only serve them.
+A fleet's rows are the Iceberg table of collector.lake, which needs no server of ours.
 """

@@ -1,7 +1,7 @@
-"""The store's bearer token: where it comes from, where it is kept, and how a request proves it.
+"""The owner routes' bearer token: where it comes from, where it is kept, how a request proves it.
 
-Order: `--token`, then `HEADROOM_TOKEN`, then a token file beside the database (`<db>.token`,
-mode 0600), generated on first start. Reusing the file across restarts keeps shippers working.
+Order: `HEADROOM_TOKEN`, then a token file beside the database (`<db>.token`, mode 0600),
+generated on first start and reused on every restart, so readers on the box keep working.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ __all__ = ["TOKEN_ENV", "resolve_token", "token_file_for", "require_token"]
 
 
 def resolve_token(token: str | None, db_path: str | os.PathLike[str] | None) -> tuple[str, Path | None]:
-    """Return (token, file it was read from or written to, or None when given explicitly).
+    """Return (token, file it was read from or written to, or None when given or from the environment).
 
     Example: resolve_token(None, "data/h.duckdb") with HEADROOM_TOKEN unset -> ("k3v…", data/h.duckdb.token)
     """
@@ -60,7 +60,7 @@ def require_token(expected: str) -> Callable[[Request], None]:
             raise HTTPException(
                 status_code=401,
                 detail="missing or wrong bearer token: send 'Authorization: Bearer <token>' "
-                "(the token from --token, HEADROOM_TOKEN or the store's <db>.token file)",
+                "(HEADROOM_TOKEN as the owning sidecar has it, else its <db>.token file)",
                 headers={"WWW-Authenticate": "Bearer"},
             )
 

@@ -10,13 +10,12 @@ Two bodies, told apart by Content-Type:
   ISO-8601 strings, for clients that are not Python.
 
 Both go through the store's one insert (RequestStore.insert_arrow): a row already stored (same
-request_id, same admitted_at) is left out, so a shipper may resend a batch after a timeout
+request_id, same admitted_at) is left out, so a client may resend a batch after a timeout
 without creating duplicates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,6 +26,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
 from collector.record import FIELD_NAMES, INT64_FIELDS, RequestRecord, field_types
+from collector.service.validation import StoreRoute
 from collector.store.db import ARROW_SCHEMA, ARROW_STREAM_TYPE, RequestStore, rows_to_arrow
 from collector.store.schema import COLUMN_NAMES
 
@@ -200,9 +200,9 @@ def _too_large(size: int) -> HTTPException:
     )
 
 
-def build_ingest_router(store: RequestStore, on_rows: Callable[[int], object] | None = None) -> APIRouter:
-    """The ingest route; `on_rows(inserted)` is called after each batch (for the written counter)."""
-    router = APIRouter(tags=["ingest"])
+def build_ingest_router(store: RequestStore) -> APIRouter:
+    """The ingest route (`headroom probe --db` sends its rows here while a sidecar owns the file)."""
+    router = APIRouter(tags=["ingest"], route_class=StoreRoute)
 
     @router.post(
         "/v1/ingest",
@@ -214,8 +214,6 @@ def build_ingest_router(store: RequestStore, on_rows: Callable[[int], object] | 
         arrow = request.headers.get("content-type", "").startswith(ARROW_STREAM_TYPE)
         rows = parse_arrow_batch(body) if arrow else parse_batch(body)
         inserted = await run_in_threadpool(_insert, store, rows)
-        if on_rows is not None:
-            on_rows(inserted)
         return IngestResult(received=len(rows), inserted=inserted, duplicates=len(rows) - inserted)
 
     return router

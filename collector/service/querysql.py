@@ -21,8 +21,6 @@ __all__ = [
     "outcomes_sql",
     "probe_runs_sql",
     "quantile_label",
-    "LIFECYCLE_COLUMNS",
-    "lifecycles_sql",
 ]
 
 # Public name -> column. Only these may be asked for percentiles.
@@ -163,31 +161,3 @@ def probe_runs_sql(where: Where) -> tuple[str, list[object]]:
         f"FROM requests{clause} GROUP BY run_id, model ORDER BY started_at DESC"
     )
     return sql, params
-
-
-# What a replay of the log needs of each request (`headroom alerts backtest --store-url`): times,
-# outcome and token counts; never the error text.
-LIFECYCLE_COLUMNS = (
-    "request_id",
-    "instance",
-    "model",
-    "tenant",
-    "stream",
-    "admitted_at",
-    "first_token_at",
-    "completed_at",
-    "outcome",
-    "status_code",
-    "prompt_tokens",
-    "completion_tokens",
-)
-
-
-def lifecycles_sql(where: Where, limit: int, offset: int) -> tuple[str, list[object]]:
-    """One page of request lifecycles in the window, oldest admission first (a stable order)."""
-    clause, params = where_clause(where)
-    sql = (
-        f"SELECT {', '.join(LIFECYCLE_COLUMNS)} FROM requests{clause} "
-        "ORDER BY admitted_at, request_id LIMIT ? OFFSET ?"
-    )
-    return sql, params + [limit, offset]

@@ -1,5 +1,5 @@
-"""The store's token-protected routes as one router: what `headroom store` serves at /, and a
-sidecar that owns its database serves under /headroom (collector.store.owner explains why).
+"""The store's token-protected routes as one router: what a sidecar that owns its database serves
+under /headroom, so that readers work while it runs (collector.store.owner explains why).
 
     POST /v1/ingest        request-log rows (idempotent by request_id)
     GET  /v1/query/*       exact percentiles, curves, outcomes, probe runs, the latest estimate
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,6 +26,7 @@ from starlette.background import BackgroundTask
 
 from collector.service.ingest import build_ingest_router
 from collector.service.queries import build_query_router
+from collector.service.validation import StoreRoute
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.decision import PublishPolicy, publish
@@ -128,13 +129,12 @@ def build_store_routes(
     *,
     report_dir: Path | None = None,
     gauges: CapacityGauges | None = None,
-    on_rows: Callable[[int], Any] | None = None,
     policy: PublishPolicy | None = None,
 ) -> APIRouter:
     """Every token-protected store route on `store`, each behind `dependencies` (the token check);
     `policy` is the publication gate's (the job settings' probe age)."""
-    router = APIRouter(dependencies=list(dependencies))
-    router.include_router(build_ingest_router(store, on_rows=on_rows))
+    router = APIRouter(dependencies=list(dependencies), route_class=StoreRoute)
+    router.include_router(build_ingest_router(store))
     router.include_router(build_query_router(store, policy=policy))
     _add_report_routes(router, store, report_dir)
     _add_owner_routes(router, store, gauges, policy)

@@ -41,7 +41,7 @@ __all__ = ["run"]
     default="headroom.duckdb",
     show_default=True,
     metavar="PATH",
-    help="DuckDB request log owned by this process (ignored with --store-url).",
+    help="DuckDB request log owned by this process (not with --lake).",
 )
 @click.option(
     "--checkpoint-mb",
@@ -129,13 +129,11 @@ __all__ = ["run"]
     type=click.FloatRange(0.05),
     help="Seconds between engine metric polls.",
 )
-@click.option("--store-url", metavar="URL", help="Ship rows to a `headroom store` service instead of --db.")
-@click.option("--store-token", envvar="HEADROOM_TOKEN", help="Token for --store-url [env: HEADROOM_TOKEN].")
 @click.option(
     "--spool-dir",
     metavar="PATH",
     show_default="./headroom-spool",
-    help="On-disk spool: --lake's write-ahead buffer, or --store-url's during outages (bounded).",
+    help="On-disk spool: --lake's write-ahead buffer, which holds rows while the lake is away (bounded).",
 )
 @click.option(
     "--lake",
@@ -301,8 +299,6 @@ def run(
     engine_metrics_url,
     model,
     engine_poll_interval,
-    store_url,
-    store_token,
     spool_dir,
     lake,
     lake_roll_seconds,
@@ -336,10 +332,9 @@ def run(
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --model gemma-3-270m
       headroom run --upstream http://vllm:8000 --max-series 5000 --max-models 40
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
-      HEADROOM_TOKEN=... headroom run --upstream http://127.0.0.1:8000 --store-url http://store:9200
       headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
       headroom run --upstream http://vllm:8000 --lake s3://llm-logs/headroom --spool-dir /var/spool/headroom
-      headroom run --upstream http://l40s-pod:8000 --replica-class l40s-tp1 --store-url http://store:9200
+      headroom run --upstream http://l40s-pod:8000 --replica-class l40s-tp1 --lake s3://llm-logs/headroom
       OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318 headroom run --upstream http://vllm:8000 --otlp-metrics
 
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics
@@ -363,7 +358,7 @@ def run(
             listen_host=host,
             listen_port=port,
             admin_listen=None if admin_listen is None else parse_listen(admin_listen, "--admin-listen"),
-            db_path=None if store_url or lake else db_path,
+            db_path=None if lake else db_path,
             checkpoint_mb=checkpoint_mb,
             instance=instance,
             replica_class=replica_class,
@@ -372,8 +367,6 @@ def run(
             max_models=max_models,
             max_series=max_series,
             max_connections=max_connections,
-            store_url=store_url,
-            store_token=store_token,
             spool_dir=spool_dir,
             lake=lake,
             lake_roll_seconds=lake_roll_seconds,
@@ -408,7 +401,7 @@ def run(
     except (duckdb.Error, SchemaTooNew) as exc:  # locked by another process, not DuckDB, too new
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = (
-            "only one process may own it: stop the other one, or run `headroom store` and pass --store-url"
+            "only one process may own it: stop the other one, or give this sidecar its own --db"
             if "lock" in first.lower()
             else ""
             if isinstance(exc, SchemaTooNew)
@@ -420,7 +413,7 @@ def run(
     click.echo(
         f"headroom sidecar: http://{host}:{port} -> {config.upstream} "
         f"(metrics at {'' if admin_listen is None else 'http://' + admin_listen}/metrics, "
-        f"log: {store_url or lake or os.path.abspath(db_path)})",
+        f"log: {lake or os.path.abspath(db_path)})",
         err=True,
     )
     # descriptors for every allowed client, the upstream pool, and the files the sidecar opens;

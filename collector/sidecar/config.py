@@ -28,8 +28,6 @@ class SidecarConfig:
     max_tenants: int = 50
     max_models: int = 20
     max_series: int = 2000  # the whole /metrics exposition (collector.sidecar.series)
-    store_url: str | None = None
-    store_token: str | None = None
     spool_dir: str | None = None
     lake: str | None = None  # --lake URI: stage rows as Parquet for `headroom lake commit` (collector.lake)
     lake_roll_seconds: float = 60.0
@@ -43,7 +41,7 @@ class SidecarConfig:
     otlp_traces_endpoint: str | None = None  # the traces URL itself, used as it is
     otlp_protocol: str = "http/protobuf"  # or "grpc" (the [otlp-grpc] extra)
     otlp_metrics: bool = False  # also export the GenAI server histograms over OTLP
-    # The store's scheduled jobs run only where this sidecar owns its database (db_path, no store_url).
+    # The store's scheduled jobs run only where this sidecar owns its database (db_path, no lake).
     jobs: bool = True
     retention_days: int = 30
     probe_dbs: tuple[str, ...] = ()  # `headroom probe --db` files whose estimates to import
@@ -73,15 +71,13 @@ class SidecarConfig:
                 f"--upstream {self.upstream!r} is not an http(s) URL; "
                 "expected e.g. http://127.0.0.1:8000 (the engine's OpenAI-compatible base URL)"
             )
-        for name, url in (("--engine-metrics-url", self.engine_metrics_url), ("--store-url", self.store_url)):
-            if url is not None and not url.startswith(("http://", "https://")):
-                raise ValueError(
-                    f"{name} {url!r} is not an http(s) URL; expected e.g. http://127.0.0.1:8000/metrics"
-                )
+        url = self.engine_metrics_url
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"--engine-metrics-url {url!r} is not an http(s) URL; expected e.g. http://127.0.0.1:8000/metrics"
+            )
         if self.replica_class is not None:
             check_replica_class(self.replica_class)
-        if self.lake and self.store_url:
-            raise ValueError("give --lake or --store-url, not both (the lake replaces the store service)")
         counts: tuple[tuple[str, int], ...] = (
             ("--max-tenants", self.max_tenants),
             ("--max-models", self.max_models),

@@ -3,9 +3,8 @@
     sources   the engine's /metrics (config.engine; polled in the background) and the GPU (NVML),
               exported through one SourceHealth collector with headroom_source_scrape_*{source}
     sinks     the request log: a LogWriter in front of an in-process RequestStore at
-              config.db_path, or in front of a StoreShipper to config.store_url, or a
-              LakeWriter staging Parquet files in config.lake (collector.lake); an OtelSink
-              when config.otlp_endpoint is set
+              config.db_path, or of a LakeWriter staging Parquet files in config.lake
+              (collector.lake); an OtelSink when config.otlp_endpoint is set
     jobs      the store's scheduled jobs, only where this sidecar owns its database (config.jobs)
     capacity  the headroom_capacity_* gauges those jobs publish
     readers   where this sidecar owns its database: the store's token-protected routes under
@@ -31,7 +30,7 @@ from fastapi import APIRouter, Depends, FastAPI
 
 from collector.analysis.refresh import refresh_estimates_isolated
 from collector.exposition import new_registry
-from collector.lake.stage import LakeWriter
+from collector.lake.stage import DEFAULT_SPOOL_DIR, LakeWriter
 from collector.record import RowSink
 from collector.service.auth import require_token, resolve_token
 from collector.service.routes import build_store_routes
@@ -49,7 +48,6 @@ from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.decision import PublishPolicy
 from collector.store.jobs import JobSettings, build_scheduler
-from collector.store.shipper import DEFAULT_SPOOL_DIR, StoreShipper
 from collector.store.writer import BatchSink, LogWriter
 from collector.timewin import parse_duration
 
@@ -69,7 +67,7 @@ def build_sidecar(
     """The sidecar `config` describes, as an ASGI app (see the module docstring for the parts).
 
     Raises ValueError naming the bad setting (an unknown engine, a broken mapping file, a bad
-    store URL, a series budget too small), and duckdb.Error or SchemaTooNew when the database at config.db_path cannot be
+    lake URI, a series budget too small), and duckdb.Error or SchemaTooNew when the database at config.db_path cannot be
     owned; the engine is checked before any database is opened.
     """
     budget = SeriesBudget(config.max_series, max_models=config.max_models, max_tenants=config.max_tenants)
@@ -86,9 +84,8 @@ def build_sidecar(
     registry.register(replica_class)
     extra = [*_otel_sinks(config), *sinks]
     store = _own_store(config) if log_sink is None else None
-    shipper = _shipper(config) if log_sink is None and store is None else None
-    lake = _lake_writer(config) if log_sink is None and store is None and shipper is None else None
-    batch_sink = log_sink if log_sink is not None else store or shipper or lake
+    lake = _lake_writer(config) if log_sink is None and store is None else None
+    batch_sink = log_sink if log_sink is not None else store or lake
     log = (
         None
         if batch_sink is None
@@ -99,13 +96,10 @@ def build_sidecar(
             batch_rows=config.log_batch_rows,
             flush_interval_s=config.log_flush_interval_s,
             owns_sink=log_sink is None,
-            # the own store catches up on a backlog in large appends; a shipper's bodies stay small
+            # the own store catches up on a backlog in large appends
             max_batch_rows=SIDECAR_STORE_BATCH_ROWS if batch_sink is store else None,
         )
     )
-    if shipper is not None and log is not None:
-        registry.register(shipper)  # spool depth, shipping lag, store up
-        shipper.report_to(log)  # spooled and pipelined rows count as written once the store has them
     if lake is not None and log is not None:
         registry.register(lake)  # spool depth and age, lake up
         lake.report_to(log)  # rows count as written once a staged file holds them
@@ -162,20 +156,12 @@ def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
 
 
 def _own_store(config: SidecarConfig) -> RequestStore | None:
-    """The in-process store: a DuckDB file this sidecar alone owns (not with --store-url), on one
+    """The in-process store: a DuckDB file this sidecar alone owns (not with --lake), on one
     of DuckDB's threads (the proxy keeps the other cores), folding its write-ahead log every
     --checkpoint-mb (DuckDB's 16 MB unless told)."""
-    if config.store_url or not config.db_path:
+    if config.lake or not config.db_path:
         return None
     return RequestStore(config.db_path, threads=SIDECAR_STORE_THREADS, checkpoint_mb=config.checkpoint_mb)
-
-
-def _shipper(config: SidecarConfig) -> StoreShipper | None:
-    """The shipper to a `headroom store` service, when config.store_url is set."""
-    if not config.store_url:
-        return None
-    # pipelined: the writer converts the next batch while the store inserts this one
-    return StoreShipper(config.store_url, config.store_token, config.spool_dir, pipelined=True)
 
 
 def _lake_writer(config: SidecarConfig) -> LakeWriter | None:

@@ -3,8 +3,8 @@
 schema.py      the `requests` table contract and its versioned migrations
 db.py          RequestStore: the one read-write owner of a DuckDB file
 writer.py      LogWriter: the RowSink that batches rows into a BatchSink off the event loop
-shipper.py     StoreShipper: the BatchSink that sends batches to `headroom store` instead
-spool.py       the shipper's bounded on-disk spool for store outages
+spool.py       a bounded on-disk spool of Arrow batches: the lake writer's write-ahead buffer
+owner.py       readers of a database another process (the sidecar) owns, through that process
 rollup.py      the hourly `requests_hourly` rollup
 retention.py   daily Parquet export of sealed days, then expiry of old raw rows
 estimates.py   the `capacity_estimates` table: saved estimates, newest per model, publishing

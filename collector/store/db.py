@@ -1,8 +1,8 @@
 """RequestStore: the one read-write owner of a DuckDB request-log file, and its one insert path.
 
 Only one process may open a DuckDB file read-write (docs/design.md §2, process model). The
-sidecar's in-process store and the `headroom store` service both hold one RequestStore; everything
-else reads through them. Rows arrive in batches and are inserted once per batch through Arrow,
+sidecar's in-process store holds one RequestStore; everything
+else reads through it. Rows arrive in batches and are inserted once per batch through Arrow,
 never with a per-row `executemany` (docs/domain.md §11): `rows_to_arrow` is the one place records
 become columns, and `RequestStore.insert_arrow` the one INSERT, for the sidecar's writer and the
 store's ingest alike.

@@ -9,7 +9,7 @@ cannot open the file. The owner therefore leaves two files beside the database:
     headroom.duckdb.token   the bearer token of those routes (mode 0600), where "token" is "file";
                             "env" means the owner took HEADROOM_TOKEN, which the reader needs too
 
-and serves the store service's routes under `url` (docs/store.md, "Reading while the sidecar
+and serves the store's routes under `url` (docs/store.md, "Reading while the sidecar
 runs"). `open_request_log(db)` opens the file read-only when nobody holds it, and otherwise asks
 the owner for a consistent copy (GET <url>/v1/snapshot: DuckDB's COPY FROM DATABASE into a
 temporary file), which it opens read-only and deletes on close. Every reader (the passive curve,
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from collector.store.db import RequestStore
+from collector.store.db import ARROW_STREAM_TYPE, RequestStore, Rows, rows_to_ipc
 
 if TYPE_CHECKING:  # imported where used: serving processes never load httpx for this
     import httpx
@@ -46,11 +46,13 @@ __all__ = [
     "find_owner",
     "open_request_log",
     "fetch_snapshot",
+    "send_rows",
     "is_lock_error",
 ]
 
 TOKEN_ENV = "HEADROOM_TOKEN"
 SNAPSHOT_TIMEOUT_S = 120.0
+INGEST_TIMEOUT_S = 60.0
 
 
 class OwnerError(RuntimeError):
@@ -114,8 +116,7 @@ def find_owner(db_path: str | os.PathLike[str]) -> Owner:
     except (OSError, ValueError, KeyError, TypeError):
         raise OwnerError(
             f"another process holds {db_path} and left no readable {path.name} (a sidecar of "
-            "this release writes one); stop it, or ask the store service that owns it "
-            "(its /v1/query routes, or --store-url where the command has it)"
+            "this release writes one); stop it, or restart it with this release"
         ) from None
     token_path = token_file_for(db_path)
     if record.get("token") == "env":
@@ -139,26 +140,50 @@ def fetch_snapshot(owner: Owner, destination: Path, *, transport: httpx.BaseTran
             httpx.Client(timeout=SNAPSHOT_TIMEOUT_S, transport=transport) as client,
             client.stream("GET", f"{owner.url}/v1/snapshot", headers=headers) as response,
         ):
+            if response.status_code == 401:
+                raise OwnerError(f"{owner.url} refused the token; set {TOKEN_ENV} to the owner's")
             if response.status_code != 200:
                 response.read()
                 raise OwnerError(
-                    f"{owner.url}/v1/snapshot answered HTTP {response.status_code}: "
-                    f"{response.text[:200]}"
-                    + (
-                        f"; the token does not match: set {TOKEN_ENV} to the owner's"
-                        if response.status_code == 401
-                        else ""
-                    )
+                    f"{owner.url}/v1/snapshot answered HTTP {response.status_code}: {response.text[:200]}"
                 )
             with destination.open("wb") as handle:
                 for chunk in response.iter_bytes():
                     handle.write(chunk)
     except httpx.HTTPError as exc:
         raise OwnerError(
-            f"cannot reach the owner of the database at {owner.url} ({exc}); is it still "
-            "running? Remove the stale .owner file if it is not"
+            f"cannot reach the owner of the database at {owner.url} ({type(exc).__name__}); is it "
+            "still running? Remove the stale .owner file if it is not"
         ) from None
     return destination
+
+
+def send_rows(owner: Owner, rows: Rows, *, transport: httpx.BaseTransport | None = None) -> int:
+    """POST `rows` to the owner's ingest route as one Arrow IPC stream; returns the rows it inserted.
+
+    Idempotent by request_id, so a batch sent again after a lost answer adds nothing. Raises
+    OwnerError with one line naming the cause: the owner unreachable, the token refused, the rows
+    refused.
+    """
+    import httpx  # lazily: serving processes never send rows to an owner
+
+    if not rows:
+        return 0
+    headers = {"Authorization": f"Bearer {owner.token}", "Content-Type": ARROW_STREAM_TYPE}
+    try:
+        with httpx.Client(timeout=INGEST_TIMEOUT_S, transport=transport) as client:
+            response = client.post(f"{owner.url}/v1/ingest", content=rows_to_ipc(rows), headers=headers)
+    except httpx.HTTPError as exc:
+        raise OwnerError(
+            f"cannot reach the owner of the database at {owner.url} ({type(exc).__name__}); is it "
+            "still running? Remove the stale .owner file if it is not"
+        ) from None
+    if response.status_code == 401:
+        raise OwnerError(f"{owner.url} refused the token; set {TOKEN_ENV} to the owner's")
+    if response.status_code != 200:
+        raise OwnerError(f"{owner.url}/v1/ingest answered HTTP {response.status_code}: {response.text[:200]}")
+    inserted: int = response.json()["inserted"]
+    return inserted
 
 
 @contextlib.contextmanager
@@ -169,7 +194,7 @@ def open_request_log(db_path: str | os.PathLike[str]) -> Iterator[RequestStore]:
     asked, and duckdb.Error when it is not a database headroom wrote.
     """
     if not Path(db_path).is_file():
-        raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar or store wrote")
+        raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar wrote")
     try:
         store = RequestStore(Path(db_path), read_only=True)
     except duckdb.Error as exc:

@@ -1,14 +1,14 @@
-"""A bounded on-disk spool of ingest payloads: one file per batch, oldest first, atomic writes.
+"""A bounded on-disk spool of Arrow batches: one file per batch, oldest first, atomic writes.
 
-The shipper writes here while the store is unreachable and replays from here when it is back.
-The bound is in bytes; a payload that would cross it is refused (the caller counts the rows
-dropped). The directory is created 0700 and each file 0600: the rows carry tenants and timings.
+The lake's writer (collector.lake.stage.LakeWriter) appends every batch here, its write-ahead
+buffer, and rolls the spool into staged Parquet files; while the lake cannot be written the rows
+wait here. The bound is in bytes; a payload that would cross it is refused (the caller counts the
+rows dropped). The directory is created 0700 and each file 0600: the rows carry tenants and timings.
 An index of the files is kept in memory, so `put`, `take` and the depth metrics never list the
 directory (it may hold thousands of files after a long outage).
 
-File names are `<created ns>-<seq>-<rows>.<kind>`: `.arrow` for an Arrow IPC stream (what the
-shipper spools), `.json` for the JSON bodies that versions before it spooled (still replayed).
-A crash mid-write leaves a `.tmp` that the next start removes.
+File names are `<created ns>-<seq>-<rows>.arrow`, each an Arrow IPC stream. A crash mid-write
+leaves a `.tmp` that the next start removes.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ARROW", "JSON", "Spool", "SpoolEntry"]
+__all__ = ["Spool", "SpoolEntry"]
 
-ARROW, JSON = "arrow", "json"  # the kinds of payload, each its file suffix
-_KINDS = (ARROW, JSON)
+_SUFFIX = ".arrow"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,16 +34,11 @@ class SpoolEntry:
     size: int
     created_ns: int
 
-    @property
-    def kind(self) -> str:
-        """ARROW or JSON: what the file holds (its suffix)."""
-        return self.path.suffix[1:]
-
 
 def _entry(path: Path) -> SpoolEntry | None:
     """The entry of an existing spool file; None for a name this spool did not write."""
     parts = path.stem.split("-")
-    if path.suffix[1:] not in _KINDS or len(parts) != 3 or not all(part.isdigit() for part in parts):
+    if path.suffix != _SUFFIX or len(parts) != 3 or not all(part.isdigit() for part in parts):
         return None
     return SpoolEntry(path, int(parts[2]), path.stat().st_size, int(parts[0]))
 
@@ -63,9 +57,9 @@ class Spool:
         self._seq = 0
         for leftover in self.directory.glob("*.tmp"):  # a crash mid-write left half a file
             leftover.unlink(missing_ok=True)
-        found = (_entry(path) for path in self.directory.iterdir() if path.suffix[1:] in _KINDS)
+        found = (_entry(path) for path in self.directory.iterdir() if path.suffix == _SUFFIX)
         entries = sorted((entry for entry in found if entry is not None), key=lambda e: e.path.stem)
-        self._entries: deque[SpoolEntry] = deque(entries)  # oldest first, whatever their kind
+        self._entries: deque[SpoolEntry] = deque(entries)  # oldest first
         self._used = sum(entry.size for entry in self._entries)
 
     def files(self) -> list[Path]:
@@ -95,16 +89,14 @@ class Spool:
         """Row count recorded in a spool file's name."""
         return int(path.stem.rsplit("-", 1)[-1])
 
-    def put(self, payload: bytes, rows: int, kind: str = ARROW) -> bool:
-        """Store one payload of `kind` (0600, atomically); False (nothing written) past max_bytes."""
-        if kind not in _KINDS:
-            raise ValueError(f"spool payload kind must be one of {_KINDS}, got {kind!r}")
+    def put(self, payload: bytes, rows: int) -> bool:
+        """Store one Arrow IPC payload (0600, atomically); False (nothing written) past max_bytes."""
         with self._lock:
             if self._used + len(payload) > self.max_bytes:
                 return False
             self._seq += 1
             created = time.time_ns()
-            final = self.directory / f"{created:020d}-{self._seq:06d}-{rows}.{kind}"
+            final = self.directory / f"{created:020d}-{self._seq:06d}-{rows}{_SUFFIX}"
             temporary = final.with_suffix(".tmp")
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "wb") as handle:
@@ -115,24 +107,19 @@ class Spool:
             return True
 
     def take(self, max_rows: int, max_bytes: int) -> list[SpoolEntry]:
-        """The oldest entries up to `max_rows` rows and `max_bytes` bytes (at least one), all of the
-        first one's kind (one body holds one kind), kept."""
+        """The oldest entries up to `max_rows` rows and `max_bytes` bytes (at least one), kept."""
         with self._lock:
             taken: list[SpoolEntry] = []
             rows = size = 0
             for entry in self._entries:
-                if taken and (
-                    rows + entry.rows > max_rows
-                    or size + entry.size > max_bytes
-                    or entry.kind != taken[0].kind
-                ):
+                if taken and (rows + entry.rows > max_rows or size + entry.size > max_bytes):
                     break
                 taken.append(entry)
                 rows, size = rows + entry.rows, size + entry.size
             return taken
 
     def remove(self, entries: list[SpoolEntry]) -> None:
-        """Forget payloads the store has accepted (or rejected for good)."""
+        """Forget payloads that were staged (or given up for good)."""
         gone = {entry.path for entry in entries}
         with self._lock:
             kept = deque(entry for entry in self._entries if entry.path not in gone)

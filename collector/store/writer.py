@@ -3,8 +3,8 @@
 `submit(record)` appends to a bounded in-memory queue (called on the event loop: no lock, no
 thread woken, about a tenth of a microsecond). A daemon thread wakes every `flush_interval_s`, or
 as soon as `batch_rows` records are waiting, and writes what is queued in batches of up to
-`max_batch_rows` to a BatchSink: the in-process RequestStore, or the StoreShipper to the store
-service. Waking on a timer rather than on each row matters twice: batches stay large under a
+`max_batch_rows` to a BatchSink: the in-process RequestStore, or the lake's writer
+(collector.lake.stage.LakeWriter). Waking on a timer rather than on each row matters twice: batches stay large under a
 steady trickle (each INSERT has a fixed cost, a WAL sync included), and the proxy's thread never
 hands the interpreter to the writer once per row. A full queue or a failing sink never stops the
 proxy: the rows are counted in `headroom_log_rows_dropped_total{reason}`. `close()` writes every
@@ -42,8 +42,8 @@ class BatchSink(Protocol):
     """Where batches of rows go. Raising means the batch (or `RowsDropped.count` of it) is lost.
 
     `write_batch` returns how many rows its destination accepted now, None meaning all of them;
-    the StoreShipper returns 0 for a batch it spooled (those count once the store accepts them).
-    A sink that goes on working after write_batch returns (a pipelined StoreShipper) also has
+    the LakeWriter returns 0 for a batch it spooled (those count once a staged file holds them).
+    A sink that goes on working after write_batch returns (the LakeWriter's roller) also has
     `flush(timeout_s) -> bool`, which LogWriter.flush waits on.
     """
 
@@ -118,8 +118,7 @@ class LogWriter:
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Block until every row submitted before this call has been handed to the sink, and the
-        sink has finished with it when it works behind write_batch (a pipelined StoreShipper's
-        `flush`).
+        sink has finished with it when it works behind write_batch (the LakeWriter's `flush`).
 
         Returns False when that did not happen within `timeout_s` (a stuck sink, or a closed
         writer with rows left), never raises.
@@ -138,7 +137,7 @@ class LogWriter:
         )
 
     def lost(self, reason: str, count: int) -> None:
-        """Count `count` rows the sink lost after write_batch returned (e.g. a pipelined shipper's)."""
+        """Count `count` rows the sink lost after write_batch returned (e.g. the lake writer's)."""
         self.dropped.labels(reason).inc(count)
 
     def close(self, timeout_s: float = 60.0) -> None:
