@@ -9,7 +9,9 @@ replica, and the request log's pipeline. Every alert has a summary, a templated 
 absolute `runbook_url`; capacity thresholds compare live values with the published
 `headroom_capacity_*` gauges through recording rules, so no alert carries a concurrency number and
 an alert is silent while no estimate exists. Rules are split by concern: signals here, SLO burn
-in collector.alerts.slo_alerts, the pipeline in collector.alerts.pipeline_alerts.
+in collector.alerts.slo_alerts, the pipeline in collector.alerts.pipeline_alerts, a stuck request
+and a dead capacity input in collector.alerts.integrity_alerts (whose `trusted` keeps the KV and
+queue rules silent while their engine signal is invalid).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from collector.alerts.alert import Alert, number
+from collector.alerts.integrity_alerts import integrity_alerts, trusted
 from collector.alerts.pipeline_alerts import pipeline_alerts
 from collector.alerts.slo_alerts import latency_matcher, requests_in, slo_alerts
 from collector.alerts.slo_classes import selector, slo_classes
@@ -158,7 +161,9 @@ def _capacity(c: RulesConfig) -> list[Alert]:
         f"sum by (instance, model) (avg_over_time({inflight}[5m] offset {window}))",
     )
     kv, waiting = sample("headroom_engine_kv_cache_usage_ratio"), sample("headroom_engine_requests_waiting")
-    kv_mean = f"max by (instance, model) (avg_over_time({kv}[5m]))"
+    # the engine's values, less those the sidecar marks invalid (headroom_signal_valid == 0)
+    kv_mean = trusted(f"max by (instance, model) (avg_over_time({kv}[5m]))", "kv_usage")
+    queued = trusted(f"sum by (instance, model) (min_over_time({waiting}[5m]))", "waiting")
     return [*_knee_trend(c), _fleet_headroom(c), _estimate_stale(c)] + [
         Alert(
             "HeadroomKVCacheNearFull",
@@ -180,8 +185,7 @@ def _capacity(c: RulesConfig) -> list[Alert]:
         Alert(
             "HeadroomKVCacheExhausted",
             "headroom-capacity",
-            f"{kv_mean} > {number(c.kv_warning_ratio)}\n"
-            f"and on (instance, model) sum by (instance, model) (min_over_time({waiting}[5m])) > 0",
+            f"{kv_mean} > {number(c.kv_warning_ratio)}\nand on (instance, model) {queued} > 0",
             "critical",
             "KV cache of <model> on <instance> full and requests queueing",
             "KV-cache usage of <model> on <instance> averaged <value:humanizePercentage> over 5 minutes "
@@ -330,6 +334,7 @@ def alerts(config: RulesConfig) -> list[Alert]:
         + _capacity(config)
         + slo_alerts(config)
         + pipeline_alerts(config)
+        + integrity_alerts(config)
     )
 
 

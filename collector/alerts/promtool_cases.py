@@ -695,6 +695,85 @@ def _pipeline_cases(c: RulesConfig) -> list[Case]:
     ]
 
 
+def _integrity_cases(c: RulesConfig) -> list[Case]:
+    """A request stuck in flight (against the floor, and against the model's own e2e tail), a dead
+    capacity input: the integrity warning fires while the KV and queue alerts built on it stay quiet."""
+    oldest = 'headroom_inflight_oldest_age_seconds{instance="a",model="m",task_class="long"}'
+    bucket = 'headroom_request_duration_seconds_bucket{instance="a",model="m",outcome="ok",le="%s"}'
+    # p99 of 10 requests a minute, all between 90 and 120 s: 90 + 30 x 0.99 = 119.7 s
+    tail = {bucket % "90.0": flat(0), bucket % "120.0": f"0+10x{_N}", bucket % "+Inf": f"0+10x{_N}"}
+    threshold = max(c.stuck_request_floor_seconds, c.stuck_request_p99_multiple * 119.7)
+    floor_onset = int(c.stuck_request_floor_seconds // 60) + 1  # the age grows 60 s a minute from 0
+    tail_onset = int(threshold // 60) + 1
+    valid = 'headroom_signal_valid{instance="a",source="engine",signal="%s",reason="%s"}'
+    dead_kv = {_KV: flat(0.95), valid % ("kv_usage", "stale"): flat(0)}
+    dead_queue = {_WAITING: flat(3), valid % ("waiting", "stuck"): flat(0)}
+    invalid = A | {"source": "engine", "reason": "stale", "input": "kv_usage"}
+    return [
+        Case(
+            "a request held by a hanging upstream, and nothing completed: the floor",
+            "HeadroomRequestStuck",
+            {oldest: f"0+60x{_N}"},
+            fires(
+                c,
+                "HeadroomRequestStuck",
+                (floor_onset, floor_onset),
+                AM,
+                humanize_duration(60 * after_minute(c, "HeadroomRequestStuck", (floor_onset, floor_onset))),
+            ),
+        ),
+        Case(
+            "a request held past 4x the model's p99 e2e, not before",
+            "HeadroomRequestStuck",
+            {oldest: f"0+60x{_N}", **tail},
+            fires(
+                c,
+                "HeadroomRequestStuck",
+                (tail_onset, tail_onset),
+                AM,
+                humanize_duration(60 * after_minute(c, "HeadroomRequestStuck", (tail_onset, tail_onset))),
+            ),
+        ),
+        Case("requests in flight for 30 s", "HeadroomRequestStuck", {oldest: flat(30), **tail}, quiet("20m")),
+        Case(
+            "the KV-usage signal went stale: the integrity warning says which and why",
+            "HeadroomSignalInvalid",
+            dead_kv,
+            fires(c, "HeadroomSignalInvalid", (0, 0), invalid, "0"),
+        ),
+        Case(
+            "a KV cache at 95 % read from a stale signal stays quiet",
+            "HeadroomKVCacheNearFull",
+            dead_kv,
+            quiet("20m"),
+        ),
+        Case(
+            "the same KV usage from a valid signal warns",
+            "HeadroomKVCacheNearFull",
+            {_KV: flat(0.95), valid % ("kv_usage", "ok"): flat(1)},
+            fires(c, "HeadroomKVCacheNearFull", (0, 0), AM, humanize_percentage(0.95)),
+        ),
+        Case(
+            "a full KV cache with a queue read from a stuck signal does not page",
+            "HeadroomKVCacheExhausted",
+            {**dead_kv, **dead_queue},
+            quiet("20m"),
+        ),
+        Case(
+            "a queue read from a stuck signal never drains, yet stays quiet",
+            "HeadroomQueueNotDraining",
+            dead_queue,
+            quiet("30m"),
+        ),
+        Case(
+            "an engine that cannot be scraped is HeadroomEngineScrapeFailing's, not this",
+            "HeadroomSignalInvalid",
+            {valid % ("kv_usage", "scrape_failing"): flat(0), valid % ("running", "idle"): flat(1)},
+            quiet("10m"),
+        ),
+    ]
+
+
 def cases(c: RulesConfig) -> list[Case]:
     """Every case for the rules generated under `c`, in the order of the alerts."""
     return (
@@ -707,4 +786,5 @@ def cases(c: RulesConfig) -> list[Case]:
         + _composite_cases(c)
         + _slo_cases(c)
         + _pipeline_cases(c)
+        + _integrity_cases(c)
     )

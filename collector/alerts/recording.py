@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from collector.alerts.integrity_alerts import trusted
 from collector.alerts.slo_classes import CLIENT_TRAFFIC, selector, slo_classes
 from collector.rules.cluster import keep_cluster
 from collector.rules.config import RulesConfig, seconds
@@ -281,12 +282,15 @@ def _slo_rules(config: RulesConfig) -> list[dict[str, Any]]:
 
 
 def _engine_rules() -> list[dict[str, Any]]:
-    waiting = sample("headroom_engine_requests_waiting")
+    """The engine's figures, less those its sidecar marks invalid (integrity_alerts.trusted)."""
+    waiting = trusted(sample("headroom_engine_requests_waiting"), "waiting")
+    running = trusted(sample("headroom_engine_requests_running"), "running")
+    kv = trusted(sample("headroom_engine_kv_cache_usage_ratio"), "kv_usage")
     return [
-        _rule(R.WAITING, f"sum by (model) ({waiting})"),
-        _rule(R.WAITING_INSTANCE, f"sum by (instance) ({waiting})"),
-        _rule(R.RUNNING, f"sum by (model) ({sample('headroom_engine_requests_running')})"),
-        _rule(R.KV_USAGE, f"max by (model) ({sample('headroom_engine_kv_cache_usage_ratio')})"),
+        _rule(R.WAITING, f"sum by (model) {waiting}"),
+        _rule(R.WAITING_INSTANCE, f"sum by (instance) {waiting}"),
+        _rule(R.RUNNING, f"sum by (model) {running}"),
+        _rule(R.KV_USAGE, f"max by (model) {kv}"),
         _rule(R.GPU_UTILIZATION, f"avg by (instance) ({sample('headroom_gpu_utilization_ratio')})"),
     ]
 

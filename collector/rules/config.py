@@ -101,6 +101,8 @@ FOR_DURATIONS: dict[str, str] = {
     "HeadroomLogRowsDropped": "5m",
     "HeadroomStoreUnreachable": "5m",
     "HeadroomLogShippingLagging": "5m",
+    "HeadroomRequestStuck": "2m",
+    "HeadroomSignalInvalid": "3m",
 }
 # `keep_firing_for` (Prometheus 2.42+) on alerts whose condition flickers at its edge: once firing,
 # a short dip does not resolve them (and re-page when it comes back).
@@ -192,6 +194,13 @@ class RulesConfig:
     # A replica whose p95 TTFT is this many times the median of its model's replicas (and over the
     # soft bound) is a slow replica: thermal throttling, a noisy neighbour, a bad node.
     slow_replica_ratio: float = 2.0
+
+    # --- in-flight age and signal integrity (docs/runbooks.md) -----------------------------------
+    # A request still in flight after max(floor, multiple x its model's p99 end-to-end time) is
+    # stuck. The floor keeps a model whose p99 is a few seconds from warning on one slow answer;
+    # raise the multiple for models whose answers vary widely in length.
+    stuck_request_floor_seconds: float = 120.0
+    stuck_request_p99_multiple: float = 4.0
 
     # --- request-log shipping -------------------------------------------------------------------
     # Age of the oldest row the store has not accepted that warns: rows are safe in the spool, but
@@ -335,6 +344,11 @@ class RulesConfig:
             raise ConfigError(f"fleet_min_replicas={self.fleet_min_replicas} must be 1 or more")
         if self.slo_min_requests < 0:
             raise ConfigError(f"slo_min_requests={self.slo_min_requests} must be 0 or more")
+        if self.stuck_request_floor_seconds <= 0 or self.stuck_request_p99_multiple < 1:
+            raise ConfigError(
+                f"stuck_request_floor_seconds={self.stuck_request_floor_seconds} must be positive and "
+                f"stuck_request_p99_multiple={self.stuck_request_p99_multiple} at least 1 (e.g. 120 and 4)"
+            )
         return self
 
 
