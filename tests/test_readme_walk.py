@@ -23,7 +23,7 @@ import pytest
 from conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVERS = {"sim", "run", "store"}
+SERVERS = {"sim", "run"}
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(420)]
 
 
@@ -121,6 +121,6 @@ def test_readme_using_it_commands_run_in_order_on_one_box(tmp_path):
                 server.wait(30)
             except subprocess.TimeoutExpired:
                 server.kill()
-    assert {"run", "probe", "capacity", "report", "store", "dashboards", "alerts"} <= set(ran)
+    assert {"run", "probe", "capacity", "report", "lake", "dashboards", "alerts"} <= set(ran)
     assert (tmp_path / "knee.png").stat().st_size > 10_000
     assert not (tmp_path / "headroom.duckdb.owner").exists(), "the sidecar left its owner file behind"
