@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "rules": set(),
     "analysis": {"store", "sources", "lake"},
     "report": {"store", "analysis", "lake"},
-    "sim": {"analysis"},
+    "sim": {"analysis", "store"},
     "dashboards": {"rules"},
     "alerts": {"rules"},
     "integrations": {"rules", "store", "alerts", "lake"},
