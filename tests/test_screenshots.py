@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -125,8 +125,117 @@ def test_weekly_report_renders_whole_in_chromium(chromium, tmp_path):
     page = tmp_path / "weekly-report.html"
     page.write_text(_checked(html))
     verdict = _browse(chromium, page, tmp_path, SHOTS / "weekly-report.png")
-    assert verdict == {"images": 3, "problems": []}
+    assert verdict == {"images": 4, "problems": []}
     _looks_drawn(SHOTS / "weekly-report.png")
+    _plots_drawn(html)
+
+
+def _plots_drawn(html: str) -> None:
+    """Every embedded plot has ink beyond its frame: a plot with nothing drawn is mostly white."""
+    import base64
+    import io
+
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert images
+    for image in images:
+        with Image.open(io.BytesIO(base64.b64decode(image))) as picture:
+            grey = picture.convert("L")
+            # coloured data (lines, markers) is mid-grey once converted; axes and text are black
+            data = sum(grey.histogram()[60:230]) / (grey.size[0] * grey.size[1])
+            assert data > 0.004, "a plot with nothing drawn"
+
+
+def _axes_sane(report: dict) -> None:
+    """Time axes span the traffic (a bin or two either side), never years around one point; a
+    series of few points has markers; every axis has data drawn."""
+    from matplotlib.dates import date2num
+
+    from collector.report.plots import curve_figure, littles_figure, load_figure, throughput_figure
+
+    for model in report["models"]:
+        for entry in model["classes"]:
+            bins, step = entry["load"]["bins"], entry["load"]["step"]
+            first, last = (date2num(datetime.fromtimestamp(b["t"], UTC)) for b in (bins[0], bins[-1]))
+            for axis in load_figure(model).axes:
+                low, high = axis.get_xlim()
+                assert first - 2 * step / 86400 <= low and high <= last + 3 * step / 86400
+                assert "per replica" in axis.get_ylabel()
+        for figure in (
+            load_figure(model),
+            throughput_figure(model),
+            littles_figure(model),
+            curve_figure(model),
+        ):
+            for axis in figure.axes:
+                drawn = sum(len(c.get_offsets()) for c in axis.collections) + sum(
+                    len(line.get_xydata()) for line in axis.lines
+                )
+                assert drawn > 0, f"{axis.get_title() or axis.get_ylabel()}: nothing drawn"
+
+
+def _review_in_chromium(chromium: str, tmp_path: Path, report: dict, name: str) -> str:
+    from collector.report.review import render_report
+
+    html = render_report(report, "html")
+    page = tmp_path / f"{name}.html"
+    page.write_text(_checked(html))
+    verdict = _browse(chromium, page, tmp_path, SHOTS / f"{name}.png", height=3400)
+    assert verdict == {"images": 4 * len(report["models"]), "problems": []}
+    _looks_drawn(SHOTS / f"{name}.png", height=3400)
+    _plots_drawn(html)
+    _axes_sane(report)
+    return html.replace("&#x27;", "'")
+
+
+def test_the_review_of_one_hour_of_the_simulator_plans_in_chromium(chromium, tmp_path):
+    """Under an hour of traffic: 20 closed-loop clients against a simulator of 8 slots, probed and
+    published; the planning line gives ceil(20 / the published pool) replicas."""
+    import math
+
+    from test_report_plan import CLIENTS, _published_pool, one_hour_store
+
+    from collector.report.review import build_from_store
+
+    store, now = one_hour_store(tmp_path / "one-hour.duckdb")
+    report = build_from_store(store, "7d", now)
+    pool = _published_pool(store, now)
+    store.close()
+    html = _review_in_chromium(chromium, tmp_path, report, "weekly-report-one-hour")
+    needed = math.ceil(CLIENTS / pool)
+    assert f"At this week's peak you needed {needed} replicas of class slots8 (you ran 1)" in html
+    assert "published because: probe run probe-sim" in html
+
+
+def test_the_review_of_the_demo_database_plans_in_chromium(chromium, tmp_path):
+    import math
+
+    from click.testing import CliRunner
+
+    from collector.cli import main
+    from collector.report.review import build_from_store
+    from collector.store.db import RequestStore
+    from collector.store.decision import decisions
+    from collector.timewin import utc_now
+
+    db = tmp_path / "demo.duckdb"
+    args = ["demo", "--speed", "4", "--levels", "1,4,16,32", "--level-seconds", "2", "--db", str(db)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    store = RequestStore(db, read_only=True)
+    now = utc_now()
+    report = build_from_store(store, "7d", now)
+    published = {d.replica_class: d.estimate for d in decisions(store, now) if d.task_class == "all"}
+    store.close()
+    html = _review_in_chromium(chromium, tmp_path, report, "weekly-report-demo")
+    (model,) = report["models"]
+    for entry in model["classes"]:
+        plan, estimate = entry["plan"], published[entry["replica_class"]]
+        assert estimate is not None and plan["pool_per_replica"]["requests"] == estimate["recommended_pool"]
+        caliber = plan["binding_caliber"]
+        expected = math.ceil(plan["peak"][caliber] / plan["pool_per_replica"][caliber] - 1e-9)
+        assert plan["replicas_needed"] == expected >= 1
+        line = f"At this week's peak you needed {expected} replica"
+        assert line in html and f"of class {entry['replica_class']} (you ran 1)" in html
 
 
 def test_probe_page_renders_whole_in_chromium(chromium, tmp_path):

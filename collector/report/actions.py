@@ -7,15 +7,26 @@ Thresholds are conventions, kept here with their reasons:
   pool and into the region where TTFT stretches (docs/domain.md §2.2).
 - TTFT_RISE 20 %: week-over-week p95 TTFT growth worth a look even inside the SLO (TTFT rises first).
 - RATE_LIMITED and ERRORS 1 %: one request in a hundred failing is visible to users.
+- LITTLE_OFF 5 %: Little's law is checked per window (collector.report.plan); a window where the
+  load jumps can be off without anything wrong, a log that loses rows or clocks that step is off
+  in many.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["recommend_actions", "KNEE_MOVE", "PEAK_SHARE", "TTFT_RISE", "RATE_LIMITED", "ERRORS"]
+__all__ = [
+    "recommend_actions",
+    "KNEE_MOVE",
+    "PEAK_SHARE",
+    "TTFT_RISE",
+    "RATE_LIMITED",
+    "ERRORS",
+    "LITTLE_OFF",
+]
 
-KNEE_MOVE, PEAK_SHARE, TTFT_RISE, RATE_LIMITED, ERRORS = 0.10, 0.80, 0.20, 0.01, 0.01
+KNEE_MOVE, PEAK_SHARE, TTFT_RISE, RATE_LIMITED, ERRORS, LITTLE_OFF = 0.10, 0.80, 0.20, 0.01, 0.01, 0.05
 
 
 def _label(entry: dict[str, Any], report: dict[str, Any]) -> str:
@@ -158,7 +169,7 @@ def _evidence(report: dict[str, Any]) -> list[dict[str, str]]:
         )
     law = report["littles_law"]
     worst = law.get("worst")
-    if law.get("inconsistent") and worst is not None:
+    if worst is not None and law["inconsistent"] > LITTLE_OFF * law["checked"]:
         found.append(
             {
                 "action": "Check the request log (clocks, lost rows, counting)",

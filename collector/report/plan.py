@@ -30,6 +30,7 @@ __all__ = [
     "STEPS",
     "MAX_BINS",
     "DEMAND_WINDOW_S",
+    "LITTLE_SPAN",
     "TREND_HORIZON_DAYS",
     "bin_step",
     "load_at",
@@ -47,6 +48,7 @@ MAX_BINS = 240
 # burst (the rules' fleet load averages 5 minutes; an instant's peak would over-count).
 DEMAND_WINDOW_S = 60.0
 TREND_HORIZON_DAYS = 7
+LITTLE_SPAN = 20  # a Little's-law window is at least this many p95 e2e durations long
 _MAX_SAMPLES = 1_500_000
 _CALIBERS = ("requests", "tokens")
 
@@ -285,8 +287,9 @@ def littles_law_windows(
     rows: dict[str, np.ndarray], start: float, end: float, step: int | None, tolerance: float
 ) -> dict[str, Any]:
     """Little's law per window with traffic: time-weighted mean in flight against completion rate
-    x mean e2e (collector.report.figures.littles_law). A window is at least ten p95 durations long,
-    or requests crossing its edges would break the law without anything being wrong; over a whole
+    x mean e2e (collector.report.figures.littles_law). A window is at least a minute and
+    LITTLE_SPAN p95 durations long, or requests crossing its edges while the load ramps or drains
+    would break the law without anything being wrong; over a whole
     week the law holds trivially (a near-idle mean equals a near-idle product), so it is checked
     where it can fail: windows about as long as the plot's bins.
 
@@ -296,8 +299,8 @@ def littles_law_windows(
     e2e = rows["e2e_s"][~np.isnan(rows["e2e_s"])]
     if e2e.size == 0 or step is None:
         return {"window_s": None, "windows": [], "checked": 0, "inconsistent": 0, "worst": None}
-    longest = 10 * float(np.quantile(e2e, 0.95))
-    window = next((s for s in STEPS if s >= max(step, longest)), STEPS[-1])
+    longest = LITTLE_SPAN * float(np.quantile(e2e, 0.95))
+    window = next((s for s in STEPS if s >= max(step, longest, 60)), STEPS[-1])
     admitted, completed = rows["admitted"], rows["completed"]
     first = math.floor(float(np.nanmin(admitted)) / window) * window
     found = []

@@ -84,7 +84,8 @@ def provenance_line(entry: dict[str, Any]) -> str:
     if e is None:
         return f"Knee of class {entry['replica_class']}: none published (run headroom probe)."
     knee = f"{fmt(e['knee_requests'])} requests"
-    knee += f", {fmt(e['knee_tokens'])} tokens" if e.get("knee_tokens") else " (no token knee)"
+    tokens = entry["concurrency"].get("knee_tokens")  # None when withheld (collector.report.build)
+    knee += f", {fmt(tokens)} tokens" if tokens else " (no token knee to judge by)"
     parts = [
         f"source {e['source']}" + (f" run {e['run_id']}" if e.get("run_id") else ""),
         f"confidence {e['confidence']}",
