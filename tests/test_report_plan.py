@@ -98,6 +98,7 @@ def test_the_planning_number_follows_the_published_pool(one_replica):
     assert estimate["source"] == "probe" and estimate["run_id"] == "probe-sim"
     assert estimate["published_because"].startswith("probe run probe-sim")
     assert estimate["age_h"] is not None and estimate["age_h"] < 1
+    assert "mu_slo" not in estimate  # a closed-loop probe: no open-loop rates to show
     actions = [a["action"] for a in model["actions"]]
     assert f"Run {math.ceil(CLIENTS / pool)} replicas of class slots{SLOTS} at the peak (ran 1)" in actions
 
@@ -286,3 +287,21 @@ def test_the_heading_is_the_served_name_and_a_path_its_file_stem():
     assert heading("/models/gemma-3-270m-it-Q8_0.gguf") == "gemma-3-270m-it-Q8_0"
     assert heading("meta-llama/Llama-3.1-8B-Instruct") == "meta-llama/Llama-3.1-8B-Instruct"
     assert heading("gemma.gguf") == "gemma" and heading("llama-3-8b") == "llama-3-8b"
+
+
+def test_the_open_loop_rates_join_the_provenance():
+    from collector.report.render_md import provenance_line
+    from collector.store.estimates import save_estimate as save
+
+    store = RequestStore()
+    until = datetime(2026, 11, 30, tzinfo=UTC)
+    store.insert_rows(_burst(0, 6, until - timedelta(days=1)))
+    rates = {"mu_slo_requests_per_s": 3.25, "prefill_tokens_per_s": 1350.0}
+    save(store, _estimate(5, until - timedelta(hours=2)) | {"rates": rates})
+    report = build_report(collect_inputs(store, until - timedelta(days=7), until))
+    store.close()
+    entry = report["models"][0]["classes"][0]
+    assert (entry["estimate"]["mu_slo"], entry["estimate"]["v_p"]) == (3.25, 1350.0)
+    line = provenance_line(entry)
+    assert "μ_slo 3.250 requests/s" in line and "V_P 1,350 prefill tokens/s" in line
+    assert "2 h old at the window's end" in line

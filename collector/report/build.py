@@ -173,16 +173,18 @@ _PROVENANCE = (
     "profile",
     "replica_class",
 )
-# the open-loop probe's rates, shown when an estimate carries them (collector.analysis)
-OPEN_LOOP_KEYS = ("mu_slo", "v_p")
+# the open-loop probe's rates (collector.analysis.openloop: the estimate's `rates` section),
+# shown when an estimate carries them: μ_slo requests/s and V_P prefill tokens/s
+OPEN_LOOP_KEYS = {"mu_slo": "mu_slo_requests_per_s", "v_p": "prefill_tokens_per_s"}
 _MODEL_FILES = (".gguf", ".ggml", ".bin", ".safetensors")
 
 
 def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any], until: datetime) -> dict[str, Any]:
     """Where the knee came from: source, run, confidence, age at the window's end, and why it is
     the one published (collector.store.decision)."""
-    keys = _PROVENANCE + tuple(k for k in OPEN_LOOP_KEYS if estimate.get(k) is not None)
-    summary = {key: estimate.get(key) for key in keys}
+    summary = {key: estimate.get(key) for key in _PROVENANCE}
+    rates = estimate.get("rates") or {}
+    summary |= {key: rates[name] for key, name in OPEN_LOOP_KEYS.items() if rates.get(name) is not None}
     created = estimate.get("created_at")
     summary["age_h"] = (
         round((until - datetime.fromisoformat(created)).total_seconds() / 3600, 1) if created else None

@@ -92,7 +92,8 @@ def provenance_line(entry: dict[str, Any]) -> str:
         f"{fmt(e['age_h'], 1)} h old at the window's end",
         f"pool {fmt(e['recommended_pool'])}",
     ]
-    rates = [f"{key} {fmt(e[key])}" for key in ("mu_slo", "v_p") if e.get(key) is not None]
+    rates = [f"μ_slo {fmt(e['mu_slo'])} requests/s"] if e.get("mu_slo") is not None else []
+    rates += [f"V_P {fmt(e['v_p'])} prefill tokens/s"] if e.get("v_p") is not None else []
     return (
         f"Knee of class {entry['replica_class']}: {knee}; "
         + ", ".join(parts + rates)
