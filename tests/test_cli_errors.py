@@ -91,7 +91,7 @@ def test_capacity_curve_on_a_held_db_says_who_to_ask(locked_db):
 
 
 def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
-    _one_clear_error(run("report", "--db", str(not_duckdb)), str(not_duckdb), "a sidecar or store wrote")
+    _one_clear_error(run("report", "--db", str(not_duckdb)), str(not_duckdb), "pass the request log a sidecar wrote")
 
 
 @pytest.mark.subprocess
