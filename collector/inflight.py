@@ -6,7 +6,7 @@ mean in-flight over a measuring window for the Little's-law check). Single-threa
 event loop both run on.
 
     load = Inflight(); load.admit(100) -> (1, 100); load.generated(5); load.admit(50) -> (2, 155)
-    load.release(105) -> 1 request and 50 tokens left
+    load.release(105) -> 1 request and 50 tokens left, load.finished == 1
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ __all__ = ["Inflight"]
 class Inflight:
     """Requests in flight and their tokens (prompt + generated so far), with ∫ in-flight dt."""
 
-    __slots__ = ("requests", "tokens", "_area", "_last")
+    __slots__ = ("requests", "tokens", "finished", "_area", "_last")
 
     def __init__(self) -> None:
         self.requests = 0
         self.tokens = 0
+        self.finished = 0  # requests released so far (the engine's signal integrity reads it)
         self._area = 0.0
         self._last = time.monotonic()
 
@@ -48,6 +49,7 @@ class Inflight:
         self._tick()
         self.requests -= 1
         self.tokens -= tokens
+        self.finished += 1
 
     def area(self) -> float:
         """Integral of requests in flight over time so far, in request-seconds."""

@@ -79,6 +79,8 @@ def build_sidecar(
     registry.register(capacity)
     engine = engine if engine is not None else _engine_source(config)
     gpu = GpuCollector()
+    if engine is not None:  # its signals are judged against the traffic this sidecar sees
+        engine.integrity.traffic = lambda: (tracker.load.requests, tracker.load.finished)
     registry.register(SourceHealth([source for source in (engine, gpu) if source is not None]))
     replica_class = ReplicaClass(config.replica_class, gpu_names=gpu.names, engine=engine)
     registry.register(replica_class)

@@ -162,6 +162,7 @@ def create_sim_app(config: SimConfig | None = None, cost: CostModel | None = Non
 
     app = FastAPI(title="headroom sim", lifespan=lifespan)
     app.state.engine = engine
+    app.state.metrics = metrics  # tests set metrics.fault (collector.sim.metrics.FAULTS)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

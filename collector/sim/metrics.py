@@ -28,7 +28,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from collector.sim.engine import EngineState
 
-__all__ = ["EngineMetricsCollector", "render_metrics"]
+__all__ = ["EngineMetricsCollector", "FAULTS", "render_metrics"]
+
+FAULTS = (None, "freeze", "drop_kv")  # EngineMetricsCollector.fault
+_KV_USAGE = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"})
 
 
 class EngineMetricsCollector:
@@ -41,9 +44,28 @@ class EngineMetricsCollector:
         self._flavor = flavor
         self._model = model
         self._legacy_vllm_kv = legacy_vllm_kv
+        # A fault of the engine's exporter, set while the simulator runs (app.state.metrics.fault):
+        # "freeze" serves the page of the moment it was set, again and again (a wedged exporter);
+        # "drop_kv" leaves the KV-usage family out (a rename the reader does not know). None: healthy.
+        self.fault: str | None = None
+        self._frozen: list[Metric] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        """Yield this flavor's families built from the current engine state."""
+        """Yield this flavor's families built from the current engine state (or the fault's)."""
+        if self.fault not in FAULTS:
+            raise ValueError(f"metrics fault {self.fault!r} is not one of {FAULTS}")
+        if self.fault == "freeze":
+            if self._frozen is None:
+                self._frozen = list(self._families())
+            yield from self._frozen
+            return
+        self._frozen = None
+        for family in self._families():
+            if self.fault == "drop_kv" and family.name in _KV_USAGE:
+                continue
+            yield family
+
+    def _families(self) -> Iterator[Metric]:
         state = self._state()
         families = {"vllm": self._vllm, "sglang": self._sglang, "llamacpp": self._llamacpp}[self._flavor]
         yield from families(state)

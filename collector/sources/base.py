@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,6 +51,8 @@ class EngineSnapshot:
     max_concurrency: int | None = None  # the engine's own ceiling: slots, or KV at max context
     polled_at: float = field(default_factory=time.time)  # POSIX s; EngineSource: when the poll was sent
     error: str | None = None
+    # (signal, sample name) each signal was read from: ("kv_usage", "vllm:gpu_cache_usage_perc")
+    read_from: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def down(cls, engine: str, error: str) -> EngineSnapshot:
@@ -88,11 +91,15 @@ def parse_exposition(text: str, only: frozenset[str] | None = None) -> Samples:
     return dict(samples)
 
 
-_AGGREGATES = {
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+_AGGREGATES: dict[str, Callable[[list[float]], float]] = {
     "sum": sum,
     "max": max,
     "min": min,
-    "mean": lambda values: sum(values) / len(values),
+    "mean": _mean,
 }
 
 
@@ -124,6 +131,16 @@ class FieldRule:
             if rows:
                 return rows
         return []
+
+    def source_name(self, samples: Samples) -> str | None:
+        """The listed name `matching` reads (the first present), None when none is."""
+        for name in self.names:
+            if any(
+                all(labels.get(key) == want for key, want in self.labels)
+                for labels, _ in samples.get(name, ())
+            ):
+                return name
+        return None
 
     def apply(self, samples: Samples) -> float | None:
         """The aggregated, scaled value, or None when no listed sample is present."""
@@ -176,6 +193,17 @@ def snapshot_from_rules(
             f"none of the {engine} metrics ({wanted}) are on this page; "
             f"check --engine and --engine-metrics-url"
         )
+    signals = (
+        ("running", running),
+        ("waiting", waiting),
+        ("kv_usage", kv_usage),
+        ("kv_capacity", kv_capacity),
+    )
+    read_from = tuple(
+        (signal, name)
+        for signal, rule in signals
+        if rule is not None and (name := rule.source_name(samples)) is not None
+    )
     return EngineSnapshot(
         engine=engine,
         up=True,
@@ -184,4 +212,5 @@ def snapshot_from_rules(
         waiting=_as_int(values[1]),
         kv_usage_ratio=values[2],
         kv_capacity_tokens=_as_int(values[3]),
+        read_from=read_from,
     )

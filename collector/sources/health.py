@@ -6,6 +6,7 @@ collection went (`last_scrape`); this wrapper adds, once for all of them,
     headroom_source_scrape_success{source="engine"} 1.0
     headroom_source_scrape_success{source="gpu"} 0.0
     headroom_source_scrape_duration_seconds{source="engine"} 0.004
+    headroom_signal_valid{source="engine",signal="kv_usage",reason="ok"} 1.0   (a source's `integrity`)
 
 so the exposition carries one HELP line per family however many sources there are (a repeated
 HELP line is invalid exposition, and promtool rejects it).
@@ -54,13 +55,17 @@ class SourceHealth:
         families: list[Metric] = []
         success = _gauge("headroom_source_scrape_success")
         duration = _gauge("headroom_source_scrape_duration_seconds")
+        valid = _gauge("headroom_signal_valid")
         for source in self.sources:
             families.extend(source.collect())
             health = source.last_scrape
             success.add_metric([source.source], 1.0 if health.success else 0.0)
             if health.duration_s is not None:
                 duration.add_metric([source.source], health.duration_s)
-        return families + [family for family in (success, duration) if family.samples]
+            integrity = getattr(source, "integrity", None)  # the engine's (SignalIntegrity)
+            for signal, reason, value in integrity.valid() if integrity is not None else ():
+                valid.add_metric([source.source, signal, reason], value)
+        return families + [family for family in (success, duration, valid) if family.samples]
 
 
 def _gauge(name: str) -> GaugeMetricFamily:

@@ -12,7 +12,9 @@ minute until it answers; `model` (`headroom run --model`) names it whatever the 
 
 `collect()` builds fresh metric families per scrape from the last snapshot, with HELP text from
 the catalog ("as of the last poll"); `last_scrape` is how that poll went, which
-collector.sources.health.SourceHealth exports as headroom_source_scrape_*{source="engine"}.
+collector.sources.health.SourceHealth exports as headroom_source_scrape_*{source="engine"}, and
+`integrity` (collector.sources.integrity) whether each signal can be trusted, exported there as
+headroom_signal_valid{source="engine"}.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 from collector.catalog import spec
 from collector.sources.base import EngineSnapshot
 from collector.sources.health import ScrapeHealth
+from collector.sources.integrity import SignalIntegrity
 from collector.sources.served import MAX_MODEL_CHARS, served_model
 
 __all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES", "MODEL_RETRY_S"]
@@ -75,6 +78,8 @@ class EngineSource:
         self.timeout_s = timeout_s
         self.source = source
         self.latest = EngineSnapshot.down(engine, "not polled yet")
+        # headroom_signal_valid: judged after each poll; the sidecar hands it its traffic
+        self.integrity = SignalIntegrity()
         self.last_duration_s: float | None = None
         self.polls = 0
         self._scrape = scrape
@@ -143,6 +148,7 @@ class EngineSource:
             self.engine = snapshot.engine  # `auto` learns its engine's name here
         self._log_transition(snapshot)
         self.latest = snapshot
+        self.integrity.observe(snapshot)
         return snapshot
 
     async def _named(self, snapshot: EngineSnapshot) -> EngineSnapshot:

@@ -21,6 +21,7 @@ from collector.sources.base import (
     parse_exposition,
     snapshot_from_rules,
 )
+from collector.sources.renames import names
 
 __all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens", "max_concurrency"]
 
@@ -28,7 +29,7 @@ ENGINE = "vllm"
 RULES = {
     "running": FieldRule(("vllm:num_requests_running",)),
     "waiting": FieldRule(("vllm:num_requests_waiting",)),
-    "kv_usage": FieldRule(("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"), aggregate="max"),
+    "kv_usage": FieldRule(names("vllm:kv_cache_usage_perc"), aggregate="max"),  # and its older name
 }
 NAMES = names_of(RULES, "vllm:cache_config_info")
 
