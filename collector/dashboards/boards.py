@@ -21,6 +21,7 @@ from collector.dashboards.capacity import (
     gpu_panels,
     knee_provenance_row,
 )
+from collector.dashboards.integrity import integrity_panels
 from collector.dashboards.panels import (
     alert_annotation,
     dashboard_links,
@@ -213,6 +214,7 @@ def overview(c: RulesConfig) -> dict[str, Any]:
             "short",
             axis_label="requests",
         ),
+        *integrity_panels(c),
         *_latency_panels(c),
         *gpu_panels(),
         timeseries(
