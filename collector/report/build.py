@@ -27,6 +27,7 @@ import numpy as np
 from collector.report.actions import recommend_actions
 from collector.report.collect import ReportInputs
 from collector.report.figures import change, nearest_power_of_two, percentiles, ratio
+from collector.report.longest import longest_running
 from collector.report.plan import bin_step, littles_law_windows, plan, profile
 from collector.store.decision import DEFAULT_REPLICA_CLASS
 
@@ -280,6 +281,7 @@ def _model_report(
         "outcomes": _outcomes(current),
         "classes": classes,
         "top_tenants": _top_tenants(current),
+        "longest_running": longest_running(current),
         "curve": _curve(current, "inflight"),
         "curve_tokens": _curve(current, "active_tokens"),
         "littles_law": littles_law_windows(current, start, end, step, LITTLES_LAW_TOLERANCE),

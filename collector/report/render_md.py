@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from collector.report.longest import longest_table
+
 __all__ = [
     "render_md",
     "fmt",
@@ -226,6 +228,8 @@ def _model(m: dict[str, Any], word: str) -> list[str]:
         ["top tenant", "tokens", "requests", "share"],
         [[x["tenant"], fmt(x["tokens"]), fmt(x["requests"]), fmt(x["share"])] for x in m["top_tenants"]],
     ) + [""]
+    if m.get("longest_running"):
+        lines += _table(*longest_table(m["longest_running"])) + [""]
     lines += _table(
         ["in-flight bucket (one replica)", "n", "p95 TTFT (s)", "p95 TPOT (s)", "error ratio"],
         [
