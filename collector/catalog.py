@@ -198,6 +198,34 @@ CATALOG: tuple[MetricSpec, ...] = (
         group="sidecar",
     ),
     MetricSpec(
+        "headroom_adapter_inflight_requests",
+        "gauge",
+        "In-flight requests per LoRA adapter (the request named the adapter; `model` is its base "
+        "model), computed from the live set at scrape time; adapters past the series budget are "
+        "`other`.",
+        ("model", "adapter"),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_adapters_inflight",
+        "gauge",
+        "Distinct LoRA adapters among the base model's in-flight requests (queued or running), "
+        "computed from the live set at scrape time: compare with headroom_adapter_slots.",
+        ("model",),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_adapter_slots",
+        "gauge",
+        "Adapters one engine batch can hold: --adapter-slots, else the engine's (vLLM max_lora, "
+        "SGLang lora_pool_slots_total); past them adapters are swapped and TTFT climbs.",
+        ("model",),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
         "headroom_requests_total",
         "counter",
         "Requests that reached a terminal state, by outcome; source is probe for `headroom probe` "

@@ -279,6 +279,20 @@ __all__ = ["run"]
     help="A probe estimate beats traffic's for this long (e.g. 24h, 7d).",
 )
 @click.option(
+    "--adapter",
+    "adapters",
+    multiple=True,
+    metavar="ADAPTER=BASE",
+    help="A LoRA adapter clients name in `model`, and its base model (repeat per adapter); "
+    "vLLM's /v1/models says it by itself. Requests are attributed to both (docs/engines.md).",
+)
+@click.option(
+    "--adapter-slots",
+    type=click.IntRange(1),
+    show_default="the engine's: vLLM max_lora, SGLang lora_pool_slots_total",
+    help="LoRA adapters one engine batch holds (vLLM --max-loras, SGLang --max-loras-per-batch).",
+)
+@click.option(
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
 def run(
@@ -298,6 +312,8 @@ def run(
     engine_mapping,
     engine_metrics_url,
     model,
+    adapters,
+    adapter_slots,
     engine_poll_interval,
     spool_dir,
     lake,
@@ -331,6 +347,7 @@ def run(
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --max-tenants 20
       headroom run --upstream http://127.0.0.1:8080 --engine llamacpp --model gemma-3-270m
       headroom run --upstream http://vllm:8000 --max-series 5000 --max-models 40
+      headroom run --upstream http://sglang:30000 --engine sglang --adapter sql-lora=llama-3-8b
       headroom run --upstream http://10.0.0.5:8000 --engine generic --engine-mapping my-engine.yaml
       headroom run --upstream http://127.0.0.1:8000 --db headroom.duckdb --probe-db probes.duckdb
       headroom run --upstream http://vllm:8000 --lake s3://llm-logs/headroom --spool-dir /var/spool/headroom
@@ -343,6 +360,7 @@ def run(
     # lazy: `headroom run --help` must not load DuckDB and the whole sidecar
     import duckdb
 
+    from collector.sidecar.adapters import parse_adapter_pairs
     from collector.sidecar.server import fit_connection_cap, uvicorn_options
     from collector.sidecar.wiring import build_sidecar
     from collector.store.schema import SchemaTooNew
@@ -374,6 +392,8 @@ def run(
             engine=engine,
             engine_metrics_url=engine_metrics_url,
             model=model,
+            adapters=parse_adapter_pairs(adapters),
+            adapter_slots=adapter_slots,
             engine_poll_interval_s=engine_poll_interval,
             engine_mapping=engine_mapping,
             otlp_endpoint=otlp_endpoint,

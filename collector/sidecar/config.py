@@ -37,6 +37,8 @@ class SidecarConfig:
     engine_mapping: str | None = None  # YAML mapping file for engine "generic"
     engine_poll_interval_s: float = 1.0
     model: str | None = None  # --model: the engine series' model label (else the engine's, /v1/models)
+    adapters: dict[str, str] = field(default_factory=dict)  # --adapter NAME=BASE: LoRA adapter -> base
+    adapter_slots: int | None = None  # --adapter-slots: the engine's LoRA slots (else its metrics')
     otlp_endpoint: str | None = None  # OTLP base endpoint: /v1/traces (and /v1/metrics) appended
     otlp_traces_endpoint: str | None = None  # the traces URL itself, used as it is
     otlp_protocol: str = "http/protobuf"  # or "grpc" (the [otlp-grpc] extra)
@@ -81,6 +83,7 @@ class SidecarConfig:
         counts: tuple[tuple[str, int], ...] = (
             ("--max-tenants", self.max_tenants),
             ("--max-models", self.max_models),
+            ("--adapter-slots", 1 if self.adapter_slots is None else self.adapter_slots),
             ("--max-upstream-connections", self.max_connections),
             ("--checkpoint-mb", 1 if self.checkpoint_mb is None else self.checkpoint_mb),
         )

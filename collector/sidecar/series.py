@@ -12,6 +12,9 @@ becomes a label value, so the exposition can never pass `max_series`:
     a task pair    (model, task class): the two live gauges and the oldest age per class
                    (TASK_PAIR_SERIES: 3)
     age bounds     a model's in-flight requests past each age bound (AGE_SERIES_PER_MODEL: 5)
+    an adapter     (model, LoRA adapter): its in-flight gauge (ADAPTER_PAIR_SERIES: 1); a model's
+                   first adapter also its distinct-adapters and slots gauges (2), and (model,
+                   other); at most `max_adapters` distinct adapters, then `other`
     probe load     `headroom probe`'s requests are labelled source="probe" (the SLO rules leave
                    them out): a model's first probe request costs its histograms again, and each
                    (model, tenant) pair's first one its request counter per outcome
@@ -41,6 +44,7 @@ __all__ = [
     "TRAFFIC",
     "RESERVED_SERIES",
     "TASK_PAIR_SERIES",
+    "ADAPTER_PAIR_SERIES",
     "AGE_SERIES_PER_MODEL",
     "series_per_model",
     "series_per_pair",
@@ -51,6 +55,8 @@ TRAFFIC, PROBE = "traffic", "probe"  # values of the `source` label (the request
 # headroom_task_inflight_requests, headroom_task_active_tokens, headroom_inflight_oldest_age_seconds
 TASK_PAIR_SERIES = 3
 AGE_SERIES_PER_MODEL = len(INFLIGHT_AGE_BOUNDS)  # headroom_inflight_older_than_requests{older_than}
+ADAPTER_PAIR_SERIES = 1  # headroom_adapter_inflight_requests
+_ADAPTER_MODEL_SERIES = 2  # headroom_adapters_inflight and headroom_adapter_slots, per model
 RESERVED_SERIES = 300  # measured: ~110 with an engine, one GPU and a published estimate; 8 GPUs ~150
 _OUTCOMES = 7  # collector.sidecar.tracker.OUTCOMES
 _PER_PAIR = (
@@ -88,6 +94,7 @@ class SeriesBudget:
         max_models: int = 20,
         max_tenants: int = 50,
         reserved: int = RESERVED_SERIES,
+        max_adapters: int = 32,
     ) -> None:
         self.max_series, self.max_models, self.max_tenants = max_series, max_models, max_tenants
         # its histograms, age bounds, and its `other` pair and task pair
@@ -105,7 +112,10 @@ class SeriesBudget:
         self._task_pairs: set[tuple[str, str]] = set()
         self._probe_models: set[str] = set()
         self._probe_pairs: set[tuple[str, str]] = set()
-        self.folded = {"model": 0, "tenant": 0, "task_class": 0, "source": 0}
+        self.max_adapters = max_adapters
+        self._adapters: set[str] = set()
+        self.adapter_pairs: set[tuple[str, str]] = set()  # (model label, adapter label), admitted
+        self.folded = {"model": 0, "tenant": 0, "task_class": 0, "source": 0, "adapter": 0}
 
     def labels(self, model: str, tenant: str) -> tuple[str, str]:
         """(model label, tenant label) for one request, e.g. ('m1', 'team-a') or ('m1', 'other')."""
@@ -148,6 +158,28 @@ class SeriesBudget:
             self.left -= TASK_PAIR_SERIES
             return task_class
         self.folded["task_class"] += 1
+        return OTHER
+
+    def adapter_label(self, model_label: str, adapter: str) -> str | None:
+        """The adapter label for a request of `model_label` (admitted already): itself, `other`, or
+        None when the budget has no room even for the model's `other` (not exported)."""
+        pair = (model_label, adapter)
+        if pair in self.adapter_pairs:
+            return adapter
+        first = (model_label, OTHER) not in self.adapter_pairs  # the model's first adapter
+        model_cost = ADAPTER_PAIR_SERIES + _ADAPTER_MODEL_SERIES if first else 0  # and its `other`
+        known = adapter in self._adapters or len(self._adapters) < self.max_adapters
+        if adapter != OTHER and known and self.left >= model_cost + ADAPTER_PAIR_SERIES:
+            self._adapters.add(adapter)
+            self.adapter_pairs.update({pair, (model_label, OTHER)})
+            self.left -= model_cost + ADAPTER_PAIR_SERIES
+            return adapter
+        self.folded["adapter"] += 1
+        if first:
+            if self.left < model_cost:
+                return None
+            self.adapter_pairs.add((model_label, OTHER))
+            self.left -= model_cost
         return OTHER
 
     def source_label(self, model_label: str, tenant_label: str, source: str) -> str | None:

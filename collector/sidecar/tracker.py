@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from collector.catalog import INFLIGHT_AGE_BOUNDS, spec
 from collector.inflight import Inflight
 from collector.record import OUTCOMES, RequestRecord, time_per_output_token
+from collector.sidecar.adapters import AdapterMap
 from collector.sidecar.exposition import CounterVec, HistogramVec, MetricsPage, gauge_text, number_text
 from collector.sidecar.series import SeriesBudget
 from collector.sidecar.tracecontext import Telemetry
@@ -77,6 +78,8 @@ class LiveRequest:
         "task_class_label",
         "telemetry",
         "overhead_s",
+        "adapter",
+        "adapter_label",
     )
 
     def __init__(
@@ -128,6 +131,8 @@ class LiveRequest:
         self.task_class_label = task_class_label or self.task_class
         self.overhead_s = 0.0  # the sidecar's own time: admission to upstream send + every chunk
         self.telemetry = telemetry  # W3C trace context and response facts, while tracing
+        self.adapter: str | None = None  # the LoRA adapter `model` named (then `model` is its base)
+        self.adapter_label: str | None = None
 
     @property
     def active_tokens(self) -> int:
@@ -153,9 +158,11 @@ class Tracker:
         source: str = "traffic",
         run_id: str | None = None,
         budget: SeriesBudget | None = None,
+        adapters: AdapterMap | None = None,
     ) -> None:
         self.instance, self.source, self.run_id = instance, source, run_id
         self.budget = budget if budget is not None else SeriesBudget()
+        self.adapters = adapters if adapters is not None else AdapterMap()
         self.live: dict[str, LiveRequest] = {}
         self.load = Inflight()  # running sums, for the admission snapshot in O(1)
         self._label_sets: set[tuple[str, str]] = set()
@@ -191,8 +198,11 @@ class Tracker:
     # --- lifecycle ----------------------------------------------------------------------------
     def admit(self, request: LiveRequest) -> None:
         """Admitted: label values from the budget; inflight += 1, active_tokens += prompt estimate;
-        snapshot both, self included."""
+        snapshot both, self included. A `model` that names a LoRA adapter counts as its base model."""
+        request.model, request.adapter = self.adapters.resolve(request.model)
         request.model_label, request.tenant_label = self.budget.labels(request.model, request.tenant)
+        if request.adapter is not None:
+            request.adapter_label = self.budget.adapter_label(request.model_label, request.adapter)
         request.task_class_label = self.budget.task_label(request.model_label, request.task_class_label)
         request.source_label = self.budget.source_label(
             request.model_label, request.tenant_label, request.source or self.source
@@ -307,6 +317,7 @@ class Tracker:
             task_class=request.task_class
             if request.task_class != UNSPECIFIED
             else classify_finished(request.max_tokens, completion),
+            adapter=request.adapter,
         )
 
     def _observe(self, request: LiveRequest, record: RequestRecord) -> None:

@@ -35,6 +35,7 @@ from collector.record import RowSink
 from collector.service.auth import require_token, resolve_token
 from collector.service.routes import build_store_routes
 from collector.sidecar import otel
+from collector.sidecar.adapters import AdapterMap, AdapterMetrics
 from collector.sidecar.app import SidecarParts, create_app
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.otel import OtelSink, provider_name
@@ -72,12 +73,20 @@ def build_sidecar(
     """
     budget = SeriesBudget(config.max_series, max_models=config.max_models, max_tenants=config.max_tenants)
     registry = new_registry()
+    engine = engine if engine is not None else _engine_source(config)
     tracker = Tracker(
-        registry, instance=config.instance, source=config.source, run_id=config.run_id, budget=budget
+        registry,
+        instance=config.instance,
+        source=config.source,
+        run_id=config.run_id,
+        budget=budget,
+        adapters=AdapterMap(
+            config.adapters, learned=None if engine is None else lambda: engine.adapter_parents
+        ),
     )
+    registry.register(AdapterMetrics(tracker, functools.partial(_adapter_slots, config, engine)))
     capacity = CapacityGauges()
     registry.register(capacity)
-    engine = engine if engine is not None else _engine_source(config)
     gpu = GpuCollector()
     if engine is not None:  # its signals are judged against the traffic this sidecar sees
         engine.integrity.traffic = lambda: (tracker.load.requests, tracker.load.finished)
@@ -126,6 +135,13 @@ def build_sidecar(
     return app
 
 
+def _adapter_slots(config: SidecarConfig, engine: EngineSource | None) -> int | None:
+    """The engine's LoRA slots: --adapter-slots, else what its metrics said last (None: unknown)."""
+    if config.adapter_slots is not None or engine is None:
+        return config.adapter_slots
+    return engine.latest.adapter_slots
+
+
 def _engine_source(config: SidecarConfig) -> EngineSource | None:
     """The engine poller config.engine names (None for 'none'); ValueError on a bad setting."""
     if config.engine == "none":
@@ -138,6 +154,7 @@ def _engine_source(config: SidecarConfig) -> EngineSource | None:
         mapping_path=config.engine_mapping,
         model=config.model,
         models_list_url=models_url(config.upstream),
+        learn_adapters=True,
     )
 
 

@@ -62,13 +62,15 @@ def build_engine_source(
     mapping_path: str | Path | None = None,
     model: str | None = None,
     models_list_url: str | None = None,
+    learn_adapters: bool = False,
 ) -> EngineSource | None:
     """An unstarted EngineSource for `engine` (None for 'none'); raises ValueError on bad input.
 
     `timeout_s` bounds each poll (default: the poll interval, at least 0.5 s and at most 2 s).
     `engine` may be `generic:MAPPING.yaml`, or `generic` with `mapping_path`. The engine series
     carry `model` when given, else the engine's own model label, else the one model
-    `models_list_url` (the engine's `/v1/models`, see `models_url`) lists.
+    `models_list_url` (the engine's `/v1/models`, see `models_url`) lists. With `learn_adapters`
+    that list is also read for each LoRA adapter's base model (EngineSource.adapter_parents).
     """
     name, mapping_path = _split_engine(engine, mapping_path)
     if name == "none":
@@ -92,6 +94,7 @@ def build_engine_source(
             timeout_s=timeout_s,
             model=model,
             models_url=models_list_url,
+            learn_adapters=learn_adapters,
         )
     scrape = {
         "auto": lambda: scrapers.auto_scraper(metrics_url),
@@ -104,4 +107,5 @@ def build_engine_source(
         timeout_s=timeout_s,
         model=model,
         models_url=models_list_url,
+        learn_adapters=learn_adapters,
     )

@@ -49,6 +49,7 @@ class EngineSnapshot:
     kv_usage_ratio: float | None = None
     kv_capacity_tokens: int | None = None
     max_concurrency: int | None = None  # the engine's own ceiling: slots, or KV at max context
+    adapter_slots: int | None = None  # LoRA adapters one batch can hold (vLLM max_lora, SGLang slots)
     polled_at: float = field(default_factory=time.time)  # POSIX s; EngineSource: when the poll was sent
     error: str | None = None
     # (signal, sample name) each signal was read from: ("kv_usage", "vllm:gpu_cache_usage_perc")

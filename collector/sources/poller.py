@@ -9,6 +9,8 @@ The engine series carry the served model: the engine's own model label where its
 one (vLLM, SGLang), else the one model its `GET /v1/models` lists (llama.cpp, TGI, a generic
 mapping without `model_label`), asked once when the engine comes up and then at most once a
 minute until it answers; `model` (`headroom run --model`) names it whatever the engine says.
+With `learn_adapters`, `adapter_parents` is what that list says of LoRA adapters ({adapter: base
+model}, vLLM's `parent`), asked once a minute while the engine is up and kept while it is down.
 
 `collect()` builds fresh metric families per scrape from the last snapshot, with HELP text from
 the catalog ("as of the last poll"); `last_scrape` is how that poll went, which
@@ -33,7 +35,7 @@ from collector.catalog import spec
 from collector.sources.base import EngineSnapshot
 from collector.sources.health import ScrapeHealth
 from collector.sources.integrity import SignalIntegrity
-from collector.sources.served import MAX_MODEL_CHARS, served_model
+from collector.sources.served import MAX_MODEL_CHARS, adapter_parents, served_model
 
 __all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES", "MODEL_RETRY_S"]
 
@@ -62,6 +64,7 @@ class EngineSource:
         source: str = "engine",
         model: str | None = None,
         models_url: str | None = None,
+        learn_adapters: bool = False,
     ) -> None:
         if poll_interval_s <= 0 or timeout_s <= 0:
             raise ValueError(
@@ -74,6 +77,9 @@ class EngineSource:
         self.models_url = models_url  # GET /v1/models, for engines whose metrics name no model
         self._served: str | None = None  # what models_url named
         self._asked_at: float | None = None  # monotonic time of the last /v1/models question
+        self.adapter_parents: dict[str, str] = {}  # /v1/models: each LoRA adapter's base model
+        self._adapters_asked_at: float | None = None
+        self._learn = learn_adapters  # ask models_url for adapter_parents (the sidecar does)
         self.poll_interval_s = poll_interval_s
         self.timeout_s = timeout_s
         self.source = source
@@ -141,6 +147,7 @@ class EngineSource:
             snapshot = EngineSnapshot.down(self.engine, _short(exc))
         if snapshot.up:
             snapshot = await self._named(snapshot)
+            await self._learn_adapters()
         self.last_duration_s = time.perf_counter() - started
         snapshot = replace(snapshot, polled_at=sent_at)
         self.polls += 1
@@ -179,6 +186,24 @@ class EngineSource:
                     why,
                 )
         return replace(snapshot, model=self._served) if self._served else snapshot
+
+    async def _learn_adapters(self) -> None:
+        """Refresh `adapter_parents` from /v1/models, at most once every MODEL_RETRY_S."""
+        now = time.monotonic()
+        if (
+            not self._learn
+            or self.models_url is None
+            or (self._adapters_asked_at is not None and now - self._adapters_asked_at < MODEL_RETRY_S)
+        ):
+            return
+        self._adapters_asked_at = now
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                self.adapter_parents = adapter_parents(json.loads(await self._fetch(self.models_url)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # adapters are optional: keep what was known
+            log.debug("engine %s: adapters not read from /v1/models: %s", self.engine, _short(exc))
 
     async def _fetch(self, url: str) -> str:
         """GET url as text, refusing non-200 answers and pages over MAX_EXPOSITION_BYTES."""

@@ -11,11 +11,17 @@ and `headroom probe` read the model name from) or takes `headroom run --model`:
     Traceback (most recent call last):
     ...
     ValueError: /v1/models lists 2 models (a, b); pass --model to say which one the engine series belong to
+
+vLLM lists each LoRA adapter beside its base model with the base's id in `parent`; an adapter is
+not another model, so it never makes the list ambiguous, and `adapter_parents` reads the pairs:
+
+    >>> adapter_parents({"data": [{"id": "base", "parent": None}, {"id": "sql", "parent": "base"}]})
+    {'sql': 'base'}
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_MODEL_CHARS", "models_url", "served_model"]
+__all__ = ["MAX_MODEL_CHARS", "models_url", "served_model", "adapter_parents"]
 
 # The longest model label: a request's model is cut here too (collector.sidecar.requests), so the
 # engine's series and the request series carry the same value for one long name.
@@ -35,7 +41,13 @@ def served_model(listing: object) -> str:
     data = listing.get("data") if isinstance(listing, dict) else None
     if not isinstance(data, list):
         raise ValueError("/v1/models did not answer an OpenAI model list (no 'data' array)")
-    ids = sorted({entry["id"] for entry in data if isinstance(entry, dict) and _named(entry.get("id"))})
+    ids = sorted(
+        {
+            entry["id"]
+            for entry in data
+            if isinstance(entry, dict) and _named(entry.get("id")) and not _named(entry.get("parent"))
+        }
+    )
     if not ids:
         raise ValueError("/v1/models lists no model")
     if len(ids) > 1:
@@ -49,3 +61,17 @@ def served_model(listing: object) -> str:
 
 def _named(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
+
+
+def adapter_parents(listing: object) -> dict[str, str]:
+    """{adapter: base model} of the entries of a `GET /v1/models` answer that name a `parent`
+    other than themselves (vLLM's LoRA adapters); {} for anything else. Names are cut like models."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    found: dict[str, str] = {}
+    for entry in data if isinstance(data, list) else ():
+        if not isinstance(entry, dict):
+            continue
+        name, parent = entry.get("id"), entry.get("parent")
+        if _named(name) and _named(parent) and name != parent:
+            found[str(name)[:MAX_MODEL_CHARS]] = str(parent)[:MAX_MODEL_CHARS]
+    return found

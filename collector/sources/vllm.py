@@ -6,7 +6,9 @@ despite the `_perc` suffix. KV capacity in tokens is `num_gpu_blocks * block_siz
 of `vllm:cache_config_info`. With data parallelism vLLM exports one label set per `engine`:
 counts are summed, KV usage takes the fullest engine (it preempts first). Newer vLLM also puts
 `kv_cache_max_concurrency` (the requests that fit at max_model_len) on cache_config_info: the
-engine's own ceiling.
+engine's own ceiling. With LoRA enabled, `vllm:lora_requests_info{max_lora, running_lora_adapters,
+waiting_lora_adapters}` says the adapter slots (`--max-loras`); its value is the time it was set
+and each set of labels stays exported, so the newest one is current.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collector.sources.base import (
 )
 from collector.sources.renames import names
 
-__all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens", "max_concurrency"]
+__all__ = ["ENGINE", "RULES", "parse_vllm", "kv_capacity_tokens", "max_concurrency", "adapter_slots"]
 
 ENGINE = "vllm"
 RULES = {
@@ -31,7 +33,7 @@ RULES = {
     "waiting": FieldRule(("vllm:num_requests_waiting",)),
     "kv_usage": FieldRule(names("vllm:kv_cache_usage_perc"), aggregate="max"),  # and its older name
 }
-NAMES = names_of(RULES, "vllm:cache_config_info")
+NAMES = names_of(RULES, "vllm:cache_config_info", "vllm:lora_requests_info")
 
 
 def kv_capacity_tokens(samples: Samples) -> int | None:
@@ -63,10 +65,28 @@ def max_concurrency(samples: Samples) -> int | None:
     return sum(found) if found else None
 
 
+def adapter_slots(samples: Samples) -> int | None:
+    """`max_lora` of the newest `vllm:lora_requests_info` label set (its value is when it was set);
+    None without LoRA. {"max_lora": "4", ...} 1767225600.0 -> 4
+    """
+    newest: tuple[float, int] | None = None
+    for labels, stamp in samples.get("vllm:lora_requests_info", ()):
+        try:
+            slots = int(labels["max_lora"])
+        except (KeyError, ValueError):
+            continue
+        if slots >= 0 and (newest is None or stamp >= newest[0]):
+            newest = (stamp, slots)
+    return None if newest is None else newest[1]
+
+
 def parse_vllm(text: str) -> EngineSnapshot:
     """Parse a vLLM /metrics page into an EngineSnapshot."""
     samples = parse_exposition(text, NAMES)
     snapshot = snapshot_from_rules(ENGINE, samples, model_label="model_name", **RULES)
     return replace(
-        snapshot, kv_capacity_tokens=kv_capacity_tokens(samples), max_concurrency=max_concurrency(samples)
+        snapshot,
+        kv_capacity_tokens=kv_capacity_tokens(samples),
+        max_concurrency=max_concurrency(samples),
+        adapter_slots=adapter_slots(samples),
     )
