@@ -25,7 +25,7 @@ from collector.store.db import (
     rows_to_arrow,
     rows_to_ipc,
 )
-from collector.store.schema import COLUMN_NAMES, SCHEMA_VERSION, V1_DDL, migrate
+from collector.store.schema import COLUMN_NAMES, MIGRATIONS, SCHEMA_VERSION, migrate
 from collector.store.synthetic import synthetic_rows
 from collector.store.writer import LogWriter
 
@@ -141,7 +141,7 @@ def test_the_newest_stored_instant_is_followed_by_every_write_and_shared_by_stor
 def test_an_older_file_is_rebuilt_without_the_primary_key_keeping_every_row(tmp_path):
     path = str(tmp_path / "v3.duckdb")
     con = duckdb.connect(path)
-    con.execute(V1_DDL)
+    MIGRATIONS[0](con)  # a version-1 file: what the first migration creates
     con.execute(
         "INSERT INTO requests (request_id, admitted_at, e2e_s) SELECT 'old' || i, "
         "TIMESTAMPTZ '2026-11-23 00:00:00+00' + to_seconds(1000 - i), i FROM range(1000) t(i)"

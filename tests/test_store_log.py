@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from support.sidecar import CHAT, sidecar_rig
 
 from collector.store.db import RequestStore
-from collector.store.schema import COLUMN_NAMES, SCHEMA_VERSION, V1_DDL
+from collector.store.schema import COLUMN_NAMES, MIGRATIONS, SCHEMA_VERSION
 from collector.store.writer import LogWriter, RowsDropped
 
 
@@ -198,7 +198,7 @@ def test_restart_keeps_every_row_and_duplicates_are_ignored(tmp_path):
 def test_version_1_database_is_migrated_without_losing_rows(tmp_path):
     path = str(tmp_path / "old.duckdb")
     con = duckdb.connect(path)
-    con.execute(V1_DDL)
+    MIGRATIONS[0](con)  # a version-1 file: what the first migration creates
     con.execute(
         "INSERT INTO requests (request_id, model, outcome, e2e_s) "
         "SELECT 'old' || i, 'm', 'ok', i FROM range(1000) t(i)"

@@ -113,7 +113,6 @@ def _v6(con: duckdb.DuckDBPyConnection) -> None:
 # MIGRATIONS[i] brings a database from version i to version i + 1.
 MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6)
 SCHEMA_VERSION = len(MIGRATIONS)
-V1_DDL = _ddl(_V1_COLUMNS)  # kept for the migration test: what a version-1 program wrote
 
 
 class SchemaTooNew(RuntimeError):
