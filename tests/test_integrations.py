@@ -46,6 +46,7 @@ def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_
     requests, tokens = spec["triggers"]
     for trigger in (requests, tokens):
         assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "1"
+        assert trigger["metadata"]["ignoreNullValues"] == "false"  # empty = error = the fallback
         assert f'job="{DEFAULT.sidecar_job}", model="m"' in trigger["metadata"]["query"]
     assert requests["metadata"]["query"].startswith("(sum(headroom_inflight_requests{")
     assert spec["fallback"] == {"failureThreshold": 3, "replicas": 12}
@@ -123,14 +124,18 @@ def test_no_estimate_or_an_unreached_knee_is_refused_with_the_reason(tmp_path, s
 @pytest.mark.parametrize(
     ("situation", "series", "expected"),
     [
-        ("nothing in flight", {"inflight": "0+0x5", "pool": "6+0x5"}, (0, 0)),
-        ("no series at all", {}, (0, 0)),
-        ("a published pool of 0", {"inflight": "3+0x5", "pool": "0+0x5"}, (0.5, None)),
-        ("one request in flight", {"inflight": "1+0x5", "pool": "4+0x5"}, (0.25, None)),
+        ("nothing in flight", {"up": "1+0x5", "inflight": "0+0x5", "pool": "6+0x5"}, (0, 0)),
+        ("a sidecar up that served nothing yet", {"up": "1+0x5"}, (0, 0)),
+        ("a published pool of 0", {"up": "1+0x5", "inflight": "3+0x5", "pool": "0+0x5"}, (0.5, None)),
+        ("one request in flight", {"up": "1+0x5", "inflight": "1+0x5", "pool": "4+0x5"}, (0.25, None)),
+        # every scrape lost: empty, an error to KEDA (ignoreNullValues false), so its fallback holds
+        ("every scrape lost", {"up": "0+0x5"}, ("empty", "empty")),
+        ("no series at all", {}, ("empty", "empty")),
     ],
 )
 def test_keda_queries_never_yield_nan_or_inf(stored, tmp_path, situation, series, expected):
-    """promtool evaluates both triggers' queries: finite in every case (NaN at idle, +Inf with a 0 pool)."""
+    """promtool evaluates both triggers' queries: finite whenever a sidecar is scraped (not NaN at
+    idle, not +Inf with a 0 pool), and empty (KEDA's fallback) when every scrape is lost."""
     from conftest import require_tool
 
     from collector.integrations.render import keda_scaled_object
@@ -144,10 +149,15 @@ def test_keda_queries_never_yield_nan_or_inf(stored, tmp_path, situation, series
     names = {
         "inflight": f"headroom_inflight_requests{{{where}}}",
         "pool": f"headroom_capacity_recommended_pool_requests{{{published}}}",
+        "up": f'up{{job="{DEFAULT.sidecar_job}",instance="a"}}',
     }
     inputs = [{"series": names[key], "values": values} for key, values in series.items()]
     checks = []
     for trigger, value in zip(triggers, expected, strict=True):
+        if value == "empty":
+            expr = trigger["metadata"]["query"]
+            checks.append({"expr": expr, "eval_time": "4m", "exp_samples": []})
+            continue
         if value is None:  # the tokens trigger: finite, whatever the value
             expr = f"count(({trigger['metadata']['query']}) > -Inf < +Inf)"
             checks.append({"expr": expr, "eval_time": "4m", "exp_samples": [{"labels": "{}", "value": 1}]})

@@ -111,7 +111,9 @@ def _keda_trigger(query: str, prometheus_url: str, name: str, threshold: str = "
             "serverAddress": prometheus_url,
             "query": query,
             "threshold": threshold,
-            "ignoreNullValues": "true",
+            # an empty answer (every sidecar's scrape lost) is an error, so KEDA's fallback holds
+            # the replicas, never a silent 0 that scales in
+            "ignoreNullValues": "false",
         },
     }
 
@@ -131,9 +133,11 @@ def keda_scaled_object(
 ) -> dict[str, Any]:
     """A KEDA ScaledObject (keda.sh/v1alpha1) scaling `deployment` on live ÷ per-replica concurrency.
 
-    Neither query can yield NaN or +Inf: no series counts as 0 in flight, a published pool (or knee)
-    of 0 is ignored for the estimate's own number, and the divisor is at least 1. KEDA's `fallback`
-    holds `fallback_replicas` (default `max_replicas`) while the query fails. `cluster` keeps both
+    Neither query can yield NaN or +Inf: no in-flight series counts as 0 while a sidecar of the job
+    is scraped, a published pool (or knee) of 0 is ignored for the estimate's own number, and the
+    divisor is at least 1. When every sidecar's scrape is lost the answer is empty, which the
+    trigger treats as an error (`ignoreNullValues: false`), so KEDA's `fallback` holds
+    `fallback_replicas` (default `max_replicas`) instead of scaling in on a dead signal. `cluster` keeps both
     the live series and the published gauges to one cluster, for a Prometheus holding several.
     An estimate with μ_slo adds a rate trigger: the traffic's request rate against the threshold
     μ_slo x `rate_utilisation` (module docstring).
@@ -154,8 +158,11 @@ def keda_scaled_object(
     pool = sample("headroom_capacity_recommended_pool_requests")
     inflight = _live("headroom_inflight_requests", selected, replica_class, config, cluster)
     active = _live("headroom_active_tokens", selected, replica_class, config, cluster)
+    # no in-flight series (a sidecar up that has served nothing yet) counts as 0 only while a
+    # sidecar of the job is scraped; losing every scrape leaves the answer empty: KEDA's fallback
+    idle = f'(vector(0) and on() count(up{{job="{config.sidecar_job}"{place}}} == 1))'
     requests = (
-        f"(sum({inflight}) or vector(0))\n"
+        f"(sum({inflight}) or {idle})\n"
         f"/ on() clamp_min(max({pool}{published} > 0) or vector({limits['pool_requests']}), 1)"
     )
     triggers = [_keda_trigger(requests, prometheus_url, "inflight-requests-per-pool")]
@@ -169,7 +176,7 @@ def keda_scaled_object(
             f" / max({knee_requests}{published} > 0))"
             f" or vector({limits['pool_tokens']})"
         )
-        tokens = f"(sum({active}) or vector(0))\n/ on() clamp_min({budget}, 1)"
+        tokens = f"(sum({active}) or {idle})\n/ on() clamp_min({budget}, 1)"
         triggers.append(_keda_trigger(tokens, prometheus_url, "active-tokens-per-pool"))
     annotations = {
         "llm-headroom/replica-class": replica_class,
