@@ -35,6 +35,7 @@ from collector.dashboards.panels import (
     timeseries,
 )
 from collector.dashboards.queries import VARIABLES, per_class, published, quantile, rate, sel, slo_miss_ratio
+from collector.dashboards.rates import load_vs_mu_panel
 from collector.rules.cluster import keep_cluster
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
@@ -152,6 +153,7 @@ def overview(c: RulesConfig) -> dict[str, Any]:
         *knee_provenance_row(c),
         concurrency_panel(),
         *fleet_panels(c),
+        load_vs_mu_panel(),
         timeseries(
             "Headroom per caliber (live ÷ knee)",
             "Live concurrency of each sidecar divided by its replica class's knee (else its model's "
