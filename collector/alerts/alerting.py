@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from collector.alerts.adapter_alerts import adapter_alerts
 from collector.alerts.alert import Alert, number
 from collector.alerts.integrity_alerts import integrity_alerts, trusted
 from collector.alerts.pipeline_alerts import pipeline_alerts
@@ -335,6 +336,7 @@ def alerts(config: RulesConfig) -> list[Alert]:
         + slo_alerts(config)
         + pipeline_alerts(config)
         + integrity_alerts(config)
+        + adapter_alerts(config)
     )
 
 

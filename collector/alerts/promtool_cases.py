@@ -787,4 +787,36 @@ def cases(c: RulesConfig) -> list[Case]:
         + _slo_cases(c)
         + _pipeline_cases(c)
         + _integrity_cases(c)
+        + _adapter_cases(c)
     )
+
+
+def _adapter_cases(c: RulesConfig) -> list[Case]:
+    """8 adapters over 4 slots while mean TTFT goes 0.05 s -> 0.5 s at minute 70: fires; the same
+    TTFT rise with 2 adapters, or 8 adapters with TTFT flat: quiet."""
+    distinct = 'headroom_adapters_inflight{instance="a",model="m"}'
+    slots = 'headroom_adapter_slots{instance="a",model="m"}'
+    ttft = 'headroom_time_to_first_token_seconds_%s{instance="a",model="m",source="traffic"}'
+    calm = {ttft % "count": f"0+100x{_N}", ttft % "sum": f"0+5x{_N}"}
+    rising = calm | {ttft % "sum": counter((5, 70), (50, _N - 70))}
+    onset = (71, 72)  # the 5-minute mean passes 2x the 0.05 s of an hour before within 1-2 minutes
+    return [
+        Case(
+            "8 adapters in flight over 4 slots while TTFT climbs",
+            "HeadroomAdapterThrash",
+            {distinct: flat(8), slots: flat(4), **rising},
+            fires(c, "HeadroomAdapterThrash", onset, AM, "8"),
+        ),
+        Case(
+            "2 adapters within 4 slots, TTFT climbing for another reason",
+            "HeadroomAdapterThrash",
+            {distinct: flat(2), slots: flat(4), **rising},
+            quiet("80m"),
+        ),
+        Case(
+            "8 adapters over 4 slots, TTFT flat: swaps are cheap here",
+            "HeadroomAdapterThrash",
+            {distinct: flat(8), slots: flat(4), **calm},
+            quiet("80m"),
+        ),
+    ]

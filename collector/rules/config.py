@@ -102,6 +102,7 @@ FOR_DURATIONS: dict[str, str] = {
     "HeadroomStoreUnreachable": "5m",
     "HeadroomLogShippingLagging": "5m",
     "HeadroomRequestStuck": "2m",
+    "HeadroomAdapterThrash": "5m",
     "HeadroomSignalInvalid": "3m",
 }
 # `keep_firing_for` (Prometheus 2.42+) on alerts whose condition flickers at its edge: once firing,
@@ -212,6 +213,10 @@ class RulesConfig:
     queue_window: str = "15m"
     # Window of deriv/predict_linear for "TTFT rising"; the prediction horizon is 1 h.
     ttft_trend_window: str = "15m"
+    # HeadroomAdapterThrash: adapters in flight past the slots while mean TTFT is this many times
+    # what it was adapter_ttft_baseline ago
+    adapter_ttft_rise_ratio: float = 2.0
+    adapter_ttft_baseline: str = "1h"
     for_durations: dict[str, str] = field(default_factory=lambda: dict(FOR_DURATIONS))
     keep_firing_for: dict[str, str] = field(default_factory=lambda: dict(KEEP_FIRING_FOR))
 
