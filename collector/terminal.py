@@ -7,17 +7,31 @@ output gets a console wide enough that nothing is squashed.
 
     console = output_console()          # a terminal: its width; a pipe or file: 200 columns
     table = compact_table("levels", ["conc", "n", "TTFT ms\\np50/p95"])
+
+The output convention every command follows (docs/design.md, "Command line"): `--json PATH` writes
+the command's result as JSON, `-` to stdout (the text for people then goes to stderr):
+
+    with json_output(json_path):        # stdout is stderr inside when json_path is "-"
+        ...print for people...
+    write_json(json_path, data)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
+import click
+import orjson
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["output_console", "compact_table", "PIPE_WIDTH"]
+__all__ = ["output_console", "compact_table", "PIPE_WIDTH", "json_output", "write_json", "JSON_HELP"]
+
+JSON_HELP = "Write the result as JSON to PATH ('-': stdout, and the text goes to stderr)."
 
 PIPE_WIDTH = 200
 
@@ -48,3 +62,32 @@ def compact_table(
             min_width=max(len(line) for line in header.split("\n")),
         )
     return table
+
+
+@contextlib.contextmanager
+def json_output(json_path: str | None) -> Iterator[None]:
+    """With `--json -`, what the block prints for people goes to stderr: stdout carries the JSON only."""
+    if json_path != "-":
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def write_json(json_path: str, data: object, *, option: str = "--json") -> None:
+    """`data` as indented, key-sorted JSON to the file json_path (its directory created), or stdout for '-'."""
+    text = (
+        orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+        + b"\n"
+    )
+    if json_path == "-":
+        sys.stdout.write(text.decode())
+        sys.stdout.flush()
+        return
+    try:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_bytes(text)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot write {option} {json_path} ({exc.strerror}); pass a path in a writable directory, or - for stdout"
+        ) from None

@@ -1,11 +1,21 @@
-"""Time windows as people type them: '7d', '24h', '90m', or an ISO-8601 instant (UTC if naive)."""
+"""Time windows as people type them: '7d', '24h', '90m', or an ISO-8601 instant (UTC if naive).
+
+Every command's --since/--until takes both (WHEN, the one click type): a duration means that long
+before now, anything else an ISO-8601 time.
+
+    @click.option("--since", type=WHEN, default="7d")   # -> a tz-aware datetime
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, TypeAlias
 
-__all__ = ["parse_duration", "parse_instant", "utc_now"]
+import click
+
+__all__ = ["parse_duration", "parse_instant", "utc_now", "WHEN", "WhenType", "WHEN_HELP"]
 
 _DURATION = re.compile(r"^(\d{1,6})([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -38,3 +48,35 @@ def parse_instant(text: str, now: datetime) -> datetime:
             f"{text!r} is neither a duration (7d, 24h) nor an ISO-8601 time (2026-11-30T09:00:00Z)"
         ) from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+WHEN_HELP = "a duration back from now (7d, 24h, 90m) or an ISO-8601 time (2026-11-30T09:00Z, UTC if naive)"
+
+
+if TYPE_CHECKING:  # click >= 8.2 types ParamType by its value; 8.1 (allowed) cannot subscript it at run time
+    _ParamType: TypeAlias = click.ParamType[datetime]
+else:
+    _ParamType = click.ParamType
+
+
+class WhenType(_ParamType):
+    """--since/--until: a duration back from now or an ISO-8601 instant -> a tz-aware datetime.
+
+    `now` is read when the value is converted; tests inject a clock with WhenType(clock).
+    """
+
+    name = "WHEN"
+
+    def __init__(self, clock: Callable[[], datetime] = utc_now) -> None:
+        self._clock = clock
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
+        try:
+            return parse_instant(str(value), self._clock())
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+WHEN = WhenType()

@@ -44,8 +44,10 @@ def test_kv_from_model_shape_as_json():
         "--max-context",
         "8192",
         "--json",
+        "-",
     )
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
+    assert "memory ceiling:      21 concurrent requests" in result.stderr  # the text, off stdout
     assert data["kv_bytes_per_token"] == 327680 and (data["ceiling"], data["configure"]) == (21, 14)
 
 
@@ -83,9 +85,9 @@ def test_curve_from_a_request_log(tmp_path):
     store = RequestStore(tmp_path / "log.duckdb")
     store.insert_rows(closed_loop_rows(slots=8, seconds_per_level=40))
     store.close()
-    result = run("capacity", "curve", "--db", str(tmp_path / "log.duckdb"), "--json")
+    result = run("capacity", "curve", "--db", str(tmp_path / "log.duckdb"), "--json", "-")
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output)
+    data = json.loads(result.stdout)
     assert data["knee"]["requests"] == 8 and [lv["concurrency"] for lv in data["levels"]][:4] == [1, 2, 4, 8]
     assert run("capacity", "curve", "--db", str(tmp_path / "log.duckdb"), "--since", "nope").exit_code == 2
 

@@ -183,7 +183,7 @@ def test_a_demo_log_replays_and_the_knee_alert_fires_where_the_load_crossed_the_
         ["alerts", "backtest", "--db", str(db), "--time-scale", "60", "--config", str(config), "--json", "-"],
     )
     assert replay.exit_code == 0, replay.output
-    result = json.loads(replay.output[replay.output.index("{") :])
+    result = json.loads(replay.stdout)  # --json -: the JSON alone on stdout, the timeline on stderr
     start = datetime.fromisoformat(result["start"]["at"]).timestamp()
     fired = [
         a

@@ -59,9 +59,9 @@ def test_demo_curve_report_store_job_and_sidecar_job_agree(tmp_path):
     demo = capacity["published"]["knee_requests"]
     assert demo == 16, capacity  # the simulator's 16 slots
 
-    curve = json.loads(_run("capacity", "curve", "--db", str(db), "--json"))
+    curve = json.loads(_run("capacity", "curve", "--db", str(db), "--json", "-"))
     [published] = [p for p in curve["published"] if p["task_class"] == "all"]
-    report = json.loads(_run("report", "--db", str(db), "--since", "1d", "--format", "json"))
+    report = json.loads(_run("report", "--db", str(db), "--since", "1d", "--json", "-"))
     [model] = report["models"]
 
     store = RequestStore(db)

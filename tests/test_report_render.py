@@ -138,7 +138,7 @@ def test_markdown_and_json_carry_the_same_figures(report):
 def test_report_cli_from_db_and_from_a_store_url(db_path, report, tmp_path):
     runner = CliRunner()
     result = runner.invoke(
-        main, ["report", "--db", str(db_path), "--since", "7d", "--format", "json", "--slo-ttft-p95", "0.5"]
+        main, ["report", "--db", str(db_path), "--since", "7d", "--json", "-", "--slo-ttft-p95", "0.5"]
     )
     assert result.exit_code == 0, result.output
     from_db = orjson.loads(result.stdout)
@@ -164,9 +164,11 @@ def test_report_cli_from_db_and_from_a_store_url(db_path, report, tmp_path):
 
 def test_report_cli_names_bad_input():
     runner = CliRunner()
-    assert "give exactly one of --db" in runner.invoke(main, ["report"]).output
+    assert "give --db PATH or --lake URI" in runner.invoke(main, ["report"]).output
     assert (
-        "'7 days' is not a duration"
+        "'7 days' is neither a duration (7d, 24h) nor an ISO-8601 time"
         in runner.invoke(main, ["report", "--db", "x", "--since", "7 days"]).output
     )
+    empty = runner.invoke(main, ["report", "--db", "x", "--since", "2026-11-30", "--until", "2026-11-29"])
+    assert empty.exit_code == 2 and "the window is empty" in empty.output
     assert "does not exist" in runner.invoke(main, ["report", "--db", "/nonexistent/h.duckdb"]).output

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import Any
 
 import click
 import duckdb
-import orjson
 
 from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.passive import passive_curve
@@ -14,17 +14,20 @@ from collector.analysis.quota import quota_ceiling
 from collector.lake.source import open_log, reader_options
 from collector.store.decision import Decision, decisions
 from collector.store.owner import OwnerError
+from collector.terminal import JSON_HELP, json_output, write_json
+from collector.timewin import WHEN, WHEN_HELP, utc_now
 
 __all__ = ["register"]
 
 _GB = 1e9
 
 
-def _emit(data: dict, as_json: bool, lines: list[str]) -> None:
-    if as_json:
-        click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode())
-    else:
+def _emit(data: dict[str, Any], json_path: str | None, lines: list[str]) -> None:
+    """The lines for people (on stderr with `--json -`), then the JSON where --json says."""
+    with json_output(json_path):
         click.echo("\n".join(lines))
+    if json_path:
+        write_json(json_path, data)
 
 
 @click.command("kv")
@@ -42,25 +45,25 @@ def _emit(data: dict, as_json: bool, lines: list[str]) -> None:
     "--reserve-gb", type=float, default=0.0, show_default=True, help="Activation/framework reserve (GB)."
 )
 @click.option("--kv-per-request-gb", type=float, default=None, help="KV per request at max context (GB).")
-@click.option("--layers", type=int, default=None)
+@click.option("--layers", type=int, default=None, help="Transformer layers (num_hidden_layers).")
 @click.option("--kv-heads", type=int, default=None, help="Key/value heads (GQA groups).")
-@click.option("--head-dim", type=int, default=None)
+@click.option("--head-dim", type=int, default=None, help="Dimension of one attention head (head_dim).")
 @click.option("--bytes-per-element", type=float, default=2.0, show_default=True, help="2 fp16/bf16, 1 fp8.")
 @click.option("--max-context", type=int, default=None, help="Maximum context in tokens (never the mean).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
 def kv(
-    usable_gb,
-    gpu_memory_gb,
-    weights_gb,
-    usable_fraction,
-    reserve_gb,
-    kv_per_request_gb,
-    layers,
-    kv_heads,
-    head_dim,
-    bytes_per_element,
-    max_context,
-    as_json,
+    usable_gb: float | None,
+    gpu_memory_gb: float | None,
+    weights_gb: float,
+    usable_fraction: float,
+    reserve_gb: float,
+    kv_per_request_gb: float | None,
+    layers: int | None,
+    kv_heads: int | None,
+    head_dim: int | None,
+    bytes_per_element: float,
+    max_context: int | None,
+    json_path: str | None,
 ) -> None:
     """KV-cache ceiling: how many max-context requests fit, and ~70 % of that to configure.
 
@@ -84,7 +87,7 @@ def kv(
             raise click.UsageError("give --usable-gb, or --gpu-memory-gb with --weights-gb")
         if kv_per_request_gb is not None:
             per_request, per_token = kv_per_request_gb * _GB, None
-        elif None not in (layers, kv_heads, head_dim, max_context):
+        elif layers is not None and kv_heads is not None and head_dim is not None and max_context is not None:
             per_token = kv_bytes_per_token(
                 layers=layers, kv_heads=kv_heads, head_dim=head_dim, bytes_per_element=bytes_per_element
             )
@@ -107,7 +110,7 @@ def kv(
         "then validate: if the configured value already breaks the TTFT target, the limit is "
         "memory bandwidth (more cards), not memory.",
     ]
-    _emit(data, as_json, lines)
+    _emit(data, json_path, lines)
 
 
 @click.command("quota")
@@ -115,8 +118,14 @@ def kv(
 @click.option("--tpm", type=float, default=None, help="Tokens per minute quota (input + output).")
 @click.option("--mean-e2e-s", type=float, required=True, help="Mean end-to-end request time (s).")
 @click.option("--mean-tokens-per-request", type=float, default=None, help="Mean input+output tokens.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def quota(rpm, tpm, mean_e2e_s, mean_tokens_per_request, as_json) -> None:
+@click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
+def quota(
+    rpm: float | None,
+    tpm: float | None,
+    mean_e2e_s: float,
+    mean_tokens_per_request: float | None,
+    json_path: str | None,
+) -> None:
     """Concurrency ceilings from an RPM and/or TPM quota (Little's law); the smaller binds.
 
     \b
@@ -135,20 +144,9 @@ def quota(rpm, tpm, mean_e2e_s, mean_tokens_per_request, as_json) -> None:
     lines = [
         f"by RPM: {result.by_rpm:.1f}" if result.by_rpm is not None else "by RPM: -",
         f"by TPM: {result.by_tpm:.1f}" if result.by_tpm is not None else "by TPM: -",
-        f"ceiling: {result.ceiling} concurrent requests ({result.binding.upper()} binds)",
+        f"ceiling: {result.ceiling} concurrent requests ({(result.binding or '-').upper()} binds)",
     ]
-    _emit(result.to_dict(), as_json, lines)
-
-
-def _when(text: str | None, option: str = "--since") -> datetime | None:
-    if text is None:
-        return None
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r} is not an ISO time such as 2026-11-30T12:00:00+00:00", param_hint=option
-        ) from None
+    _emit(result.to_dict(), json_path, lines)
 
 
 @click.command("curve")
@@ -158,10 +156,23 @@ def _when(text: str | None, option: str = "--since") -> datetime | None:
     help="DuckDB request log; while a sidecar serves it, read through the sidecar (its .owner file).",
 )
 @reader_options
-@click.option("--since", default=None, help="ISO start time (inclusive).")
-@click.option("--until", default=None, help="ISO end time (exclusive).")
-@click.option("--model", default=None)
-@click.option("--caliber", type=click.Choice(["requests", "tokens"]), default="requests", show_default=True)
+@click.option(
+    "--since",
+    type=WHEN,
+    default=None,
+    help=f"Window start (inclusive): {WHEN_HELP} [default: the log's first request].",
+)
+@click.option("--until", type=WHEN, default=None, help="Window end (exclusive), as --since [default: now].")
+@click.option(
+    "--model", default=None, help="Only requests to this model (the name clients send) [default: all]."
+)
+@click.option(
+    "--caliber",
+    type=click.Choice(["requests", "tokens"]),
+    default="requests",
+    show_default=True,
+    help="Bucket by in-flight requests or by active tokens at admission.",
+)
 @click.option(
     "--window-seconds",
     type=float,
@@ -174,37 +185,46 @@ def _when(text: str | None, option: str = "--since") -> datetime | None:
     metavar="NAME",
     help="Only requests of this task class (short, medium, long, or a workload's name).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
 def curve(
-    db, since, until, model, caliber, window_seconds, task_class, as_json, lake_uri, catalog_uri, lake_table
+    db: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    model: str | None,
+    caliber: str,
+    window_seconds: float | None,
+    task_class: str | None,
+    json_path: str | None,
+    lake_uri: str | None,
+    catalog_uri: str | None,
+    lake_table: str,
 ) -> None:
     """Passive capacity curve from live traffic (source='traffic'), bucketed by concurrency at admission.
 
     \b
     Examples:
       headroom capacity curve --db headroom.duckdb --caliber requests
-      headroom capacity curve --db headroom.duckdb --caliber tokens --since 2026-11-30T09:00:00+00:00 --json
-      headroom capacity curve --db headroom.duckdb --task-class long
-      headroom capacity curve --catalog sqlite:///lake/catalog.db --lake /data/lake --since 2026-11-30T00:00:00+00:00
+      headroom capacity curve --db headroom.duckdb --caliber tokens --since 24h --json curve.json
+      headroom capacity curve --db headroom.duckdb --since 2026-11-30T09:00 --until 2026-11-30T17:00 --json -
+      headroom capacity curve --db headroom.duckdb --task-class long --model llama-3-8b
+      headroom capacity curve --catalog sqlite:///lake/catalog.db --lake /data/lake --since 7d
     """
     if (db is None) == (lake_uri is None):
         raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
     try:
-        with open_log(
-            db, catalog_uri, lake_uri, table=lake_table, since=_when(since), until=_when(until, "--until")
-        ) as store:
+        with open_log(db, catalog_uri, lake_uri, table=lake_table, since=since, until=until) as store:
             result = passive_curve(
                 store,
                 caliber,
-                _when(since),
-                _when(until, "--until"),
+                since,
+                until,
                 model,
                 window_s=window_seconds,
                 task_class=task_class,
             )
             made = [
                 d
-                for d in decisions(store, datetime.now(UTC))
+                for d in decisions(store, utc_now())
                 if (model is None or d.model == model) and (task_class is None or d.task_class == task_class)
             ]
     except (FileNotFoundError, OwnerError) as exc:
@@ -230,10 +250,10 @@ def curve(
     )
     for decision in made:  # what the gauges export: the one decision every reader shares
         lines.append(_published_line(decision))
-    _emit(result.to_dict() | {"published": [_published_dict(d) for d in made]}, as_json, lines)
+    _emit(result.to_dict() | {"published": [_published_dict(d) for d in made]}, json_path, lines)
 
 
-def _published_dict(decision: Decision) -> dict:
+def _published_dict(decision: Decision) -> dict[str, Any]:
     estimate = decision.estimate or {}
     return {
         "model": decision.model,

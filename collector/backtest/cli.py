@@ -8,10 +8,8 @@ expects (docs/rules.md, "How good are these alerts").
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +17,8 @@ import click
 
 from collector.alerts.cli import GROUP_HELP, config_options, generate_alerts, rules_config
 from collector.lake.source import reader_options
-from collector.timewin import parse_instant, utc_now
+from collector.terminal import JSON_HELP, json_output, write_json
+from collector.timewin import WHEN, WHEN_HELP
 
 if TYPE_CHECKING:  # annotations only: the modules themselves load lazily, when a backtest runs
     from collector.backtest.replay import ReplayLog
@@ -28,15 +27,6 @@ if TYPE_CHECKING:  # annotations only: the modules themselves load lazily, when 
     from collector.rules.config import RulesConfig
 
 __all__ = ["alerts", "backtest"]
-
-
-def _instant(value: str | None, option: str) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        return parse_instant(value, utc_now())
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
 def _scenarios(names: tuple[str, ...], run_all: bool) -> list[Scenario]:
@@ -125,12 +115,7 @@ def _write_outputs(results: list[BacktestResult], json_path: str | None, plot_pa
     from collector.backtest.report import to_json  # lazy, as above
 
     if json_path:
-        document = [to_json(r) for r in results] if len(results) > 1 else to_json(results[0])
-        text = json.dumps(document, indent=2, sort_keys=True) + "\n"
-        if json_path == "-":
-            click.echo(text, nl=False)
-        else:
-            Path(json_path).write_text(text, encoding="utf-8")
+        write_json(json_path, [to_json(r) for r in results] if len(results) > 1 else to_json(results[0]))
     if plot_path:
         from collector.backtest.plot import plot_backtest  # lazy: matplotlib
 
@@ -153,12 +138,15 @@ def _write_outputs(results: list[BacktestResult], json_path: str | None, plot_pa
 @reader_options
 @click.option(
     "--since",
+    type=WHEN,
     default=None,
-    metavar="WHEN",
-    help="Replay window start: 24h, 7d or ISO-8601 [default: the log's first request].",
+    help=f"Replay window start: {WHEN_HELP} [default: the log's first request].",
 )
 @click.option(
-    "--until", default=None, metavar="WHEN", help="Replay window end [default: the log's last request]."
+    "--until",
+    type=WHEN,
+    default=None,
+    help="Replay window end, as --since [default: the log's last request].",
 )
 @click.option("--model", default=None, help="Replay one model only.")
 @click.option(
@@ -183,9 +171,7 @@ def _write_outputs(results: list[BacktestResult], json_path: str | None, plot_pa
     metavar="SECONDS",
     help="Rule evaluation interval [default: the scenario's, 30 s for a replay].",
 )
-@click.option(
-    "--json", "json_path", default=None, metavar="PATH", help="Also write the result as JSON ('-': stdout)."
-)
+@click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
 @click.option(
     "--plot",
     "plot_path",
@@ -289,8 +275,8 @@ def backtest(
                     "catalog": catalog_uri,
                     "lake_table": lake_table,
                     "model": model,
-                    "since": _instant(since, "--since"),
-                    "until": _instant(until, "--until"),
+                    "since": since,
+                    "until": until,
                     "time_scale": time_scale,
                 }
                 click.echo(f"replaying {db or lake_uri} ...", err=True)
@@ -314,11 +300,11 @@ def backtest(
                     )
         except PrometheusError as exc:
             raise click.ClickException(str(exc)) from None
-        for result in results:
-            if json_path != "-":
+        with json_output(json_path):  # `--json -`: the timelines on stderr, the JSON alone on stdout
+            for result in results:
                 click.echo(render_text(result, pending=pending) + "\n")
-        if table and json_path != "-":
-            click.echo(scenario_table(results))
+            if table:
+                click.echo(scenario_table(results))
         _write_outputs(results, json_path, plot_path)
     if not all(result.passed for result in results):
         sys.exit(1)

@@ -9,52 +9,70 @@ table (collector.lake.source), and writes the text.
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import click
 import duckdb
 from rich.console import Console
 
 from collector.lake.source import open_log, reader_options
-from collector.report.review import FORMATS, render_report_from_store
+from collector.report.build import build_report
+from collector.report.collect import collect_inputs
+from collector.report.review import render_report
 from collector.store.owner import OwnerError
-from collector.timewin import parse_duration, utc_now
+from collector.terminal import JSON_HELP, write_json
+from collector.timewin import WHEN, WHEN_HELP, utc_now
 
-__all__ = ["report"]
+__all__ = ["report", "TEXT_FORMATS"]
+
+TEXT_FORMATS = ("md", "html")  # JSON is --json PATH, as in every command
 
 
 def _from_db(
     db: str | None,
-    since: str,
-    fmt: str,
+    window: tuple[datetime, datetime],
     slo: float | None,
     lake: tuple[str | None, str | None, str] = (None, None, ""),
-) -> str:
+) -> dict[str, Any]:
     catalog_uri, lake_uri, table = lake
+    since, until = window
     # the review compares the window with the one before it: read both (the table is pruned by day)
-    first = utc_now() - 2 * parse_duration(since) - timedelta(days=1)
+    first = since - (until - since) - timedelta(days=1)
     where = f"{table} in {lake_uri}" if lake_uri else db
     try:
         with (
             open_log(db, catalog_uri, lake_uri, table=table, since=first) as store,
-            Console(stderr=True).status(f"building the {since} review from {where}"),
+            Console(stderr=True).status(f"building the review of {_span(since, until)} from {where}"),
         ):
-            return render_report_from_store(store, since, fmt, slo_ttft_p95_s=slo)
+            return build_report(collect_inputs(store, since, until, slo_ttft_p95_s=slo))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     except (FileNotFoundError, OwnerError) as exc:
         raise click.ClickException(f"{'--lake' if lake_uri else '--db'} {lake_uri or db}: {exc}") from None
     except duckdb.Error as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise click.ClickException(
-            f"cannot open {db} ({first}); pass the request log a sidecar wrote"
+            f"cannot open {db} ({reason}); pass the request log a sidecar wrote"
         ) from None
 
 
+def _span(since: datetime, until: datetime) -> str:
+    return f"{since:%Y-%m-%d %H:%M} to {until:%Y-%m-%d %H:%M} UTC"
+
+
 @click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--since", default="7d", show_default=True, help="Window back from now: 7d, 24h, 2w.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="md", show_default=True)
+@click.option("--since", type=WHEN, default="7d", show_default=True, help=f"Window start: {WHEN_HELP}.")
+@click.option("--until", type=WHEN, default=None, help="Window end (exclusive), as --since [default: now].")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(TEXT_FORMATS),
+    default="md",
+    show_default=True,
+    help="The review for people: Markdown or a self-contained HTML page.",
+)
 @click.option(
     "--db",
     type=click.Path(dir_okay=False),
@@ -63,13 +81,21 @@ def _from_db(
 )
 @reader_options
 @click.option("--slo-ttft-p95", type=float, default=None, help="p95 TTFT SLO in seconds to judge against.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write here instead of stdout.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the --format text to this file instead of stdout.",
+)
+@click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
 def report(
-    since: str,
+    since: datetime,
+    until: datetime | None,
     fmt: str,
     db: str | None,
     slo_ttft_p95: float | None,
     out: str | None,
+    json_path: str | None,
     lake_uri: str | None = None,
     catalog_uri: str | None = None,
     lake_table: str = "headroom.requests",
@@ -82,15 +108,24 @@ def report(
     Examples:
       headroom report --db headroom.duckdb --since 7d --format md
       headroom report --db headroom.duckdb --format html --out review.html
+      headroom report --db headroom.duckdb --since 2026-11-23 --until 2026-11-30 --json review.json
+      headroom report --db headroom.duckdb --json - | jq '.models[].plan'
       headroom report --catalog sqlite:///lake/catalog.db --lake /data/lake --since 7d   # the fleet's table
     """
-    try:
-        parse_duration(since)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--since") from None
     if (db is None) == (lake_uri is None):
         raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
-    text = _from_db(db, since, fmt, slo_ttft_p95, (catalog_uri, lake_uri, lake_table))
+    until = until or utc_now()
+    if until <= since:
+        raise click.BadParameter(
+            f"the window is empty: --since {since:%Y-%m-%dT%H:%M}Z is not before --until {until:%Y-%m-%dT%H:%M}Z",
+            param_hint="--since",
+        )
+    data = _from_db(db, (since, until), slo_ttft_p95, (catalog_uri, lake_uri, lake_table))
+    if json_path:
+        write_json(json_path, data)
+        if json_path == "-":
+            return
+    text = render_report(data, fmt)
     if out:
         try:
             Path(out).write_text(text)
