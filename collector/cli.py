@@ -75,7 +75,7 @@ class _LazyGroup(click.Group):
             return None
         module_name, attribute = target.split(":")
         try:
-            return getattr(importlib.import_module(module_name), attribute)
+            command: click.Command = getattr(importlib.import_module(module_name), attribute)
         except ModuleNotFoundError as exc:
             extra = _EXTRAS.get(exc.name or "")
             if extra is None:
@@ -84,6 +84,7 @@ class _LazyGroup(click.Group):
                 f"`headroom {name}` needs {exc.name}, which this install does not have: "
                 f"pip install 'llm-headroom[{extra}]' (or [all])"
             ) from None
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, _SHORT_HELP.get(name, "")) for name in COMMANDS]

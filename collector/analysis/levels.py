@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from collector.analysis.littles_law import LittlesLaw, littles_law_check
 from collector.analysis.stats import mean, percentile, percentiles, seconds
@@ -164,18 +164,41 @@ def _ratio(rows: Sequence[Row], *outcomes: str) -> float:
     return sum(1 for r in rows if r.get("outcome") in outcomes) / len(rows)
 
 
+class LatencyFields(TypedDict):
+    """LevelStats' nine latency fields, by name (seconds; None where there were no samples)."""
+
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p95_s: float | None
+    tpot_p99_s: float | None
+    e2e_p50_s: float | None
+    e2e_p95_s: float | None
+    e2e_p99_s: float | None
+
+
 def latency_fields(
     ttft: Sequence[float | None], tpot: Sequence[float | None], e2e: Sequence[float | None]
-) -> dict[str, float | None]:
+) -> LatencyFields:
     """LevelStats' nine latency fields from (p50, p95, p99) of TTFT, TPOT and e2e.
 
     Example: latency_fields((0.1, 0.2, 0.3), ...) -> {"ttft_p50_s": 0.1, "ttft_p95_s": 0.2, ...}.
     """
-    return {
-        f"{name}_p{q}_s": value
-        for name, values in (("ttft", ttft), ("tpot", tpot), ("e2e", e2e))
-        for q, value in zip((50, 95, 99), values, strict=True)
-    }
+    ttft_p50, ttft_p95, ttft_p99 = ttft
+    tpot_p50, tpot_p95, tpot_p99 = tpot
+    e2e_p50, e2e_p95, e2e_p99 = e2e
+    return LatencyFields(
+        ttft_p50_s=ttft_p50,
+        ttft_p95_s=ttft_p95,
+        ttft_p99_s=ttft_p99,
+        tpot_p50_s=tpot_p50,
+        tpot_p95_s=tpot_p95,
+        tpot_p99_s=tpot_p99,
+        e2e_p50_s=e2e_p50,
+        e2e_p95_s=e2e_p95,
+        e2e_p99_s=e2e_p99,
+    )
 
 
 def summarize_level(

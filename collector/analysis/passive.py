@@ -128,23 +128,24 @@ class _Source:
     """Run the curve's SQL on a RequestStore, or on rows loaded into an in-memory DuckDB."""
 
     def __init__(self, store_or_rows: Any) -> None:
-        self._store = store_or_rows if isinstance(store_or_rows, RequestStore) else None
-        self._con = None
-        if self._store is None:
-            self._con = duckdb.connect()
-            self._con.register("requests", rows_to_arrow(list(store_or_rows)))
+        self._db: RequestStore | duckdb.DuckDBPyConnection
+        if isinstance(store_or_rows, RequestStore):
+            self._db = store_or_rows
+        else:
+            self._db = duckdb.connect()
+            self._db.register("requests", rows_to_arrow(list(store_or_rows)))
 
-    def query(self, sql: str, params: Sequence[Any]) -> list[tuple]:
-        if self._store is not None:
-            return self._store.query(sql, params)
-        return self._con.execute(sql, list(params)).fetchall()
+    def query(self, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+        if isinstance(self._db, RequestStore):
+            return self._db.query(sql, params)
+        return self._db.execute(sql, list(params)).fetchall()
 
     def close(self) -> None:
-        if self._con is not None:
-            self._con.close()
+        if not isinstance(self._db, RequestStore):  # the store is the caller's to close
+            self._db.close()
 
 
-def _stats(row: tuple, rates: list[float], window_s: float) -> LevelStats:
+def _stats(row: tuple[Any, ...], rates: list[float], window_s: float) -> LevelStats:
     bucket, n, ttft, tpot, e2e, ok, limited, timeouts, capacity_errors, active, waiting = row
     ttft, tpot, e2e = (value or [None, None, None] for value in (ttft, tpot, e2e))
     return LevelStats(

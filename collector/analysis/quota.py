@@ -54,10 +54,12 @@ def quota_ceiling(
         ("mean_tokens_per_request", mean_tokens_per_request),
     ):
         _positive(name, value)
-    if tpm is not None and mean_tokens_per_request is None:
-        raise ValueError("a TPM ceiling needs mean_tokens_per_request (input + output tokens)")
+    by_tpm = None
+    if tpm is not None:
+        if mean_tokens_per_request is None:
+            raise ValueError("a TPM ceiling needs mean_tokens_per_request (input + output tokens)")
+        by_tpm = tpm * mean_e2e_s / (60.0 * mean_tokens_per_request)
     by_rpm = rpm * mean_e2e_s / 60.0 if rpm is not None else None
-    by_tpm = tpm * mean_e2e_s / (60.0 * mean_tokens_per_request) if tpm is not None else None
     candidates = [(v, name) for v, name in ((by_rpm, "rpm"), (by_tpm, "tpm")) if v is not None]
     if not candidates:
         return QuotaCeiling(None, None, None, None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from collector.report.build import build_report
 from collector.report.collect import collect_inputs
@@ -35,7 +36,7 @@ LATEST_REPORT_NAME = "latest.html"
 FORMATS = ("md", "html", "json")
 
 
-def render_report(report: dict, fmt: str) -> str:
+def render_report(report: dict[str, Any], fmt: str) -> str:
     """One of md | html | json from a build_report dict."""
     if fmt == "md":
         return render_md(report)
@@ -48,7 +49,7 @@ def render_report(report: dict, fmt: str) -> str:
 
 def build_from_store(
     store: RequestStore, since: str, now: datetime | None = None, slo_ttft_p95_s: float | None = None
-) -> dict:
+) -> dict[str, Any]:
     """The report dict for the window `since` (e.g. '7d') back from `now`."""
     now = now or utc_now()
     return build_report(

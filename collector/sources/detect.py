@@ -24,5 +24,5 @@ def detect_engine(samples: Samples) -> str | None:
     counts = {
         engine: sum(1 for name in samples if name.startswith(prefix)) for engine, prefix in PREFIXES.items()
     }
-    best = max(counts, key=counts.get)
+    best = max(counts, key=counts.__getitem__)
     return best if counts[best] else None

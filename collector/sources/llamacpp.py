@@ -12,6 +12,7 @@ prompt only as a reusable cache, so they count as free. Older servers that still
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from collector.sources.base import EngineSnapshot, FieldRule, names_of, parse_exposition, snapshot_from_rules
 
@@ -26,10 +27,11 @@ RULES = {
 NAMES = names_of(RULES)
 
 
-def _slot_tokens(slot: dict) -> int:
+def _slot_tokens(slot: dict[str, Any]) -> int:
     """Tokens a busy slot holds in the KV cache: n_past where given, else prompt + decoded."""
-    if isinstance(slot.get("n_past"), int):  # older servers
-        return slot["n_past"]
+    n_past = slot.get("n_past")
+    if isinstance(n_past, int):  # older servers
+        return n_past
     decoded = 0
     next_token = slot.get("next_token")
     if isinstance(next_token, list) and next_token:
@@ -39,10 +41,10 @@ def _slot_tokens(slot: dict) -> int:
     return int(slot.get("n_prompt_tokens", 0)) + decoded
 
 
-def _is_busy(slot: dict) -> bool:
+def _is_busy(slot: dict[str, Any]) -> bool:
     if "is_processing" in slot:
         return bool(slot["is_processing"])
-    return slot.get("state", 0) != 0  # older servers: 0 = idle
+    return bool(slot.get("state", 0) != 0)  # older servers: 0 = idle
 
 
 def kv_from_slots(slots: object) -> tuple[float | None, int | None]:
@@ -64,9 +66,9 @@ def kv_from_slots(slots: object) -> tuple[float | None, int | None]:
 
 def parse_llamacpp(text: str, slots: object = None) -> EngineSnapshot:
     """Parse llama-server /metrics (and, if given, the /slots JSON) into an EngineSnapshot."""
-    snapshot = snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), **RULES)
+    snapshot = snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), model_label=None, **RULES)
     usage, capacity = kv_from_slots(slots)
-    if capacity is None:
+    if capacity is None or not isinstance(slots, list):  # kv_from_slots found no list of slots
         return snapshot
     snapshot = replace(snapshot, max_concurrency=len(slots))  # one request per slot
     if snapshot.kv_usage_ratio is not None:  # the engine's own figure beats our estimate

@@ -22,4 +22,4 @@ NAMES = names_of(RULES)
 
 def parse_tgi(text: str) -> EngineSnapshot:
     """Parse a TGI /metrics page into an EngineSnapshot."""
-    return snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), **RULES)
+    return snapshot_from_rules(ENGINE, parse_exposition(text, NAMES), model_label=None, **RULES)
