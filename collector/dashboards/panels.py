@@ -6,6 +6,8 @@ variable. Builders return plain dicts; `layout` numbers them and places them on 
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "PROMETHEUS_UID",
     "DATASOURCE",
@@ -28,8 +30,10 @@ __all__ = [
 PROMETHEUS_UID = "headroom-prometheus"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
+Json = dict[str, Any]  # a fragment of Grafana's dashboard JSON: open-ended by design
 
-def target(expr: str, legend: str, ref: str = "A", *, instant: bool = False, table: bool = False) -> dict:
+
+def target(expr: str, legend: str, ref: str = "A", *, instant: bool = False, table: bool = False) -> Json:
     """One Prometheus query of a panel; `table` asks Grafana for one row per series (format: table)."""
     query = {
         "datasource": DATASOURCE,
@@ -42,7 +46,7 @@ def target(expr: str, legend: str, ref: str = "A", *, instant: bool = False, tab
     return query | ({"format": "table"} if table else {})
 
 
-def thresholds(*steps: tuple[float, str], style: str = "line") -> dict:
+def thresholds(*steps: tuple[float, str], style: str = "line") -> Json:
     """fieldConfig.defaults fragment: coloured thresholds drawn as `style` (line, dashed, off)."""
     return {
         "thresholds": {
@@ -54,13 +58,13 @@ def thresholds(*steps: tuple[float, str], style: str = "line") -> dict:
     }
 
 
-def _by_query(ref: str) -> dict:
+def _by_query(ref: str) -> Json:
     """Override matcher by query (refId), never by display name: a series' name is user data
     (a sidecar called `gpu-pool-1` must not turn every line dashed)."""
     return {"id": "byFrameRefID", "options": ref}
 
 
-def right_axis(ref: str, unit: str, label: str) -> dict:
+def right_axis(ref: str, unit: str, label: str) -> Json:
     """Override: the series of query `ref` use the right axis with `unit`."""
     return {
         "matcher": _by_query(ref),
@@ -72,7 +76,7 @@ def right_axis(ref: str, unit: str, label: str) -> dict:
     }
 
 
-def dashed(*refs: str) -> tuple[dict, ...]:
+def dashed(*refs: str) -> tuple[Json, ...]:
     """Overrides: the reference lines (knee, pool, ceiling) of queries `refs` drawn dashed."""
     return tuple(
         {
@@ -87,16 +91,16 @@ def panel(
     kind: str,
     title: str,
     description: str,
-    targets: list[dict],
+    targets: list[Json],
     unit: str,
     *,
-    defaults: dict | None = None,
-    overrides: tuple[dict, ...] = (),
-    options: dict | None = None,
-    **extra,
-) -> dict:
+    defaults: Json | None = None,
+    overrides: tuple[Json, ...] = (),
+    options: Json | None = None,
+    **extra: Any,
+) -> Json:
     """A panel of type `kind`; `defaults` merges into fieldConfig.defaults (custom merged too)."""
-    field_defaults = {"unit": unit, "custom": {}}
+    field_defaults: Json = {"unit": unit, "custom": {}}
     for key, value in (defaults or {}).items():
         field_defaults[key] = {**field_defaults.get(key, {}), **value} if key == "custom" else value
     return {
@@ -114,13 +118,13 @@ def panel(
 def timeseries(
     title: str,
     description: str,
-    targets: list[dict],
+    targets: list[Json],
     unit: str,
     *,
     axis_label: str = "",
     stack: bool = False,
-    **kwargs,
-) -> dict:
+    **kwargs: Any,
+) -> Json:
     """A time-series panel; `axis_label` names the left axis (e.g. "requests")."""
     custom = {
         "axisLabel": axis_label,
@@ -139,7 +143,7 @@ def timeseries(
     )
 
 
-def table(title: str, description: str, targets: list[dict], unit: str, **kwargs) -> dict:
+def table(title: str, description: str, targets: list[Json], unit: str, **kwargs: Any) -> Json:
     """A table of instant queries, one row per series: every target asks for `format: table`."""
     rows = [t | {"format": "table", "instant": True, "range": False} for t in targets]
     return panel(
@@ -155,8 +159,14 @@ def table(title: str, description: str, targets: list[dict], unit: str, **kwargs
 
 
 def stat(
-    title: str, description: str, targets: list[dict], unit: str, *, decimals: int | None = None, **kwargs
-) -> dict:
+    title: str,
+    description: str,
+    targets: list[Json],
+    unit: str,
+    *,
+    decimals: int | None = None,
+    **kwargs: Any,
+) -> Json:
     """A single-number panel for the top row: the latest value, coloured by its thresholds."""
     defaults = kwargs.pop("defaults", {}) | ({"decimals": decimals} if decimals is not None else {})
     options = {
@@ -181,7 +191,7 @@ def stat(
     )
 
 
-def datasource_variable() -> dict:
+def datasource_variable() -> Json:
     """`$datasource`: any Prometheus, defaulting to the provisioned one."""
     return {
         "type": "datasource",
@@ -194,7 +204,7 @@ def datasource_variable() -> dict:
     }
 
 
-def query_variable(name: str, label: str, query: str) -> dict:
+def query_variable(name: str, label: str, query: str) -> Json:
     """A multi-value label variable with All = `.*` (so an absent label still matches)."""
     return {
         "type": "query",
@@ -213,7 +223,7 @@ def query_variable(name: str, label: str, query: str) -> dict:
     }
 
 
-def layout(panels: list[dict], width: int = 12, height: int = 8) -> list[dict]:
+def layout(panels: list[Json], width: int = 12, height: int = 8) -> list[Json]:
     """Number panels from 1 and place them left to right, rows as tall as their tallest panel.
 
     A panel with "full": True takes a row; stat panels carry their own "width"/"height" (4 x 4).
@@ -232,7 +242,7 @@ def layout(panels: list[dict], width: int = 12, height: int = 8) -> list[dict]:
     return placed
 
 
-def alert_annotation(expr: str) -> dict:
+def alert_annotation(expr: str) -> Json:
     """Grafana annotation: a marker wherever a Headroom alert fired (from Prometheus' ALERTS series)."""
     return {
         "datasource": DATASOURCE,
@@ -248,7 +258,7 @@ def alert_annotation(expr: str) -> dict:
     }
 
 
-def dashboard_links(runbooks_url: str) -> list[dict]:
+def dashboard_links(runbooks_url: str) -> list[Json]:
     """Links on every dashboard: the other llm-headroom dashboards (variables and time kept), runbooks."""
     return [
         {
