@@ -7,7 +7,7 @@ import contextlib
 import logging
 import re
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -26,6 +26,7 @@ from collector.analysis.prompts import load_prompts
 from collector.analysis.render import print_estimate, print_rates
 from collector.analysis.slo import Slo
 from collector.analysis.workload import FROM_LOG, load_workload, log_lengths
+from collector.lake.source import MISSING_LAKE_EXTRA, open_log
 from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, check_replica_class
 from collector.store.db import RequestStore
 from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log, send_rows
@@ -107,6 +108,49 @@ def _through_owner(db: str, url: str):
     return (None if same_sidecar else write), (lambda: None), save, None
 
 
+def _lake_saver(catalog_uri: str | None, lake_uri: str):
+    """_row_writer's four for --lake: no rows (the sidecar probed through logs them), the estimate
+    to the fleet's estimates table (collector.lake.estimates)."""
+    if not catalog_uri:
+        raise click.UsageError("--lake needs --catalog (or HEADROOM_CATALOG): the table's catalog URI")
+    try:
+        from collector.lake.estimates import ESTIMATES_TABLE, save_to_lake  # lazy: pyiceberg
+        from collector.lake.layout import Lake
+        from collector.lake.table import open_catalog
+    except ImportError as exc:
+        raise click.ClickException(f"{MISSING_LAKE_EXTRA} ({exc})") from None
+    try:
+        catalog = open_catalog(catalog_uri, Lake.parse(lake_uri))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    except Exception as exc:  # sqlalchemy or the REST client: the catalog cannot be reached
+        raise click.ClickException(f"cannot open --catalog ({type(exc).__name__}: {exc})") from None
+
+    def save(estimate) -> None:
+        try:
+            estimate_id = save_to_lake(catalog, estimate.to_dict())
+        except Exception as exc:  # the catalog went away during the probe
+            raise click.ClickException(
+                f"the estimate was not saved to {ESTIMATES_TABLE} ({type(exc).__name__}: {exc}); "
+                "it is printed above"
+            ) from None
+        click.echo(f"estimate {estimate_id} saved to {ESTIMATES_TABLE}")
+
+    return None, (lambda: None), save, None
+
+
+def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri: str):
+    """The fleet's traffic of the last 7 days (the token mix the probe is compared with), or None
+    before the table holds any."""
+    since = datetime.now(UTC) - timedelta(days=7)
+    try:
+        return stack.enter_context(open_log(None, catalog_uri, lake_uri, since=since))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _write_json(path: str, data: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
@@ -163,6 +207,23 @@ Examples:
     default=None,
     help="DuckDB request log to append rows (source='probe') and the estimate to "
     "(through the sidecar while one serves it).",
+)
+@click.option(
+    "--lake",
+    "lake_uri",
+    metavar="URI",
+    help="In a fleet, instead of --db: save the estimate to the fleet's table "
+    "headroom.capacity_estimates (beside headroom.requests, in this lake's catalog), where "
+    "sidecars run with --lake and --catalog publish it; the probe's rows are logged by the sidecar "
+    "it runs through. The traffic it is compared with: the table's last 7 days.",
+)
+@click.option(
+    "--catalog",
+    "catalog_uri",
+    envvar="HEADROOM_CATALOG",
+    metavar="URI",
+    help="With --lake: the Iceberg catalog (sqlite:///path.db, postgresql://..., http(s):// REST) "
+    "[env: HEADROOM_CATALOG].",
 )
 @click.option("--max-samples", default=400, show_default=True, help="Per-level cap on measured requests.")
 @click.option(
@@ -249,6 +310,8 @@ def probe(
     json_path,
     plot_path,
     db,
+    lake_uri,
+    catalog_uri,
     max_samples,
     max_level_seconds,
     timeout_s,
@@ -311,11 +374,16 @@ def probe(
             raise click.BadParameter(str(exc), param_hint="--replica-class") from None
     replica_class = replica_class or sidecar_replica_class(url)
     click.echo(f"replica class: {replica_class}")
-    write, close, save, own = _row_writer(db, url)
+    if lake_uri is not None and db is not None:
+        raise click.UsageError("give --db PATH or --lake URI (with --catalog), not both")
+    write, close, save, own = _row_writer(db, url) if lake_uri is None else _lake_saver(catalog_uri, lake_uri)
     estimates = []
     try:
         with contextlib.ExitStack() as stack:
-            traffic = _traffic_log(stack, traffic_db or db, own if traffic_db in (None, db) else None)
+            if lake_uri is not None and traffic_db is None:
+                traffic = _lake_traffic(stack, catalog_uri, lake_uri)
+            else:
+                traffic = _traffic_log(stack, traffic_db or db, own if traffic_db in (None, db) else None)
             runs = _class_settings(settings, workload, traffic)
             for run in runs:
                 if len(runs) > 1:

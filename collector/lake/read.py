@@ -7,6 +7,10 @@ reader (the weekly review, the passive curve, the alert backtest, the estimate) 
 over it as over a one-box DuckDB file. DuckDB's own iceberg extension would read the table
 without the copy, but its wheels pin DuckDB 1.5.5 and the project runs 2.x
 (BENCHMARKS.md, "The fleet's request log", measures both paths).
+
+The fleet's capacity estimates (`headroom.capacity_estimates` beside the table,
+collector.lake.estimates) are copied into the store's `capacity_estimates`, so the readers'
+published estimate is the one the fleet's sidecars publish (collector.store.decision).
 """
 
 from __future__ import annotations
@@ -18,16 +22,19 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import NoSuchTableError
 
+from collector.lake.estimates import estimates_table, read_estimates
 from collector.lake.layout import Lake
 from collector.lake.stage import conform
 from collector.lake.table import DEFAULT_TABLE, open_catalog, open_table
 from collector.store.db import ARROW_SCHEMA, RequestStore
+from collector.store.estimates import save_estimate
 
-__all__ = ["open_lake_log", "scan_to_parquet"]
+__all__ = ["open_lake_log", "scan_to_parquet", "copy_estimates"]
 
 
 def scan_to_parquet(
@@ -65,6 +72,21 @@ def scan_to_parquet(
     return rows
 
 
+def copy_estimates(
+    catalog_uri: str, lake_uri: str, store: RequestStore, *, table: str = DEFAULT_TABLE
+) -> int:
+    """Copy the fleet's estimates (the table beside `table`) into `store`'s capacity_estimates,
+    each estimate_id once; returns how many."""
+    rows = read_estimates(open_catalog(catalog_uri, Lake.parse(lake_uri)), estimates_table(table))
+    seen: set[str] = set()
+    for row in rows.select(["estimate_id", "estimate_json"]).to_pylist():
+        if row["estimate_id"] in seen:
+            continue
+        seen.add(row["estimate_id"])
+        save_estimate(store, orjson.loads(row["estimate_json"]), estimate_id=row["estimate_id"])
+    return len(seen)
+
+
 @contextlib.contextmanager
 def open_lake_log(
     catalog_uri: str,
@@ -81,6 +103,7 @@ def open_lake_log(
         scan_to_parquet(catalog_uri, lake_uri, path, table=table, since=since, until=until)
         store = RequestStore.over_parquet(path)
         try:
+            copy_estimates(catalog_uri, lake_uri, store, table=table)
             yield store
         finally:
             store.close()

@@ -142,6 +142,14 @@ __all__ = ["run"]
     "for `headroom lake commit` to register in the fleet's Iceberg table; instead of --db.",
 )
 @click.option(
+    "--catalog",
+    metavar="URI",
+    envvar="HEADROOM_CATALOG",
+    help="With --lake: the fleet's Iceberg catalog (sqlite:///path.db, postgresql://..., http(s):// REST), "
+    "from whose headroom.capacity_estimates this sidecar publishes its models' capacity every minute "
+    "(the [lake] extra) [env: HEADROOM_CATALOG].",
+)
+@click.option(
     "--lake-roll-seconds",
     default=60.0,
     show_default=True,
@@ -317,6 +325,7 @@ def run(
     engine_poll_interval,
     spool_dir,
     lake,
+    catalog,
     lake_roll_seconds,
     lake_roll_mb,
     otlp_endpoint,
@@ -387,6 +396,7 @@ def run(
             max_connections=max_connections,
             spool_dir=spool_dir,
             lake=lake,
+            catalog=catalog,
             lake_roll_seconds=lake_roll_seconds,
             lake_roll_mb=lake_roll_mb,
             engine=engine,

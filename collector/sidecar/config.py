@@ -32,6 +32,8 @@ class SidecarConfig:
     lake: str | None = None  # --lake URI: stage rows as Parquet for `headroom lake commit` (collector.lake)
     lake_roll_seconds: float = 60.0
     lake_roll_mb: int = 64
+    # --catalog URI with --lake: publish the fleet's estimates for this sidecar's models (collector.lake.estimates)
+    catalog: str | None = None
     engine: str = "none"
     engine_metrics_url: str | None = None
     engine_mapping: str | None = None  # YAML mapping file for engine "generic"

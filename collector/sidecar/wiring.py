@@ -6,7 +6,9 @@
               config.db_path, or of a LakeWriter staging Parquet files in config.lake
               (collector.lake); an OtelSink when config.otlp_endpoint is set
     jobs      the store's scheduled jobs, only where this sidecar owns its database (config.jobs)
-    capacity  the headroom_capacity_* gauges those jobs publish
+    capacity  the headroom_capacity_* gauges those jobs publish; in fleet mode (config.lake and
+              config.catalog) the fleet's estimates for this sidecar's models, read every minute
+              (collector.lake.estimates.FleetPublisher)
     readers   where this sidecar owns its database: the store's token-protected routes under
               /headroom (token from HEADROOM_TOKEN or `<db>.token`), so the CLI's readers work
               while it runs (collector.store.owner)
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,9 @@ def build_sidecar(
     scheduler = (
         _scheduler(config, store, capacity, replica_class) if store is not None and config.jobs else None
     )
+    fleet = _fleet_publisher(config, capacity, tracker)
+    if fleet is not None:  # fleet mode: no store of its own, so no other jobs
+        scheduler = _fleet_scheduler(fleet)
     routes, token_file = _store_routes(config, store, capacity)
     parts = SidecarParts(
         registry,
@@ -132,7 +137,53 @@ def build_sidecar(
     app = create_app(config, parts)
     app.state.capacity, app.state.writer, app.state.batch_sink = capacity, log, batch_sink
     app.state.replica_class = replica_class
+    app.state.fleet_estimates = fleet
     return app
+
+
+FLEET_ESTIMATES_EVERY_S = 60.0  # how often a fleet-mode sidecar reads the fleet's estimates
+
+
+def _fleet_publisher(config: SidecarConfig, capacity: CapacityGauges, tracker: Tracker) -> Any:
+    """With --lake and --catalog: a FleetPublisher (collector.lake.estimates) of the fleet's
+    estimates for the models this sidecar serves (those it has seen, and --model); else None."""
+    if config.catalog is None:
+        return None
+    if not config.lake:
+        raise ValueError("--catalog needs --lake: a sidecar with --db publishes its own estimates")
+    try:
+        from collector.lake.estimates import FleetPublisher  # lazy: pyiceberg, the [lake] extra
+    except ImportError as exc:
+        raise ValueError(
+            f"--catalog needs pyiceberg to read the fleet's estimates: pip install 'llm-headroom[lake]' ({exc})"
+        ) from None
+
+    def models() -> set[str]:
+        seen = {model for model, _ in frozenset(tracker._label_sets) if model}
+        return seen | ({config.model} if config.model else set())
+
+    return FleetPublisher(
+        config.catalog,
+        config.lake,
+        capacity,
+        models,
+        policy=PublishPolicy(probe_max_age=parse_duration(config.probe_max_age)),
+    )
+
+
+def _fleet_scheduler(fleet: Any) -> BackgroundScheduler:
+    """The fleet-mode sidecar's one job: publish the fleet's estimates, at start and every minute."""
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_job(
+        fleet.refresh,
+        "interval",
+        seconds=FLEET_ESTIMATES_EVERY_S,
+        id="fleet_estimates",
+        next_run_time=datetime.now(UTC),
+        max_instances=1,
+        coalesce=True,
+    )
+    return scheduler
 
 
 def _adapter_slots(config: SidecarConfig, engine: EngineSource | None) -> int | None:

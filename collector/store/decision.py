@@ -23,6 +23,8 @@ each (model, task class, replica class):
 
     decide(saved_estimates_of_one_key, now)   -> Decision(estimate or None, reason)
     decisions(store, now)                     -> [Decision per model, task class, replica class]
+    decisions_from(candidates, now)           -> the same over candidates read elsewhere (the
+                                                 fleet's table: collector.lake.estimates)
     published_estimates(store, now)           -> [the published estimate dicts]
     publish(store, gauges, now)               -> decisions(), with the gauges replaced
 """
@@ -47,6 +49,7 @@ __all__ = [
     "PublishPolicy",
     "decide",
     "decisions",
+    "decisions_from",
     "publish",
     "published_estimates",
     "replica_class_of",
@@ -192,11 +195,20 @@ def decisions(
     timestamp (another machine's clock may run ahead of this one's)."""
     policy = policy or PublishPolicy()
     candidates = saved.candidate_estimates(store, policy.max_error_ratio, until=as_of)
-    now = as_of or now or datetime.now(UTC)
-    grouped: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    return decisions_from(candidates, as_of or now, policy)
+
+
+def decisions_from(
+    candidates: Sequence[Estimate], now: datetime | None = None, policy: PublishPolicy | None = None
+) -> list[Decision]:
+    """decide() for each model, task class and replica class among `candidates` (what
+    candidate_estimates() or candidates_in() return), ages counted at `now` (default: the present)."""
+    policy = policy or PublishPolicy()
+    grouped: dict[tuple[str, str, str], list[Estimate]] = defaultdict(list)
     for estimate in candidates:
         grouped[_key(estimate)].append(estimate)
-    return [decide(grouped[key], now, policy) for key in sorted(grouped)]
+    at = now or datetime.now(UTC)
+    return [decide(grouped[key], at, policy) for key in sorted(grouped)]
 
 
 def published_estimates(

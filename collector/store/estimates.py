@@ -10,6 +10,9 @@ these is decided in one place, collector.store.decision; nothing else picks an e
         -> "est-20261130T090000-1a2b3c"
     candidate_estimates(store, 0.05)  -> per model, task class, replica class and source: the
                                          newest estimate and the newest publishable one
+    candidates_in(arrow_table, 0.05)  -> the same over estimate rows held elsewhere (the fleet's
+                                         Iceberg table, collector.lake.estimates)
+    estimate_row(estimate, id)        -> the table's columns for one estimate (ESTIMATE_COLUMNS)
     published(estimate)               -> the PublishedCapacity the gauges export for it
 """
 
@@ -24,13 +27,42 @@ from typing import Any
 
 import duckdb
 import orjson
+import pyarrow as pa
 
 from collector.store.capacity_gauges import ALL_TASKS, DEFAULT_REPLICA_CLASS, PublishedCapacity
 from collector.store.db import RequestStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["save_estimate", "import_estimates", "candidate_estimates", "published"]
+__all__ = [
+    "ESTIMATE_COLUMNS",
+    "candidate_estimates",
+    "candidates_in",
+    "estimate_row",
+    "import_estimates",
+    "new_estimate_id",
+    "published",
+    "save_estimate",
+]
+
+# the table's columns in the order of every row here (estimate_row) and in the fleet's table
+ESTIMATE_COLUMNS = (
+    ("estimate_id", "VARCHAR"),
+    ("created_at", "TIMESTAMPTZ"),
+    ("model", "VARCHAR"),
+    ("source", "VARCHAR"),
+    ("run_id", "VARCHAR"),
+    ("profile", "VARCHAR"),
+    ("knee_requests", "INTEGER"),
+    ("knee_tokens", "BIGINT"),
+    ("knee_reached", "BOOLEAN"),
+    ("slo_max", "INTEGER"),
+    ("recommended_pool", "INTEGER"),
+    ("confidence", "VARCHAR"),
+    ("estimate_json", "VARCHAR"),
+    ("task_class", "VARCHAR"),
+    ("replica_class", "VARCHAR"),
+)
 
 _DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
     estimate_id VARCHAR PRIMARY KEY, created_at TIMESTAMPTZ NOT NULL, model VARCHAR,
@@ -59,37 +91,46 @@ QUALIFY row_number() OVER (PARTITION BY m, t, r, source, usable
 ORDER BY m, t, r, source, created_at"""
 
 
+def new_estimate_id(created_at: datetime) -> str:
+    """A fresh estimate id, e.g. "est-20261130T090000-1a2b3c"."""
+    return f"est-{created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+
+
+def estimate_row(estimate: Mapping[str, Any], estimate_id: str | None = None) -> dict[str, Any]:
+    """The table's columns (ESTIMATE_COLUMNS) for one estimate dict (CapacityEstimate.to_dict() form)."""
+    created_at = datetime.fromisoformat(estimate["created_at"])
+    knee = estimate["knee"]
+    return {
+        "estimate_id": estimate_id or new_estimate_id(created_at),
+        "created_at": created_at,
+        "model": estimate["model"],
+        "source": estimate["source"],
+        "run_id": estimate["run_id"],
+        "profile": estimate["profile"],
+        "knee_requests": knee["requests"],
+        "knee_tokens": knee["tokens"],
+        "knee_reached": knee["reached"],
+        "slo_max": estimate["slo_max"],
+        "recommended_pool": estimate["recommended_pool"],
+        "confidence": estimate["confidence"],
+        "estimate_json": orjson.dumps(estimate).decode(),
+        "task_class": estimate.get("task_class") or ALL_TASKS,
+        "replica_class": estimate.get("replica_class") or "default",
+    }
+
+
 def save_estimate(store: RequestStore, estimate: Mapping[str, Any], *, estimate_id: str | None = None) -> str:
     """Insert one estimate dict (CapacityEstimate.to_dict() form); returns its estimate_id."""
     store.execute(_DDL)
     store.execute(_TASK_CLASS)
     store.execute(_REPLICA_CLASS)
-    created_at = datetime.fromisoformat(estimate["created_at"])
-    estimate_id = estimate_id or f"est-{created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
-    knee = estimate["knee"]
+    row = estimate_row(estimate, estimate_id)
+    names = [name for name, _ in ESTIMATE_COLUMNS]
     store.execute(
-        "INSERT INTO capacity_estimates (estimate_id, created_at, model, source, run_id, profile, "
-        "knee_requests, knee_tokens, knee_reached, slo_max, recommended_pool, confidence, "
-        "estimate_json, task_class, replica_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            estimate_id,
-            created_at,
-            estimate["model"],
-            estimate["source"],
-            estimate["run_id"],
-            estimate["profile"],
-            knee["requests"],
-            knee["tokens"],
-            knee["reached"],
-            estimate["slo_max"],
-            estimate["recommended_pool"],
-            estimate["confidence"],
-            orjson.dumps(estimate).decode(),
-            estimate.get("task_class") or ALL_TASKS,
-            estimate.get("replica_class") or "default",
-        ],
+        f"INSERT INTO capacity_estimates ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+        [row[name] for name in names],
     )
-    return estimate_id
+    return str(row["estimate_id"])
 
 
 def import_estimates(store: RequestStore, path: str | Path) -> int:
@@ -129,6 +170,24 @@ def candidate_estimates(
         return []
     until = until or datetime.max.replace(tzinfo=UTC)
     return [orjson.loads(row[0]) for row in store.query(_CANDIDATES, [max_error_ratio, until])]
+
+
+def candidates_in(
+    rows: pa.Table, max_error_ratio: float, until: datetime | None = None
+) -> list[dict[str, Any]]:
+    """candidate_estimates() over estimate rows held in Arrow (ESTIMATE_COLUMNS; a row repeated
+    under the same estimate_id counts once): the same SQL, on a DuckDB of its own."""
+    until = until or datetime.max.replace(tzinfo=UTC)
+    con = duckdb.connect()
+    try:
+        con.register("estimate_rows", rows)
+        con.execute(
+            "CREATE TABLE capacity_estimates AS SELECT * FROM estimate_rows "
+            "QUALIFY row_number() OVER (PARTITION BY estimate_id ORDER BY created_at) = 1"
+        )
+        return [orjson.loads(row[0]) for row in con.execute(_CANDIDATES, [max_error_ratio, until]).fetchall()]
+    finally:
+        con.close()
 
 
 def published(estimate: Mapping[str, Any]) -> PublishedCapacity:
