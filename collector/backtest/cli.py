@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -197,32 +198,32 @@ def _write_outputs(results: list[BacktestResult], json_path: str | None, plot_pa
 @click.option("--promtool", "promtool_bin", default=None, metavar="PATH", help="The promtool binary.")
 @config_options
 def backtest(
-    scenario_names,
-    run_all,
-    list_only,
-    db,
-    lake_uri,
-    catalog_uri,
-    lake_table,
-    since,
-    until,
-    model,
-    time_scale,
-    scrape_interval,
-    evaluation_interval,
-    json_path,
-    plot_path,
-    pending,
-    table,
-    workdir,
-    prometheus_bin,
-    promtool_bin,
-    config_path,
-    sidecar_job,
-    runbook_base_url,
-    labels,
-    cluster_label,
-    ruler,
+    scenario_names: tuple[str, ...],
+    run_all: bool,
+    list_only: bool,
+    db: str | None,
+    lake_uri: str | None,
+    catalog_uri: str | None,
+    lake_table: str,
+    since: datetime | None,
+    until: datetime | None,
+    model: str | None,
+    time_scale: float,
+    scrape_interval: float,
+    evaluation_interval: float | None,
+    json_path: str | None,
+    plot_path: Path | None,
+    pending: bool,
+    table: bool,
+    workdir: Path | None,
+    prometheus_bin: str | None,
+    promtool_bin: str | None,
+    config_path: Path | None,
+    sidecar_job: str | None,
+    runbook_base_url: str | None,
+    labels: tuple[str, ...],
+    cluster_label: str | None,
+    ruler: str | None,
 ) -> None:
     """Replay scenarios or your request log through the generated rules on a real Prometheus.
 
@@ -295,7 +296,12 @@ def backtest(
                     click.echo(f"running {scenario.name} ...", err=True)
                     results.append(
                         run_scenario(
-                            scenario, config, base / scenario.name, interval_s=evaluation_interval, **binaries
+                            scenario,
+                            config,
+                            base / scenario.name,
+                            interval_s=evaluation_interval,
+                            prometheus=prometheus_bin,
+                            promtool=promtool_bin,
                         )
                     )
         except PrometheusError as exc:

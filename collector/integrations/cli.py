@@ -131,7 +131,7 @@ def integrations() -> None:
     """
 
 
-def _render(kind: str, estimate: dict[str, Any], **options) -> dict[str, Any]:
+def _render(kind: str, estimate: dict[str, Any], **options: Any) -> dict[str, Any]:
     from collector.integrations import render  # lazy: keeps `--help` free of the rules package
 
     try:
@@ -161,20 +161,20 @@ def _render(kind: str, estimate: dict[str, Any], **options) -> dict[str, Any]:
     "several clusters' series (a central ruler, Thanos, Mimir, VictoriaMetrics).",
 )
 def keda(
-    db,
-    estimate_file,
-    model,
-    replica_class,
-    out,
-    deployment,
-    namespace,
-    prometheus_url,
-    min_replicas,
-    max_replicas,
-    cluster,
-    lake_uri,
-    catalog_uri,
-    lake_table,
+    db: str | None,
+    estimate_file: str | None,
+    model: str | None,
+    replica_class: str | None,
+    out: str | None,
+    deployment: str,
+    namespace: str,
+    prometheus_url: str,
+    min_replicas: int,
+    max_replicas: int,
+    cluster: str | None,
+    lake_uri: str | None,
+    catalog_uri: str | None,
+    lake_table: str,
 ) -> None:
     """A KEDA ScaledObject: replicas = live concurrency ÷ the measured per-replica pool, both calibers.
 
@@ -214,7 +214,17 @@ def keda(
     show_default=True,
     help="The concurrency detector's caliber.",
 )
-def gateway(db, estimate_file, model, replica_class, out, mode, lake_uri, catalog_uri, lake_table) -> None:
+def gateway(
+    db: str | None,
+    estimate_file: str | None,
+    model: str | None,
+    replica_class: str | None,
+    out: str | None,
+    mode: str,
+    lake_uri: str | None,
+    catalog_uri: str | None,
+    lake_table: str,
+) -> None:
     """Gateway API Inference Extension: an EndpointPickerConfig whose concurrency detector takes the
     pool as maxConcurrency / maxTokenConcurrency and allows bursts up to the knee.
 
@@ -236,7 +246,17 @@ def gateway(db, estimate_file, model, replica_class, out, mode, lake_uri, catalo
 @integrations.command("llm-d")
 @_source_options
 @click.option("--namespace", default="default", show_default=True, help="The model's namespace.")
-def llm_d(db, estimate_file, model, replica_class, out, namespace, lake_uri, catalog_uri, lake_table) -> None:
+def llm_d(
+    db: str | None,
+    estimate_file: str | None,
+    model: str | None,
+    replica_class: str | None,
+    out: str | None,
+    namespace: str,
+    lake_uri: str | None,
+    catalog_uri: str | None,
+    lake_table: str,
+) -> None:
     """llm-d's Workload Variant Autoscaler: the saturation ConfigMap entry for the measured model.
 
     \b
@@ -257,7 +277,7 @@ def llm_d(db, estimate_file, model, replica_class, out, namespace, lake_uri, cat
 @integrations.command("prometheusrule")
 @click.option("--namespace", default=None, help="Namespace of the PrometheusRule (default: none, kubectl's).")
 @click.option("--out", default=None, help="Write the YAML here instead of stdout.")
-def prometheusrule(namespace, out) -> None:
+def prometheusrule(namespace: str | None, out: str | None) -> None:
     """The generated recording and alerting rules as one PrometheusRule (Prometheus Operator).
 
     \b
