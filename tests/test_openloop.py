@@ -155,11 +155,15 @@ def test_mu_slo_is_the_top_of_the_passing_run_from_the_lowest_rate():
     ok_again = rate_level(steady, 3.0, window)
     result = rate_result([ok, bad, ok_again])
     assert result.mu_slo_per_s == 0.5 and "2/s fails" in result.reason
-    assert result.prefill_tokens_per_s == ok.prefill_tokens_per_s
+    # V_P at μ_slo: the offered rate x the level's uncached prompt tokens per request (these rows
+    # arrive at 2/s, not the 0.5/s offered: the measured tokens/s would be 4x V_P)
+    assert ok.prefill_tokens_per_request == 100 and ok.prefill_tokens_per_s == pytest.approx(200.0)
+    assert result.prefill_tokens_per_s == pytest.approx(0.5 * 100)
     # a level that passed above what the drifting one completed: capped at that completion rate
     capped = rate_result([rate_level(steady, 1.5, window), bad])
     assert capped.mu_slo_per_s == pytest.approx(bad.achieved_per_s) and bad.achieved_per_s < 1.5
     assert "capped at the" in capped.reason
+    assert capped.prefill_tokens_per_s == pytest.approx(bad.achieved_per_s * bad.prefill_tokens_per_request)
     lower_bound = rate_result([ok])  # nothing failed: no μ_slo, only a lower bound
     assert lower_bound.mu_slo_per_s is None and "at least 0.5/s" in lower_bound.reason
     assert rate_result([bad]).mu_slo_per_s is None

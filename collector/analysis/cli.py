@@ -295,7 +295,15 @@ Examples:
     default=30.0,
     show_default=True,
     type=click.FloatRange(1.0),
-    help="Measuring time per --rates level (after 5 s of warm-up); a level past capacity ends early.",
+    help="Measuring time per --rates level (after --rate-warmup-seconds); a level past capacity "
+    "ends early.",
+)
+@click.option(
+    "--rate-warmup-seconds",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.0),
+    help="Arrivals per --rates level before measuring starts (the queue settles).",
 )
 def probe(
     url,
@@ -324,6 +332,7 @@ def probe(
     replica_class,
     rates=None,
     rate_seconds=30.0,
+    rate_warmup_seconds=5.0,
 ) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
@@ -365,7 +374,7 @@ def probe(
         seed=seed,
         api_key=api_key,
         engine_metrics=engine_metrics,
-        **_rate_settings(rates, rate_seconds),
+        **_rate_settings(rates, rate_seconds, rate_warmup_seconds),
     )
     if replica_class is not None:
         try:
@@ -400,14 +409,15 @@ def probe(
     _write_outputs(estimates, json_path, plot_path)
 
 
-def _rate_settings(rates: str | None, rate_seconds: float) -> dict:
-    """ProbeSettings' open-loop fields from --rates and --rate-seconds."""
+def _rate_settings(rates: str | None, rate_seconds: float, rate_warmup_seconds: float = 5.0) -> dict:
+    """ProbeSettings' open-loop fields from --rates, --rate-seconds and --rate-warmup-seconds."""
     if rates is None:
         return {}
+    timing = {"rate_level_s": rate_seconds, "rate_warmup_s": rate_warmup_seconds}
     if rates.strip() == "auto":
-        return {"rates_auto": True, "rate_level_s": rate_seconds}
+        return {"rates_auto": True, **timing}
     try:
-        return {"rates": parse_rates(rates), "rate_level_s": rate_seconds}
+        return {"rates": parse_rates(rates), **timing}
     except ValueError as exc:
         raise click.BadParameter(f"{exc}, or auto", param_hint="--rates") from None
 

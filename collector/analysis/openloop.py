@@ -14,12 +14,14 @@ whether or not the engine keeps up. Per rate level (`RateLevel`):
   backlog grows by (offered - μ) per second, below it it only fluctuates;
 * p50/p95/p99 TTFT, TPOT and e2e of the requests admitted in the window, and the mean e2e;
 * prefill tokens/s: prompt tokens minus the engine's `cached_tokens` (uncached, where the engine
-  says what was cached) of the answered requests whose first token came in the window.
+  says what was cached) of the answered requests whose first token came in the window, and the
+  same per such request.
 
 μ_slo is the highest offered rate of the run of passing levels from the lowest one (a level that
 passes above a failed one is noise): a level passes when its queue does not drift, it ended on
 time, its capacity errors stay within the SLO's error ratio and its p95 TTFT/TPOT meet the SLO.
-V_P is the prefill tokens/s at that level. When the failing level above it drifted, its completion
+V_P is the prefill tokens/s at that rate: μ_slo x the level's uncached prompt tokens per
+request (robust to a short level's sent rate straying from the offered one). When the failing level above it drifted, its completion
 rate is the saturation throughput, and μ_slo is capped there (`rate_result`). Overload ends a level early (`overload_reason`: the
 backlog grew by more than OVERLOAD_SHARE of the requests sent, at least OVERLOAD_MIN_REQUESTS)
 and ends the ladder: it is reported, not waited out.
@@ -137,6 +139,7 @@ class RateLevel:
     e2e_p99_s: float | None
     e2e_mean_s: float | None
     prefill_tokens_per_s: float  # uncached prompt tokens of answered requests
+    prefill_tokens_per_request: float | None  # ... per request prefilled in the window
     cached_prompt_share: float | None  # share of prompt tokens the engine said it had cached
     errors: int
     capacity_errors: int
@@ -248,6 +251,7 @@ def rate_level(
         e2e_p99_s=e2e[2],
         e2e_mean_s=mean(r.get("e2e_s") for r in ok),
         prefill_tokens_per_s=(prompt - cached) / span,
+        prefill_tokens_per_request=(prompt - cached) / len(prefilled) if prefilled else None,
         cached_prompt_share=(cached / prompt if prompt else 0.0) if told else None,
         errors=errors,
         capacity_errors=capacity_errors,
@@ -384,6 +388,15 @@ def mu_slo(levels: Sequence[RateLevel]) -> tuple[RateLevel | None, str]:
     return best, f"every rate passed; μ_slo is at least {best.offered_per_s:g}/s (raise the rates)"
 
 
+def _prefill_at(level: RateLevel, rate: float) -> float:
+    """V_P at `rate`: the level's uncached prompt tokens per request x the rate (its measured
+    prefill tokens/s when nothing was prefilled). A short level's Poisson arrivals stray from the
+    offered rate by ~1/√n; per request, the prefill does not."""
+    if level.prefill_tokens_per_request is None:
+        return level.prefill_tokens_per_s
+    return rate * level.prefill_tokens_per_request
+
+
 def rate_result(levels: list[RateLevel], stopped_early: str | None = None) -> RateResult:
     """μ_slo and V_P of measured levels (module docstring); None when every rate passed (then the
     highest is only a lower bound) or the lowest failed.
@@ -399,10 +412,10 @@ def rate_result(levels: list[RateLevel], stopped_early: str | None = None) -> Ra
     )
     if best is None or failed is None:
         return RateResult(levels, None, None, reason, stopped_early)
-    rate, prefill = best.offered_per_s, best.prefill_tokens_per_s
+    rate, prefill = best.offered_per_s, _prefill_at(best, best.offered_per_s)
     saturated = failed.drifting or failed.ended_early is not None
     if saturated and failed.achieved_per_s < rate:
-        rate, prefill = failed.achieved_per_s, failed.prefill_tokens_per_s
+        rate, prefill = failed.achieved_per_s, _prefill_at(failed, failed.achieved_per_s)
         reason += (
             f"; capped at the {failed.achieved_per_s:.3g}/s it completed there (saturation "
             f"throughput, below the {best.offered_per_s:g}/s that passed)"
