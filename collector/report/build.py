@@ -11,7 +11,7 @@ Example output (one model, one replica class, abridged):
                 "load": {"step": 15, "bins": [...], "peak": {"requests": 19.9, ...}, "days": [...]},
                 "plan": {"needed": {"requests": 4, "tokens": 2}, "binding_caliber": "requests",
                          "replicas_needed": 4, "replicas_run": 2, "trend": {...}}}],
-   "outcomes": {...}, "top_tenants": [...], "curve": [...],
+   "outcomes": {...}, "top_tenants": [...], "adapters": [...], "curve": [...],
    "littles_law": {"window_s": 60, "windows": [...], "checked": 40, "inconsistent": 0, ...},
    "actions": [{"action": .., "reason": ..}]}]}
 """
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from collector.report.actions import recommend_actions
+from collector.report.adapters import adapter_usage
 from collector.report.collect import ReportInputs
 from collector.report.figures import change, nearest_power_of_two, percentiles, ratio
 from collector.report.longest import longest_running
@@ -282,6 +283,7 @@ def _model_report(
         "classes": classes,
         "top_tenants": _top_tenants(current),
         "longest_running": longest_running(current),
+        "adapters": adapter_usage(current),
         "curve": _curve(current, "inflight"),
         "curve_tokens": _curve(current, "active_tokens"),
         "littles_law": littles_law_windows(current, start, end, step, LITTLES_LAW_TOLERANCE),

@@ -25,6 +25,7 @@ COLUMNS = {
     "instance": "coalesce(instance, 'unknown')",
     "tenant": "coalesce(tenant, 'anonymous')",
     "outcome": "coalesce(outcome, 'unknown')",
+    "adapter": "adapter",  # the LoRA adapter a request named (NULL: the base model itself)
     "admitted": "epoch(admitted_at)",
     "first_token": "epoch(first_token_at)",
     "completed": "epoch(completed_at)",
@@ -38,7 +39,7 @@ COLUMNS = {
     "active_tokens": "active_tokens_at_admit",
 }
 _SELECT = ", ".join(f"{sql} AS {name}" for name, sql in COLUMNS.items())
-_TEXT = ("model", "instance", "tenant", "outcome")
+_TEXT = ("model", "instance", "tenant", "outcome", "adapter")
 # (model, instance) -> replica class, from the probe runs an instance served
 _PROBED = """
 SELECT DISTINCT coalesce(r.model, 'unknown'), coalesce(r.instance, 'unknown'),

@@ -6,6 +6,7 @@ import base64
 from html import escape
 from typing import Any
 
+from collector.report.adapters import adapter_table
 from collector.report.plots import curve_png, littles_png, load_png, throughput_png
 from collector.report.render_md import (
     LATENCY_NAMES,
@@ -122,6 +123,7 @@ def _model(m: dict[str, Any], word: str) -> str:
             _image(curve_png(m), f"p95 TTFT by concurrency bucket for {m['heading']}"),
             f"<h3>Little's law per window</h3><p>{escape(littles_line(m['littles_law']))}</p>",
             _image(littles_png(m), f"Little's law per window for {m['heading']}"),
+            _table(*adapter_table(m["adapters"])) if m.get("adapters") else "",
             _table(
                 ["top tenant", "tokens", "requests", "share"],
                 [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from collector.report.adapters import adapter_table
 from collector.report.longest import longest_table
 
 __all__ = [
@@ -228,6 +229,8 @@ def _model(m: dict[str, Any], word: str) -> list[str]:
         ["top tenant", "tokens", "requests", "share"],
         [[x["tenant"], fmt(x["tokens"]), fmt(x["requests"]), fmt(x["share"])] for x in m["top_tenants"]],
     ) + [""]
+    if m.get("adapters"):
+        lines += _table(*adapter_table(m["adapters"])) + [""]
     if m.get("longest_running"):
         lines += _table(*longest_table(m["longest_running"])) + [""]
     lines += _table(
