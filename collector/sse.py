@@ -24,9 +24,7 @@ __all__ = [
     "ChunkInfo",
     "inspect_event",
     "openai_usage",
-    "plain_tokens",
     "plain_read",
-    "plain_read_stripped",
     "DONE",
     "MALFORMED",
     "ERROR",
@@ -74,7 +72,7 @@ class EventSplitter:
     def take(self, data: bytes) -> bytes:
         """Append `data`; return the bytes of the events it completes (b"" when none), unsplit.
 
-        What the proxy calls: a read of plain chunks is read whole (`plain_tokens`), and split
+        What the proxy calls: a read of plain chunks is read whole (`plain_read`), and split
         into events (`events`) only when it holds something else.
         """
         if self._parts:
@@ -369,12 +367,6 @@ class _Plain(msgspec.Struct, gc=False):
 _PLAIN = msgspec.json.Decoder(_Plain)
 
 
-def plain_tokens(complete: bytes) -> int | None:
-    """The tokens in a read of plain chunks (`plain_read`'s first value), or None."""
-    read = plain_read(complete)
-    return None if read is None else read[0]
-
-
 def _plain_tokens(chunks: Sequence[_Plain]) -> tuple[int, bool]:
     """The tokens in decoded plain chunks, and whether one says `"usage":null`."""
     tokens, usage_null = 0, False
@@ -402,11 +394,38 @@ def _plain_tokens(chunks: Sequence[_Plain]) -> tuple[int, bool]:
     return tokens, usage_null
 
 
+_USAGE_NULL = b',"usage":null'
 _NULL_END = b',"usage":null}\n\n'  # a chunk's end once vLLM or SGLang was asked for usage
 _NULL_BOUNDARY = _NULL_END + b"data: "
 
 
-def plain_read(complete: bytes) -> tuple[int, bool] | None:
+def plain_read(complete: bytes, strip_usage: bool = False) -> tuple[int, bytes] | None:
+    """A read of plain chunks: (its tokens, the bytes to forward); None for any other read.
+
+    vLLM and SGLang write `"usage":null` into every chunk once usage was asked for. When the
+    client did not ask (`strip_usage`: the sidecar asked for it), the field goes, once per read
+    (inside a JSON string its quotes would be escaped, so it is never text). A read whose chunks
+    all end with it is read and stripped in one split (`_strip_plain`); any other read of plain
+    chunks is parsed by `_parse_plain`, which says whether a chunk's `usage` is null, so OpenAI-
+    and llama.cpp-style reads, which never hold it, are not searched for it.
+
+    >>> plain_read(b'data: {"choices":[{"delta":{"content":"abcd"}}],"usage":null}\\n\\n', True)
+    (1, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\\n\\n')
+    """
+    if strip_usage and complete.endswith(_NULL_END):
+        stripped = _strip_plain(complete)
+        if stripped is not None:
+            return stripped
+    read = _parse_plain(complete)
+    if read is None:
+        return None
+    tokens, usage_null = read
+    if usage_null and strip_usage:
+        complete = complete.replace(_USAGE_NULL, b"")
+    return tokens, complete
+
+
+def _parse_plain(complete: bytes) -> tuple[int, bool] | None:
     """A read of plain chunks, read in one parse: (its tokens, whether a chunk says
     `"usage":null`); None when it holds anything else.
 
@@ -436,11 +455,11 @@ def plain_read(complete: bytes) -> tuple[int, bool] | None:
     number past a double's range (`1e400`), which orjson refuses as malformed, this decoder
     reads as infinity in a field it skips.
 
-    >>> plain_read(b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\\n\\n' * 2)
+    >>> _parse_plain(b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\\n\\n' * 2)
     (4, False)
-    >>> plain_read(b'data: {"choices":[],"usage":null}\\n\\n')
+    >>> _parse_plain(b'data: {"choices":[],"usage":null}\\n\\n')
     (0, True)
-    >>> plain_read(b'data: {"choices":[],"usage":{"completion_tokens":4}}\\n\\n') is None
+    >>> _parse_plain(b'data: {"choices":[],"usage":{"completion_tokens":4}}\\n\\n') is None
     True
     """
     if complete.startswith(b"data: "):
@@ -475,11 +494,11 @@ def plain_read(complete: bytes) -> tuple[int, bool] | None:
     return _plain_tokens(chunks)
 
 
-def plain_read_stripped(complete: bytes) -> tuple[int, bytes] | None:
+def _strip_plain(complete: bytes) -> tuple[int, bytes] | None:
     """A read of several plain chunks that each end with `,"usage":null` (vLLM's and SGLang's
     once usage was asked for): (its tokens, the read without those fields); None otherwise.
 
-    `plain_read` and a `bytes.replace` of the field in one pass: the read is split once at the
+    `_parse_plain` and a `bytes.replace` of the field in one pass: the read is split once at the
     chunks' ends (`,"usage":null}\\n\\ndata: `), and the pieces are joined twice, into the bytes
     to forward and into the payloads, a space between each two, for the same decoder. That is about a microsecond
     less a read of 8 chunks than parsing and then searching the read for the field again
@@ -488,10 +507,10 @@ def plain_read_stripped(complete: bytes) -> tuple[int, bytes] | None:
 
     Only the field that ends a chunk goes: there it is the chunk's own (the `}` after it closes
     the chunk), never a field of a nested object. A read where some chunk ends otherwise, or
-    anything `plain_read` would not read, gives None; the caller then takes `plain_read` and
-    replaces the field as before.
+    anything `_parse_plain` would not read, gives None; `plain_read` then takes `_parse_plain`
+    and replaces the field.
 
-    >>> plain_read_stripped(b'data: {"choices":[{"delta":{"content":"abcd"}}],"usage":null}\\n\\n' * 2)
+    >>> _strip_plain(b'data: {"choices":[{"delta":{"content":"abcd"}}],"usage":null}\\n\\n' * 2)
     (2, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\\n\\ndata: {"choices":[{"delta":{"content":"abcd"}}]}\\n\\n')
     """
     if not complete.startswith(b"data: ") or not complete.endswith(_NULL_END):

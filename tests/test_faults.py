@@ -17,7 +17,7 @@ import httpx
 import pytest
 from support.sidecar import CHAT, Rig, live_gauges, sidecar_rig, wait_until
 
-from collector.sidecar import proxy, relay  # the modules whose names the watch is looked up by
+from collector.sidecar import proxy, uvicorn_cycle  # the modules whose names the watch is looked up by
 
 READ_TIMEOUT_S = 3.0
 PATH = "/v1/chat/completions"
@@ -180,14 +180,14 @@ def test_a_client_gone_before_done_is_client_cancelled(rig):
 
 def test_the_sidecars_server_is_watched_without_a_task_and_shows_the_clients_transport(rig, monkeypatch):
     """On uvicorn (what `headroom run` serves on) the disconnect watch is the cycle's own event,
-    no task per request (collector.sidecar.relay.CycleWatch), and the decision at an exchange's
-    end can read the client's transport (relay.client_closing); were it hidden, a FIN read with
+    no task per request (collector.sidecar.uvicorn_cycle.CycleWatch), and the decision at an
+    exchange's end can read the client's transport (uvicorn_cycle.client_closing); were it hidden, a FIN read with
     the last upstream bytes would depend on the order of one poll's callbacks."""
     watches: list[tuple[object, bool | None]] = []
     original = proxy.CycleWatch.on
 
     def recorded(receive, gone):
-        watches.append((watch := original(receive, gone), relay.client_closing(receive)))
+        watches.append((watch := original(receive, gone), uvicorn_cycle.client_closing(receive)))
         return watch
 
     monkeypatch.setattr(proxy.CycleWatch, "on", staticmethod(recorded))
@@ -196,7 +196,7 @@ def test_the_sidecars_server_is_watched_without_a_task_and_shows_the_clients_tra
     _settled_row(rig, outcome="ok")
     assert len(watches) == 1
     watch, closing = watches[0]
-    assert isinstance(watch, relay.CycleWatch) and closing is False
+    assert isinstance(watch, uvicorn_cycle.CycleWatch) and closing is False
 
 
 def test_one_warning_per_failure_class_per_interval(rig, caplog):

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
-from collector.sidecar import relay
+from collector.sidecar.uvicorn_cycle import ChunkWriter
 from collector.store.db import RequestStore
 
 PATH = "/v1/chat/completions"
@@ -258,13 +258,15 @@ def test_cors_preflight_is_passed_through(rig, path):
 
 
 def test_a_client_that_stops_reading_holds_the_upstream_back(tmp_path, monkeypatch):
-    """The relay writes each read's chunk to uvicorn's transport itself (relay.chunked_cycle),
+    """The relay writes each read's chunk to uvicorn's transport itself (a ChunkWriter),
     so it must keep uvicorn's flow control: while the client reads nothing, the sidecar stops
     reading the upstream, which then cannot send the whole of a ~29 MB stream; once the client
     reads, every event arrives and the request ends as one ok row."""
     cycles = []
-    chunked_cycle = relay.chunked_cycle
-    monkeypatch.setattr(relay, "chunked_cycle", lambda send: cycles.append(chunked_cycle(send)) or cycles[-1])
+    writer_on = ChunkWriter.on
+    monkeypatch.setattr(
+        ChunkWriter, "on", staticmethod(lambda send: cycles.append(writer_on(send)) or cycles[-1])
+    )
     tokens, text = 60_000, "x" * 400
     body = json.dumps({**CHAT, "stream": True}).encode()
     with sidecar_rig(tmp_path) as rig:
@@ -297,9 +299,9 @@ def test_a_client_that_stops_reading_holds_the_upstream_back(tmp_path, monkeypat
         assert row["e2e_s"] >= 2.0  # it waited for the client
 
 
-def test_chunked_cycle_is_only_uvicorns_own_started_chunked_response():
+def test_the_chunk_writer_is_only_for_uvicorns_own_started_chunked_response():
     async def send(message):
         pass
 
-    assert relay.chunked_cycle(send) is None  # any other server's send: ASGI messages
-    assert relay.chunked_cycle(print) is None  # a bound builtin's __self__ is a module
+    assert ChunkWriter.on(send) is None  # any other server's send: ASGI messages
+    assert ChunkWriter.on(print) is None  # a bound builtin's __self__ is a module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import httpx
@@ -86,7 +87,7 @@ def _traffic(tracker, requests: int, rng: random.Random) -> None:
             40,
         )
         tracker.admit(request)
-        tracker.generated(request, 2)
+        tracker.relayed(request, 2, 0.0)
         if i % 3:
             tracker.finish(request, OUTCOMES[i % len(OUTCOMES)])
         if i % 7 == 0:
@@ -101,12 +102,12 @@ def test_ten_thousand_tenants_by_five_thousand_models_never_pass_the_budget():
     sizes = []
     for _ in range(12):
         _traffic(tracker, 2500, rng)
-        sizes.append(len(_series(page.render())))
+        sizes.append(len(_series(asyncio.run(page.render()))))
     assert max(sizes) <= 2000 - RESERVED_SERIES  # what the sidecar itself adds stays in its share
     assert sizes[-1] >= 1200  # the budget is used, not folded away from the start
     assert tracker.budget.folded["model"] > 20_000 and tracker.budget.folded["tenant"] > 0
     # a model admitted early keeps its own series; everything folded lands in `other`
-    labels = {dict(labels).get("model") for name, labels in _series(page.render())}
+    labels = {dict(labels).get("model") for name, labels in _series(asyncio.run(page.render()))}
     assert OTHER in labels and 1 <= len(labels - {None, OTHER}) <= 7
 
 
@@ -117,12 +118,12 @@ def test_the_page_renders_what_the_registry_collects_and_reuses_untouched_text()
     _traffic(tracker, 400, random.Random(5))
     clocked = ("source_scrape", "oldest_age")  # read at the moment of each render
     ours = lambda text: {k: v for k, v in _series(text).items() if not any(c in k[0] for c in clocked)}  # noqa: E731
-    assert ours(page.render()) == ours(generate_latest(app.state.registry))
+    assert ours(asyncio.run(page.render())) == ours(generate_latest(app.state.registry))
     child = next(iter(tracker.duration.children.values()))
     untouched = next(iter(tracker.requests.children.values()))
     before = (child.text(), untouched.text())
     child.observe(0.2)
-    page.render()
+    asyncio.run(page.render())
     assert child.text() != before[0]  # updated: rendered again
     assert untouched.text() is before[1]  # not updated: the same string object, not rebuilt
 

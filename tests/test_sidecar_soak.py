@@ -11,7 +11,7 @@ import httpx
 import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
-from collector.sidecar.upstream import Exchange
+from collector.sidecar.exchange import Exchange
 
 TOTAL, CONCURRENCY = 2000, 64
 # (mode, x-fake-tokens, stream, client cancels after N bytes or None)

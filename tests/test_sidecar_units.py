@@ -18,21 +18,29 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
+from collector.sidecar.client import ClientChannel
+from collector.sidecar.ending import Ending
 from collector.sidecar.proxy import CompletionsProxy
-from collector.sidecar.relay import ClientChannel, Ending, client_closing, read_plain
 from collector.sidecar.requests import parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
 from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.uvicorn_cycle import client_closing
 from collector.sse import (
     DONE,
     ERROR,
     MALFORMED,
     EventSplitter,
+    _parse_plain,
+    _strip_plain,
     inspect_event,
     plain_read,
-    plain_read_stripped,
-    plain_tokens,
 )
+
+
+def plain_tokens(complete: bytes) -> int | None:
+    """The tokens `plain_read` reads in a read of plain chunks, None when it leaves the read."""
+    read = plain_read(complete)
+    return None if read is None else read[0]
 
 
 def test_splitter_reassembles_the_real_llamacpp_stream_under_any_chunking(fixtures_dir):
@@ -134,8 +142,8 @@ def test_a_read_of_plain_chunks_is_read_in_one_parse_and_anything_else_is_left_t
     vllm = b'data: {"choices":[{"delta":{"content":"abcdefghijkl"}}],"usage":null}\n\n'
     assert plain_tokens(_PLAIN) == 2 and plain_tokens(_PLAIN * 8) == 16 and plain_tokens(vllm * 3) == 9
     # whether a chunk's own usage is null: the relay searches only such reads for what it strips
-    assert plain_read(_PLAIN * 8) == (16, False) and plain_read(_PLAIN * 2 + vllm) == (7, True)
-    assert plain_read(b'data: {"choices":[{"delta":{"content":"ab","usage":null}}]}\n\n') == (1, False)
+    assert _parse_plain(_PLAIN * 8) == (16, False) and _parse_plain(_PLAIN * 2 + vllm) == (7, True)
+    assert _parse_plain(b'data: {"choices":[{"delta":{"content":"ab","usage":null}}]}\n\n') == (1, False)
     assert plain_tokens(_PLAIN.replace(b"data: ", b"data:") * 2) == 4  # TGI writes no space
     assert plain_tokens(b'data: {"choices":[{"delta":{"role":"assistant"}}]}\n\n') == 0
     for event, tokens in [  # the deltas the inlined common case must leave to `_delta_tokens`
@@ -231,20 +239,20 @@ _plain_chunks = st.fixed_dictionaries(
 )
 @settings(max_examples=600, deadline=None, database=None, derandomize=True)
 def test_the_strip_in_the_split_forwards_and_counts_what_parse_then_replace_did(chunks, nulls, ascii_only):
-    """vLLM-style reads (`"usage":null` ending each chunk, some or all): `read_plain`'s one split
+    """vLLM-style reads (`"usage":null` ending each chunk, some or all): `plain_read`'s one split
     must give the old path's tokens and bytes, and take every read whose chunks all end so."""
     texts = []
     for chunk, null in zip(chunks, nulls, strict=False):
         text = json.dumps({k: v for k, v in chunk.items() if k != "usage"}, ensure_ascii=ascii_only).encode()
         texts.append(b"data: " + (text[:-1] + b',"usage":null}' if null else text) + b"\n\n")
     complete = b"".join(texts)
-    old = plain_read(complete)
+    old = _parse_plain(complete)
     expected = (
         None if old is None else (old[0], complete.replace(b',"usage":null', b"") if old[1] else complete)
     )
-    assert read_plain(complete, True) == expected, complete
-    assert read_plain(complete, False) == (None if old is None else (old[0], complete))  # asked: kept
-    stripped = plain_read_stripped(complete)
+    assert plain_read(complete, True) == expected, complete
+    assert plain_read(complete, False) == (None if old is None else (old[0], complete))  # asked: kept
+    stripped = _strip_plain(complete)
     assert stripped is None or stripped == expected
     if old is not None and all(nulls[: len(texts)]):
         assert stripped == expected  # the one split takes every such read
@@ -253,29 +261,29 @@ def test_the_strip_in_the_split_forwards_and_counts_what_parse_then_replace_did(
 def test_the_strip_in_the_split_leaves_what_is_not_a_chunks_own_field():
     nested = b'data: {"choices":[{"delta":{"content":"abcd","usage":null}}],"usage":null}\n\n'
     # only the field that ends the chunk is the chunk's own (the whole-read replace took both)
-    assert read_plain(nested * 2, True) == (
+    assert plain_read(nested * 2, True) == (
         2,
         b'data: {"choices":[{"delta":{"content":"abcd","usage":null}}]}\n\n' * 2,
     )
     vllm = b'data: {"choices":[{"delta":{"content":"abcd"}}],"usage":null}\n\n'
-    assert plain_read_stripped(vllm) == (1, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\n\n')
-    assert plain_read_stripped(nested) == (
+    assert _strip_plain(vllm) == (1, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\n\n')
+    assert _strip_plain(nested) == (
         1,
         b'data: {"choices":[{"delta":{"content":"abcd","usage":null}}]}\n\n',
     )
-    assert plain_read_stripped(b"data: {oops" + _NULL_END) is None
-    assert read_plain(vllm, True) == (1, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\n\n')
+    assert _strip_plain(b"data: {oops" + _NULL_END) is None
+    assert plain_read(vllm, True) == (1, b'data: {"choices":[{"delta":{"content":"abcd"}}]}\n\n')
     split = b'data: {"choices":\n[{"delta":{"content":"abcd"}}],"usage":null}\n\n'  # two SSE lines
-    assert plain_read_stripped(split * 2) is None and plain_read_stripped(vllm + split) is None
-    assert plain_read_stripped(split) is None and plain_read(split) is None
+    assert _strip_plain(split * 2) is None and _strip_plain(vllm + split) is None
+    assert _strip_plain(split) is None and _parse_plain(split) is None
     for other in _OTHERS:  # a read holding anything else is not taken, whatever ends it
-        assert plain_read_stripped(vllm + other + vllm) is None, other
-    assert plain_read_stripped(b'data: {"choices":[]} {"choices":[],"usage":null}\n\n' + vllm) is None
-    assert plain_read_stripped(vllm.replace(b"abcd", "\u00e9t\u00e9".encode()) * 2) == (
+        assert _strip_plain(vllm + other + vllm) is None, other
+    assert _strip_plain(b'data: {"choices":[]} {"choices":[],"usage":null}\n\n' + vllm) is None
+    assert _strip_plain(vllm.replace(b"abcd", "\u00e9t\u00e9".encode()) * 2) == (
         2,
         b'data: {"choices":[{"delta":{"content":"\xc3\xa9t\xc3\xa9"}}]}\n\n' * 2,
     )
-    assert plain_read_stripped(vllm.replace(b"abcd", b"\xff\xfe") * 2) is None  # not UTF-8: malformed
+    assert _strip_plain(vllm.replace(b"abcd", b"\xff\xfe") * 2) is None  # not UTF-8: malformed
 
 
 @given(st.lists(_deltas, min_size=1, max_size=3))
@@ -361,7 +369,7 @@ def test_token_caliber_walk_with_flat_inflight_and_climbing_tokens():
     seen = []
     for _ in range(5):
         for request in (short, long_a, long_b):
-            tracker.generated(request, 2)
+            tracker.relayed(request, 2, 0.0)
         seen.append(_gauges(registry))
     assert [s[0] for s in seen] == [3] * 5
     assert [s[1] for s in seen] == [5016, 5022, 5028, 5034, 5040]
@@ -391,7 +399,7 @@ def test_tpot_uses_usage_tokens_not_chunks():
     tracker = Tracker(CollectorRegistry(), instance="unit")
     request = _request(5)
     tracker.admit(request)
-    tracker.generated(request, 1)  # one chunk...
+    tracker.relayed(request, 1, 0.0)  # one chunk...
     tracker.reported_usage(request, {"prompt_tokens": 5, "completion_tokens": 11})  # 11 in all
     row = tracker.finish(request, "ok")
     assert row.tpot_s == pytest.approx((row.e2e_s - row.ttft_s) / 10)
@@ -466,7 +474,7 @@ def test_absurd_upstream_usage_falls_back_to_the_estimate():
     tracker = Tracker(CollectorRegistry(), instance="unit")
     request = _request(7)
     tracker.admit(request)
-    tracker.generated(request, 3)
+    tracker.relayed(request, 3, 0.0)
     # a value beyond the INTEGER column would get the row rejected by the store service (400)
     tracker.reported_usage(request, {"prompt_tokens": 2**40, "completion_tokens": -1})
     row = tracker.finish(request, "ok")
@@ -921,7 +929,7 @@ def test_the_read_that_ends_a_stream_forwards_what_the_event_by_event_reading_wo
     """Plain chunks, the usage chunk and [DONE] in one read (each stream's last under a flood):
     the plain part is read and stripped in one pass, the last two events one by one; the bytes
     and counts must be those of reading every event and then replacing the field."""
-    from collector.sidecar.relay import _Reading
+    from collector.sidecar.relay import _Stream  # noqa: PLC0415 - beside its only user here
 
     chunk = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"abcdefgh"}}]%s}\n\n' % null
     usage = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":10}}\n\n'
@@ -930,10 +938,9 @@ def test_the_read_that_ends_a_stream_forwards_what_the_event_by_event_reading_wo
     for one_by_one in (False, True):
         tracker = Tracker(CollectorRegistry(), instance="unit")
         request = _request(3)
-        reading = _Reading(tracker, request, strip)
-        splitter = EventSplitter()
-        tokens, body = (reading.each_event if one_by_one else reading.events)(splitter, splitter.take(read))
-        results[one_by_one] = (tokens, body, request.usage, reading.done)
+        stream = _Stream(tracker, request, strip, 200, ClientChannel(None), 2**20)
+        tokens, body = (stream.each_event if one_by_one else stream.events)(stream.splitter.take(read))
+        results[one_by_one] = (tokens, body, request.usage, stream.done)
     assert results[False] == results[True]
     tokens, body, usage, done = results[False]
     assert tokens == 10 and usage == {"prompt_tokens": 3, "completion_tokens": 10} and done
@@ -945,7 +952,7 @@ def test_the_task_watch_reports_a_disconnect_once_and_nothing_after_stop():
     """TaskWatch, the disconnect watch on ASGI servers other than uvicorn's httptools one."""
     import asyncio  # noqa: PLC0415 - only this test runs an event loop
 
-    from collector.sidecar.relay import TaskWatch  # noqa: PLC0415 - beside its only user here
+    from collector.sidecar.client import TaskWatch  # noqa: PLC0415 - beside its only user here
 
     async def main() -> tuple[bool | None, bool | None, int, int]:
         messages: asyncio.Queue[dict[str, object]] = asyncio.Queue()

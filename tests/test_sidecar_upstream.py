@@ -12,15 +12,15 @@ import pytest
 from support.processes import free_port
 from support.upstream import FakeUpstream
 
-from collector.sidecar.upstream import (
+from collector.sidecar.exchange import (
     BufferedBody,
-    H1Pool,
     UpstreamBodyBroken,
     UpstreamConnectError,
     UpstreamError,
     UpstreamReadTimeout,
     UpstreamUnparsable,
 )
+from collector.sidecar.upstream import H1Pool
 
 BODY = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
 

@@ -9,7 +9,12 @@
     proxy.py         CompletionsProxy: the accounted routes, one function owning each request
     passthrough.py   PassThrough: every other /v1/* path, forwarded untouched, not accounted
     upstream.py      the one upstream client: HTTP/1.1 pools in protocol callbacks
-    relay.py         relaying an answer to the client, disconnect watches, how it ended (Ending)
+    exchange.py      one request to the upstream: Exchange, its failures, BufferedBody
+    headers.py       the request target and the headers each way between client and upstream
+    client.py        the client's side: its body (bounded), its leaving (TaskWatch), its answer
+    relay.py         relaying an answer to the client, one per-read step for callback and coroutine
+    ending.py        how an exchange ended (Ending), and the Ending of each failure
+    uvicorn_cycle.py the one module reading uvicorn's internals: CycleWatch, ChunkWriter
     requests.py      reading a request body: model, stream flags, a prompt-token estimate
     tracker.py       live state, the dual-caliber gauges, counters, histograms, one row per request
     exposition.py    the tracker's series kept as text, and the /metrics page

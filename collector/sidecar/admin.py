@@ -61,11 +61,7 @@ def admin_routes(
 
     @router.get("/metrics")
     async def metrics() -> Response:
-        # the tracker's series on the event loop, where the tracker updates them (a consistent
-        # page); the rest of the registry in a worker thread, so a slow collector never stalls the proxy
-        fast = page.fast_text().encode()
-        rest = await asyncio.to_thread(page.rest)
-        return Response(fast + rest, media_type=CONTENT_TYPE_LATEST)
+        return Response(await page.render(), media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -1,19 +1,16 @@
 """create_app: the sidecar's HTTP surface, serving and running the parts it is given.
 
 Routes: POST /v1/chat/completions, /v1/completions, /v1/responses and /v1/embeddings (accounted),
-/v1 and any other /v1/*
-(passed through), GET /metrics (Prometheus text format; the per-request series keep their rendered text,
-collector.sidecar.exposition, and the rest renders in a worker thread so a slow collector never
-stalls the proxy), GET /healthz (liveness: the process serves), GET /readyz (readiness: 503 while the upstream does
-not answer), and, where this sidecar owns its database, the store's token-protected routes under
-/headroom (collector.service.routes), so that readers work while it runs. Every path is normalised first
-(collector.sidecar.paths). The lifespan opens the pooled upstream client, starts the engine
-poller and the in-process store's jobs, writes the `<db>.owner` file readers look for, and on shutdown stops them and closes every sink, which
-writes every request-log row that is still queued.
+/v1 and any other /v1/* (passed through), and the admin routes (collector.sidecar.admin: /metrics,
+/healthz, /readyz, the store's /headroom routes), on this port or on --admin-listen. Every path is
+normalised first (collector.sidecar.paths). The lifespan starts the engine poller, the in-process
+store's jobs and the admin listener, writes the `<db>.owner` file readers look for, and on
+shutdown stops them, closes the upstream pools and closes every sink, which writes every
+request-log row that is still queued.
 
-The proxy routes are called straight from the server, not through FastAPI's middleware stack:
-each of those layers wraps every `send`, once per streamed chunk, and together they cost about
-a tenth of the sidecar's CPU under a stream flood (BENCHMARKS.md §2). FastAPI keeps the rest.
+The proxy routes are called straight from the server, not through FastAPI's middleware stack,
+whose layers would wrap every `send`, once per streamed chunk (BENCHMARKS.md §2 has the cost).
+FastAPI serves only the admin routes.
 
 Which parts a sidecar has (sources, sinks, jobs) is decided in one place, collector.sidecar.wiring;
 this module never looks at the config to choose them.
@@ -33,19 +30,19 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry
-from starlette.routing import Route
 
 from collector import __version__
 from collector.record import RowSink
 from collector.sidecar.admin import STORE_ROUTES_PREFIX, AdminListener, admin_routes, base_url
 from collector.sidecar.config import SidecarConfig
+from collector.sidecar.exchange import BufferedBody, Exchange, UpstreamError
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.faults import FaultLog
 from collector.sidecar.passthrough import PassThrough
 from collector.sidecar.paths import normalised_scope, refuse_climbing
 from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
 from collector.sidecar.tracker import Tracker
-from collector.sidecar.upstream import BufferedBody, Exchange, H1Pool, UpstreamError
+from collector.sidecar.upstream import H1Pool
 from collector.sources import EngineSource
 from collector.store.owner import remove_owner, write_owner
 
@@ -71,9 +68,9 @@ class SidecarApp(FastAPI):
     """FastAPI for /metrics, /healthz, /readyz, the store routes and the lifespan; the proxy
     routes skip its layers.
 
-    Every HTTP path is normalised first (collector.sidecar.paths), then POST ACCOUNTED_PATHS go straight
-    to `accounted` and /v1 and other /v1/* to `passthrough`. Both are registered as routes too, so the
-    framework path (FastAPI.__call__) serves the same thing, only slower.
+    Every HTTP path is normalised first (collector.sidecar.paths), then POST ACCOUNTED_PATHS go
+    straight to `accounted`, /v1 and other /v1/* in PASSTHROUGH_METHODS to `passthrough`, and
+    anything else to FastAPI, which has no route for them (404).
     """
 
     accounted: ASGIApp | None = None
@@ -82,17 +79,13 @@ class SidecarApp(FastAPI):
     def proxy_routes(self, accounted: ASGIApp, passthrough: ASGIApp) -> None:
         """Serve POST ACCOUNTED_PATHS with `accounted`, /v1 and other /v1/* with `passthrough`."""
         self.accounted, self.passthrough = accounted, passthrough
-        for path in ACCOUNTED_PATHS:
-            self.router.routes.append(Route(path, accounted, methods=["POST"]))
-        self.router.routes.append(Route("/v1/{path:path}", passthrough, methods=list(PASSTHROUGH_METHODS)))
-        self.router.routes.append(Route(PASSTHROUGH_ROOT, passthrough, methods=list(PASSTHROUGH_METHODS)))
         # every path is normalised without its trailing slash first, so the router's redirect to
-        # the slashed spelling would come straight back: a 307 loop (GET /v1, issue #36 N5)
+        # the slashed spelling would come straight back: a 307 loop (issue #36 N5)
         self.router.redirect_slashes = False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:  # type: ignore[override]
-        # normalised and dispatched in this one coroutine (not through PathNormaliser): each level
-        # of awaiting coroutines is resumed at every upstream read of every stream
+        # normalised and dispatched in this one coroutine, not through middleware: each level of
+        # awaiting coroutines is resumed at every upstream read of a stream on other servers
         if scope["type"] != "http" or self.accounted is None:
             await super().__call__(scope, receive, send)
             return
@@ -177,20 +170,11 @@ YOUNG_COLLECTION_THRESHOLD = 20_000  # CPython's default is 700
 
 
 def _freeze_startup_objects() -> None:
-    """Tune the garbage collector for serving, once per process.
-
-    * Move what start-up made (~100k objects: the imports, DuckDB's and Arrow's modules, the app)
-      out of the collector's sight. A full collection would otherwise walk them all with the
-      interpreter lock held, tens of milliseconds in which no stream moves: a TTFT p99 spike for
-      every stream in flight, at random. Garbage made later is collected as before.
-    * Collect the youngest generation every 20,000 net allocations, not 700. Each request keeps
-      a few hundred objects alive while it streams (its task, buffers, headers, the parsed
-      chunks), so at 700 nearly every collection walks live requests that will die young anyway,
-      then promotes them, and full collections follow. Measured in a sidecar under 64 flood and
-      256 paced streams (BENCHMARKS.md §2, "The garbage collector"): 1,961 collections taking
-      596 ms in all, against 13 taking 94 ms. Cyclic garbage waits at most that many
-      allocations longer: kilobytes.
-    """
+    """Tune the garbage collector for serving, once per process: freeze what start-up made (so a
+    full collection never walks it, stalling every stream) and collect the youngest generation
+    every YOUNG_COLLECTION_THRESHOLD allocations, not 700, so that live requests, which die young,
+    are not walked and promoted at nearly every collection (BENCHMARKS.md §2, "The garbage
+    collector", has the measurements)."""
     global _frozen
     if not _frozen:
         gc.collect()

@@ -18,6 +18,7 @@ Example: CounterVec(spec("headroom_requests_total")).labels("m", "t", "ok").inc(
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import contextvars
 import math
@@ -183,17 +184,14 @@ class MetricsPage:
     def __init__(self, registry: CollectorRegistry, fast: Iterable[Any]) -> None:
         self.registry, self.fast = registry, list(fast)
 
-    def render(self) -> bytes:
-        """The whole exposition, in the text format (version 0.0.4)."""
-        return self.fast_text().encode() + self.rest()
+    async def render(self) -> bytes:
+        """The whole exposition, in the text format (version 0.0.4): the fast collectors' text on
+        the event loop, where they are updated (a consistent page), then the rest of the registry
+        in a worker thread, so a slow collector holds only the scrape, never the proxy."""
+        fast = "".join(collector.text() for collector in self.fast).encode()
+        return fast + await asyncio.to_thread(self._rest)
 
-    def fast_text(self) -> str:
-        """The fast collectors' part: call it where they are updated (the event loop)."""
-        return "".join(collector.text() for collector in self.fast)
-
-    def rest(self) -> bytes:
-        """Everything else in the registry; may run in a worker thread (a slow collector then
-        holds only the scrape)."""
+    def _rest(self) -> bytes:
         token = _RENDERING.set(True)
         try:
             return bytes(generate_latest(self.registry))

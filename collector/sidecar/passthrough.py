@@ -9,19 +9,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from collector.sidecar.faults import FaultLog
-from collector.sidecar.relay import (
+from collector.sidecar.client import (
+    MAX_REQUEST_BODY_BYTES,
     BodyTooLarge,
     ClientChannel,
-    describe_failure,
     read_body,
-    request_headers,
-    response_headers,
     send_error,
-    upstream_target,
     wait_disconnect,
 )
-from collector.sidecar.upstream import BufferedBody, Exchange, H1Pool
+from collector.sidecar.ending import describe_failure
+from collector.sidecar.exchange import BufferedBody, Exchange
+from collector.sidecar.faults import FaultLog
+from collector.sidecar.headers import request_headers, response_headers, upstream_target
+from collector.sidecar.upstream import H1Pool
 
 __all__ = ["PassThrough"]
 
@@ -36,7 +36,7 @@ class PassThrough:
         pool: H1Pool,
         *,
         faults: FaultLog,
-        max_request_body_bytes: int = 64 * 2**20,
+        max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES,
         read_timeout_s: float = 600.0,
     ) -> None:
         self._pool, self._faults = pool, faults

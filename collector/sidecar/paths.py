@@ -2,10 +2,10 @@
 
 Clients and attackers spell a path many ways: `/v1/chat/completions/`, `/v1//chat/completions`,
 `/v1/./chat/completions`. Unnormalised, those passed through to the engine unaccounted, and
-`/v1/../metrics` reached the engine verbatim. `PathNormaliser` rewrites every HTTP request's
-path once, before routing: empty and `.` segments go, a trailing slash goes, and a request with a
-`..` segment (also percent-encoded, also hidden behind an encoded slash) is refused with 400. The
-engine then gets the normalised raw path, percent-encoding inside segments kept (a model id
+`/v1/../metrics` reached the engine verbatim. The sidecar's dispatcher (collector.sidecar.app)
+rewrites every HTTP request's path once, before routing (`normalised_scope`): empty and `.`
+segments go, a trailing slash goes, and a request with a `..` segment (also percent-encoded, also
+hidden behind an encoded slash) is refused with 400. The engine then gets the normalised raw path, percent-encoding inside segments kept (a model id
 `org%2Fname` stays one segment):
 
     /v1//chat/./completions/  ->  /v1/chat/completions
@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote, unquote_to_bytes
 
-from collector.sidecar.relay import send_error
+from collector.sidecar.client import send_error
 
-__all__ = ["normalise_path", "normalised_scope", "refuse_climbing", "PathNormaliser"]
+__all__ = ["normalise_path", "normalised_scope", "refuse_climbing"]
 
 
 def normalise_path(raw_path: bytes) -> bytes | None:
@@ -49,28 +49,9 @@ def _segment_by_segment(raw_path: bytes) -> bytes | None:
     return b"/" + b"/".join(kept)
 
 
-class PathNormaliser:
-    """ASGI middleware: normalise scope['raw_path'] and scope['path'], refuse traversal."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        normal = normalised_scope(scope)
-        if normal is None:
-            await refuse_climbing(send)
-            return
-        await self.app(normal, receive, send)
-
-
 def normalised_scope(scope: dict[str, Any]) -> dict[str, Any] | None:
     """An HTTP scope with its path normalised (the same scope when it already was), or None when
-    the path climbs with `..` (answer with refuse_climbing). What PathNormaliser does, for a
-    caller that dispatches itself (collector.sidecar.app: one coroutine less per request and per
-    upstream read)."""
+    the path climbs with `..` (answer with refuse_climbing)."""
     raw = scope.get("raw_path") or scope["path"].encode("latin-1")
     normal = normalise_path(raw)
     if normal is None:

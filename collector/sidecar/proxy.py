@@ -7,10 +7,10 @@ goes away. `CompletionsProxy.__call__` owns each request from admission to its l
     read the body (bounded) -> admit -> exchange with the upstream, watched for a disconnect
     -> finish (the one call of Tracker.finish) -> send the last byte
 
-The upstream is reached through the accounted routes' own client (collector.sidecar.h1), whose
+The upstream is reached through the sidecar's one client (collector.sidecar.upstream), whose
 connections hand each socket read of a stream to the relay in a callback. The exchange and its
-relays (collector.sidecar.relay) return an `Ending` that says what happened;
-they never finish the request and never send the last byte. The terminal transition is
+relays (collector.sidecar.relay) return an `Ending` (collector.sidecar.ending) that says what
+happened; they never finish the request and never send the last byte. The terminal transition is
 synchronous and idempotent and sits in a `finally`, so it completes even under cancellation (the
 gauge leak peers had, docs/domain.md §9). Once the client has its last byte, the row and the
 counters exist.
@@ -24,27 +24,18 @@ import re
 import time
 from typing import Any
 
+from collector.sidecar.client import MAX_REQUEST_BODY_BYTES, BodyTooLarge, ClientChannel, TaskWatch, read_body
+from collector.sidecar.ending import Ending, describe_failure
+from collector.sidecar.exchange import BufferedBody, Exchange
 from collector.sidecar.faults import FaultLog
-from collector.sidecar.relay import (
-    BodyTooLarge,
-    ClientChannel,
-    CycleWatch,
-    Ending,
-    TaskWatch,
-    describe_failure,
-    media_type,
-    read_body,
-    relay_body,
-    relay_exchange_stream,
-    response_headers,
-    upstream_headers,
-    upstream_target,
-)
+from collector.sidecar.headers import media_type, response_headers, upstream_headers, upstream_target
+from collector.sidecar.relay import relay_body, relay_exchange_stream
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, decode_header_text, resolve_tenant
 from collector.sidecar.tracecontext import Telemetry
 from collector.sidecar.tracker import LiveRequest, Tracker
-from collector.sidecar.upstream import BufferedBody, Exchange, H1Pool
+from collector.sidecar.upstream import H1Pool
+from collector.sidecar.uvicorn_cycle import CycleWatch
 from collector.sources import EngineSource
 
 __all__ = ["CompletionsProxy", "ProxyLimits"]
@@ -62,7 +53,7 @@ class ProxyLimits:
     def __init__(
         self,
         *,
-        max_request_body_bytes: int = 64 * 2**20,
+        max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES,
         max_buffered_response_bytes: int = 16 * 2**20,
         max_sse_event_bytes: int = 2**20,
     ) -> None:

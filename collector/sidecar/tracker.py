@@ -223,16 +223,9 @@ class Tracker:
         request.upstream_retries += 1
         self.retries.labels(reason).inc()
 
-    def generated(self, request: LiveRequest, tokens: int) -> None:
-        """A streamed chunk carried `tokens` (> 0) tokens; the first one stamps TTFT."""
-        if request.first_token_mono is None:
-            request.first_token_mono = time.monotonic()
-        request.generated_tokens += tokens
-        self.load.generated(tokens)
-
     def relayed(self, request: LiveRequest, tokens: int, seconds: float) -> None:
-        """One upstream read was relayed: `generated` (when it carried tokens) and `spent` in
-        one call, the relay's only call into the tracker per read."""
+        """One upstream read was relayed, carrying `tokens` (the first stamps TTFT), in `seconds`
+        of the sidecar's own work: the relay's only call into the tracker per read."""
         if tokens:
             if request.first_token_mono is None:
                 request.first_token_mono = time.monotonic()

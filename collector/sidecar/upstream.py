@@ -4,9 +4,9 @@ Every route that reaches the engine goes through an `H1Pool`: the accounted comp
 pass-through and the readiness check (which keeps a pool of one connection of its own, so a full
 pool never makes /readyz say "not ready"). It is asyncio protocols with httptools' parser rather
 than an HTTP client library because the body is handed over in the socket's own callback, without
-a coroutine resumed per read (BENCHMARKS.md §2, stop 34, has the figures).
+a coroutine resumed per read.
 
-One `Exchange` is one request on one connection of the pool:
+One `Exchange` (collector.sidecar.exchange) is one request on one connection of the pool:
 
     exchange = await pool.send(b"POST", target, headers, body)  # returns once the head arrived
     exchange.status, exchange.headers, exchange.retries
@@ -15,8 +15,8 @@ One `Exchange` is one request on one connection of the pool:
 
 A sink's `body` runs inside the connection's `data_received`: it must not block or await. The
 pieces of one socket read (httptools gives one per HTTP chunk, and engines write a chunk per SSE
-event) are joined and handed over once: relayed piece by piece, the benchmark's load generator
-read 5 chunks a read instead of 8, and the flood rate fell by a tenth.
+event) are joined and handed over once, so the client gets them in one write too, not a write
+per chunk (BENCHMARKS.md §2 has the figures).
 
 A request whose *reused* pooled connection fails before any response byte is sent once more
 on a new connection (llama.cpp closes keep-alive connections
@@ -46,157 +46,25 @@ import base64
 import collections
 import socket
 import ssl
-from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import httptools
 
-__all__ = [
-    "BodySink",
-    "Exchange",
-    "H1Pool",
-    "UpstreamBodyBroken",
-    "UpstreamConnectError",
-    "UpstreamConnectTimeout",
-    "UpstreamDisconnected",
-    "UpstreamError",
-    "UpstreamReadTimeout",
-    "UpstreamUnparsable",
-]
+from collector.sidecar.exchange import (
+    Exchange,
+    UpstreamBodyBroken,
+    UpstreamConnectError,
+    UpstreamConnectTimeout,
+    UpstreamDisconnected,
+    UpstreamError,
+    UpstreamReadTimeout,
+    UpstreamUnparsable,
+)
+
+__all__ = ["H1Pool"]
 
 
 _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})  # they declare a length, even of 0
-
-
-class UpstreamError(Exception):
-    """A failure of the exchange with the upstream; the message is ours, never the peer's bytes."""
-
-
-class UpstreamConnectError(UpstreamError):
-    """No connection could be made."""
-
-
-class UpstreamConnectTimeout(UpstreamError, TimeoutError):
-    """No connection within the connect timeout."""
-
-
-class UpstreamDisconnected(UpstreamError):
-    """The connection closed (or failed) before the response's head arrived."""
-
-
-class UpstreamBodyBroken(UpstreamError):
-    """The connection closed, or the chunked framing broke, inside the response's body."""
-
-
-class UpstreamUnparsable(UpstreamError):
-    """The response's status line or headers are not HTTP."""
-
-
-class UpstreamReadTimeout(UpstreamError, TimeoutError):
-    """Nothing arrived for the read timeout."""
-
-
-class BodySink(Protocol):
-    """Where an exchange's body goes, from the connection's callbacks."""
-
-    def body(self, data: bytes) -> None: ...
-
-    def broken(self, exc: UpstreamError) -> None: ...
-
-
-class Exchange:
-    """One request on one connection: its head, then its body into a sink (see the module doc)."""
-
-    __slots__ = (
-        "status",
-        "headers",
-        "retries",
-        "retry_reason",
-        "head",
-        "ended",
-        "connection",
-        "_sink",
-        "_held",
-        "_failure",
-    )
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.status = 0
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.retries = 0
-        self.retry_reason: str | None = None
-        self.head: asyncio.Future[None] = loop.create_future()
-        self.ended: asyncio.Future[bool] = loop.create_future()
-        self.connection: _Connection | None = None
-        self._sink: BodySink | None = None
-        self._held: list[bytes] | None = []  # body that came before start_body; None after it
-        self._failure: UpstreamError | None = None
-
-    def start_body(self, sink: BodySink) -> None:
-        """Hand the body to `sink` from now on; what arrived with the head goes first."""
-        self._sink = sink
-        held, self._held = self._held, None
-        if held:
-            sink.body(b"".join(held))
-        if self._failure is not None:
-            sink.broken(self._failure)
-
-    def pause(self) -> None:
-        """Stop reading the upstream (the client is slow); `resume` reads on. The read timeout
-        stops meanwhile (nothing is read, so nothing can arrive) and restarts at the resume."""
-        connection = self.connection
-        if connection is not None and not connection.paused:
-            connection.paused = True
-            connection._stop_timer()
-            if connection.transport is not None:
-                connection.transport.pause_reading()
-
-    def resume(self) -> None:
-        connection = self.connection
-        if connection is not None and connection.paused:
-            connection.paused = False
-            if connection.exchange is self:
-                connection._arm(connection.loop.time())
-            if connection.transport is not None and not connection.transport.is_closing():
-                connection.transport.resume_reading()
-
-    def abandon(self) -> None:
-        """Nobody wants the rest (the client left, or the request was cancelled): the connection
-        closes and is never pooled again."""
-        connection, self.connection = self.connection, None
-        if connection is not None:
-            connection.exchange = None
-            connection.close()
-        self._sink = None
-        if not self.head.done():
-            self.head.cancel()
-        if not self.ended.done():
-            self.ended.set_result(False)
-
-    # --- what the connection calls ----------------------------------------------------------
-    def _body(self, data: bytes) -> None:
-        if self._held is not None:
-            self._held.append(data)
-        elif self._sink is not None:
-            self._sink.body(data)
-
-    def _end(self) -> None:
-        self.connection = self._sink = None  # the sink refers back to this: no cycle left to collect
-        if not self.ended.done():
-            self.ended.set_result(True)
-
-    def _fail(self, exc: UpstreamError) -> None:
-        self.connection = None
-        if not self.head.done():
-            self.head.set_exception(exc)
-        if self.ended.done():
-            return
-        if self._held is None and self._sink is not None:
-            self._sink.broken(exc)
-            self._sink = None
-        else:
-            self._failure = exc  # told to the sink when it comes
-        self.ended.set_result(False)
 
 
 class _Connection(asyncio.Protocol):
@@ -233,6 +101,23 @@ class _Connection(asyncio.Protocol):
         self._arm(self.loop.time())
         assert self.transport is not None
         self.transport.write(data)
+
+    def pause(self) -> None:
+        """Stop reading (the exchange's client is slow) and the read timeout with it."""
+        if not self.paused:
+            self.paused = True
+            self._stop_timer()
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def resume(self, exchange: Exchange) -> None:
+        """Read again; the read timeout restarts from now while `exchange` is still carried."""
+        if self.paused:
+            self.paused = False
+            if self.exchange is exchange:
+                self._arm(self.loop.time())
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def unread_bytes(self) -> bool:
         """Whether the kernel holds bytes for this idle connection that the loop has not read:
@@ -552,73 +437,3 @@ class H1Pool:
             if not waiter.done():
                 waiter.set_result(None)
                 return
-
-
-class BufferedBody:
-    """A BodySink read by a task (`readany`: b"" at the end).
-
-    For the answers that are not the hot path (non-streamed ones, errors) and for servers whose
-    transport the relay cannot write to from a callback: the reads wait here until the task takes
-    them, and past `high_water` bytes waiting the upstream is paused until it has.
-    """
-
-    __slots__ = (
-        "status",
-        "content_length",
-        "_exchange",
-        "_pending",
-        "_size",
-        "_wakeup",
-        "_failure",
-        "_high",
-    )
-
-    def __init__(self, exchange: Exchange, high_water: int = 2**20) -> None:
-        self.status = exchange.status
-        self.content_length = _content_length(exchange.headers)
-        self._exchange = exchange
-        self._pending: list[bytes] = []
-        self._size = 0
-        self._wakeup: asyncio.Future[None] | None = None
-        self._failure: UpstreamError | None = None
-        self._high = high_water
-        exchange.ended.add_done_callback(self._wake)
-        exchange.start_body(self)
-
-    def body(self, data: bytes) -> None:
-        self._pending.append(data)
-        self._size += len(data)
-        if self._size > self._high:
-            self._exchange.pause()
-        self._wake()
-
-    def broken(self, exc: UpstreamError) -> None:
-        self._failure = exc
-        self._wake()
-
-    def _wake(self, _: object = None) -> None:
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
-
-    async def readany(self) -> bytes:
-        """What arrived since the last call; b"" once the body ended; raises how it broke."""
-        while not self._pending:
-            if self._failure is not None:
-                raise self._failure
-            if self._exchange.ended.done():
-                return b""
-            self._wakeup = asyncio.get_running_loop().create_future()
-            await self._wakeup
-        data = b"".join(self._pending)
-        self._pending.clear()
-        if self._size > self._high:
-            self._exchange.resume()
-        self._size = 0
-        return data
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for name, value in headers:
-        if name.lower() == b"content-length" and value.strip().isdigit():
-            return int(value)
-    return None
