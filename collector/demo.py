@@ -259,14 +259,14 @@ def demo(
 ) -> None:
     """Simulator + sidecar + a load that crosses the knee + a capacity summary; ends by itself.
 
-    No arguments needed. Everything runs in this process on free loopback ports; the request log
-    is a DuckDB file you can query afterwards.
-
     \b
     Examples:
       headroom demo
       headroom demo --speed 8 --levels 1,4,16,32 --level-seconds 1.5 --json demo.json
       headroom demo --db ./headroom-demo/headroom.duckdb --keep-serving
+
+    No arguments needed. Everything runs in this process on free loopback ports; the request log
+    is a DuckDB file you can query afterwards.
     """
     levels = _levels(levels_text)
     level_s = duration / len(levels) if duration else level_seconds

@@ -19,9 +19,11 @@ the command's result as JSON, `-` to stdout (the text for people then goes to st
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
 import click
 import orjson
@@ -31,6 +33,7 @@ from rich.table import Table
 
 __all__ = ["output_console", "compact_table", "PIPE_WIDTH", "json_output", "write_json", "JSON_HELP"]
 
+_JSON_STDOUT: contextvars.ContextVar[TextIO | None] = contextvars.ContextVar("json_stdout", default=None)
 JSON_HELP = "Write the result as JSON to PATH ('-': stdout, and the text goes to stderr)."
 
 PIPE_WIDTH = 200
@@ -70,24 +73,33 @@ def json_output(json_path: str | None) -> Iterator[None]:
     if json_path != "-":
         yield
         return
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
+    token = _JSON_STDOUT.set(sys.stdout)  # write_json inside the block still reaches stdout
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _JSON_STDOUT.reset(token)
 
 
-def write_json(json_path: str, data: object, *, option: str = "--json") -> None:
-    """`data` as indented, key-sorted JSON to the file json_path (its directory created), or stdout for '-'."""
+def write_json(json_path: str, data: object, *, option: str = "--json", printed: str = "") -> None:
+    """`data` as indented, key-sorted JSON to the file json_path (its directory created), or stdout for '-'.
+
+    A path that cannot be written is one ClickException; `printed` ("the estimate is printed above, ")
+    tells what was not lost."""
     text = (
         orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
         + b"\n"
     )
     if json_path == "-":
-        sys.stdout.write(text.decode())
-        sys.stdout.flush()
+        stdout = _JSON_STDOUT.get() or sys.stdout
+        stdout.write(text.decode())
+        stdout.flush()
         return
     try:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_bytes(text)
     except OSError as exc:
         raise click.ClickException(
-            f"cannot write {option} {json_path} ({exc.strerror}); pass a path in a writable directory, or - for stdout"
+            f"cannot write {option} {json_path} ({exc.strerror}); {printed}pass a path in a writable "
+            "directory, or - for stdout"
         ) from None

@@ -109,5 +109,10 @@ def test_png_has_the_requested_size_and_html_embeds_it(tmp_path):
     page = render_html(estimate, png)
     assert base64.b64encode(png).decode() in page
     assert "src='http" not in page and "<script" not in page  # self-contained
+    header = page[page.index("<table>") : page.index("</tr>", page.index("<table>"))]
+    assert "<th>requests in flight</th>" in header and "<th>active tokens (mean at admission)</th>" in header
+    assert "_s<" not in header and "total_tokens" not in header  # names for people, not field names
+    first_row = page[page.index("</tr>", page.index("<table>")) :].split("</tr>")[1]
+    assert "<td>150</td>" in first_row  # level 1's mean active tokens
     png_path, html_path = write_plot(estimate, tmp_path / "out" / "cap.html")
     assert png_path.suffix == ".png" and html_path.exists() and png_path.stat().st_size > 10_000

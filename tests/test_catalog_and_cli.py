@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -84,21 +85,51 @@ def test_per_request_labels_are_as_designed():
     assert BY_NAME["headroom_capacity_knee"].labels == ("model", "caliber")
 
 
-def _leaves(name: str):
-    command = main.get_command(None, name)
-    subcommands = getattr(command, "commands", None)
-    if not subcommands:
-        return [[name]]
-    return [[name, sub] for sub in sorted(subcommands)]
+def _commands(command: click.Command, path: list[str]) -> list[tuple[list[str], click.Command]]:
+    """Every command under `command`, groups included, with the path that names it."""
+    found = [(path, command)]
+    if isinstance(command, click.Group):
+        context = click.Context(command, info_name=path[-1] if path else "headroom")
+        for name in command.list_commands(context):
+            sub = command.get_command(context, name)
+            assert sub is not None, name
+            found += _commands(sub, [*path, name])
+    return found
 
 
-@pytest.mark.parametrize("path", [p for name in COMMANDS for p in _leaves(name)], ids=" ".join)
-def test_every_command_has_help_with_an_example(path):
-    result = CliRunner().invoke(main, [*path, "--help"])
+_ALL_COMMANDS = _commands(main, [])
+
+
+def test_the_help_walk_covers_every_command():
+    assert {path[0] for path, _ in _ALL_COMMANDS if path} == set(COMMANDS)
+
+
+@pytest.mark.parametrize(
+    "path, command", _ALL_COMMANDS, ids=[" ".join(p) or "headroom" for p, _ in _ALL_COMMANDS]
+)
+def test_every_help_starts_with_examples_and_explains_every_option(path, command):
+    """The one --help layout: the summary, then Examples (real command lines), then the rest,
+    then the options, each with its help; no \\b block other than the examples (a hand-wrapped
+    paragraph in one prints broken mid-sentence)."""
+    result = CliRunner().invoke(main, [*path, "--help"], terminal_width=100)
     assert result.exit_code == 0, result.output
-    assert "not built yet" not in result.output
-    assert re.search(r"example", result.output, re.IGNORECASE), result.output
-    assert "headroom " + path[0] in result.output  # the examples are real command lines
+    body = result.output.split("\n\n", 1)[1].split("\nOptions:")[0]
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", body) if p.strip()]
+    assert len(paragraphs) >= 2 and paragraphs[1].startswith("Examples:"), (
+        f"headroom {' '.join(path)} --help: the examples must follow the summary line:\n{result.output}"
+    )
+    examples = paragraphs[1].splitlines()[1:]
+    assert any(line.strip().startswith(" ".join(["headroom", *path])) for line in examples), paragraphs[1]
+    assert result.output.index("Examples:") < result.output.index("Options:")
+    assert result.output.count("Examples:") == 1
+    blocks = re.findall(r"\\b\n\s*(\S[^\n]*)", command.help or "")
+    assert all(first.startswith("Examples:") for first in blocks), blocks
+    unexplained = [
+        param.opts[-1]
+        for param in command.params
+        if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
+    ]
+    assert not unexplained, f"headroom {' '.join(path)}: options without help: {unexplained}"
 
 
 def test_unknown_command_fails_with_usage():

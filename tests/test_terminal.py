@@ -12,14 +12,19 @@ import pytest
 from rich.console import Console
 from test_analysis_estimate import _estimate
 
-from collector.analysis.render import levels_table
+from collector.analysis.render import LEVEL_HEADERS, levels_table
 
-HEADERS = ("conc", "n", "req/s", "tok/s", "ttft50", "ttft95", "tpot95", "e2e95", "429", "err", "L/λW", "mark")
 TESTS = Path(__file__).resolve().parent
+# the headers for people, as printed: the second line of each (or its only one), then the first lines
+BOTTOM = [header.split("\n")[-1] for header in LEVEL_HEADERS]
+TOP = [header.split("\n")[0] for header in LEVEL_HEADERS if "\n" in header]
 
 
 def _header_line(text: str) -> str:
-    return next(line for line in text.splitlines() if line.split()[:2] == ["conc", "n"])
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == BOTTOM[:2])
+    assert lines[at - 1].split() == TOP, lines[at - 1]  # the first lines of the two-line headers, whole
+    return lines[at]
 
 
 @pytest.mark.subprocess
@@ -33,9 +38,10 @@ def test_piped_probe_output_keeps_every_header_whole():
         [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, cwd=TESTS
     ).stdout
     line = _header_line(piped)
-    assert line.split() == list(HEADERS), line
+    assert line.split() == BOTTOM, line
     assert "…" not in piped
-    assert "Kneedle: tokens/s bends at" in piped and "None" not in piped
+    assert "Kneedle: tokens/s bends at concurrency" in piped and "None" not in piped
+    assert "bends at no bend" not in piped
 
 
 def test_an_80_column_terminal_shows_every_header_and_marks_the_knee():
@@ -44,8 +50,25 @@ def test_an_80_column_terminal_shows_every_header_and_marks_the_knee():
         console = Console(file=buffer, width=width, force_terminal=True, color_system=None)
         console.print(levels_table(_estimate()))
         text = buffer.getvalue()
-        assert _header_line(text).split() == list(HEADERS), (width, text)
+        assert _header_line(text).split() == BOTTOM, (width, text)
         assert "knee" in text and max(len(line) for line in text.splitlines()) <= width
+
+
+def test_kneedle_without_a_bend_reads_as_a_sentence_and_the_rule_is_never_broken_mid_line():
+    from dataclasses import replace
+
+    from collector.analysis.render import print_estimate
+
+    estimate = _estimate(slo_ttft=0.5)
+    estimate = replace(
+        estimate,
+        knee=replace(estimate.knee, kneedle_throughput=None, kneedle_latency=None, rule_reason="word " * 40),
+    )
+    buffer = io.StringIO()
+    print_estimate(estimate, Console(file=buffer, width=60, color_system=None))
+    text = buffer.getvalue()
+    assert "Kneedle: tokens/s shows no bend, p95 TTFT shows no bend;" in text
+    assert "  rule: " + "word " * 39 + "word" in text  # one line, however narrow the console
 
 
 def test_demo_table_fits_120_columns_with_whole_headers():

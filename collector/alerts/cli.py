@@ -143,9 +143,6 @@ def generate_alerts(
 ) -> None:
     """Write *.rules.yaml, the promtool test file and alertmanager.yml (deterministic YAML).
 
-    The committed alerts/ are the defaults; a --config file (or the flags) renders your own,
-    with promtool tests that follow your durations and SLOs.
-
     \b
     Examples:
       headroom alerts generate && promtool check rules alerts/*.rules.yaml
@@ -153,6 +150,9 @@ def generate_alerts(
       headroom alerts generate --sidecar-job llm-sidecar --label cluster=prod-eu --out out/
       headroom alerts generate --ruler vmalert --out /etc/vmalert/rules   # VictoriaMetrics
       headroom alerts generate --cluster-label '' --out out/   # one cluster, no cluster label
+
+    The committed alerts/ are the defaults; a --config file (or the flags) renders your own,
+    with promtool tests that follow your durations and SLOs.
     """
     config = rules_config(config_path, sidecar_job, runbook_base_url, labels, cluster_label, ruler)
     write_or_check(alert_files(config), out, check, "alerts generate")

@@ -30,6 +30,7 @@ from collector.lake.source import MISSING_LAKE_EXTRA, open_log
 from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, check_replica_class
 from collector.store.db import RequestStore
 from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log, send_rows
+from collector.terminal import JSON_HELP, json_output, write_json
 
 __all__ = ["probe", "capacity"]
 
@@ -151,28 +152,7 @@ def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri
         raise click.ClickException(str(exc)) from None
 
 
-def _write_json(path: str, data: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
-
-
-@click.command(
-    "probe",
-    epilog="""\b
-Examples:
-  headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16,32
-  headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16 --rates auto --slo-ttft-p95 2
-  headroom probe --url http://127.0.0.1:9100 --rates 2,4,6,8 --rate-seconds 60 --db headroom.duckdb
-  headroom probe --url http://127.0.0.1:8000 --model llama-3-8b --max-tokens 256 \\
-      --slo-ttft-p95 2.0 --profile interactive --json cap.json --plot cap.png --db headroom.duckdb
-  headroom probe --url http://gpu-1:8000 --prompts mixed --profile batch
-  headroom probe --url http://127.0.0.1:9100 --workload classes --levels 1,2,4,8,16
-  headroom probe --url http://127.0.0.1:9100 --workload my-workload.yaml --json knees.json
-  headroom probe --url http://127.0.0.1:9100 --workload from-log --db headroom.duckdb
-  headroom probe --url http://gpu-1:8000 --workload from-log --traffic-db headroom.duckdb \\
-      --db probes.duckdb
-""",
-)
+@click.command("probe")
 @click.option("--url", required=True, help="Base URL of the sidecar or the engine (OpenAI API).")
 @click.option("--model", default=None, help="Model name to send; default: the first of /v1/models.")
 @click.option("--levels", default="1,2,4,8,16,32,64", show_default=True, help="Concurrency ladder.")
@@ -200,7 +180,7 @@ Examples:
     show_default=True,
     help="Pool recommendation profile.",
 )
-@click.option("--json", "json_path", default=None, help="Write the estimate as JSON here.")
+@click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
 @click.option("--plot", "plot_path", default=None, help="Write a PNG here (and an .html beside it).")
 @click.option(
     "--db",
@@ -238,6 +218,7 @@ Examples:
     type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
     default="/v1/chat/completions",
     show_default=True,
+    help="The OpenAI route the load goes to (chat, or plain completions for a base model).",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the prompt order.")
 @click.option(
@@ -336,6 +317,20 @@ def probe(
 ) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
+    \b
+    Examples:
+      headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16,32
+      headroom probe --url http://127.0.0.1:9100 --levels 1,2,4,8,16 --rates auto --slo-ttft-p95 2
+      headroom probe --url http://127.0.0.1:9100 --rates 2,4,6,8 --rate-seconds 60 --db headroom.duckdb
+      headroom probe --url http://127.0.0.1:8000 --model llama-3-8b --max-tokens 256 \\
+          --slo-ttft-p95 2.0 --profile interactive --json cap.json --plot cap.png --db headroom.duckdb
+      headroom probe --url http://gpu-1:8000 --prompts mixed --profile batch
+      headroom probe --url http://127.0.0.1:9100 --workload classes --levels 1,2,4,8,16
+      headroom probe --url http://127.0.0.1:9100 --workload my-workload.yaml --json knees.json
+      headroom probe --url http://127.0.0.1:9100 --workload from-log --db headroom.duckdb
+      headroom probe --url http://gpu-1:8000 --workload from-log --traffic-db headroom.duckdb \\
+          --db probes.duckdb
+
     Each level warms up, then measures until p95 TTFT moves less than 5 % between windows (or a
     cap). The knee is where the engine starts queueing (its own waiting count, read from
     --engine-metrics) with throughput on its plateau (docs/capacity.md). 429s and 503s count as
@@ -349,6 +344,8 @@ def probe(
     request are within 2x of the traffic's (--traffic-db), the passive token curve agrees, and
     never above the engine's KV capacity; otherwise it is withheld and the reason printed.
     """
+    # `--json -`: the JSON alone on stdout, what the probe prints for people on stderr
+    click.get_current_context().with_resource(json_output(json_path))
     engine_url = None if engine_metrics in ("auto", "none") else engine_metrics
     for name, value, example in (
         ("--url", url, "http://127.0.0.1:9100"),
@@ -541,8 +538,9 @@ def _write_outputs(estimates: list, json_path: str | None, plot_path: str | None
                 if len(estimates) == 1
                 else {"classes": {e.task_class: e.to_dict() for e in estimates}}
             )
-            _write_json(json_path, data)
-            click.echo(f"wrote {json_path}")
+            write_json(json_path, data, printed="the estimate is printed above, ")
+            if json_path != "-":
+                click.echo(f"wrote {json_path}")
         for estimate in estimates if plot_path is not None else ():
             path = Path(str(plot_path))
             if len(estimates) > 1:
@@ -580,19 +578,18 @@ def _run_with_progress(settings, write):
         return asyncio.run(run_probe(settings, write_rows=write, progress=progress))
 
 
-@click.group(
-    "capacity",
-    epilog="""\b
-Examples:
-  headroom capacity kv --gpu-memory-gb 96 --weights-gb 20 \\
-      --layers 80 --kv-heads 8 --head-dim 128 --max-context 8192
-  headroom capacity kv --usable-gb 57 --kv-per-request-gb 3
-  headroom capacity quota --rpm 600 --tpm 1000000 --mean-e2e-s 10 --mean-tokens-per-request 4000
-  headroom capacity curve --db headroom.duckdb --since 2026-11-30T00:00:00+00:00 --caliber requests
-""",
-)
+@click.group("capacity")
 def capacity() -> None:
-    """Capacity formulas (KV-cache and quota ceilings) and passive curves from the request log."""
+    """Capacity formulas (KV-cache and quota ceilings) and passive curves from the request log.
+
+    \b
+    Examples:
+      headroom capacity kv --gpu-memory-gb 96 --weights-gb 20 \\
+          --layers 80 --kv-heads 8 --head-dim 128 --max-context 8192
+      headroom capacity kv --usable-gb 57 --kv-per-request-gb 3
+      headroom capacity quota --rpm 600 --tpm 1000000 --mean-e2e-s 10 --mean-tokens-per-request 4000
+      headroom capacity curve --db headroom.duckdb --since 24h --caliber requests --json -
+    """
 
 
 register(capacity)

@@ -104,22 +104,26 @@ def _cell(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
+# the page's levels table: (LevelStats field, the column's name for people)
+HTML_COLUMNS = (
+    ("concurrency", "requests in flight"),
+    ("samples", "requests measured"),
+    ("total_tokens_per_s", "tokens/s"),
+    ("mean_active_tokens", "active tokens (mean at admission)"),
+    ("ttft_p50_s", "TTFT p50 (s)"),
+    ("ttft_p95_s", "TTFT p95 (s)"),
+    ("tpot_p95_s", "TPOT p95 (s)"),
+    ("e2e_p95_s", "end-to-end p95 (s)"),
+    ("error_ratio", "errors (share)"),
+    ("outcomes", "outcomes"),
+    ("first_error", "first error"),
+)
+
+
 def render_html(estimate: Any, png: bytes) -> str:
     """A self-contained HTML page: summary, the plot inlined as base64, and the levels table."""
-    columns = (
-        "concurrency",
-        "samples",
-        "total_tokens_per_s",
-        "ttft_p50_s",
-        "ttft_p95_s",
-        "tpot_p95_s",
-        "e2e_p95_s",
-        "error_ratio",
-        "outcomes",
-        "first_error",
-    )
     rows = "".join(
-        "<tr>" + "".join(f"<td>{_cell(level.to_dict().get(c))}</td>" for c in columns) + "</tr>"
+        "<tr>" + "".join(f"<td>{_cell(level.to_dict().get(key))}</td>" for key, _ in HTML_COLUMNS) + "</tr>"
         for level in estimate.levels
     )
     knee = estimate.knee
@@ -147,7 +151,9 @@ def render_html(estimate: Any, png: bytes) -> str:
         f"<h1>Capacity: {_cell(estimate.model)}</h1>\n<p>{summary}</p>\n"
         f"<p>Knee rule: {_cell(knee.rule_reason)}. Kneedle: {_cell(knee.note)}</p>\n"
         f"<img alt='capacity plot' src='data:image/png;base64,{encoded}'>\n"
-        "<table><tr>" + "".join(f"<th>{c}</th>" for c in columns) + f"</tr>{rows}</table>\n"
+        "<table><tr>"
+        + "".join(f"<th>{html.escape(header)}</th>" for _, header in HTML_COLUMNS)
+        + f"</tr>{rows}</table>\n"
         "</body></html>\n"
     )
 

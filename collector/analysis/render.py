@@ -10,24 +10,43 @@ from rich.table import Table
 
 from collector.terminal import compact_table, output_console
 
-__all__ = ["levels_table", "print_estimate", "print_rates", "failure_lines", "token_lines"]
+__all__ = ["LEVEL_HEADERS", "levels_table", "print_estimate", "print_rates", "failure_lines", "token_lines"]
 
 
 def _num(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _level(value: int | None) -> str:
-    """A Kneedle answer for people: 8 -> 'concurrency 8', None -> 'no bend found'."""
-    return "no bend found" if value is None else f"concurrency {value}"
+def _bend(curve: str, value: int | None) -> str:
+    """A Kneedle answer as a phrase: ('tokens/s', 8) -> 'tokens/s bends at concurrency 8',
+    ('p95 TTFT', None) -> 'p95 TTFT shows no bend'."""
+    return f"{curve} shows no bend" if value is None else f"{curve} bends at concurrency {value}"
+
+
+# the levels table's columns, for people (two-line headers keep an 80-column terminal whole)
+# (the 429s are among the errors and in the outcome lines below the table; p50 TTFT in --json)
+LEVEL_HEADERS = (
+    "in\nflight",
+    "samples",
+    "req/s",
+    "tok/s",
+    "TTFT\np95",
+    "TPOT\np95",
+    "e2e\np95",
+    "active\ntokens",
+    "errors",
+    "L/λW",
+    "mark",
+)
 
 
 def levels_table(estimate: Any, title: str = "concurrency gradient") -> Table:
-    """One row per level: rates, p50/p95 TTFT, p95 TPOT/e2e, errors, Little's-law ratio."""
+    """One row per level: rates, p95 TTFT/TPOT/e2e, mean active tokens, errors, Little's-law ratio."""
     table = compact_table(
         title,
-        ("conc", "n", "req/s", "tok/s", "ttft50", "ttft95", "tpot95", "e2e95", "429", "err", "L/λW", "mark"),
-        caption="latencies in seconds; L/λW = Little's-law ratio",
+        LEVEL_HEADERS,
+        caption="in flight: concurrent requests; latencies in seconds; active tokens: mean at admission; "
+        "L/λW: Little's-law ratio; errors include 429s",
         wrap=("mark",),
     )
     knee, pool = estimate.knee.requests, estimate.recommended_pool
@@ -39,11 +58,10 @@ def levels_table(estimate: Any, title: str = "concurrency gradient") -> Table:
             str(s.samples),
             _num(s.requests_per_s, 1),
             _num(s.total_tokens_per_s, 0),
-            _num(s.ttft_p50_s),
             _num(s.ttft_p95_s),
             _num(s.tpot_p95_s),
             _num(s.e2e_p95_s),
-            f"{s.rate_limited_ratio:.0%}",
+            _num(s.mean_active_tokens, 0),
             f"{s.error_ratio:.0%}",
             _num(little, 2),
             marks,
@@ -63,10 +81,13 @@ def print_estimate(estimate: Any, console: Console | None = None) -> None:
     elif knee.reached and estimate.knee_tokens != knee.tokens:
         tokens = f"{estimate.knee_tokens} tokens (measured {knee.tokens}, capped at the KV capacity)"
     console.print(f"knee: {knee.requests} requests, {tokens}{reached}")
-    console.print(f"  rule: {knee.rule_reason}")
+    # soft_wrap: the terminal wraps these sentences, never a line break in the middle of one
+    console.print(f"  rule: {knee.rule_reason}", soft_wrap=True, markup=False)
     console.print(
-        f"  Kneedle: tokens/s bends at {_level(knee.kneedle_throughput)}, p95 TTFT at "
-        f"{_level(knee.kneedle_latency)}; {knee.note}"
+        f"  Kneedle: {_bend('tokens/s', knee.kneedle_throughput)}, "
+        f"{_bend('p95 TTFT', knee.kneedle_latency)}; {knee.note}",
+        soft_wrap=True,
+        markup=False,
     )
     for line in token_lines(estimate):
         console.print(line, markup=False)

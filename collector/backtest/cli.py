@@ -227,11 +227,6 @@ def backtest(
 ) -> None:
     """Replay scenarios or your request log through the generated rules on a real Prometheus.
 
-    Prints, per scenario, when each alert went pending, fired and resolved, the first SLO breach
-    the rows show, the lead time of the first warning and page, and every alert outside a real
-    problem (FALSE). Needs prometheus and promtool (make tools). Exits 1 when a scenario misses
-    one of its expectations.
-
     \b
     Examples:
       headroom alerts backtest --list
@@ -240,6 +235,11 @@ def backtest(
       headroom alerts backtest steady --config alerts.yaml
       headroom alerts backtest --db headroom.duckdb --since 2026-11-24T09:00 --until 2026-11-24T12:00
       headroom alerts backtest --catalog "$HEADROOM_CATALOG" --lake s3://llm-logs/headroom --since 24h --model llama-70b
+
+    Prints, per scenario, when each alert went pending, fired and resolved, the first SLO breach
+    the rows show, the lead time of the first warning and page, and every alert outside a real
+    problem (FALSE). Needs prometheus and promtool (make tools). Exits 1 when a scenario misses
+    one of its expectations.
     """
     # lazy: the simulator, Prometheus' client and the rules load only when a backtest runs (`--help` stays fast)
     from collector.backtest.prometheus import PrometheusError

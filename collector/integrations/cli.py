@@ -144,15 +144,29 @@ def _render(kind: str, estimate: dict[str, Any], **options: Any) -> dict[str, An
 @integrations.command("keda")
 @_source_options
 @click.option("--deployment", required=True, help="The Deployment KEDA scales (the inference pods).")
-@click.option("--namespace", default="default", show_default=True)
+@click.option(
+    "--namespace", default="default", show_default=True, help="Namespace of the inference Deployment."
+)
 @click.option(
     "--prometheus-url",
     default="http://prometheus-operated.monitoring.svc:9090",
     show_default=True,
     help="Where KEDA's Prometheus scaler queries.",
 )
-@click.option("--min-replicas", default=1, show_default=True, type=click.IntRange(0))
-@click.option("--max-replicas", default=10, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--min-replicas",
+    default=1,
+    show_default=True,
+    type=click.IntRange(0),
+    help="KEDA's minReplicaCount (0 lets it scale the model to zero).",
+)
+@click.option(
+    "--max-replicas",
+    default=10,
+    show_default=True,
+    type=click.IntRange(1),
+    help="KEDA's maxReplicaCount: the ceiling the capacity alerts tell on-call to check first.",
+)
 @click.option(
     "--cluster",
     default=None,

@@ -99,15 +99,15 @@ def commit(
 ) -> None:
     """Register the files the sidecars staged in the Iceberg table (creating it on first use).
 
-    Idempotent: a file is added once, however often this runs, and two committers at once are
-    safe (the catalog lets one commit win; the other reloads and retries).
-
     \b
     Examples:
       headroom lake commit --catalog sqlite:///lake/catalog.db --lake /data/lake
       headroom lake commit --catalog postgresql://headroom@db/iceberg --lake s3://logs/headroom --every 30
       headroom lake commit --catalog https://polaris:8181/api/catalog --catalog-property warehouse=logs \\
         --catalog-property credential=ID:SECRET --lake s3://logs/headroom
+
+    Idempotent: a file is added once, however often this runs, and two committers at once are
+    safe (the catalog lets one commit win; the other reloads and retries).
     """
     from collector.lake.table import commit_staged
 
@@ -177,13 +177,13 @@ def maintain_command(
 ) -> None:
     """Compact sealed days, expire old snapshots, drop days past retention, delete unreferenced files.
 
-    Each sealed day becomes one file sorted by model and admission time, each request_id once.
-    Safe while `lake commit` runs: a day that gained files meanwhile is read again.
-
     \b
     Examples:
       headroom lake maintain --catalog sqlite:///lake/catalog.db --lake /data/lake
       headroom lake maintain --catalog postgresql://headroom@db/iceberg --lake s3://logs/headroom --retention-days 400
+
+    Each sealed day becomes one file sorted by model and admission time, each request_id once.
+    Safe while `lake commit` runs: a day that gained files meanwhile is read again.
     """
     from collector.lake.table import maintain
 
@@ -222,12 +222,12 @@ def import_command(
 ) -> None:
     """Add a one-box DuckDB request log's sealed days (before today, UTC) to the fleet's table.
 
-    Importing the same file again adds nothing; days sealed since are added. Works while the
-    sidecar owning the file runs (through its snapshot, as `headroom report --db` reads).
-
     \b
     Examples:
       headroom lake import --catalog sqlite:///lake/catalog.db --lake /data/lake --db headroom.duckdb
+
+    Importing the same file again adds nothing; days sealed since are added. Works while the
+    sidecar owning the file runs (through its snapshot, as `headroom report --db` reads).
     """
     import os
 

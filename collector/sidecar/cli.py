@@ -301,7 +301,11 @@ __all__ = ["run"]
     help="LoRA adapters one engine batch holds (vLLM --max-loras, SGLang --max-loras-per-batch).",
 )
 @click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="The sidecar's log threshold (uvicorn's access log stays off).",
 )
 def run(
     upstream,

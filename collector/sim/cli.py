@@ -125,10 +125,6 @@ def sim(
 ) -> None:
     """Built-in continuous-batching engine simulator with an OpenAI-compatible API.
 
-    Serves /v1/chat/completions, /v1/completions, /v1/models, the engine's /metrics in the
-    chosen flavor's names, /slots (llama.cpp style) and /sim/state (ground truth as JSON).
-    The step-time model and the knee it predicts are in docs/simulator.md.
-
     \b
     Examples:
       headroom sim                                        # vLLM-style on 127.0.0.1:8000
@@ -137,6 +133,10 @@ def sim(
       headroom sim --cost-profile cpu --max-num-seqs 4    # compute-bound, like llama.cpp on a CPU
       headroom sim --lora-adapters a,b,c,d,e,f,g,h --max-loras 4   # 8 adapters over 4 slots
       curl -N localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}],"stream":true}'
+
+    Serves /v1/chat/completions, /v1/completions, /v1/models, the engine's /metrics in the
+    chosen flavor's names, /slots (llama.cpp style) and /sim/state (ground truth as JSON).
+    The step-time model and the knee it predicts are in docs/simulator.md.
     """
     # lazy: `headroom sim --help` must not load uvicorn and the simulator's FastAPI app
     import uvicorn
