@@ -1,4 +1,5 @@
-"""The capacity denominator is true in a real Prometheus (#33's acceptance, on the simulator).
+"""The capacity denominator is true in a real Prometheus (#33's acceptance), on the simulator and
+on a real llama.cpp llama-server (4 slots, 4,096 KV tokens: 1,024 per slot).
 
 The single-box flow with the probe where docs/operations.md says to run it in production (straight
 at a replica that serves no clients; here the simulator itself): the serving sidecar imports the
@@ -15,10 +16,12 @@ half load.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,6 +40,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420
 
 HEADROOM = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "headroom"
 MODEL = "headroom-sim"
+# engine -> (probe levels, the knee, its KV cache in tokens)
+ENGINES = {"sim": ("1,2,4,8,16", 8, 8192), "llama.cpp": ("1,2,4,8", 4, 4096)}
 CAPACITY_ALERTS = (
     "HeadroomConcurrencyNearKnee|HeadroomConcurrencyRising|HeadroomCapacityForecast|"
     "HeadroomNearCapacityLimit|HeadroomTokenCaliberDivergence|HeadroomFleetHeadroomLow|"
@@ -49,7 +54,7 @@ def _payload(worker: int, index: int) -> dict:
     """Ordinary client traffic: one request in ten carries a ~600-token prompt, 80 % stream."""
     content = LONG_PROMPT if (worker * 7 + index) % 10 == 0 else f"Say hello to user {worker}."
     return {
-        "model": MODEL,
+        "model": MODEL,  # the simulator serves this name; llama-server serves any
         "max_tokens": 24,
         "stream": (worker + index) % 5 != 0,
         "messages": [{"role": "user", "content": content}],
@@ -63,74 +68,96 @@ def _load(url: str, concurrency: int, seconds: float) -> list[int]:
     return [r.status for r in level.results]
 
 
-@pytest.fixture
-def stack(tmp_path):
-    """The simulator, two sidecars importing the probe's file, a Prometheus with the rules."""
+@contextlib.contextmanager
+def _engine(name: str) -> Iterator[tuple[str, str]]:
+    """(its URL, the engine flavour the sidecars read) of the simulator or a real llama-server."""
+    from collector.serving import serve_in_thread
+    from collector.sim.app import create_sim_app
+    from collector.sim.config import SimConfig
+
+    if name == "llama.cpp":
+        from support.real_engine import llama_server
+
+        with llama_server(4) as url:
+            yield url, "llamacpp"
+        return
+    sim = serve_in_thread(
+        create_sim_app(
+            SimConfig(model=MODEL, max_num_seqs=8, speed=4.0, stream_interval=4, kv_cache_tokens=8192)
+        )
+    )
+    try:
+        yield sim.url, "vllm"
+    finally:
+        sim.stop()
+
+
+@pytest.fixture(
+    params=["sim", pytest.param("llama.cpp", marks=[pytest.mark.real_engine, pytest.mark.timeout(900)])]
+)
+def stack(request, tmp_path):
+    """An engine, two sidecars importing the probe's file, a Prometheus with the rules."""
     prometheus_bin = require_tool("prometheus")
     from collector.serving import serve_in_thread
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import build_sidecar
-    from collector.sim.app import create_sim_app
-    from collector.sim.config import SimConfig
 
     handles, processes = [], []
-    try:
-        sim = serve_in_thread(
-            create_sim_app(
-                SimConfig(model=MODEL, max_num_seqs=8, speed=4.0, stream_interval=4, kv_cache_tokens=8192)
+    with _engine(request.param) as (url, flavour):
+        try:
+            sidecars = {}
+            for name in ("serving", "overloaded"):  # two replicas of one class, each with its own log
+                port = free_port()
+                config = SidecarConfig(
+                    upstream=url,
+                    listen_port=port,
+                    db_path=str(tmp_path / f"{name}.duckdb"),
+                    instance=name,
+                    engine=flavour,
+                    engine_metrics_url=f"{url}/metrics",
+                    engine_poll_interval_s=0.5,
+                    probe_dbs=(str(tmp_path / "probe.duckdb"),),
+                )
+                sidecars[name] = serve_in_thread(
+                    build_sidecar(config), port=port, timeout_graceful_shutdown=2
+                )
+                handles.append(sidecars[name])
+            fast = dataclasses.replace(DEFAULT, for_durations={name: "3s" for name in DEFAULT.for_durations})
+            write_files(rule_files(fast), tmp_path / "alerts")
+            prom_port = free_port()
+            targets = [f"127.0.0.1:{handle.port}" for handle in sidecars.values()]
+            prom_config = prometheus_config(
+                targets[0], f"127.0.0.1:{prom_port}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
             )
-        )
-        handles.append(sim)
-        sidecars = {}
-        for name in ("serving", "overloaded"):  # two replicas of one class, each with its own log
-            port = free_port()
-            config = SidecarConfig(
-                upstream=sim.url,
-                listen_port=port,
-                db_path=str(tmp_path / f"{name}.duckdb"),
-                instance=name,
-                engine="vllm",
-                engine_metrics_url=f"{sim.url}/metrics",
-                engine_poll_interval_s=0.5,
-                probe_dbs=(str(tmp_path / "probe.duckdb"),),
+            (job,) = [j for j in prom_config["scrape_configs"] if j["job_name"] == DEFAULT.sidecar_job]
+            job["static_configs"] = [{"targets": targets}]
+            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
+            processes.append(
+                _start(
+                    [
+                        prometheus_bin,
+                        f"--config.file={tmp_path / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                        f"--web.listen-address=127.0.0.1:{prom_port}",
+                    ],
+                    f"http://127.0.0.1:{prom_port}/-/ready",
+                    tmp_path / "prometheus.log",
+                )
             )
-            sidecars[name] = serve_in_thread(build_sidecar(config), port=port, timeout_graceful_shutdown=2)
-            handles.append(sidecars[name])
-        fast = dataclasses.replace(DEFAULT, for_durations={name: "3s" for name in DEFAULT.for_durations})
-        write_files(rule_files(fast), tmp_path / "alerts")
-        prom_port = free_port()
-        targets = [f"127.0.0.1:{handle.port}" for handle in sidecars.values()]
-        prom_config = prometheus_config(
-            targets[0], f"127.0.0.1:{prom_port}", f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        )
-        (job,) = [j for j in prom_config["scrape_configs"] if j["job_name"] == DEFAULT.sidecar_job]
-        job["static_configs"] = [{"targets": targets}]
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
-        processes.append(
-            _start(
-                [
-                    prometheus_bin,
-                    f"--config.file={tmp_path / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                ],
-                f"http://127.0.0.1:{prom_port}/-/ready",
-                tmp_path / "prometheus.log",
-            )
-        )
-        yield {
-            "sim": sim.url,
-            "serving": sidecars["serving"].url,
-            "overloaded": sidecars["overloaded"].url,
-            "overloaded_target": f"127.0.0.1:{sidecars['overloaded'].port}",  # Prometheus's instance
-            "prometheus": f"http://127.0.0.1:{prom_port}",
-            "tmp": tmp_path,
-        }
-    finally:
-        for process in processes:
-            stop_process(process)
-        for handle in reversed(handles):
-            handle.stop()
+            yield {
+                "engine": request.param,
+                "engine_url": url,
+                "serving": sidecars["serving"].url,
+                "overloaded": sidecars["overloaded"].url,
+                "overloaded_target": f"127.0.0.1:{sidecars['overloaded'].port}",  # Prometheus's instance
+                "prometheus": f"http://127.0.0.1:{prom_port}",
+                "tmp": tmp_path,
+            }
+        finally:
+            for process in processes:
+                stop_process(process)
+            for handle in reversed(handles):
+                handle.stop()
 
 
 def _alerts_since(prometheus: str, seconds: float) -> dict[tuple[str, str, str], str]:
@@ -152,9 +179,11 @@ def _probe(stack: dict) -> dict:
             str(HEADROOM),
             "probe",
             "--url",
-            stack["sim"],
+            stack["engine_url"],
             "--levels",
-            "1,2,4,8,16",
+            ENGINES[stack["engine"]][0],
+            "--max-tokens",
+            "24",
             "--max-samples",
             "24",
             "--max-level-seconds",
@@ -183,17 +212,16 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
     assert set(_load(serving, 3, 20)) == {200}
     estimate = _probe(stack)
     knee, pool = estimate["knee_requests"], estimate["recommended_pool"]
-    assert knee == 8 and 1 <= pool < knee, estimate
+    _, expected_knee, kv = ENGINES[stack["engine"]]
+    assert knee == expected_knee and 1 <= pool < knee, estimate
     # the short-prompt probe's token knee is not this traffic's: withheld, or within 2x and <= KV
     if estimate["knee_tokens"] is not None:
-        assert estimate["knee_tokens"] <= 8192
+        assert estimate["knee_tokens"] <= kv
     else:
         assert estimate["token_knee_withheld"]
     published = _wait(
         lambda: (
-            (found := _query(prometheus, f'headroom_capacity_knee_requests{{model="{MODEL}"}}'))
-            and len(found) == 2
-            and found
+            (found := _query(prometheus, "headroom_capacity_knee_requests")) and len(found) == 2 and found
         ),
         60,
         "both sidecars to publish the probe's knee",

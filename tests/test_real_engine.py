@@ -32,6 +32,7 @@ from support.real_engine import llama_server
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.analysis.probe import ProbeSettings, run_probe
+from collector.analysis.token_knee import mix_of_rows, token_check_in_store
 from collector.store.db import RequestStore
 
 # minutes each on 2 cores: a real model answers every request (the suite's default is 300 s)
@@ -229,6 +230,7 @@ def test_probe_finds_the_knee_a_plain_client_measures(parallel, levels, tmp_path
     assert _sidecar_upstream_errors(sidecar_metrics) == 0  # no 502 of the sidecar's own making
     if parallel == 4:
         _assert_passive_within_one_level(tmp_path / "sidecar.duckdb", started, knee, sent)
+        _assert_engine_series_and_token_knee_true(tmp_path / "sidecar.duckdb", direct, sidecar_metrics)
     retried = sum(
         float(line.rsplit(" ", 1)[1])
         for line in sidecar_metrics.splitlines()
@@ -310,3 +312,44 @@ def _assert_passive_within_one_level(db, since, probe_knee: int, sent: int) -> N
     )
     assert curve.knee is not None and curve.knee.reached, table
     assert abs(math.log2(curve.knee.requests) - math.log2(probe_knee)) <= 1, table
+
+
+def _assert_engine_series_and_token_knee_true(db, direct, metrics: str) -> None:
+    """#33 on the real engine: llama.cpp's series carry the served model (llama-server labels
+    none; the sidecar asks /v1/models), and the probe's token knee checked against the traffic
+    the sidecar logged is withheld, or within 2x of the passive token knee and <= the KV cache."""
+    engine = [line for line in metrics.splitlines() if line.startswith("headroom_engine_") and "{" in line]
+    assert engine and all('model=""' not in line and "model=" in line for line in engine), engine[:5]
+    kv = next(
+        (
+            float(line.rsplit(" ", 1)[1])
+            for line in engine
+            if line.startswith("headroom_engine_kv_cache_capacity")
+        ),
+        None,
+    )
+    rows = [row for level in direct.levels for row in level.rows]
+    measured = detect_knee([level.stats for level in direct.levels])
+    store = RequestStore(db, read_only=True)
+    try:
+        check = token_check_in_store(
+            store,
+            measured.tokens if measured.reached else None,
+            mix_of_rows(rows),
+            model=None,
+            at=datetime.now(UTC),
+            kv_capacity_tokens=int(kv) if kv else None,
+            compute_passive=True,
+        )
+    finally:
+        store.close()
+    print(
+        f"token knee: measured {check.measured_tokens}, published {check.knee_tokens}, {check.withheld or 'used'}"
+    )
+    if check.knee_tokens is None:
+        assert check.withheld
+        return
+    if kv:
+        assert check.knee_tokens <= kv
+    if check.passive is not None and check.passive.reached:
+        assert 0.5 <= check.knee_tokens / check.passive.tokens <= 2
