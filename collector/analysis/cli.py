@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import click
 import duckdb
@@ -18,10 +20,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
 from collector.analysis.cli_capacity import register
-from collector.analysis.estimate import estimate_from_probe, save_estimate
+from collector.analysis.estimate import CapacityEstimate, estimate_from_probe, save_estimate
 from collector.analysis.openloop import parse_rates
 from collector.analysis.plot import write_plot
-from collector.analysis.probe import ProbeError, ProbeSettings, new_run_id, run_probe
+from collector.analysis.probe import ProbeError, ProbeResult, ProbeSettings, new_run_id, run_probe
 from collector.analysis.prompts import load_prompts
 from collector.analysis.render import print_estimate, print_rates
 from collector.analysis.slo import Slo
@@ -33,6 +35,12 @@ from collector.store.owner import OwnerError, find_owner, is_lock_error, open_re
 from collector.terminal import JSON_HELP, json_output, write_json
 
 __all__ = ["probe", "capacity"]
+
+_WriteRows = Callable[[list[dict[str, Any]]], object]  # a level's probe rows, to the request log
+_SaveEstimate = Callable[[CapacityEstimate], object]
+# _row_writer's four: write rows (None: not written here), close, save the estimate (None: not
+# saved), the store this process opened itself
+_Outputs = tuple[_WriteRows | None, Callable[[], None], _SaveEstimate | None, RequestStore | None]
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -49,7 +57,7 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-def _row_writer(db: str | None, url: str):
+def _row_writer(db: str | None, url: str) -> _Outputs:
     """Where probe rows and the estimate go. Returns (write rows, close, save estimate, the store
     when this process opened --db itself).
 
@@ -70,7 +78,7 @@ def _row_writer(db: str | None, url: str):
     return None, (lambda: None), None, None
 
 
-def _through_owner(db: str, url: str):
+def _through_owner(db: str, url: str) -> _Outputs:
     """Rows and estimate for a --db another process holds, sent to that process's store routes."""
     try:
         owner = find_owner(db)
@@ -78,13 +86,13 @@ def _through_owner(db: str, url: str):
         raise click.ClickException(f"--db {db}: {exc}") from None
     same_sidecar = owner.proxy is not None and owner.proxy.rstrip("/") == url.rstrip("/")
 
-    def write(rows) -> None:
+    def write(rows: list[dict[str, Any]]) -> None:
         try:
             send_rows(owner, rows)
         except OwnerError as exc:
             raise ProbeError(f"--db {db}: {exc}") from None
 
-    def save(estimate) -> None:
+    def save(estimate: CapacityEstimate) -> None:
         try:
             answer = httpx.post(
                 f"{owner.url}/v1/estimates",
@@ -109,7 +117,7 @@ def _through_owner(db: str, url: str):
     return (None if same_sidecar else write), (lambda: None), save, None
 
 
-def _lake_saver(catalog_uri: str | None, lake_uri: str):
+def _lake_saver(catalog_uri: str | None, lake_uri: str) -> _Outputs:
     """_row_writer's four for --lake: no rows (the sidecar probed through logs them), the estimate
     to the fleet's estimates table (collector.lake.estimates)."""
     if not catalog_uri:
@@ -127,7 +135,7 @@ def _lake_saver(catalog_uri: str | None, lake_uri: str):
     except Exception as exc:  # sqlalchemy or the REST client: the catalog cannot be reached
         raise click.ClickException(f"cannot open --catalog ({type(exc).__name__}: {exc})") from None
 
-    def save(estimate) -> None:
+    def save(estimate: CapacityEstimate) -> None:
         try:
             estimate_id = save_to_lake(catalog, estimate.to_dict())
         except Exception as exc:  # the catalog went away during the probe
@@ -140,7 +148,7 @@ def _lake_saver(catalog_uri: str | None, lake_uri: str):
     return None, (lambda: None), save, None
 
 
-def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri: str):
+def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri: str) -> RequestStore | None:
     """The fleet's traffic of the last 7 days (the token mix the probe is compared with), or None
     before the table holds any."""
     since = datetime.now(UTC) - timedelta(days=7)
@@ -419,7 +427,15 @@ def _rate_settings(rates: str | None, rate_seconds: float, rate_warmup_seconds: 
         raise click.BadParameter(f"{exc}, or auto", param_hint="--rates") from None
 
 
-def _probe_once(run, write, save, slo, profile, traffic, replica_class=DEFAULT_REPLICA_CLASS):
+def _probe_once(
+    run: ProbeSettings,
+    write: _WriteRows | None,
+    save: _SaveEstimate | None,
+    slo: Slo,
+    profile: str,
+    traffic: RequestStore | None,
+    replica_class: str = DEFAULT_REPLICA_CLASS,
+) -> CapacityEstimate:
     """One gradient: run it, estimate it (its token knee checked against `traffic`), print, save."""
     result = _run_with_progress(run, write)
     estimate = estimate_from_probe(result, slo=slo, profile=profile, traffic=traffic)
@@ -448,7 +464,9 @@ def sidecar_replica_class(url: str) -> str:
     return found.group(1) if found else DEFAULT_REPLICA_CLASS
 
 
-def _traffic_log(stack: contextlib.ExitStack, path: str | None, own: RequestStore | None):
+def _traffic_log(
+    stack: contextlib.ExitStack, path: str | None, own: RequestStore | None
+) -> RequestStore | None:
     """The request log the probe compares its token mix with (and from-log draws from), or None.
 
     The --db this process opened itself is reused; any other path is opened read-only, or read
@@ -516,7 +534,7 @@ def _from_log(settings: ProbeSettings, traffic: RequestStore | None) -> ProbeSet
     return replace(settings, lengths=lengths.pairs, prompts=FROM_LOG)
 
 
-def _print_classes(estimates: list) -> None:
+def _print_classes(estimates: list[CapacityEstimate]) -> None:
     """The per-class knees side by side, with each one's ratio to the first class."""
     first = estimates[0].knee.requests
     click.echo("\ntask class   knee   pool   knee / " + estimates[0].task_class)
@@ -529,7 +547,7 @@ def _print_classes(estimates: list) -> None:
         )
 
 
-def _write_outputs(estimates: list, json_path: str | None, plot_path: str | None) -> None:
+def _write_outputs(estimates: list[CapacityEstimate], json_path: str | None, plot_path: str | None) -> None:
     """--json (one estimate, or {"classes": {name: estimate}}) and --plot (one per class)."""
     try:
         if json_path:
@@ -554,7 +572,7 @@ def _write_outputs(estimates: list, json_path: str | None, plot_path: str | None
         ) from None
 
 
-def _settings(**values):
+def _settings(**values: Any) -> ProbeSettings:
     """ProbeSettings, with bad values (such as an unreadable --prompts file) as usage errors."""
     try:
         load_prompts(values["prompts"])  # fails before any load is sent
@@ -563,7 +581,7 @@ def _settings(**values):
         raise click.UsageError(str(exc)) from None
 
 
-def _run_with_progress(settings, write):
+def _run_with_progress(settings: ProbeSettings, write: _WriteRows | None) -> ProbeResult:
     """Run the probe under a rich progress bar on stderr (level and measured requests)."""
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed} measured"))
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
