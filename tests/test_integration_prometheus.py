@@ -231,6 +231,7 @@ def stack(tmp_path):
                     slo_max_tokens=1500,
                     recommended_pool=3,
                     estimated_at=time.time(),
+                    rate_requests_per_s=10.0,  # μ_slo: the rate panel's and the KEDA rate trigger's
                 )
             ]
         )
@@ -316,6 +317,7 @@ def _keda_triggers() -> list[dict]:
         "knee": {"requests": KNEE_REQUESTS, "tokens": 2000, "reached": True},
         "recommended_pool": 3,
         "created_at": "2026-12-01T00:00:00+00:00",
+        "rate_requests_per_s": 10.0,
     }
     return keda_scaled_object(estimate, deployment="llm-inference")["spec"]["triggers"]
 
