@@ -140,7 +140,6 @@ class MetricSpec:
 _PER_REQUEST = ("model", "tenant")
 _ENGINE = ("engine", "model")
 _GPU = ("gpu", "uuid", "gpu_name")
-_CAPACITY = ("model", "caliber")
 _PUBLISHED = ("model", "task_class", "replica_class", "source", "confidence")
 
 CATALOG: tuple[MetricSpec, ...] = (
@@ -482,31 +481,6 @@ CATALOG: tuple[MetricSpec, ...] = (
         "configuration: --replica-class, else derived from the GPU name and the engine's slots), "
         "whose published knee its concurrency is compared with.",
         ("replica_class",),
-        "short",
-        group="capacity",
-    ),
-    # deprecated: one metric per quantity with a unit-changing caliber label; removed next release
-    MetricSpec(
-        "headroom_capacity_knee",
-        "gauge",
-        "DEPRECATED (use headroom_capacity_knee_requests/_tokens): knee by caliber.",
-        _CAPACITY,
-        "short",
-        group="capacity",
-    ),
-    MetricSpec(
-        "headroom_capacity_slo_max",
-        "gauge",
-        "DEPRECATED (use headroom_capacity_slo_max_requests/_tokens): SLO max by caliber.",
-        _CAPACITY,
-        "short",
-        group="capacity",
-    ),
-    MetricSpec(
-        "headroom_capacity_recommended_pool",
-        "gauge",
-        "DEPRECATED (use headroom_capacity_recommended_pool_requests): pool, caliber requests.",
-        _CAPACITY,
         "short",
         group="capacity",
     ),

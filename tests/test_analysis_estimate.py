@@ -115,13 +115,10 @@ def test_publish_estimates_sets_capacity_gauges_in_both_calibers():
     registry.register(gauges)
     gauges.replace([published(_estimate("llama", slo_ttft=0.5).to_dict())])
     value = registry.get_sample_value
-    assert value("headroom_capacity_knee", {"model": "llama", "caliber": "requests"}) == 8
-    assert value("headroom_capacity_slo_max", {"model": "llama", "caliber": "requests"}) == 8
-    assert value("headroom_capacity_recommended_pool", {"model": "llama", "caliber": "requests"}) == 5
-    assert value("headroom_capacity_knee", {"model": "llama", "caliber": "tokens"}) == 8 * 150
     labels = {"model": "llama", "task_class": "all", "replica_class": "default", "source": "probe"}
     labels["confidence"] = "high"
     assert value("headroom_capacity_knee_requests", labels) == 8
+    assert value("headroom_capacity_slo_max_requests", labels) == 8
     assert value("headroom_capacity_knee_tokens", labels) == 8 * 150
     assert value("headroom_capacity_recommended_pool_requests", labels) == 5
     assert value("headroom_capacity_estimate_timestamp_seconds", labels) > 1.7e9

@@ -32,9 +32,6 @@ CONTRACT = {
     "headroom_gpu_memory_total_bytes",
     "headroom_gpu_memory_bandwidth_utilization_ratio",
     "headroom_gpu_power_watts",
-    "headroom_capacity_knee",
-    "headroom_capacity_slo_max",
-    "headroom_capacity_recommended_pool",
     "headroom_capacity_knee_requests",
     "headroom_capacity_knee_tokens",
     "headroom_capacity_slo_max_requests",
@@ -82,7 +79,13 @@ def test_per_request_labels_are_as_designed():
     assert BY_NAME["headroom_requests_total"].labels == ("model", "tenant", "outcome", "source")
     assert BY_NAME["headroom_time_to_first_token_seconds"].labels == ("model", "source")
     assert BY_NAME["headroom_request_duration_seconds"].labels == ("model", "outcome", "source")
-    assert BY_NAME["headroom_capacity_knee"].labels == ("model", "caliber")
+    assert BY_NAME["headroom_capacity_knee_requests"].labels == (
+        "model",
+        "task_class",
+        "replica_class",
+        "source",
+        "confidence",
+    )
 
 
 def _commands(command: click.Command, path: list[str]) -> list[tuple[list[str], click.Command]]:

@@ -185,8 +185,8 @@ def test_keep_serving_exposes_the_capacity_gauges_until_ctrl_c(tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
-    assert 'headroom_capacity_knee{caliber="requests",model="headroom-sim"}' in metrics
-    assert "headroom_capacity_recommended_pool" in metrics
+    assert 'headroom_capacity_knee_requests{confidence="' in metrics and 'model="headroom-sim"' in metrics
+    assert "headroom_capacity_recommended_pool_requests{" in metrics
     assert process.returncode == 0
 
 

@@ -111,10 +111,6 @@ def test_capacity_gauges_carry_the_class_and_keep_two_classes_of_one_model_apart
     for cls, knee in (("h100", 16.0), ("l40s", 8.0)):
         value = registry.get_sample_value("headroom_capacity_knee_requests", labels | {"replica_class": cls})
         assert value == knee
-    # the deprecated names have no class label: a model with two classes is left out of them
-    assert "headroom_capacity_knee{" not in generate_latest(registry).decode()
-    gauges.replace([PublishedCapacity("m", knee_requests=8)])
-    assert registry.get_sample_value("headroom_capacity_knee", {"model": "m", "caliber": "requests"}) == 8
 
 
 @pytest.fixture

@@ -131,7 +131,6 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
         "headroom_engine_up",
         "headroom_gpu_up",
         "headroom_source_scrape_success",
-        'headroom_capacity_knee{caliber="requests",model="m1"} 8.0',
         'headroom_capacity_knee_requests{confidence="medium",model="m1",replica_class="default",'
         'source="probe",task_class="all"} 8.0',
         'headroom_capacity_estimate_timestamp_seconds{confidence="medium",model="m1",'

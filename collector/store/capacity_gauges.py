@@ -17,10 +17,6 @@ series says where its number came from:
     headroom_capacity_rate_requests_per_second{...}                                 9.5
     headroom_capacity_prefill_tokens_per_second{...}                                380
     headroom_capacity_estimate_timestamp_seconds{...}                      1796100000.0
-
-The names before this release (`headroom_capacity_knee{model, caliber}`, `_slo_max`,
-`_recommended_pool`) are exported too, for the `all` task class of a model published for one
-replica class, and will be removed in the next release (docs/design.md, "Deprecated metrics").
 """
 
 from __future__ import annotations
@@ -58,11 +54,6 @@ _CURRENT = {  # metric name -> PublishedCapacity field
     "headroom_capacity_rate_requests_per_second": "rate_requests_per_s",
     "headroom_capacity_prefill_tokens_per_second": "prefill_tokens_per_s",
     "headroom_capacity_estimate_timestamp_seconds": "estimated_at",
-}
-_DEPRECATED = {  # old name -> {caliber: field}
-    "headroom_capacity_knee": {"requests": "knee_requests", "tokens": "knee_tokens"},
-    "headroom_capacity_slo_max": {"requests": "slo_max_requests", "tokens": "slo_max_tokens"},
-    "headroom_capacity_recommended_pool": {"requests": "recommended_pool"},
 }
 
 
@@ -142,21 +133,4 @@ class CapacityGauges:
                 value = getattr(item, field)
                 if value is not None:
                     family.add_metric(item.labels, float(value))
-            yield family
-        # The deprecated names have no replica_class label: a model published for two classes
-        # would give two series with one label set, so they carry only single-class models.
-        every = [item for item in items if item.task_class == ALL_TASKS]
-        classes: dict[str, set[str]] = {}
-        for item in every:
-            classes.setdefault(item.model, set()).add(item.replica_class)
-        for name, fields in _DEPRECATED.items():
-            entry = spec(name)
-            family = GaugeMetricFamily(name, entry.help, labels=entry.labels)
-            for item in every:
-                if len(classes[item.model]) > 1:
-                    continue
-                for caliber, field in fields.items():
-                    value = getattr(item, field)
-                    if value is not None:
-                        family.add_metric((item.model, caliber), float(value))
             yield family
