@@ -183,3 +183,27 @@ def test_traceparent_parsing_follows_w3c():
         assert parse_traceparent(bad) is None, bad
     fresh = Telemetry.start(None)
     assert fresh.parent_span_id is None and fresh.traceparent().startswith(f"00-{fresh.trace_id:032x}-")
+
+
+def test_provider_name_is_the_engine_family_as_auto_detects_it(exporter, monkeypatch):
+    """`--engine auto` learns the engine on its first poll: spans before it say openai (the API
+    spoken), spans after it the family; llamacpp is spelled llama.cpp."""
+    from collector.sidecar import wiring
+    from collector.sidecar.config import SidecarConfig
+    from collector.sources.base import EngineSnapshot
+
+    class Detected:  # the EngineSource attribute the sink reads
+        latest = EngineSnapshot.down("auto", "not polled yet")
+
+    made: list[dict] = []
+    monkeypatch.setattr(wiring, "OtelSink", lambda **options: made.append(options))
+    config = SidecarConfig(upstream="http://127.0.0.1:8000", engine="auto", otlp_endpoint="http://otel:4318")
+    wiring._otel_sinks(config, Detected())  # type: ignore[arg-type]
+    provider = made[0]["provider"]
+    assert provider() == "openai"
+    Detected.latest = EngineSnapshot.down("llamacpp", "down for the test")
+    assert provider() == "llama.cpp"
+    sink = OtelSink(exporter=exporter, provider=provider)
+    sink.submit(_row())
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["gen_ai.provider.name"] == "llama.cpp"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 import threading
@@ -178,6 +179,16 @@ def test_failed_init_is_retried_only_after_the_retry_interval(monkeypatch):
     fake.init_error = None  # the driver has loaded since
     assert sample(registry_of(patient), "headroom_gpu_up") == 0.0
     assert sample(registry_of(eager), "headroom_gpu_up", H100) == 1.0
+
+
+def test_a_cpu_box_logs_the_missing_gpu_once_at_info_then_at_debug(monkeypatch, caplog):
+    FakeNvml(init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND).install(monkeypatch)
+    collector = GpuCollector(retry_init_s=0)  # every scrape retries, as each minute does on a CPU box
+    with caplog.at_level(logging.DEBUG, logger=gpu_module.__name__):
+        for _ in range(5):
+            list(collector.collect())
+    levels = [record.levelno for record in caplog.records if "no GPU metrics" in record.getMessage()]
+    assert levels == [logging.INFO] + [logging.DEBUG] * 4, levels
 
 
 def test_this_machines_real_nvml_path_never_crashes():

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -239,7 +240,7 @@ class OtelSink:
         service_name: str = "headroom-sidecar",
         traces_endpoint: str | None = None,
         protocol: str = "http/protobuf",
-        provider: str = "openai",
+        provider: str | Callable[[], str] = "openai",
         metrics: bool = False,
         metric_reader: Any = None,
     ) -> None:
@@ -260,7 +261,8 @@ class OtelSink:
             )
         self._tracer = self._provider.get_tracer("llm-headroom")
         self._server = _server(upstream)
-        self._provider_name = provider
+        # the engine family, read per span: `--engine auto` knows it only after the first poll
+        self._provider_name: Callable[[], str] = provider if callable(provider) else (lambda: provider)
         self._metrics = None
         if metrics or metric_reader is not None:
             from collector.sidecar.otel_metrics import GenAiMetrics  # lazy: the metrics SDK only when on
@@ -276,7 +278,7 @@ class OtelSink:
         try:
             self._emit(record, telemetry)
             if self._metrics is not None:
-                self._metrics.record(record, self._provider_name, self._server, telemetry)
+                self._metrics.record(record, self._provider_name(), self._server, telemetry)
         except Exception:  # tracing must never break a request; count it and go on
             self.spans_failed += 1
             _log.exception("could not build the span of request %s", record.request_id)
@@ -313,7 +315,7 @@ class OtelSink:
             context=self._parent(telemetry),
             kind=SpanKind.CLIENT,
             start_time=start_ns,
-            attributes=span_attributes(record, self._server, self._provider_name, telemetry),
+            attributes=span_attributes(record, self._server, self._provider_name(), telemetry),
         )
         first_token_ns = _ns(record.first_token_at)
         if first_token_ns is not None:

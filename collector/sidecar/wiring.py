@@ -95,7 +95,7 @@ def build_sidecar(
     registry.register(SourceHealth([source for source in (engine, gpu) if source is not None]))
     replica_class = ReplicaClass(config.replica_class, gpu_names=gpu.names, engine=engine)
     registry.register(replica_class)
-    extra = [*_otel_sinks(config), *sinks]
+    extra = [*_otel_sinks(config, engine), *sinks]
     store = _own_store(config) if log_sink is None else None
     lake = _lake_writer(config) if log_sink is None and store is None else None
     batch_sink = log_sink if log_sink is not None else store or lake
@@ -209,8 +209,9 @@ def _engine_source(config: SidecarConfig) -> EngineSource | None:
     )
 
 
-def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
-    """One OtelSink when an OTLP endpoint is configured, else none."""
+def _otel_sinks(config: SidecarConfig, engine: EngineSource | None = None) -> list[RowSink]:
+    """One OtelSink when an OTLP endpoint is configured, else none. Its gen_ai.provider.name is the
+    engine family (vllm, sglang, tgi, llama.cpp) as --engine names it or `auto` found it, else openai."""
     if not (config.otlp_endpoint or config.otlp_traces_endpoint):
         return []
     options: dict[str, Any] = {"endpoint": config.otlp_endpoint, "upstream": config.upstream}
@@ -220,7 +221,9 @@ def _otel_sinks(config: SidecarConfig) -> list[RowSink]:
         options["protocol"] = config.otlp_protocol
     if config.otlp_metrics:
         options["metrics"] = True
-    if provider_name(config.engine) != "openai":
+    if engine is not None:  # read per span: `auto` knows the engine after its first poll
+        options["provider"] = lambda: provider_name(engine.latest.engine)
+    elif provider_name(config.engine) != "openai":
         options["provider"] = provider_name(config.engine)
     return [OtelSink(**options)]
 

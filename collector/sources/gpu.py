@@ -74,6 +74,7 @@ class GpuCollector:
         self.retry_init_s = retry_init_s
         self.source = source
         self.unavailable_reason: str | None = None
+        self._logged_reason: str | None = None  # the NVML failure already logged at INFO
         self._devices: list[_Device] | None = None
         self._next_init_at = 0.0
         self._lock = threading.Lock()
@@ -91,8 +92,11 @@ class GpuCollector:
             pynvml.nvmlInit()
             devices = [self._describe(i) for i in range(pynvml.nvmlDeviceGetCount())]
         except pynvml.NVMLError as exc:
-            self.unavailable_reason = f"NVML unavailable: {exc}"
-            log.info("no GPU metrics: %s", self.unavailable_reason)
+            reason = f"NVML unavailable: {exc}"
+            # once at INFO (a CPU box says so on every retry, each retry_init_s); a new reason is news
+            level = logging.DEBUG if reason == self._logged_reason else logging.INFO
+            log.log(level, "no GPU metrics: %s (retrying every %.0f s)", reason, self.retry_init_s)
+            self.unavailable_reason = self._logged_reason = reason
             return None
         if not devices:
             self.unavailable_reason = "NVML reports no GPU"
