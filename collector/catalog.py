@@ -488,16 +488,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_log_rows_written_total",
         "counter",
-        "Request-log rows accepted by DuckDB or by the store service (never spooled ones: "
-        "a spooled row counts once the store accepts it).",
-        (),
-        "short",
-        group="pipeline",
-    ),
-    MetricSpec(
-        "headroom_log_rows_spooled_total",
-        "counter",
-        "Request-log rows written to the on-disk spool because the store was unreachable.",
+        "Request-log rows the log sink took: inserted into DuckDB (--db), or held by a staged "
+        "Parquet file in the lake (--lake; a spooled row counts once staged).",
         (),
         "short",
         group="pipeline",
@@ -505,7 +497,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_log_spool_files",
         "gauge",
-        "Batches waiting in the shipper's on-disk spool.",
+        "Batches waiting in the on-disk spool (--lake's write-ahead) for the next roll into the lake.",
         (),
         "short",
         group="pipeline",
@@ -513,7 +505,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_log_spool_bytes",
         "gauge",
-        "Bytes waiting in the shipper's on-disk spool (bounded by its cap).",
+        "Bytes waiting in the on-disk spool (--lake's write-ahead; bounded by its cap).",
         (),
         "bytes",
         group="pipeline",
@@ -527,19 +519,19 @@ CATALOG: tuple[MetricSpec, ...] = (
         group="pipeline",
     ),
     MetricSpec(
-        "headroom_log_ship_lag_seconds",
+        "headroom_log_sink_lag_seconds",
         "gauge",
-        "Age of the oldest request-log row the store has not accepted yet (spooled or being "
-        "sent); 0 when caught up.",
+        "Age of the oldest request-log row the log sink has not taken yet (with --lake: the "
+        "oldest spooled row, not yet in a staged file); 0 when caught up.",
         (),
         "s",
         group="pipeline",
     ),
     MetricSpec(
-        "headroom_store_up",
+        "headroom_log_sink_up",
         "gauge",
-        "1 when the shipper's last shipment reached the store service, 0 when it failed; "
-        "absent before the first shipment.",
+        "1 when the log sink's last write succeeded (with --lake: the last roll staged its files "
+        "in the lake), 0 when it failed; absent before the first.",
         (),
         "short",
         group="pipeline",
@@ -547,7 +539,7 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_log_rows_dropped_total",
         "counter",
-        "Request-log rows dropped, by reason (queue_full, db_error, spool_full, store_rejected).",
+        "Request-log rows dropped, by reason (queue_full, db_error, spool_full).",
         ("reason",),
         "short",
         group="pipeline",

@@ -117,9 +117,9 @@ def test_what_rows_cannot_tell_is_named():
     assert {
         "headroom_engine_requests_waiting",
         "headroom_engine_kv_cache_usage_ratio",
-        "headroom_store_up",
+        "headroom_log_sink_up",
     } <= set(needed)
-    assert {"HeadroomKVCacheNearFull", "HeadroomQueueNotDraining", "HeadroomStoreUnreachable"} <= set(blind)
+    assert {"HeadroomKVCacheNearFull", "HeadroomQueueNotDraining", "HeadroomLogSinkDown"} <= set(blind)
     assert "HeadroomTTFTBudgetBurnFast" not in blind and "HeadroomConcurrencyNearKnee" not in blind
 
 

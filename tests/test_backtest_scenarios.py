@@ -106,7 +106,7 @@ def test_outages_slow_nights_and_slow_replicas(backtest):
     outage = backtest("engine_outage").timeline
     assert _first_firing(outage, "HeadroomAvailabilityBudgetBurnFast") - 40 * MIN <= 5 * MIN
     store = backtest("store_outage").timeline
-    assert store.pages == [] and store.firing("HeadroomStoreUnreachable")
+    assert store.pages == [] and store.firing("HeadroomLogSinkDown")
     assert backtest("night_trickle").timeline.pages == []
     slow = backtest("slow_replica").timeline
     assert {s.labels["instance"] for s in slow.firing("HeadroomSlowReplica")} == {"replica-3"}

@@ -139,5 +139,5 @@ def test_sidecar_with_lake_stages_rows_and_exports_spool_health(tmp_path: Path) 
         metrics = rig.metrics()
         assert metrics[("headroom_log_spool_files", ())] == 0
         assert metrics[("headroom_log_rows_written_total", ())] == 5
-        assert metrics[("headroom_store_up", ())] == 1
+        assert metrics[("headroom_log_sink_up", ())] == 1
     assert not (tmp_path / "log.duckdb").exists()

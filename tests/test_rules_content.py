@@ -136,7 +136,7 @@ def test_pages_are_symptoms_and_causes_only_warn():
         "HeadroomQueueNotDraining",
         "HeadroomTTFTRising",
         "HeadroomEngineScrapeFailing",
-        "HeadroomStoreUnreachable",
+        "HeadroomLogSinkDown",
         "HeadroomSlowReplica",
     ):
         assert severities[cause] == "warning", cause

@@ -76,25 +76,27 @@ def pipeline_alerts(c: RulesConfig) -> list[Alert]:
             {"component": "pipeline"},
         ),
         Alert(
-            "HeadroomStoreUnreachable",
+            "HeadroomLogSinkDown",
             "headroom-pipeline",
-            f"{sample('headroom_store_up')} == 0",
+            f"{sample('headroom_log_sink_up')} == 0",
             "warning",
-            "Sidecar <instance> cannot reach the store service",
-            "The last shipment from <instance> did not reach the store: rows are spooling on the "
-            "sidecar's disk (headroom_log_spool_bytes) and will be sent when the store answers.",
+            "Sidecar <instance> cannot write its request log",
+            "The last write of <instance>'s log sink failed (with --lake: the lake did not take the "
+            "last staged file): rows are spooling on the sidecar's disk (headroom_log_spool_bytes) and "
+            "are staged when the lake takes writes again.",
             {"component": "pipeline"},
         ),
         Alert(
-            "HeadroomLogShippingLagging",
+            "HeadroomLogSinkLagging",
             "headroom-pipeline",
             # the lag, or the spool's oldest batch from a sidecar that exports only the spool's gauges
-            f"(\n  {sample('headroom_log_ship_lag_seconds')}\n  or {sample('headroom_log_spool_oldest_age_seconds')}\n)"
-            f"\n> {number(c.ship_lag_warning_seconds)}",
+            f"(\n  {sample('headroom_log_sink_lag_seconds')}\n  or {sample('headroom_log_spool_oldest_age_seconds')}\n)"
+            f"\n> {number(c.sink_lag_warning_seconds)}",
             "warning",
             "Request log of <instance> is <value:humanizeDuration> behind",
-            "The oldest row <instance> has not shipped is <value:humanizeDuration> old: the store's "
-            "capacity curves and weekly review are that far behind, and a full spool drops rows.",
+            "The oldest row <instance>'s log sink has not taken is <value:humanizeDuration> old: the "
+            "fleet's table, its capacity curves and weekly review are that far behind, and a full spool "
+            "drops rows.",
             {"component": "pipeline"},
         ),
     ]

@@ -64,8 +64,8 @@ ENGINE_SIDE = (
     "headroom_gpu_up",
     "headroom_gpu_utilization_ratio",
     "headroom_log_rows_dropped_total",
-    "headroom_store_up",
-    "headroom_log_ship_lag_seconds",
+    "headroom_log_sink_up",
+    "headroom_log_sink_lag_seconds",
     "headroom_log_spool_bytes",
 )
 

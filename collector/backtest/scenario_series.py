@@ -10,8 +10,8 @@ request log); this module adds what only the simulation knows, each the way the 
     headroom_gpu_up, headroom_gpu_utilization_ratio{gpu, uuid, gpu_name}   share of the interval computing
     headroom_capacity_*{model, task_class="all", source="probe", confidence="high"}   the published knee
     headroom_log_rows_written_total, headroom_log_queue_rows
-    with a store (a store_outage fault): headroom_store_up, headroom_log_spool_files, _bytes,
-    _oldest_age_seconds, headroom_log_rows_spooled_total, headroom_log_ship_lag_seconds
+    with a log sink that fails (a store_outage fault: the lake away): headroom_log_sink_up, headroom_log_spool_files, _bytes,
+    _oldest_age_seconds, headroom_log_sink_lag_seconds
 
 and then applies the scrape faults: `sidecar_down` leaves `up` 0 and nothing else, `sidecar_gone`
 leaves nothing at all. A replica in a cluster carries `cluster=<name>` on every one of its series.
@@ -101,7 +101,7 @@ def _log(
     shipping = bool(outages)
     spool: deque[float] = deque()  # completion times of spooled rows, oldest first
     files: set[int] = set()  # flush slots that produced a spool file
-    written = spooled = 0.0
+    written = 0.0
     index, last = 0, times[0]
     for t in times:
         store_down = any(f.covers(t - epoch, instance) for f in outages)
@@ -109,7 +109,6 @@ def _log(
             if store_down or spool:
                 spool.append(done[index])
                 files.add(int(done[index] / _FLUSH_S))
-                spooled += 1
             else:
                 written += 1
             index += 1
@@ -124,12 +123,11 @@ def _log(
         out.add("headroom_log_queue_rows", target, t, 0.0)
         if shipping:
             oldest = t - spool[0] if spool else 0.0
-            out.add("headroom_store_up", target, t, 0.0 if store_down else 1.0)
+            out.add("headroom_log_sink_up", target, t, 0.0 if store_down else 1.0)
             out.add("headroom_log_spool_files", target, t, float(len(files)))
             out.add("headroom_log_spool_bytes", target, t, float(len(spool) * SPOOL_ROW_BYTES))
             out.add("headroom_log_spool_oldest_age_seconds", target, t, oldest)
-            out.add("headroom_log_rows_spooled_total", target, t, spooled)
-            out.add("headroom_log_ship_lag_seconds", target, t, oldest)
+            out.add("headroom_log_sink_lag_seconds", target, t, oldest)
 
 
 def _scrape_faults(out: SeriesSet, scenario: Scenario, epoch: float) -> None:

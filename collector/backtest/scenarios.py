@@ -134,7 +134,7 @@ _ALL = (
         1.5 * _H,
         constant(0.5),
         faults=(Fault("store_outage", 40 * _M, 60 * _M),),
-        expect=Expect(pages=0, fires=(("HeadroomStoreUnreachable", 8 * _M),)),
+        expect=Expect(pages=0, fires=(("HeadroomLogSinkDown", 8 * _M),)),
     ),
     Scenario(
         "daily_spike",

@@ -330,9 +330,9 @@ class LakeWriter:
         yield _gauge("headroom_log_spool_files", len(self.spool))
         yield _gauge("headroom_log_spool_bytes", self.spool.size_bytes())
         yield _gauge("headroom_log_spool_oldest_age_seconds", age)
-        yield _gauge("headroom_log_ship_lag_seconds", age)
+        yield _gauge("headroom_log_sink_lag_seconds", age)
         if self.lake_up is not None:
-            yield _gauge("headroom_store_up", 1.0 if self.lake_up else 0.0)
+            yield _gauge("headroom_log_sink_up", 1.0 if self.lake_up else 0.0)
 
 
 def _read_spooled(paths: list[Path]) -> pa.Table:

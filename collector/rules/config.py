@@ -99,8 +99,8 @@ FOR_DURATIONS: dict[str, str] = {
     "HeadroomCapacityEstimateStale": "15m",
     "HeadroomEngineScrapeFailing": "3m",
     "HeadroomLogRowsDropped": "5m",
-    "HeadroomStoreUnreachable": "5m",
-    "HeadroomLogShippingLagging": "5m",
+    "HeadroomLogSinkDown": "5m",
+    "HeadroomLogSinkLagging": "5m",
     "HeadroomRequestStuck": "2m",
     "HeadroomAdapterThrash": "5m",
     "HeadroomSignalInvalid": "3m",
@@ -206,7 +206,7 @@ class RulesConfig:
     # --- request-log shipping -------------------------------------------------------------------
     # Age of the oldest row the store has not accepted that warns: rows are safe in the spool, but
     # the weekly review and capacity curves are that far behind.
-    ship_lag_warning_seconds: float = 900.0
+    sink_lag_warning_seconds: float = 900.0
 
     # --- windows and durations ------------------------------------------------------------------
     # Window over which the engine queue must never reach zero. Shorter windows page on bursts.
