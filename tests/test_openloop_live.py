@@ -32,7 +32,8 @@ OUTPUT = 32
 TOLERANCE = 0.12
 
 
-def truth():
+def predicted_rate_for(prompt_tokens: int):
+    """The simulator's analytic μ and V_P (per second of wall time) for this test's configuration."""
     config = SimConfig(max_num_seqs=SEQS, cost_profile="cpu")
     return predicted_rate(
         COST_PROFILES["cpu"],
@@ -40,7 +41,7 @@ def truth():
         max_num_batched_tokens=config.max_num_batched_tokens,
         kv_cache_tokens=config.kv_cache_tokens,
         block_size=config.block_size,
-        prompt_tokens=PROMPT_TOKENS,
+        prompt_tokens=prompt_tokens,
         output_tokens=OUTPUT,
         speed=SPEED,
     )
@@ -51,7 +52,7 @@ def truth():
 @pytest.mark.serial  # the simulator runs in real time (x8): a starved host measures a lower μ
 @pytest.mark.timeout(180)
 def test_probe_rates_against_a_live_simulator_finds_its_analytic_rate(tmp_path):
-    mu = truth()  # ~16.2 requests/s of wall time, V_P ~648 prompt tokens/s
+    mu = predicted_rate_for(PROMPT_TOKENS)  # ~16.2 requests/s of wall time, V_P ~648 prompt tokens/s
     prompts = tmp_path / "prompt.txt"
     prompts.write_text("x" * PROMPT_CHARS + "\n")
     rates = [round(mu.requests_per_s * m, 2) for m in (0.6, 0.95, 1.4)]
@@ -122,3 +123,82 @@ def test_probe_rates_against_a_live_simulator_finds_its_analytic_rate(tmp_path):
     assert saved["run_id"] == estimate["run_id"]
     assert saved["rate_requests_per_s"] == pytest.approx(measured)
     assert saved["prefill_tokens_per_s"] == pytest.approx(estimate["prefill_tokens_per_s"])
+
+
+@pytest.mark.subprocess
+@pytest.mark.slow
+@pytest.mark.serial  # real time, as above
+@pytest.mark.timeout(180)
+def test_two_input_length_classes_give_two_rates_in_the_simulators_ratio(tmp_path):
+    """A workload file with one output class and two prompt-length classes (`inputs:`): the
+    probe runs the ladder once per input class, and the two μ_slo (and V_P) stand in the ratio
+    of predicted_rate's for the prompt lengths the simulator counted, within 15 %."""
+    short_p, long_p = 40, 300
+    mu_short = predicted_rate_for(short_p)
+    mu_long = predicted_rate_for(long_p)
+    assert mu_short.requests_per_s / mu_long.requests_per_s > 2.5  # the classes differ
+    workload = tmp_path / "workload.yaml"
+    workload.write_text(
+        "classes:\n  - name: chat\n    max_tokens: 32\n"
+        f"inputs:\n  - name: short\n    prompt_tokens: {short_p}\n"
+        f"  - name: long\n    prompt_tokens: {long_p}\n"
+    )
+    # one ladder for both: the long class fails at 1.4 x its μ, the short one climbs on to its own
+    rates = sorted(round(mu.requests_per_s * m, 2) for mu in (mu_short, mu_long) for m in (0.95, 1.4))
+    with sim_process(
+        cost_profile="cpu", max_num_seqs=SEQS, speed=SPEED, stream_interval=8, max_waiting=2000
+    ) as url:
+        done = subprocess.run(
+            [
+                str(HEADROOM),
+                "probe",
+                "--url",
+                url,
+                "--workload",
+                str(workload),
+                "--levels",
+                str(SEQS),
+                "--max-samples",
+                "20",
+                "--max-level-seconds",
+                "1",
+                "--rates",
+                ",".join(map(str, rates)),
+                "--rate-seconds",
+                "3",
+                "--rate-warmup-seconds",
+                "1",
+                "--json",
+                str(tmp_path / "est.json"),
+                "--db",
+                str(tmp_path / "h.duckdb"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env=os.environ | {"COLUMNS": "250"},
+        )
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert "== task class chat-short: max_tokens 32, prompts of 40 tokens" in done.stdout
+    estimates = orjson.loads((tmp_path / "est.json").read_bytes())["classes"]
+    assert set(estimates) == {"chat-short", "chat-long"}
+    store = RequestStore(str(tmp_path / "h.duckdb"))
+    try:  # the prompt lengths the simulator counted (the filler is scaled to its tokenizer)
+        counted = dict(
+            store.query(
+                "SELECT task_class, median(prompt_tokens) FROM requests "
+                "WHERE outcome = 'ok' AND regexp_matches(request_id, '-o[0-9]{7}-[0-9]+$') GROUP BY 1"
+            )
+        )
+    finally:
+        store.close()
+    assert counted["chat-short"] == pytest.approx(short_p, abs=2)
+    assert counted["chat-long"] == pytest.approx(long_p, abs=4)
+    truth = {name: predicted_rate_for(round(counted[name])) for name in estimates}
+    short, long = estimates["chat-short"], estimates["chat-long"]
+    measured_ratio = short["rate_requests_per_s"] / long["rate_requests_per_s"]
+    true_ratio = truth["chat-short"].requests_per_s / truth["chat-long"].requests_per_s
+    assert measured_ratio == pytest.approx(true_ratio, rel=0.15), (short["rates"], long["rates"])
+    vp_ratio = short["prefill_tokens_per_s"] / long["prefill_tokens_per_s"]
+    true_vp = truth["chat-short"].prefill_tokens_per_s / truth["chat-long"].prefill_tokens_per_s
+    assert vp_ratio == pytest.approx(true_vp, rel=0.15)

@@ -240,8 +240,9 @@ def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri
     default=None,
     metavar="FILE|classes|from-log",
     help="Measure one gradient per task class (YAML: classes with name, max_tokens, "
-    "prompts; 'classes' = short 128, medium 512, long 1200 tokens); each class "
-    "gets its own knee and pool. 'from-log': one gradient whose prompt and output "
+    "prompts, and optional inputs with name, prompt_tokens: prompt-length classes, each class "
+    "measured once per input; 'classes' = short 128, medium 512, long 1200 tokens); each class "
+    "gets its own knee and pool (and μ_slo with --rates). 'from-log': one gradient whose prompt and output "
     "lengths are drawn from the traffic of the request log (--traffic-db), so its "
     "knee in tokens is the traffic's. Replaces --max-tokens and --prompts.",
 )
@@ -284,8 +285,7 @@ def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri
     default=30.0,
     show_default=True,
     type=click.FloatRange(1.0),
-    help="Measuring time per --rates level (after --rate-warmup-seconds); a level past capacity "
-    "ends early.",
+    help="Measuring time per --rates level (after --rate-warmup-seconds); a level past capacity ends early.",
 )
 @click.option(
     "--rate-warmup-seconds",
@@ -402,7 +402,8 @@ def probe(
             for run in runs:
                 if len(runs) > 1:
                     click.echo(
-                        f"\n== task class {run.task_class}: max_tokens {run.max_tokens}, prompts {run.prompts}"
+                        f"\n== task class {run.task_class}: max_tokens {run.max_tokens}, prompts "
+                        + (f"of {run.lengths[0][0]} tokens" if run.lengths else run.prompts)
                     )
                 estimates.append(_probe_once(run, write, save, slo, profile, traffic, replica_class))
     except ProbeError as exc:
@@ -510,6 +511,8 @@ def _class_settings(
                 prompts=task.prompts,
                 task_class=task.name,
                 run_id=f"{base}-{task.name}",
+                # an input class (workload `inputs:`): every prompt a filler of that many tokens
+                lengths=() if task.prompt_tokens is None else ((task.prompt_tokens, task.max_tokens),),
             )
         )
     return runs

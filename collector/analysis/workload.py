@@ -13,6 +13,21 @@ class (`task_class`), and the alerts compare each class's concurrency with its o
       - name: long
         max_tokens: 512
 
+Prompt-length classes sit beside the output-length ones: an `inputs:` list measures every class
+once per input class, with a filler prompt of exactly `prompt_tokens` tokens (scaled to the
+engine's tokenizer by what it reports in `usage`, as from-log does), as class `<class>-<input>`.
+Prompt length decides how much prefill a request costs, so the open-loop probe (`--rates`) then
+gives one μ_slo and V_P per input class:
+
+    classes:
+      - name: chat
+        max_tokens: 64
+    inputs:                  # optional: prompt-length classes (then no class sets `prompts`)
+      - name: short          # -> task_class chat-short
+        prompt_tokens: 100
+      - name: long           # -> task_class chat-long
+        prompt_tokens: 1000
+
 `--workload classes` uses the default classes of collector.tasks (short 128, medium 512 and
 long 1200 output tokens).
 
@@ -62,11 +77,13 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 
 @dataclass(frozen=True)
 class WorkloadClass:
-    """One class of the workload: its name, output length and prompt set."""
+    """One class of the workload: its name, output length and prompt set (or, for a class crossed
+    with an input class, its fixed prompt length)."""
 
     name: str
     max_tokens: int
     prompts: str = "short"
+    prompt_tokens: int | None = None  # a filler prompt of this many tokens instead of `prompts`
 
 
 DEFAULT_WORKLOAD = (WorkloadClass("short", 128), WorkloadClass("medium", 512), WorkloadClass("long", 1200))
@@ -94,6 +111,33 @@ def _class(entry: object, index: int, where: str) -> WorkloadClass:
     return WorkloadClass(name, max_tokens, prompts)
 
 
+def _crossed(
+    classes: tuple[WorkloadClass, ...], entries: list[object], inputs: object, where: str
+) -> tuple[WorkloadClass, ...]:
+    """Each class once per input class (`inputs:`, module docstring)."""
+    if not isinstance(inputs, list) or not inputs:
+        raise ValueError(f"{where}: inputs must be a list of {{name, prompt_tokens}}")
+    if any(isinstance(entry, dict) and "prompts" in entry for entry in entries):
+        raise ValueError(f"{where}: with inputs, the prompt is the input class's: drop the classes' prompts")
+    crossed = []
+    for index, entry in enumerate(inputs):
+        if not isinstance(entry, dict) or set(entry) != {"name", "prompt_tokens"}:
+            raise ValueError(f"{where}: inputs[{index}] must be a mapping of exactly name and prompt_tokens")
+        name, tokens = entry["name"], entry["prompt_tokens"]
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(
+                f"{where}: inputs[{index}].name {name!r} must be lowercase letters, digits, '-' or '_'"
+            )
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise ValueError(f"{where}: inputs[{index}].prompt_tokens {tokens!r} must be a positive integer")
+        for task in classes:
+            label = f"{task.name}-{name}"
+            if not _NAME.fullmatch(label):
+                raise ValueError(f"{where}: class {label!r} is longer than 32 characters; shorten the names")
+            crossed.append(WorkloadClass(label, task.max_tokens, prompt_tokens=tokens))
+    return tuple(crossed)
+
+
 def load_workload(spec: str) -> tuple[WorkloadClass, ...]:
     """The classes of `spec`: 'classes' (the defaults) or a YAML file; ValueError naming the fault."""
     if spec == "classes":
@@ -112,6 +156,9 @@ def load_workload(spec: str) -> tuple[WorkloadClass, ...]:
             "docs/capacity.md, 'Capacity per task type')"
         )
     classes = tuple(_class(entry, i, f"--workload {spec}") for i, entry in enumerate(entries))
+    inputs = data.get("inputs")
+    if inputs is not None:
+        classes = _crossed(classes, entries, inputs, f"--workload {spec}")
     names = [c.name for c in classes]
     if len(set(names)) != len(names):
         raise ValueError(f"--workload {spec}: class names repeat: {names}")
