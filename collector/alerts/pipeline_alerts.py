@@ -3,7 +3,7 @@
 A sidecar Prometheus cannot scrape pages (it proxies traffic, so its clients fail too), and so does
 a scrape job that vanished (`absent()`: every other alert is blind, and `up == 0` cannot fire
 without an `up`). The rest warn: the engine's metrics failing (KV and queue signals blind), rows
-dropped, and the store service unreachable or behind while rows wait in the sidecar's spool.
+dropped, and the log sink (the lake) failing or behind while rows wait in the sidecar's spool.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def _fleet_rules(c: RulesConfig) -> list[dict[str, Any]]:
 
     A replica is a sidecar serving the model; its capacity is its replica class's (task class
     "all"; the model's default class's where its class has none), wherever the gauge is exported
-    (the sidecar itself, or the store service). A replica's pool in tokens is its token knee at the
+    (each sidecar, from its own store or the fleet's estimates table). A replica's pool in tokens is its token knee at the
     request pool's share of the request knee (knee_tokens x pool / knee_requests), the conversion
     the KEDA trigger uses.
     """

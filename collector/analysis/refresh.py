@@ -15,7 +15,7 @@ export (a fresh probe beats traffic; traffic only with enough confidence; else n
   whatever its confidence (the history shows it), published only when it clears the bar.
 
 collector.store.jobs schedules this: the probe check every few seconds, the traffic refresh every
-15 minutes, both once at start-up. The store service and a sidecar with its own store hand it over.
+15 minutes, both once at start-up. A sidecar with its own store hands it over.
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ def refresh_estimates(
     (collector.analysis.refresh_worker): what a process that also proxies or ingests runs.
 
     `replica_class` labels the estimates made here (a sidecar passes its own class, or a callable
-    that says it once the sidecar has decided; the store service, whose rows come from sidecars of
-    any class, passes nothing: "default").
+    that says it once the sidecar has decided; a caller whose rows come from sidecars of any class
+    passes nothing: "default").
     """
     found_class = replica_class() if callable(replica_class) else replica_class
     own_class = found_class or DEFAULT_REPLICA_CLASS
@@ -132,7 +132,7 @@ def refresh_estimates(
     return saved
 
 
-# the scheduled job of `headroom run` and the store service, whose processes also serve requests:
+# the scheduled job of `headroom run`, whose process also serves requests:
 # probe runs and imports stay in-process (a few hundred rows each), the traffic curves go to a
 # child process (collector.analysis.refresh_worker)
 refresh_estimates_isolated = functools.partial(refresh_estimates, isolated=True)

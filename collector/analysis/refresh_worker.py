@@ -1,5 +1,5 @@
 """The traffic refresh in a process of its own, so that it never competes with a proxy for the
-interpreter: what `headroom run` (a sidecar with its own store) and the store service schedule.
+interpreter: what `headroom run` (a sidecar with its own store) schedules.
 
     estimates = traffic_estimates_isolated(store, now, window=timedelta(hours=24))
 

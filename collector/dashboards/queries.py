@@ -75,7 +75,7 @@ def published(name: str, aggregate: str = "max") -> str:
     """A published capacity gauge per model and replica class (task class `all`), for the models
     the selection serves.
 
-    The sidecar publishes it where it owns its log, the store service in a fleet, so it is filtered by
+    Each sidecar publishes it (in a fleet, from the fleet's estimates table), so it is filtered by
     place, model and the selected sidecars' models, not by `job`.
     """
     return served(f"{aggregate} by (model, replica_class) ({sample(name)}{scoped(_EVERY_TASK)})")

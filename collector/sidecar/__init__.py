@@ -27,6 +27,6 @@
     otel_metrics.py  the OpenTelemetry GenAI server metrics
     cli.py           `headroom run`
 
-Rows leave through RowSinks (collector.record); the request log's writer and shipper are in
-collector.store, the engine and GPU sources in collector.sources.
+Rows leave through RowSinks (collector.record); the request log's writer is in
+collector.store (the lake's, for --lake, in collector.lake), the engine and GPU sources in collector.sources.
 """

@@ -1,6 +1,7 @@
 """CapacityGauges: the published capacity per model, task class and replica class (headroom_capacity_*).
 
-The sidecar and the store service both export it from their own /metrics. Whatever decides the
+Each sidecar exports it from its own /metrics (in a fleet, from the fleet's estimates table:
+collector.lake.estimates). Whatever decides the
 published estimate (collector.store.decision) hands it a list of PublishedCapacity; alert rules
 compare live concurrency with these values instead of hard-coded numbers. A model with no
 published estimate exports nothing, so those alerts stay silent until there is evidence.

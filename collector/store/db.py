@@ -255,7 +255,7 @@ class RequestStore:
         (DuckDB's default: 16). At 10 M rows a fold took 64-452 ms, as long as the inserts
         between folds, so fewer folds take batches faster; the rows of an unfolded log stay in
         memory meanwhile.
-        The store service raises it, a sidecar keeps the default (BENCHMARKS.md §5c).
+        A bulk writer may raise it; a sidecar keeps the default (BENCHMARKS.md §5c).
 
         `threads`: DuckDB's worker threads for this database (DuckDB's default: one per core).
         A sidecar's store takes one, leaving the other cores to the proxy; on 2 cores its inserts

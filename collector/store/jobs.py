@@ -2,8 +2,8 @@
 refresh feeding the headroom_capacity_* gauges, and the weekly capacity review.
 
 The store owns the schedule and its own upkeep (rollup, retention). The work of the other two
-lives above the store and is handed in by whoever runs the jobs (the store service, or a sidecar
-with its in-process store): `refresh` is collector.analysis.refresh.refresh_estimates and
+lives above the store and is handed in by whoever runs the jobs (a sidecar with its in-process
+store): `refresh` is collector.analysis.refresh.refresh_estimates and
 `review` is collector.report.review.write_report_files. A job whose work is not given is left out.
 
 Each job is a function of `now`, so tests drive it with an injected clock: `job_table()` lists
