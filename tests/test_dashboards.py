@@ -110,3 +110,15 @@ def test_new_capacity_names_only_no_deprecated_caliber_gauges():
     assert "headroom_capacity_knee_requests" in text and "headroom_capacity_knee_tokens" in text
     assert not re.search(r"headroom_capacity_(knee|slo_max|recommended_pool)\{", text)
     assert "caliber=" not in text
+
+
+def test_model_and_tenant_dropdowns_leave_out_the_idle_sidecars_placeholder():
+    """Before its first request a sidecar exports headroom_inflight_requests{model="",tenant=""} 0
+    (so sums read 0, not nothing); no dropdown may offer that empty model or tenant."""
+    for name, board in BOARDS.items():
+        variables = {v["name"]: v for v in board["templating"]["list"]}
+        for label in ("model", "tenant"):
+            if label in variables:
+                query = variables[label]["query"]["query"]
+                assert f'{label}!=""' in query and query.endswith(f", {label})"), (name, query)
+        assert "model" in variables, name

@@ -59,7 +59,10 @@ def _variables(with_tenant: bool) -> list[dict[str, Any]]:
         "tenant": "Tenant",
     }
     for name in (*VARIABLES, "model", *(("tenant",) if with_tenant else ())):
-        where = "{" + ", ".join(narrowed) + "}" if narrowed else ""
+        # before its first request a sidecar exports one series at 0 with model="" and tenant=""
+        # (sums read 0, not nothing): the dropdowns leave that placeholder out
+        selector = [*narrowed, f'{name}!=""'] if name in ("model", "tenant") else narrowed
+        where = "{" + ", ".join(selector) + "}" if selector else ""
         variables.append(query_variable(name, labels[name], f"label_values({_INFLIGHT}{where}, {name})"))
         narrowed.append(f'{name}=~"${name}"')
     return variables
