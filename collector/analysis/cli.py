@@ -415,7 +415,9 @@ def probe(
     _write_outputs(estimates, json_path, plot_path)
 
 
-def _rate_settings(rates: str | None, rate_seconds: float, rate_warmup_seconds: float = 5.0) -> dict:
+def _rate_settings(
+    rates: str | None, rate_seconds: float, rate_warmup_seconds: float = 5.0
+) -> dict[str, Any]:
     """ProbeSettings' open-loop fields from --rates, --rate-seconds and --rate-warmup-seconds."""
     if rates is None:
         return {}
