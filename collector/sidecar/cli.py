@@ -10,7 +10,7 @@ import click
 import uvicorn
 
 from collector.serving import parse_listen
-from collector.sidecar.config import SidecarConfig
+from collector.sidecar.config import MAX_REQUEST_BODY_BYTES, SidecarConfig
 
 __all__ = ["run"]
 
@@ -202,7 +202,7 @@ __all__ = ["run"]
 )
 @click.option(
     "--max-request-body-bytes",
-    default=64 * 2**20,
+    default=MAX_REQUEST_BODY_BYTES,
     show_default=True,
     type=click.IntRange(1),
     metavar="BYTES",

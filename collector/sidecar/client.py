@@ -18,7 +18,6 @@ from collector.sidecar.ending import Ending
 from collector.sidecar.uvicorn_cycle import client_closing
 
 __all__ = [
-    "MAX_REQUEST_BODY_BYTES",
     "BodyTooLarge",
     "ClientChannel",
     "TaskWatch",
@@ -26,8 +25,6 @@ __all__ = [
     "send_error",
     "wait_disconnect",
 ]
-
-MAX_REQUEST_BODY_BYTES = 64 * 2**20  # --max-request-body-bytes' default
 
 Scope = dict[str, Any]
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 from collector.store.capacity_gauges import check_replica_class
 
-__all__ = ["SidecarConfig"]
+__all__ = ["MAX_REQUEST_BODY_BYTES", "SidecarConfig"]
+
+MAX_REQUEST_BODY_BYTES = 64 * 2**20  # --max-request-body-bytes' default
 
 
 @dataclass
@@ -57,7 +59,7 @@ class SidecarConfig:
     read_timeout_s: float = 600.0
     max_connections: int = 1024  # pooled upstream connections (--max-upstream-connections)
     # Bounds on clients (docs/sidecar.md, "Limits"): a breach is a JSON error naming the flag.
-    max_request_body_bytes: int = 64 * 2**20
+    max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES
     max_buffered_response_bytes: int = 16 * 2**20
     max_sse_event_bytes: int = 2**20
     header_timeout_s: float = 10.0

@@ -10,13 +10,13 @@ import asyncio
 from typing import Any
 
 from collector.sidecar.client import (
-    MAX_REQUEST_BODY_BYTES,
     BodyTooLarge,
     ClientChannel,
     read_body,
     send_error,
     wait_disconnect,
 )
+from collector.sidecar.config import MAX_REQUEST_BODY_BYTES
 from collector.sidecar.ending import describe_failure
 from collector.sidecar.exchange import BufferedBody, Exchange
 from collector.sidecar.faults import FaultLog

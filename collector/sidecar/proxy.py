@@ -24,7 +24,8 @@ import re
 import time
 from typing import Any
 
-from collector.sidecar.client import MAX_REQUEST_BODY_BYTES, BodyTooLarge, ClientChannel, TaskWatch, read_body
+from collector.sidecar.client import BodyTooLarge, ClientChannel, TaskWatch, read_body
+from collector.sidecar.config import MAX_REQUEST_BODY_BYTES
 from collector.sidecar.ending import Ending, describe_failure
 from collector.sidecar.exchange import BufferedBody, Exchange
 from collector.sidecar.faults import FaultLog
