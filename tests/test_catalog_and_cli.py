@@ -138,3 +138,18 @@ def test_every_help_starts_with_examples_and_explains_every_option(path, command
 def test_unknown_command_fails_with_usage():
     result = CliRunner().invoke(main, ["frobnicate"])
     assert result.exit_code == 2 and "No such command" in result.output
+
+
+def test_the_default_runbook_url_is_the_projects_documented_home():
+    """Every alert's runbook_url defaults to docs/runbooks.md under [project.urls]'s Documentation,
+    and the README says how to point it elsewhere (--runbook-base-url)."""
+    import tomllib
+    from pathlib import Path
+
+    from collector.rules.config import DEFAULT
+
+    root = Path(__file__).resolve().parent.parent
+    urls = tomllib.loads((root / "pyproject.toml").read_text())["project"]["urls"]
+    assert DEFAULT.runbook_base_url == urls["Documentation"] + "/runbooks.md"
+    assert set(urls) >= {"Homepage", "Documentation", "Repository", "Issues"}
+    assert "--runbook-base-url" in (root / "README.md").read_text()
