@@ -3,7 +3,8 @@
 Three panels share the x axis (minutes from the start): in-flight requests with the published knee,
 active tokens with the token knee (the calibers are never drawn on one axis: their units differ),
 and one row per alert, pending pale and firing solid, red for pages and orange for warnings. SLO
-breaches are shaded grey across all three.
+breaches are shaded grey across all three. A caliber's axis stops at CLIP_AT_KNEES x its knee line
+when an overload's queue climbs past it (and says where the peak was).
 
     plot_backtest(result, Path("ramp.png"))
 """
@@ -24,20 +25,53 @@ def _minutes(t: float, start: float) -> float:
     return (t - start) / 60
 
 
+# a caliber's axis reaches this many times its knee line at most: past it an overload's queue
+# (hundreds in flight against a knee of 32) would flatten the approach to the knee, the part that matters
+CLIP_AT_KNEES = 3.0
+
+
+def _y_top(values: list[float], knee_line: float | None) -> tuple[float, bool]:
+    """The axis top for a caliber: its peak with 5 % room, or CLIP_AT_KNEES x the knee line when
+    the peak is higher than that; and whether it clipped.
+
+    Examples: ([10, 40], 32) -> (42.0, False); ([10, 550], 32) -> (96.0, True); ([0], None) -> (1.0, False)
+    """
+    peak = max(values, default=0.0)
+    top = max(peak * 1.05, (knee_line or 0.0) * 1.1, 1.0)
+    if knee_line and peak > CLIP_AT_KNEES * knee_line:
+        return CLIP_AT_KNEES * knee_line, True
+    return top, False
+
+
 def _caliber(axis: Any, result: BacktestResult, caliber: str, label: str, replicas: int) -> None:
     start = result.timeline.start
     points = result.calibers.get(caliber, [])
-    axis.plot([_minutes(t, start) for t, _ in points], [v for _, v in points], color="#2c3e50", linewidth=0.8)
+    values = [v for _, v in points]
+    axis.plot([_minutes(t, start) for t, _ in points], values, color="#2c3e50", linewidth=0.8)
     knee = result.knee.get(caliber)
-    if knee:
+    knee_line = knee * replicas if knee else None
+    if knee_line:
         axis.axhline(
-            knee * replicas,
+            knee_line,
             color="#8e44ad",
             linestyle="--",
             linewidth=1,
             label=f"knee x {replicas} replica(s)" if replicas > 1 else "knee",
         )
         axis.legend(loc="upper left", fontsize=7)
+    top, clipped = _y_top(values, knee_line)
+    axis.set_ylim(0, top)
+    if clipped:  # say what the axis leaves out rather than squash the knee into the floor
+        axis.text(
+            0.99,
+            0.95,
+            f"off scale: peaks at {max(values):,.0f}",
+            transform=axis.transAxes,
+            ha="right",
+            va="top",
+            fontsize=7,
+            color="#7f8c8d",
+        )
     axis.set_ylabel(label, fontsize=8)
 
 
