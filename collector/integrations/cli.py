@@ -77,11 +77,12 @@ def _emit(
     document: dict[str, Any],
     out: str | None,
     header: str = "from a stored llm-headroom capacity estimate; rerender after a new probe",
+    comments: tuple[str, ...] | list[str] = (),
 ) -> None:
     from collector.rules.render import render_yaml  # lazy: PyYAML only when something is written
 
     body = render_yaml(document, "integrations").split("\n", 1)[1]  # our own header, not "do not edit"
-    text = f"# Rendered by `headroom integrations` {header}.\n" + body
+    text = f"# Rendered by `headroom integrations` {header}.\n" + "".join(f"# {c}\n" for c in comments) + body
     if out:
         Path(out).write_text(text)
         click.echo(f"wrote {out}", err=True)
@@ -174,6 +175,14 @@ def _render(kind: str, estimate: dict[str, Any], **options: Any) -> dict[str, An
     help='Scale on this cluster\'s sidecars only (cluster="NAME"): for a Prometheus that holds '
     "several clusters' series (a central ruler, Thanos, Mimir, VictoriaMetrics).",
 )
+@click.option(
+    "--rate-utilisation",
+    default=None,
+    type=click.FloatRange(0.0, 1.0, min_open=True),
+    show_default="0.8",
+    help="With a published μ_slo (probe --rates): the share of it a replica is scaled to carry; the "
+    "rate trigger's threshold is μ_slo x this.",
+)
 def keda(
     db: str | None,
     estimate_file: str | None,
@@ -186,6 +195,7 @@ def keda(
     min_replicas: int,
     max_replicas: int,
     cluster: str | None,
+    rate_utilisation: float | None,
     lake_uri: str | None,
     catalog_uri: str | None,
     lake_table: str,
@@ -214,6 +224,7 @@ def keda(
             min_replicas=min_replicas,
             max_replicas=max_replicas,
             cluster=cluster,
+            **({} if rate_utilisation is None else {"rate_utilisation": rate_utilisation}),
         ),
         out,
     )
@@ -240,21 +251,26 @@ def gateway(
     lake_table: str,
 ) -> None:
     """Gateway API Inference Extension: an EndpointPickerConfig whose concurrency detector takes the
-    pool as maxConcurrency / maxTokenConcurrency and allows bursts up to the knee.
+    pool as maxConcurrency / maxTokenConcurrency and allows bursts up to the knee. A comment per
+    threshold says the measured number it comes from, the estimate's source and its age. With no
+    estimate that passes the publication gate nothing is rendered, and the gateway keeps its own
+    saturation detector (its default queue-depth and KV-cache thresholds).
 
     \b
     Examples:
       headroom integrations gateway --db headroom.duckdb
       headroom integrations gateway --estimate cap.json --mode tokens --out epp-config.yaml
     """
-    _emit(
-        _render(
-            "gateway_picker_config",
-            _load_estimate(db, estimate_file, (catalog_uri, lake_uri, lake_table), model, replica_class),
-            mode=mode,
-        ),
-        out,
-    )
+    from collector.integrations.render import GATEWAY_FALLBACK, gateway_comments  # lazy: as _render
+
+    try:
+        estimate = _load_estimate(
+            db, estimate_file, (catalog_uri, lake_uri, lake_table), model, replica_class
+        )
+    except click.ClickException as exc:
+        raise click.ClickException(f"{exc.message}; {GATEWAY_FALLBACK}") from None
+    config = _render("gateway_picker_config", estimate, mode=mode)
+    _emit(config, out, comments=gateway_comments(estimate, mode=mode))
 
 
 @integrations.command("llm-d")

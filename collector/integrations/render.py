@@ -11,6 +11,8 @@ number below is the estimate's, per replica; the live ones stay in Prometheus:
       the caliber that needs more; a re-measured knee changes the gauge and the scaling at once.
     gateway_picker_config(...) -> EndpointPickerConfig with a concurrency-detector:
          maxConcurrency 6, maxTokenConcurrency 6750, headroom 0.33 (bursts up to the knee, 8/6 - 1)
+    gateway_comments(...) -> one comment line per threshold: the measured number it comes from,
+         the estimate's source, run, when it was measured and how old it is
     llmd_saturation_config(...) -> the WVA saturation ConfigMap entry for the model
 
 With capacity in rates (μ_slo 9.5 requests/s, V_P 380 prefill tokens/s, `headroom probe --rates`):
@@ -26,6 +28,7 @@ Why the pool and not the knee: the knee is where the replica stops getting faste
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from collector.rules.config import RulesConfig
@@ -38,6 +41,8 @@ __all__ = [
     "per_replica",
     "keda_scaled_object",
     "gateway_picker_config",
+    "gateway_comments",
+    "GATEWAY_FALLBACK",
     "llmd_saturation_config",
 ]
 
@@ -244,6 +249,67 @@ def gateway_picker_config(estimate: dict[str, Any], *, mode: str = "requests") -
         "plugins": [{"type": "concurrency-detector", "parameters": parameters}],
         "saturationDetector": {"pluginRef": "concurrency-detector"},
     }
+
+
+# what the gateway does when no estimate passes the publication gate: nothing is rendered, and
+# its own saturation detector (hand-set queue-depth and KV-cache thresholds) stays in charge
+GATEWAY_FALLBACK = (
+    "nothing rendered: the gateway keeps its own saturation detector (its default queue-depth "
+    "and KV-cache thresholds) until a measured estimate passes the gate; run `headroom probe`"
+)
+
+
+def _age(created_at: str | None, now: datetime) -> str:
+    """'3 h old' (minutes under an hour, days past two) or 'age unknown'."""
+    try:
+        at = datetime.fromisoformat(str(created_at))
+    except ValueError:
+        return "age unknown"
+    seconds = (now - (at if at.tzinfo else at.replace(tzinfo=UTC))).total_seconds()
+    if seconds < 3600:
+        return f"{max(seconds, 0) / 60:.0f} min old"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h old"
+    return f"{seconds / 86400:.1f} days old"
+
+
+def gateway_comments(
+    estimate: dict[str, Any], *, mode: str = "requests", now: datetime | None = None
+) -> list[str]:
+    """Where each threshold of gateway_picker_config comes from, one line each (without '# '):
+    the measured number, the estimate's source, run, measurement time and age.
+
+    Example: ['maxConcurrency 6: the recommended pool (interactive) of knee 8 requests', ...,
+    'measured by probe run probe-2026...-ab12 at 2026-12-01T08:00:00+00:00 (3.0 h old), replica
+    class default, confidence high']
+    """
+    limits = per_replica(estimate)
+    lines = [
+        f"maxConcurrency {int(limits['pool_requests'])}: the recommended pool "
+        f"({estimate.get('profile') or 'interactive'}) of knee {limits['knee_requests']:g} requests",
+        f"headroom {limits['burst_ratio']:g}: bursts up to the knee "
+        f"({limits['knee_requests']:g} / {limits['pool_requests']:g} - 1)",
+    ]
+    if limits["pool_tokens"]:
+        lines.insert(
+            1,
+            f"maxTokenConcurrency {int(limits['pool_tokens'])}: the pool in tokens, knee "
+            f"{limits['knee_tokens']:g} tokens x {limits['pool_requests']:g} / {limits['knee_requests']:g}"
+            + (" (the detector's caliber)" if mode == "tokens" else ""),
+        )
+    mu = estimate.get("rate_requests_per_s")
+    if mu:
+        lines.append(
+            f"mu_slo {mu:.4g} requests/s per endpoint (headroom probe --rates): not a detector "
+            "setting; the KEDA rate trigger scales on it"
+        )
+    when = estimate.get("created_at")
+    lines.append(
+        f"measured by {estimate.get('source') or 'an unknown source'} run {estimate.get('run_id')} "
+        f"at {when} ({_age(when, now or datetime.now(UTC))}), replica class {_replica_class(estimate)}, "
+        f"confidence {estimate.get('confidence') or 'unknown'}"
+    )
+    return lines
 
 
 def llmd_saturation_config(
