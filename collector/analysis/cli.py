@@ -294,6 +294,14 @@ def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri
     type=click.FloatRange(0.0),
     help="Arrivals per --rates level before measuring starts (the queue settles).",
 )
+@click.option(
+    "--adapters",
+    default=None,
+    metavar="A,B,...",
+    help="LoRA adapters of the model to put in the mix: each request names the next one in its "
+    "`model` (in turn, so concurrent requests name different adapters), to measure the knee with "
+    "that many adapters competing for the engine's adapter slots. The estimate records how many.",
+)
 def probe(
     url,
     model,
@@ -322,6 +330,7 @@ def probe(
     rates=None,
     rate_seconds=30.0,
     rate_warmup_seconds=5.0,
+    adapters=None,
 ) -> None:
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
@@ -334,6 +343,7 @@ def probe(
           --slo-ttft-p95 2.0 --profile interactive --json cap.json --plot cap.png --db headroom.duckdb
       headroom probe --url http://gpu-1:8000 --prompts mixed --profile batch
       headroom probe --url http://127.0.0.1:9100 --workload classes --levels 1,2,4,8,16
+      headroom probe --url http://127.0.0.1:9100 --model llama-3-8b --adapters sql-lora,chat-lora
       headroom probe --url http://127.0.0.1:9100 --workload my-workload.yaml --json knees.json
       headroom probe --url http://127.0.0.1:9100 --workload from-log --db headroom.duckdb
       headroom probe --url http://gpu-1:8000 --workload from-log --traffic-db headroom.duckdb \\
@@ -379,6 +389,7 @@ def probe(
         seed=seed,
         api_key=api_key,
         engine_metrics=engine_metrics,
+        adapters=_adapter_names(adapters),
         **_rate_settings(rates, rate_seconds, rate_warmup_seconds),
     )
     if replica_class is not None:
@@ -428,6 +439,16 @@ def _rate_settings(
         return {"rates": parse_rates(rates), **timing}
     except ValueError as exc:
         raise click.BadParameter(f"{exc}, or auto", param_hint="--rates") from None
+
+
+def _adapter_names(text: str | None) -> tuple[str, ...]:
+    """--adapters a,b,... as names, in order, each once; () without it."""
+    if text is None:
+        return ()
+    names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    if not names:
+        raise click.BadParameter("give adapter names, e.g. sql-lora,chat-lora", param_hint="--adapters")
+    return names
 
 
 def _probe_once(

@@ -497,6 +497,8 @@ def estimate_from_probe(
     estimate.task_class = result.task_class
     if getattr(result, "engine_max_concurrency", None) is not None:
         estimate.extra["engine_max_concurrency"] = result.engine_max_concurrency
+    if getattr(result, "adapters", ()):  # measured with LoRA adapters in the mix: how many
+        estimate.extra["adapters"] = len(result.adapters)
     rows = [row for level in result.levels for row in level.rows]
     started = min((row["admitted_at"] for row in rows), default=estimate.created_at)
     check = token_check_in_store(

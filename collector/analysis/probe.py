@@ -110,6 +110,9 @@ class ProbeSettings:
     rates_auto: bool = False
     rate_level_s: float = 30.0
     rate_warmup_s: float = 5.0
+    # LoRA adapters of the model to name in the requests' `model`, in turn per request (round-robin
+    # over the run's requests, so concurrent requests name different adapters); empty: the model
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass
@@ -136,6 +139,7 @@ class ProbeResult:
     queue_evidence: str = "TTFT growth (the engine's queue was not read)"
     engine_kv_capacity_tokens: int | None = None  # the engine's KV cache, when it publishes it
     rates: RateResult | None = None  # the open-loop ladder, when one ran
+    adapters: tuple[str, ...] = ()  # the LoRA adapters in the mix (ProbeSettings.adapters)
 
 
 def new_run_id() -> str:
@@ -337,8 +341,10 @@ class _Runner:
         self.sequence += 1
         request_id = f"{self.run_id}-{tag}-{self.sequence:06d}{'-w' if warm else ''}"
         prompt, max_tokens = self._shape(request_id)
+        adapters = self.settings.adapters
+        adapter = adapters[(self.sequence - 1) % len(adapters)] if adapters else None
         payload: dict[str, Any] = {
-            "model": self.model,
+            "model": adapter or self.model,
             "max_tokens": max_tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -361,6 +367,7 @@ class _Runner:
             estimate_tokens(prompt),
             self.settings.task_class,
             prompt,
+            adapter,
         )
 
     async def _worker(self, level: _Level, delay_s: float) -> None:
@@ -436,7 +443,9 @@ async def run_probe(
         if engine is not None:
             await engine.start()
         runner = _Runner(settings, client, model, run_id, progress, engine)
-        result = ProbeResult(run_id, model, settings.url, [], task_class=settings.task_class)
+        result = ProbeResult(
+            run_id, model, settings.url, [], task_class=settings.task_class, adapters=settings.adapters
+        )
         stagger_s = 0.0
         for concurrency in levels:
             level = await runner.run_level(concurrency, stagger_s)

@@ -50,6 +50,7 @@ class RequestSpec:
     prompt_estimate: int
     task_class: str = "all"  # the workload class this request measures
     prompt: str = ""  # the text sent, only to keep it out of an echoed error message; never stored
+    adapter: str | None = None  # the LoRA adapter named in the body's `model` (`model`: its base)
 
 
 @dataclass(frozen=True)
@@ -224,4 +225,5 @@ def _record(
         kv_usage_at_admit=None,
         upstream_retries=state["retries"],
         task_class=spec.task_class,
+        adapter=spec.adapter,
     )

@@ -81,6 +81,10 @@ def print_estimate(estimate: Any, console: Console | None = None) -> None:
     elif knee.reached and estimate.knee_tokens != knee.tokens:
         tokens = f"{estimate.knee_tokens} tokens (measured {knee.tokens}, capped at the KV capacity)"
     console.print(f"knee: {knee.requests} requests, {tokens}{reached}")
+    if estimate.extra.get("adapters"):
+        console.print(
+            f"  measured with {estimate.extra['adapters']} LoRA adapters in the mix, in turn per request"
+        )
     # soft_wrap: the terminal wraps these sentences, never a line break in the middle of one
     console.print(f"  rule: {knee.rule_reason}", soft_wrap=True, markup=False)
     console.print(
