@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-__all__ = ["render_png", "render_html", "write_plot", "DEFAULT_SIZE_PX"]
+__all__ = ["render_png", "render_rates_png", "render_html", "write_plot", "DEFAULT_SIZE_PX"]
 
 DEFAULT_SIZE_PX = (1200, 800)
 _DPI = 100
@@ -90,6 +90,62 @@ def render_png(estimate: Any, size_px: tuple[int, int] = DEFAULT_SIZE_PX) -> byt
     model = Path(estimate.model).name if estimate.model else "model"  # llama.cpp ids are paths
     top.set_title(f"Capacity of {model} ({estimate.source}, run {estimate.run_id or '-'})")
     top.legend(loc="lower right")
+    bottom.legend(loc="upper left")
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=_DPI)
+    return buffer.getvalue()
+
+
+def render_rates_png(
+    rates: dict[str, Any],
+    *,
+    ttft_slo_s: float | None = None,
+    title: str = "Open loop",
+    reference: tuple[str, float] | None = None,
+    size_px: tuple[int, int] = DEFAULT_SIZE_PX,
+) -> bytes:
+    """PNG bytes of the open-loop ladder (an estimate's `rates` section, RateResult.to_dict()):
+    achieved against offered rate (the diagonal is 'keeps up'), and p95 TTFT against offered
+    rate on a log axis, μ_slo marked on both (and `reference`, a labelled rate such as a known
+    saturation rate); drifting levels drawn hollow."""
+    import matplotlib  # lazy, as render_png
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    levels = sorted(rates.get("levels") or [], key=lambda lv: lv["offered_per_s"])
+    offered = [lv["offered_per_s"] for lv in levels]
+    fig = Figure(figsize=(size_px[0] / _DPI, size_px[1] / _DPI), dpi=_DPI)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    top.plot(offered, offered, ":", color="tab:gray", label="offered (keeps up)")
+    top.plot(offered, [lv["achieved_per_s"] for lv in levels], "o-", color="tab:blue", label="achieved")
+    bottom.plot(offered, [lv["ttft_p95_s"] for lv in levels], "o-", color="tab:purple", label="p95 TTFT")
+    drifting = [lv for lv in levels if lv.get("drifting") or lv.get("ended_early")]
+    if drifting:
+        top.plot(
+            [lv["offered_per_s"] for lv in drifting],
+            [lv["achieved_per_s"] for lv in drifting],
+            "o",
+            markerfacecolor="white",
+            color="tab:red",
+            label="queue drifts",
+        )
+    mu = rates.get("mu_slo_requests_per_s")
+    for ax in (top, bottom):
+        if mu:
+            ax.axvline(mu, color="tab:red", linestyle="--", linewidth=1.5, label=f"μ_slo {mu:.3g}/s")
+        if reference is not None:
+            ax.axvline(reference[1], color="tab:green", linestyle="-.", linewidth=1.5, label=reference[0])
+        ax.grid(True, alpha=0.3)
+    if ttft_slo_s is not None:
+        bottom.axhline(ttft_slo_s, color="tab:orange", linewidth=1, label=f"SLO p95 TTFT {ttft_slo_s:g} s")
+    top.set_ylim(bottom=0)
+    bottom.set_yscale("log")
+    top.set_ylabel("achieved requests/s")
+    bottom.set_ylabel("p95 TTFT (s)")
+    bottom.set_xlabel("offered requests/s (Poisson arrivals)")
+    top.set_title(title)
+    top.legend(loc="upper left")
     bottom.legend(loc="upper left")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=_DPI)

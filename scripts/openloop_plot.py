@@ -1,0 +1,69 @@
+"""Draw docs/img/openloop-sim.png: the open-loop ladder of the simulator, achieved rate and p95
+TTFT against offered rate, μ_slo marked (docs/capacity.md, "Capacity in rates").
+
+The simulator runs in simulated time (collector.sim.offline: seeded, a few seconds of CPU): cpu
+cost profile, 4 slots, 40-token prompts, 32 output tokens, whose analytic μ is
+collector.sim.cost.predicted_rate (~2.02 requests/s). Every offered rate from 0.4 to 1.5 x μ is
+measured (the probe's ladder would stop at the first failure; the plot shows what lies past it),
+400 requests' worth of time each, the first 15 % warm-up.
+
+    .venv/bin/python scripts/openloop_plot.py [OUT.png]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from collector.analysis.openloop import rate_level, rate_result, rate_tag
+from collector.analysis.plot import render_rates_png
+from collector.analysis.slo import Slo
+from collector.analysis.stats import seconds
+from collector.sim.config import SimConfig
+from collector.sim.cost import COST_PROFILES, predicted_rate
+from collector.sim.offline import Mix, poisson_rows
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "img" / "openloop-sim.png"
+MULTIPLES = (0.4, 0.6, 0.75, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.35, 1.5)
+SLO = Slo(ttft_p95_s=2.0)
+
+
+def main(out: Path) -> None:
+    config = SimConfig(max_num_seqs=4, cost_profile="cpu", seed=7, max_waiting=10_000)
+    mix = Mix(prompt_tokens=40, output_tokens=32)
+    mu = predicted_rate(
+        COST_PROFILES["cpu"],
+        max_num_seqs=4,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        kv_cache_tokens=config.kv_cache_tokens,
+        block_size=config.block_size,
+        prompt_tokens=40,
+        output_tokens=32,
+    ).requests_per_s
+    levels = []
+    for n, multiple in enumerate(MULTIPLES):
+        rate = round(mu * multiple, 3)
+        duration = 400 / mu
+        rows = poisson_rows(config, lambda t, rate=rate: rate, duration, mix, seed=n)
+        start = min(seconds(r["admitted_at"]) or 0.0 for r in rows)
+        measured = []
+        for i, row in enumerate(rows):
+            at = (seconds(row["admitted_at"]) or 0.0) - start
+            row["request_id"] = f"plot-{rate_tag(rate)}-{i:06d}{'-w' if at < 0.15 * duration else ''}"
+            if at >= 0.15 * duration:
+                measured.append(at + start)
+        levels.append(rate_level(rows, rate, (min(measured), max(measured)), slo=SLO))
+    result = rate_result(levels)
+    png = render_rates_png(
+        result.to_dict(),
+        ttft_slo_s=SLO.ttft_p95_s,
+        reference=(f"analytic μ {mu:.3g}/s (saturation)", mu),
+        title=f"headroom sim, cpu profile, 4 slots: analytic μ {mu:.3g}/s, μ_slo {result.mu_slo_per_s:.3g}/s",
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(png)
+    print(f"wrote {out}: μ {mu:.3f}/s, μ_slo {result.mu_slo_per_s}/s ({result.reason})")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
