@@ -5,15 +5,18 @@ from its /metrics (vLLM's lora_requests_info max_lora); each request naming an a
 under its base model with the adapter, and /metrics shows the distinct adapters in flight against
 the slots. 2 adapters in the mix stay within the slots (the thrash alert's condition never
 holds); 8 adapters pass them at most scrapes and TTFT rises as the simulator's model says
-(collector.sim.offline run on the same settings, docs/simulator.md "LoRA adapters").
+(collector.sim.offline run on the same settings and the same mix, each request's adapter drawn
+from Mix.adapter, docs/simulator.md "LoRA adapters").
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 
 import httpx
+import pytest
 from support.waiting import wait_until_async
 
 from collector.record import MemorySink
@@ -28,14 +31,21 @@ from collector.sources.base import parse_exposition
 
 NAMES = tuple(f"lora-{i}" for i in range(8))
 SLOTS, CLIENTS, PER_CLIENT, OUTPUT, SPEED = 4, 16, 5, 64, 4.0
+TOLERANCE = 0.4  # of the model's figures: 80 requests' draws, the HTTP hop, a busy 2-core host
+# (three runs measured the thrash median at 0.75 to 1.03 x the model's)
 PROMPT = "x" * 148  # 37 + 3 template tokens: the offline Mix's 40
 CONFIG = SimConfig(model="base", max_num_seqs=16, lora_adapters=NAMES, max_loras=SLOTS, speed=SPEED)
 
 
-async def _client(client: httpx.AsyncClient, url: str, index: int, adapters: int) -> None:
-    for n in range(PER_CLIENT):
+def _mix(adapters: int) -> Mix:
+    """The offline model's mix; both runs draw each request's adapter from it (Mix.adapter)."""
+    return Mix(prompt_tokens=40, output_tokens=OUTPUT, adapters=NAMES[:adapters])
+
+
+async def _client(client: httpx.AsyncClient, url: str, mix: Mix, draw: random.Random) -> None:
+    for _ in range(PER_CLIENT):
         body = {
-            "model": NAMES[(index + n * CLIENTS) % adapters],
+            "model": mix.adapter(draw),
             "messages": [{"role": "user", "content": PROMPT}],
             "max_tokens": OUTPUT,
             "ignore_eos": True,
@@ -67,7 +77,8 @@ async def _run(adapters: int) -> tuple[list[float], list[tuple[float, float]], M
                 return bool(source.adapter_parents) and source.latest.adapter_slots == SLOTS
 
             await wait_until_async(learned, 10, what="the adapters' parents and slots")
-            load = asyncio.gather(*(_client(client, sidecar.url, i, adapters) for i in range(CLIENTS)))
+            mix, draw = _mix(adapters), random.Random(0)  # one draw per request, as offline
+            load = asyncio.gather(*(_client(client, sidecar.url, mix, draw) for _ in range(CLIENTS)))
             task = asyncio.ensure_future(load)
             while not task.done():
                 samples = parse_exposition((await client.get(f"{sidecar.url}/metrics")).text)
@@ -87,13 +98,15 @@ async def _run(adapters: int) -> tuple[list[float], list[tuple[float, float]], M
     return ttfts, scrapes, sink
 
 
-def _predicted_ratio() -> float:
-    def median_ttft(adapters: int) -> float:
-        mix = Mix(prompt_tokens=40, output_tokens=OUTPUT, adapters=NAMES[:adapters])
-        rows = closed_loop_rows(CONFIG, [CLIENTS], 20.0, mix)
-        return statistics.median(row["ttft_s"] for row in rows if row["ttft_s"] is not None)
-
-    return median_ttft(8) / median_ttft(2)
+def _modelled_median_ttft(adapters: int, staggered: bool) -> float:
+    """The offline model's median TTFT in wall seconds at SPEED, clients started together (the
+    first level: every arrival in lockstep) or staggered over one request (a second level)."""
+    levels = [CLIENTS, CLIENTS] if staggered else [CLIENTS]
+    rows = closed_loop_rows(CONFIG, levels, 20.0, _mix(adapters))
+    rows = [row for row in rows if row["ttft_s"] is not None]
+    if staggered:
+        rows = [row for row in rows[len(rows) // 2 :] if not row["request_id"].endswith("-w")]
+    return statistics.median(row["ttft_s"] for row in rows) / SPEED
 
 
 async def test_two_adapters_stay_within_the_slots_eight_thrash_and_ttft_rises_as_modelled():
@@ -113,7 +126,23 @@ async def test_two_adapters_stay_within_the_slots_eight_thrash_and_ttft_rises_as
     over = sum(1 for distinct, slots in thrash if distinct > slots)
     assert over >= len(thrash) / 2, thrash  # the alert's first condition holds while it runs
 
-    predicted = _predicted_ratio()  # ~4.5: 8 adapters over 4 slots
-    measured = statistics.median(thrash_ttfts) / statistics.median(calm_ttfts)
-    assert predicted > 3
-    assert measured > predicted / 2, (measured, predicted)  # HTTP and a busy host only dampen it
+    # As the model says (docs/simulator.md, "LoRA adapters"), within TOLERANCE. Past the slots the
+    # median TTFT is the model's whatever the arrivals (0.24 s simulated, lockstep or staggered).
+    # Within them it is one prefill step, which the arrivals set: 16 prompts prefilled together
+    # when every client re-sends at once (0.053 s: the model's 4.5x), one at a time when they are
+    # spread (0.013 s: 19x). The live clients start together and HTTP spreads them, so the live
+    # calm median lies between the two, and the ratio between 4.5x and 19x. (Clients pinned to
+    # one adapter each, as this test once sent, are another mix: 41x.)
+    thrash_model = _modelled_median_ttft(8, staggered=False)
+    assert thrash_model == pytest.approx(_modelled_median_ttft(8, staggered=True), rel=0.05)
+    lockstep, spread = (_modelled_median_ttft(2, staggered) for staggered in (False, True))
+    calm_median, thrash_median = statistics.median(calm_ttfts), statistics.median(thrash_ttfts)
+    assert thrash_median == pytest.approx(thrash_model, rel=TOLERANCE), (thrash_median, thrash_model)
+    assert spread / (1 + TOLERANCE) <= calm_median <= lockstep * (1 + TOLERANCE), (
+        calm_median,
+        spread,
+        lockstep,
+    )
+    measured = thrash_median / calm_median
+    low, high = thrash_model / lockstep, thrash_model / spread  # ~4.5x and ~19x
+    assert low / (1 + TOLERANCE) <= measured <= high * (1 + TOLERANCE), (measured, low, high)
