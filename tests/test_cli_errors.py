@@ -91,7 +91,9 @@ def test_capacity_curve_on_a_held_db_says_who_to_ask(locked_db):
 
 
 def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
-    _one_clear_error(run("report", "--db", str(not_duckdb)), str(not_duckdb), "pass the request log a sidecar wrote")
+    _one_clear_error(
+        run("report", "--db", str(not_duckdb)), str(not_duckdb), "pass the request log a sidecar wrote"
+    )
 
 
 @pytest.mark.subprocess
@@ -260,6 +262,6 @@ def test_capacity_curve_bad_time_names_the_option(tmp_path):
         run("capacity", "curve", "--db", str(db), "--until", "tomorrow"),
         "--until",
         "'tomorrow'",
-        "ISO time",
+        "ISO-8601 time",
         code=2,
     )

@@ -61,6 +61,7 @@ ENGINE_SIDE = (
     "headroom_engine_kv_cache_usage_ratio",
     "headroom_engine_kv_cache_capacity_tokens",
     "headroom_engine_max_concurrency_requests",
+    "headroom_signal_valid",  # the engine source's judgement of those series
     "headroom_gpu_up",
     "headroom_gpu_utilization_ratio",
     "headroom_log_rows_dropped_total",
