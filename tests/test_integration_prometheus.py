@@ -69,6 +69,11 @@ MAY_BE_EMPTY_PANELS = {
     ): "the simulator's vLLM flavour publishes no kv_cache_max_concurrency",
     (
         "headroom-capacity-overview",
+        "Capacity inputs the sidecar no longer trusts",
+        "A",
+    ): "headroom_signal_valid == 0: empty while every engine signal is sound (tests/test_signal_integrity.py kills one)",
+    (
+        "headroom-capacity-overview",
         "In-flight requests and active tokens, with knee, pool and the engine's ceiling",
         "F",
     ): "the simulator's vLLM flavour publishes no engine ceiling",
