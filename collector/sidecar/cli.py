@@ -194,6 +194,14 @@ __all__ = ["run"]
     help="Also export the GenAI server histograms (gen_ai.server.*) over OTLP.",
 )
 @click.option(
+    "--otlp-logs/--no-otlp-logs",
+    default=False,
+    show_default=True,
+    help="Also export one OpenTelemetry log event per request over OTLP "
+    "(gen_ai.client.inference.operation.details: the span's attributes and the row's fields, never text; "
+    "/v1/logs is appended to --otlp-endpoint).",
+)
+@click.option(
     "--read-timeout",
     default=600.0,
     show_default=True,
@@ -336,6 +344,7 @@ def run(
     otlp_traces_endpoint: str | None,
     otlp_protocol: str,
     otlp_metrics: bool,
+    otlp_logs: bool,
     read_timeout: float,
     max_request_body_bytes: int,
     max_buffered_response_bytes: int,
@@ -414,6 +423,7 @@ def run(
             otlp_traces_endpoint=otlp_traces_endpoint,
             otlp_protocol=otlp_protocol,
             otlp_metrics=otlp_metrics,
+            otlp_logs=otlp_logs,
             read_timeout_s=read_timeout,
             jobs=jobs,
             retention_days=retention_days,

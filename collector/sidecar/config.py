@@ -47,6 +47,7 @@ class SidecarConfig:
     otlp_traces_endpoint: str | None = None  # the traces URL itself, used as it is
     otlp_protocol: str = "http/protobuf"  # or "grpc" (the [otlp-grpc] extra)
     otlp_metrics: bool = False  # also export the GenAI server histograms over OTLP
+    otlp_logs: bool = False  # also one gen_ai.client.inference.operation.details log event per request
     # The store's scheduled jobs run only where this sidecar owns its database (db_path, no lake).
     jobs: bool = True
     retention_days: int = 30

@@ -21,7 +21,12 @@ is batched on the SDK's BatchSpanProcessor thread. With `metrics`, the GenAI ser
 (`gen_ai.server.request.duration`, `gen_ai.server.time_to_first_token`,
 `gen_ai.server.time_per_output_token`) are recorded from the same rows and exported over OTLP. The
 sink owns its own providers (never the global ones), so enabling it does not change anything else in
-the process. With OTLP off the sidecar never constructs an OtelSink (`headroom run` builds one only
+the process. With `logs` (`headroom run --otlp-logs`) each request is also one OpenTelemetry log
+event, `gen_ai.client.inference.operation.details` (the GenAI conventions' opt-in event: a
+LogRecord with `event_name`), at the request's end, in the span's trace, carrying the span's
+attributes and the row's other fields as `headroom.*` (see `event_attributes`); never prompt or
+completion text, and exported on the SDK's BatchLogRecordProcessor thread. It is the real-time tap
+that deploy/clickhouse/ lands in ClickHouse. With OTLP off the sidecar never constructs an OtelSink (`headroom run` builds one only
 with --otlp-endpoint, --otlp-traces-endpoint or an OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variable)
 and no OpenTelemetry object exists per request.
 
@@ -41,7 +46,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from collector.record import RequestRecord
+from collector.record import FIELD_NAMES, RequestRecord
 from collector.sidecar.tracecontext import Telemetry
 
 __all__ = [
@@ -53,12 +58,17 @@ __all__ = [
     "provider_name",
     "ROW_ATTRIBUTES",
     "FIRST_TOKEN_EVENT",
+    "DETAILS_EVENT",
+    "EVENT_ONLY_FIELDS",
+    "event_attributes",
     "PROTOCOLS",
 ]
 
 PROTOCOLS = ("http/protobuf", "grpc")
 
 FIRST_TOKEN_EVENT = "gen_ai.first_token"
+# the GenAI semantic conventions' per-operation event (opt-in; its message attributes are not ours to send)
+DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 _log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -170,6 +180,41 @@ def span_attributes(
     return attributes
 
 
+# Row fields the span does not carry under any name: the log event adds them as headroom.<field>
+# (times as ISO 8601 UTC strings, microseconds). With ROW_ATTRIBUTES they cover every field.
+EVENT_ONLY_FIELDS: tuple[str, ...] = tuple(
+    name for name in FIELD_NAMES if name not in {field for _, field in ROW_ATTRIBUTES}
+)
+
+
+def _event_value(value: Any) -> Any:
+    """A row value as a log attribute: datetimes as ISO 8601 in UTC, the rest as they are."""
+    if isinstance(value, datetime):
+        moment = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return moment.isoformat(timespec="microseconds")
+    return value
+
+
+def event_attributes(
+    record: RequestRecord,
+    server: tuple[str, int] | None = None,
+    provider: str = "openai",
+    telemetry: Telemetry | None = None,
+) -> dict[str, Any]:
+    """Attributes of the DETAILS_EVENT log record: the span's, plus headroom.<field> for each
+    EVENT_ONLY_FIELDS field that is not NULL. Every row field is then readable from the event
+    (`model` as gen_ai.request.model, `ttft_s` as gen_ai.response.time_to_first_chunk, ...).
+
+    Example: {..., "headroom.admitted_at": "2025-01-02T03:04:05.000006+00:00", "headroom.e2e_s": 1.5}
+    """
+    attributes = span_attributes(record, server, provider, telemetry)
+    for name in EVENT_ONLY_FIELDS:
+        value = getattr(record, name)
+        if value is not None:
+            attributes[f"headroom.{name}"] = _event_value(value)
+    return attributes
+
+
 def _server(upstream: str | None) -> tuple[str, int] | None:
     """(host, port) of the upstream engine URL, the GenAI `server.*` attributes."""
     if not upstream:
@@ -221,6 +266,22 @@ def _span_exporter(protocol: str, endpoint: str | None, traces_endpoint: str | N
     return OTLPSpanExporter(endpoint=url)
 
 
+def _log_exporter(protocol: str, endpoint: str | None) -> Any:
+    """The OTLP log exporter for `protocol`; a None endpoint leaves it to the OTEL_* variables."""
+    if protocol == "grpc":
+        try:
+            # lazy: the [otlp-grpc] extra
+            from opentelemetry.exporter.otlp.proto.grpc import _log_exporter as grpc_logs
+        except ImportError:
+            raise ValueError(
+                "--otlp-protocol grpc needs the gRPC exporter: pip install 'llm-headroom[otlp-grpc]'"
+            ) from None
+        return grpc_logs.OTLPLogExporter(endpoint=endpoint)
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter  # lazy, as spans
+
+    return OTLPLogExporter(endpoint=signal_url(endpoint, "logs") if endpoint else None)
+
+
 class OtelSink:
     """RowSink that emits one GenAI span per finished request through its own TracerProvider.
 
@@ -228,7 +289,8 @@ class OtelSink:
     exporter (`protocol` http/protobuf or grpc) to `endpoint` (a base URL), `traces_endpoint` (used
     as it is) or the OTEL_EXPORTER_OTLP_* variables sits behind a BatchSpanProcessor, so export
     never runs on the event loop. `metrics` (or a `metric_reader` in tests) adds the GenAI server
-    histograms (collector.sidecar.otel_metrics).
+    histograms (collector.sidecar.otel_metrics). `logs` (or a `log_exporter` in tests, exported
+    synchronously) adds one DETAILS_EVENT log record per request, batched like the spans.
     """
 
     def __init__(
@@ -243,6 +305,8 @@ class OtelSink:
         provider: str | Callable[[], str] = "openai",
         metrics: bool = False,
         metric_reader: Any = None,
+        logs: bool = False,
+        log_exporter: Any = None,
     ) -> None:
         # lazy: the OpenTelemetry SDK loads only when spans are turned on (--otlp-endpoint)
         from opentelemetry.sdk.resources import Resource
@@ -268,8 +332,22 @@ class OtelSink:
             from collector.sidecar.otel_metrics import GenAiMetrics  # lazy: the metrics SDK only when on
 
             self._metrics = GenAiMetrics(resource, protocol=protocol, endpoint=endpoint, reader=metric_reader)
+        self._logs: Any = None
+        self._logger: Any = None
+        if logs or log_exporter is not None:
+            from opentelemetry.sdk._logs import LoggerProvider  # lazy: the logs SDK only when on
+            from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, SimpleLogRecordProcessor
+
+            self._logs = LoggerProvider(resource=resource, shutdown_on_exit=False)
+            self._logs.add_log_record_processor(
+                SimpleLogRecordProcessor(log_exporter)
+                if log_exporter is not None
+                else BatchLogRecordProcessor(_log_exporter(protocol, endpoint))
+            )
+            self._logger = self._logs.get_logger("llm-headroom")
         self.spans_emitted = 0
         self.spans_failed = 0
+        self.events_emitted = 0
 
     wants_telemetry = True  # the tracker hands submit() the request's Telemetry beside the record
 
@@ -304,7 +382,8 @@ class OtelSink:
         return trace.set_span_in_context(NonRecordingSpan(parent))
 
     def _emit(self, record: RequestRecord, telemetry: Telemetry | None) -> None:
-        from opentelemetry.trace import SpanKind, Status, StatusCode  # lazy, as in __init__
+        from opentelemetry import trace  # lazy, as in __init__
+        from opentelemetry.trace import SpanKind, Status, StatusCode
 
         start_ns = _ns(record.admitted_at)
         if start_ns is None:
@@ -324,10 +403,20 @@ class OtelSink:
             span.set_status(Status(StatusCode.ERROR, record.error or record.outcome))
         span.end(end_time=end_ns)
         self.spans_emitted += 1
+        if self._logger is not None:
+            self._logger.emit(
+                timestamp=end_ns,
+                context=trace.set_span_in_context(span),  # the event's TraceId and SpanId: the span's
+                event_name=DETAILS_EVENT,
+                attributes=event_attributes(record, self._server, self._provider_name(), telemetry),
+            )
+            self.events_emitted += 1
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Export every span (and metric point) finished so far; True when the exporters confirmed in time."""
         done = self._provider.force_flush(timeout_millis)
+        if self._logs is not None:
+            done = self._logs.force_flush(timeout_millis) and done
         return (self._metrics.force_flush(timeout_millis) if self._metrics is not None else True) and done
 
     def flush(self) -> bool:
@@ -337,5 +426,7 @@ class OtelSink:
     def close(self) -> None:
         """Flush and shut the providers down (the sidecar calls this at exit)."""
         self._provider.shutdown()
+        if self._logs is not None:
+            self._logs.shutdown()
         if self._metrics is not None:
             self._metrics.shutdown()

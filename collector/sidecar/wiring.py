@@ -221,6 +221,8 @@ def _otel_sinks(config: SidecarConfig, engine: EngineSource | None = None) -> li
         options["protocol"] = config.otlp_protocol
     if config.otlp_metrics:
         options["metrics"] = True
+    if config.otlp_logs:
+        options["logs"] = True
     if engine is not None:  # read per span: `auto` knows the engine after its first poll
         options["provider"] = lambda: provider_name(engine.latest.engine)
     elif provider_name(config.engine) != "openai":
