@@ -313,3 +313,15 @@ def test_clickhouse_view_types_the_events_into_the_requests_columns_and_p95_equa
     admitted = datetime.fromisoformat(typed["admitted_at"]).replace(tzinfo=UTC)
     assert admitted == first["admitted_at"]
     duck.close()
+
+
+def test_the_collector_recipe_sends_otlp_logs_to_clickhouses_otel_logs() -> None:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "deploy" / "clickhouse" / "collector.yaml").read_text())
+    logs = config["service"]["pipelines"]["logs"]
+    assert logs["receivers"] == ["otlp"] and logs["exporters"] == ["clickhouse"]
+    assert set(logs["processors"]) <= set(config["processors"])
+    exporter = config["exporters"]["clickhouse"]
+    assert exporter["logs_table_name"] == "otel_logs" and exporter["create_schema"] is True
+    assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
