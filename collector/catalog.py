@@ -365,6 +365,33 @@ CATALOG: tuple[MetricSpec, ...] = (
         "short",
         group="engine",
     ),
+    MetricSpec(
+        "headroom_engine_preemptions_total",
+        "counter",
+        "Requests the engine preempted (evicted from the batch, their KV cache freed, to be "
+        "recomputed later), as the engine counts them: vLLM's num_preemptions_total.",
+        _ENGINE,
+        "short",
+        group="engine",
+    ),
+    MetricSpec(
+        "headroom_engine_prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens the engine looked up in its prefix cache: vLLM's "
+        "prefix_cache_queries_total (0.7 and later).",
+        _ENGINE,
+        "short",
+        group="engine",
+    ),
+    MetricSpec(
+        "headroom_engine_prefix_cache_hits_total",
+        "counter",
+        "Of the prompt tokens looked up, those found in the prefix cache: vLLM's "
+        "prefix_cache_hits_total (0.7 and later).",
+        _ENGINE,
+        "short",
+        group="engine",
+    ),
     # --- GPU (NVML) ---------------------------------------------------------------------------
     MetricSpec(
         "headroom_gpu_up",

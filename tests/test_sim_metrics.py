@@ -21,6 +21,7 @@ EXPECTED = {
         "vllm:kv_cache_usage_perc": "kv_usage_ratio",
         "vllm:prompt_tokens_total": "prompt_tokens_total",
         "vllm:generation_tokens_total": "generation_tokens_total",
+        "vllm:prefix_cache_queries_total": "prompt_tokens_total",
     },
     "sglang": {
         "sglang:num_running_reqs": "running",
@@ -95,6 +96,8 @@ def test_vllm_labels_cache_config_and_legacy_kv_name():
     assert running.labels["model_name"] == "headroom-sim"
     info = samples["vllm:cache_config_info"][0].labels
     assert (int(info["num_gpu_blocks"]), int(info["block_size"])) == (256, 32)
+    assert samples["vllm:num_preemptions_total"][0].value == state["preemptions_total"] == 0
+    assert samples["vllm:prefix_cache_hits_total"][0].value == 0  # the simulator caches no prefixes
     legacy, _, _ = _scrape_while_running(SimConfig(flavor="vllm", speed=0.5, vllm_legacy_kv_metric=True))
     assert "vllm:gpu_cache_usage_perc" in legacy and "vllm:kv_cache_usage_perc" not in legacy
     assert 0 < legacy["vllm:gpu_cache_usage_perc"][0].value <= 1

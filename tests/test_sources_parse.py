@@ -87,6 +87,27 @@ def test_vllm_new_kv_name_and_capacity_from_cache_config_info():
     assert snap.model == "meta-llama/Llama-3.1-8B-Instruct"
 
 
+def test_vllm_preemptions_and_prefix_cache_counters_summed_over_engines():
+    new = parse_vllm(read("vllm/metrics_v0_11.txt"))
+    assert (new.preemptions_total, new.prefix_cache_queries_total, new.prefix_cache_hits_total) == (
+        2.0,
+        182345.0,
+        40112.0,
+    )
+    old = parse_vllm(read("vllm/metrics_v0_6.txt"))  # before 0.7: preemptions, no prefix-cache counters
+    assert (old.preemptions_total, old.prefix_cache_queries_total, old.prefix_cache_hits_total) == (
+        17.0,
+        None,
+        None,
+    )
+    dp = "".join(
+        f'vllm:num_requests_running{{engine="{e}",model_name="m"}} 1\n'
+        f'vllm:num_preemptions_total{{engine="{e}",model_name="m"}} {n}\n'
+        for e, n in (("0", 3), ("1", 4))
+    )
+    assert parse_vllm(dp).preemptions_total == 7.0
+
+
 def test_vllm_kv_max_concurrency_is_the_engines_ceiling_when_published():
     assert parse_vllm(read("vllm/metrics_v0_11.txt")).max_concurrency is None  # older page
     text = read("vllm/metrics_v0_11.txt") + (

@@ -69,6 +69,28 @@ async def test_poll_exports_normalised_gauges_with_engine_and_model_labels(fake_
         await source.stop()
 
 
+def test_vllm_saturation_counters_are_relayed_as_counters_and_absent_when_unknown():
+    source = build_engine_source("vllm", "http://127.0.0.1:9/metrics", 1)
+    source.latest = EngineSnapshot(
+        engine="vllm",
+        up=True,
+        model="m",
+        running=1,
+        preemptions_total=17.0,
+        prefix_cache_queries_total=182345.0,
+        prefix_cache_hits_total=40112.0,
+    )
+    labels = {"engine": "vllm", "model": "m"}
+    assert value(source, "headroom_engine_preemptions_total", **labels) == 17.0
+    assert value(source, "headroom_engine_prefix_cache_queries_total", **labels) == 182345.0
+    assert value(source, "headroom_engine_prefix_cache_hits_total", **labels) == 40112.0
+    text = generate_latest(_registry(source)).decode()
+    assert "# TYPE headroom_engine_preemptions_total counter" in text
+    source.latest = EngineSnapshot(engine="vllm", up=True, model="m", running=1)  # vLLM < 0.7
+    assert value(source, "headroom_engine_prefix_cache_hits_total", **labels) is None
+    assert value(source, "headroom_engine_preemptions_total", **labels) is None
+
+
 def test_help_text_says_values_are_as_of_the_last_poll():
     for name in (
         "headroom_engine_requests_running",

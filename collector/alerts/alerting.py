@@ -4,11 +4,11 @@ Pages (`severity="critical"`): SLO burn (availability, TTFT, end-to-end), the KV
 requests queueing behind it, the capacity forecast (load climbing to the knee: the one page before
 users are hurt), the any-two composite (a latency signal and a saturation signal at once), and a
 sidecar that cannot be scraped or whose job vanished. Everything else warns: the scale-out signals
-(docs/domain.md §5), near knee, KV nearly full, token-caliber divergence, load shedding, a slow
-replica, and the request log's pipeline. Every alert has a summary, a templated description and an
-absolute `runbook_url`; capacity thresholds compare live values with the published
-`headroom_capacity_*` gauges through recording rules, so no alert carries a concurrency number and
-an alert is silent while no estimate exists. Rules are split by concern: signals here, SLO burn
+(docs/domain.md §5), near knee, KV nearly full, an engine preempting with it nearly full,
+token-caliber divergence, load shedding, a slow replica, and the request log's pipeline. Every
+alert has a summary, a templated description and an absolute `runbook_url`; capacity thresholds
+compare live values with the published `headroom_capacity_*` gauges through recording rules, so no
+alert carries a concurrency number and an alert is silent while no estimate exists. Rules are split by concern: signals here, SLO burn
 in collector.alerts.slo_alerts, the pipeline in collector.alerts.pipeline_alerts, a stuck request
 and a dead capacity input in collector.alerts.integrity_alerts (whose `trusted` keeps the KV and
 queue rules silent while their engine signal is invalid).
@@ -162,6 +162,7 @@ def _capacity(c: RulesConfig) -> list[Alert]:
         f"sum by (instance, model) (avg_over_time({inflight}[5m] offset {window}))",
     )
     kv, waiting = sample("headroom_engine_kv_cache_usage_ratio"), sample("headroom_engine_requests_waiting")
+    preemptions = sample("headroom_engine_preemptions_total")
     # the engine's values, less those the sidecar marks invalid (headroom_signal_valid == 0)
     kv_mean = trusted(f"max by (instance, model) (avg_over_time({kv}[5m]))", "kv_usage")
     queued = trusted(f"sum by (instance, model) (min_over_time({waiting}[5m]))", "waiting")
@@ -192,6 +193,18 @@ def _capacity(c: RulesConfig) -> list[Alert]:
             "KV-cache usage of <model> on <instance> averaged <value:humanizePercentage> over 5 minutes "
             "while requests waited in the engine at every scrape: the cache is the bottleneck and users "
             "queue behind it.",
+            {"family": "kv_cache"},
+        ),
+        Alert(
+            "HeadroomEnginePreempting",
+            "headroom-capacity",
+            f"60 * sum by (instance, model) (rate({preemptions}[5m])) > 0\n"
+            f"and on (instance, model) {kv_mean} > {number(c.kv_warning_ratio)}",
+            "warning",
+            "<model> on <instance> is preempting requests with its KV cache nearly full",
+            f"The engine behind <instance> preempted <value:humanize> requests a minute of <model> over "
+            f"the last 5 minutes while its KV-cache usage averaged over {c.kv_warning_ratio:.0%}: "
+            f"running requests are evicted and recomputed, so throughput falls as load rises.",
             {"family": "kv_cache"},
         ),
         Alert(

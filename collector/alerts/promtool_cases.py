@@ -38,6 +38,7 @@ _P99 = f'{R.TTFT_QUANTILE}{{model="m",quantile="0.99"}}'
 _TTFT_COUNT = 'headroom_time_to_first_token_seconds_count{instance="%s",model="%s"}'
 _WAITING = 'headroom_engine_requests_waiting{instance="a",engine="vllm",model="m"}'
 _KV = 'headroom_engine_kv_cache_usage_ratio{instance="a",engine="vllm",model="m"}'
+_PREEMPTIONS = 'headroom_engine_preemptions_total{instance="a",engine="vllm",model="m"}'
 _INFLIGHT = 'headroom_inflight_requests{instance="a",model="m",tenant="t"%s}'
 _ACTIVE = 'headroom_active_tokens{instance="a",model="m",tenant="t"}'
 _KNEE = (
@@ -335,6 +336,24 @@ def _capacity_cases(c: RulesConfig) -> list[Case]:
             "a full KV cache with nothing waiting is healthy batch load",
             "HeadroomKVCacheExhausted",
             {_KV: steps((0.5, 5), (high, 40)), _WAITING: flat(0)},
+            quiet("30m"),
+        ),
+        Case(
+            "the engine preempts 2 requests a minute with its KV cache nearly full",
+            "HeadroomEnginePreempting",
+            {_KV: steps((0.5, 5), (high, _N - 5)), _PREEMPTIONS: counter((0, 5), (2, _N - 6))},
+            fires(c, "HeadroomEnginePreempting", (9, 10), AM, humanize(2)),
+        ),
+        Case(
+            "preemptions with the KV cache at 40 % are no saturation (a request too long for it)",
+            "HeadroomEnginePreempting",
+            {_KV: flat(0.4), _PREEMPTIONS: counter((0, 5), (2, _N - 6))},
+            quiet("30m"),
+        ),
+        Case(
+            "a nearly full KV cache without preemptions is the engine using its memory",
+            "HeadroomEnginePreempting",
+            {_KV: steps((0.5, 5), (high, _N - 5)), _PREEMPTIONS: flat(3)},
             quiet("30m"),
         ),
         Case(

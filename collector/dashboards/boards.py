@@ -30,6 +30,7 @@ from collector.dashboards.panels import (
     datasource_variable,
     layout,
     query_variable,
+    right_axis,
     table,
     target,
     thresholds,
@@ -220,6 +221,7 @@ def overview(c: RulesConfig) -> dict[str, Any]:
             "short",
             axis_label="requests",
         ),
+        _engine_symptoms_panel(c),
         adapters_panel(),
         *integrity_panels(c),
         *_latency_panels(c),
@@ -247,6 +249,36 @@ def overview(c: RulesConfig) -> dict[str, Any]:
     ]
     return _dashboard(
         "headroom-capacity-overview", "llm-headroom / Capacity overview", p, c, time_from="now-6h"
+    )
+
+
+def _engine_symptoms_panel(c: RulesConfig) -> dict[str, Any]:
+    """vLLM's own saturation symptoms: preemptions a minute and the prefix cache's hit rate."""
+    by = "sum by (instance, model)"
+    hits, queries = "headroom_engine_prefix_cache_hits_total", "headroom_engine_prefix_cache_queries_total"
+    return timeseries(
+        "Preemptions and prefix-cache hit rate (vLLM)",
+        "Requests the engine preempted a minute (left): each is evicted from the batch and "
+        "recomputed later, so throughput falls as load rises. With the KV cache over "
+        f"{c.kv_warning_ratio:.0%} that warns (HeadroomEnginePreempting). Right: the share of prompt "
+        "tokens found in the prefix cache (vLLM 0.7 and later); a falling hit rate at the same "
+        "traffic means the cache is evicting prefixes to make room, and prefill work grows. Empty "
+        "for engines that do not count them.",
+        [
+            target(
+                f"60 * {by} ({rate('headroom_engine_preemptions_total', sel('model'))})",
+                "{{instance}} {{model}} preemptions/min",
+                "A",
+            ),
+            target(
+                f"{by} ({rate(hits, sel('model'))})\n/ {by} ({rate(queries, sel('model'))})",
+                "{{instance}} {{model}} prefix-cache hit rate",
+                "B",
+            ),
+        ],
+        "short",
+        axis_label="preemptions/min",
+        overrides=(right_axis("B", "percentunit", "hit rate"),),
     )
 
 

@@ -84,6 +84,7 @@ FOR_DURATIONS: dict[str, str] = {
     "HeadroomConcurrencyNearKnee": "5m",
     "HeadroomKVCacheNearFull": "5m",
     "HeadroomKVCacheExhausted": "5m",
+    "HeadroomEnginePreempting": "5m",
     "HeadroomTokenCaliberDivergence": "5m",
     "HeadroomLoadShedding": "3m",
     "HeadroomSlowReplica": "10m",

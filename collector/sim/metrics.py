@@ -6,7 +6,9 @@ sees exactly what vLLM, SGLang or llama.cpp (`--metrics`) would expose (docs/dom
   vllm      vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc
             (or the pre-0.10 vllm:gpu_cache_usage_perc), vllm:cache_config_info{num_gpu_blocks,
             block_size}, vllm:prompt_tokens_total, vllm:generation_tokens_total,
-            vllm:num_preemptions_total; labels model_name, engine; with LoRA adapters also
+            vllm:num_preemptions_total, vllm:prefix_cache_queries_total (the prompt tokens) and
+            vllm:prefix_cache_hits_total (0: the simulator caches no prefixes); labels model_name,
+            engine; with LoRA adapters also
             vllm:lora_requests_info{max_lora, running_lora_adapters, waiting_lora_adapters} (the
             adapters comma-separated; the value is the time it was set, as vLLM does)
   sglang    sglang:num_running_reqs, sglang:num_queue_reqs, sglang:token_usage,
@@ -119,6 +121,20 @@ class EngineMetricsCollector:
             labels,
             values,
             s["preemptions_total"],
+        )
+        yield _counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels,
+            values,
+            s["prompt_tokens_total"],
+        )
+        yield _counter(  # no prefix caching here: every queried token misses
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            labels,
+            values,
+            0,
         )
         if s["lora_adapters"]:
             yield _gauge(

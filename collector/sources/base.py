@@ -50,6 +50,10 @@ class EngineSnapshot:
     kv_capacity_tokens: int | None = None
     max_concurrency: int | None = None  # the engine's own ceiling: slots, or KV at max context
     adapter_slots: int | None = None  # LoRA adapters one batch can hold (vLLM max_lora, SGLang slots)
+    # The engine's own saturation counters, cumulative as it counts them (vLLM only, so far)
+    preemptions_total: float | None = None
+    prefix_cache_queries_total: float | None = None  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_total: float | None = None  # of those, tokens found cached
     polled_at: float = field(default_factory=time.time)  # POSIX s; EngineSource: when the poll was sent
     error: str | None = None
     # (signal, sample name) each signal was read from: ("kv_usage", "vllm:gpu_cache_usage_perc")

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import aiohttp
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from collector.catalog import spec
 from collector.sources.base import EngineSnapshot
@@ -233,7 +233,7 @@ class EngineSource:
         """How the latest poll went: the engine answered usably, and how long it took."""
         return ScrapeHealth(self.latest.up, self.last_duration_s)
 
-    def collect(self) -> list[GaugeMetricFamily]:
+    def collect(self) -> list[Metric]:
         """Fresh headroom_engine_* families from the last snapshot (prometheus-client custom collector)."""
         return engine_families(self.latest)
 
@@ -248,11 +248,11 @@ def _gauge(name: str, labels: tuple[str, ...] | None = None) -> GaugeMetricFamil
     return GaugeMetricFamily(name, entry.help, labels=list(labels or entry.labels))
 
 
-def engine_families(snapshot: EngineSnapshot) -> list[GaugeMetricFamily]:
+def engine_families(snapshot: EngineSnapshot) -> list[Metric]:
     """The headroom_engine_* families for one snapshot."""
     up = _gauge("headroom_engine_up")
     up.add_metric([snapshot.engine], 1.0 if snapshot.up else 0.0)
-    families = [up]
+    families: list[Metric] = [up]
     labels = [snapshot.engine, snapshot.model or ""]
     for name, value in (
         ("headroom_engine_requests_running", snapshot.running),
@@ -265,4 +265,13 @@ def engine_families(snapshot: EngineSnapshot) -> list[GaugeMetricFamily]:
             family = _gauge(name)
             family.add_metric(labels, float(value))
             families.append(family)
+    for name, total in (
+        ("headroom_engine_preemptions_total", snapshot.preemptions_total),
+        ("headroom_engine_prefix_cache_queries_total", snapshot.prefix_cache_queries_total),
+        ("headroom_engine_prefix_cache_hits_total", snapshot.prefix_cache_hits_total),
+    ):
+        if total is not None:  # the engine's own count, relayed: it resets when the engine restarts
+            counter = CounterMetricFamily(name, spec(name).help, labels=list(spec(name).labels))
+            counter.add_metric(labels, total)
+            families.append(counter)
     return families

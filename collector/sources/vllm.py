@@ -8,7 +8,10 @@ counts are summed, KV usage takes the fullest engine (it preempts first). Newer 
 `kv_cache_max_concurrency` (the requests that fit at max_model_len) on cache_config_info: the
 engine's own ceiling. With LoRA enabled, `vllm:lora_requests_info{max_lora, running_lora_adapters,
 waiting_lora_adapters}` says the adapter slots (`--max-loras`); its value is the time it was set
-and each set of labels stays exported, so the newest one is current.
+and each set of labels stays exported, so the newest one is current. The engine's own saturation
+symptoms are relayed as counters, summed over engines: preemptions (`vllm:num_preemptions_total`)
+and the prefix cache's queried and hit tokens (`vllm:prefix_cache_queries_total`, `_hits_total`,
+vLLM 0.7 and later; absent before).
 """
 
 from __future__ import annotations
@@ -33,7 +36,18 @@ RULES = {
     "waiting": FieldRule(("vllm:num_requests_waiting",)),
     "kv_usage": FieldRule(names("vllm:kv_cache_usage_perc"), aggregate="max"),  # and its older name
 }
-NAMES = names_of(RULES, "vllm:cache_config_info", "vllm:lora_requests_info")
+# The saturation counters relayed (summed over data-parallel engines)
+PREEMPTIONS = FieldRule(("vllm:num_preemptions_total",))
+PREFIX_QUERIES = FieldRule(("vllm:prefix_cache_queries_total",))
+PREFIX_HITS = FieldRule(("vllm:prefix_cache_hits_total",))
+NAMES = names_of(
+    RULES,
+    *PREEMPTIONS.names,
+    *PREFIX_QUERIES.names,
+    *PREFIX_HITS.names,
+    "vllm:cache_config_info",
+    "vllm:lora_requests_info",
+)
 
 
 def kv_capacity_tokens(samples: Samples) -> int | None:
@@ -89,4 +103,7 @@ def parse_vllm(text: str) -> EngineSnapshot:
         kv_capacity_tokens=kv_capacity_tokens(samples),
         max_concurrency=max_concurrency(samples),
         adapter_slots=adapter_slots(samples),
+        preemptions_total=PREEMPTIONS.apply(samples),
+        prefix_cache_queries_total=PREFIX_QUERIES.apply(samples),
+        prefix_cache_hits_total=PREFIX_HITS.apply(samples),
     )
