@@ -152,7 +152,9 @@ def _headroom(upstream: str):  # type: ignore[no-untyped-def]
     from collector.sidecar.wiring import build_sidecar
 
     db = Path(tempfile.mkdtemp(prefix="call-count-")) / "log.duckdb"
-    app = build_sidecar(SidecarConfig(upstream=upstream, db_path=str(db), instance="calls", jobs=False))
+    app = build_sidecar(
+        SidecarConfig(upstream=upstream, engine="none", db_path=str(db), instance="calls", jobs=False)
+    )
     try:  # served as `headroom run` serves it (its defaults), where the checkout has these
         from collector.sidecar.server import uvicorn_options
 

@@ -29,7 +29,11 @@ IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60
 def _guarded(tmp_path, fake: FakeUpstream, checkpoint_mb: int | None = None, **bounds):
     app = build_sidecar(
         SidecarConfig(
-            upstream=fake.url, db_path=str(tmp_path / "log.duckdb"), jobs=False, checkpoint_mb=checkpoint_mb
+            upstream=fake.url,
+            engine="none",
+            db_path=str(tmp_path / "log.duckdb"),
+            jobs=False,
+            checkpoint_mb=checkpoint_mb,
         )
     )
     options = uvicorn_options(

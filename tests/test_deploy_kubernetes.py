@@ -86,7 +86,9 @@ def test_probes_reach_what_they_probe():
 
     admin = parse_listen(_arg(sidecar, "--admin-listen"))
     app = build_sidecar(
-        SidecarConfig(upstream="http://127.0.0.1:1", db_path=None, jobs=False, admin_listen=admin)
+        SidecarConfig(
+            upstream="http://127.0.0.1:1", engine="none", db_path=None, jobs=False, admin_listen=admin
+        )
     )
     admin_port, proxy_port = TestClient(app.state.admin.app), TestClient(app)
     for path in ("/healthz", "/metrics"):

@@ -199,6 +199,7 @@ def _sidecar(tmp_path: Path, upstream: str, **config: Any) -> Iterator[tuple[Ser
         "db_path": str(tmp_path / "log.duckdb"),
         "instance": "test",
         "jobs": False,
+        "engine": "none",
         "read_timeout_s": READ_TIMEOUT_S,
         "max_connections": 2,  # a small pool: each connection is reused at once
     }

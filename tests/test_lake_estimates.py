@@ -136,7 +136,11 @@ def test_catalog_without_lake_or_extra_is_refused(tmp_path: Path) -> None:
     from collector.sidecar.wiring import build_sidecar
 
     with pytest.raises(ValueError, match="--catalog needs --lake"):
-        build_sidecar(SidecarConfig(upstream="http://127.0.0.1:1", db_path=None, catalog="sqlite:///x.db"))
+        build_sidecar(
+            SidecarConfig(
+                upstream="http://127.0.0.1:1", engine="none", db_path=None, catalog="sqlite:///x.db"
+            )
+        )
     result = CliRunner().invoke(main, ["probe", "--url", "http://127.0.0.1:1", "--lake", str(tmp_path)])
     assert result.exit_code == 2 and "--lake needs --catalog" in result.output
     result = CliRunner().invoke(

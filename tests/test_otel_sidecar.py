@@ -80,7 +80,7 @@ def upstream():
 
 def _run_requests(upstream_url: str, row_sinks, store: RequestStore | None, models: list[str]) -> None:
     """Serve a sidecar with these sinks, send one streamed chat request per model, shut it down."""
-    config = SidecarConfig(upstream=upstream_url, db_path=None, instance="otel-test")
+    config = SidecarConfig(upstream=upstream_url, engine="none", db_path=None, instance="otel-test")
     sidecar = serve_in_thread(build_sidecar(config, sinks=row_sinks, log_sink=store))
     try:
         with httpx.Client(base_url=sidecar.url, timeout=30) as client:

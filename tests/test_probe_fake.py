@@ -249,7 +249,9 @@ def test_cli_sends_rows_and_estimate_to_the_sidecar_that_owns_db(serve, tmp_path
     monkeypatch.delenv("HEADROOM_TOKEN", raising=False)
     server = serve(fake_app(slots=8))
     db, port = tmp_path / "owned.duckdb", free_port()
-    app = build_sidecar(SidecarConfig(upstream=server.url, db_path=str(db), jobs=False, listen_port=port))
+    app = build_sidecar(
+        SidecarConfig(upstream=server.url, engine="none", db_path=str(db), jobs=False, listen_port=port)
+    )
     sidecar = serve_in_thread(app, port=port, timeout_graceful_shutdown=5)
     args = [str(HEADROOM), "probe", "--url", server.url, "--levels", "1,2", "--max-tokens", str(TOKENS)]
 

@@ -37,7 +37,9 @@ def upstream():
 
 
 def test_without_admin_listen_the_admin_routes_share_the_proxy_port(upstream):
-    app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=None, instance="one", jobs=False))
+    app = build_sidecar(
+        SidecarConfig(upstream=upstream.url, engine="none", db_path=None, instance="one", jobs=False)
+    )
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
     try:
         assert app.state.admin is None
@@ -56,6 +58,7 @@ def test_with_admin_listen_metrics_health_and_the_request_log_leave_the_proxy_po
     port, admin_port = free_port(), free_port()
     config = SidecarConfig(
         upstream=upstream.url,
+        engine="none",
         db_path=str(db),
         instance="two",
         jobs=False,
@@ -94,7 +97,9 @@ def test_with_admin_listen_metrics_health_and_the_request_log_leave_the_proxy_po
 def test_an_admin_address_in_use_is_refused_at_start_naming_the_flag(upstream):
     with socket.create_server(("127.0.0.1", 0)) as holder:
         port = holder.getsockname()[1]
-        listener = AdminListener(APIRouter(), "127.0.0.1", port, SidecarConfig(upstream=upstream.url))
+        listener = AdminListener(
+            APIRouter(), "127.0.0.1", port, SidecarConfig(upstream=upstream.url, engine="none")
+        )
 
         async def start() -> None:
             listener.start()
@@ -112,7 +117,9 @@ def test_a_malformed_admin_listen_is_a_usage_error_naming_the_flag():
 def test_readiness_keeps_a_connection_of_its_own_when_the_pool_is_full(upstream):
     """--max-upstream-connections 1, held by a request whose answer the engine withholds: /readyz
     still reaches the engine, and a second client request waits for the one connection."""
-    app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=None, instance="r", max_connections=1))
+    app = build_sidecar(
+        SidecarConfig(upstream=upstream.url, engine="none", db_path=None, instance="r", max_connections=1)
+    )
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
     held = {"x-fake": "gate-headers", "x-test-id": "full-pool"}
     try:

@@ -177,7 +177,7 @@ def _guarded(tmp_path: Path, **bounds: float) -> Iterator[tuple[Any, Any, FakeUp
     """A real sidecar served by uvicorn with the guard `headroom run` uses, these bounds changed."""
     with FakeUpstream() as fake:
         app = build_sidecar(
-            SidecarConfig(upstream=fake.url, db_path=str(tmp_path / "log.duckdb"), jobs=False)
+            SidecarConfig(upstream=fake.url, engine="none", db_path=str(tmp_path / "log.duckdb"), jobs=False)
         )
         options = {"header_timeout_s": 10.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds}
         handle = serve_in_thread(app, **uvicorn_options(app.state.registry, **options))

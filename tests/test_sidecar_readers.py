@@ -28,7 +28,14 @@ def owned(tmp_path, monkeypatch):
     port = free_port()
     db = tmp_path / "log.duckdb"
     app = build_sidecar(
-        SidecarConfig(upstream=upstream.url, db_path=str(db), instance="box", jobs=False, listen_port=port)
+        SidecarConfig(
+            upstream=upstream.url,
+            engine="none",
+            db_path=str(db),
+            instance="box",
+            jobs=False,
+            listen_port=port,
+        )
     )
     sidecar = serve_in_thread(app, port=port, timeout_graceful_shutdown=5)
     try:
@@ -64,7 +71,9 @@ def test_metrics_carry_build_info_no_created_series_and_zero_gauges_before_any_r
 
 def test_readyz_follows_the_upstream_while_healthz_stays_live(tmp_path):
     upstream = FakeUpstream()
-    app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=None, instance="r", jobs=False))
+    app = build_sidecar(
+        SidecarConfig(upstream=upstream.url, engine="none", db_path=None, instance="r", jobs=False)
+    )
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
     try:
         ready = httpx.get(sidecar.url + "/readyz")
@@ -121,7 +130,9 @@ def test_a_started_sidecar_keeps_its_start_up_objects_out_of_the_collector():
     import gc
 
     upstream = FakeUpstream()
-    app = build_sidecar(SidecarConfig(upstream=upstream.url, db_path=None, instance="gc", jobs=False))
+    app = build_sidecar(
+        SidecarConfig(upstream=upstream.url, engine="none", db_path=None, instance="gc", jobs=False)
+    )
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
     try:
         assert gc.get_freeze_count() > 10_000

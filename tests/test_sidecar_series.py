@@ -156,7 +156,7 @@ def test_the_upstream_connection_limit_is_a_flag_that_reaches_the_pool():
     from collector.sidecar.app import _pool
     from collector.sidecar.cli import run
 
-    config = SidecarConfig(upstream="http://127.0.0.1:9", db_path=None, max_connections=7)
+    config = SidecarConfig(upstream="http://127.0.0.1:9", engine="none", db_path=None, max_connections=7)
     assert _pool(config, config.max_connections).max_connections == 7
     with pytest.raises(ValueError, match="--max-upstream-connections must be at least 1, got 0"):
         SidecarConfig(upstream="http://127.0.0.1:9", max_connections=0)

@@ -492,6 +492,14 @@ def test_config_rejects_bad_urls_and_ports_with_the_option_name():
     assert parse_listen("[::1]:9100") == ("::1", 9100)
 
 
+def test_engine_has_one_default_for_the_cli_and_the_config():
+    from collector.sidecar.cli import run
+    from collector.sidecar.config import SidecarConfig
+
+    option = next(param for param in run.params if param.name == "engine")
+    assert option.default == SidecarConfig(upstream="http://x:1").engine == "auto"
+
+
 def test_healthz_never_shows_upstream_credentials():
     from collector.sidecar.admin import _without_credentials
 

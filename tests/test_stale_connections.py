@@ -26,7 +26,11 @@ def sidecar(tmp_path):
     def start(upstream: FakeUpstream):
         app = build_sidecar(
             SidecarConfig(
-                upstream=upstream.url, db_path=str(tmp_path / "log.duckdb"), instance="test", read_timeout_s=5
+                upstream=upstream.url,
+                engine="none",
+                db_path=str(tmp_path / "log.duckdb"),
+                instance="test",
+                read_timeout_s=5,
             )
         )
         handle = serve_in_thread(app, timeout_graceful_shutdown=2)

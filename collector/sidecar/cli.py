@@ -101,7 +101,7 @@ __all__ = ["run"]
 )
 @click.option(
     "--engine",
-    default="auto",
+    default=SidecarConfig.engine,
     show_default=True,
     metavar="NAME",
     help="Which engine's /metrics to read: auto|none|vllm|sglang|tgi|llamacpp|generic "

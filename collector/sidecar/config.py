@@ -36,7 +36,7 @@ class SidecarConfig:
     lake_roll_mb: int = 64
     # --catalog URI with --lake: publish the fleet's estimates for this sidecar's models (collector.lake.estimates)
     catalog: str | None = None
-    engine: str = "none"
+    engine: str = "auto"  # --engine: recognise the engine on its first answer; "none" polls nothing
     engine_metrics_url: str | None = None
     engine_mapping: str | None = None  # YAML mapping file for engine "generic"
     engine_poll_interval_s: float = 1.0

@@ -55,7 +55,12 @@ class Rig:
 def sidecar_rig(tmp_path: Path, **config: Any) -> Iterator[Rig]:
     """Start the fake upstream and a sidecar in front of it; stop both (flushing the log) at exit."""
     fake = FakeUpstream()
-    settings: dict[str, Any] = {"db_path": str(tmp_path / "log.duckdb"), "instance": "test", "jobs": False}
+    settings: dict[str, Any] = {
+        "db_path": str(tmp_path / "log.duckdb"),
+        "instance": "test",
+        "jobs": False,
+        "engine": "none",  # no engine polling: the fake upstream has no /metrics
+    }
     cfg = SidecarConfig(upstream=fake.url, **(settings | config))
     app = build_sidecar(cfg)
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=5)
