@@ -84,8 +84,7 @@ class EventSplitter:
             self._parts, self._pending, self._tail = [], 0, b""
         else:
             buffer = data
-        # a one-byte search first, as an int (memchr): 0.03 us a read, against 0.16 for b"\r" in
-        # and 0.72 for the four-byte search, for a read of 8 events without "\r"
+        # a one-byte search for CR (an int: memchr) spares most reads the four-byte one
         separator = b"\r\n\r\n" if _CR in buffer and b"\r\n\r\n" in buffer else b"\n\n"
         end = buffer.rfind(separator)
         if end < 0:
@@ -326,7 +325,7 @@ def inspect_event(event: bytes, keep_chunk: bool = True) -> ChunkInfo | None:
         payload = event[5:]
     else:  # "event:"/"id:" fields first, or a comment-only keep-alive
         return _inspect_fields(event, keep_chunk)
-    if b"[DONE]" in payload and payload.strip() == b"[DONE]":  # before the parse: its error costs 3 µs
+    if b"[DONE]" in payload and payload.strip() == b"[DONE]":  # before the parse: its error is slow
         return DONE
     try:
         chunk = orjson.loads(payload)  # JSON allows the surrounding whitespace
@@ -353,12 +352,8 @@ class _Choice(msgspec.Struct, gc=False):
 
 
 class _Plain(msgspec.Struct, gc=False):
-    """A plain chunk: `choices` is a list of objects and `usage` is absent or null.
-
-    The three Structs are untracked by the garbage collector (`gc=False`): decoded JSON never
-    makes a reference cycle, and each read allocates one of them per chunk and choice, about a
-    sixth less decoding time (BENCHMARKS.md §2).
-    """
+    """A plain chunk (`choices` a list of objects, `usage` absent or null); these Structs skip the
+    garbage collector (`gc=False`) since decoded JSON never makes a reference cycle."""
 
     choices: list[_Choice]
     usage: msgspec.UnsetType | None = msgspec.UNSET  # None: `"usage":null` (vLLM), UNSET: absent
@@ -426,34 +421,18 @@ def plain_read(complete: bytes, strip_usage: bool = False) -> tuple[int, bytes] 
 
 
 def _parse_plain(complete: bytes) -> tuple[int, bool] | None:
-    """A read of plain chunks, read in one parse: (its tokens, whether a chunk says
-    `"usage":null`); None when it holds anything else.
+    """(tokens, whether a chunk says `"usage":null`) of a read of plain chunks, in one parse that
+    builds only the token fields (`_Plain`); None for any other read, read event by event instead.
 
-    The second value spares the proxy a search of every read for the `"usage":null` it strips
-    (0.5 us for a read of 8 events, about as long as parsing two of them) where no chunk has it,
-    as in OpenAI's and llama.cpp's streams.
-
-    `complete` is what `EventSplitter.take` returned for "\\n\\n"-terminated events. A plain
-    chunk is one `data:` line holding a JSON object with a `choices` list of objects, and no
-    `usage` (or `"usage":null`): nearly every event of every stream. The events' payloads are
-    joined by spaces (each boundary "\\n\\ndata: " becomes one: a JSON string cannot hold a
-    raw newline, so a boundary is never inside one; a newline left over was inside an event,
-    found by a one-byte search, not a count) and parsed once, by a decoder that
-    builds only the fields that carry tokens (`_Plain`) and skips the rest (id, model, created,
-    timings: most of a chunk) without making a Python object of them; that costs about half of
-    building every field (BENCHMARKS.md §2, "One parse that builds only the token fields").
-    Anything else (a comment, an `id:` or `event:` field, multi-line data, `[DONE]`, a usage or
-    error chunk, a field of another type than a plain chunk has, bad JSON, "\\r\\n" terminators)
-    gives None, and the caller reads that read's events one by one with `inspect_event`, which
-    is the reference: whatever this returns, it returns too (tests/test_sidecar_units.py checks
-    that on generated chunks). So does a read with other newlines than two after each event's
-    one line: an event of several lines, or payloads that are not JSON alone but parse together.
-
-    The decoder checks the JSON of the fields it skips, but not their UTF-8, so a read that is
-    not ASCII is checked as UTF-8 first (`bytes.isascii` costs a few ns a read; the check, only
-    for text in other scripts, about what copying the read would). One difference is left: a
-    number past a double's range (`1e400`), which orjson refuses as malformed, this decoder
-    reads as infinity in a field it skips.
+    A plain chunk is one `data:` line of a JSON object with a `choices` list and no `usage` (or a
+    null one): nearly every event. The payloads are joined by spaces (a JSON string holds no raw
+    newline, so a boundary is never inside one) and decoded once. A comment, another field,
+    multi-line data, `[DONE]`, a usage or error chunk, a field of another type, bad JSON, bad UTF-8
+    (checked first: the decoder skips fields unchecked) or "\\r\\n" gives None, and
+    `inspect_event`, the reference, agrees with whatever this returns (tests/test_sidecar_units.py),
+    except that `1e400` in a skipped field reads as infinity here and as malformed there. The
+    `"usage":null` flag spares OpenAI- and llama.cpp-style reads the search for it. Costs:
+    BENCHMARKS.md §2, "One parse that builds only the token fields" and stop 32.
 
     >>> _parse_plain(b'data: {"choices":[{"delta":{"content":"abcdefgh"}}]}\\n\\n' * 2)
     (4, False)
@@ -482,8 +461,8 @@ def _parse_plain(complete: bytes) -> tuple[int, bool] | None:
         else:  # the payloads, a space between each two
             pieces = complete[start:].split(boundary)
             values = b" ".join(pieces)
-            # any newline left before the end was inside an event: one of several lines
-            # (a one-byte find is a memchr: 0.10 us a read of 8 events, against 0.52 for count)
+            # any newline left before the end was inside an event: one of several lines (a
+            # one-byte find, a memchr, not a count)
             if values.find(b"\n") != len(values) - 2:
                 return None
             chunks = _PLAIN.decode_lines(values)
@@ -500,10 +479,8 @@ def _strip_plain(complete: bytes) -> tuple[int, bytes] | None:
 
     `_parse_plain` and a `bytes.replace` of the field in one pass: the read is split once at the
     chunks' ends (`,"usage":null}\\n\\ndata: `), and the pieces are joined twice, into the bytes
-    to forward and into the payloads, a space between each two, for the same decoder. That is about a microsecond
-    less a read of 8 chunks than parsing and then searching the read for the field again
-    (BENCHMARKS.md §2, "vLLM-style: the strip in the parse's split"), the difference between a
-    vLLM-style stream and a plain one through the sidecar.
+    to forward and into the payloads, a space between each two, for the same decoder: less work
+    than parsing and then searching the read for the field again (BENCHMARKS.md §2, stop 35).
 
     Only the field that ends a chunk goes: there it is the chunk's own (the `}` after it closes
     the chunk), never a field of a nested object. A read where some chunk ends otherwise, or

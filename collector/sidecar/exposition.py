@@ -1,10 +1,9 @@
 """The per-request metrics and the /metrics page: text kept per series, rebuilt only when it changed.
 
 prometheus_client builds every sample of every child afresh on each scrape (a namedtuple per
-bucket, label names validated and escaped each time): 15-30 ms for the ~2,000 series the series
-budget allows, on the event loop. Here each series child keeps its rendered lines, with the
-label part formatted once when the child is created, and only a child that was updated since the
-last scrape formats its numbers again. The live gauges, which change all the time, are summed
+bucket, label names validated and escaped each time), on the event loop; here each series child
+keeps its rendered lines, with the label part formatted once when the child is created, and only a
+child that was updated since the last scrape formats its numbers again (BENCHMARKS.md §6). The live gauges, which change all the time, are summed
 from the live set on each scrape with cached label parts.
 
 `CounterVec` and `HistogramVec` are what the tracker updates (event loop only: no locks);

@@ -1,10 +1,9 @@
 """Serving the sidecar: uvicorn with header and body deadlines, an idle timeout and a connection cap.
 
 uvicorn alone lets a connection that never finishes its headers (slowloris), never finishes its
-body, or never sends anything live forever: 1,100 idle sockets against a 1,024 file-descriptor
-limit made every canary request fail, and ~4,100 connections that sent headers and half a body
-filled the cap, so that even /metrics got 503 (issue #36 N2). `ConnectionGuard` (uvicorn's
-httptools protocol plus these rules) closes them:
+body, or never sends anything live forever, until they fill the cap or the file descriptors and
+even /metrics gets 503 (issue #36 N2, N7). `ConnectionGuard` (uvicorn's httptools protocol plus
+these rules) closes them:
 
 - headers must be complete within `header_timeout_s` of the connection opening, or of the
   request's first byte on a kept-alive connection; else `408` JSON and close;
