@@ -123,6 +123,7 @@ def _lake_saver(catalog_uri: str | None, lake_uri: str) -> _Outputs:
     if not catalog_uri:
         raise click.UsageError("--lake needs --catalog (or HEADROOM_CATALOG): the table's catalog URI")
     try:
+        # lazy: pyiceberg, the [lake] extra, only with --catalog
         from collector.lake.estimates import ESTIMATES_TABLE, save_to_lake  # lazy: pyiceberg
         from collector.lake.layout import Lake
         from collector.lake.table import open_catalog

@@ -111,6 +111,7 @@ def render_rates_png(
     import matplotlib  # lazy, as render_png
 
     matplotlib.use("Agg")
+    # lazy: matplotlib only when a plot is drawn
     from matplotlib.figure import Figure
 
     levels = sorted(rates.get("levels") or [], key=lambda lv: lv["offered_per_s"])

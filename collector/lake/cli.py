@@ -59,6 +59,7 @@ def _properties(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def _open(catalog_uri: str, lake_uri: str, pairs: tuple[str, ...]) -> tuple[Any, Any]:
     try:
+        # lazy: pyiceberg (the [lake] extra) loads when the command runs, not for --help
         from collector.lake.layout import Lake
         from collector.lake.table import open_catalog  # lazy: pyiceberg, the [lake] extra
     except ImportError as exc:
@@ -109,6 +110,7 @@ def commit(
     Idempotent: a file is added once, however often this runs, and two committers at once are
     safe (the catalog lets one commit win; the other reloads and retries).
     """
+    # lazy: pyiceberg (the [lake] extra) loads when the command runs, not for --help
     from collector.lake.table import commit_staged
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -185,6 +187,7 @@ def maintain_command(
     Each sealed day becomes one file sorted by model and admission time, each request_id once.
     Safe while `lake commit` runs: a day that gained files meanwhile is read again.
     """
+    # lazy: pyiceberg (the [lake] extra) loads when the command runs, not for --help
     from collector.lake.table import maintain
 
     catalog, location = _open(catalog_uri, lake_uri, catalog_properties)
@@ -229,6 +232,7 @@ def import_command(
     Importing the same file again adds nothing; days sealed since are added. Works while the
     sidecar owning the file runs (through its snapshot, as `headroom report --db` reads).
     """
+    # lazy: pyiceberg (the [lake] extra) loads when the command runs, not for --help
     import os
 
     from collector.lake.table import import_duckdb

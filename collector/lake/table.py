@@ -426,6 +426,7 @@ def _remove_unreferenced(table: Table, lake: Lake, older_than: datetime, result:
             lake.fs.delete_file(name.path)
             result.files_removed += 1
     data_dir = lake.path_of(f"{table.location().rstrip('/')}/data")
+    # lazy: the filesystem layer only for the orphan sweep
     from pyarrow import fs as pafs
 
     infos = lake.fs.get_file_info(pafs.FileSelector(data_dir, allow_not_found=True, recursive=True))

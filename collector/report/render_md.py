@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from collector.report.adapters import adapter_table
@@ -53,7 +54,6 @@ def binding_line(concurrency: dict[str, Any]) -> str:
 
 def period(window: dict[str, Any]) -> str:
     """'week' for a 7-day window, else 'window': the planning line speaks of the review's period."""
-    from datetime import datetime
 
     days = (datetime.fromisoformat(window["until"]) - datetime.fromisoformat(window["since"])).days
     return "week" if days == 7 else "window"
@@ -147,7 +147,6 @@ def littles_line(law: dict[str, Any]) -> str:
 
 def when_s(seconds: float) -> str:
     """POSIX seconds -> '2026-11-30 09:00:15 UTC'."""
-    from datetime import UTC, datetime
 
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

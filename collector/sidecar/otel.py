@@ -335,6 +335,7 @@ class OtelSink:
         self._logs: Any = None
         self._logger: Any = None
         if logs or log_exporter is not None:
+            # lazy: the OpenTelemetry SDK only when OTLP export is on
             from opentelemetry.sdk._logs import LoggerProvider  # lazy: the logs SDK only when on
             from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, SimpleLogRecordProcessor
 
@@ -382,6 +383,7 @@ class OtelSink:
         return trace.set_span_in_context(NonRecordingSpan(parent))
 
     def _emit(self, record: RequestRecord, telemetry: Telemetry | None) -> None:
+        # lazy: the OpenTelemetry SDK only when OTLP export is on
         from opentelemetry import trace  # lazy, as in __init__
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
