@@ -130,11 +130,15 @@ def stack(tmp_path):
 
 
 def _engine_panels() -> list[tuple[str, str, str]]:
-    """(panel, refId, expr with $model = MODEL) of every overview target that reads an engine series."""
+    """(panel, refId, expr with $model = MODEL) of every overview target that reads an engine series
+    llama.cpp publishes (not vLLM's preemption and prefix-cache counters)."""
+    vllm_only = ("headroom_engine_preemptions_total", "headroom_engine_prefix_cache_")
     return [
         (title, ref, substitute(expr.replace("$model", MODEL)))
         for uid, title, ref, expr in dashboard_queries()
-        if uid == "headroom-capacity-overview" and "headroom_engine_" in expr
+        if uid == "headroom-capacity-overview"
+        and "headroom_engine_" in expr
+        and not any(name in expr for name in vllm_only)
     ]
 
 

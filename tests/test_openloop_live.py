@@ -17,12 +17,12 @@ import subprocess
 
 import orjson
 import pytest
+from support.processes import HEADROOM, sim_process
 
 from collector.sim.config import SimConfig
 from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.store.db import RequestStore
 from collector.store.estimates import candidate_estimates
-from tests.support.processes import HEADROOM, sim_process
 
 SPEED = 8.0
 SEQS = 4
