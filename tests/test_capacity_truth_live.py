@@ -50,21 +50,21 @@ CAPACITY_ALERTS = (
 LONG_PROMPT = "Capacity planning needs evidence, not request counts, for every replica class. " * 30
 
 
-def _payload(worker: int, index: int) -> dict:
-    """Ordinary client traffic: one request in ten carries a ~600-token prompt, 80 % stream."""
-    content = LONG_PROMPT if (worker * 7 + index) % 10 == 0 else f"Say hello to user {worker}."
-    return {
-        "model": MODEL,  # the simulator serves this name; llama-server serves any
-        "max_tokens": 24,
-        "stream": (worker + index) % 5 != 0,
-        "messages": [{"role": "user", "content": content}],
-    }
-
-
-def _load(url: str, concurrency: int, seconds: float) -> list[int]:
+def _load(url: str, concurrency: int, seconds: float, model: str) -> list[int]:
+    """Ordinary client traffic for `model` (the name the engine serves, as the probe's estimate
+    names it): one request in ten carries a ~600-token prompt, 80 % stream."""
     from collector.sim.load import run_level
 
-    level = asyncio.run(run_level(url, concurrency, seconds, _payload))
+    def payload(worker: int, index: int) -> dict:
+        content = LONG_PROMPT if (worker * 7 + index) % 10 == 0 else f"Say hello to user {worker}."
+        return {
+            "model": model,
+            "max_tokens": 24,
+            "stream": (worker + index) % 5 != 0,
+            "messages": [{"role": "user", "content": content}],
+        }
+
+    level = asyncio.run(run_level(url, concurrency, seconds, payload))
     return [r.status for r in level.results]
 
 
@@ -144,8 +144,11 @@ def stack(request, tmp_path):
                     tmp_path / "prometheus.log",
                 )
             )
+            # the served model: the name the probe's estimate carries (llama-server: its GGUF path)
+            served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
             yield {
                 "engine": request.param,
+                "model": served,
                 "engine_url": url,
                 "serving": sidecars["serving"].url,
                 "overloaded": sidecars["overloaded"].url,
@@ -209,7 +212,8 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
     prometheus, serving = stack["prometheus"], stack["serving"]
     _wait(lambda: len(_query(prometheus, f'up{{job="{DEFAULT.sidecar_job}"}} == 1')) == 2, 30, "both scrapes")
     # ordinary traffic first, so the probe can compare its token mix with the traffic's
-    assert set(_load(serving, 3, 20)) == {200}
+    model = stack["model"]
+    assert set(_load(serving, 3, 20, model)) == {200}
     estimate = _probe(stack)
     knee, pool = estimate["knee_requests"], estimate["recommended_pool"]
     _, expected_knee, kv = ENGINES[stack["engine"]]
@@ -226,13 +230,23 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
         60,
         "both sidecars to publish the probe's knee",
     )
-    assert {(float(p["value"][1]), p["metric"]["source"]) for p in published} == {(knee, "probe")}
+    assert {(p["metric"]["model"], float(p["value"][1]), p["metric"]["source"]) for p in published} == {
+        (model, knee, "probe")
+    }
 
     started = time.monotonic()
-    statuses = _load(serving, pool, 60)
+    statuses = _load(serving, pool, 60, model)
     assert statuses and set(statuses) == {200}
-    quiet = _alerts_since(prometheus, time.monotonic() - started + 5)
+    window = max(int(time.monotonic() - started + 5), 1)
+    quiet = _alerts_since(prometheus, window)
     assert quiet == {}, f"capacity alerts at the recommended pool of {pool}: {quiet}"
+    # not vacuous: the serving replica's load was measured against the knee it published
+    ratios = _query(
+        prometheus,
+        f"max_over_time(instance_model_task_class_caliber:headroom_concurrency:avg5m_knee_ratio[{window}s])",
+    )
+    seen = {r["metric"]["caliber"]: float(r["value"][1]) for r in ratios if r["metric"]["model"] == model}
+    assert "requests" in seen and 0 < seen["requests"] < 0.85, seen
 
     # the other replica at twice the knee: its own 5-minute mean is all overload
     def near_knee_in_requests() -> bool:
@@ -240,7 +254,7 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
         return states.get(("HeadroomConcurrencyNearKnee", "requests", stack["overloaded_target"])) == "firing"
 
     with ThreadPoolExecutor(1) as clients:
-        running = clients.submit(_load, stack["overloaded"], 2 * knee, 45)
+        running = clients.submit(_load, stack["overloaded"], 2 * knee, 45, model)
         _wait(near_knee_in_requests, 45, "HeadroomConcurrencyNearKnee{caliber=requests} at 2x the knee")
         running.result()
     assert httpx.get(f"{serving}/healthz").status_code == 200

@@ -79,7 +79,7 @@ def test_demo_curve_report_store_job_and_sidecar_job_agree(tmp_path):
     readers = {
         "demo": demo,
         "capacity curve": published["knee_requests"],
-        "report": model["estimate"]["knee_requests"],
+        "report": model["classes"][0]["estimate"]["knee_requests"],
         "store job": store_job,
         "sidecar job": sidecar_job,
     }
