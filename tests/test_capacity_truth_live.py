@@ -247,6 +247,30 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
     )
     seen = {r["metric"]["caliber"]: float(r["value"][1]) for r in ratios if r["metric"]["model"] == model}
     assert "requests" in seen and 0 < seen["requests"] < 0.85, seen
+    # the review of the serving replica's log (through the sidecar that owns it) names the binding
+    # caliber and recommends nothing on a withheld token knee
+    review = subprocess.run(
+        [
+            str(HEADROOM),
+            "report",
+            "--db",
+            str(stack["tmp"] / "serving.duckdb"),
+            "--since",
+            "1h",
+            "--json",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert review.returncode == 0, review.stderr
+    [reviewed] = [m for m in json.loads(review.stdout)["models"] if m["model"] == model]
+    assert reviewed["classes"][0]["concurrency"]["binding_caliber"] in ("requests", "tokens"), reviewed[
+        "classes"
+    ]
+    if estimate["knee_tokens"] is None:
+        assert not [a for a in reviewed["actions"] if "tokens caliber" in a["action"]], reviewed["actions"]
 
     # the other replica at twice the knee: its own 5-minute mean is all overload
     def near_knee_in_requests() -> bool:
