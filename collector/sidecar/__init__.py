@@ -16,7 +16,8 @@
     ending.py        how an exchange ended (Ending), and the Ending of each failure
     uvicorn_cycle.py the one module reading uvicorn's internals: CycleWatch, ChunkWriter
     requests.py      reading a request body: model, stream flags, a prompt-token estimate
-    tracker.py       live state, the dual-caliber gauges, counters, histograms, one row per request
+    tracker.py       live state and its transitions, one row per request
+    exported.py      what the tracker exports: live gauges computed at scrape, counters, histograms
     exposition.py    the tracker's series kept as text, and the /metrics page
     series.py        SeriesBudget: one bound on the series /metrics exports
     tenants.py       tenant resolution and label capping
