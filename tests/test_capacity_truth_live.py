@@ -27,10 +27,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from conftest import free_port, require_tool
 from support.processes import stop_process
-from test_integration_prometheus import _query, _start, _wait, prometheus_config
+from test_integration_prometheus import _query, _wait, prometheus_config, start_prometheus
 
 from collector.alerts.files import rule_files
 from collector.rules.config import DEFAULT
@@ -131,19 +130,7 @@ def stack(request, tmp_path):
             )
             (job,) = [j for j in prom_config["scrape_configs"] if j["job_name"] == DEFAULT.sidecar_job]
             job["static_configs"] = [{"targets": targets}]
-            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
-            processes.append(
-                _start(
-                    [
-                        prometheus_bin,
-                        f"--config.file={tmp_path / 'prometheus.yml'}",
-                        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{prom_port}",
-                    ],
-                    f"http://127.0.0.1:{prom_port}/-/ready",
-                    tmp_path / "prometheus.log",
-                )
-            )
+            processes.append(start_prometheus(prometheus_bin, prom_config, prom_port, tmp_path))
             # the served model: the name the probe's estimate carries (llama-server: its GGUF path)
             served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
             yield {

@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 from support.sidecar import wait_until
+from support.upstream import LoopServer
 
 from collector.serving import ServerHandle, serve_in_thread
 from collector.sidecar.config import SidecarConfig
@@ -76,7 +75,7 @@ def _stream_response(rid: str) -> bytes:
     return head + events + b"0\r\n\r\n"
 
 
-class HostileUpstream:
+class HostileUpstream(LoopServer):
     """Answers each completions request with its own id, then misbehaves as `mode` says:
 
     unsolicited   the answer; `inject()` later writes one whole extra response on every open
@@ -90,19 +89,8 @@ class HostileUpstream:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.answered = 0
-        self.connections = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._writers: set[asyncio.StreamWriter] = set()
         self._last: dict[asyncio.StreamWriter, str] = {}  # each connection's last request id
-        self._thread = threading.Thread(target=self._run, name="hostile-upstream", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("hostile upstream did not start")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        self._start("hostile-upstream")
 
     def inject(self) -> int:
         """Write one unrequested response on every open connection; returns how many. Once it
@@ -118,30 +106,6 @@ class HostileUpstream:
             return sent
 
         return asyncio.run_coroutine_threadsafe(_inject(), self._loop).result(10)
-
-    def stop(self) -> None:
-        def _close() -> None:
-            self._server.close()
-            for writer in list(self._writers):
-                writer.transport.abort()
-            self._loop.stop()
-
-        self._loop.call_soon_threadsafe(_close)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, sock=sock))
-        self._ready.set()
-        self._loop.run_forever()
-        pending = asyncio.all_tasks(self._loop)
-        for task in pending:
-            task.cancel()
-        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

@@ -21,10 +21,9 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-import yaml
 from conftest import free_port, require_tool
 from support.processes import stop_process
-from test_integration_prometheus import _query, _start, _wait, prometheus_config
+from test_integration_prometheus import _query, _wait, prometheus_config, start_prometheus
 from test_rules_promtool import dashboard_queries, substitute
 
 from collector.alerts.files import rule_files
@@ -101,19 +100,7 @@ def stack(tmp_path):
             f"127.0.0.1:{free_port()}",
             f"127.0.0.1:{free_port()}",
         )
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
-        processes.append(
-            _start(
-                [
-                    prometheus_bin,
-                    f"--config.file={tmp_path / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                f"http://127.0.0.1:{port}/-/ready",
-                tmp_path / "prometheus.log",
-            )
-        )
+        processes.append(start_prometheus(prometheus_bin, prom_config, port, tmp_path))
         yield {
             "prometheus": f"http://127.0.0.1:{port}",
             "sidecar": sidecar.url,

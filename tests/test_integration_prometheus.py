@@ -149,6 +149,22 @@ def _start(args: list[str], ready_url: str, log: Path) -> subprocess.Popen:
     return process
 
 
+def start_prometheus(binary: str, config: dict, port: int, tmp_path: Path) -> subprocess.Popen:
+    """A real Prometheus on 127.0.0.1:`port` with `config` (written to tmp_path/prometheus.yml; its
+    rule files under tmp_path/alerts), its TSDB and log in tmp_path; returns once it is ready."""
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    return _start(
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        f"http://127.0.0.1:{port}/-/ready",
+        tmp_path / "prometheus.log",
+    )
+
+
 def _ok(url: str) -> bool:
     try:
         return httpx.get(url, timeout=1).status_code == 200
@@ -282,19 +298,7 @@ def stack(tmp_path):
             f"127.0.0.1:{am_port}",
             f"127.0.0.1:{free_port()}",
         )
-        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
-        processes.append(
-            _start(
-                [
-                    prometheus_bin,
-                    f"--config.file={tmp_path / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                ],
-                f"http://127.0.0.1:{prom_port}/-/ready",
-                tmp_path / "prometheus.log",
-            )
-        )
+        processes.append(start_prometheus(prometheus_bin, prom_config, prom_port, tmp_path))
         yield {
             "prometheus": f"http://127.0.0.1:{prom_port}",
             "sidecar": sidecar.url,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import orjson
 import pytest
@@ -47,6 +48,38 @@ def predicted_rate_for(prompt_tokens: int):
     )
 
 
+def _probe_rates(
+    url: str, rates: list[float], tmp_path: Path, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """`headroom probe --url URL ARGS --rates ...` (3 s per rate after 1 s of warm-up), its JSON and
+    database under tmp_path; asserts it succeeded."""
+    done = subprocess.run(
+        [
+            str(HEADROOM),
+            "probe",
+            "--url",
+            url,
+            *args,
+            "--rates",
+            ",".join(map(str, rates)),
+            "--rate-seconds",
+            "3",
+            "--rate-warmup-seconds",
+            "1",
+            "--json",
+            str(tmp_path / "est.json"),
+            "--db",
+            str(tmp_path / "h.duckdb"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=os.environ | {"COLUMNS": "250"},  # the table's verdicts unwrapped
+    )
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    return done
+
+
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.serial  # the simulator runs in real time (x8): a starved host measures a lower μ
@@ -59,39 +92,21 @@ def test_probe_rates_against_a_live_simulator_finds_its_analytic_rate(tmp_path):
     with sim_process(
         cost_profile="cpu", max_num_seqs=SEQS, speed=SPEED, stream_interval=8, max_waiting=2000
     ) as url:
-        done = subprocess.run(
-            [
-                str(HEADROOM),
-                "probe",
-                "--url",
-                url,
-                "--levels",
-                "2,4,8",
-                "--max-tokens",
-                str(OUTPUT),
-                "--prompts",
-                str(prompts),
-                "--max-samples",
-                "30",
-                "--max-level-seconds",
-                "2",
-                "--rates",
-                ",".join(map(str, rates)),
-                "--rate-seconds",
-                "3",
-                "--rate-warmup-seconds",
-                "1",
-                "--json",
-                str(tmp_path / "est.json"),
-                "--db",
-                str(tmp_path / "h.duckdb"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=150,
-            env=os.environ | {"COLUMNS": "250"},  # the table's verdicts unwrapped
+        done = _probe_rates(
+            url,
+            rates,
+            tmp_path,
+            "--levels",
+            "2,4,8",
+            "--max-tokens",
+            str(OUTPUT),
+            "--prompts",
+            str(prompts),
+            "--max-samples",
+            "30",
+            "--max-level-seconds",
+            "2",
         )
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     out = done.stdout
     assert "open loop (Poisson arrivals)" in out
     assert "Little's law: consistent: knee 4 ≈" in out, out[-3000:]
@@ -148,37 +163,19 @@ def test_two_input_length_classes_give_two_rates_in_the_simulators_ratio(tmp_pat
     with sim_process(
         cost_profile="cpu", max_num_seqs=SEQS, speed=SPEED, stream_interval=8, max_waiting=2000
     ) as url:
-        done = subprocess.run(
-            [
-                str(HEADROOM),
-                "probe",
-                "--url",
-                url,
-                "--workload",
-                str(workload),
-                "--levels",
-                str(SEQS),
-                "--max-samples",
-                "20",
-                "--max-level-seconds",
-                "1",
-                "--rates",
-                ",".join(map(str, rates)),
-                "--rate-seconds",
-                "3",
-                "--rate-warmup-seconds",
-                "1",
-                "--json",
-                str(tmp_path / "est.json"),
-                "--db",
-                str(tmp_path / "h.duckdb"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=150,
-            env=os.environ | {"COLUMNS": "250"},
+        done = _probe_rates(
+            url,
+            rates,
+            tmp_path,
+            "--workload",
+            str(workload),
+            "--levels",
+            str(SEQS),
+            "--max-samples",
+            "20",
+            "--max-level-seconds",
+            "1",
         )
-    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     assert "== task class chat-short: max_tokens 32, prompts of 40 tokens" in done.stdout
     estimates = orjson.loads((tmp_path / "est.json").read_bytes())["classes"]
     assert set(estimates) == {"chat-short", "chat-long"}

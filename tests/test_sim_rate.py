@@ -59,38 +59,36 @@ def test_overload_completes_at_the_predicted_rate(profile, seqs, prompt, output,
     assert achieved_rate(light, 0.2 * duration, duration) < 0.7 * mu.requests_per_s
 
 
-def test_rate_model_refuses_what_it_does_not_model():
-    cost = COST_PROFILES["gpu"]
-    with pytest.raises(ValueError, match="KV cache binds at 4"):
-        predicted_rate(
-            cost,
-            max_num_seqs=8,
-            max_num_batched_tokens=2048,
-            kv_cache_tokens=4400,
-            block_size=16,
-            prompt_tokens=1000,
-            output_tokens=64,
-        )
-    with pytest.raises(ValueError, match="chunked prefill"):
-        predicted_rate(
-            cost,
-            max_num_seqs=8,
-            max_num_batched_tokens=512,
-            kv_cache_tokens=65536,
-            block_size=16,
-            prompt_tokens=1000,
-            output_tokens=4,
-        )
-    with pytest.raises(ValueError, match="positive"):
-        predicted_rate(
-            cost,
-            max_num_seqs=8,
-            max_num_batched_tokens=512,
-            kv_cache_tokens=65536,
-            block_size=16,
-            prompt_tokens=0,
-            output_tokens=4,
-        )
+@pytest.mark.parametrize(
+    ("why", "settings"),
+    [
+        (
+            "KV cache binds at 4",
+            {
+                "max_num_batched_tokens": 2048,
+                "kv_cache_tokens": 4400,
+                "prompt_tokens": 1000,
+                "output_tokens": 64,
+            },
+        ),
+        (
+            "chunked prefill",
+            {
+                "max_num_batched_tokens": 512,
+                "kv_cache_tokens": 65536,
+                "prompt_tokens": 1000,
+                "output_tokens": 4,
+            },
+        ),
+        (
+            "positive",
+            {"max_num_batched_tokens": 512, "kv_cache_tokens": 65536, "prompt_tokens": 0, "output_tokens": 4},
+        ),
+    ],
+)
+def test_rate_model_refuses_what_it_does_not_model(why, settings):
+    with pytest.raises(ValueError, match=why):
+        predicted_rate(COST_PROFILES["gpu"], max_num_seqs=8, block_size=16, **settings)
 
 
 def test_speed_scales_the_rate():

@@ -99,53 +99,25 @@ class _Request:
         self.method, self.raw_path, self.query, self.headers, self.body = method, path, query, headers, body
 
 
-class FakeUpstream:
-    """Serve on 127.0.0.1 in a background thread; `.url`, `.stop()`, usable as a context manager.
+class LoopServer:
+    """A raw-socket asyncio server on 127.0.0.1 in a background thread: `.url`, `.stop()`, a context
+    manager. Subclasses set their state, then call `_start(name)`, and implement `_serve`."""
 
-    Records: `requests` (completions bodies and headers), `targets` (raw path, query string) of
-    every request, `requests_read` and `connections`.
-    """
+    port: int
 
-    def __init__(
-        self, *, one_request_per_connection: bool = False, drop_fresh: bool = False, status: int | None = None
-    ) -> None:
-        self.one_request_per_connection, self.drop_fresh, self.status = (
-            one_request_per_connection,
-            drop_fresh,
-            status,
-        )
-        self.requests: list[dict[str, Any]] = []
-        self.targets: list[tuple[bytes, bytes]] = []
-        self.requests_read = 0
+    def _start(self, name: str) -> None:
         self.connections = 0
-        self.slow_client_left = threading.Event()  # /v1/slow saw its client (the proxy) leave
-        self._arrivals: dict[str, threading.Event] = {}
-        self._drained: dict[str, threading.Event] = {}
-        self._gates: dict[str, threading.Event] = {}
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fake-upstream", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         if not self._ready.wait(10):
-            raise RuntimeError("fake upstream did not start")
+            raise RuntimeError(f"{name} did not start")
 
-    # --- control -------------------------------------------------------------------------------
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def expect(self, test_id: str) -> threading.Event:
-        """Set when a completions request with header `x-test-id: test_id` has arrived."""
-        return self._arrivals.setdefault(test_id, threading.Event())
-
-    def drained(self, test_id: str) -> threading.Event:
-        """Set when every byte of the stream with this `x-test-id` has left for the proxy."""
-        return self._drained.setdefault(test_id, threading.Event())
-
-    def gate(self, test_id: str) -> threading.Event:
-        """Set it to let a `non-sse`, `gate-headers` or `gate-end` request with this `x-test-id` go on."""
-        return self._gates.setdefault(test_id, threading.Event())
 
     def stop(self) -> None:
         """Close the listener and every connection, then stop the loop."""
@@ -159,7 +131,7 @@ class FakeUpstream:
         self._loop.call_soon_threadsafe(_close)
         self._thread.join(10)
 
-    def __enter__(self) -> FakeUpstream:
+    def __enter__(self) -> LoopServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -179,6 +151,48 @@ class FakeUpstream:
             task.cancel()
         self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class FakeUpstream(LoopServer):
+    """Serve on 127.0.0.1 in a background thread; `.url`, `.stop()`, usable as a context manager.
+
+    Records: `requests` (completions bodies and headers), `targets` (raw path, query string) of
+    every request, `requests_read` and `connections`.
+    """
+
+    def __init__(
+        self, *, one_request_per_connection: bool = False, drop_fresh: bool = False, status: int | None = None
+    ) -> None:
+        self.one_request_per_connection, self.drop_fresh, self.status = (
+            one_request_per_connection,
+            drop_fresh,
+            status,
+        )
+        self.requests: list[dict[str, Any]] = []
+        self.targets: list[tuple[bytes, bytes]] = []
+        self.requests_read = 0
+        self.slow_client_left = threading.Event()  # /v1/slow saw its client (the proxy) leave
+        self._arrivals: dict[str, threading.Event] = {}
+        self._drained: dict[str, threading.Event] = {}
+        self._gates: dict[str, threading.Event] = {}
+        self._start("fake-upstream")
+
+    # --- control -------------------------------------------------------------------------------
+
+    def expect(self, test_id: str) -> threading.Event:
+        """Set when a completions request with header `x-test-id: test_id` has arrived."""
+        return self._arrivals.setdefault(test_id, threading.Event())
+
+    def drained(self, test_id: str) -> threading.Event:
+        """Set when every byte of the stream with this `x-test-id` has left for the proxy."""
+        return self._drained.setdefault(test_id, threading.Event())
+
+    def gate(self, test_id: str) -> threading.Event:
+        """Set it to let a `non-sse`, `gate-headers` or `gate-end` request with this `x-test-id` go on."""
+        return self._gates.setdefault(test_id, threading.Event())
 
     # --- HTTP ----------------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
