@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
@@ -126,6 +127,76 @@ def test_kv_usage_unchanged_with_nothing_finishing_is_not_stale():
     assert _valid(integrity)["kv_usage"] == ("idle", 1.0)  # prefix cache kept after the last request
 
 
+def _polls(integrity: SignalIntegrity, clock: Clock, traffic: Traffic, snapshot, inflight: list[int]) -> None:
+    """One poll of `snapshot` per in-flight value, 10 s apart, 3 requests finishing between."""
+    for count in inflight:
+        traffic.inflight = count
+        integrity.observe(snapshot)
+        clock.now += 10
+        traffic.finished += 3
+
+
+def test_running_and_waiting_frozen_while_the_load_moves_across_them_are_stale():
+    """llama.cpp exports no KV usage without /slots: the request counts are its only stale check."""
+    clock, traffic = Clock(), Traffic(finished=50)
+    integrity = _integrity(traffic, clock)
+    frozen = parse_llamacpp(LLAMA_BUSY, None)  # requests_processing 4, requests_deferred 2
+    assert (frozen.running, frozen.waiting, frozen.kv_usage_ratio) == (4, 2, None)
+    _polls(integrity, clock, traffic, frozen, [9, 3, 10, 2, 8, 4])  # 50 s: not yet a minute
+    assert _valid(integrity) == {"running": ("ok", 1.0), "waiting": ("ok", 1.0)}
+    _polls(integrity, clock, traffic, frozen, [9, 3])
+    assert _valid(integrity) == {"running": ("stale", 0.0), "waiting": ("stale", 0.0)}
+    moved = parse_llamacpp(LLAMA_BUSY.replace("requests_deferred 2", "requests_deferred 1"), None)
+    _polls(integrity, clock, traffic, moved, [9])
+    assert _valid(integrity) == {"running": ("ok", 1.0), "waiting": ("ok", 1.0)}
+
+
+@pytest.mark.parametrize(
+    ("case", "inflight", "finishing"),
+    [
+        # queued at a limit the engine does not count (llama-server's HTTP threads): always above
+        ("behind a limit", [8, 14, 9, 12, 8, 13, 10, 9], 3),
+        # a closed loop of six clients: in flight at or one below the engine's six
+        ("closed loop", [6, 5, 6, 6, 5, 6, 5, 6], 3),
+        # the load moved across the counts but nothing finished: a stalled engine holds its counts
+        ("nothing finishing", [9, 3, 10, 2, 8, 4, 9, 3], 0),
+    ],
+)
+def test_request_counts_that_may_legitimately_hold_are_not_stale(case, inflight, finishing):
+    clock, traffic = Clock(), Traffic(finished=50)
+    integrity = _integrity(traffic, clock)
+    held = parse_llamacpp(LLAMA_BUSY, None)  # 4 running, 2 waiting, every poll
+    for count in inflight:
+        traffic.inflight = count
+        integrity.observe(held)
+        clock.now += 10
+        traffic.finished += finishing
+    assert _valid(integrity) == {"running": ("ok", 1.0), "waiting": ("ok", 1.0)}, case
+
+
+def test_a_full_batch_holds_running_while_its_queue_moves_and_is_not_stale():
+    clock, traffic = Clock(), Traffic(finished=50)
+    integrity = _integrity(traffic, clock)
+    line = 'vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} '
+    for waiting, count in [(3, 12), (5, 4), (2, 13), (3, 5), (6, 12), (1, 4), (3, 12), (4, 5)]:
+        traffic.inflight = count
+        page = V11.replace(line + "3.0", f"{line}{waiting}.0")
+        assert parse_vllm(page).waiting == waiting
+        integrity.observe(parse_vllm(page))  # running stays at 7
+        clock.now += 10
+        traffic.finished += 3
+    assert _valid(integrity)["running"] == ("ok", 1.0)
+    assert _valid(integrity)["waiting"] == ("ok", 1.0)
+
+
+def test_request_counts_frozen_at_zero_are_never_stale_and_stuck_only_when_always_busy():
+    """Below zero in flight is impossible, so zeros have no stale evidence; stuck judges them."""
+    clock, traffic = Clock(), Traffic(finished=50)
+    integrity = _integrity(traffic, clock)
+    _polls(integrity, clock, traffic, parse_llamacpp(LLAMA_IDLE, None), [3, 0, 4, 0, 3, 0, 4, 0])
+    assert _valid(integrity) == {"running": ("idle", 1.0), "waiting": ("idle", 1.0)}
+
+
 def test_minus_one_is_stuck():
     page = SGLANG.replace('sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.28', "")
     page += 'sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct"} -1\n'
@@ -229,3 +300,70 @@ async def test_a_sidecar_in_front_of_a_simulator_whose_metrics_froze_marks_kv_us
 
 async def _has(reasons, signal: str) -> bool:
     return signal in await reasons
+
+
+@pytest.mark.asyncio
+async def test_a_sidecar_in_front_of_a_llamacpp_simulator_whose_metrics_froze_marks_the_counts_stale():
+    """llama.cpp's running and waiting, frozen with six requests in; the sidecar then carries
+    bursts of ten and gaps of none: both are stale while KV usage (from the live /slots) is not."""
+    sim_app = create_sim_app(SimConfig(flavor="llamacpp", max_num_seqs=4))
+    sim = serve_in_thread(sim_app)
+    source = build_engine_source("llamacpp", f"{sim.url}/metrics", 0.1)
+    source.integrity.stale_after_s, source.integrity.stale_min_requests = 1.0, 3
+    config = SidecarConfig(upstream=sim.url, db_path=None, instance="test", engine="llamacpp", jobs=False)
+    sidecar = serve_in_thread(build_sidecar(config, engine=source))
+
+    async def reasons(client: httpx.AsyncClient) -> dict[str, str]:
+        page = parse_exposition((await client.get(f"{sidecar.url}/metrics")).text)
+        return {labels["signal"]: labels["reason"] for labels, _ in page.get("headroom_signal_valid", ())}
+
+    async def load(client: httpx.AsyncClient, count: int, max_tokens: int) -> None:
+        body = {
+            "model": "headroom-sim",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+        }
+        answers = await asyncio.gather(
+            *(client.post(f"{sidecar.url}/v1/chat/completions", json=body) for _ in range(count))
+        )
+        assert all(answer.status_code == 200 for answer in answers)
+
+    async def polled_after(at: float) -> bool:  # the poller read the engine after `at`
+        return source.latest.polled_at > at
+
+    async def engine_counts(client: httpx.AsyncClient) -> tuple[int, int]:
+        page = parse_llamacpp((await client.get(f"{sim.url}/metrics")).text, None)
+        return page.running or 0, page.waiting or 0
+
+    async def burst_and_gap(client: httpx.AsyncClient) -> None:
+        await load(client, 10, 48)  # ten in flight: above the frozen six
+        ended = time.time()
+        await wait_until_async(lambda: polled_after(ended), what="a poll with nothing in flight")
+
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            held = asyncio.create_task(load(client, 6, 400))
+            await wait_until_async(lambda: _is(engine_counts(client), (4, 2)), what="4 running, 2 waiting")
+            sim_app.state.metrics.fault = "freeze"  # the exporter wedges at (4, 2)
+            await held
+            for _ in range(10):
+                await burst_and_gap(client)
+                judged = await reasons(client)
+                if judged.get("running") == "stale":
+                    break
+            assert judged["running"] == judged["waiting"] == "stale", judged
+            assert judged["kv_usage"] in ("ok", "idle"), judged  # /slots still answers live
+            sim_app.state.metrics.fault = None
+
+            async def valid_again() -> bool:
+                await load(client, 2, 8)
+                return (await reasons(client)).get("running") in ("ok", "idle")
+
+            await wait_until_async(valid_again, timeout_s=20, what="running valid again")
+    finally:
+        sidecar.stop(timeout_s=15)
+        sim.stop(timeout_s=15)
+
+
+async def _is(value, expected) -> bool:
+    return await value == expected

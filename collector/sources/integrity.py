@@ -13,7 +13,12 @@ headroom_signal_valid{source="engine", signal, reason} (1 for ok, idle, renamed;
                     the sidecar had requests in flight at every poll for `stuck_after_s`.
     stale           KV usage unchanged for `stale_after_s` while at least `stale_min_requests`
                     requests finished through the sidecar: a frozen exporter (finished requests
-                    free KV blocks, so a live value moves).
+                    free KV blocks, so a live value moves). Running and waiting, judged as a
+                    pair: both unchanged for `stale_after_s` while `stale_min_requests` finished
+                    and the sidecar's in flight was at least `stale_margin` above their sum at
+                    one poll and as far below it at another (a live engine's count follows
+                    the load it is sent; either alone may hold: a full batch, an empty queue).
+                    KV capacity is configuration and is never stale.
     renamed         read under an older name the sidecar knows (collector.sources.renames): valid.
     idle            valid, and nothing in flight at the sidecar: zeros here are true zeros.
     ok              valid.
@@ -52,6 +57,7 @@ EXPECTED = {
 }
 _ZERO_WHILE_BUSY_IS_STUCK = frozenset({"running", "kv_usage"})  # a queue of 0 is normal
 _STALE_CHECKED = frozenset({"kv_usage"})  # the one that moves with every finished request
+_COUNTS = ("running", "waiting")  # stale only together, against the sidecar's in flight
 
 
 @dataclass
@@ -59,6 +65,17 @@ class _Track:
     value: float
     changed_at: float  # monotonic
     finished_at_change: int
+
+
+@dataclass
+class _Counts:
+    """Running and waiting since they last changed, and the sidecar's in flight at those polls."""
+
+    value: tuple[int, int]
+    changed_at: float  # monotonic
+    finished_at_change: int
+    lowest: int
+    highest: int
 
 
 class SignalIntegrity:
@@ -70,15 +87,18 @@ class SignalIntegrity:
         *,
         stale_after_s: float = 60.0,
         stale_min_requests: int = 5,
+        stale_margin: int = 2,
         stuck_after_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.traffic = traffic
         self.stale_after_s, self.stale_min_requests = stale_after_s, stale_min_requests
+        self.stale_margin = stale_margin
         self.stuck_after_s = stuck_after_s
         self._clock = clock
         self._seen: set[str] = set()
         self._tracks: dict[str, _Track] = {}
+        self._counts: _Counts | None = None
         self._busy_since: float | None = None
         self.reasons: dict[str, str] = {}
 
@@ -93,7 +113,9 @@ class SignalIntegrity:
         wanted = self._seen | EXPECTED.get(snapshot.engine, frozenset())
         if not snapshot.up:
             self.reasons = dict.fromkeys(sorted(wanted), "scrape_failing")
+            self._counts = None
             return self.reasons
+        counts_stale = self._counts_stale(snapshot, now, inflight, finished)
         read_from = dict(snapshot.read_from)
         reasons: dict[str, str] = {}
         for signal, attribute in SIGNALS.items():
@@ -107,8 +129,37 @@ class SignalIntegrity:
             reasons[signal] = self._judge(
                 signal, float(value), read_from.get(signal), now, inflight, finished
             )
+            if counts_stale and signal in _COUNTS and SIGNAL_REASONS[reasons[signal]]:
+                reasons[signal] = "stale"
         self.reasons = reasons
         return reasons
+
+    def _counts_stale(
+        self, snapshot: EngineSnapshot, now: float, inflight: int | None, finished: int | None
+    ) -> bool:
+        """Whether running and waiting held one pair of values for `stale_after_s` while
+        `stale_min_requests` finished and the sidecar's in flight crossed their sum both ways.
+
+        Frozen at (4, 2), in flight 9 at one poll and 3 at another: stale (a live engine holding
+        six of the sidecar's requests cannot while it has 3, nor show six while it has 9). In
+        flight always above the sum (queued at a limit the engine does not count) or always
+        near it (a closed loop): not stale.
+        """
+        if snapshot.running is None or snapshot.waiting is None or inflight is None or finished is None:
+            self._counts = None
+            return False
+        pair = (int(snapshot.running), int(snapshot.waiting))
+        track = self._counts
+        if track is None or track.value != pair:
+            track = self._counts = _Counts(pair, now, finished, inflight, inflight)
+        track.lowest, track.highest = min(track.lowest, inflight), max(track.highest, inflight)
+        total = sum(pair)
+        return (
+            now - track.changed_at >= self.stale_after_s
+            and finished - track.finished_at_change >= self.stale_min_requests
+            and track.highest >= total + self.stale_margin
+            and track.lowest <= total - self.stale_margin
+        )
 
     def _judge(
         self,
