@@ -83,6 +83,11 @@ class RequestRecord:
     upstream_retries: int | None = None
     task_class: str | None = None  # collector.tasks: short, medium, long, or a probe workload's name
     adapter: str | None = None  # the LoRA adapter the request named (`model` is then its base model)
+    # what a `headroom probe` request measured (its X-Headroom-Probe-* headers; None for traffic):
+    # the closed-loop concurrency level, or the open-loop offered rate, and whether it warmed up
+    probe_level: int | None = None
+    probe_rate_per_s: float | None = None
+    probe_warmup: bool | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The record as {column: value} in column order, e.g. for the analysis or a test."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from collector.analysis.openloop import rate_level, rate_result, rate_tag
+from collector.analysis.openloop import rate_level, rate_result
 from collector.analysis.plot import render_rates_png
 from collector.analysis.slo import Slo
 from collector.analysis.stats import seconds
@@ -49,7 +49,7 @@ def main(out: Path) -> None:
         measured = []
         for i, row in enumerate(rows):
             at = (seconds(row["admitted_at"]) or 0.0) - start
-            row["request_id"] = f"plot-{rate_tag(rate)}-{i:06d}{'-w' if at < 0.15 * duration else ''}"
+            row.update(request_id=f"plot-{i:06d}", probe_rate_per_s=rate, probe_warmup=at < 0.15 * duration)
             if at >= 0.15 * duration:
                 measured.append(at + start)
         levels.append(rate_level(rows, rate, (min(measured), max(measured)), slo=SLO))

@@ -105,7 +105,7 @@ def _modelled_median_ttft(adapters: int, staggered: bool) -> float:
     rows = closed_loop_rows(CONFIG, levels, 20.0, _mix(adapters))
     rows = [row for row in rows if row["ttft_s"] is not None]
     if staggered:
-        rows = [row for row in rows[len(rows) // 2 :] if not row["request_id"].endswith("-w")]
+        rows = [row for row in rows[len(rows) // 2 :] if not row["probe_warmup"]]
     return statistics.median(row["ttft_s"] for row in rows) / SPEED
 
 

@@ -20,7 +20,6 @@ from collector.analysis.openloop import (
     rate_level,
     rate_levels_from_rows,
     rate_result,
-    rate_tag,
 )
 from collector.analysis.slo import Slo
 from collector.analysis.stats import seconds
@@ -49,8 +48,7 @@ def tagged(rows: list[dict], rate: float, warm_until_s: float) -> list[dict]:
     start = min(seconds(r["admitted_at"]) for r in rows)
     for n, row in enumerate(rows):
         warm = seconds(row["admitted_at"]) - start < warm_until_s
-        row["request_id"] = f"probe-x-{rate_tag(rate)}-{n:06d}{'-w' if warm else ''}"
-        row["source"] = "probe"
+        row.update(request_id=f"probe-x-{n:06d}", source="probe", probe_rate_per_s=rate, probe_warmup=warm)
     return rows
 
 
@@ -75,7 +73,7 @@ def test_mu_slo_matches_the_simulators_analytic_rate(profile, seqs, prompt, outp
     )
     # the closed loop at the knee: its mean e2e brackets the rates (knee / e2e by Little's law)
     closed = closed_loop_rows(config, [seqs], 60 / truth.requests_per_s * seqs, mix, seed=seed)
-    e2e = [r["e2e_s"] for r in closed if not r["request_id"].endswith("-w")]
+    e2e = [r["e2e_s"] for r in closed if not r["probe_warmup"]]
     e2e_at_knee = sum(e2e) / len(e2e)
     rows, levels = [], []
     for rate in bracket_rates(seqs, e2e_at_knee):
@@ -106,7 +104,9 @@ def level_rows(at: list[tuple[float, float]], prompt: int = 100, cached: int | N
 
     return [
         {
-            "request_id": f"probe-x-{rate_tag(2)}-{n:06d}",
+            "request_id": f"probe-x-{n:06d}",
+            "probe_rate_per_s": 2.0,
+            "probe_warmup": False,
             "admitted_at": START + timedelta(seconds=a),
             "first_token_at": START + timedelta(seconds=a + 0.1),
             "completed_at": START + timedelta(seconds=c),

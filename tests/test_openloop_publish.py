@@ -12,7 +12,6 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from collector.analysis.estimate import CapacityEstimate, estimate_probe_run, save_estimate
-from collector.analysis.openloop import rate_tag
 from collector.sim.config import SimConfig
 from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
@@ -52,8 +51,13 @@ def stored_run(tmp_path) -> tuple[RequestStore, float]:
         shifted(level, end - first + timedelta(seconds=1))
         warm_until = end + timedelta(seconds=1 + 40 / truth.requests_per_s)
         for i, row in enumerate(level):
-            warm = "-w" if row["admitted_at"] < warm_until else ""
-            row.update(request_id=f"{RUN}-{rate_tag(rate)}-{i:06d}{warm}", source="probe", run_id=RUN)
+            row.update(
+                request_id=f"{RUN}-{n}-{i:06d}",
+                source="probe",
+                run_id=RUN,
+                probe_rate_per_s=rate,
+                probe_warmup=row["admitted_at"] < warm_until,
+            )
         rows += level
         end = max(r["completed_at"] for r in rows)
     store = RequestStore(str(tmp_path / "h.duckdb"))

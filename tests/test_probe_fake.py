@@ -118,7 +118,7 @@ async def test_rows_schema_concurrency_and_knee(serve):
         assert row["source"] == "probe" and row["run_id"] == result.run_id
         assert row["usage_source"] == "upstream" and row["completion_tokens"] == TOKENS
     for level in result.levels:
-        measured = [r for r in level.rows if not r["request_id"].endswith("-w")]
+        measured = [r for r in level.rows if not r["probe_warmup"]]
         assert measured and all(r["inflight_at_admit"] == level.concurrency for r in measured)
         assert level.stats.littles_law.consistent
     # TTFT is stamped on the first content chunk, not on the role chunk sent at once
@@ -229,6 +229,27 @@ def test_cli_writes_json_plot_and_request_log(serve, tmp_path):
     ] == ("probe", "probe", 1)
     assert store.query("SELECT knee_requests FROM capacity_estimates")[0][0] == 4
     store.close()
+
+
+def test_cli_plot_draws_the_open_loop_ladder_when_rates_ran(serve, tmp_path):
+    """--plot with --rates: the knee's PNG, the open-loop PNG beside it (cap-rates.png, drawn,
+    not blank), both embedded in the page; without --rates no rates PNG."""
+    server = serve(fake_app(slots=4))
+    args = ["probe", "--url", server.url, "--levels", "2,4", "--max-tokens", str(TOKENS)]
+    args += ["--max-samples", "12", "--max-level-seconds", "2"]
+    rates = ["--rates", "5,10", "--rate-seconds", "1", "--rate-warmup-seconds", "0.2"]
+    result = CliRunner().invoke(main, [*args, *rates, "--plot", str(tmp_path / "cap.png")])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {tmp_path / 'cap.png'}, {tmp_path / 'cap-rates.png'} and" in result.output
+    with Image.open(tmp_path / "cap-rates.png") as image:
+        assert (image.format, image.size) == ("PNG", (1200, 800))
+        assert len(image.convert("L").getcolors(maxcolors=100_000)) > 10  # something is drawn
+    page = (tmp_path / "cap.html").read_text()
+    assert page.count("data:image/png;base64,") == 2 and "open-loop plot" in page
+    plain = CliRunner().invoke(main, [*args, "--plot", str(tmp_path / "knee.png")])
+    assert plain.exit_code == 0, plain.output
+    assert (tmp_path / "knee.png").stat().st_size > 10_000 and not (tmp_path / "knee-rates.png").exists()
+    assert (tmp_path / "knee.html").read_text().count("data:image/png;base64,") == 1
 
 
 def test_cli_rejects_bad_levels_and_prompts():

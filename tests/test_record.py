@@ -50,6 +50,9 @@ FULL = RequestRecord(
     upstream_retries=1,
     task_class="short",
     adapter="sql-lora",
+    probe_level=8,
+    probe_rate_per_s=2.5,
+    probe_warmup=False,
 )
 
 

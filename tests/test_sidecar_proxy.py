@@ -180,6 +180,24 @@ def test_probe_load_through_the_sidecar_is_logged_as_probe_not_traffic(rig):
     assert [(r["source"], r["run_id"]) for r in rows] == [("probe", "run-42"), ("traffic", None)]
 
 
+def test_what_a_probe_request_measures_travels_in_its_headers_into_the_row(rig):
+    probe = {"X-Headroom-Source": "probe", "X-Headroom-Run-Id": "run-7"}
+    _post(rig, **probe, **{"X-Headroom-Request-Id": "probe-run-7-000001", "X-Headroom-Probe-Level": "8"})
+    _post(rig, **probe, **{"X-Headroom-Probe-Level": "16", "X-Headroom-Probe-Warmup": "1"})
+    _post(rig, **probe, **{"X-Headroom-Probe-Rate": "2.5", "X-Headroom-Probe-Warmup": "0"})
+    for garbage in ("nan", "-1", "1e9", "\u00b2".encode(), "eight"):  # not recorded, and never a crash
+        _post(rig, **probe, **{"X-Headroom-Probe-Level": garbage, "X-Headroom-Probe-Rate": garbage})
+    _post(rig, **{"X-Headroom-Probe-Level": "8"})  # traffic naming a level: not a probe's row
+    rows = rig.rows()
+    assert [(r["probe_level"], r["probe_rate_per_s"], r["probe_warmup"]) for r in rows] == [
+        (8, None, False),
+        (16, None, True),
+        (None, 2.5, False),
+        *[(None, None, None)] * 6,
+    ]
+    assert rows[0]["request_id"] == "probe-run-7-000001" and rows[-1]["source"] == "traffic"
+
+
 def test_query_string_on_an_accounted_path_reaches_the_upstream(rig):
     response = httpx.post(rig.url + PATH + "?api-version=2024-06-01", json=CHAT, timeout=10)
     assert response.status_code == 200

@@ -221,6 +221,37 @@ def test_version_1_database_is_migrated_without_losing_rows(tmp_path):
     assert RequestStore(path).migrated_from == SCHEMA_VERSION  # second open: nothing to do
 
 
+def test_version_6_probe_rows_get_their_level_rate_and_warmup_from_the_old_request_ids(tmp_path):
+    path = str(tmp_path / "v6.duckdb")
+    con = duckdb.connect(path)
+    for migration in MIGRATIONS[:6]:
+        migration(con)
+    con.execute("CREATE TABLE headroom_schema (version INTEGER)")
+    con.execute("INSERT INTO headroom_schema VALUES (6)")
+    old_ids = [
+        ("probe-r1-c0008-000012", "probe"),  # closed loop, level 8, measured
+        ("probe-r1-c0016-000013-w", "probe"),  # closed loop, level 16, warm-up
+        ("probe-r1-o0002500-000014", "probe"),  # open loop, 2.5 requests/s
+        ("probe-r1-o0002500-000015-w", "probe"),
+        ("probe-r1-c0008-000016", "traffic"),  # looks like one, but is traffic: untouched
+        ("probe-r1-000017", "probe"),  # no level in it: untouched
+    ]
+    con.executemany("INSERT INTO requests (request_id, source) VALUES (?, ?)", old_ids)
+    con.close()
+    store = RequestStore(path)
+    assert store.migrated_from == 6
+    assert store.query(
+        "SELECT request_id, probe_level, probe_rate_per_s, probe_warmup FROM requests ORDER BY request_id"
+    ) == [
+        ("probe-r1-000017", None, None, None),
+        ("probe-r1-c0008-000012", 8, None, False),
+        ("probe-r1-c0008-000016", None, None, None),
+        ("probe-r1-c0016-000013-w", 16, None, True),
+        ("probe-r1-o0002500-000014", None, 2.5, False),
+        ("probe-r1-o0002500-000015-w", None, 2.5, True),
+    ]
+
+
 def test_newer_database_is_refused_with_a_clear_error(tmp_path):
     path = str(tmp_path / "future.duckdb")
     RequestStore(path).close()

@@ -22,7 +22,6 @@ A recommended pool of 0 comes with `pool_reason` (which level failed which targe
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,7 +55,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-_LEVEL_IN_ID = re.compile(r"-c(\d+)-\d+(-w)?$")
 
 
 @dataclass
@@ -274,7 +272,7 @@ def _pool_reason(levels: Sequence[LevelStats], slo: Slo) -> str:
 
 
 def probe_levels(rows: Sequence[dict[str, Any]]) -> list[LevelStats]:
-    """Levels of one stored probe run, the level read from the request id.
+    """Levels of one stored probe run, by each row's closed-loop level (`probe_level`).
 
     Each level is measured from its first to its last measured (not warm-up) admission, as the
     probe measured it; every completion inside that window counts towards throughput, warm-up
@@ -283,11 +281,10 @@ def probe_levels(rows: Sequence[dict[str, Any]]) -> list[LevelStats]:
     grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
     measured: dict[int, list[float]] = defaultdict(list)
     for row in rows:
-        match = _LEVEL_IN_ID.search(row["request_id"])
-        if match:
-            level = int(match.group(1))
+        level = row.get("probe_level")
+        if level:
             grouped[level].append(row)
-            if not match.group(2):
+            if not row.get("probe_warmup"):
                 measured[level].append(seconds(row["admitted_at"]) or 0.0)
     return [
         summarize_level(
@@ -346,20 +343,19 @@ def apply_rates(estimate: CapacityEstimate, rates: RateResult | None) -> None:
 
 
 def _stored_rates(rows: Sequence[dict[str, Any]], estimate: CapacityEstimate) -> RateResult | None:
-    """The open-loop ladder of a stored run (its `-o<rate>-` rows), checked against its knee."""
+    """The open-loop ladder of a stored run (its rows with an offered rate), checked against its knee."""
     levels = rate_levels_from_rows(rows, estimate.slo)
     if not levels:
         return None
     rated = rate_result(levels)
     rated.run_id = estimate.run_id
-    tag = f"-c{estimate.knee.requests:04d}-"
     e2e = [
         r["e2e_s"]
         for r in rows
-        if tag in r["request_id"]
+        if r.get("probe_level") == estimate.knee.requests
         and r["outcome"] == "ok"
         and r["e2e_s"]
-        and not r["request_id"].endswith("-w")
+        and not r.get("probe_warmup")
     ]
     if rated.mu_slo_per_s is not None and e2e:
         failing = next((lv for lv in levels if lv.offered_per_s > rated.mu_slo_per_s and lv.why_not), None)

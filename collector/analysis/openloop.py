@@ -30,9 +30,9 @@ Little's law ties μ_slo to the knee (`little_check`): in a closed loop at the k
 runs a full batch, so knee ≈ μ x mean e2e at the knee, within LITTLE_TOLERANCE. When not, the
 check says why (a latency SLO that binds below the knee, a knee that was not reached, ...).
 
-Rows are the probe's request-log rows (source 'probe'); request ids end in
-`-o<offered milli-requests/s>-<seq>`, warm-up ones in `-w`, so a stored run can be re-analysed
-(`rate_levels_from_rows`).
+Rows are the probe's request-log rows (source 'probe'); each carries its offered rate
+(`probe_rate_per_s`) and whether it warmed up (`probe_warmup`), as the sidecar recorded them from
+the probe's headers, so a stored run can be re-analysed (`rate_levels_from_rows`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import random
-import re
 import statistics
 import time
 from collections import defaultdict
@@ -66,7 +65,6 @@ __all__ = [
     "bracket_rates",
     "parse_rates",
     "run_rates",
-    "rate_tag",
     "DRIFT_SHARE",
     "DRIFT_MIN_REQUESTS",
     "OVERLOAD_SHARE",
@@ -83,15 +81,9 @@ LITTLE_TOLERANCE = 0.2  # knee vs μ_slo x mean e2e at the knee, relative
 # offered rates as multiples of the knee's rate (knee / mean e2e at the knee): dense around 1,
 # where μ_slo lies when no latency target binds first
 BRACKET = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.35, 1.5)
-_RATE_IN_ID = re.compile(r"-o(\d+)-\d+(-w)?$")
 _SAMPLES = 120  # outstanding-count samples per window (the drift line and the time course)
 
 Row = Mapping[str, Any]
-
-
-def rate_tag(rate_per_s: float) -> str:
-    """The request-id part naming an offered rate: 2.5 requests/s -> 'o0002500'."""
-    return f"o{round(rate_per_s * 1000):07d}"
 
 
 def parse_rates(text: str) -> tuple[float, ...]:
@@ -266,17 +258,17 @@ def rate_level(
 
 
 def rate_levels_from_rows(rows: Sequence[Row], slo: Slo | None = None) -> list[RateLevel]:
-    """The rate levels of one stored run, the offered rate read from the request id (module
-    docstring); each level's window runs from its first measured to its last admission."""
+    """The rate levels of one stored run, by each row's offered rate (module docstring); each
+    level's window runs from its first measured to its last admission."""
     grouped: dict[int, list[Row]] = defaultdict(list)
     measured: dict[int, list[float]] = defaultdict(list)
     for row in rows:
-        match = _RATE_IN_ID.search(str(row.get("request_id") or ""))
-        if match:
-            milli = int(match.group(1))
+        rate = row.get("probe_rate_per_s")
+        if rate:
+            milli = round(rate * 1000)
             grouped[milli].append(row)
             admitted = seconds(row.get("admitted_at"))
-            if admitted is not None and not match.group(2):
+            if admitted is not None and not row.get("probe_warmup"):
                 measured[milli].append(admitted)
     levels = []
     for milli in sorted(grouped):
@@ -495,7 +487,7 @@ async def run_rates(
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         all_rows.extend(rows)
-        measured = [seconds(r["admitted_at"]) or 0.0 for r in rows if not str(r["request_id"]).endswith("-w")]
+        measured = [seconds(r["admitted_at"]) or 0.0 for r in rows if not r["probe_warmup"]]
         if len(measured) < 2:
             level = None
         else:

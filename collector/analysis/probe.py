@@ -44,7 +44,6 @@ from collector.analysis.openloop import (
     RateSettings,
     bracket_rates,
     little_check,
-    rate_tag,
     run_rates,
 )
 from collector.analysis.probe_request import RequestSpec, send_one
@@ -327,19 +326,21 @@ class _Runner:
             self.reported_total += row["prompt_tokens"] or 0
 
     def _spec(self, level: _Level) -> RequestSpec:
-        return self._spec_for(f"c{level.concurrency:04d}", level.measuring_since is None)
+        return self._spec_for(level.measuring_since is None, level=level.concurrency)
 
     def rate_spec(self, rate_per_s: float, warm: bool) -> RequestSpec:
         """The next request of an open-loop level (collector.analysis.openloop)."""
-        return self._spec_for(rate_tag(rate_per_s), warm)
+        return self._spec_for(warm, rate_per_s=rate_per_s)
 
     def calibrate(self, row: dict[str, Any]) -> None:
         """Learn the engine's characters per token from an answered from-log request."""
         self._calibrate(row)
 
-    def _spec_for(self, tag: str, warm: bool) -> RequestSpec:
+    def _spec_for(
+        self, warm: bool, *, level: int | None = None, rate_per_s: float | None = None
+    ) -> RequestSpec:
         self.sequence += 1
-        request_id = f"{self.run_id}-{tag}-{self.sequence:06d}{'-w' if warm else ''}"
+        request_id = f"{self.run_id}-{self.sequence:06d}"
         prompt, max_tokens = self._shape(request_id)
         adapters = self.settings.adapters
         adapter = adapters[(self.sequence - 1) % len(adapters)] if adapters else None
@@ -368,6 +369,9 @@ class _Runner:
             self.settings.task_class,
             prompt,
             adapter,
+            level,
+            rate_per_s,
+            warm,
         )
 
     async def _worker(self, level: _Level, delay_s: float) -> None:
@@ -482,7 +486,7 @@ def _knee_e2e(result: ProbeResult) -> tuple[int, bool, float | None]:
     e2e = [
         r["e2e_s"]
         for r in (at.rows if at else [])
-        if r["outcome"] == "ok" and r["e2e_s"] is not None and not str(r["request_id"]).endswith("-w")
+        if r["outcome"] == "ok" and r["e2e_s"] is not None and not r["probe_warmup"]
     ]
     return knee.requests, knee.reached, (sum(e2e) / len(e2e) if e2e else None)
 

@@ -51,6 +51,22 @@ class RequestSpec:
     task_class: str = "all"  # the workload class this request measures
     prompt: str = ""  # the text sent, only to keep it out of an echoed error message; never stored
     adapter: str | None = None  # the LoRA adapter named in the body's `model` (`model`: its base)
+    level: int | None = None  # the closed-loop concurrency level it measures
+    rate_per_s: float | None = None  # the open-loop offered rate it measures
+    warmup: bool = False  # sent while its level warms up: not measured
+
+    def headers(self) -> dict[str, str]:
+        """What the sidecar records of this request (collector.sidecar.proxy): id, class, level."""
+        headers = {
+            "X-Headroom-Request-Id": self.request_id,
+            "X-Headroom-Task-Class": self.task_class,
+            "X-Headroom-Probe-Warmup": "1" if self.warmup else "0",
+        }
+        if self.level is not None:
+            headers["X-Headroom-Probe-Level"] = str(self.level)
+        if self.rate_per_s is not None:
+            headers["X-Headroom-Probe-Rate"] = f"{self.rate_per_s:g}"
+        return headers
 
 
 @dataclass(frozen=True)
@@ -159,7 +175,7 @@ async def send_one(
             "POST",
             spec.url,
             json=spec.payload,
-            headers={"X-Headroom-Request-Id": spec.request_id, "X-Headroom-Task-Class": spec.task_class},
+            headers=spec.headers(),
         )
         state["retries"] = upstream.retries
         async with upstream.response as response:
@@ -226,4 +242,7 @@ def _record(
         upstream_retries=state["retries"],
         task_class=spec.task_class,
         adapter=spec.adapter,
+        probe_level=spec.level,
+        probe_rate_per_s=spec.rate_per_s,
+        probe_warmup=spec.warmup,
     )

@@ -34,7 +34,7 @@ from collector.sidecar.relay import relay_body, relay_exchange_stream
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, decode_header_text, resolve_tenant
 from collector.sidecar.tracecontext import Telemetry
-from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.tracker import LiveRequest, ProbeStep, Tracker
 from collector.sidecar.upstream import H1Pool
 from collector.sidecar.uvicorn_cycle import CycleWatch
 from collector.sources import EngineSource
@@ -65,6 +65,8 @@ class ProxyLimits:
 
 _PROBE_ID = re.compile(r"probe-[A-Za-z0-9._:-]{1,120}")
 _TASK_CLASS = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")  # the class a probe's workload measures
+_MAX_PROBE_LEVEL = 100_000  # concurrency levels and offered rates (requests/s) a probe may name
+_MAX_PROBE_RATE = 100_000.0
 _MAX_TASK_CLASSES = 16  # named by probes: few, but a client could send anything
 _SHUT_DOWN = Ending("client_cancelled", "sidecar shut down")
 _CLIENT_GONE = Ending("client_cancelled", "client disconnected")
@@ -129,8 +131,8 @@ class CompletionsProxy:
         tenant = resolve_tenant(_text_header(scope, self._tenant_header), _header(scope, b"authorization"))
         probe = _header(scope, b"x-headroom-source") == "probe"  # `headroom probe` marks its load
         run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None if probe else None
-        # the probe's own id carries the level (probe-...-c0008-000123): the stored run is then
-        # estimated from this sidecar's rows; never an id already live (gauges key on it)
+        # the probe's own id and what it measures: the stored run is then estimated from this
+        # sidecar's rows; never an id already live (gauges key on it)
         probe_id = (_header(scope, b"x-headroom-request-id") or "") if probe else ""
         keep_id = _PROBE_ID.fullmatch(probe_id) is not None and probe_id not in self._tracker.live
         snapshot = self._engine.latest if self._engine is not None else None
@@ -151,6 +153,7 @@ class CompletionsProxy:
             task_class=task if named else None,
             task_class_label=self._task_cap(task) if named else None,
             telemetry=Telemetry.start(_header(scope, b"traceparent")) if self._tracing else None,
+            probe_step=_probe_step(scope) if probe else None,
         )
         self._tracker.admit(request)
         return request
@@ -262,6 +265,28 @@ def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
             return bytes(value).decode("latin-1")
+    return None
+
+
+def _probe_step(scope: Scope) -> ProbeStep | None:
+    """The level or offered rate a probe request measures, from its headers; None when neither is a
+    number in range (a client's garbage is not recorded)."""
+    level_text = _header(scope, b"x-headroom-probe-level")
+    rate_text = _header(scope, b"x-headroom-probe-rate")
+    warmup = _header(scope, b"x-headroom-probe-warmup") == "1"
+    if (
+        level_text is not None
+        and level_text.isascii()
+        and level_text.isdigit()
+        and 0 < int(level_text) <= _MAX_PROBE_LEVEL
+    ):
+        return ProbeStep(int(level_text), None, warmup)
+    try:
+        rate = float(rate_text) if rate_text is not None else None
+    except ValueError:
+        return None
+    if rate is not None and 0 < rate <= _MAX_PROBE_RATE:  # also refuses nan and inf
+        return ProbeStep(None, rate, warmup)
     return None
 
 

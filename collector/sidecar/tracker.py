@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry
 
@@ -34,7 +34,7 @@ from collector.sidecar.series import SeriesBudget
 from collector.sidecar.tracecontext import Telemetry
 from collector.tasks import UNSPECIFIED, classify, classify_finished
 
-__all__ = ["LiveRequest", "Tracker", "OUTCOMES"]
+__all__ = ["LiveRequest", "ProbeStep", "Tracker", "OUTCOMES"]
 
 # Request IDs: one random 64-bit prefix per process plus a counter. Unique across sidecars and
 # restarts like uuid4, without an os.urandom call per request (slow in some sandboxes).
@@ -42,6 +42,14 @@ _ID_PREFIX = uuid.uuid4().hex[:16]
 _ID_COUNTER = itertools.count()
 
 log = logging.getLogger(__name__)
+
+
+class ProbeStep(NamedTuple):
+    """What a `headroom probe` request measures (its X-Headroom-Probe-* headers): one is set."""
+
+    level: int | None  # the closed-loop concurrency level
+    rate_per_s: float | None  # the open-loop offered rate
+    warmup: bool  # sent while its level warms up: not measured
 
 
 class LiveRequest:
@@ -81,6 +89,7 @@ class LiveRequest:
         "overhead_s",
         "adapter",
         "adapter_label",
+        "probe_step",
     )
 
     def __init__(
@@ -102,6 +111,7 @@ class LiveRequest:
         task_class: str | None = None,
         task_class_label: str | None = None,
         telemetry: Telemetry | None = None,
+        probe_step: ProbeStep | None = None,
     ) -> None:
         self.request_id = request_id or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
         self.model, self.tenant = model, tenant
@@ -134,6 +144,7 @@ class LiveRequest:
         self.telemetry = telemetry  # W3C trace context and response facts, while tracing
         self.adapter: str | None = None  # the LoRA adapter `model` named (then `model` is its base)
         self.adapter_label: str | None = None
+        self.probe_step = probe_step
 
     @property
     def active_tokens(self) -> int:
@@ -312,6 +323,9 @@ class Tracker:
             if request.task_class != UNSPECIFIED
             else classify_finished(request.max_tokens, completion),
             adapter=request.adapter,
+            probe_level=step.level if (step := request.probe_step) else None,
+            probe_rate_per_s=step.rate_per_s if step else None,
+            probe_warmup=step.warmup if step else None,
         )
 
     def _observe(self, request: LiveRequest, record: RequestRecord) -> None:

@@ -86,9 +86,8 @@ class _Run:
         n = next(self.ids)
         request = SimRequest(f"r{n}", prompt, output, adapter=adapter)
         active = sum(live.request.num_tokens for live in self.live.values()) + prompt
-        request_id = (
-            f"{self.run_id}-c{self.level:04d}-{n:06d}" if self.run_id and self.level else f"sim-{n:07d}"
-        )
+        probing = bool(self.run_id and self.level)
+        request_id = f"{self.run_id}-{n:06d}" if probing else f"sim-{n:07d}"
         row = {
             "request_id": request_id,
             "source": self.source,
@@ -108,6 +107,8 @@ class _Run:
             "upstream_retries": 0,
             "task_class": classify(output),
             "adapter": adapter,
+            "probe_level": self.level if probing else None,
+            "probe_warmup": False if probing else None,
         }
         live = _Live(request, row, self.now, client=client)
         try:
@@ -201,8 +202,8 @@ def closed_loop_rows(
     seed: int = 0,
     run_id: str = "probe-offline",
 ) -> list[dict[str, Any]]:
-    """The probe's gradient in simulated time: probe rows (source 'probe', level in the request
-    id, the first `level` completions of each level marked warm-up with '-w').
+    """The probe's gradient in simulated time: probe rows (source 'probe', their `probe_level`, the
+    first `level` completions of each level marked `probe_warmup`).
 
     As the probe does, each level's clients start staggered over one request duration (the
     previous level's median e2e), each sends its next request as soon as one ends, and a level
@@ -222,7 +223,7 @@ def closed_loop_rows(
                 continue
             for live in run.step():
                 if warm > 0:
-                    live.row["request_id"] += "-w"
+                    live.row["probe_warmup"] = True
                     warm -= 1
                 if run.now < end:
                     run.admit(live.client)

@@ -53,8 +53,9 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 # task_class (collector.tasks: short, medium, long, or what a probe's workload named). Version 5
 # dropped the primary key on request_id: duplicates are left out by the insert itself
 # (collector.store.db), which is 2-3x faster without the index to maintain. Version 6 added
-# adapter (the LoRA adapter a request named; `model` is then its base model).
-_ADDED_AFTER_V5 = ("adapter",)
+# adapter (the LoRA adapter a request named; `model` is then its base model). Version 7 added what a
+# probe request measured (probe_level, probe_rate_per_s, probe_warmup), read from its headers.
+_ADDED_AFTER_V5 = ("adapter", "probe_level", "probe_rate_per_s", "probe_warmup")
 _V5_COLUMNS = tuple(c for c in COLUMNS if c[0] not in _ADDED_AFTER_V5)
 _V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
     c
@@ -110,8 +111,23 @@ def _v6(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS adapter VARCHAR")
 
 
+def _v7(con: duckdb.DuckDBPyConnection) -> None:
+    """Probe rows written before version 7 carried their level in the request id
+    (`...-c0008-000123`, `...-o2500-000123`, warm-up ones ending in `-w`): moved into the columns."""
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS probe_level INTEGER")
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS probe_rate_per_s DOUBLE")
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS probe_warmup BOOLEAN")
+    con.execute(
+        r"""UPDATE requests SET
+            probe_level = TRY_CAST(regexp_extract(request_id, '-c(\d+)-\d+(-w)?$', 1) AS INTEGER),
+            probe_rate_per_s = TRY_CAST(regexp_extract(request_id, '-o(\d+)-\d+(-w)?$', 1) AS DOUBLE) / 1000,
+            probe_warmup = request_id LIKE '%-w'
+        WHERE source = 'probe' AND regexp_matches(request_id, '-[co]\d+-\d+(-w)?$')"""
+    )
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6)
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

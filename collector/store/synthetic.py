@@ -123,7 +123,9 @@ def synthetic_probe_run(
                 admitted = level_start + timedelta(seconds=r * duration + i * 1e-3)
                 rows.append(
                     RequestRecord(
-                        request_id=f"probe-{run_id}-c{c}-{r * c + i}",
+                        request_id=f"probe-{run_id}-{c}-{r * c + i}",
+                        probe_level=c,
+                        probe_warmup=False,
                         source="probe",
                         run_id=run_id,
                         model=model,
@@ -213,8 +215,7 @@ def closed_loop_rows(
     rows, per_level = [], dict[int, int]()
     for n, ((admitted, started, completed, level), (inflight, active)) in enumerate(zip(requests, seen)):
         per_level[level] = per_level.get(level, 0) + 1
-        warm = "-w" if per_level[level] <= level else ""
-        request_id = f"{run_id}-c{level:04d}-{n:06d}{warm}" if run_id else f"syn-{seed}-{n:06d}"
+        request_id = f"{run_id}-{n:06d}" if run_id else f"syn-{seed}-{n:06d}"
         ttft = started - admitted + ttft_s
         e2e = completed - admitted
         rows.append(
@@ -246,6 +247,8 @@ def closed_loop_rows(
                 active_tokens_at_admit=active,
                 engine_waiting_at_admit=max(0, inflight - slots),
                 kv_usage_at_admit=None,
+                probe_level=level if run_id else None,
+                probe_warmup=per_level[level] <= level if run_id else None,
             ).as_row()
         )
     return rows

@@ -38,7 +38,10 @@ CREATE TABLE IF NOT EXISTS headroom_requests
     kv_usage_at_admit Nullable(Float64),
     upstream_retries Nullable(Int32),
     task_class LowCardinality(Nullable(String)),
-    adapter LowCardinality(Nullable(String))
+    adapter LowCardinality(Nullable(String)),
+    probe_level Nullable(Int32),
+    probe_rate_per_s Nullable(Float64),
+    probe_warmup Nullable(Bool)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toDate(admitted_at)
@@ -76,7 +79,11 @@ SELECT
     toFloat64OrNull(LogAttributes['headroom.kv_usage_at_admit']) AS kv_usage_at_admit,
     toInt32OrNull(LogAttributes['headroom.upstream_retries']) AS upstream_retries,
     nullIf(LogAttributes['headroom.task_class'], '') AS task_class,
-    nullIf(LogAttributes['headroom.adapter'], '') AS adapter
+    nullIf(LogAttributes['headroom.adapter'], '') AS adapter,
+    toInt32OrNull(LogAttributes['headroom.probe_level']) AS probe_level,
+    toFloat64OrNull(LogAttributes['headroom.probe_rate_per_s']) AS probe_rate_per_s,
+    multiIf(LogAttributes['headroom.probe_warmup'] = 'true', true,
+            LogAttributes['headroom.probe_warmup'] = 'false', false, NULL) AS probe_warmup
 FROM otel_logs
 WHERE EventName = 'gen_ai.client.inference.operation.details'
   AND LogAttributes['headroom.request_id'] != '';
