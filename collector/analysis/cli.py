@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from collector.analysis.cli_capacity import register
 from collector.analysis.estimate import CapacityEstimate, estimate_from_probe, save_estimate
 from collector.analysis.openloop import parse_rates
-from collector.analysis.plot import write_plot
+from collector.analysis.plot import rates_plot_path, write_plot
 from collector.analysis.probe import ProbeError, ProbeResult, ProbeSettings, new_run_id, run_probe
 from collector.analysis.prompts import load_prompts
 from collector.analysis.render import print_estimate, print_rates
@@ -190,7 +190,12 @@ def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri
     help="Pool recommendation profile.",
 )
 @click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
-@click.option("--plot", "plot_path", default=None, help="Write a PNG here (and an .html beside it).")
+@click.option(
+    "--plot",
+    "plot_path",
+    default=None,
+    help="Write a PNG here (and an .html beside it); with --rates, the open-loop plot too, as NAME-rates.png.",
+)
 @click.option(
     "--db",
     default=None,
@@ -591,7 +596,10 @@ def _write_outputs(estimates: list[CapacityEstimate], json_path: str | None, plo
             if len(estimates) > 1:
                 path = path.with_name(f"{path.stem}-{estimate.task_class}{path.suffix or '.png'}")
             png, html = write_plot(estimate, path)
-            click.echo(f"wrote {png} and {html}")
+            if (estimate.rates or {}).get("levels"):  # the open-loop ladder ran: its plot too
+                click.echo(f"wrote {png}, {rates_plot_path(png)} and {html}")
+            else:
+                click.echo(f"wrote {png} and {html}")
     except OSError as exc:
         raise click.ClickException(
             f"cannot write {exc.filename or json_path or plot_path} ({exc.strerror}); the estimate is printed "

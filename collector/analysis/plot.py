@@ -3,6 +3,8 @@
 `render_png()` returns PNG bytes of a fixed pixel size (no tight bounding box, so the size is
 exactly width x height); `write_plot()` writes the PNG and a self-contained HTML page that embeds
 it as base64 beside a table of the levels, so the page can be mailed or attached to a ticket.
+When the estimate carries an open-loop ladder (`--rates`), `render_rates_png()` draws it too:
+written beside as `<name>-rates.png` and embedded in the same page.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import io
 from pathlib import Path
 from typing import Any
 
-__all__ = ["render_png", "render_rates_png", "render_html", "write_plot", "DEFAULT_SIZE_PX"]
+__all__ = [
+    "render_png",
+    "render_rates_png",
+    "render_html",
+    "write_plot",
+    "rates_plot_path",
+    "DEFAULT_SIZE_PX",
+]
 
 DEFAULT_SIZE_PX = (1200, 800)
 _DPI = 100
@@ -177,8 +186,8 @@ HTML_COLUMNS = (
 )
 
 
-def render_html(estimate: Any, png: bytes) -> str:
-    """A self-contained HTML page: summary, the plot inlined as base64, and the levels table."""
+def render_html(estimate: Any, png: bytes, rates_png: bytes | None = None) -> str:
+    """A self-contained HTML page: summary, the plot(s) inlined as base64, and the levels table."""
     rows = "".join(
         "<tr>" + "".join(f"<td>{_cell(level.to_dict().get(key))}</td>" for key, _ in HTML_COLUMNS) + "</tr>"
         for level in estimate.levels
@@ -200,31 +209,65 @@ def render_html(estimate: Any, png: bytes) -> str:
         else None,
     ]
     summary += "".join(f"</p>\n<p>{_cell(note)}" for note in notes if note)
-    encoded = base64.b64encode(png).decode("ascii")
+    images = f"<img alt='capacity plot' src='data:image/png;base64,{_base64(png)}'>\n"
+    if rates_png is not None:
+        images += (
+            "<p>Open loop: achieved rate and p95 TTFT against the offered rate, μ_slo marked.</p>\n"
+            f"<img alt='open-loop plot' src='data:image/png;base64,{_base64(rates_png)}'>\n"
+        )
     return (
         "<!doctype html>\n<html><head><meta charset='utf-8'><title>headroom capacity</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 8px;text-align:right}"
         "</style></head><body>\n"
         f"<h1>Capacity: {_cell(estimate.model)}</h1>\n<p>{summary}</p>\n"
         f"<p>Knee rule: {_cell(knee.rule_reason)}. Kneedle: {_cell(knee.note)}</p>\n"
-        f"<img alt='capacity plot' src='data:image/png;base64,{encoded}'>\n"
-        "<table><tr>"
+        f"{images}<table><tr>"
         + "".join(f"<th>{html.escape(header)}</th>" for _, header in HTML_COLUMNS)
         + f"</tr>{rows}</table>\n"
         "</body></html>\n"
     )
 
 
+def _base64(png: bytes) -> str:
+    return base64.b64encode(png).decode("ascii")
+
+
+def rates_plot_path(png_path: str | Path) -> Path:
+    """Where write_plot puts the open-loop plot: cap.png -> cap-rates.png."""
+    path = Path(png_path)
+    return path.with_name(f"{path.stem}-rates.png")
+
+
+def _rates_png(estimate: Any, size_px: tuple[int, int]) -> bytes | None:
+    """The open-loop plot of an estimate whose probe ran --rates (levels measured), else None."""
+    rates = getattr(estimate, "rates", None)
+    if not rates or not rates.get("levels"):
+        return None
+    model = Path(estimate.model).name if estimate.model else "model"  # llama.cpp ids are paths
+    mu = rates.get("mu_slo_requests_per_s")
+    shown = f"μ_slo {mu:.3g}/s" if mu is not None else f"no μ_slo: {rates.get('reason')}"
+    return render_rates_png(
+        rates,
+        ttft_slo_s=estimate.slo.ttft_p95_s,
+        title=f"Open loop of {model} ({estimate.source}, run {estimate.run_id or '-'}): {shown}"[:140],
+        size_px=size_px,
+    )
+
+
 def write_plot(
     estimate: Any, path: str | Path, size_px: tuple[int, int] = DEFAULT_SIZE_PX
 ) -> tuple[Path, Path]:
-    """Write PATH (PNG) and PATH with .html (self-contained); returns both paths."""
+    """Write PATH (PNG) and PATH with .html (self-contained); returns both paths. With an
+    open-loop ladder, also rates_plot_path(PATH), embedded in the page."""
     png_path = Path(path)
     if png_path.suffix.lower() == ".html":
         png_path = png_path.with_suffix(".png")
     png_path.parent.mkdir(parents=True, exist_ok=True)
     png = render_png(estimate, size_px)
     png_path.write_bytes(png)
+    rates_png = _rates_png(estimate, size_px)
+    if rates_png is not None:
+        rates_plot_path(png_path).write_bytes(rates_png)
     html_path = png_path.with_suffix(".html")
-    html_path.write_text(render_html(estimate, png), encoding="utf-8")
+    html_path.write_text(render_html(estimate, png, rates_png), encoding="utf-8")
     return png_path, html_path
