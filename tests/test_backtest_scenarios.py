@@ -133,6 +133,31 @@ def test_two_clusters_alert_for_the_cluster_over_its_knee_only(backtest):
     assert timeline.false_pages == []
 
 
+def test_eight_adapters_on_four_slots_raise_the_adapter_thrash_warning_in_time(backtest):
+    """The alert exists, fires within 10 minutes of the 8-adapter phase, and resolves after it."""
+    result = backtest("adapter_thrash")
+    timeline = result.timeline
+    thrash = timeline.firing("HeadroomAdapterThrash")
+    assert thrash, render_text(result)
+    assert all(s.severity == "warning" and s.earned for s in thrash), render_text(result)
+    assert 70 * MIN <= _first_firing(timeline, "HeadroomAdapterThrash") <= 80 * MIN, render_text(result)
+    assert all(s.ended_at is not None and s.ended_at - timeline.start <= 110 * MIN + 15 * MIN for s in thrash)
+    assert {s.labels.get("instance") for s in thrash} == {"replica-0"}
+
+
+def test_two_adapters_on_four_slots_stay_quiet(backtest):
+    """Within the slots nothing fires at all: before the 8-adapter phase, and 15 minutes after it."""
+    result = backtest("adapter_thrash")
+    timeline = result.timeline
+    quiet = [
+        s
+        for s in timeline.fired
+        if s.fired_at - timeline.start < 70 * MIN or s.fired_at - timeline.start > 125 * MIN
+    ]
+    assert quiet == [], render_text(result)
+    assert timeline.false_pages == [] and timeline.false_warnings == []
+
+
 def test_docs_show_these_numbers(backtest):
     """docs/rules.md's scenario table is this run's, row for row (regenerate it with --table)."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()

@@ -3,8 +3,10 @@
 What Prometheus would have stored, scrape by scrape, for one `job`: `up`; both calibers per model
 and tenant (in flight = admitted and not yet complete; active tokens = prompt + tokens generated so
 far, growing linearly from the first token to completion, prompt only when not streamed, as the
-tracker counts them), also per task class; requests, prompt and generated tokens by outcome; and the TTFT, TPOT and
-duration histograms, observed when a request completes (as the tracker does). Label sets appear
+tracker counts them), also per task class; requests, prompt and generated tokens by outcome; the TTFT, TPOT and
+duration histograms, observed when a request completes (as the tracker does); and for requests
+that named a LoRA adapter, the in-flight requests per adapter and the distinct adapters in flight
+per base model (collector.sidecar.adapters: from the live set, queued and running). Label sets appear
 with their first request and stay, like prometheus_client's. A record with a cluster is exported
 with the label `cluster` (its target is job, cluster and instance); without one, job and instance.
 
@@ -98,8 +100,17 @@ class _SidecarState:
         self.histograms: dict[tuple[str, str, str], _Histogram] = {}
         self.gauge_keys: dict[tuple[str, str], tuple[SeriesKey, SeriesKey]] = {}
         self.task_keys: dict[tuple[str, str], tuple[SeriesKey, SeriesKey]] = {}
+        self.adapter_keys: dict[tuple[str, str], SeriesKey] = {}  # (model, adapter) -> in flight
+        self.distinct_keys: dict[str, SeriesKey] = {}  # model -> distinct adapters in flight
 
     def admitted(self, record: Lifecycle) -> None:
+        if record.adapter is not None:
+            labels = self.target | {"model": record.model}
+            self.adapter_keys.setdefault(
+                (record.model, record.adapter),
+                _key("headroom_adapter_inflight_requests", labels | {"adapter": record.adapter}),
+            )
+            self.distinct_keys.setdefault(record.model, _key("headroom_adapters_inflight", labels))
         task = (record.model, record.task_class)
         if task not in self.task_keys:
             labels = self.target | {"model": record.model, "task_class": record.task_class}
@@ -153,10 +164,24 @@ class _SidecarState:
             for pair, (inflight_key, tokens_key) in keys.items():
                 out.add_key(inflight_key, t, float(count_of.get(pair, 0)))
                 out.add_key(tokens_key, t, float(weight_of.get(pair, 0)))
+        self._emit_adapters(out, t, live)
         for key, value in self.counters.items():
             out.add_key(key, t, value)
         for histogram in self.histograms.values():
             histogram.emit(out, t)
+
+    def _emit_adapters(self, out: SeriesSet, t: float, live: dict[str, Lifecycle]) -> None:
+        """In flight per (model, adapter) and distinct adapters per model, 0 when none is live."""
+        if not self.adapter_keys:
+            return
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for record in live.values():
+            if record.adapter is not None:
+                counts[(record.model, record.adapter)] += 1
+        for pair, key in self.adapter_keys.items():
+            out.add_key(key, t, float(counts.get(pair, 0)))
+        for model, key in self.distinct_keys.items():
+            out.add_key(key, t, float(sum(1 for m, _ in counts if m == model)))
 
 
 def _instance_series(

@@ -44,6 +44,7 @@ class Lifecycle:
     kv_usage_at_admit: float | None = None
     task_class: str = UNSPECIFIED  # collector.tasks: by the declared output budget
     cluster: str = ""  # the replica's cluster label (simulator only; "" : none)
+    adapter: str | None = None  # the LoRA adapter it named (`model` is its base model); None: none
 
     @property
     def ttft_s(self) -> float | None:

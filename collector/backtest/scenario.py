@@ -151,6 +151,7 @@ class Expect:
     fired: tuple[str, ...] = ()
     silent: tuple[str, ...] = ()
     silent_before_breach: tuple[str, ...] = ()  # must not fire before the first breach
+    silent_before_problem: tuple[str, ...] = ()  # must not fire before the first fault or incident
     breach: bool | None = None  # the rows must (True) or must not (False) show a breach
     # page notifications after Alertmanager's grouping and inhibition, exactly (None: not checked)
     page_notifications: int | None = None
@@ -168,6 +169,9 @@ class Scenario:
     short: RequestClass = SHORT
     long: RequestClass = LONG
     replicas: tuple[Replica, ...] = (Replica("replica-0"),)
+    # LoRA adapters in the mix at t_s: each request names one of the first n of its replica's
+    # engine.lora_adapters, uniformly (0: every request is the base model's)
+    adapters: Callable[[float], float] = lambda t_s: 0
     streamed_share: float = 1.0
     faults: tuple[Fault, ...] = ()
     incidents: tuple[Incident, ...] = ()

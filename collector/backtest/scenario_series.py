@@ -9,6 +9,7 @@ request log); this module adds what only the simulation knows, each the way the 
                                            absent while the engine is down (unknown, never zero)
     headroom_gpu_up, headroom_gpu_utilization_ratio{gpu, uuid, gpu_name}   share of the interval computing
     headroom_capacity_*{model, task_class="all", source="probe", confidence="high"}   the published knee
+    headroom_adapter_slots{model}          the engine's adapter slots (max_loras), once an adapter request came
     headroom_log_rows_written_total, headroom_log_queue_rows
     with a log sink that fails (a store_outage fault: the lake away): headroom_log_sink_up, headroom_log_spool_files, _bytes,
     _oldest_age_seconds, headroom_log_sink_lag_seconds
@@ -69,6 +70,24 @@ def _engine(
             ("headroom_engine_max_concurrency_requests", capacity // config.max_model_len),
         ):
             out.add(name, labels, sample.t, value)
+
+
+def _adapter_slots(
+    out: SeriesSet,
+    target: dict[str, str],
+    times: list[float],
+    records: list[Lifecycle],
+    replica: Replica,
+    model: str,
+) -> None:
+    """The engine's adapter slots, from the first request that named an adapter (as the sidecar)."""
+    first = min((r.admitted for r in records if r.adapter is not None), default=None)
+    if first is None:
+        return
+    labels = target | {"model": model}
+    for t in times:
+        if t >= first:
+            out.add("headroom_adapter_slots", labels, t, float(replica.engine.max_loras))
 
 
 def _capacity(
@@ -158,6 +177,7 @@ def scenario_series(result: SimulationResult, job: str) -> SeriesSet:
         ]
         _engine(out, target, result.engine[replica.key], scenario, replica, epoch)
         _capacity(out, target, times, scenario, epoch)
+        _adapter_slots(out, target, times, records, replica, scenario.model)
         _log(out, target, times, records, scenario, replica.instance, epoch)
     _scrape_faults(out, scenario, epoch)
     return out

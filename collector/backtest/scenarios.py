@@ -41,6 +41,8 @@ def _with_spike(t_s: float) -> float:
 
 
 _SMALL_KV = dataclasses.replace(BACKTEST_ENGINE, kv_cache_tokens=16384)
+# Eight LoRA adapters served on four adapter slots (vLLM --max-loras 4), 50 ms a load.
+_LORA = dataclasses.replace(BACKTEST_ENGINE, lora_adapters=tuple(f"lora-{i}" for i in range(8)), max_loras=4)
 _MID_KV = dataclasses.replace(BACKTEST_ENGINE, kv_cache_tokens=16384)
 _DOCUMENTS = RequestClass("document", (3000, 4000), (64, 128))
 _NIGHT_DOCUMENTS = RequestClass("document", (9000, 12000), (32, 64))
@@ -196,6 +198,21 @@ _ALL = (
             page_notifications=1,
             fired=('{cluster="a"}',),
             silent=('{cluster="b"}',),
+        ),
+    ),
+    Scenario(
+        "adapter_thrash",
+        "50 % of the knee, every request naming a LoRA adapter, on 4 adapter slots: 2 adapters "
+        "in the mix, 8 from 70 to 110 minutes, then 2 again",
+        150 * _M,
+        constant(0.5),
+        adapters=steps(2, (70 * _M, 110 * _M, 8)),
+        replicas=(Replica("replica-0", _LORA),),
+        incidents=(Incident("8 adapters over 4 slots", 70 * _M, 110 * _M),),
+        expect=Expect(
+            fires=(("HeadroomAdapterThrash", 10 * _M),),
+            silent_before_problem=("HeadroomAdapterThrash",),
+            false_warnings=0,
         ),
     ),
 )

@@ -38,13 +38,15 @@ _SLOT_S = 10  # the arrival rate is held constant over slots of this many second
 
 @dataclass(frozen=True, slots=True)
 class EngineSample:
-    """The engine at one scrape: batch, queue, KV usage 0-1, and the share of the interval it computed."""
+    """The engine at one scrape: batch, queue, KV usage 0-1, the share of the interval it computed,
+    and the LoRA adapters it loaded into a GPU slot since the last scrape."""
 
     t: float
     running: int
     waiting: int
     kv_usage_ratio: float
     busy_ratio: float
+    adapter_loads: int = 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class _Replica:
         self.t = 0.0
         self.next_scrape = 0.0
         self.busy_s = 0.0
+        self.loads_sampled = 0  # the scheduler's adapter loads at the last scrape
         self.sequence = 0
         self.slow = scenario.faults_of("slow_replica")
         self.outages = [
@@ -152,9 +155,11 @@ class _Replica:
                 len(sched.waiting),
                 sched.kv_used_blocks / sched.config.num_blocks,
                 min(1.0, self.busy_s / interval),
+                sched.adapter_loads_total - self.loads_sampled,
             )
         )
         self.busy_s = 0.0
+        self.loads_sampled = sched.adapter_loads_total
 
     # --- requests -------------------------------------------------------------------------
     def admit(self, at: float) -> None:
@@ -172,6 +177,7 @@ class _Replica:
             target_tokens=rng.randint(*kind.output_tokens),
         )
         record.task_class = classify(record.target_tokens)  # the sidecar reads the declared max_tokens
+        record.adapter = self._adapter(at)
         self.sequence += 1
         sched = self.scheduler
         record.inflight_at_admit = len(self.live) + 1
@@ -182,13 +188,25 @@ class _Replica:
         if refusal is not None:
             self._finish(record, EPOCH + at + _REJECT_S, *refusal)
             return
-        request = SimRequest(record.request_id, record.prompt_tokens, record.target_tokens)
+        request = SimRequest(
+            record.request_id, record.prompt_tokens, record.target_tokens, adapter=record.adapter
+        )
         try:
             sched.add(request)
         except QueueFull:
             self._finish(record, EPOCH + at + _REJECT_S, "rate_limited", 429)
             return
         self.live[request] = record
+
+    def _adapter(self, at: float) -> str | None:
+        """The adapter a request arriving at `at` names (drawn only with adapters: seeds stay stable)."""
+        count, names = int(self.scenario.adapters(at)), self.replica.engine.lora_adapters
+        if count > len(names):
+            raise ValueError(
+                f"scenario {self.scenario.name}: {count} adapters in the mix at {at:.0f} s, but "
+                f"{self.replica.key}'s engine serves {len(names)} (SimConfig.lora_adapters)"
+            )
+        return self.rng.choice(names[:count]) if count > 0 else None
 
     def _refusal(self, at: float) -> tuple[str, int] | None:
         """(outcome, status) when a fault refuses a request arriving at `at`, else None."""
@@ -254,6 +272,7 @@ class _Replica:
                 self._finish(record, EPOCH + self.t, "upstream_error", 502)
             self.live.clear()
             self.scheduler = Scheduler(self.replica.engine, self.replica.cost)
+            self.loads_sampled = 0
         slow = next((f for f in self.slow if f.covers(self.t, self.replica.instance)), None)
         cost = self.replica.cost
         if slow is not None:

@@ -165,4 +165,14 @@ def verdict(
                 ", ".join(f"{s.name} at {minutes(s.fired_at - timeline.start)}" for s in early) or "silent",
             )
         )
+    for selector in expect.silent_before_problem:
+        until = timeline.end if origin is None else origin
+        early = [s for s in timeline.fired if matches(selector, s) and s.fired_at < until]
+        checks.append(
+            Check(
+                f"{selector} stays silent before the first problem",
+                not early,
+                ", ".join(f"{s.name} at {minutes(s.fired_at - timeline.start)}" for s in early) or "silent",
+            )
+        )
     return checks + _composite_checks(timeline)
