@@ -17,8 +17,8 @@ from pathlib import Path
 
 from collector.analysis.openloop import rate_level, rate_result
 from collector.analysis.plot import render_rates_png
-from collector.analysis.slo import Slo
 from collector.analysis.stats import seconds
+from collector.capacity import Slo
 from collector.sim.config import SimConfig
 from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.sim.offline import Mix, poisson_rows

@@ -10,17 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from test_analysis_knee import ladder
 
-from collector.analysis.estimate import (
-    CapacityEstimate,
-    build_estimate,
-    estimate_capacity,
-    probe_levels,
-    save_estimate,
-)
-from collector.analysis.slo import Slo
+from collector.analysis.estimate import build_estimate, estimate_capacity, probe_levels
+from collector.capacity import CapacityEstimate, Slo
 from collector.store.db import RequestStore
 from collector.store.decision import published_estimates
-from collector.store.estimates import published
+from collector.store.estimates import save_estimate
 from collector.store.synthetic import closed_loop_rows
 
 REQUIRED_KEYS = {"run_id", "levels", "knee", "slo_max", "recommended_pool", "profile"}
@@ -68,11 +62,9 @@ def test_save_and_publish_per_model_round_trip(tmp_path):
     new.created_at = old.created_at + timedelta(minutes=5)
     for estimate in (old, new, _estimate("b", knee_at=16)):
         save_estimate(store, estimate)
-    latest = {e["model"]: e for e in published_estimates(store)}
-    assert latest["a"]["knee"]["requests"] == 8 and latest["b"]["knee"]["requests"] == 16
-    assert CapacityEstimate.from_dict(latest["a"]).to_dict() | {
-        "published_because": latest["a"]["published_because"]
-    } == new.to_dict() | {"published_because": latest["a"]["published_because"]}
+    latest = {p.estimate.model: p.estimate for p in published_estimates(store)}
+    assert latest["a"].knee.requests == 8 and latest["b"].knee.requests == 16
+    assert latest["a"] == new  # read back as the same type, nothing lost on the way
     store.close()
     reopened = RequestStore(tmp_path / "e.duckdb")
     assert len(published_estimates(reopened)) == 2
@@ -113,7 +105,7 @@ def test_publish_estimates_sets_capacity_gauges_in_both_calibers():
 
     gauges, registry = CapacityGauges(), CollectorRegistry()
     registry.register(gauges)
-    gauges.replace([published(_estimate("llama", slo_ttft=0.5).to_dict())])
+    gauges.replace([_estimate("llama", slo_ttft=0.5)])
     value = registry.get_sample_value
     labels = {"model": "llama", "task_class": "all", "replica_class": "default", "source": "probe"}
     labels["confidence"] = "high"

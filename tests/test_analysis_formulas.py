@@ -9,7 +9,8 @@ from test_analysis_knee import level
 from collector.analysis.kv import GB, kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.quota import quota_ceiling
 from collector.analysis.recommend import recommended_pool
-from collector.analysis.slo import Slo, slo_max
+from collector.analysis.slo import slo_max
+from collector.capacity import Slo
 
 
 def test_domain_worked_example_57_gb_over_3_gb_is_19_configure_13():

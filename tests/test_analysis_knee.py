@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from collector.analysis.knee import KneeRule, detect_knee, judge_level, kneedle_knee
-from collector.analysis.levels import LevelStats
+from collector.capacity import LevelStats
 
 
 def level(

@@ -17,15 +17,13 @@ import pytest
 from click.testing import CliRunner
 from conftest import require_tool
 
-from collector.analysis.estimate import CapacityEstimate
-from collector.analysis.knee import KneeResult
-from collector.analysis.slo import Slo
 from collector.backtest.exposition import HISTOGRAMS
 from collector.backtest.replay import ENGINE_SIDE, from_db, missing_series, replay_series
 from collector.backtest.run import generated_rules
 from collector.backtest.scenario import Scenario, constant
 from collector.backtest.scenario_series import scenario_series
 from collector.backtest.simulate import simulate
+from collector.capacity import CapacityEstimate, KneeResult, Slo
 from collector.cli import main
 from collector.lake.layout import Lake
 from collector.lake.stage import LakeWriter
@@ -44,8 +42,8 @@ SIDECAR = {
 } | {f"{name}_{suffix}" for name in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
 
 
-def _estimate(model: str, created: float) -> dict:
-    """A saved estimate in its documented JSON form: a knee of 32 requests and 40k tokens, pool 24."""
+def _estimate(model: str, created: float) -> CapacityEstimate:
+    """A saved estimate: a knee of 32 requests and 40k tokens, pool 24."""
     knee = KneeResult(32, 40000, True, "plateau", 32, 32, True, "")
     return CapacityEstimate(
         model,
@@ -59,7 +57,7 @@ def _estimate(model: str, created: float) -> dict:
         30000,
         24,
         created_at=datetime.fromtimestamp(created, UTC),
-    ).to_dict()
+    )
 
 
 @pytest.fixture(scope="module")

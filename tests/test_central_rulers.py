@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require_tool
+from support.estimates import capacity_estimate
 from support.rulers import (
     AlertSink,
     Service,
@@ -41,7 +42,6 @@ from support.waiting import wait_until
 from collector.alerts.files import rule_files
 from collector.rules.config import DEFAULT, RulesConfig
 from collector.rules.render import write_files
-from collector.store.capacity_gauges import PublishedCapacity
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.integration, pytest.mark.subprocess, pytest.mark.timeout(300)]
@@ -82,7 +82,7 @@ class Stack:
 
 def _hold(rig: Rig, count: int) -> list[socket.socket]:
     """Publish a knee of KNEE for MODEL and hold `count` requests in flight at the sidecar."""
-    rig.app.state.capacity.replace([PublishedCapacity(MODEL, knee_requests=KNEE, estimated_at=time.time())])
+    rig.app.state.capacity.replace([capacity_estimate(MODEL, knee_requests=KNEE, estimated_at=time.time())])
     sockets = hold_requests(rig.url, MODEL, count)
     wait_until(
         lambda: gauge_values(rig.metrics(), "headroom_inflight_requests") == [float(count)],

@@ -217,12 +217,13 @@ class Load:
 def stack(tmp_path):
     """Sim, sidecar (engine source, GPU collector, capacity gauges), Prometheus, Alertmanager, webhook."""
     prometheus_bin, alertmanager_bin = require_tool("prometheus"), require_tool("prometheus-alertmanager")
+    from support.estimates import capacity_estimate
+
     from collector.serving import serve_in_thread
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import build_sidecar
     from collector.sim.app import create_sim_app
     from collector.sim.config import SimConfig
-    from collector.store.capacity_gauges import PublishedCapacity
     from collector.store.db import RequestStore
 
     handles, processes, closers = [], [], []
@@ -251,7 +252,7 @@ def stack(tmp_path):
         gauges = app.state.capacity
         gauges.replace(
             [
-                PublishedCapacity(
+                capacity_estimate(
                     MODEL,
                     knee_requests=KNEE_REQUESTS,
                     knee_tokens=2000,

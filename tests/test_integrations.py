@@ -10,11 +10,11 @@ import yaml
 from click.testing import CliRunner
 from test_analysis_estimate import _estimate
 
-from collector.analysis.estimate import save_estimate
 from collector.cli import main
 from collector.integrations.render import EstimateError, gateway_picker_config, per_replica
 from collector.rules.config import DEFAULT
 from collector.store.db import RequestStore
+from collector.store.estimates import save_estimate
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from support.sidecar import CHAT, sidecar_rig
 from support.waiting import wait_until
 from test_analysis_estimate import _estimate
 
+from collector.capacity import CapacityEstimate
 from collector.cli import main
 from collector.lake.estimates import ESTIMATES_TABLE, fleet_decisions, read_estimates, save_to_lake
 from collector.lake.layout import Lake
@@ -59,10 +61,9 @@ def catalog(postgres: PostgresServer) -> str:
     return postgres.url.rsplit("/", 1)[0] + "/" + name
 
 
-def _dict(model: str, knee_at: int, *, age: timedelta = timedelta(0), **fields: Any) -> dict[str, Any]:
-    estimate = _estimate(model=model, knee_at=knee_at).to_dict()
-    created = datetime.fromisoformat(estimate["created_at"]) - age
-    return estimate | {"created_at": created.isoformat()} | fields
+def _dict(model: str, knee_at: int, *, age: timedelta = timedelta(0), **fields: Any) -> CapacityEstimate:
+    estimate = _estimate(model=model, knee_at=knee_at)
+    return replace(estimate, created_at=estimate.created_at - age, **fields)
 
 
 def _capacity(text: str) -> dict[tuple[str, str], float]:

@@ -11,6 +11,7 @@ older than the probe age limit, the traffic estimate is.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -22,6 +23,7 @@ from support.owner_routes import routes_app
 from test_analysis_estimate import _estimate
 
 from collector.backtest.replay import from_db
+from collector.capacity import CapacityEstimate
 from collector.cli import main
 from collector.serving import serve_in_thread
 from collector.store.capacity_gauges import CapacityGauges
@@ -34,29 +36,29 @@ from collector.store.synthetic import closed_loop_rows
 TOKEN = "one-decision-token"
 
 
-def _history(probe_age: timedelta) -> list[dict]:
+def _history(probe_age: timedelta) -> list[CapacityEstimate]:
     now = datetime.now(UTC)
-    good = _estimate(model="m", knee_at=8).to_dict() | {
-        "run_id": "probe-good",
-        "created_at": (now - probe_age).isoformat(),
-    }
-    traffic = _estimate(model="m", knee_at=16).to_dict() | {
-        "source": "traffic",
-        "run_id": None,
-        "confidence": "high",
-        "created_at": (now - timedelta(hours=3)).isoformat(),
-    }
-    unreached = (
-        _estimate(model="m", knee_at=32).to_dict()
-        | {"run_id": "probe-short", "created_at": (now - timedelta(hours=2)).isoformat()}
-        | {"knee_requests": None, "knee_tokens": None}
+    good = replace(_estimate(model="m", knee_at=8), run_id="probe-good", created_at=now - probe_age)
+    traffic = replace(
+        _estimate(model="m", knee_at=16),
+        source="traffic",
+        run_id=None,
+        confidence="high",
+        created_at=now - timedelta(hours=3),
     )
-    unreached["knee"] = unreached["knee"] | {"reached": False}
-    failing = _estimate(model="m", knee_at=4).to_dict() | {
-        "run_id": "probe-400s",
-        "created_at": (now - timedelta(hours=1)).isoformat(),
-        "error_ratio": 0.25,
-    }
+    unreached = _estimate(model="m", knee_at=32)
+    unreached = replace(
+        unreached,
+        run_id="probe-short",
+        created_at=now - timedelta(hours=2),
+        knee=replace(unreached.knee, reached=False),
+    )
+    failing = replace(
+        _estimate(model="m", knee_at=4),
+        run_id="probe-400s",
+        created_at=now - timedelta(hours=1),
+        error_ratio=0.25,
+    )
     return [good, traffic, unreached, failing]
 
 
@@ -74,7 +76,7 @@ def history(request, tmp_path):
         save_estimate(store, estimate)
     store.close()
     winner = estimates[0] if request.param < PublishPolicy().probe_max_age else estimates[1]
-    return tmp_path / "log.duckdb", winner["knee_requests"], winner["recommended_pool"]
+    return tmp_path / "log.duckdb", winner.knee_requests, winner.recommended_pool
 
 
 def test_the_gauges_at_start_up_and_the_query_route_give_the_published_knee(history):
@@ -147,7 +149,7 @@ def test_the_age_limit_of_the_settings_is_honoured_by_the_gauges_and_the_route(t
 
 def test_why_nothing_newer_was_published_is_said():
     decision = decide(_history(timedelta(hours=4)), datetime.now(UTC))
-    assert decision.estimate is not None and decision.estimate["run_id"] == "probe-good"
+    assert decision.estimate is not None and decision.estimate.run_id == "probe-good"
     assert "probe run probe-400s was not used: 25% of its requests failed" in decision.reason
 
 
@@ -157,12 +159,15 @@ def test_why_nothing_newer_was_published_is_said():
         ({"error_ratio": MAX_ERROR_RATIO + 0.01}, "failed for reasons other than capacity"),
         ({"recommended_pool": 0}, "a pool of 0"),
         ({"confidence": "none", "confidence_reason": "every level failed"}, "every level failed"),
-        ({"knee_requests": None}, "not reached"),
+        ({"knee": "not reached"}, "not reached"),
     ],
 )
 def test_an_unusable_estimate_alone_publishes_nothing_and_says_why(tmp_path, change, why):
     store = RequestStore(tmp_path / "log.duckdb")
-    save_estimate(store, _estimate(model="m", knee_at=8).to_dict() | change)
+    estimate = _estimate(model="m", knee_at=8)
+    if "knee" in change:
+        change = {"knee": replace(estimate.knee, reached=False)}
+    save_estimate(store, replace(estimate, **change))
     gauges = CapacityGauges()
     (decision,) = publish(store, gauges)
     assert decision.estimate is None and why in decision.reason
@@ -175,8 +180,8 @@ def test_a_past_moment_answers_what_was_published_then(tmp_path):
     estimates = _history(timedelta(hours=4))
     for estimate in estimates:
         save_estimate(store, estimate)
-    before_any = datetime.fromisoformat(estimates[0]["created_at"]) - timedelta(minutes=1)
+    before_any = estimates[0].created_at - timedelta(minutes=1)
     assert published_estimates(store, as_of=before_any) == []
-    between = datetime.fromisoformat(estimates[1]["created_at"]) - timedelta(minutes=1)
-    assert [e["run_id"] for e in published_estimates(store, as_of=between)] == ["probe-good"]
+    between = estimates[1].created_at - timedelta(minutes=1)
+    assert [p.estimate.run_id for p in published_estimates(store, as_of=between)] == ["probe-good"]
     store.close()

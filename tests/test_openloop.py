@@ -21,8 +21,8 @@ from collector.analysis.openloop import (
     rate_levels_from_rows,
     rate_result,
 )
-from collector.analysis.slo import Slo
 from collector.analysis.stats import seconds
+from collector.capacity import Slo
 from collector.sim.config import SimConfig
 from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows

@@ -128,9 +128,9 @@ def test_probe_rates_against_a_live_simulator_finds_its_analytic_rate(tmp_path):
         assert store.query("SELECT DISTINCT prompt_tokens FROM requests WHERE outcome = 'ok'") == [
             (PROMPT_TOKENS,)
         ]
-        opened = store.query(
-            "SELECT count(*) FROM requests WHERE probe_rate_per_s > 0 AND NOT probe_warmup"
-        )[0][0]
+        opened = store.query("SELECT count(*) FROM requests WHERE probe_rate_per_s > 0 AND NOT probe_warmup")[
+            0
+        ][0]
         assert opened > 40  # the measured open-loop requests were logged with their offered rate
         (saved,) = candidate_estimates(store, 0.05)
     finally:

@@ -11,13 +11,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from collector.analysis.estimate import CapacityEstimate, estimate_probe_run, save_estimate
+from collector.analysis.estimate import estimate_probe_run
+from collector.capacity import CapacityEstimate
 from collector.sim.config import SimConfig
 from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.decision import publish
+from collector.store.estimates import save_estimate
 
 RUN = "probe-20261130T080000Z-ab12"
 

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from collector.analysis.estimate import estimate_capacity, probe_levels, save_estimate
+from collector.analysis.estimate import estimate_capacity, probe_levels
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.sim.config import SimConfig
@@ -23,6 +23,7 @@ from collector.sim.cost import predicted_knee
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 from collector.store.db import RequestStore
 from collector.store.decision import decisions
+from collector.store.estimates import save_estimate
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 OUTPUT = 64

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector.analysis.levels import LevelStats
 from collector.analysis.probe import ProbeSettings, saturation_reason
-from collector.analysis.slo import Slo
+from collector.capacity import LevelStats, Slo
 
 
 def _stats(

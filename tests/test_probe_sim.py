@@ -19,7 +19,7 @@ from support.processes import sim_process
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.probe import ProbeSettings, run_probe
-from collector.analysis.slo import Slo
+from collector.capacity import Slo
 from collector.sim.cost import predicted_knee
 
 pytestmark = pytest.mark.subprocess

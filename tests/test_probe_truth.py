@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from support.processes import HEADROOM, sim_process
 
-from collector.analysis.estimate import CapacityEstimate, build_estimate, probe_levels
+from collector.analysis.estimate import build_estimate, probe_levels
 from collector.analysis.levels import summarize_level
 from collector.analysis.probe_request import ERROR_TEXT_CHARS, error_text
 from collector.analysis.token_knee import (
@@ -28,6 +28,7 @@ from collector.analysis.token_knee import (
     traffic_mix,
 )
 from collector.analysis.workload import log_lengths
+from collector.capacity import CapacityEstimate
 from collector.report.actions import recommend_actions
 from collector.report.build import _concurrency
 from collector.store.db import RequestStore
@@ -91,7 +92,7 @@ def test_an_estimate_with_a_quarter_of_400s_is_not_confident_and_says_why():
 
 
 def test_a_pool_of_zero_says_which_level_missed_which_target():
-    from collector.analysis.slo import Slo
+    from collector.capacity import Slo
 
     estimate = build_estimate(probe_levels(_probe_rows()), slo=Slo(ttft_p95_s=0.001), model="m")
     assert estimate.recommended_pool == 0

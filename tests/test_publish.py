@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
+from support.estimates import capacity_estimate
 
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
@@ -18,22 +19,17 @@ NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 
 def estimate(source, knee=8, age_h=1.0, confidence="measured", model="m", run_id=None, task_class="all"):
-    reached = knee is not None
-    return {
-        "model": model,
-        "task_class": task_class,
-        "source": source,
-        "run_id": run_id,
-        "created_at": (NOW - timedelta(hours=age_h)).isoformat(),
-        "profile": "interactive",
-        "knee": {"requests": knee or 16, "tokens": 1000, "reached": reached},
-        "knee_requests": knee,
-        "knee_tokens": 1000 if reached else None,
-        "slo_max": None,
-        "slo_max_tokens": None,
-        "recommended_pool": 5,
-        "confidence": confidence,
-    }
+    return capacity_estimate(
+        model,
+        source=source,
+        run_id=run_id,
+        knee_requests=knee,
+        knee_tokens=1000 if knee is not None else None,
+        recommended_pool=5,
+        confidence=confidence,
+        task_class=task_class,
+        created_at=NOW - timedelta(hours=age_h),
+    )
 
 
 @pytest.mark.parametrize(

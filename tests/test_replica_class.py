@@ -8,19 +8,16 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
+from support.estimates import capacity_estimate
 from test_sources_gpu import FakeNvml
 
+from collector.capacity import DEFAULT_REPLICA_CLASS
 from collector.cli import main
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.replica import ReplicaClass, derive_replica_class
 from collector.sources.base import EngineSnapshot
 from collector.sources.gpu import GpuCollector
-from collector.store.capacity_gauges import (
-    DEFAULT_REPLICA_CLASS,
-    CapacityGauges,
-    PublishedCapacity,
-    check_replica_class,
-)
+from collector.store.capacity_gauges import CapacityGauges, check_replica_class
 
 
 @pytest.mark.parametrize(
@@ -98,8 +95,8 @@ def test_capacity_gauges_carry_the_class_and_keep_two_classes_of_one_model_apart
     gauges = CapacityGauges()
     gauges.replace(
         [
-            PublishedCapacity("m", replica_class="h100", knee_requests=16, recommended_pool=12),
-            PublishedCapacity("m", replica_class="l40s", knee_requests=8, recommended_pool=6),
+            capacity_estimate("m", replica_class="h100", knee_requests=16, recommended_pool=12),
+            capacity_estimate("m", replica_class="l40s", knee_requests=8, recommended_pool=6),
         ]
     )
     assert gauges.get("m", replica_class="h100").knee_requests == 16  # type: ignore[union-attr]
@@ -118,8 +115,8 @@ def two_classes(tmp_path):
     """One model measured on two replica classes: h100 (knee 16) and l40s (knee 8)."""
     from test_analysis_estimate import _estimate
 
-    from collector.analysis.estimate import save_estimate
     from collector.store.db import RequestStore
+    from collector.store.estimates import save_estimate
 
     store = RequestStore(tmp_path / "fleet.duckdb")
     estimates = {}

@@ -20,9 +20,9 @@ from support.waiting import wait_until
 from test_analysis_estimate import _estimate
 
 from collector.alerts.files import alert_files
-from collector.analysis.estimate import save_estimate
 from collector.rules.records import R
 from collector.store.db import RequestStore
+from collector.store.estimates import save_estimate
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.integration]
 

@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from collector.analysis.estimate import estimate_capacity, save_estimate
+from collector.analysis.estimate import estimate_capacity
 from collector.report.build import build_report
 from collector.report.collect import collect_inputs
 from collector.store.db import RequestStore
+from collector.store.estimates import save_estimate
 from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 
 UTC = UTC

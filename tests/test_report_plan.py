@@ -14,8 +14,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from support.estimates import capacity_estimate
 
-from collector.analysis.estimate import estimate_probe_run, save_estimate
+from collector.analysis.estimate import estimate_probe_run
+from collector.capacity import CapacityEstimate
 from collector.report.build import build_report, heading
 from collector.report.collect import collect_inputs
 from collector.report.plan import bin_step, load_at
@@ -23,6 +25,7 @@ from collector.sim.config import SimConfig
 from collector.sim.offline import START, closed_loop_rows
 from collector.store.db import RequestStore
 from collector.store.decision import decisions
+from collector.store.estimates import save_estimate
 
 SLOTS = 8
 CLIENTS = 20  # load peaks at 20 concurrent requests against an engine of 8 slots
@@ -70,7 +73,7 @@ def one_hour_store(
 def _published_pool(store: RequestStore, now: datetime) -> int:
     (decision,) = [d for d in decisions(store, now) if d.task_class == "all"]
     assert decision.estimate is not None
-    return int(decision.estimate["recommended_pool"])
+    return decision.estimate.recommended_pool
 
 
 @pytest.fixture(scope="module")
@@ -169,22 +172,16 @@ def _burst(day: int, concurrent: int, start: datetime) -> list[dict[str, Any]]:
     ]
 
 
-def _estimate(pool: int, created: datetime) -> dict[str, Any]:
-    return {
-        "model": "m",
-        "source": "probe",
-        "run_id": "p",
-        "profile": "interactive",
-        "created_at": created.isoformat(),
-        "knee": {"requests": pool + 2, "tokens": None, "reached": True},
-        "knee_requests": pool + 2,
-        "knee_tokens": None,
-        "slo_max": pool,
-        "recommended_pool": pool,
-        "confidence": "measured",
-        "task_class": "all",
-        "replica_class": "default",
-    }
+def _estimate(pool: int, created: datetime) -> CapacityEstimate:
+    return capacity_estimate(
+        "m",
+        run_id="p",
+        knee_requests=pool + 2,
+        slo_max_requests=pool,
+        recommended_pool=pool,
+        confidence="measured",
+        created_at=created,
+    )
 
 
 def test_the_trend_gives_next_weeks_replicas():
@@ -297,7 +294,9 @@ def test_the_open_loop_rates_join_the_provenance():
     until = datetime(2026, 11, 30, tzinfo=UTC)
     store.insert_rows(_burst(0, 6, until - timedelta(days=1)))
     rates = {"mu_slo_requests_per_s": 3.25, "prefill_tokens_per_s": 1350.0}
-    save(store, _estimate(5, until - timedelta(hours=2)) | {"rates": rates})
+    estimate = _estimate(5, until - timedelta(hours=2))
+    estimate.rates = rates
+    save(store, estimate)
     report = build_report(collect_inputs(store, until - timedelta(days=7), until))
     store.close()
     entry = report["models"][0]["classes"][0]

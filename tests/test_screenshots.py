@@ -106,9 +106,9 @@ def test_the_check_fails_on_a_broken_page(chromium, tmp_path):
 def test_weekly_report_renders_whole_in_chromium(chromium, tmp_path):
     from test_analysis_estimate import _estimate
 
-    from collector.analysis.estimate import save_estimate
     from collector.report.review import render_report_from_store
     from collector.store.db import RequestStore
+    from collector.store.estimates import save_estimate
     from collector.store.synthetic import synthetic_rows
     from collector.timewin import utc_now
 
@@ -230,7 +230,7 @@ def test_the_review_of_the_demo_database_plans_in_chromium(chromium, tmp_path):
     (model,) = report["models"]
     for entry in model["classes"]:
         plan, estimate = entry["plan"], published[entry["replica_class"]]
-        assert estimate is not None and plan["pool_per_replica"]["requests"] == estimate["recommended_pool"]
+        assert estimate is not None and plan["pool_per_replica"]["requests"] == estimate.recommended_pool
         caliber = plan["binding_caliber"]
         expected = math.ceil(plan["peak"][caliber] / plan["pool_per_replica"][caliber] - 1e-9)
         assert plan["replicas_needed"] == expected >= 1

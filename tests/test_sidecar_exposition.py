@@ -99,12 +99,12 @@ def test_no_text_or_authorization_reaches_any_file_log_or_metric(tmp_path, caplo
 @pytest.mark.subprocess
 def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
     """The app `headroom run` builds: engine source (auto), GPU, capacity gauges, request log."""
+    from support.estimates import capacity_estimate
     from support.upstream import FakeUpstream
 
     from collector.serving import serve_in_thread
     from collector.sidecar.config import SidecarConfig
     from collector.sidecar.wiring import build_sidecar
-    from collector.store.capacity_gauges import PublishedCapacity
 
     promtool = require_tool("promtool")
     upstream = FakeUpstream()
@@ -118,7 +118,7 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
     )
     app = build_sidecar(config)
     app.state.capacity.replace(
-        [PublishedCapacity("m1", knee_requests=8, slo_max_requests=6, recommended_pool=5, estimated_at=1.7e9)]
+        [capacity_estimate("m1", knee_requests=8, slo_max_requests=6, recommended_pool=5, estimated_at=1.7e9)]
     )
     sidecar = serve_in_thread(app)
     try:

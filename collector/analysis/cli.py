@@ -20,17 +20,18 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
 from collector.analysis.cli_capacity import register
-from collector.analysis.estimate import CapacityEstimate, estimate_from_probe, save_estimate
+from collector.analysis.estimate import estimate_from_probe
 from collector.analysis.openloop import parse_rates
 from collector.analysis.plot import rates_plot_path, write_plot
 from collector.analysis.probe import ProbeError, ProbeResult, ProbeSettings, new_run_id, run_probe
 from collector.analysis.prompts import load_prompts
 from collector.analysis.render import print_estimate, print_rates
-from collector.analysis.slo import Slo
 from collector.analysis.workload import FROM_LOG, load_workload, log_lengths
+from collector.capacity import DEFAULT_REPLICA_CLASS, CapacityEstimate, Slo
 from collector.lake.source import MISSING_LAKE_EXTRA, open_log
-from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, check_replica_class
+from collector.store.capacity_gauges import check_replica_class
 from collector.store.db import RequestStore
+from collector.store.estimates import save_estimate
 from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log, send_rows
 from collector.terminal import JSON_HELP, json_output, write_json
 
@@ -138,7 +139,7 @@ def _lake_saver(catalog_uri: str | None, lake_uri: str) -> _Outputs:
 
     def save(estimate: CapacityEstimate) -> None:
         try:
-            estimate_id = save_to_lake(catalog, estimate.to_dict())
+            estimate_id = save_to_lake(catalog, estimate)
         except Exception as exc:  # the catalog went away during the probe
             raise click.ClickException(
                 f"the estimate was not saved to {ESTIMATES_TABLE} ({type(exc).__name__}: {exc}); "

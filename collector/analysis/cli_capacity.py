@@ -254,16 +254,16 @@ def curve(
 
 
 def _published_dict(decision: Decision) -> dict[str, Any]:
-    estimate = decision.estimate or {}
+    estimate = decision.estimate
     return {
         "model": decision.model,
         "task_class": decision.task_class,
         "reason": decision.reason,
-        "knee_requests": estimate.get("knee_requests"),
-        "knee_tokens": estimate.get("knee_tokens"),
-        "recommended_pool": estimate.get("recommended_pool") if estimate else None,
-        "source": estimate.get("source"),
-        "run_id": estimate.get("run_id"),
+        "knee_requests": estimate.knee_requests if estimate else None,
+        "knee_tokens": estimate.knee_tokens if estimate else None,
+        "recommended_pool": estimate.recommended_pool if estimate else None,
+        "source": estimate.source if estimate else None,
+        "run_id": estimate.run_id if estimate else None,
     }
 
 
@@ -273,8 +273,8 @@ def _published_line(decision: Decision) -> str:
     estimate = decision.estimate
     return (
         f"published ({decision.model}, {decision.task_class}): knee "
-        f"{estimate['knee_requests']} requests / {estimate['knee_tokens']} tokens, pool "
-        f"{estimate['recommended_pool']} - {decision.reason}"
+        f"{estimate.knee_requests} requests / {estimate.knee_tokens} tokens, pool "
+        f"{estimate.recommended_pool} - {decision.reason}"
     )
 
 

@@ -1,11 +1,9 @@
-"""CapacityEstimate: the answer an SRE decides with, its JSON schema, and where it is kept.
+"""Building a CapacityEstimate (collector.capacity): from a probe run or from traffic.
 
 An estimate comes from a probe run (measured levels) or from traffic (passive buckets). It holds
 the levels, the knee in both calibers, the SLO maximum and the recommended pool for a profile.
-`to_dict()` is the stable JSON schema documented in docs/capacity.md (schema_version 1).
-Estimates are kept by the store (collector.store.estimates, table `capacity_estimates`) as that
-JSON; `save_estimate` here is the typed side of it,
-and the newest estimate per model is what the sidecar and the store export as headroom_capacity_*.
+The store keeps it (collector.store.estimates.save_estimate) and the one decision
+(collector.store.decision) picks what the headroom_capacity_* gauges publish.
 
 What an estimate says must be true, so building one checks two things (docs/capacity.md):
 
@@ -24,24 +22,23 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from collector.analysis.knee import KneeResult, detect_knee
-from collector.analysis.levels import LevelStats, summarize_level
+from collector.analysis.knee import detect_knee
+from collector.analysis.levels import summarize_level
 from collector.analysis.openloop import RateResult, little_check, rate_levels_from_rows, rate_result
 from collector.analysis.passive import passive_curve
+from collector.analysis.passive_rate import PassiveRate, passive_rate
 from collector.analysis.recommend import recommended_pool
-from collector.analysis.slo import Slo, slo_max
+from collector.analysis.slo import slo_max
 from collector.analysis.stats import seconds
 from collector.analysis.token_knee import TokenCheck, mix_of_rows, token_check_in_store
-from collector.store import estimates as saved
+from collector.capacity import CapacityEstimate, KneeResult, LevelStats, Slo
 from collector.store.db import RequestStore
-from collector.store.decision import MAX_ERROR_RATIO
+from collector.store.decision import CONFIDENCE_RANK, MAX_ERROR_RATIO
 
 __all__ = [
-    "CapacityEstimate",
     "build_estimate",
     "estimate_capacity",
     "estimate_from_probe",
@@ -50,144 +47,12 @@ __all__ = [
     "apply_rates",
     "judge_errors",
     "probe_levels",
-    "save_estimate",
-    "SCHEMA_VERSION",
 ]
 
 SCHEMA_VERSION = 1
-
-
-@dataclass
-class CapacityEstimate:
-    """Knee, SLO max and recommended pool of one model, with the levels they came from."""
-
-    model: str | None
-    source: str  # "probe" | "traffic"
-    run_id: str | None
-    profile: str
-    levels: list[LevelStats]
-    knee: KneeResult
-    slo: Slo
-    slo_max: int | None
-    slo_max_tokens: int | None
-    recommended_pool: int
-    confidence: str = "measured"
-    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    stopped_early: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    task_class: str = "all"  # the requests measured: a class of the workload, or all of them
-    replica_class: str = "default"  # the replicas measured: model x hardware x engine configuration
-    error_ratio: float = 0.0  # the worst level's share of non-capacity failures (module docstring)
-    token_knee_withheld: str | None = None  # why the token knee must not be used; None: usable
-    kv_capacity_tokens: int | None = None  # the engine's KV cache: the token knee's ceiling
-    # capacity in rates from the open-loop ladder (collector.analysis.openloop): μ_slo, V_P (uncached
-    # prompt tokens/s at μ_slo) and the ladder itself with its Little's-law check; None: not measured
-    rate_requests_per_s: float | None = None
-    prefill_tokens_per_s: float | None = None
-    rates: dict[str, Any] | None = None
-
-    @property
-    def knee_tokens(self) -> int | None:
-        """The token knee the gauges export: None when not reached or withheld, capped at the KV."""
-        if not self.knee.reached or self.token_knee_withheld is not None:
-            return None
-        if self.kv_capacity_tokens:
-            return min(self.knee.tokens, self.kv_capacity_tokens)
-        return self.knee.tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        """The documented JSON schema (docs/capacity.md); flat *_requests/*_tokens for gauges."""
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "model": self.model,
-            "task_class": self.task_class,
-            "replica_class": self.replica_class,
-            "source": self.source,
-            "created_at": self.created_at.isoformat(),
-            "profile": self.profile,
-            "levels": [level.to_dict() for level in self.levels],
-            "knee": self.knee.to_dict(),
-            "slo": {
-                "ttft_p95_s": self.slo.ttft_p95_s,
-                "tpot_p95_s": self.slo.tpot_p95_s,
-                "max_error_ratio": self.slo.max_error_ratio,
-            },
-            "slo_max": self.slo_max,
-            "recommended_pool": self.recommended_pool,
-            "confidence": self.confidence,
-            "stopped_early": self.stopped_early,
-            # flat values the capacity gauges read; a knee not reached is a lower bound: not exported
-            "knee_requests": self.knee.requests if self.knee.reached else None,
-            "knee_tokens": self.knee_tokens,
-            "token_knee_withheld": self.token_knee_withheld,
-            "kv_capacity_tokens": self.kv_capacity_tokens,
-            "error_ratio": round(self.error_ratio, 6),
-            "slo_max_requests": self.slo_max,
-            "slo_max_tokens": self.slo_max_tokens,
-            "rate_requests_per_s": self.rate_requests_per_s,
-            "prefill_tokens_per_s": self.prefill_tokens_per_s,
-            "rates": self.rates,
-        } | self.extra
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CapacityEstimate:
-        """Rebuild from to_dict() output (as read back from the store)."""
-        levels = [
-            LevelStats(**({k: v for k, v in level.items() if k != "windows"} | {"littles_law": None}))
-            for level in data["levels"]
-        ]
-        known = {
-            "schema_version",
-            "run_id",
-            "model",
-            "task_class",
-            "replica_class",
-            "source",
-            "created_at",
-            "profile",
-            "levels",
-            "knee",
-            "slo",
-            "slo_max",
-            "recommended_pool",
-            "confidence",
-            "stopped_early",
-            "knee_requests",
-            "knee_tokens",
-            "slo_max_requests",
-            "slo_max_tokens",
-            "token_knee_withheld",
-            "kv_capacity_tokens",
-            "error_ratio",
-            "rate_requests_per_s",
-            "prefill_tokens_per_s",
-            "rates",
-        }
-        return cls(
-            data["model"],
-            data["source"],
-            data["run_id"],
-            data["profile"],
-            levels,
-            KneeResult(**data["knee"]),
-            Slo(**data["slo"]),
-            data["slo_max"],
-            data.get("slo_max_tokens"),
-            data["recommended_pool"],
-            data["confidence"],
-            datetime.fromisoformat(data["created_at"]),
-            data.get("stopped_early"),
-            {k: v for k, v in data.items() if k not in known},
-            data.get("task_class") or "all",
-            data.get("replica_class") or "default",
-            float(data.get("error_ratio") or 0.0),
-            data.get("token_knee_withheld"),
-            data.get("kv_capacity_tokens"),
-            data.get("rate_requests_per_s"),
-            data.get("prefill_tokens_per_s"),
-            data.get("rates"),
-        )
+# a traffic estimate carries the passive μ from this confidence up: the traffic knee's default bar
+# (collector.store.decision.PublishPolicy.traffic_confidence)
+_PASSIVE_RATE_CONFIDENCE = "medium"
 
 
 def build_estimate(
@@ -246,7 +111,7 @@ def judge_errors(estimate: CapacityEstimate, error_ratio: float, where: str) -> 
     estimate.error_ratio = error_ratio
     if error_ratio > MAX_ERROR_RATIO:
         estimate.confidence = "none"
-        estimate.extra["confidence_reason"] = (
+        estimate.confidence_reason = (
             f"{error_ratio:.0%} of the requests {where} failed for reasons other than capacity "
             f"(more than {MAX_ERROR_RATIO:.0%}): the measurement is broken, not the engine full; "
             "nothing is published"
@@ -426,15 +291,33 @@ def _from_traffic(
         knee=curve.knee,
     )
     estimate.task_class = task_class or "all"
+    estimate.confidence_reason = curve.confidence_reason
     estimate.extra |= {
-        "confidence_reason": curve.confidence_reason,
         "window_s": curve.window_s,
         "token_curve": tokens.to_dict(),
     }
+    _apply_passive_rate(estimate, passive_rate(store, since, until, model, slo=slo, task_class=task_class))
     failed = _traffic_error_ratio(store, model, since, until, task_class)
     if failed:
         judge_errors(estimate, failed, "of the traffic in the window (upstream errors)")
     return estimate
+
+
+def _apply_passive_rate(estimate: CapacityEstimate, found: PassiveRate) -> None:
+    """The traffic's μ and V_P (collector.analysis.passive_rate) on its estimate, so the one
+    decision publishes them with the traffic knee: the `rates` section always (why there is no
+    μ, too), the numbers only at _PASSIVE_RATE_CONFIDENCE or above."""
+    estimate.rates = found.to_dict()
+    if CONFIDENCE_RANK[found.confidence] >= CONFIDENCE_RANK[_PASSIVE_RATE_CONFIDENCE]:
+        estimate.rate_requests_per_s = found.mu_per_s
+        estimate.prefill_tokens_per_s = found.prefill_tokens_per_s
+    elif found.mu_per_s is not None:  # readers of the section (the review) must not show it either
+        estimate.rates |= {
+            "mu_slo_requests_per_s": None,
+            "prefill_tokens_per_s": None,
+            "withheld": f"μ {found.mu_per_s:.3g}/s at {found.confidence} confidence, below "
+            f"{_PASSIVE_RATE_CONFIDENCE}: not published",
+        }
 
 
 def estimate_capacity(
@@ -462,11 +345,6 @@ def estimate_capacity(
     if source == "probe":
         raise ValueError(f"no probe run in the store between {since} and {until}; run headroom probe")
     return _from_traffic(store, model, since, until, slo, profile, task_class)
-
-
-def save_estimate(store: RequestStore, estimate: CapacityEstimate) -> str:
-    """Save the estimate in the store's capacity_estimates; returns its estimate_id."""
-    return saved.save_estimate(store, estimate.to_dict())
 
 
 def estimate_from_probe(

@@ -57,12 +57,11 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from collector.analysis.levels import LevelStats
+from collector.capacity import KneeResult, LevelStats
 
-__all__ = ["KneeRule", "KneeResult", "LevelVerdict", "judge_level", "detect_knee", "kneedle_knee"]
+__all__ = ["KneeRule", "LevelVerdict", "judge_level", "detect_knee", "kneedle_knee"]
 
 
 @dataclass(frozen=True)
@@ -101,25 +100,6 @@ class LevelVerdict:
     queueing: str | None = None  # the evidence, when the level queues at all
     strong_queueing: bool = False
     engine_said_so: bool = False  # the engine's own waiting count, not inferred from TTFT
-
-
-@dataclass(frozen=True)
-class KneeResult:
-    """The knee in both calibers, how each method placed it, and why they differ."""
-
-    requests: int
-    tokens: int
-    reached: bool
-    rule_reason: str
-    kneedle_throughput: int | None
-    kneedle_latency: int | None
-    agree: bool
-    note: str
-    evidence: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON."""
-        return asdict(self)
 
 
 def _capacity_failure(level: LevelStats, rule: KneeRule) -> str | None:

@@ -23,14 +23,13 @@ of them is not published (collector.analysis.estimate).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
-from collector.analysis.littles_law import LittlesLaw, littles_law_check
+from collector.analysis.littles_law import littles_law_check
 from collector.analysis.stats import mean, percentile, percentiles, seconds
+from collector.capacity import LevelStats
 
 __all__ = [
-    "LevelStats",
     "summarize_level",
     "default_window",
     "persistent_p95",
@@ -44,46 +43,6 @@ __all__ = [
 CAPACITY_STATUSES = (429, 503)  # the engine (or a gateway) refusing work it has no room for
 
 Row = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class LevelStats:
-    """What one concurrency level measured. Rates per second; latencies in seconds."""
-
-    concurrency: int
-    samples: int
-    window_s: float
-    requests_per_s: float
-    output_tokens_per_s: float
-    total_tokens_per_s: float
-    ttft_p50_s: float | None
-    ttft_p95_s: float | None
-    ttft_p99_s: float | None
-    tpot_p50_s: float | None
-    tpot_p95_s: float | None
-    tpot_p99_s: float | None
-    e2e_p50_s: float | None
-    e2e_p95_s: float | None
-    e2e_p99_s: float | None
-    rate_limited_ratio: float
-    timeout_ratio: float
-    error_ratio: float  # every outcome other than ok, 429 and timeouts included
-    mean_active_tokens: float | None  # token caliber: mean active_tokens_at_admit
-    littles_law: LittlesLaw | None
-    ttft_p95_persistent_s: float | None = None  # min of the two halves' p95 (module docstring)
-    capacity_errors: int = 0  # 429 and 503 answers and timeouts: the only errors the knee reads
-    engine_waiting_mean: float | None = None  # the engine's queue length, mean over admissions
-    # the outcome mix ({"ok": 30, "http 400": 10}), the first failure's text and the share of
-    # failures that are not capacity errors; None where the level came from elsewhere (traffic)
-    outcomes: dict[str, int] | None = None
-    first_error: str | None = None
-    non_capacity_error_ratio: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON (floats rounded to microseconds / 0.001 tokens)."""
-        data = asdict(self)
-        data["littles_law"] = self.littles_law.to_dict() if self.littles_law else None
-        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in data.items()}
 
 
 def default_window(rows: Sequence[Row]) -> tuple[float, float]:

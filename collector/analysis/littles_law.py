@@ -9,28 +9,14 @@ reveals lost rows, clock errors or counting bugs; near 1 says the log is self-co
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from collector.analysis.stats import mean, seconds
+from collector.capacity import LittlesLaw
 
-__all__ = ["LittlesLaw", "littles_law_check", "time_weighted_inflight", "DEFAULT_TOLERANCE"]
+__all__ = ["littles_law_check", "time_weighted_inflight", "DEFAULT_TOLERANCE"]
 
 DEFAULT_TOLERANCE = 0.15  # relative; edge effects of a short window stay well inside this
-
-
-@dataclass(frozen=True)
-class LittlesLaw:
-    """Measured vs predicted mean in-flight over one window."""
-
-    measured_inflight: float
-    predicted_inflight: float
-    ratio: float | None  # measured / predicted; None when nothing completed
-    consistent: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON."""
-        return asdict(self)
 
 
 def time_weighted_inflight(rows: Sequence[Mapping[str, Any]], start: float, end: float) -> float:

@@ -49,8 +49,8 @@ from typing import Any
 
 from collector.analysis.levels import is_capacity_error, outcome_mix
 from collector.analysis.probe_request import send_one
-from collector.analysis.slo import Slo
 from collector.analysis.stats import mean, percentiles, seconds
+from collector.capacity import Slo
 
 __all__ = [
     "RateSettings",

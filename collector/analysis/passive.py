@@ -35,9 +35,10 @@ from typing import Any
 
 import duckdb
 
-from collector.analysis.knee import KneeResult, detect_knee
-from collector.analysis.levels import LevelStats, latency_fields
+from collector.analysis.knee import detect_knee
+from collector.analysis.levels import latency_fields
 from collector.analysis.stats import power_of_two_bucket, seconds
+from collector.capacity import KneeResult, LevelStats
 from collector.store.db import RequestStore, rows_to_arrow
 
 __all__ = ["PassiveCurve", "passive_curve", "CALIBER_COLUMNS", "MIN_BUCKET_SAMPLES", "confidence_bar"]

@@ -204,9 +204,7 @@ def render_html(estimate: Any, png: bytes, rates_png: bytes | None = None) -> st
     )
     notes = [
         f"Token knee withheld: {withheld}" if withheld and knee.reached else None,
-        f"Publishes nothing: {estimate.extra.get('confidence_reason')}"
-        if estimate.confidence == "none"
-        else None,
+        f"Publishes nothing: {estimate.confidence_reason}" if estimate.confidence == "none" else None,
     ]
     summary += "".join(f"</p>\n<p>{_cell(note)}" for note in notes if note)
     images = f"<img alt='capacity plot' src='data:image/png;base64,{_base64(png)}'>\n"

@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 
 from collector.analysis.knee import KneeRule, detect_knee, judge_level
-from collector.analysis.levels import LevelStats, summarize_level
+from collector.analysis.levels import summarize_level
 from collector.analysis.openloop import (
     RateResult,
     RateSettings,
@@ -48,8 +48,8 @@ from collector.analysis.openloop import (
 )
 from collector.analysis.probe_request import RequestSpec, send_one
 from collector.analysis.prompts import PromptPicker, load_prompts, prompt_of_tokens
-from collector.analysis.slo import Slo
 from collector.analysis.stats import percentile, seconds
+from collector.capacity import LevelStats, Slo
 from collector.inflight import Inflight
 from collector.sources import EngineSource, build_engine_source, default_metrics_url
 from collector.tokens import estimate_tokens

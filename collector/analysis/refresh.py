@@ -26,12 +26,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from collector.analysis.estimate import estimate_probe_run, save_estimate
+from collector.analysis.estimate import estimate_probe_run
 from collector.analysis.refresh_worker import traffic_estimates, traffic_estimates_isolated
-from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, CapacityGauges
+from collector.capacity import DEFAULT_REPLICA_CLASS
+from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.decision import PublishPolicy, publish
-from collector.store.estimates import import_estimates
+from collector.store.estimates import import_estimates, save_estimate
 
 __all__ = ["refresh_estimates", "refresh_estimates_isolated", "finished_probe_runs"]
 

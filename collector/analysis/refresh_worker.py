@@ -36,7 +36,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from collector.analysis.estimate import CapacityEstimate, estimate_capacity
+from collector.analysis.estimate import estimate_capacity
+from collector.capacity import CapacityEstimate
 from collector.store.db import RequestStore
 
 __all__ = ["traffic_estimates", "traffic_estimates_isolated", "TRAFFIC_COLUMNS", "MIN_CLASS_ROWS"]
@@ -57,6 +58,7 @@ TRAFFIC_COLUMNS = (
     "active_tokens_at_admit",
     "engine_waiting_at_admit",
     "prompt_tokens",
+    "cached_prompt_tokens",
     "completion_tokens",
     "ttft_s",
     "tpot_s",

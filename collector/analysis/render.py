@@ -106,7 +106,7 @@ def print_estimate(estimate: Any, console: Console | None = None) -> None:
     for line in failure_lines(estimate):
         console.print(line, markup=False)
     if estimate.confidence == "none":
-        reason = estimate.extra.get("confidence_reason") or "confidence none"
+        reason = estimate.confidence_reason or "confidence none"
         console.print(f"[red]publishes nothing:[/red] {escape(reason)}")
     if estimate.stopped_early:
         console.print(f"[yellow]{estimate.stopped_early}[/yellow]")

@@ -9,25 +9,10 @@ capacity. No target given -> None (no SLO); targets given but the lowest level f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from collector.analysis.levels import LevelStats
+from collector.capacity import LevelStats, Slo
 
-__all__ = ["Slo", "meets_slo", "slo_max"]
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Latency targets in seconds (None = not part of the SLO) and the tolerated error ratio."""
-
-    ttft_p95_s: float | None = None
-    tpot_p95_s: float | None = None
-    max_error_ratio: float = 0.01
-
-    @property
-    def defined(self) -> bool:
-        """True when at least one latency target is set."""
-        return self.ttft_p95_s is not None or self.tpot_p95_s is not None
+__all__ = ["meets_slo", "slo_max"]
 
 
 def _within(value: float | None, target: float | None) -> bool:

@@ -27,11 +27,10 @@ import duckdb
 from collector.backtest.exposition import scrape_times, sidecar_series
 from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesSet
+from collector.capacity import CapacityEstimate
 from collector.lake.source import open_log
 from collector.rules.naming import metric_names
-from collector.store.capacity_gauges import PublishedCapacity
 from collector.store.decision import published_estimates
-from collector.store.estimates import published
 from collector.store.owner import OwnerError
 
 __all__ = [
@@ -80,7 +79,7 @@ class ReplayLog:
     """Records of a window, the capacity estimates published for it, and where they came from."""
 
     records: list[Lifecycle]
-    capacities: list[PublishedCapacity]
+    capacities: list[CapacityEstimate]
     start: float
     end: float
     source: str
@@ -110,8 +109,8 @@ def _window(
 
 
 def _published_then(
-    published_at: Callable[[datetime | None], list[dict[str, Any]]], end: float
-) -> tuple[list[dict[str, Any]], str | None]:
+    published_at: Callable[[datetime | None], list[CapacityEstimate]], end: float
+) -> tuple[list[CapacityEstimate], str | None]:
     """What the publication gate (collector.store.decision) published at the window's end, which
     the rules then divided by; when nothing was yet (a probe run after the traffic), what it
     publishes now, and a note that says so."""
@@ -156,7 +155,9 @@ def from_db(
                 "AND admitted_at >= ? AND admitted_at < ? ORDER BY admitted_at",
                 params + [datetime.fromtimestamp(start - _MARGIN_S, UTC), datetime.fromtimestamp(end, UTC)],
             )
-            estimates, note = _published_then(lambda at: published_estimates(store, as_of=at), end)
+            estimates, note = _published_then(
+                lambda at: [p.estimate for p in published_estimates(store, as_of=at)], end
+            )
     except ReplayError:
         raise
     except (FileNotFoundError, OwnerError, ValueError) as exc:  # ValueError: --lake without --catalog
@@ -170,7 +171,7 @@ def from_db(
 
 def _log(
     rows: list[dict[str, Any]],
-    estimates: list[dict[str, Any]],
+    estimates: list[CapacityEstimate],
     start: float,
     end: float,
     source: str,
@@ -181,7 +182,7 @@ def _log(
     # whole seconds: Prometheus answers at millisecond timestamps, and every evaluation time is
     # start + k * interval, so a start with microseconds would match none of its answers
     start = float(math.floor(start))
-    capacities = [published(e) for e in estimates if e.get("knee_requests") or e.get("knee_tokens")]
+    capacities = [e for e in estimates if e.knee_requests or e.knee_tokens]
     if model:
         capacities = [c for c in capacities if c.model == model]
     notes = ["`up` is taken as 1 for every instance in the log (scrape health is not in it)"]
@@ -231,13 +232,14 @@ def replay_series(log: ReplayLog, job: str, scrape_interval_s: float) -> SeriesS
     }
     for capacity in log.capacities:
         for instance in instances:
+            model, task_class, _, source, confidence = capacity.labels
             labels = {
                 "job": job,
                 "instance": instance,
-                "model": capacity.model,
-                "task_class": capacity.task_class,
-                "source": capacity.source,
-                "confidence": capacity.confidence,
+                "model": model,
+                "task_class": task_class,
+                "source": source,
+                "confidence": confidence,
             }
             for field_name, metric in names.items():
                 value = getattr(capacity, field_name)

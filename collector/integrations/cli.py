@@ -7,13 +7,10 @@ from typing import Any
 
 import click
 
+from collector.capacity import ALL_TASKS, CapacityEstimate
 from collector.lake.source import reader_options
 
 __all__ = ["integrations"]
-
-
-def _class_of(estimate: dict[str, Any]) -> str:
-    return str(estimate.get("replica_class") or "default")
 
 
 def _load_estimate(
@@ -38,30 +35,31 @@ def _load_estimate(
         raise click.UsageError(
             "give exactly one of --db PATH, --lake URI (with --catalog) or --estimate FILE"
         )
+    estimates: list[CapacityEstimate]
     try:
         if estimate_file:
-            estimates = [orjson.loads(Path(estimate_file).read_bytes())]
+            estimates = [CapacityEstimate.from_dict(orjson.loads(Path(estimate_file).read_bytes()))]
             if (trouble := unusable(estimates[0])) is not None:
                 raise click.ClickException(f"{estimate_file} would not be published: {trouble}")
         else:
             with open_log(db, catalog_uri, lake_uri, table=table) as store:
-                estimates = published_estimates(store)
-    except (OSError, ValueError, OwnerError, duckdb.Error) as exc:
+                estimates = [p.estimate for p in published_estimates(store)]
+    except (OSError, ValueError, KeyError, TypeError, OwnerError, duckdb.Error) as exc:
         source = estimate_file or lake_uri or db
         raise click.ClickException(f"cannot read an estimate from {source} ({exc})") from None
     # one estimate per model and replica class (task class all) is what a replica scales on
     matching = [
         e
         for e in estimates
-        if (model is None or e.get("model") == model)
-        and (replica_class is None or _class_of(e) == replica_class)
-        and (e.get("task_class") or "all") == "all"
+        if (model is None or e.model == model)
+        and (replica_class is None or e.replica_class == replica_class)
+        and e.task_class == ALL_TASKS
     ]
     if len(matching) != 1:
-        models = sorted(f"{e.get('model')} (replica class {_class_of(e)})" for e in estimates) or [
+        models = sorted(f"{e.model} (replica class {e.replica_class})" for e in estimates) or [
             "none passes the publication gate: run `headroom probe` (see `headroom capacity curve`)"
         ]
-        several_classes = len({_class_of(e) for e in matching}) > 1
+        several_classes = len({e.replica_class for e in matching}) > 1
         raise click.ClickException(
             f"{'no' if not matching else 'several'} published estimates match "
             f"--model {model or '(any)'} --replica-class {replica_class or '(any)'}; "
@@ -69,8 +67,7 @@ def _load_estimate(
             + ("; pass --replica-class (one output per class)" if several_classes else "")
             + ("; pass --model" if len(matching) > 1 and not several_classes else "")
         )
-    chosen: dict[str, Any] = matching[0]
-    return chosen
+    return matching[0].to_dict()  # the renderers write documents from the JSON form
 
 
 def _emit(

@@ -31,9 +31,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from collector.capacity import DEFAULT_REPLICA_CLASS
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
-from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS
 
 __all__ = [
     "DEFAULT_RATE_UTILISATION",

@@ -26,9 +26,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from datetime import datetime
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,11 +50,12 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from collector.capacity import CapacityEstimate
 from collector.lake.layout import Lake
 from collector.lake.table import DEFAULT_TABLE, open_catalog
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.decision import Decision, PublishPolicy, decisions_from
-from collector.store.estimates import ESTIMATE_COLUMNS, candidates_in, estimate_row, published
+from collector.store.estimates import ESTIMATE_COLUMNS, candidates_in, estimate_row
 
 __all__ = [
     "ARROW_SCHEMA",
@@ -112,13 +112,13 @@ def _open(catalog: Catalog, identifier: str, *, create: bool) -> Table:
 
 def save_to_lake(
     catalog: Catalog,
-    estimate: Mapping[str, Any],
+    estimate: CapacityEstimate,
     identifier: str = ESTIMATES_TABLE,
     *,
     estimate_id: str | None = None,
 ) -> str:
-    """Append one estimate dict (CapacityEstimate.to_dict() form) to the fleet's estimates table
-    (created on first use); returns its estimate_id."""
+    """Append one estimate to the fleet's estimates table (created on first use); returns its
+    estimate_id."""
     row = estimate_row(estimate, estimate_id)
     rows = pa.Table.from_pylist([row], schema=ARROW_SCHEMA)
     table = _open(catalog, identifier, create=True)
@@ -208,7 +208,7 @@ class FleetPublisher:
                 self.last_error,
             )
             return None
-        self.gauges.replace([published(d.estimate) for d in made if d.estimate is not None])
+        self.gauges.replace([d.estimate for d in made if d.estimate is not None])
         self.last_error = None
         self.refreshed.set()
         return made

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.exceptions import NoSuchTableError
 
+from collector.capacity import CapacityEstimate
 from collector.lake.estimates import estimates_table, read_estimates
 from collector.lake.layout import Lake
 from collector.lake.stage import conform
@@ -83,7 +84,8 @@ def copy_estimates(
         if row["estimate_id"] in seen:
             continue
         seen.add(row["estimate_id"])
-        save_estimate(store, orjson.loads(row["estimate_json"]), estimate_id=row["estimate_id"])
+        estimate = CapacityEstimate.from_dict(orjson.loads(row["estimate_json"]))
+        save_estimate(store, estimate, estimate_id=row["estimate_id"])
     return len(seen)
 
 

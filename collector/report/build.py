@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from collector.capacity import DEFAULT_REPLICA_CLASS
 from collector.report.actions import recommend_actions
 from collector.report.adapters import adapter_usage
 from collector.report.collect import ReportInputs
 from collector.report.figures import change, nearest_power_of_two, percentiles, ratio
 from collector.report.longest import longest_running
 from collector.report.plan import bin_step, littles_law_windows, plan, profile
-from collector.store.decision import DEFAULT_REPLICA_CLASS
 
 __all__ = ["build_report", "heading", "token_knee_withheld", "TOP_TENANTS", "LITTLES_LAW_TOLERANCE"]
 

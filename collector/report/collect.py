@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from collector.store.db import RequestStore
-from collector.store.decision import Decision, decisions
+from collector.store.decision import Decision, Published, decisions
 
 __all__ = ["ReportInputs", "collect_inputs", "empty_columns", "COLUMNS"]
 
@@ -94,9 +94,10 @@ def _columns(store: RequestStore, since: datetime, until: datetime) -> dict[str,
 
 def _published(decisions: list[Decision]) -> dict[Key, dict[str, Any]]:
     """What the gauges publish per model and replica class (collector.store.decision), task class
-    all: the same estimate the sidecar, the store and the other readers use."""
+    all: the same estimate the sidecar, the store and the other readers use, in its JSON form (the
+    review's document is JSON and HTML)."""
     return {
-        (d.model, d.replica_class): dict(d.estimate) | {"published_because": d.reason}
+        (d.model, d.replica_class): Published(d.estimate, d.reason).to_dict()
         for d in decisions
         if d.estimate is not None and d.task_class == "all"
     }
@@ -112,16 +113,16 @@ def _classes(decisions: list[Decision]) -> dict[str, list[dict[str, Any]]]:
     """Per model, the decision for every task class, published or not, with its reason."""
     by_model: dict[str, list[dict[str, Any]]] = {}
     for d in decisions:
-        estimate = d.estimate or {}
+        estimate = d.estimate
         by_model.setdefault(d.model, []).append(
             {
                 "task_class": d.task_class,
                 "replica_class": d.replica_class,
-                "knee_requests": estimate.get("knee_requests"),
-                "recommended_pool": estimate.get("recommended_pool") if estimate else None,
-                "slo_max": estimate.get("slo_max"),
-                "source": estimate.get("source"),
-                "engine_max_concurrency": estimate.get("engine_max_concurrency"),
+                "knee_requests": estimate.knee_requests if estimate else None,
+                "recommended_pool": estimate.recommended_pool if estimate else None,
+                "slo_max": estimate.slo_max if estimate else None,
+                "source": estimate.source if estimate else None,
+                "engine_max_concurrency": estimate.extra.get("engine_max_concurrency") if estimate else None,
                 "reason": d.reason,
             }
         )

@@ -179,8 +179,6 @@ def build_query_router(
     async def estimate(q: Annotated[WindowQuery, Query()]) -> dict[str, Any]:
         at = q.to_where().until  # `until`: what was published at that moment; default now
         rows = await run_in_threadpool(lambda: published_estimates(store, None, policy, as_of=at))
-        if q.model is not None:
-            rows = [row for row in rows if row.get("model") == q.model]
-        return {"rows": rows}
+        return {"rows": [row.to_dict() for row in rows if q.model is None or row.estimate.model == q.model]}
 
     return router

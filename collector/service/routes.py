@@ -24,6 +24,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 
+from collector.capacity import CapacityEstimate
 from collector.service.ingest import build_ingest_router
 from collector.service.queries import build_query_router
 from collector.service.validation import StoreRoute
@@ -111,7 +112,7 @@ def _add_owner_routes(
     )
     async def estimates(estimate: Annotated[dict[str, Any], Body()]) -> dict[str, str]:
         try:
-            estimate_id = await run_in_threadpool(save_estimate, store, estimate)
+            estimate_id = await run_in_threadpool(save_estimate, store, CapacityEstimate.from_dict(estimate))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise HTTPException(
                 400,

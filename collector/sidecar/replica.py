@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from collector.capacity import DEFAULT_REPLICA_CLASS
 from collector.catalog import spec
-from collector.store.capacity_gauges import DEFAULT_REPLICA_CLASS, check_replica_class
+from collector.store.capacity_gauges import check_replica_class
 
 if TYPE_CHECKING:  # the config imports check_replica_class: no engine machinery for `--help`
     from collector.sources import EngineSource

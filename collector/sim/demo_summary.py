@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict
 
-from collector.analysis.estimate import build_estimate, save_estimate
+from collector.analysis.estimate import build_estimate
 from collector.analysis.levels import summarize_level
-from collector.analysis.slo import Slo
+from collector.capacity import Slo
 from collector.sim.workload import CaliberSample
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.decision import publish
+from collector.store.estimates import save_estimate
 
 __all__ = [
     "LevelWindow",

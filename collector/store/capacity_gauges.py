@@ -2,7 +2,7 @@
 
 Each sidecar exports it from its own /metrics (in a fleet, from the fleet's estimates table:
 collector.lake.estimates). Whatever decides the
-published estimate (collector.store.decision) hands it a list of PublishedCapacity; alert rules
+published estimate (collector.store.decision) hands it the estimates (collector.capacity); alert rules
 compare live concurrency with these values instead of hard-coded numbers. A model with no
 published estimate exports nothing, so those alerts stay silent until there is evidence.
 
@@ -25,28 +25,21 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from collector.capacity import ALL_TASKS, DEFAULT_REPLICA_CLASS, CapacityEstimate
 from collector.catalog import spec
 
 __all__ = [
     "CapacityGauges",
-    "PublishedCapacity",
     "CALIBERS",
-    "ALL_TASKS",
-    "DEFAULT_REPLICA_CLASS",
     "check_replica_class",
 ]
 
 CALIBERS = ("requests", "tokens")
-ALL_TASKS = "all"  # the task class of an estimate measured over every kind of request
-# The replica class of an estimate that names none (estimates saved before replica classes, a
-# sidecar started without --replica-class that could derive nothing): one class per model.
-DEFAULT_REPLICA_CLASS = "default"
 _CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_CURRENT = {  # metric name -> PublishedCapacity field
+_CURRENT = {  # metric name -> CapacityEstimate attribute
     "headroom_capacity_knee_requests": "knee_requests",
     "headroom_capacity_knee_tokens": "knee_tokens",
     "headroom_capacity_slo_max_requests": "slo_max_requests",
@@ -69,42 +62,14 @@ def check_replica_class(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
-class PublishedCapacity:
-    """One published estimate: what the gauges say for a model, task class and replica class."""
-
-    model: str
-    task_class: str = ALL_TASKS
-    replica_class: str = DEFAULT_REPLICA_CLASS
-    source: str = "probe"  # probe | traffic
-    confidence: str = "medium"  # high | medium | low
-    estimated_at: float = 0.0  # POSIX seconds when the estimate was made
-    knee_requests: float | None = None
-    knee_tokens: float | None = None
-    slo_max_requests: float | None = None
-    slo_max_tokens: float | None = None
-    recommended_pool: float | None = None
-    rate_requests_per_s: float | None = None  # μ_slo of the open-loop probe (collector.analysis.openloop)
-    prefill_tokens_per_s: float | None = None  # V_P: uncached prompt tokens/s at μ_slo
-
-    @property
-    def labels(self) -> tuple[str, str, str, str, str]:
-        return (self.model, self.task_class, self.replica_class, self.source, self.confidence)
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        """What one published estimate is per: (model, task class, replica class)."""
-        return (self.model, self.task_class, self.replica_class)
-
-
 class CapacityGauges:
     """Thread-safe holder of the published estimates; a prometheus-client collector."""
 
     def __init__(self) -> None:
-        self._published: dict[tuple[str, str, str], PublishedCapacity] = {}
+        self._published: dict[tuple[str, str, str], CapacityEstimate] = {}
         self._lock = threading.Lock()
 
-    def replace(self, published: Sequence[PublishedCapacity]) -> None:
+    def replace(self, published: Sequence[CapacityEstimate]) -> None:
         """Publish exactly these estimates (one per model, task class and replica class), dropping the rest."""
         with self._lock:
             self._published = {p.key: p for p in published}
@@ -115,12 +80,12 @@ class CapacityGauges:
 
     def get(
         self, model: str, task_class: str = ALL_TASKS, replica_class: str = DEFAULT_REPLICA_CLASS
-    ) -> PublishedCapacity | None:
+    ) -> CapacityEstimate | None:
         """The published estimate for (model, task class, replica class), or None."""
         with self._lock:
             return self._published.get((model, task_class, replica_class))
 
-    def published(self) -> list[PublishedCapacity]:
+    def published(self) -> list[CapacityEstimate]:
         """Every published estimate, ordered by model, task class and replica class."""
         with self._lock:
             return [self._published[key] for key in sorted(self._published)]

@@ -25,34 +25,35 @@ each (model, task class, replica class):
     decisions(store, now)                     -> [Decision per model, task class, replica class]
     decisions_from(candidates, now)           -> the same over candidates read elsewhere (the
                                                  fleet's table: collector.lake.estimates)
-    published_estimates(store, now)           -> [the published estimate dicts]
+    published_estimates(store, now)           -> [the published estimates, each with its reason]
     publish(store, gauges, now)               -> decisions(), with the gauges replaced
+
+Estimates are collector.capacity.CapacityEstimate throughout, from the store to the gauges.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
+from collector.capacity import CapacityEstimate
 from collector.store import estimates as saved
-from collector.store.capacity_gauges import ALL_TASKS, DEFAULT_REPLICA_CLASS, CapacityGauges
+from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 
 __all__ = [
     "CONFIDENCE_RANK",
-    "DEFAULT_REPLICA_CLASS",
     "MAX_ERROR_RATIO",
     "Decision",
     "PublishPolicy",
+    "Published",
     "decide",
     "decisions",
     "decisions_from",
     "publish",
     "published_estimates",
-    "replica_class_of",
     "unusable",
 ]
 
@@ -61,8 +62,6 @@ CONFIDENCE_RANK = {"none": 0, "low": 1, "medium": 2, "high": 3, "measured": 3}
 # the slot, a wrong model name, ...) measured the failures, not the engine: above this share of
 # its requests at any level it is never published and never says "high".
 MAX_ERROR_RATIO = 0.05
-
-Estimate = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -89,74 +88,70 @@ class Decision:
     model: str
     task_class: str
     replica_class: str
-    estimate: Estimate | None
+    estimate: CapacityEstimate | None
     reason: str
 
     @property
     def knee_requests(self) -> int | None:
-        if self.estimate is None:
-            return None
-        knee: int | None = self.estimate.get("knee_requests")
-        return knee
+        return None if self.estimate is None else self.estimate.knee_requests
 
 
-def replica_class_of(estimate: Estimate) -> str:
-    """The replica class an estimate was measured on ("default" for estimates saved before)."""
-    return str(estimate.get("replica_class") or DEFAULT_REPLICA_CLASS)
+@dataclass(frozen=True)
+class Published:
+    """A published estimate and why it is the one (the decision's reason): what readers render."""
+
+    estimate: CapacityEstimate
+    because: str
+
+    def to_dict(self) -> dict[str, object]:
+        """The estimate's JSON with `published_because` (the query API, `--json` files)."""
+        return self.estimate.to_dict() | {"published_because": self.because}
 
 
-def _key(estimate: Estimate) -> tuple[str, str, str]:
-    return (
-        str(estimate.get("model") or "unknown"),
-        str(estimate.get("task_class") or ALL_TASKS),
-        replica_class_of(estimate),
-    )
-
-
-def unusable(estimate: Estimate, policy: PublishPolicy | None = None) -> str | None:
+def unusable(estimate: CapacityEstimate, policy: PublishPolicy | None = None) -> str | None:
     """Why this estimate can never be published, or None when it can (its age aside)."""
     policy = policy or PublishPolicy()
-    error_ratio = float(estimate.get("error_ratio") or 0.0)
-    if error_ratio > policy.max_error_ratio:
+    if estimate.error_ratio > policy.max_error_ratio:
         return (
-            f"{error_ratio:.0%} of its requests failed for reasons other than capacity "
+            f"{estimate.error_ratio:.0%} of its requests failed for reasons other than capacity "
             f"(more than {policy.max_error_ratio:.0%})"
         )
-    if estimate.get("knee_requests") is None:
+    if estimate.knee_requests is None:
         return "its knee was not reached (a lower bound)"
-    pool = estimate.get("recommended_pool")
-    if pool is not None and pool <= 0:
+    if estimate.recommended_pool <= 0:
         return "it recommends a pool of 0 (no level met the SLO)"
-    if estimate.get("confidence") == "none":
-        return f"its confidence is none ({estimate.get('confidence_reason') or 'no reason given'})"
+    if estimate.confidence == "none":
+        return f"its confidence is none ({estimate.confidence_reason or 'no reason given'})"
     return None
 
 
-def _age(estimate: Estimate, now: datetime) -> timedelta:
-    return now - datetime.fromisoformat(estimate["created_at"])
+def _age(estimate: CapacityEstimate, now: datetime) -> timedelta:
+    return now - estimate.created_at
 
 
 def _hours(age: timedelta) -> str:
     return f"{age.total_seconds() / 3600:.1f} h"
 
 
-def _run(estimate: Estimate) -> str:
-    return str(estimate.get("run_id") or "-")
+def _run(estimate: CapacityEstimate) -> str:
+    return estimate.run_id or "-"
 
 
-def decide(estimates: Sequence[Estimate], now: datetime, policy: PublishPolicy | None = None) -> Decision:
+def decide(
+    estimates: Sequence[CapacityEstimate], now: datetime, policy: PublishPolicy | None = None
+) -> Decision:
     """The decision for the saved estimates of ONE model, task class and replica class."""
     if not estimates:
         raise ValueError("decide() needs the estimates of one model; none were given")
     policy = policy or PublishPolicy()
-    model, task_class, replica_class = _key(estimates[0])
-    newest = sorted(estimates, key=lambda e: str(e["created_at"]), reverse=True)
-    probes = [e for e in newest if e.get("source") == "probe"]
+    model, task_class, replica_class = estimates[0].key
+    newest = sorted(estimates, key=lambda e: e.created_at, reverse=True)
+    probes = [e for e in newest if e.source == "probe"]
     probe = next((e for e in probes if unusable(e, policy) is None), None)
     passed_over = [
         f"probe run {_run(e)} was not used: {unusable(e, policy)}"
         for e in probes
-        if probe is None or str(e["created_at"]) > str(probe["created_at"])
+        if probe is None or e.created_at > probe.created_at
     ][:1]  # the newest one says enough
     if probe is not None and _age(probe, now) <= policy.probe_max_age:
         reason = f"probe run {_run(probe)} ({_hours(_age(probe, now))} old)"
@@ -164,20 +159,20 @@ def decide(estimates: Sequence[Estimate], now: datetime, policy: PublishPolicy |
     why = list(passed_over)
     if probe is not None:
         why.append(f"the newest usable probe is {_hours(_age(probe, now))} old")
-    traffic = next((e for e in newest if e.get("source") == "traffic"), None)
+    traffic = next((e for e in newest if e.source == "traffic"), None)
     if traffic is None:
         why.append("no traffic estimate")
-    elif traffic.get("knee_requests") is None:
+    elif traffic.knee_requests is None:
         why.append("traffic never crossed the knee")
     elif (trouble := unusable(traffic, policy)) is not None:
         why.append(f"the traffic estimate is not usable: {trouble}")
-    elif CONFIDENCE_RANK.get(str(traffic.get("confidence")), 0) < CONFIDENCE_RANK[policy.traffic_confidence]:
+    elif CONFIDENCE_RANK.get(traffic.confidence, 0) < CONFIDENCE_RANK[policy.traffic_confidence]:
         why.append(
-            f"traffic confidence {traffic.get('confidence')} is below "
-            f"{policy.traffic_confidence} ({traffic.get('confidence_reason') or 'thin data'})"
+            f"traffic confidence {traffic.confidence} is below "
+            f"{policy.traffic_confidence} ({traffic.confidence_reason or 'thin data'})"
         )
     else:
-        reason = f"traffic ({traffic.get('confidence')} confidence, {_hours(_age(traffic, now))} old)"
+        reason = f"traffic ({traffic.confidence} confidence, {_hours(_age(traffic, now))} old)"
         return Decision(model, task_class, replica_class, traffic, "; ".join([reason, *why]))
     return Decision(model, task_class, replica_class, None, "nothing published: " + "; ".join(why))
 
@@ -199,14 +194,14 @@ def decisions(
 
 
 def decisions_from(
-    candidates: Sequence[Estimate], now: datetime | None = None, policy: PublishPolicy | None = None
+    candidates: Sequence[CapacityEstimate], now: datetime | None = None, policy: PublishPolicy | None = None
 ) -> list[Decision]:
     """decide() for each model, task class and replica class among `candidates` (what
     candidate_estimates() or candidates_in() return), ages counted at `now` (default: the present)."""
     policy = policy or PublishPolicy()
-    grouped: dict[tuple[str, str, str], list[Estimate]] = defaultdict(list)
+    grouped: dict[tuple[str, str, str], list[CapacityEstimate]] = defaultdict(list)
     for estimate in candidates:
-        grouped[_key(estimate)].append(estimate)
+        grouped[estimate.key].append(estimate)
     at = now or datetime.now(UTC)
     return [decide(grouped[key], at, policy) for key in sorted(grouped)]
 
@@ -217,11 +212,10 @@ def published_estimates(
     policy: PublishPolicy | None = None,
     *,
     as_of: datetime | None = None,
-) -> list[dict[str, Any]]:
-    """The estimates the gauges publish (decisions()), each with `published_because`: what
-    readers render."""
+) -> list[Published]:
+    """The estimates the gauges publish (decisions()), each with its reason: what readers render."""
     return [
-        dict(d.estimate) | {"published_because": d.reason}
+        Published(d.estimate, d.reason)
         for d in decisions(store, now, policy, as_of=as_of)
         if d.estimate is not None
     ]
@@ -236,5 +230,5 @@ def publish(
     """Decide, then replace the gauges with what is published (nothing where nothing is)."""
     made = decisions(store, now, policy)
     if gauges is not None:
-        gauges.replace([saved.published(d.estimate) for d in made if d.estimate is not None])
+        gauges.replace([d.estimate for d in made if d.estimate is not None])
     return made

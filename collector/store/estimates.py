@@ -1,26 +1,23 @@
 """The `capacity_estimates` table: every saved capacity estimate, and the candidates for publication.
 
-An estimate is saved as the JSON of `CapacityEstimate.to_dict()` (collector.analysis.estimate,
-schema in docs/capacity.md) plus the columns a person filters on. The table is created on the
+An estimate (collector.capacity.CapacityEstimate) is saved as its JSON (`to_dict()`, schema in
+docs/capacity.md) plus the columns a person filters on, and read back as the same type: JSON only
+at this edge. The table is created on the
 first save; readers on a read-only store see no estimates until then. What is *published* out of
 these is decided in one place, collector.store.decision; nothing else picks an estimate.
 
-    save_estimate(store, {"model": "m", "created_at": "2026-11-30T09:00:00+00:00",
-                          "knee": {"requests": 8, "tokens": 9000, "reached": True, ...}, ...})
-        -> "est-20261130T090000-1a2b3c"
+    save_estimate(store, estimate)    -> "est-20261130T090000-1a2b3c"
     candidate_estimates(store, 0.05)  -> per model, task class, replica class and source: the
                                          newest estimate and the newest publishable one
     candidates_in(arrow_table, 0.05)  -> the same over estimate rows held elsewhere (the fleet's
                                          Iceberg table, collector.lake.estimates)
     estimate_row(estimate, id)        -> the table's columns for one estimate (ESTIMATE_COLUMNS)
-    published(estimate)               -> the PublishedCapacity the gauges export for it
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from collector.store.capacity_gauges import ALL_TASKS, DEFAULT_REPLICA_CLASS, PublishedCapacity
+from collector.capacity import CapacityEstimate
 from collector.store.db import RequestStore
 
 log = logging.getLogger(__name__)
@@ -41,7 +38,6 @@ __all__ = [
     "estimate_row",
     "import_estimates",
     "new_estimate_id",
-    "published",
     "save_estimate",
 ]
 
@@ -96,31 +92,29 @@ def new_estimate_id(created_at: datetime) -> str:
     return f"est-{created_at:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
 
 
-def estimate_row(estimate: Mapping[str, Any], estimate_id: str | None = None) -> dict[str, Any]:
-    """The table's columns (ESTIMATE_COLUMNS) for one estimate dict (CapacityEstimate.to_dict() form)."""
-    created_at = datetime.fromisoformat(estimate["created_at"])
-    knee = estimate["knee"]
+def estimate_row(estimate: CapacityEstimate, estimate_id: str | None = None) -> dict[str, Any]:
+    """The table's columns (ESTIMATE_COLUMNS) for one estimate."""
     return {
-        "estimate_id": estimate_id or new_estimate_id(created_at),
-        "created_at": created_at,
-        "model": estimate["model"],
-        "source": estimate["source"],
-        "run_id": estimate["run_id"],
-        "profile": estimate["profile"],
-        "knee_requests": knee["requests"],
-        "knee_tokens": knee["tokens"],
-        "knee_reached": knee["reached"],
-        "slo_max": estimate["slo_max"],
-        "recommended_pool": estimate["recommended_pool"],
-        "confidence": estimate["confidence"],
-        "estimate_json": orjson.dumps(estimate).decode(),
-        "task_class": estimate.get("task_class") or ALL_TASKS,
-        "replica_class": estimate.get("replica_class") or "default",
+        "estimate_id": estimate_id or new_estimate_id(estimate.created_at),
+        "created_at": estimate.created_at,
+        "model": estimate.model,
+        "source": estimate.source,
+        "run_id": estimate.run_id,
+        "profile": estimate.profile,
+        "knee_requests": estimate.knee.requests,
+        "knee_tokens": estimate.knee.tokens,
+        "knee_reached": estimate.knee.reached,
+        "slo_max": estimate.slo_max,
+        "recommended_pool": estimate.recommended_pool,
+        "confidence": estimate.confidence,
+        "estimate_json": orjson.dumps(estimate.to_dict()).decode(),
+        "task_class": estimate.task_class,
+        "replica_class": estimate.replica_class,
     }
 
 
-def save_estimate(store: RequestStore, estimate: Mapping[str, Any], *, estimate_id: str | None = None) -> str:
-    """Insert one estimate dict (CapacityEstimate.to_dict() form); returns its estimate_id."""
+def save_estimate(store: RequestStore, estimate: CapacityEstimate, *, estimate_id: str | None = None) -> str:
+    """Insert one estimate; returns its estimate_id."""
     store.execute(_DDL)
     store.execute(_TASK_CLASS)
     store.execute(_REPLICA_CLASS)
@@ -157,24 +151,24 @@ def import_estimates(store: RequestStore, path: str | Path) -> int:
         ours = {row[0] for row in store.query("SELECT estimate_id FROM capacity_estimates")}
     new = [(estimate_id, body) for estimate_id, body in theirs if estimate_id not in ours]
     for estimate_id, body in new:
-        save_estimate(store, orjson.loads(body), estimate_id=estimate_id)
+        save_estimate(store, CapacityEstimate.from_dict(orjson.loads(body)), estimate_id=estimate_id)
     return len(new)
 
 
 def candidate_estimates(
     store: RequestStore, max_error_ratio: float, until: datetime | None = None
-) -> list[dict[str, Any]]:
+) -> list[CapacityEstimate]:
     """Per model, task class, replica class and source: the newest saved estimate and the newest
     one that could be published, among those saved up to `until` (default: all)."""
     if not store.query(_EXISTS)[0][0]:
         return []
     until = until or datetime.max.replace(tzinfo=UTC)
-    return [orjson.loads(row[0]) for row in store.query(_CANDIDATES, [max_error_ratio, until])]
+    return [_loaded(row[0]) for row in store.query(_CANDIDATES, [max_error_ratio, until])]
 
 
 def candidates_in(
     rows: pa.Table, max_error_ratio: float, until: datetime | None = None
-) -> list[dict[str, Any]]:
+) -> list[CapacityEstimate]:
     """candidate_estimates() over estimate rows held in Arrow (ESTIMATE_COLUMNS; a row repeated
     under the same estimate_id counts once): the same SQL, on a DuckDB of its own."""
     until = until or datetime.max.replace(tzinfo=UTC)
@@ -185,26 +179,10 @@ def candidates_in(
             "CREATE TABLE capacity_estimates AS SELECT * FROM estimate_rows "
             "QUALIFY row_number() OVER (PARTITION BY estimate_id ORDER BY created_at) = 1"
         )
-        return [orjson.loads(row[0]) for row in con.execute(_CANDIDATES, [max_error_ratio, until]).fetchall()]
+        return [_loaded(row[0]) for row in con.execute(_CANDIDATES, [max_error_ratio, until]).fetchall()]
     finally:
         con.close()
 
 
-def published(estimate: Mapping[str, Any]) -> PublishedCapacity:
-    """What the gauges say for one estimate dict (CapacityEstimate.to_dict() form)."""
-    confidence = estimate.get("confidence") or "medium"
-    return PublishedCapacity(
-        model=estimate["model"] or "unknown",
-        task_class=estimate.get("task_class") or ALL_TASKS,
-        replica_class=estimate.get("replica_class") or DEFAULT_REPLICA_CLASS,
-        source=estimate["source"],
-        confidence="high" if confidence == "measured" else confidence,
-        estimated_at=datetime.fromisoformat(estimate["created_at"]).timestamp(),
-        knee_requests=estimate["knee_requests"],
-        knee_tokens=estimate["knee_tokens"],
-        slo_max_requests=estimate["slo_max"],
-        slo_max_tokens=estimate["slo_max_tokens"],
-        recommended_pool=estimate["recommended_pool"],
-        rate_requests_per_s=estimate.get("rate_requests_per_s"),
-        prefill_tokens_per_s=estimate.get("prefill_tokens_per_s"),
-    )
+def _loaded(body: str) -> CapacityEstimate:
+    return CapacityEstimate.from_dict(orjson.loads(body))

@@ -1,0 +1,58 @@
+"""Capacity estimates for tests: a CapacityEstimate with only the numbers a test cares about."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from collector.capacity import CapacityEstimate, KneeResult, Slo
+
+
+def capacity_estimate(
+    model: str | None = "m",
+    *,
+    source: str = "probe",
+    run_id: str | None = None,
+    knee_requests: int | None = None,
+    knee_tokens: int | None = None,
+    reached: bool | None = None,
+    slo_max_requests: int | None = None,
+    slo_max_tokens: int | None = None,
+    recommended_pool: int | None = None,
+    confidence: str = "medium",
+    confidence_reason: str | None = None,
+    task_class: str = "all",
+    replica_class: str = "default",
+    created_at: datetime | None = None,
+    estimated_at: float | None = None,
+    rate_requests_per_s: float | None = None,
+    prefill_tokens_per_s: float | None = None,
+    error_ratio: float = 0.0,
+) -> CapacityEstimate:
+    """An estimate whose knee is `knee_requests` (reached unless `reached=False` or no knee given)
+    and `knee_tokens` (withheld when None); recommended pool defaults to the knee."""
+    reached = knee_requests is not None if reached is None else reached
+    when = created_at or datetime.fromtimestamp(
+        estimated_at if estimated_at is not None else time.time(), UTC
+    )
+    return CapacityEstimate(
+        model,
+        source,
+        run_id,
+        "interactive",
+        [],
+        KneeResult(knee_requests or 16, knee_tokens or 0, reached, "test", None, None, True, ""),
+        Slo(),
+        slo_max_requests,
+        slo_max_tokens,
+        recommended_pool if recommended_pool is not None else (knee_requests or 1),
+        confidence,
+        when,
+        task_class=task_class,
+        replica_class=replica_class,
+        error_ratio=error_ratio,
+        token_knee_withheld=None if knee_tokens is not None else "not measured",
+        rate_requests_per_s=rate_requests_per_s,
+        prefill_tokens_per_s=prefill_tokens_per_s,
+        confidence_reason=confidence_reason,
+    )
