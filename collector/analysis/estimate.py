@@ -29,13 +29,14 @@ from collector.analysis.knee import detect_knee
 from collector.analysis.levels import summarize_level
 from collector.analysis.openloop import RateResult, little_check, rate_levels_from_rows, rate_result
 from collector.analysis.passive import passive_curve
+from collector.analysis.passive_rate import PassiveRate, passive_rate
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import slo_max
 from collector.analysis.stats import seconds
 from collector.analysis.token_knee import TokenCheck, mix_of_rows, token_check_in_store
 from collector.capacity import CapacityEstimate, KneeResult, LevelStats, Slo
 from collector.store.db import RequestStore
-from collector.store.decision import MAX_ERROR_RATIO
+from collector.store.decision import CONFIDENCE_RANK, MAX_ERROR_RATIO
 
 __all__ = [
     "build_estimate",
@@ -47,6 +48,10 @@ __all__ = [
     "judge_errors",
     "probe_levels",
 ]
+
+# a traffic estimate carries the passive μ from this confidence up: the traffic knee's default bar
+# (collector.store.decision.PublishPolicy.traffic_confidence)
+_PASSIVE_RATE_CONFIDENCE = "medium"
 
 
 def build_estimate(
@@ -290,10 +295,28 @@ def _from_traffic(
         "window_s": curve.window_s,
         "token_curve": tokens.to_dict(),
     }
+    _apply_passive_rate(estimate, passive_rate(store, since, until, model, slo=slo, task_class=task_class))
     failed = _traffic_error_ratio(store, model, since, until, task_class)
     if failed:
         judge_errors(estimate, failed, "of the traffic in the window (upstream errors)")
     return estimate
+
+
+def _apply_passive_rate(estimate: CapacityEstimate, found: PassiveRate) -> None:
+    """The traffic's μ and V_P (collector.analysis.passive_rate) on its estimate, so the one
+    decision publishes them with the traffic knee: the `rates` section always (why there is no
+    μ, too), the numbers only at _PASSIVE_RATE_CONFIDENCE or above."""
+    estimate.rates = found.to_dict()
+    if CONFIDENCE_RANK[found.confidence] >= CONFIDENCE_RANK[_PASSIVE_RATE_CONFIDENCE]:
+        estimate.rate_requests_per_s = found.mu_per_s
+        estimate.prefill_tokens_per_s = found.prefill_tokens_per_s
+    elif found.mu_per_s is not None:  # readers of the section (the review) must not show it either
+        estimate.rates |= {
+            "mu_slo_requests_per_s": None,
+            "prefill_tokens_per_s": None,
+            "withheld": f"μ {found.mu_per_s:.3g}/s at {found.confidence} confidence, below "
+            f"{_PASSIVE_RATE_CONFIDENCE}: not published",
+        }
 
 
 def estimate_capacity(

@@ -41,7 +41,15 @@ from collector.analysis.stats import power_of_two_bucket, seconds
 from collector.capacity import KneeResult, LevelStats
 from collector.store.db import RequestStore, rows_to_arrow
 
-__all__ = ["PassiveCurve", "passive_curve", "CALIBER_COLUMNS", "MIN_BUCKET_SAMPLES", "confidence_bar"]
+__all__ = [
+    "PassiveCurve",
+    "passive_curve",
+    "CALIBER_COLUMNS",
+    "MIN_BUCKET_SAMPLES",
+    "confidence_bar",
+    "RowSource",
+    "rows_sql",
+]
 
 Row = Mapping[str, Any]
 CALIBER_COLUMNS = {"requests": "inflight_at_admit", "tokens": "active_tokens_at_admit"}
@@ -55,6 +63,22 @@ _ROWS = """SELECT *, epoch(admitted_at) AS a, epoch(coalesce(first_token_at, com
     WHERE source = ? AND completed_at IS NOT NULL AND {column} IS NOT NULL
       AND (? IS NULL OR admitted_at >= ?) AND (? IS NULL OR admitted_at < ?)
       AND (? IS NULL OR model = ?) AND (? IS NULL OR task_class = ?)"""
+
+
+def rows_sql(
+    source: str,
+    since: datetime | None,
+    until: datetime | None,
+    model: str | None,
+    task_class: str | None,
+    column: str = "inflight_at_admit",
+) -> tuple[str, list[Any]]:
+    """The SELECT of the completed rows the curves read (with a, f, e: admission, first token and
+    completion in POSIX seconds) and its parameters; rows without `column` are left out."""
+    params = [source, since, since, until, until, model, model, task_class, task_class]
+    return _ROWS.format(column=column), params
+
+
 _BUCKETS = """WITH r AS ({rows})
 SELECT {bucket} AS bucket, count(*) AS n,
     quantile_cont(ttft_s, [0.5, 0.95, 0.99]) FILTER (WHERE outcome = 'ok') AS ttft,
@@ -125,8 +149,8 @@ class PassiveCurve:
         }
 
 
-class _Source:
-    """Run the curve's SQL on a RequestStore, or on rows loaded into an in-memory DuckDB."""
+class RowSource:
+    """Run a curve's SQL on a RequestStore, or on rows loaded into an in-memory DuckDB."""
 
     def __init__(self, store_or_rows: Any) -> None:
         self._db: RequestStore | duckdb.DuckDBPyConnection
@@ -217,7 +241,7 @@ def passive_curve(
     """
     if caliber not in CALIBER_COLUMNS:
         raise ValueError(f"caliber {caliber!r} is not one of {', '.join(CALIBER_COLUMNS)}")
-    db = _Source(store_or_rows)
+    db = RowSource(store_or_rows)
     try:
         return _curve(db, caliber, since, until, model, window_s, source, task_class)
     finally:
@@ -225,7 +249,7 @@ def passive_curve(
 
 
 def _curve(
-    db: _Source,
+    db: RowSource,
     caliber: str,
     since: datetime | None,
     until: datetime | None,
@@ -235,13 +259,12 @@ def _curve(
     task_class: str | None,
 ) -> PassiveCurve:
     column = CALIBER_COLUMNS[caliber]
-    rows_sql = _ROWS.format(column=column)
-    params = [source, since, since, until, until, model, model, task_class, task_class]
+    rows, params = rows_sql(source, since, until, model, task_class, column)
     # windows of 3 x the median time a request spends generating (queue wait excluded: under
     # overload e2e balloons and would leave too few windows to read the knee from)
     n, first, last, median_e2e = db.query(
         f"SELECT count(*), min(a), max(e), median(e2e_s - coalesce(ttft_s, 0)) "
-        f"FILTER (WHERE outcome = 'ok') FROM ({rows_sql})",
+        f"FILTER (WHERE outcome = 'ok') FROM ({rows})",
         params,
     )[0]
     if not n:
@@ -257,13 +280,13 @@ def _curve(
     count = max(int((end - start) // window_s), 0)
     rates: dict[int, list[float]] = defaultdict(list)
     for _, load, rate in db.query(
-        _WINDOWS.format(rows=rows_sql, busy=_BUSY[caliber]),
+        _WINDOWS.format(rows=rows, busy=_BUSY[caliber]),
         [*params, start, window_s, start, window_s, count, window_s, window_s],
     ):
         bucket = power_of_two_bucket(load)
         if bucket is not None:
             rates[bucket].append(rate)
-    table = db.query(_BUCKETS.format(rows=rows_sql, bucket=_BUCKET.format(x=column)), params)
+    table = db.query(_BUCKETS.format(rows=rows, bucket=_BUCKET.format(x=column)), params)
     buckets = [_stats(row, rates.get(int(row[0]), []), window_s) for row in table]
     windows = {b: len(v) for b, v in rates.items()}
     usable = [b for b in buckets if b.samples >= MIN_BUCKET_SAMPLES and windows.get(b.concurrency)]
