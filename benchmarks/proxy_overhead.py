@@ -72,14 +72,14 @@ class Target:
     runs: dict = field(default_factory=dict)  # (workload, style) -> list of per-round results
 
 
-def _headroom(upstream: str) -> tuple[str, subprocess.Popen]:
+def _headroom(upstream: str, launcher: list[str] | None = None) -> tuple[str, subprocess.Popen]:
+    """`headroom run` on a free port (`launcher`: a script to run instead of `-m collector.cli`)."""
     port = free_port()
     db = tempfile.mkdtemp() + "/bench.duckdb"
     process = start(
         [
             PYTHON,
-            "-m",
-            "collector.cli",
+            *(launcher or ["-m", "collector.cli"]),
             "run",
             "--upstream",
             upstream,

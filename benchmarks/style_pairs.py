@@ -4,6 +4,7 @@
     python benchmarks/style_pairs.py --streams 256 --pairs 60
     python benchmarks/style_pairs.py --targets headroom,direct  # direct too: the load's own gap
     python benchmarks/style_pairs.py --versus-floor --pairs 200 # headroom against the pass-through
+    python benchmarks/style_pairs.py --versus-no-age --scrape-s 0.25  # the in-flight age pass on vs off
 
 The issue's target: vLLM-style streams (`"usage":null` in every chunk plus a final usage chunk)
 no slower through `headroom run` than plain ones, a ratio of at least 0.98. proxy_overhead.py
@@ -25,6 +26,13 @@ With --versus-floor the same pairing decides the flood targets instead: `headroo
 bare pass-through (benchmarks/passthrough_proxy.py) alternate ABBA on plain streams, and each
 pair gives headroom's chunk rate over the floor's (target >= 0.95) and its CPU per chunk over
 the floor's (target <= 1.2).
+
+With --versus-no-age two `headroom run` alternate ABBA on plain streams: the production one and
+one started by benchmarks/_no_age_headroom.py, whose /metrics leaves out the in-flight age pass
+(headroom_inflight_oldest_age_seconds, headroom_inflight_older_than_requests). A scraper process
+(benchmarks/_scrape_loop.py) reads both /metrics every --scrape-s seconds the whole run, so each
+sidecar's CPU includes its scrapes. Each pair gives the chunk rate and the CPU per chunk with the
+age pass over without it: "nothing measurable" is a rate of at least 0.98 and CPU of at most 1.02.
 """
 
 from __future__ import annotations
@@ -33,9 +41,12 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 
+import httpx
 from _common import PYTHON, free_port, start, stop_all
+from _no_age_headroom import scrape_us
 from _verdict import describe
 from proxy_overhead import CPU_TARGET, RATE_TARGET, SIDES, STYLE_TARGET, Target, _headroom, measure
 
@@ -75,9 +86,19 @@ def pairs_for(target: Target, args: argparse.Namespace) -> dict:
     return out
 
 
-def floor_pairs(headroom: Target, floor: Target, args: argparse.Namespace) -> dict:
-    """--versus-floor: ABBA windows of `headroom run` and the pass-through, plain streams; each
-    pair's chunk rate and CPU per chunk, headroom's over the floor's (the flood targets)."""
+AGE_RATE_TARGET, AGE_CPU_TARGET = 0.98, 1.02  # --versus-no-age: "nothing measurable"
+
+
+def pair_targets(
+    headroom: Target,
+    floor: Target,
+    args: argparse.Namespace,
+    rate_target: float = RATE_TARGET,
+    cpu_target: float = CPU_TARGET,
+) -> dict:
+    """ABBA windows of two targets on plain streams (--versus-floor: `headroom run` and the
+    pass-through; --versus-no-age: with and without the age pass); each pair's chunk rate and
+    CPU per chunk, the first target's over the second's."""
     rates: list[float] = []
     cpus: list[float] = []
     windows: dict[str, list[dict]] = {headroom.name: [], floor.name: []}
@@ -92,7 +113,7 @@ def floor_pairs(headroom: Target, floor: Target, args: argparse.Namespace) -> di
         if ours["cpu_us_per_chunk"] and base["cpu_us_per_chunk"]:
             cpus.append(ours["cpu_us_per_chunk"] / base["cpu_us_per_chunk"])
         if args.progress:
-            print(f"versus the floor: pair {index + 1}/{args.pairs}", file=sys.stderr, end="\r")
+            print(f"versus {floor.name}: pair {index + 1}/{args.pairs}", file=sys.stderr, end="\r")
     return {
         "pairs": len(rates),
         "window_s": args.window_s,
@@ -103,9 +124,9 @@ def floor_pairs(headroom: Target, floor: Target, args: argparse.Namespace) -> di
         "cpu_us_per_chunk": {
             n: round(statistics.median(w["cpu_us_per_chunk"] for w in v), 2) for n, v in windows.items()
         },
-        "over_passthrough_by_pair": sorted(round(x, 3) for x in rates),
-        "rate_verdict": describe(rates, at_least=RATE_TARGET),
-        "cpu_verdict": describe(cpus, at_most=CPU_TARGET),
+        f"over_{floor.name}_by_pair": sorted(round(x, 3) for x in rates),
+        "rate_verdict": describe(rates, at_least=rate_target),
+        "cpu_verdict": describe(cpus, at_most=cpu_target),
         "failed": sum(w["failed"] for v in windows.values() for w in v),
     }
 
@@ -116,6 +137,31 @@ def _passthrough(upstream: str) -> Target:
     return Target(
         "passthrough", url, start([PYTHON, "benchmarks/passthrough_proxy.py", str(port), upstream], url + "/")
     )
+
+
+def _no_age(upstream: str) -> Target:
+    url, process = _headroom(upstream, launcher=["benchmarks/_no_age_headroom.py"])
+    return Target("no_age", url, process)
+
+
+def _versus_no_age(upstream: str, args: argparse.Namespace) -> dict:
+    """--versus-no-age: both sidecars scraped every --scrape-s the whole run, paired ABBA."""
+    targets = [Target("headroom", *_headroom(upstream)), _no_age(upstream)]
+    urls = [target.url + "/metrics" for target in targets]
+    ages = ["headroom_inflight_oldest_age_seconds" in httpx.get(url).text for url in urls]
+    if ages != [True, False]:  # the arms must differ by the age series, and only the no-age arm lacks them
+        stop_all([t.process for t in targets if t.process])
+        raise RuntimeError(f"age series on /metrics (production, no-age): {ages}, expected [True, False]")
+    scraper = subprocess.Popen([PYTHON, "benchmarks/_scrape_loop.py", str(args.scrape_s), *urls])
+    try:
+        for target in targets:  # warm-up: connections, imports, first DuckDB batches
+            measure(target, 16, "flood", "plain", 1.0)
+        result = pair_targets(*targets, args, AGE_RATE_TARGET, AGE_CPU_TARGET)
+        if scraper.poll() is not None:
+            raise RuntimeError(f"the scraper exited with {scraper.returncode}: a /metrics failed")
+        return result | {"scrape_s": args.scrape_s, "tracker_text_us": scrape_us(args.streams)}
+    finally:
+        stop_all([scraper] + [t.process for t in targets if t.process])
 
 
 def main() -> None:
@@ -136,6 +182,15 @@ def main() -> None:
         help="pair headroom's plain windows with the bare pass-through's instead (the flood "
         "targets: chunk rate >= 0.95x, CPU per chunk <= 1.2x)",
     )
+    parser.add_argument(
+        "--versus-no-age",
+        action="store_true",
+        help="pair headroom with and without the in-flight age pass, both scraped every "
+        "--scrape-s (nothing measurable: rate >= 0.98x, CPU per chunk <= 1.02x)",
+    )
+    parser.add_argument(
+        "--scrape-s", type=float, default=0.25, help="--versus-no-age: seconds between scrapes (0.25)"
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     args = parser.parse_args()
     names = args.targets.split(",")
@@ -150,6 +205,16 @@ def main() -> None:
     SIDES.update(upstream=upstream_process.pid, client=os.getpid())
     targets: list[Target] = []
     try:
+        if args.versus_no_age:
+            result = _versus_no_age(upstream, args)
+            print(json.dumps({"versus_no_age": result}, indent=2))
+            for name in ("rate", "cpu"):
+                print(
+                    f"{args.streams} streams flood, scraped every {args.scrape_s:g} s, age pass on "
+                    f"over off, {name}: {result[name + '_verdict']}",
+                    file=sys.stderr,
+                )
+            return
         for name in names:
             if name == "direct":
                 targets.append(Target("direct", upstream, None))
@@ -163,7 +228,7 @@ def main() -> None:
             targets.append(_passthrough(upstream))
             for target in targets:  # warm-up: connections, imports, first DuckDB batches
                 measure(target, 16, "flood", "plain", 1.0)
-            result = floor_pairs(targets[0], targets[1], args)
+            result = pair_targets(targets[0], targets[1], args)
             print(json.dumps({"versus_floor": result}, indent=2))
             for name in ("rate", "cpu"):
                 print(

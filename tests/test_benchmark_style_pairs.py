@@ -57,3 +57,15 @@ def test_versus_the_floor_pairs_headroom_with_the_pass_through():
         and min(result["chunks_per_s"].values()) > 0
     )
     assert result["rate_verdict"].endswith("for >= 0.95") and result["cpu_verdict"].endswith("for <= 1.2")
+
+
+def test_versus_no_age_pairs_headroom_with_and_without_the_age_series_while_both_are_scraped():
+    done = _style_pairs(
+        "--versus-no-age", "--scrape-s", "0.1", "--pairs", "2", "--window-s", "0.3", "--no-progress"
+    )
+    result = json.loads(done.stdout)["versus_no_age"]
+    assert result["pairs"] == 2 and result["failed"] == 0 and result["scrape_s"] == 0.1
+    assert set(result["chunks_per_s"]) == {"headroom", "no_age"} and min(result["chunks_per_s"].values()) > 0
+    assert result["rate_verdict"].endswith("for >= 0.98") and result["cpu_verdict"].endswith("for <= 1.02")
+    text = result["tracker_text_us"]  # the age pass's own cost per scrape, timed in-process
+    assert text["with_age"] > text["without_age"] > 0
