@@ -9,8 +9,12 @@ debug log names the alerts it flushes), so every page had its chance to notify. 
 resolves and the test awaits the page group's resolution message: notifications of one group are
 sent in order, so every notification the incident caused is in by then.
 
-Exactly one page notification is delivered, the forecast's, and the simulation of Alertmanager
-the backtest reports (collector.backtest.notifications) says the same.
+The ramp: exactly one page notification is delivered, the forecast's, and the simulation of
+Alertmanager the backtest reports (collector.backtest.notifications) says the same. kv_saturation,
+whose pages fire out of INCIDENT_PAGES' order: its later notifications all carry the one group key
+and nothing resolves between them, so a pager keyed on the group key holds one incident; the
+simulation counts one page incident too. (The twin's group_interval is 1 s where the page route's
+is 1 h, so the twin shows every update the hour would fold into one.)
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ def alertmanager(tmp_path):
         ticket_url=f"{webhook.url}/ticket",
         group_wait="1s",
         group_interval="1s",
+        group_interval_page="1s",  # the hour an open incident's joiners wait, scaled like the rest
     )
     config = alertmanager_config(twin)
     (tmp_path / "am.yml").write_text(render_yaml(config, "alerts generate"))
@@ -94,14 +99,9 @@ def _payload(span: AlertSpan, starts: datetime, ends: datetime) -> dict:
     }
 
 
-def test_the_ramp_incident_pages_once(alertmanager, tmp_path):
-    require_tool("prometheus"), require_tool("promtool")
-    url, webhook, log, config = alertmanager
-    result = run_scenario(SCENARIOS["ramp"], DEFAULT, tmp_path / "ramp")
-    spans = result.timeline.fired
-    pages = {s.name for s in spans if s.is_page}
-    assert len(pages) >= 4 and "HeadroomCapacityForecast" in pages, pages
-
+def _replay(url: str, log: Path, spans: list[AlertSpan]) -> dict[int, datetime]:
+    """Post the spans to Alertmanager as Prometheus would, step by step; after each step that adds
+    a page, await the flush of the page group holding it. Returns when each span started."""
     started: dict[int, datetime] = {}
     seen_pages: set[str] = set()
     for _, firing in _events(spans):
@@ -119,6 +119,30 @@ def test_the_ramp_incident_pages_once(alertmanager, tmp_path):
         if added:
             seen_pages |= added
             _wait(partial(_flushed, log, mark, added), 30, f"a flush of the page group with {added}")
+    return started
+
+
+def _resolve_all(url: str, webhook: Webhook, spans: list[AlertSpan], started: dict[int, datetime]) -> None:
+    """Everything resolves; await the page group's resolution message (a group's notifications are
+    sent in order, so every notification the incident caused is in by then)."""
+    now = datetime.now(UTC)
+    resolve = [_payload(s, started[id(s)], now) for s in spans if id(s) in started]
+    assert httpx.post(f"{url}/api/v2/alerts", json=resolve, timeout=5).status_code == 200
+    _wait(
+        lambda: any(p == "/page" and b["status"] == "resolved" for p, b in list(webhook.notifications)),
+        30,
+        "the page group's resolution",
+    )
+
+
+def test_the_ramp_incident_pages_once(alertmanager, tmp_path):
+    require_tool("prometheus"), require_tool("promtool")
+    url, webhook, log, config = alertmanager
+    result = run_scenario(SCENARIOS["ramp"], DEFAULT, tmp_path / "ramp")
+    spans = result.timeline.fired
+    pages = {s.name for s in spans if s.is_page}
+    assert len(pages) >= 4 and "HeadroomCapacityForecast" in pages, pages
+    started = _replay(url, log, spans)
 
     # while every page fires, each one after the forecast is inhibited by an earlier one
     states = {
@@ -131,15 +155,7 @@ def test_the_ramp_incident_pages_once(alertmanager, tmp_path):
         assert states[name]["inhibitedBy"], f"{name} was not inhibited: {states[name]}"
     assert INCIDENT_PAGES[0] == "HeadroomCapacityForecast"
 
-    # the incident ends: every alert resolves; the page group's resolution message closes it
-    now = datetime.now(UTC)
-    resolve = [_payload(s, started[id(s)], now) for s in spans if id(s) in started]
-    assert httpx.post(f"{url}/api/v2/alerts", json=resolve, timeout=5).status_code == 200
-    _wait(
-        lambda: any(p == "/page" and b["status"] == "resolved" for p, b in list(webhook.notifications)),
-        30,
-        "the page group's resolution",
-    )
+    _resolve_all(url, webhook, spans, started)
     paged = [b for p, b in webhook.notifications if p == "/page" and b["status"] == "firing"]
     assert len(paged) == 1, [[a["labels"]["alertname"] for a in b["alerts"]] for b in paged]
     assert [a["labels"]["alertname"] for a in paged[0]["alerts"]] == ["HeadroomCapacityForecast"]
@@ -147,3 +163,26 @@ def test_the_ramp_incident_pages_once(alertmanager, tmp_path):
 
     simulated = notify(spans, config, result.timeline.end)
     assert [n.new for n in simulated if n.receiver == "page"] == [("HeadroomCapacityForecast",)]
+
+
+def test_an_incident_whose_pages_fire_out_of_order_is_one_group_key_at_the_pager(alertmanager, tmp_path):
+    """kv_saturation pages the KV cache first, then the composite and the forecast that come before
+    it in INCIDENT_PAGES: later notifications, but every one of them under one group key and no
+    resolution between them, so a pager keyed on it (PagerDuty's dedup_key) holds one incident."""
+    require_tool("prometheus"), require_tool("promtool")
+    url, webhook, log, config = alertmanager
+    result = run_scenario(SCENARIOS["kv_saturation"], DEFAULT, tmp_path / "kv")
+    spans = result.timeline.fired
+    first = min((s for s in spans if s.is_page), key=lambda s: s.fired_at)
+    assert first.name == "HeadroomKVCacheExhausted", first.name  # the premise: out of INCIDENT_PAGES' order
+    started = _replay(url, log, spans)
+    _resolve_all(url, webhook, spans, started)
+
+    sent = [b for p, b in webhook.notifications if p == "/page"]
+    firing = [b for b in sent if b["status"] == "firing"]
+    assert len(firing) >= 2  # the incident changed after it opened: Alertmanager told the pager
+    assert {b["groupKey"] for b in sent} == {firing[0]["groupKey"]}  # one key: one pager incident
+    last_firing = max(i for i, b in enumerate(sent) if b["status"] == "firing")
+    assert all(b["status"] == "firing" for b in sent[: last_firing + 1])  # never resolved in between
+    incidents = [n for n in notify(spans, config, result.timeline.end) if n.receiver == "page" and n.opens]
+    assert len(incidents) == 1 and len(result.page_incidents) == 1  # the twin's timings and the real ones

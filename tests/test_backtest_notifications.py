@@ -87,27 +87,35 @@ def test_the_ramps_pages_in_order_are_one_notification():
     assert [n.new for n in tickets] == [("HeadroomConcurrencyNearKnee",)]  # muted by the composite later
 
 
-def test_a_later_page_notifies_once_the_earlier_one_resolved_and_models_and_clusters_stay_apart():
+def test_a_page_joining_an_open_incident_rides_on_its_next_hourly_notification_and_opens_nothing():
     spans = [
         _span("HeadroomCapacityForecast", 30, 50),
         _span("HeadroomTTFTBudgetBurnFast", 40),  # muted until the forecast resolves at 50
         _span("HeadroomCapacityForecast", 30, model="other"),
         _span("HeadroomTTFTBudgetBurnFast", 31, cluster="b"),
     ]
-    pages = [n for n in notify(spans, alertmanager_config(), 120 * M) if n.receiver == "page"]
-    assert [(n.at / M, dict(n.group)["model"], dict(n.group)["cluster"], n.new) for n in pages] == [
-        (30.5, "m", "", ("HeadroomCapacityForecast",)),
-        (30.5, "other", "", ("HeadroomCapacityForecast",)),
-        (31.5, "m", "b", ("HeadroomTTFTBudgetBurnFast",)),
-        (50.5, "m", "", ("HeadroomTTFTBudgetBurnFast",)),
+    pages = [n for n in notify(spans, alertmanager_config(), 180 * M) if n.receiver == "page"]
+    assert [(n.at / M, dict(n.group)["model"], dict(n.group)["cluster"], n.new, n.opens) for n in pages] == [
+        (30.5, "m", "", ("HeadroomCapacityForecast",), True),
+        (30.5, "other", "", ("HeadroomCapacityForecast",), True),
+        (31.5, "m", "b", ("HeadroomTTFTBudgetBurnFast",), True),
+        (90.5, "m", "", ("HeadroomTTFTBudgetBurnFast",), False),  # the group's next flush, an hour on
     ]
 
 
-def test_an_unordered_incident_pages_for_each_page_that_precedes_an_earlier_one_in_the_order():
-    """The order is static: a composite before the forecast pages twice (documented in rules.md)."""
+def test_an_unordered_incident_is_one_page_incident_whatever_order_its_pages_fire_in():
+    """The composite before the forecast: the forecast joins the open group and is an update."""
     spans = [_span("HeadroomNearCapacityLimit", 30), _span("HeadroomCapacityForecast", 45)]
-    pages = [n.new for n in notify(spans, alertmanager_config(), 120 * M) if n.receiver == "page"]
-    assert pages == [("HeadroomNearCapacityLimit",), ("HeadroomCapacityForecast",)]
+    pages = [(n.new, n.opens) for n in notify(spans, alertmanager_config(), 120 * M) if n.receiver == "page"]
+    assert pages == [(("HeadroomNearCapacityLimit",), True), (("HeadroomCapacityForecast",), False)]
+
+
+def test_a_page_after_the_incident_resolved_opens_a_new_one():
+    spans = [_span("HeadroomCapacityForecast", 30, 40), _span("HeadroomTTFTBudgetBurnFast", 200)]
+    pages = [
+        (n.at / M, n.opens) for n in notify(spans, alertmanager_config(), 300 * M) if n.receiver == "page"
+    ]
+    assert pages == [(30.5, True), (200.5, True)]
 
 
 def test_matchers_and_durations_read_as_alertmanager_reads_them():

@@ -9,6 +9,7 @@ benchmarks/backtest_scenario.py, never asserted here.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,17 @@ def test_two_adapters_on_four_slots_stay_quiet(backtest):
     ]
     assert quiet == [], render_text(result)
     assert timeline.false_pages == [] and timeline.false_warnings == []
+
+
+@pytest.mark.parametrize("name", scenario_names())
+def test_each_incident_opens_one_page_at_the_pager(backtest, name):
+    """Per model (and cluster) a scenario's pages open at most one incident at a pager keyed on
+    Alertmanager's group key, whatever order they fire in (collector.alerts.alertmanager)."""
+    result = backtest(name)
+    opened = Counter(n.group for n in result.page_incidents)
+    assert all(count == 1 for count in opened.values()), render_text(result)
+    if result.notified("page"):
+        assert opened, render_text(result)
 
 
 def test_docs_show_these_numbers(backtest):

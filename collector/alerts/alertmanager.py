@@ -1,15 +1,19 @@
 """Alertmanager configuration for on-call: page vs ticket routes, grouping, inhibition, receivers.
 
 `severity="critical"` pages, `severity="warning"` opens a ticket. Both group by model (and
-cluster), not by alert name: one capacity incident on one model is one page notification, and its
-warnings one ticket thread, however many alerts and sidecars it raises. Inhibition keeps the page
-to one: the pages of a capacity incident come in a known order (INCIDENT_PAGES: the forecast, the
-composite, the KV cache, then the SLO burns), and each mutes those after it for the same model;
-a critical alert mutes the warning of its `family` (the forecast mutes "rising", KV cache exhausted
-mutes nearly full, a fast burn mutes the slow one), and the any-two composite mutes the signals it
-counts. A later page reaches on-call only once every earlier one has resolved: the incident
-changed. `headroom alerts backtest` counts the notifications this produces (collector.backtest.
-notifications simulates Alertmanager's grouping and inhibition).
+cluster), not by alert name: one capacity incident on one model is one group, however many alerts
+and sidecars it raises. The page route notifies a group once when it opens and then at most hourly
+(`group_interval` = `repeat_interval` = 1 h): alerts that join an open incident ride on its next
+notification instead of paging again. Its notifications carry the group key, and a pager that keys
+its incidents on it (Alertmanager's PagerDuty integration uses it as the dedup_key, Opsgenie as the
+alias) holds the whole incident as one page, whatever order its alerts fire in. Inhibition keeps
+what the page says short: the pages of a capacity incident usually come in a known order
+(INCIDENT_PAGES: the forecast, the composite, the KV cache, then the SLO burns), and each mutes
+those after it for the same model; a critical alert mutes the warning of its `family` (the
+forecast mutes "rising", KV cache exhausted mutes nearly full, a fast burn mutes the slow one), and
+the any-two composite mutes the signals it counts. `headroom alerts backtest` counts the
+notifications and the page incidents this produces (collector.backtest.notifications simulates
+Alertmanager's grouping and inhibition).
 
 The receivers are webhook placeholders unless the rules config names real ones
 (`receivers: {page: {pagerduty_configs: [...]}, ticket: {slack_configs: [...]}}`: Alertmanager's own
@@ -54,6 +58,7 @@ class Receivers:
     ticket_url: str
     group_wait: str = "30s"
     group_interval: str = "5m"
+    group_interval_page: str = "1h"  # an open incident's later alerts wait for its next notification
     repeat_interval_page: str = "1h"
     repeat_interval_ticket: str = "12h"
 
@@ -117,6 +122,7 @@ def alertmanager_config(
                 {
                     "receiver": "page",
                     "matchers": ['severity="critical"'],
+                    "group_interval": receivers.group_interval_page,
                     "repeat_interval": receivers.repeat_interval_page,
                 },
                 {"receiver": "ticket", "matchers": ['severity="warning"']},

@@ -17,6 +17,11 @@ What counts as **a notification** here is one that brings a firing alert its gro
 notified: what wakes on-call or opens a ticket. Alertmanager's reminders of an unchanged group
 (`repeat_interval`) and its resolution messages are left out (`resolved` counts the latter).
 
+A notification **opens an incident** (`opens`) when its group had no firing alert notified
+before it, or had notified everything resolved: a pager that keys its incidents on Alertmanager's
+group key (the PagerDuty integration's dedup_key and Opsgenie's alias are that key) opens one
+there; the group's later notifications update that incident, they do not page again.
+
     notify(timeline.fired, alertmanager_config(), end)
         -> [Notification("page", (("model", "llama-70b"),), 2100.0, ("HeadroomCapacityForecast",))]
 """
@@ -99,6 +104,7 @@ class Notification:
     at: float
     new: tuple[str, ...]
     firing: tuple[str, ...]  # every alert the notification carries, by name
+    opens: bool = True  # the first of an incident at a pager keyed on the group (module docstring)
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,7 @@ def _flushes(
                         at,
                         tuple(sorted({dict(a)["alertname"] for a in new})),
                         tuple(sorted(dict(a)["alertname"] for a in firing)),
+                        entry is None or not entry[0],
                     )
                 )
             entry = (firing, resolved, at)

@@ -4,7 +4,7 @@ ramp: a linear ramp from 30 % to 150 % of the knee over 2 h
   breach   +0:53:30  ttft SLO breach (llama-70b) until +2:00:00
   lead     first warning 21.0m before (HeadroomConcurrencyNearKnee), first page 8.5m before (...)
   alerts   6 pages, 11 warnings; false: 0 pages, 0 warnings
-  notify   1 page, 4 ticket notifications (Alertmanager's grouping and inhibition)
+  notify   1 page, 4 ticket notifications (Alertmanager's grouping and inhibition); 1 page incident
   +0:32:00  pending   warning   HeadroomConcurrencyNearKnee  instance=replica-0 caliber=requests ...
   ...
   PASS  lead of the first page >= 5m: 8.5m (HeadroomCapacityForecast)
@@ -97,10 +97,15 @@ def render_text(result: BacktestResult, *, pending: bool = False) -> str:
         f"pages, {len(t.false_warnings)} warnings"
     )
     pages, tickets = result.notified("page"), result.notified("ticket")
+    incidents = len(result.page_incidents)
     lines.append(
         f"  notify   {len(pages)} page, {len(tickets)} ticket notifications (Alertmanager's grouping "
-        "and inhibition)"
-        + "".join(f"\n           page at {offset(n.at - t.start)}: {', '.join(n.new)}" for n in pages)
+        f"and inhibition); {incidents} page incident{'' if incidents == 1 else 's'}"
+        + "".join(
+            f"\n           page at {offset(n.at - t.start)}: {', '.join(n.new)}"
+            + ("" if n.opens else " (updates the open incident)")
+            for n in pages
+        )
     )
     if result.missing:
         lines.append(
@@ -150,6 +155,7 @@ def to_json(result: BacktestResult) -> dict[str, Any]:
         "false_pages": len(t.false_pages),
         "false_warnings": len(t.false_warnings),
         "page_notifications": len(result.notified("page")),
+        "page_incidents": len(result.page_incidents),
         "ticket_notifications": len(result.notified("ticket")),
         "notifications": [
             {
@@ -158,6 +164,7 @@ def to_json(result: BacktestResult) -> dict[str, Any]:
                 "at": _when(n.at, t.start),
                 "new": list(n.new),
                 "alerts": list(n.firing),
+                "opens_incident": n.opens,
             }
             for n in result.notifications
         ],
@@ -194,12 +201,13 @@ def _lead_cell(value: float | None, span: AlertSpan | None) -> str:
 def scenario_table(results: list[BacktestResult]) -> str:
     """The markdown table of docs/rules.md: breach, lead times, alerts, notifications, false alerts.
 
-    Notifications are what Alertmanager would send of the alerts (grouped by model, inhibited).
+    Notifications are what Alertmanager would send of the alerts (grouped by model, inhibited);
+    page incidents what a pager keyed on the group opens of them.
     """
     lines = [
         "| scenario | what happens | first SLO breach | first warning | first page | pages / warnings "
-        "| page / ticket notifications | false pages / warnings | checks |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| page / ticket notifications | page incidents | false pages / warnings | checks |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
         t = result.timeline
@@ -215,6 +223,7 @@ def scenario_table(results: list[BacktestResult]) -> str:
             f"| {_lead_cell(t.lead_page_s, t.first_page) if t.first_breach else '-'} "
             f"| {len(t.pages)} / {len(t.warnings)} "
             f"| {len(result.notified('page'))} / {len(result.notified('ticket'))} "
+            f"| {len(result.page_incidents)} "
             f"| {len(t.false_pages)} / {len(t.false_warnings)} "
             f"| {'pass' if result.passed else 'FAIL'} ({sum(c.ok for c in result.checks)}/{len(result.checks)}) |"
         )

@@ -63,6 +63,11 @@ class BacktestResult:
         """The notifications of one receiver: "page" or "ticket"."""
         return [n for n in self.notifications if n.receiver == receiver]
 
+    @property
+    def page_incidents(self) -> list[Notification]:
+        """The page notifications that open an incident at the pager (the rest update one)."""
+        return [n for n in self.notified("page") if n.opens]
+
 
 def generated_rules(config: RulesConfig) -> RuleSet:
     """The rules `headroom alerts generate` would write under `config`."""
