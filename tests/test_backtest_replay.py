@@ -109,6 +109,36 @@ def test_rows_read_back_rebuild_the_series_the_scenario_exported(logged):
     assert not {key[0] for key in replayed.keys()} & set(ENGINE_SIDE), "engine series are never invented"
 
 
+def test_a_log_of_adapter_requests_replays_the_adapter_series_the_scenario_exported(tmp_path):
+    """Rows that name a LoRA adapter carry it back: the replay rebuilds the per-adapter in-flight
+    series HeadroomAdapterThrash reads; the engine's slots are named as missing, never invented."""
+    import dataclasses
+
+    from collector.backtest.scenarios import SCENARIOS
+
+    thrash = dataclasses.replace(SCENARIOS["adapter_thrash"], duration_s=600, adapters=lambda t: 8)
+    result = simulate(thrash)
+    path = tmp_path / "log.duckdb"
+    store = RequestStore(path)
+    store.insert_rows([r.to_row() for r in result.records if r.completed is not None])
+    store.close()
+    replayed = replay_series(from_db(str(path), since=datetime.fromtimestamp(result.epoch, UTC)), "job", 15)
+    exported = scenario_series(result, "job")
+    until = min((r.admitted for r in result.records if r.completed is None), default=result.epoch + 600) - 1
+    adapter_keys = [
+        k
+        for k in exported.keys()
+        if k[0] in ("headroom_adapter_inflight_requests", "headroom_adapters_inflight")
+    ]
+    assert len(adapter_keys) == 9  # eight adapters and the distinct count
+    for key in adapter_keys:
+        mine = [(t, v) for t, v in exported.samples(key) if t <= until]
+        assert mine and [(t, v) for t, v in replayed.samples(key) if t <= until] == mine, key
+    (distinct,) = [k for k in adapter_keys if k[0] == "headroom_adapters_inflight"]
+    assert max(v for _, v in replayed.samples(distinct)) > 4  # more adapters in flight than slots
+    assert "headroom_adapter_slots" not in {k[0] for k in replayed.keys()}
+
+
 def test_what_rows_cannot_tell_is_named():
     rules = generated_rules(DEFAULT)
     needed, blind = missing_series(rules.alerts(), rules.records())

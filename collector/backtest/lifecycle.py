@@ -98,6 +98,7 @@ class Lifecycle:
             "kv_usage_at_admit": self.kv_usage_at_admit,
             "upstream_retries": 0,
             "task_class": self.task_class,
+            "adapter": self.adapter,
         }
 
     @classmethod
@@ -118,6 +119,7 @@ class Lifecycle:
             status_code=row.get("status_code"),
             task_class=row.get("task_class")
             or classify_finished(row.get("max_tokens"), row.get("completion_tokens")),
+            adapter=row.get("adapter"),
         )
 
 

@@ -50,7 +50,7 @@ _PAGE = 50_000
 _MAX_PAGES = 40
 _COLUMNS = (
     "request_id, instance, model, tenant, stream, admitted_at, first_token_at, completed_at, "
-    "outcome, status_code, prompt_tokens, completion_tokens"
+    "outcome, status_code, prompt_tokens, completion_tokens, max_tokens, task_class, adapter"
 )
 # Series a request log cannot rebuild: the engine's own metrics, the GPU, the pipeline's health.
 ENGINE_SIDE = (
@@ -60,6 +60,7 @@ ENGINE_SIDE = (
     "headroom_engine_kv_cache_usage_ratio",
     "headroom_engine_kv_cache_capacity_tokens",
     "headroom_engine_max_concurrency_requests",
+    "headroom_adapter_slots",  # the engine's LoRA slots (its metrics or --adapter-slots)
     "headroom_signal_valid",  # the engine source's judgement of those series
     "headroom_gpu_up",
     "headroom_gpu_utilization_ratio",
