@@ -88,6 +88,9 @@ class RequestRecord:
     probe_level: int | None = None
     probe_rate_per_s: float | None = None
     probe_warmup: bool | None = None
+    # the replica class of the engine that served it (the sidecar's --replica-class or the derived
+    # one; None while undecided): the review plans per class from it
+    replica_class: str | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The record as {column: value} in column order, e.g. for the analysis or a test."""

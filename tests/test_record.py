@@ -53,6 +53,7 @@ FULL = RequestRecord(
     probe_level=8,
     probe_rate_per_s=2.5,
     probe_warmup=False,
+    replica_class="slots8",
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
@@ -225,6 +226,20 @@ def test_the_probe_takes_the_class_of_the_sidecar_it_probes_through(tmp_path):
     assert sidecar_replica_class("http://127.0.0.1:1") == DEFAULT_REPLICA_CLASS  # nobody answers
     result = CliRunner().invoke(main, ["probe", "--url", "http://127.0.0.1:1", "--replica-class", "a b"])
     assert result.exit_code == 2 and "is not a class name" in result.output
+
+
+def test_each_row_carries_the_class_of_the_sidecar_that_served_it(tmp_path):
+    from support.sidecar import sidecar_rig
+
+    with sidecar_rig(tmp_path, replica_class="l40s-tp1") as rig:
+        answer = httpx.post(
+            rig.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            timeout=10,
+        )
+        assert answer.status_code == 200
+        (row,) = rig.rows()
+    assert row["replica_class"] == "l40s-tp1"
 
 
 def test_the_rules_default_class_is_the_store_s():

@@ -254,11 +254,23 @@ def test_an_instance_takes_the_class_of_the_probe_runs_it_served():
     save_estimate(store, estimate)
     traffic = closed_loop_rows(config, (12,), 120.0, seed=5, run_id="load")
     store.insert_rows(_shifted(traffic, timedelta(minutes=10), source="traffic", run_id=None, instance="h1"))
+    # h2 was never probed: its sidecar recorded its class in each row
+    served = closed_loop_rows(config, (12,), 60.0, seed=6, run_id="load2")
+    store.insert_rows(
+        _shifted(
+            served,
+            timedelta(minutes=10),
+            source="traffic",
+            run_id=None,
+            instance="h2",
+            replica_class="slots16",
+        )
+    )
     report = build_report(collect_inputs(store, now - timedelta(days=7), now))
     store.close()
     classes = {c["replica_class"]: c for c in report["models"][0]["classes"]}
     assert sorted(classes) == ["slots16", "slots8"]
-    assert classes["slots16"]["instances"] == ["h1"] and classes["slots8"]["instances"] == ["r0"]
+    assert classes["slots16"]["instances"] == ["h1", "h2"] and classes["slots8"]["instances"] == ["r0"]
     assert classes["slots16"]["plan"]["pool_per_replica"]["requests"] == estimate.recommended_pool
 
 

@@ -212,7 +212,7 @@ def heading(model: str) -> str:
 
 
 def _class_of(model: str, instance: str, inputs: ReportInputs, published: list[str]) -> str:
-    """An instance's replica class: the class of the probe runs it served; else the model's only
+    """An instance's replica class: the one its rows name or its probe runs', else the model's only
     published class; else the default class (as the rules fall back to it)."""
     probed = inputs.instance_classes.get((model, instance))
     if probed:

@@ -2,8 +2,9 @@
 
 The only impure part of the report: SQL with parameters, results as numpy arrays keyed by column.
 Estimates are what collector.store.decision publishes per model and replica class (task class
-all); an instance's replica class is the class of the probe runs it served (its rows of a probe
-run whose estimate names the class), else the model's (collector.report.build, `_class_of`).
+all); an instance's replica class is the one its rows name (the sidecar records its class in each
+row), else the class of the probe runs it served (its rows of a probe run whose estimate names
+the class), else the model's (collector.report.build, `_class_of`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ SELECT DISTINCT coalesce(r.model, 'unknown'), coalesce(r.instance, 'unknown'),
        coalesce(e.replica_class, 'default')
 FROM requests r JOIN capacity_estimates e ON r.run_id = e.run_id
 WHERE r.source = 'probe' AND e.created_at <= ?"""
+# (model, instance) -> the replica class its sidecar recorded, the most frequent in the window
+_SERVED = """
+SELECT coalesce(model, 'unknown'), coalesce(instance, 'unknown'), mode(replica_class)
+FROM requests WHERE replica_class IS NOT NULL AND admitted_at >= ? AND admitted_at < ?
+GROUP BY 1, 2"""
 _HAS_ESTIMATES = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
 
 Key = tuple[str, str]  # (model, replica class)
@@ -65,7 +71,7 @@ class ReportInputs:
     slo_ttft_p95_s: float | None = None
     # model -> what is published per task class and replica class: {task_class, ..., reason}
     classes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    # (model, instance) -> the replica class of the probe runs it served
+    # (model, instance) -> the replica class its rows name, else that of the probe runs it served
     instance_classes: dict[Key, str] = field(default_factory=dict)
 
     @property
@@ -103,10 +109,13 @@ def _published(decisions: list[Decision]) -> dict[Key, dict[str, Any]]:
     }
 
 
-def _probed(store: RequestStore, until: datetime) -> dict[Key, str]:
-    if not store.query(_HAS_ESTIMATES)[0][0]:
-        return {}
-    return {(str(m), str(i)): str(c) for m, i, c in store.query(_PROBED, [until])}
+def _instance_classes(store: RequestStore, since: datetime, until: datetime) -> dict[Key, str]:
+    """(model, instance) -> its replica class: what its rows say, else its probe runs' class."""
+    probed = {}
+    if store.query(_HAS_ESTIMATES)[0][0]:
+        probed = {(str(m), str(i)): str(c) for m, i, c in store.query(_PROBED, [until])}
+    served = {(str(m), str(i)): str(c) for m, i, c in store.query(_SERVED, [since, until])}
+    return probed | served
 
 
 def _classes(decisions: list[Decision]) -> dict[str, list[dict[str, Any]]]:
@@ -149,7 +158,7 @@ def collect_inputs(
         _published(decisions(store, as_of=since)),  # what was published when the window began
         slo_ttft_p95_s,
         _classes(made),
-        _probed(store, until),
+        _instance_classes(store, previous_since, until),
     )
 
 

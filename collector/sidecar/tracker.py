@@ -173,6 +173,10 @@ class Tracker:
         adapters: AdapterMap | None = None,
     ) -> None:
         self.instance, self.source, self.run_id = instance, source, run_id
+        # the engine's replica class for the rows, asked until it is decided (the wiring sets it:
+        # collector.sidecar.replica)
+        self.replica_class_of: Callable[[], str | None] | None = None
+        self._replica_class: str | None = None
         self.budget = budget if budget is not None else SeriesBudget()
         self.adapters = adapters if adapters is not None else AdapterMap()
         self.live: dict[str, LiveRequest] = {}
@@ -326,7 +330,13 @@ class Tracker:
             probe_level=step.level if (step := request.probe_step) else None,
             probe_rate_per_s=step.rate_per_s if step else None,
             probe_warmup=step.warmup if step else None,
+            replica_class=self._replica_class or self._decided_class(),
         )
+
+    def _decided_class(self) -> str | None:
+        if self.replica_class_of is not None:
+            self._replica_class = self.replica_class_of()
+        return self._replica_class
 
     def _observe(self, request: LiveRequest, record: RequestRecord) -> None:
         model, tenant, outcome = request.model_label, request.tenant_label, record.outcome or ""

@@ -95,6 +95,7 @@ def build_sidecar(
     registry.register(SourceHealth([source for source in (engine, gpu) if source is not None]))
     replica_class = ReplicaClass(config.replica_class, gpu_names=gpu.names, engine=engine)
     registry.register(replica_class)
+    tracker.replica_class_of = lambda: replica_class.value
     extra = [*_otel_sinks(config, engine), *sinks]
     store = _own_store(config) if log_sink is None else None
     lake = _lake_writer(config) if log_sink is None and store is None else None

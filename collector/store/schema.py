@@ -54,8 +54,9 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 # dropped the primary key on request_id: duplicates are left out by the insert itself
 # (collector.store.db), which is 2-3x faster without the index to maintain. Version 6 added
 # adapter (the LoRA adapter a request named; `model` is then its base model). Version 7 added what a
-# probe request measured (probe_level, probe_rate_per_s, probe_warmup), read from its headers.
-_ADDED_AFTER_V5 = ("adapter", "probe_level", "probe_rate_per_s", "probe_warmup")
+# probe request measured (probe_level, probe_rate_per_s, probe_warmup), read from its headers;
+# version 8 the replica class of the engine that served it.
+_ADDED_AFTER_V5 = ("adapter", "probe_level", "probe_rate_per_s", "probe_warmup", "replica_class")
 _V5_COLUMNS = tuple(c for c in COLUMNS if c[0] not in _ADDED_AFTER_V5)
 _V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
     c
@@ -126,8 +127,12 @@ def _v7(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def _v8(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS replica_class VARCHAR")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7)
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

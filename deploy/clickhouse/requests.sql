@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS headroom_requests
     adapter LowCardinality(Nullable(String)),
     probe_level Nullable(Int32),
     probe_rate_per_s Nullable(Float64),
-    probe_warmup Nullable(Bool)
+    probe_warmup Nullable(Bool),
+    replica_class LowCardinality(Nullable(String))
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toDate(admitted_at)
@@ -83,7 +84,8 @@ SELECT
     toInt32OrNull(LogAttributes['headroom.probe_level']) AS probe_level,
     toFloat64OrNull(LogAttributes['headroom.probe_rate_per_s']) AS probe_rate_per_s,
     multiIf(LogAttributes['headroom.probe_warmup'] = 'true', true,
-            LogAttributes['headroom.probe_warmup'] = 'false', false, NULL) AS probe_warmup
+            LogAttributes['headroom.probe_warmup'] = 'false', false, NULL) AS probe_warmup,
+    nullIf(LogAttributes['headroom.replica_class'], '') AS replica_class
 FROM otel_logs
 WHERE EventName = 'gen_ai.client.inference.operation.details'
   AND LogAttributes['headroom.request_id'] != '';
