@@ -12,12 +12,17 @@ table's current files, is what makes a commit idempotent: compaction replaces th
 in the current snapshot, and the mark still says they were added. Two committers at once read
 the marks from the table they start from; the catalog's compare-and-swap lets one commit win,
 the other gets CommitFailedException, reloads and computes again (nothing is ever added twice).
+pyiceberg would instead retry a lost commit itself (`commit.retry.num-retries`, 4 by default),
+rebasing the append onto the winner's snapshot with the marks it computed before: the winner's
+files added again. The table therefore says `commit.retry.num-retries=0` (set on creation, and by
+the committer and maintenance on a table that lacks it); every retry is this module's.
 A column added to RequestRecord is added to the table (`union_by_name`) before the files that
 carry it; files written before it read as NULL through the table's name mapping.
 
 **Maintain** (`maintain`). Per sealed day (ended more than `seal_hours` ago) with more than one
-file: read the day, drop repeated request_ids, sort by model and admitted_at, and overwrite the
-day in one commit. The overwrite's commit asserts the snapshot it read, so a commit that landed
+file: DuckDB reads the day's files in place (collector.lake.scan), drops repeated request_ids,
+sorts by model and admitted_at into one new file (spilling to disk past `memory_mb`, so a day
+larger than memory compacts), and the day is overwritten in one commit. The overwrite's commit asserts the snapshot it read, so a commit that landed
 meanwhile makes it fail and start over: rows committed during maintenance are never lost. Then
 snapshots older than `snapshot_age` are expired, days past `retention_days` deleted, and files
 no remaining snapshot references (staged files once their writer's mark covers them, compacted
@@ -32,14 +37,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
+import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
@@ -66,6 +73,7 @@ from pyiceberg.types import (
 )
 
 from collector.lake.layout import Lake, StagedName, parse_staged, staged_name
+from collector.lake.scan import data_files, duckdb_paths
 from collector.lake.stage import conform, day_files, parquet_bytes
 from collector.store.db import ARROW_SCHEMA
 
@@ -88,7 +96,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TABLE = "headroom.requests"
 MARK_PREFIX = "headroom.committed."  # + writer -> the highest sequence the table holds
 MAX_FILES_PER_COMMIT = 2_000
+COMPACT_MEMORY_MB = 2_048
 _RETRIES = 20
+_OWN_RETRIES = {"commit.retry.num-retries": "0"}  # a lost commit comes back here (module docstring)
 
 _ICEBERG_TYPES: dict[str, IcebergType] = {
     "string": StringType(),
@@ -97,6 +107,15 @@ _ICEBERG_TYPES: dict[str, IcebergType] = {
     "int32": IntegerType(),
     "int64": LongType(),
     "double": DoubleType(),
+}
+# Iceberg type (as str()) -> DuckDB's, for a column compaction writes as NULL
+_DUCKDB_TYPES = {
+    "string": "VARCHAR",
+    "boolean": "BOOLEAN",
+    "timestamptz": "TIMESTAMPTZ",
+    "int": "INTEGER",
+    "long": "BIGINT",
+    "double": "DOUBLE",
 }
 
 
@@ -160,8 +179,24 @@ def open_table(catalog: Catalog, identifier: str = DEFAULT_TABLE, *, create: boo
     except TableAlreadyExistsError:
         return catalog.load_table(identifier)
     with table.transaction() as txn:  # the name mapping lets files without field ids be read
-        txn.set_properties({"schema.name-mapping.default": table.schema().name_mapping.model_dump_json()})
+        txn.set_properties(
+            {"schema.name-mapping.default": table.schema().name_mapping.model_dump_json(), **_OWN_RETRIES}
+        )
     return catalog.load_table(identifier)
+
+
+def _retries_here(table: Table) -> Table:
+    """The table with pyiceberg's own commit retry off (module docstring), set once if it lacks it."""
+    for _ in range(_RETRIES):
+        if all(table.properties.get(key) == value for key, value in _OWN_RETRIES.items()):
+            return table
+        try:
+            with table.transaction() as txn:
+                txn.set_properties(_OWN_RETRIES)
+        except CommitFailedException:  # another committer changed the table: look again
+            pass
+        table = table.refresh()
+    raise CommitFailedException(f"could not set {_OWN_RETRIES} on the table: lost the race {_RETRIES} times")
 
 
 def _evolve(table: Table, arrow: pa.Schema) -> Table:
@@ -214,7 +249,7 @@ def commit_staged(
     """
     result = CommitResult()
     only = set(writers) if writers is not None else None
-    table = open_table(catalog, identifier)
+    table = _retries_here(open_table(catalog, identifier))
     while True:
         for attempt in range(_RETRIES):
             table = table.refresh()
@@ -286,19 +321,6 @@ def _files_per_day(table: Table) -> dict[date, int]:
     return counts
 
 
-def dedupe_sorted(table: pa.Table) -> pa.Table:
-    """One row per request_id (the first by admitted_at), sorted by model then admitted_at."""
-    table = conform(table)
-    ordered = table.sort_by([("request_id", "ascending"), ("admitted_at", "ascending")])
-    ids = ordered["request_id"].combine_chunks()
-    if len(ids) == 0:
-        return ordered
-    previous = pa.concat_arrays([pa.array([None], pa.string()), ids.slice(0, len(ids) - 1)])
-    first = pc.or_kleene(pc.is_null(previous), pc.not_equal(ids, previous))
-    unique = ordered.filter(pc.fill_null(first, True))
-    return unique.sort_by([("model", "ascending"), ("admitted_at", "ascending"), ("request_id", "ascending")])
-
-
 @dataclass
 class MaintainResult:
     """What one `maintain` did."""
@@ -325,16 +347,20 @@ def maintain(
     orphan_age: timedelta = timedelta(days=1),
     now: datetime | None = None,
     on_day: Callable[[date, int, int], None] | None = None,
+    memory_mb: int = COMPACT_MEMORY_MB,
 ) -> MaintainResult:
-    """Compact sealed days, drop days past retention, expire snapshots, remove unreferenced files."""
+    """Compact sealed days, drop days past retention, expire snapshots, remove unreferenced files.
+
+    `memory_mb`: DuckDB's memory for compacting a day (past it, the sort spills to disk).
+    """
     now = now or datetime.now(UTC)
     result = MaintainResult()
-    table = open_table(catalog, identifier)
+    table = _retries_here(open_table(catalog, identifier))
     sealed_before = (now - timedelta(hours=seal_hours)).date()  # days < this one are sealed
     for day, count in sorted(_files_per_day(table).items()):
         if day >= sealed_before or count < min_files:
             continue
-        table = _compact_day(table, lake, day, result)
+        table = _compact_day(table, lake, day, result, memory_mb)
         if on_day is not None:
             on_day(day, count, result.files_after)
     if retention_days is not None:
@@ -351,17 +377,62 @@ def _compacted_path(table: Table, lake: Lake, day: date) -> str:
     return f"{directory}/compact-{uuid.uuid4().hex}.parquet"
 
 
-def _compact_day(table: Table, lake: Lake, day: date, result: MaintainResult) -> Table:
+def _rewrite_day(table: Table, lake: Lake, day: date, path: str, memory_mb: int) -> tuple[int, int, int]:
+    """Write the day's rows to `path` with DuckDB: each request_id once (the first admitted), sorted
+    by model, admitted_at and request_id; the table's columns, NULL where no file has one. DuckDB
+    reads the day's files in place and spills past `memory_mb` to a temporary directory, so a day
+    larger than memory compacts. Returns (files read, rows read, rows written)."""
+    start, end = day_bounds(day)
+    files = data_files(table, since=start, until=end)
+    if not files:
+        return 0, 0, 0
+    paths, filesystem = duckdb_paths(lake, files)
+    with tempfile.TemporaryDirectory(prefix="headroom-compact-") as spill:
+        con = duckdb.connect()
+        try:
+            con.execute("SET memory_limit = ?", [f"{int(memory_mb)}MB"])
+            con.execute("SET temp_directory = ?", [spill])
+            if filesystem is not None:
+                con.register_filesystem(filesystem)
+            source = "read_parquet([" + ", ".join(_sql_text(p) for p in paths) + "], union_by_name = true)"
+            present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+            columns = ", ".join(
+                f.name
+                if f.name in present
+                else f"CAST(NULL AS {_DUCKDB_TYPES[str(f.field_type)]}) AS {f.name}"
+                for f in table.schema().fields
+            )
+            target = path if lake.local else f"{spill}/compacted.parquet"
+            written = con.execute(
+                f"COPY (SELECT {columns} FROM {source} "
+                f"WHERE admitted_at >= TIMESTAMPTZ {_sql_text(start.isoformat())} "
+                f"AND admitted_at < TIMESTAMPTZ {_sql_text(end.isoformat())} "
+                "QUALIFY row_number() OVER (PARTITION BY request_id ORDER BY admitted_at) = 1 "
+                "ORDER BY model, admitted_at, request_id) "
+                "TO ? (FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 131072)",
+                [target],
+            ).fetchall()[0][0]
+        finally:
+            con.close()
+        if not lake.local:
+            pafs.copy_files(target, path, destination_filesystem=lake.fs)
+    return len(files), sum(f.record_count for f in files), int(written)
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _compact_day(table: Table, lake: Lake, day: date, result: MaintainResult, memory_mb: int) -> Table:
     for attempt in range(_RETRIES):
         table = table.refresh()
-        before = _files_per_day(table).get(day, 0)
-        rows = table.scan(row_filter=_day_filter(day)).to_arrow()
-        compacted = dedupe_sorted(rows)
         path = _compacted_path(table, lake, day)
-        with lake.fs.open_output_stream(path) as stream:
-            stream.write(parquet_bytes(compacted))
+        before, read, written = _rewrite_day(table, lake, day, path, memory_mb)
+        if before == 0:  # another maintainer dropped the day meanwhile
+            return table
         try:
-            # one commit: the day's files dropped (each holds that day only: no rewrite), the new one added
+            # one commit: the day's files dropped (each holds that day only: no rewrite), the new one
+            # added; it asserts the snapshot read, so a commit that landed meanwhile fails it
             with table.transaction() as txn:
                 txn.delete(_day_filter(day))
                 txn.add_files([lake.uri_of(path)], check_duplicate_files=False)
@@ -373,7 +444,7 @@ def _compact_day(table: Table, lake: Lake, day: date, result: MaintainResult) ->
         result.days_compacted.append(day)
         result.files_before += before
         result.files_after += _files_per_day(table).get(day, 0)
-        result.duplicates_dropped += rows.num_rows - compacted.num_rows
+        result.duplicates_dropped += read - written
         return table
     raise CommitFailedException(f"compacting {day}: {_RETRIES} attempts in a row lost the race")
 
@@ -478,4 +549,4 @@ def staged_writers(lake: Lake) -> set[str]:
     return {name.writer for name in lake.staged()}
 
 
-__all__ += ["marks", "dedupe_sorted", "import_writer", "staged_writers", "parse_staged"]
+__all__ += ["marks", "import_writer", "staged_writers", "parse_staged"]

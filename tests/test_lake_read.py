@@ -1,0 +1,138 @@
+"""The readers' file set over the fleet's table (collector.lake.read, collector.lake.scan): DuckDB
+reads exactly the current snapshot's files of the window where they lie, so a compacted day's
+staged files (still in the lake) are not read again, a window reads its rows and no others, a
+file older than a column reads it as NULL, and a lake outside the local filesystem is read through
+its own pyarrow filesystem; compaction (DuckDB, in place) drops repeated request_ids and keeps a
+column a newer writer added."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from collector.lake import table as lake_table
+from collector.lake.layout import Lake
+from collector.lake.read import open_lake_log
+from collector.lake.scan import data_files, duckdb_paths
+from collector.lake.stage import LakeWriter
+from collector.record import RequestRecord
+from collector.store.db import ARROW_SCHEMA, RequestStore
+from collector.store.synthetic import synthetic_rows
+
+DAY_A = (datetime.now(UTC) - timedelta(days=4)).replace(hour=0, minute=0, second=0, microsecond=0)
+DAY_B = DAY_A + timedelta(days=1)
+SUMMARY = (
+    "SELECT model, count(*), count(DISTINCT request_id), quantile_cont(ttft_s, [0.5, 0.95, 0.99]) "
+    "FROM requests GROUP BY model ORDER BY model"
+)
+
+
+def stage(lake: Path, writer: str, rows: list[dict[str, Any]], per_file: int) -> None:
+    """Stage `rows` as one writer's files of `per_file` rows each (the sidecar's LakeWriter)."""
+    w = LakeWriter(lake, writer, lake.parent / f"spool-{writer}", roll_seconds=3600)
+    try:
+        for at in range(0, len(rows), per_file):
+            w.write_batch([RequestRecord.from_row(row) for row in rows[at : at + per_file]])
+            assert w.flush(30)
+    finally:
+        w.close()
+
+
+def commit(catalog: str, lake: Path) -> None:
+    location = Lake.parse(lake)
+    lake_table.commit_staged(lake_table.open_catalog(catalog, location), location)
+
+
+def iceberg(catalog: str, lake: Path) -> Any:
+    return lake_table.open_table(lake_table.open_catalog(catalog, Lake.parse(lake)), create=False)
+
+
+def test_a_compacted_day_is_read_once_and_a_window_reads_only_its_rows(tmp_path: Path) -> None:
+    catalog, lake = f"sqlite:///{tmp_path / 'catalog.db'}", tmp_path / "lake"
+    day_a = synthetic_rows(2_000, DAY_A, span=timedelta(hours=23), models=("a", "b"), seed=1, prefix="a")
+    day_b = synthetic_rows(600, DAY_B, span=timedelta(hours=23), models=("a", "b"), seed=2, prefix="b")
+    stage(lake, "w", day_a, 200)  # 10 files of day A
+    stage(lake, "v", day_b, 600)  # 1 file of day B
+    commit(catalog, lake)
+    location = Lake.parse(lake)
+    result = lake_table.maintain(lake_table.open_catalog(catalog, location), location)
+    assert result.days_compacted == [DAY_A.date()] and result.files_before == 10 and result.files_after == 1
+    assert len(location.staged()) == 11, "the compacted day's staged files are still in the lake"
+
+    reference = RequestStore()
+    reference.insert_rows(day_a + day_b)
+    with open_lake_log(catalog, str(lake)) as store:
+        assert store.count() == len(day_a) + len(day_b)
+        assert store.query(SUMMARY) == reference.query(SUMMARY)
+
+    table = iceberg(catalog, lake)
+    b_files = data_files(table, since=DAY_B, until=DAY_B + timedelta(days=1))
+    assert [location.path_of(f.file_path) for f in b_files] == [
+        n.path for n in location.staged() if n.writer.startswith("v.")
+    ]
+    with open_lake_log(catalog, str(lake), since=DAY_B, until=DAY_B + timedelta(days=1)) as store:
+        assert store.count() == len(day_b)
+        assert {r[0] for r in store.query("SELECT DISTINCT left(request_id, 1) FROM requests")} == {"b"}
+    since, until = DAY_A + timedelta(hours=6), DAY_A + timedelta(hours=18)  # inside the compacted file
+    inside = [r for r in day_a if since <= r["admitted_at"] < until]
+    with open_lake_log(catalog, str(lake), since=since, until=until) as store:
+        assert store.count() == len(inside) > 0
+        assert store.query(
+            "SELECT min(admitted_at) >= ?, max(admitted_at) < ? FROM requests", [since, until]
+        ) == [(True, True)]
+
+
+def test_an_older_file_reads_a_newer_column_as_null_and_any_filesystem_reads_the_same(tmp_path: Path) -> None:
+    catalog, lake = f"sqlite:///{tmp_path / 'catalog.db'}", tmp_path / "lake"
+    newer = synthetic_rows(300, DAY_A, seed=3, prefix="new")
+    for row in newer:
+        row["task_class"] = "short"
+    stage(lake, "new", newer, 300)
+    older = pa.Table.from_pylist(synthetic_rows(100, DAY_A, seed=4, prefix="old"), schema=ARROW_SCHEMA)
+    older = older.drop_columns(["task_class", "adapter", "probe_level", "probe_rate_per_s", "probe_warmup"])
+    (lake / "staged" / "old.1").mkdir(parents=True)
+    pq.write_table(older, lake / "staged" / "old.1" / "old.1-000000000000.parquet")  # a version before them
+    commit(catalog, lake)
+    query = "SELECT left(request_id, 3), count(*), count(task_class), count(DISTINCT task_class) FROM requests GROUP BY 1 ORDER BY 1"
+    with open_lake_log(catalog, str(lake)) as store:
+        assert store.query(query) == [("new", 300, 300, 1), ("old", 100, 0, 0)]
+        local = store.query(SUMMARY)
+
+    # the same files through the lake's pyarrow filesystem registered with DuckDB (as for s3://)
+    location = Lake.parse(lake)
+    remote = Lake(
+        uri=location.uri, fs=pafs.SubTreeFileSystem("/", pafs.LocalFileSystem()), base=location.base
+    )
+    paths, filesystem = duckdb_paths(remote, data_files(iceberg(catalog, lake)))
+    assert filesystem is not None and all(p.startswith("headroomlake://") for p in paths)
+    store = RequestStore.over_parquet(paths, filesystem=filesystem)
+    assert store.query(SUMMARY) == local
+    assert store.query(query) == [("new", 300, 300, 1), ("old", 100, 0, 0)]
+    store.close()
+
+
+def test_compaction_drops_a_repeated_request_and_keeps_a_newer_writers_column(tmp_path: Path) -> None:
+    catalog, lake = f"sqlite:///{tmp_path / 'catalog.db'}", tmp_path / "lake"
+    rows = synthetic_rows(500, DAY_A, span=timedelta(hours=20), seed=5)
+    stage(lake, "w", rows, 100)
+    stage(lake, "again", rows[:1], 1)  # the same request staged twice (a second writer)
+    extra = pa.Table.from_pylist(synthetic_rows(50, DAY_A, seed=6, prefix="gpu"), schema=ARROW_SCHEMA)
+    extra = extra.append_column("gpu_class", pa.array(["h100"] * 50))  # a field a later record has
+    (lake / "staged" / "new.1").mkdir(parents=True)
+    pq.write_table(extra, lake / "staged" / "new.1" / "new.1-000000000000.parquet")
+    commit(catalog, lake)
+    location = Lake.parse(lake)
+    result = lake_table.maintain(lake_table.open_catalog(catalog, location), location)
+    assert result.files_before == 7 and result.files_after == 1 and result.duplicates_dropped == 1
+    read = iceberg(catalog, lake).scan().to_arrow()
+    assert read.num_rows == len(set(read["request_id"].to_pylist())) == 550
+    gpu = dict(zip(read["request_id"].to_pylist(), read["gpu_class"].to_pylist()))
+    assert {v for k, v in gpu.items() if k.startswith("gpu")} == {"h100"}
+    assert {v for k, v in gpu.items() if not k.startswith("gpu")} == {None}
+    models_then_time = list(zip(read["model"].to_pylist(), read["admitted_at"].to_pylist()))
+    assert models_then_time == sorted(models_then_time), "compacted rows sorted by model, then admission"
