@@ -218,3 +218,27 @@ def test_the_sidecars_own_store_folds_its_log_every_checkpoint_mb(tmp_path, chec
             assert store.query("SELECT current_setting('checkpoint_threshold')")[0][0] == setting
         finally:
             handle.stop()
+
+
+@pytest.mark.parametrize(("store_memory_mb", "setting"), [(None, "244.1 MiB"), (100, "95.3 MiB")])
+def test_the_sidecars_own_store_is_bounded_by_store_memory_mb(tmp_path, store_memory_mb, setting):
+    """Without a bound DuckDB keeps every block it writes up to 80 % of the machine's memory (a
+    sidecar grew by ~53 bytes a row, BENCHMARKS.md §10): 256 MB (DuckDB shows 244.1 MiB) unless
+    --store-memory-mb says otherwise; below 64 MB it is refused."""
+    options = {} if store_memory_mb is None else {"store_memory_mb": store_memory_mb}
+    app = build_sidecar(
+        SidecarConfig(
+            upstream="http://127.0.0.1:9",
+            engine="none",
+            db_path=str(tmp_path / "log.duckdb"),
+            jobs=False,
+            **options,
+        )
+    )
+    try:
+        store = app.state.writer.sink
+        assert store.query("SELECT current_setting('memory_limit')")[0][0] == setting
+    finally:
+        app.state.writer.close()
+    with pytest.raises(ValueError, match="--store-memory-mb must be at least 64, got 63"):
+        SidecarConfig(upstream="http://127.0.0.1:9", store_memory_mb=63)

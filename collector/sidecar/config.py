@@ -10,6 +10,7 @@ from collector.store.capacity_gauges import check_replica_class
 __all__ = ["MAX_REQUEST_BODY_BYTES", "SidecarConfig"]
 
 MAX_REQUEST_BODY_BYTES = 64 * 2**20  # --max-request-body-bytes' default
+MIN_STORE_MEMORY_MB = 64  # below it the rows waiting for a checkpoint (16 MB of log) crowd out queries
 
 
 @dataclass
@@ -23,6 +24,7 @@ class SidecarConfig:
     admin_listen: tuple[str, int] | None = None
     db_path: str | None = "headroom.duckdb"
     checkpoint_mb: int | None = None  # --checkpoint-mb: fold db_path's WAL every N MB (DuckDB: 16)
+    store_memory_mb: int = 256  # --store-memory-mb: db_path's DuckDB memory_limit (its cache stops there)
     instance: str = field(default_factory=socket.gethostname)
     # --replica-class: hardware x engine configuration; None derives it (collector.sidecar.replica)
     replica_class: str | None = None
@@ -92,6 +94,10 @@ class SidecarConfig:
             ("--max-upstream-connections", self.max_connections),
             ("--checkpoint-mb", 1 if self.checkpoint_mb is None else self.checkpoint_mb),
         )
+        if self.store_memory_mb < MIN_STORE_MEMORY_MB:
+            raise ValueError(
+                f"--store-memory-mb must be at least {MIN_STORE_MEMORY_MB}, got {self.store_memory_mb}"
+            )
         for name, count in counts:
             if count < 1:
                 raise ValueError(f"{name} must be at least 1, got {count}")

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from collector.serving import parse_listen
-from collector.sidecar.config import SidecarConfig
+from collector.sidecar.config import MIN_STORE_MEMORY_MB, SidecarConfig
 
 __all__ = ["RENAMED", "NOT_CONFIG", "config_from_options", "sidecar_options"]
 
@@ -68,6 +68,16 @@ _OPTIONS = [
         help="Fold --db's write-ahead log into the file each time it holds this many MB. Larger "
         "takes bursts of rows faster and keeps up to that much more in memory (64: ~200,000 rows/s "
         "into a 10 M-row log, 30 MiB more at peak; BENCHMARKS.md §5g).",
+    ),
+    click.option(
+        "--store-memory-mb",
+        default=SidecarConfig.store_memory_mb,
+        show_default=True,
+        type=click.IntRange(MIN_STORE_MEMORY_MB),
+        metavar="MB",
+        help="The most memory --db's DuckDB holds: past it, it drops cached blocks of the log (without "
+        "a bound it keeps every block it writes, up to 80% of the machine's memory) and a query that "
+        "needs more fails, naming the limit (BENCHMARKS.md §10).",
     ),
     click.option(
         "--instance",

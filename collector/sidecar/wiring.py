@@ -234,10 +234,16 @@ def _otel_sinks(config: SidecarConfig, engine: EngineSource | None = None) -> li
 def _own_store(config: SidecarConfig) -> RequestStore | None:
     """The in-process store: a DuckDB file this sidecar alone owns (not with --lake), on one
     of DuckDB's threads (the proxy keeps the other cores), folding its write-ahead log every
-    --checkpoint-mb (DuckDB's 16 MB unless told)."""
+    --checkpoint-mb (DuckDB's 16 MB unless told), its memory bounded by --store-memory-mb (DuckDB
+    would cache every block it writes up to 80 % of the machine's memory: BENCHMARKS.md §10)."""
     if config.lake or not config.db_path:
         return None
-    return RequestStore(config.db_path, threads=SIDECAR_STORE_THREADS, checkpoint_mb=config.checkpoint_mb)
+    return RequestStore(
+        config.db_path,
+        threads=SIDECAR_STORE_THREADS,
+        checkpoint_mb=config.checkpoint_mb,
+        memory_mb=config.store_memory_mb,
+    )
 
 
 def _lake_writer(config: SidecarConfig) -> LakeWriter | None:

@@ -258,6 +258,7 @@ class RequestStore:
         read_only: bool = False,
         checkpoint_mb: int | None = None,
         threads: int | None = None,
+        memory_mb: int | None = None,
     ) -> None:
         """Open (or create and migrate) the request log at `path`.
 
@@ -270,6 +271,10 @@ class RequestStore:
         `threads`: DuckDB's worker threads for this database (DuckDB's default: one per core).
         A sidecar's store takes one, leaving the other cores to the proxy; on 2 cores its inserts
         were faster too, 8.3-8.7 against 10.0-10.5 ms per 5,000 rows into 10 M (BENCHMARKS.md §5f).
+
+        `memory_mb`: DuckDB's memory_limit for this database (DuckDB's default: 80 % of the
+        machine's memory). DuckDB keeps each block it writes or reads until it reaches that
+        limit, so a long-lived writer's memory grows with its file (BENCHMARKS.md §10).
         """
         self.path = str(path)
         new = self.path != ":memory:" and not Path(self.path).exists()
@@ -285,6 +290,8 @@ class RequestStore:
             self._con.execute("SET checkpoint_threshold = ?", [f"{int(checkpoint_mb)}MB"])
         if threads is not None:
             self._con.execute("SET threads = ?", [int(threads)])
+        if memory_mb is not None:
+            self._con.execute("SET memory_limit = ?", [f"{int(memory_mb)}MB"])
         self._newest = _newest_for(self.path, self)
         with self._newest.lock:  # the file may have changed since a store of it last looked
             self._newest.value = _UNKNOWN
