@@ -106,8 +106,8 @@ def test_the_composite_fires_only_where_a_latency_and_a_saturation_signal_coinci
 def test_outages_slow_nights_and_slow_replicas(backtest):
     outage = backtest("engine_outage").timeline
     assert _first_firing(outage, "HeadroomAvailabilityBudgetBurnFast") - 40 * MIN <= 5 * MIN
-    store = backtest("store_outage").timeline
-    assert store.pages == [] and store.firing("HeadroomLogSinkDown")
+    sink = backtest("log_sink_outage").timeline
+    assert sink.pages == [] and sink.firing("HeadroomLogSinkDown")
     assert backtest("night_trickle").timeline.pages == []
     slow = backtest("slow_replica").timeline
     assert {s.labels["instance"] for s in slow.firing("HeadroomSlowReplica")} == {"replica-3"}

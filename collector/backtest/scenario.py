@@ -49,7 +49,7 @@ FAULT_KINDS = {
     "engine_metrics_down": "the engine's /metrics fails: headroom_engine_up 0, engine gauges absent",
     "engine_outage": "the engine is gone: running requests fail, new ones get a 502 at once",
     "shedding": "a share of arrivals is refused by the engine (HTTP `status`, 503 or 429)",
-    "store_outage": "the store service is unreachable: rows spool on the sidecar",
+    "log_sink_outage": "the lake the sidecar stages into takes no writes: rows spool on the sidecar",
     "sidecar_down": "Prometheus cannot scrape the sidecar: up 0, no other series",
     "sidecar_gone": "the scrape job vanished: no series at all, not even up",
     "slow_replica": "the replica's engine runs `factor` times slower (bandwidth and compute)",

@@ -11,7 +11,7 @@ request log); this module adds what only the simulation knows, each the way the 
     headroom_capacity_*{model, task_class="all", source="probe", confidence="high"}   the published knee
     headroom_adapter_slots{model}          the engine's adapter slots (max_loras), once an adapter request came
     headroom_log_rows_written_total, headroom_log_queue_rows
-    with a log sink that fails (a store_outage fault: the lake away): headroom_log_sink_up, headroom_log_spool_files, _bytes,
+    with a log sink that fails (a log_sink_outage fault: the lake away): headroom_log_sink_up, headroom_log_spool_files, _bytes,
     _oldest_age_seconds, headroom_log_sink_lag_seconds
 
 and then applies the scrape faults: `sidecar_down` leaves `up` 0 and nothing else, `sidecar_gone`
@@ -31,8 +31,8 @@ from collector.backtest.simulate import EngineSample, SimulationResult
 __all__ = ["scenario_series", "SPOOL_ROW_BYTES", "DRAIN_ROWS_PER_S"]
 
 ENGINE = "vllm"
-SPOOL_ROW_BYTES = 400  # a request-log row as spooled JSON, roughly
-DRAIN_ROWS_PER_S = 2000.0  # how fast a spool drains once the store answers again
+SPOOL_ROW_BYTES = 400  # a request-log row in the spool, roughly
+DRAIN_ROWS_PER_S = 2000.0  # how fast a spool drains once the sink takes rows again
 _FLUSH_S = 0.5  # the writer's flush interval: one spool file per flush with rows
 
 
@@ -114,24 +114,24 @@ def _log(
     instance: str,
     epoch: float,
 ) -> None:
-    """Rows written (or shipped, spooled and drained when the scenario has a store)."""
+    """Rows written (or spooled and drained while a log_sink_outage keeps the sink away)."""
     done = sorted(r.completed for r in records if r.completed is not None)
-    outages = [f for f in scenario.faults_of("store_outage") if f.instance in (None, instance)]
-    shipping = bool(outages)
+    outages = [f for f in scenario.faults_of("log_sink_outage") if f.instance in (None, instance)]
+    spooling = bool(outages)
     spool: deque[float] = deque()  # completion times of spooled rows, oldest first
     files: set[int] = set()  # flush slots that produced a spool file
     written = 0.0
     index, last = 0, times[0]
     for t in times:
-        store_down = any(f.covers(t - epoch, instance) for f in outages)
+        sink_down = any(f.covers(t - epoch, instance) for f in outages)
         while index < len(done) and done[index] <= t:
-            if store_down or spool:
+            if sink_down or spool:
                 spool.append(done[index])
                 files.add(int(done[index] / _FLUSH_S))
             else:
                 written += 1
             index += 1
-        if not store_down:  # the spool drains, oldest first
+        if not sink_down:  # the spool drains, oldest first
             for _ in range(min(len(spool), int(DRAIN_ROWS_PER_S * (t - last)))):
                 spool.popleft()
                 written += 1
@@ -140,9 +140,9 @@ def _log(
         last = t
         out.add("headroom_log_rows_written_total", target, t, written)
         out.add("headroom_log_queue_rows", target, t, 0.0)
-        if shipping:
+        if spooling:
             oldest = t - spool[0] if spool else 0.0
-            out.add("headroom_log_sink_up", target, t, 0.0 if store_down else 1.0)
+            out.add("headroom_log_sink_up", target, t, 0.0 if sink_down else 1.0)
             out.add("headroom_log_spool_files", target, t, float(len(files)))
             out.add("headroom_log_spool_bytes", target, t, float(len(spool) * SPOOL_ROW_BYTES))
             out.add("headroom_log_spool_oldest_age_seconds", target, t, oldest)

@@ -131,11 +131,11 @@ _ALL = (
         ),
     ),
     Scenario(
-        "store_outage",
-        "at 50 % of the knee the store service is unreachable for 20 minutes; rows spool on the sidecar",
+        "log_sink_outage",
+        "at 50 % of the knee the lake takes no writes for 20 minutes; rows spool on the sidecar",
         1.5 * _H,
         constant(0.5),
-        faults=(Fault("store_outage", 40 * _M, 60 * _M),),
+        faults=(Fault("log_sink_outage", 40 * _M, 60 * _M),),
         expect=Expect(pages=0, fires=(("HeadroomLogSinkDown", 8 * _M),)),
     ),
     Scenario(
