@@ -4,6 +4,8 @@ a crash mid-roll repaired with the same names and bytes, and `headroom run --lak
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -141,3 +143,22 @@ def test_sidecar_with_lake_stages_rows_and_exports_spool_health(tmp_path: Path) 
         assert metrics[("headroom_log_rows_written_total", ())] == 5
         assert metrics[("headroom_log_sink_up", ())] == 1
     assert not (tmp_path / "log.duckdb").exists()
+
+
+@pytest.mark.subprocess
+def test_the_sidecars_lake_path_imports_no_pyiceberg(tmp_path: Path) -> None:
+    """`headroom run --lake` builds without loading pyiceberg or SQLAlchemy (the slim install has
+    neither; tests/test_packaging.py runs it there)."""
+    code = (
+        "import sys\n"
+        "from collector.cli import main\n"
+        "from collector.sidecar.config import SidecarConfig\n"
+        "from collector.sidecar.wiring import build_sidecar\n"
+        f"build_sidecar(SidecarConfig(upstream='http://127.0.0.1:9', db_path=None, lake={str(tmp_path / 'lake')!r},"
+        f" spool_dir={str(tmp_path / 'spool')!r}, engine='none', jobs=False))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyiceberg', 'sqlalchemy', 'psycopg')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout
+    assert (tmp_path / "lake" / "staged").is_dir()  # the lake writer was built

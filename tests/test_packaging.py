@@ -1,21 +1,31 @@
 """The slim sidecar install: `pip install llm-headroom` (the sidecar) into a fresh venv runs `headroom run`
-without scipy, kneed, matplotlib or numpy; the other commands name the extra they need."""
+with --db and with --lake, without scipy, kneed, matplotlib, numpy or pyiceberg; the other commands
+name the extra they need."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 from conftest import free_port
 from support.upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("scipy", "kneed", "matplotlib", "numpy", "grafana-client", "rich")
+LAKE = (
+    "pyiceberg",
+    "sqlalchemy",
+    "psycopg",
+    "psycopg-binary",
+)  # the [lake] extra: the committer's, not the sidecar's
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(600)]
 
 
@@ -42,7 +52,9 @@ def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
         check=True,
     )
     installed = {name.lower() for name in json.loads(listed.stdout)}
-    assert not installed & set(HEAVY), f"the sidecar install pulled in {sorted(installed & set(HEAVY))}"
+    assert not installed & set(HEAVY + LAKE), (
+        f"the sidecar install pulled in {sorted(installed & set(HEAVY + LAKE))}"
+    )
     size = _site_packages_mb(venv)
     print(f"\nsidecar install: {size:.0f} MB in site-packages")  # docs/operations.md quotes this number
     assert size < 400, f"the sidecar install is {size:.0f} MB"
@@ -52,19 +64,39 @@ def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
     assert refused.returncode == 1 and "llm-headroom[" in refused.stderr, refused.stderr
 
     upstream = FakeUpstream()
+    try:
+        with _sidecar(headroom, upstream.url, tmp_path, "--db", str(tmp_path / "log.duckdb")) as url:
+            _one_request(url)
+            assert (
+                'headroom_requests_total{model="m1",outcome="ok",source="traffic",tenant="anonymous"} 1.0'
+                in httpx.get(url + "/metrics").text
+            )
+        lake = tmp_path / "lake"
+        with _sidecar(
+            headroom, upstream.url, tmp_path, "--lake", str(lake), "--spool-dir", str(tmp_path / "spool")
+        ) as url:
+            _one_request(url)
+    finally:
+        upstream.stop()
+    (staged,) = lake.glob("staged/*/*.parquet")  # rolled at the stop, with no pyiceberg installed
+    assert pq.read_table(staged).column("model").to_pylist() == ["m1"]
+
+
+@contextlib.contextmanager
+def _sidecar(headroom: str, upstream: str, tmp_path: Path, *flags: str) -> Iterator[str]:
+    """`headroom run` from the slim venv; yields its URL once ready; SIGTERM at exit, no traceback."""
     port = free_port()
     sidecar = subprocess.Popen(
         [
             headroom,
             "run",
             "--upstream",
-            upstream.url,
+            upstream,
             "--listen",
             f"127.0.0.1:{port}",
-            "--db",
-            str(tmp_path / "log.duckdb"),
             "--engine",
             "none",
+            *flags,
         ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -80,20 +112,19 @@ def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
-        assert sidecar.poll() is None, sidecar.stdout.read()
-        answer = httpx.post(
-            url + "/v1/chat/completions",
-            timeout=10,
-            json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-        )
-        assert answer.status_code == 200 and b"[DONE]" in answer.content
-        assert (
-            'headroom_requests_total{model="m1",outcome="ok",source="traffic",tenant="anonymous"} 1.0'
-            in httpx.get(url + "/metrics").text
-        )
+        assert sidecar.poll() is None, sidecar.stdout.read() if sidecar.stdout else ""
+        yield url
     finally:
         sidecar.terminate()
         sidecar.wait(30)
-        upstream.stop()
-    log = sidecar.stdout.read()
+    log = sidecar.stdout.read() if sidecar.stdout else ""
     assert "Traceback" not in log, log
+
+
+def _one_request(url: str) -> None:
+    answer = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=10,
+        json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert answer.status_code == 200 and b"[DONE]" in answer.content
