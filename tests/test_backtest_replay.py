@@ -1,8 +1,8 @@
-"""Replaying a request log through the rules: from a DuckDB file, from a store service, from the demo.
+"""Replaying a request log through the rules: from a DuckDB file, from the fleet's table, from the demo.
 
 A simulated scenario's rows, written to a real DuckDB file and read back, rebuild exactly the
-sidecar series the scenario itself exported (one code path for both); the store service's paged
-lifecycles give the same records; what rows cannot tell is named as missing; and a log written by
+sidecar series the scenario itself exported (one code path for both), LoRA adapters included; the
+fleet's Iceberg table gives the same records; what rows cannot tell is named as missing; and a log written by
 `headroom demo` replays end to end with the knee alert firing from the level where the demo's load
 crossed the knee it reports. The command line's errors name the bad input.
 """

@@ -13,7 +13,7 @@ from collector.dashboards.files import dashboard_files
 
 BOARDS = {name: json.loads(text) for name, text in dashboard_files().items()}
 SCOPE = ('cluster=~"$cluster"', 'namespace=~"$namespace"', 'job=~"$job"', 'instance=~"$instance"')
-# Published capacity comes from the sidecar or, in a fleet, from the store service: filtered by place
+# Published capacity comes from each sidecar (in a fleet, from the fleet's estimates table): filtered by place
 # and model, and kept to the models the selected sidecars serve (an `and on (model)` join), never by job.
 PLACE_ONLY = {name for name, spec in BY_NAME.items() if spec.group == "capacity"}
 _SELECTOR = re.compile(r"\b([a-zA-Z_:][\w:]*)\{([^}]*)\}")

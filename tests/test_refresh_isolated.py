@@ -1,4 +1,4 @@
-"""The traffic refresh in a child process (what `headroom run` and the store service schedule)
+"""The traffic refresh in a child process (what `headroom run` schedules)
 computes exactly the estimates the in-process refresh does, publishes them, and a child that
 fails or runs too long costs the refresh its new traffic estimates and nothing else."""
 

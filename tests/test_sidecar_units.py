@@ -475,7 +475,7 @@ def test_absurd_upstream_usage_falls_back_to_the_estimate():
     request = _request(7)
     tracker.admit(request)
     tracker.relayed(request, 3, 0.0)
-    # a value beyond the INTEGER column would get the row rejected by the store service (400)
+    # a value beyond the INTEGER column would get the row's batch rejected by the request log
     tracker.reported_usage(request, {"prompt_tokens": 2**40, "completion_tokens": -1})
     row = tracker.finish(request, "ok")
     assert (row.prompt_tokens, row.completion_tokens, row.usage_source) == (7, 3, "estimated")

@@ -108,7 +108,7 @@ def recording_test_groups(config: RulesConfig) -> list[dict[str, Any]]:
 
 def _fleet_group() -> dict[str, Any]:
     """Two replicas of two classes (pools 24 and 16, knees 32 and 20, token knee 40000 for `a`'s
-    class) carrying 30 requests; the capacity comes from one exporter (a store service), each
+    class) carrying 30 requests; the capacity comes from one exporter (instance "store"), each
     replica takes its own class's."""
     series, where = [], '{instance="store",model="m",task_class="all",replica_class="%s"}'
     for instance, cls, pool, knee, inflight in (("a", "h100", 24, 32, 18), ("b", "l40s", 16, 20, 12)):
