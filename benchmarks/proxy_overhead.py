@@ -72,10 +72,19 @@ class Target:
     runs: dict = field(default_factory=dict)  # (workload, style) -> list of per-round results
 
 
-def _headroom(upstream: str, launcher: list[str] | None = None) -> tuple[str, subprocess.Popen]:
-    """`headroom run` on a free port (`launcher`: a script to run instead of `-m collector.cli`)."""
+def _headroom(
+    upstream: str, launcher: list[str] | None = None, lake: bool = False
+) -> tuple[str, subprocess.Popen]:
+    """`headroom run` on a free port (`launcher`: a script to run instead of `-m collector.cli`),
+    logging into a DuckDB file in a temporary directory, or with `lake` staging Parquet files into
+    one (`--lake DIR --spool-dir DIR/spool`, no catalog)."""
     port = free_port()
-    db = tempfile.mkdtemp() + "/bench.duckdb"
+    scratch = tempfile.mkdtemp()
+    log = (
+        ["--lake", scratch + "/lake", "--spool-dir", scratch + "/spool"]
+        if lake
+        else ["--db", scratch + "/bench.duckdb"]
+    )
     process = start(
         [
             PYTHON,
@@ -85,8 +94,7 @@ def _headroom(upstream: str, launcher: list[str] | None = None) -> tuple[str, su
             upstream,
             "--listen",
             f"127.0.0.1:{port}",
-            "--db",
-            db,
+            *log,
             "--engine",
             "none",
             "--log-level",
@@ -140,9 +148,15 @@ def _units(targets: list[Target], pace: str, vllm_targets: set[str]) -> list[tup
 
 
 def measure(
-    target: Target, streams: int, pace: str, style: str, seconds: float, answer_chunks: int = 64
+    target: Target,
+    streams: int,
+    pace: str,
+    style: str,
+    seconds: float,
+    answer_chunks: int = 64,
+    path: str = ACCOUNTED,
 ) -> dict:
-    """One time-boxed round of one target: chunks/s, TTFT samples, CPU per chunk."""
+    """One time-boxed round of one target at `path`: chunks/s, TTFT samples, CPU per chunk."""
     headers = {
         "x-chunks": str(answer_chunks),
         "x-pace-ms": "0" if pace == "flood" else str(1000 // int(pace)),
@@ -156,7 +170,7 @@ def measure(
 
     cpu = {"start": read()}
     at_deadline = lambda: cpu.__setitem__("end", read())  # noqa: E731
-    result = asyncio.run(drive_for(target.url + ACCOUNTED, streams, seconds, headers, at_deadline))
+    result = asyncio.run(drive_for(target.url + path, streams, seconds, headers, at_deadline))
     spent = {name: cpu["end"][name] - cpu["start"][name] for name in pids}
     cpu_s = spent["proxy"]
     chunks = max(1, result.token_chunks)

@@ -3,7 +3,8 @@
     python benchmarks/sse_upstream.py PORT
 
 It shares no code with the proxies it measures (no uvicorn, no aiohttp), so a change in either
-cannot speed up or slow down both sides. Per request, headers choose the stream:
+cannot speed up or slow down both sides. It answers every method and path alike (so a path the
+sidecar passes through un-accounted streams the same answer); per request, headers choose the stream:
 
     x-chunks    token chunks per answer (default 64), one token each
     x-pace-ms   gap between chunks (0: flood, yielding to the loop between chunks as an engine

@@ -4,6 +4,8 @@
     python benchmarks/style_pairs.py --streams 256 --pairs 60
     python benchmarks/style_pairs.py --targets headroom,direct  # direct too: the load's own gap
     python benchmarks/style_pairs.py --versus-floor --pairs 200 # headroom against the pass-through
+    python benchmarks/style_pairs.py --versus-floor --route passthrough  # its un-accounted route
+    python benchmarks/style_pairs.py --versus-floor --lake      # headroom staging Parquet, not DuckDB
     python benchmarks/style_pairs.py --versus-no-age --scrape-s 0.25  # the in-flight age pass on vs off
 
 The issue's target: vLLM-style streams (`"usage":null` in every chunk plus a final usage chunk)
@@ -25,7 +27,12 @@ upstream, load generator and `headroom run` as the main benchmark.
 With --versus-floor the same pairing decides the flood targets instead: `headroom run` and the
 bare pass-through (benchmarks/passthrough_proxy.py) alternate ABBA on plain streams, and each
 pair gives headroom's chunk rate over the floor's (target >= 0.95) and its CPU per chunk over
-the floor's (target <= 1.2).
+the floor's (target <= 1.2). `--route passthrough` sends both arms' streams to ROUTES'
+`passthrough` path instead, which the sidecar forwards through its pass-through, un-accounted
+(the upstream answers every path alike); `--lake` starts `headroom run --lake DIR` (Parquet staged
+through its spool, no catalog) instead of `--db`. After the pairs the sidecar's /metrics is
+checked: accounted requests on the accounted route and none on the pass-through, and the spool's
+series with --lake only, so an arm that is not what it says fails the run.
 
 With --versus-no-age two `headroom run` alternate ABBA on plain streams: the production one and
 one started by benchmarks/_no_age_headroom.py, whose /metrics leaves out the in-flight age pass
@@ -48,7 +55,20 @@ import httpx
 from _common import PYTHON, free_port, start, stop_all
 from _no_age_headroom import scrape_us
 from _verdict import describe
-from proxy_overhead import CPU_TARGET, RATE_TARGET, SIDES, STYLE_TARGET, Target, _headroom, measure
+from prometheus_client.parser import text_string_to_metric_families
+from proxy_overhead import (
+    ACCOUNTED,
+    CPU_TARGET,
+    RATE_TARGET,
+    SIDES,
+    STYLE_TARGET,
+    Target,
+    _headroom,
+    measure,
+)
+
+# --route: the path both arms' streams go to; any /v1/* path but the accounted ones passes through
+ROUTES = {"accounted": ACCOUNTED, "passthrough": "/v1/bench/stream"}
 
 
 def pairs_for(target: Target, args: argparse.Namespace) -> dict:
@@ -102,9 +122,10 @@ def pair_targets(
     rates: list[float] = []
     cpus: list[float] = []
     windows: dict[str, list[dict]] = {headroom.name: [], floor.name: []}
+    path = ROUTES[args.route]
     for index in range(args.pairs):
         order = (floor, headroom) if index % 2 == 0 else (headroom, floor)
-        got = {t.name: measure(t, args.streams, "flood", "plain", args.window_s) for t in order}
+        got = {t.name: measure(t, args.streams, "flood", "plain", args.window_s, path=path) for t in order}
         for t in order:
             windows[t.name].append(got[t.name])
         ours, base = got[headroom.name], got[floor.name]
@@ -118,6 +139,7 @@ def pair_targets(
         "pairs": len(rates),
         "window_s": args.window_s,
         "streams": args.streams,
+        "route": path,
         "chunks_per_s": {
             n: round(statistics.median(w["chunks_per_s"] for w in v)) for n, v in windows.items()
         },
@@ -139,9 +161,50 @@ def _passthrough(upstream: str) -> Target:
     )
 
 
+def sidecar_log(url: str) -> dict:
+    """What the sidecar at `url` accounted and logged, from its /metrics: requests by outcome
+    summed, rows written, and (with --lake only) the spool's files and bytes."""
+    samples = [
+        sample
+        for family in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+        for sample in family.samples
+    ]
+    out = {"accounted_requests": int(sum(s.value for s in samples if s.name == "headroom_requests_total"))}
+    unlabelled = {sample.name: sample.value for sample in samples if not sample.labels}
+    for name in ("headroom_log_rows_written_total", "headroom_log_spool_files", "headroom_log_spool_bytes"):
+        if name in unlabelled:
+            out[name.removeprefix("headroom_log_")] = int(unlabelled[name])
+    return out
+
+
+def _check_arm(log: dict, args: argparse.Namespace) -> None:
+    """Refuse a run whose headroom arm was not what --route and --lake say (see the docstring)."""
+    if (log["accounted_requests"] > 0) != (args.route == "accounted"):
+        raise RuntimeError(
+            f"--route {args.route}, but the sidecar accounted {log['accounted_requests']} requests"
+        )
+    if ("spool_files" in log) != args.lake:
+        raise RuntimeError(f"--lake {args.lake}, but the sidecar's log series are {sorted(log)}")
+
+
 def _no_age(upstream: str) -> Target:
     url, process = _headroom(upstream, launcher=["benchmarks/_no_age_headroom.py"])
     return Target("no_age", url, process)
+
+
+def _versus_floor(upstream: str, args: argparse.Namespace) -> dict:
+    """--versus-floor: headroom (--lake or --db) and the pass-through paired ABBA on --route,
+    and what the sidecar accounted and logged meanwhile."""
+    targets = [Target("headroom", *_headroom(upstream, lake=args.lake))]
+    try:
+        targets.append(_passthrough(upstream))
+        for target in targets:  # warm-up: connections, imports, first DuckDB batches
+            measure(target, 16, "flood", "plain", 1.0, path=ROUTES[args.route])
+        result = pair_targets(targets[0], targets[1], args)
+        store = "lake" if args.lake else "duckdb"
+        return result | {"store": store, "sidecar_log": sidecar_log(targets[0].url)}
+    finally:
+        stop_all([t.process for t in targets if t.process])
 
 
 def _versus_no_age(upstream: str, args: argparse.Namespace) -> dict:
@@ -183,6 +246,18 @@ def main() -> None:
         "targets: chunk rate >= 0.95x, CPU per chunk <= 1.2x)",
     )
     parser.add_argument(
+        "--route",
+        choices=sorted(ROUTES),
+        default="accounted",
+        help=f"--versus-floor: the path both arms are sent (accounted: {ACCOUNTED}; passthrough: "
+        f"{ROUTES['passthrough']}, forwarded by the sidecar un-accounted)",
+    )
+    parser.add_argument(
+        "--lake",
+        action="store_true",
+        help="--versus-floor: headroom run --lake TMPDIR (Parquet through the spool) instead of --db",
+    )
+    parser.add_argument(
         "--versus-no-age",
         action="store_true",
         help="pair headroom with and without the in-flight age pass, both scraped every "
@@ -199,6 +274,8 @@ def main() -> None:
         parser.error(f"unknown target(s): {', '.join(sorted(unknown))} (known: headroom, direct)")
     if args.pairs < 1 or args.window_s <= 0:
         parser.error("--pairs must be at least 1 and --window-s positive")
+    if (args.route != "accounted" or args.lake) and not args.versus_floor:
+        parser.error("--route and --lake go with --versus-floor")
     port = free_port()
     upstream_process = start([PYTHON, "benchmarks/sse_upstream.py", str(port)], f"http://127.0.0.1:{port}/")
     upstream = f"http://127.0.0.1:{port}"
@@ -215,27 +292,23 @@ def main() -> None:
                     file=sys.stderr,
                 )
             return
+        if args.versus_floor:
+            result = _versus_floor(upstream, args)
+            print(json.dumps({"versus_floor": result}, indent=2))
+            _check_arm(result["sidecar_log"], args)
+            for name in ("rate", "cpu"):
+                print(
+                    f"{args.streams} streams flood, {args.route} route, {result['store']} log, headroom over "
+                    f"the pass-through, {name}: {result[name + '_verdict']}",
+                    file=sys.stderr,
+                )
+            return
         for name in names:
             if name == "direct":
                 targets.append(Target("direct", upstream, None))
             else:
                 url, process = _headroom(upstream)
                 targets.append(Target("headroom", url, process))
-        if args.versus_floor:
-            targets = [t for t in targets if t.name == "headroom"] or [
-                Target("headroom", *_headroom(upstream))
-            ]
-            targets.append(_passthrough(upstream))
-            for target in targets:  # warm-up: connections, imports, first DuckDB batches
-                measure(target, 16, "flood", "plain", 1.0)
-            result = pair_targets(targets[0], targets[1], args)
-            print(json.dumps({"versus_floor": result}, indent=2))
-            for name in ("rate", "cpu"):
-                print(
-                    f"{args.streams} streams flood, headroom over the pass-through, {name}: {result[name + '_verdict']}",
-                    file=sys.stderr,
-                )
-            return
         for target in targets:  # warm-up: connections, imports, first DuckDB batches
             measure(target, 16, "flood", "plain", 1.0)
             measure(target, 16, "flood", "vllm", 1.0)

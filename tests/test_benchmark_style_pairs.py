@@ -57,6 +57,39 @@ def test_versus_the_floor_pairs_headroom_with_the_pass_through():
         and min(result["chunks_per_s"].values()) > 0
     )
     assert result["rate_verdict"].endswith("for >= 0.95") and result["cpu_verdict"].endswith("for <= 1.2")
+    assert result["route"] == "/v1/chat/completions" and result["store"] == "duckdb"
+    log = result["sidecar_log"]  # accounted, into DuckDB: no spool
+    assert log["accounted_requests"] > 0 and "spool_files" not in log
+
+
+def test_the_pass_through_route_streams_through_the_sidecar_unaccounted():
+    done = _style_pairs(
+        "--versus-floor", "--route", "passthrough", "--pairs", "2", "--window-s", "0.3", "--no-progress"
+    )
+    result = json.loads(done.stdout)["versus_floor"]
+    assert result["pairs"] == 2 and result["failed"] == 0 and result["route"] == "/v1/bench/stream"
+    assert min(result["chunks_per_s"].values()) > 0
+    assert result["sidecar_log"]["accounted_requests"] == 0
+    assert b"passthrough route" in done.stderr
+
+
+def test_with_lake_the_sidecar_spools_its_rows_for_the_lake():
+    done = _style_pairs("--versus-floor", "--lake", "--pairs", "2", "--window-s", "0.3", "--no-progress")
+    result = json.loads(done.stdout)["versus_floor"]
+    assert result["pairs"] == 2 and result["failed"] == 0 and result["store"] == "lake"
+    log = result["sidecar_log"]
+    assert log["accounted_requests"] > 0 and log["spool_files"] > 0 and log["spool_bytes"] > 0
+
+
+def test_route_and_lake_are_refused_without_versus_floor():
+    done = subprocess.run(
+        [sys.executable, "benchmarks/style_pairs.py", "--lake"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--route and --lake go with --versus-floor" in done.stderr
 
 
 def test_versus_no_age_pairs_headroom_with_and_without_the_age_series_while_both_are_scraped():
