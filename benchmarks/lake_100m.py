@@ -16,6 +16,9 @@
               pyiceberg plans, DuckDB reads the data files in place), interleaved REPEAT times
               over the same table: the time to open the log and to answer a per-model count and
               exact p50/p95/p99 TTFT, and that both answer the same.
+    scan      what the review reads, alone: the product's reader over the review's window, a per-model
+              count and exact p50/p95/p99 TTFT, then every column the review selects evaluated
+              over the week in DuckDB (aggregated there rather than fetched into Python).
     maintain  `headroom lake maintain` (sealed days compacted, nothing expired or dropped), timed
               as a process; data files and rows per day before and after.
 
@@ -297,6 +300,37 @@ def readers(args: argparse.Namespace) -> None:
     print("the two readers answered the same:", answers["new"][:1], "...")
 
 
+def scan(args: argparse.Namespace) -> None:
+    """The review's reading alone, at sizes where its Python side cannot run: the product's reader
+    over what the review reads, then DuckDB evaluating every column the review selects
+    (collector.report.collect) over the week, aggregated in DuckDB instead of fetched."""
+    from collector.lake.read import open_lake_log
+    from collector.report.collect import _SELECT, _TEXT, COLUMNS
+
+    end = _end(args)
+    since = end - timedelta(days=7)
+    every = ", ".join(f"count({name})" if name in _TEXT else f"sum({name})" for name in COLUMNS)
+    review_sql = (
+        f"SELECT count(*), {every} FROM (SELECT {_SELECT} FROM requests "
+        "WHERE source = 'traffic' AND admitted_at >= ? AND admitted_at < ?)"
+    )
+    for attempt in range(args.repeat):
+        began = time.monotonic()
+        with open_lake_log(_catalog(args), args.lake, since=since - timedelta(days=8), until=end) as store:
+            opened = time.monotonic()
+            summary = store.query(SUMMARY)
+            summarised = time.monotonic()
+            rows_read = int(store.query(review_sql, [since, end])[0][0])
+            done = time.monotonic()
+        print(
+            f"  run {attempt + 1}: open {opened - began:.2f} s; per-model count, distinct ids and exact "
+            f"p50/p95/p99 TTFT {summarised - opened:.1f} s; the review's {len(COLUMNS)} columns over "
+            f"{rows_read:,} rows {done - summarised:.1f} s ({rows_read / (done - summarised):,.0f} rows/s)",
+            flush=True,
+        )
+    print("  per model (rows, distinct request_id):", [(m, n, d) for m, n, d, _ in summary])
+
+
 def _per_day(catalog: str, lake: str) -> dict[date, tuple[int, int]]:
     from collector.lake.layout import Lake
     from collector.lake.table import open_catalog, open_table
@@ -338,7 +372,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("generate", "review", "readers", "maintain"):
+    for name in ("generate", "review", "readers", "scan", "maintain"):
         p = sub.add_parser(name)
         p.add_argument("--lake", required=True, help="the lake directory")
         p.add_argument("--catalog", default=None, help="default: sqlite:///<lake>/catalog.db")
@@ -359,12 +393,19 @@ def main() -> None:
                 default="1/1",
                 help="K/N: stage and commit every Nth (day, writer) from the Kth (steps)",
             )
-        if name in ("review", "readers"):
+        if name in ("review", "readers", "scan"):
             p.add_argument("--repeat", type=int, default=3)
         if name == "readers":
             p.add_argument("--tmp", default=None, help="where the old reader's copy goes")
     args = parser.parse_args()
-    {"generate": generate, "review": review, "readers": readers, "maintain": maintain}[args.command](args)
+    commands = {
+        "generate": generate,
+        "review": review,
+        "readers": readers,
+        "scan": scan,
+        "maintain": maintain,
+    }
+    commands[args.command](args)
 
 
 if __name__ == "__main__":
