@@ -1,5 +1,6 @@
-"""Draw docs/img/openloop-sim.png: the open-loop ladder of the simulator, achieved rate and p95
-TTFT against offered rate, μ_slo marked (docs/capacity.md, "Capacity in rates").
+"""Draw the open-loop plots of docs/capacity.md ("Capacity in rates"): achieved rate and p95 TTFT
+against offered rate, μ_slo marked; the simulator's (docs/img/openloop-sim.png), or a real run's
+from the estimate `headroom probe --rates ... --json` saved (docs/img/openloop-llamacpp.png).
 
 The simulator runs in simulated time (collector.sim.offline: seeded, a few seconds of CPU): cpu
 cost profile, 4 slots, 40-token prompts, 32 output tokens, whose analytic μ is
@@ -8,10 +9,12 @@ measured (the probe's ladder would stop at the first failure; the plot shows wha
 400 requests' worth of time each, the first 15 % warm-up.
 
     .venv/bin/python scripts/openloop_plot.py [OUT.png]
+    .venv/bin/python scripts/openloop_plot.py --from-json ESTIMATE.json OUT.png
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -65,5 +68,28 @@ def main(out: Path) -> None:
     print(f"wrote {out}: μ {mu:.3f}/s, μ_slo {result.mu_slo_per_s}/s ({result.reason})")
 
 
+def from_json(estimate_path: Path, out: Path) -> None:
+    """The ladder of a saved estimate (one class: `headroom probe --json` without a workload)."""
+    estimate = json.loads(estimate_path.read_text())
+    rates, slo = estimate.get("rates"), (estimate.get("slo") or {}).get("ttft_p95_s")
+    if not rates or not rates.get("levels"):
+        raise SystemExit(
+            f"{estimate_path} has no open-loop ladder: run headroom probe with --rates and --json"
+        )
+    model = Path(estimate.get("model") or "model").name.removesuffix(".gguf")
+    mu = rates.get("mu_slo_requests_per_s")
+    shown = f"μ_slo {mu:.3g}/s" if mu is not None else "no μ_slo"
+    slo_text = f", SLO p95 TTFT {slo:g} s" if slo is not None else ""
+    png = render_rates_png(
+        rates, ttft_slo_s=slo, title=f"{model}, run {estimate.get('run_id')}: {shown}{slo_text}"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(png)
+    print(f"wrote {out}: {shown} ({rates.get('reason')})")
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
+    if sys.argv[1:2] == ["--from-json"] and len(sys.argv) == 4:
+        from_json(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        main(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
