@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint tools engine generate check-generated bench clean
+.PHONY: install demo test test-fast lint tools engine generate check-generated bench measure clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ engine:  ## a real llama.cpp llama-server + Gemma 3 270M, built once into ~/.cac
 # limits, real-time knees) and the real engine alone. Both run; either failing fails the target.
 WORKERS ?= 4
 PARALLEL := -m "not serial and not real_engine" -n $(WORKERS)
-ALONE    := -m "serial or real_engine"
+ALONE    := -m "(serial or real_engine) and not measurement"
 
 test: install tools engine lint  ## lint and types, then the whole suite: unit, integration, real engine
 	@status=0; \
@@ -48,6 +48,9 @@ generate: install  ## regenerate dashboards/, alerts/ and deploy/kubernetes/prom
 	$(BIN)/headroom dashboards generate
 	$(BIN)/headroom alerts generate
 	$(BIN)/headroom integrations prometheusrule --out deploy/kubernetes/prometheusrule.yaml
+
+measure: install tools engine  ## comparisons too noisy to gate make test on (the real engine's μ_slo vs a plain client)
+	$(BIN)/pytest -q -p no:cacheprovider -m measurement
 
 bench: install  ## performance measurements reported in BENCHMARKS.md
 	$(BIN)/python benchmarks/proxy_overhead.py

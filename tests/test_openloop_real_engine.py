@@ -56,7 +56,16 @@ from collector.analysis.estimate import estimate_from_probe
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.capacity import Slo
 
-pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(600)]
+# Not in make test: on this shared 2-core host it passed 5 of 9 runs at --parallel 4 and 3 of 9 for
+# the two classes (a rung flipping at a threshold, a ladder the host's speed moved away from); `make
+# measure` runs it.
+pytestmark = [
+    pytest.mark.real_engine,
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.measurement,
+    pytest.mark.timeout(600),
+]
 
 MAX_TOKENS = 2
 WARMUP_S = 1.0
