@@ -135,9 +135,9 @@ def test_probe_rates_against_a_live_simulator_finds_its_analytic_rate(tmp_path):
         (saved,) = candidate_estimates(store, 0.05)
     finally:
         store.close()
-    assert saved["run_id"] == estimate["run_id"]
-    assert saved["rate_requests_per_s"] == pytest.approx(measured)
-    assert saved["prefill_tokens_per_s"] == pytest.approx(estimate["prefill_tokens_per_s"])
+    assert saved.run_id == estimate["run_id"]
+    assert saved.rate_requests_per_s == pytest.approx(measured)
+    assert saved.prefill_tokens_per_s == pytest.approx(estimate["prefill_tokens_per_s"])
 
 
 @pytest.mark.subprocess

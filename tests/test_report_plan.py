@@ -274,6 +274,18 @@ def test_an_instance_takes_the_class_of_the_probe_runs_it_served():
     assert classes["slots16"]["plan"]["pool_per_replica"]["requests"] == estimate.recommended_pool
 
 
+def test_a_class_its_rows_name_without_a_published_knee_falls_back_as_the_rules_do():
+    """r1's sidecar says "nvidia-l4-slots8", which has no estimate: the rules judge it by the
+    model's only published knee, and the review plans it there, not under a class with no knee."""
+    store, now = one_hour_store(replicas=2)
+    store.execute("UPDATE requests SET replica_class = 'nvidia-l4-slots8' WHERE instance = 'r1'")
+    report = build_report(collect_inputs(store, now - timedelta(days=7), now))
+    store.close()
+    (entry,) = report["models"][0]["classes"]
+    assert entry["replica_class"] == f"slots{SLOTS}" and entry["instances"] == ["r0", "r1"]
+    assert entry["concurrency"]["binding_caliber"] in ("requests", "tokens")
+
+
 def test_load_at_counts_requests_and_ramps_tokens():
     import numpy as np
 

@@ -212,12 +212,19 @@ def heading(model: str) -> str:
 
 
 def _class_of(model: str, instance: str, inputs: ReportInputs, published: list[str]) -> str:
-    """An instance's replica class: the one its rows name or its probe runs', else the model's only
-    published class; else the default class (as the rules fall back to it)."""
+    """An instance's replica class: the one its rows name where that class has a published
+    estimate; else its probe runs'; else the model's only published class, as the rules fall back
+    to it (a sidecar whose class has no knee is judged against the model's default one); else the
+    class its rows name, or the default class."""
+    served = inputs.served_classes.get((model, instance))
+    if served is not None and served in published:
+        return served
     probed = inputs.instance_classes.get((model, instance))
     if probed:
         return probed
-    return published[0] if len(published) == 1 else DEFAULT_REPLICA_CLASS
+    if len(published) == 1:
+        return published[0]
+    return served or DEFAULT_REPLICA_CLASS
 
 
 def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -3,8 +3,9 @@
 The only impure part of the report: SQL with parameters, results as numpy arrays keyed by column.
 Estimates are what collector.store.decision publishes per model and replica class (task class
 all); an instance's replica class is the one its rows name (the sidecar records its class in each
-row), else the class of the probe runs it served (its rows of a probe run whose estimate names
-the class), else the model's (collector.report.build, `_class_of`).
+row) where that class has a published estimate, else the class of the probe runs it served (its
+rows of a probe run whose estimate names the class), else the model's, as the rules fall back
+(collector.report.build, `_class_of`).
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ class ReportInputs:
     slo_ttft_p95_s: float | None = None
     # model -> what is published per task class and replica class: {task_class, ..., reason}
     classes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    # (model, instance) -> the replica class its rows name, else that of the probe runs it served
+    # (model, instance) -> the replica class of the probe runs it served
     instance_classes: dict[Key, str] = field(default_factory=dict)
+    # (model, instance) -> the replica class its rows name (its sidecar's)
+    served_classes: dict[Key, str] = field(default_factory=dict)
 
     @property
     def previous_since(self) -> datetime:
@@ -109,13 +112,14 @@ def _published(decisions: list[Decision]) -> dict[Key, dict[str, Any]]:
     }
 
 
-def _instance_classes(store: RequestStore, since: datetime, until: datetime) -> dict[Key, str]:
-    """(model, instance) -> its replica class: what its rows say, else its probe runs' class."""
-    probed = {}
-    if store.query(_HAS_ESTIMATES)[0][0]:
-        probed = {(str(m), str(i)): str(c) for m, i, c in store.query(_PROBED, [until])}
-    served = {(str(m), str(i)): str(c) for m, i, c in store.query(_SERVED, [since, until])}
-    return probed | served
+def _probed(store: RequestStore, until: datetime) -> dict[Key, str]:
+    if not store.query(_HAS_ESTIMATES)[0][0]:
+        return {}
+    return {(str(m), str(i)): str(c) for m, i, c in store.query(_PROBED, [until])}
+
+
+def _served(store: RequestStore, since: datetime, until: datetime) -> dict[Key, str]:
+    return {(str(m), str(i)): str(c) for m, i, c in store.query(_SERVED, [since, until])}
 
 
 def _classes(decisions: list[Decision]) -> dict[str, list[dict[str, Any]]]:
@@ -158,7 +162,8 @@ def collect_inputs(
         _published(decisions(store, as_of=since)),  # what was published when the window began
         slo_ttft_p95_s,
         _classes(made),
-        _instance_classes(store, previous_since, until),
+        _probed(store, until),
+        _served(store, previous_since, until),
     )
 
 
