@@ -10,7 +10,8 @@
               follow collector.store.synthetic's traffic: TTFT grows with the in-flight count,
               a fifth of requests fail or are rate-limited, tenants skewed, models weighted.
     review    `headroom report` over [END - 7 days, END) through --catalog/--lake, timed as a
-              process (what a user runs), REPEAT times.
+              process (what a user runs), REPEAT times; with --parts, once in this process with
+              each of the review's DuckDB aggregates (collector.report.collect) timed apart.
     readers   the reader this change replaced (pyiceberg's scan into Arrow, streamed into one
               temporary Parquet file under DuckDB) against the product's (collector.lake.read:
               pyiceberg plans, DuckDB reads the data files in place), interleaved REPEAT times
@@ -238,6 +239,45 @@ def review(args: argparse.Namespace) -> None:
         )
 
 
+def review_parts(args: argparse.Namespace) -> None:
+    """The review in this process, each aggregate query of collector.report.collect timed."""
+    from collector.lake.read import open_lake_log
+    from collector.report import collect
+    from collector.report.build import build_report
+
+    names = {id(value): name for name, value in vars(collect).items() if isinstance(value, str)}
+    timed: list[tuple[str, float]] = []
+
+    def timing(method: Any) -> Any:
+        def run(self: Any, sql: str, **extra: Any) -> Any:
+            began = time.monotonic()
+            try:
+                return method(self, sql, **extra)
+            finally:
+                timed.append((names.get(id(sql), "?"), time.monotonic() - began))
+
+        return run
+
+    collect._Reader.rows = timing(collect._Reader.rows)  # type: ignore[method-assign]
+    collect._Reader.columns = timing(collect._Reader.columns)  # type: ignore[method-assign]
+    end = _end(args)
+    since = end - timedelta(days=7)
+    began = time.monotonic()
+    with open_lake_log(_catalog(args), args.lake, since=since - (end - since), until=end) as store:
+        opened = time.monotonic()
+        inputs = collect.collect_inputs(store, since, end)
+        collected = time.monotonic()
+        report = build_report(inputs)
+        built = time.monotonic()
+    for name, seconds in timed:
+        print(f"  {name:12s} {seconds:6.1f} s", flush=True)
+    rows = sum(model["traffic"]["requests"] for model in report["models"])
+    print(
+        f"open {opened - began:.1f} s, aggregates {collected - opened:.1f} s "
+        f"(the queries above {sum(t for _, t in timed):.1f} s), build {built - collected:.1f} s; {rows:,} requests"
+    )
+
+
 def _old_reader(catalog: str, lake: str, since: datetime, until: datetime, directory: Path) -> Any:
     """The reader this change replaced, kept here as the comparison: pyiceberg's scan into Arrow,
     streamed into one Parquet file that DuckDB then reads."""
@@ -395,6 +435,8 @@ def main() -> None:
             )
         if name in ("review", "readers", "scan"):
             p.add_argument("--repeat", type=int, default=3)
+        if name == "review":
+            p.add_argument("--parts", action="store_true", help="time each aggregate, in this process")
         if name == "readers":
             p.add_argument("--tmp", default=None, help="where the old reader's copy goes")
     args = parser.parse_args()
@@ -405,6 +447,9 @@ def main() -> None:
         "scan": scan,
         "maintain": maintain,
     }
+    if args.command == "review" and args.parts:
+        review_parts(args)
+        return
     commands[args.command](args)
 
 

@@ -31,6 +31,7 @@ from collector.analysis.workload import log_lengths
 from collector.capacity import CapacityEstimate
 from collector.report.actions import recommend_actions
 from collector.report.build import _concurrency
+from collector.report.collect import ClassFigures
 from collector.store.db import RequestStore
 from collector.store.decision import MAX_ERROR_RATIO, decisions
 from collector.store.synthetic import closed_loop_rows
@@ -184,9 +185,7 @@ def test_from_log_lengths_reproduce_the_logs_mix(tmp_path):
 
 
 def test_the_review_never_judges_a_withheld_token_knee():
-    import numpy as np
-
-    rows = {"inflight": np.array([1.0, 2.0]), "active_tokens": np.array([200.0, 1000.0])}
+    rows = ClassFigures("default", ["a"], peak_requests=2.0, peak_tokens=1000.0, load=None)
     artefact = {"source": "probe", "knee_requests": 4, "knee_tokens": 77, "token_check": {}}
     judged = _concurrency(rows, artefact)
     assert judged["peak_over_knee_tokens"] == pytest.approx(1000 / 77, rel=1e-3)

@@ -20,7 +20,7 @@ from collector.analysis.estimate import estimate_probe_run
 from collector.capacity import CapacityEstimate
 from collector.report.build import build_report, heading
 from collector.report.collect import collect_inputs
-from collector.report.plan import bin_step, load_at
+from collector.report.plan import bin_step
 from collector.sim.config import SimConfig
 from collector.sim.offline import START, closed_loop_rows
 from collector.store.db import RequestStore
@@ -286,22 +286,30 @@ def test_a_class_its_rows_name_without_a_published_knee_falls_back_as_the_rules_
     assert entry["concurrency"]["binding_caliber"] in ("requests", "tokens")
 
 
-def test_load_at_counts_requests_and_ramps_tokens():
-    import numpy as np
-
-    rows = {
-        "admitted": np.array([0.0, 1.0]),
-        "first_token": np.array([1.0, np.nan]),
-        "completed": np.array([3.0, 2.0]),
-        "prompt_tokens": np.array([10.0, 5.0]),
-        "completion_tokens": np.array([20.0, 0.0]),
-        "instance": np.array(["a", "a"], dtype=object),
-    }
-    from collector.report.plan import _intervals
-
-    requests, tokens = load_at(_intervals(rows), np.array([0.5, 1.5, 2.0, 2.5, 3.0]))
-    assert requests.tolist() == [1, 2, 1, 1, 0]
-    assert tokens.tolist() == pytest.approx([10, 10 + 5 + 5, 20, 25, 0])
+def test_the_load_counts_requests_and_ramps_tokens_from_the_stores_histograms():
+    """Two requests on one replica: admitted at 0 and 1 s, done at 3 and 2 s; the first has its
+    first token at 1 s and generates 20 tokens evenly until 3 s, the second none. The load the
+    store's histograms give (samples 0.1 s apart, at 0.05, 0.15, ...) is the sum over the two."""
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    at = lambda s: t0 + timedelta(seconds=s)  # noqa: E731
+    base = {"model": "m", "instance": "a", "source": "traffic", "outcome": "ok"}
+    store = RequestStore()
+    store.insert_rows(
+        [
+            base | {"request_id": "one", "admitted_at": at(0), "first_token_at": at(1), "completed_at": at(3),
+                    "prompt_tokens": 10, "completion_tokens": 20, "e2e_s": 3.0},
+            base | {"request_id": "two", "admitted_at": at(1), "first_token_at": None, "completed_at": at(2),
+                    "prompt_tokens": 5, "completion_tokens": 0, "e2e_s": 1.0},
+        ]
+    )  # fmt: skip
+    (replicas,) = collect_inputs(store, t0, at(10)).models["m"].classes
+    load = replicas.load
+    assert load is not None and load.grid.dt == pytest.approx(0.1) and load.grid.origin == t0.timestamp()
+    picked = [5, 15, 20, 25, 29]  # 0.55, 1.55, 2.05, 2.55, 2.95 s
+    assert load.grid.times[picked] == pytest.approx([0.55, 1.55, 2.05, 2.55, 2.95])
+    assert load.requests[picked].tolist() == [1, 2, 1, 1, 1]
+    assert load.tokens[picked] == pytest.approx([10, 10 + 20 * 0.55 / 2 + 5, 10 + 20 * 1.05 / 2, 25.5, 29.5])
+    assert load.grid.samples == 30  # nothing sampled after the last completion
 
 
 def test_the_heading_is_the_served_name_and_a_path_its_file_stem():

@@ -13,12 +13,15 @@ adapter's. Per adapter, from the rows of the window (traffic only, never any tex
                               occupancy it took
 
 The base model's own requests are one more entry (`adapter` None), so the shares add up to 1.
-Nothing when no row of the model names an adapter.
+Nothing when no row of the model names an adapter. The sums per adapter are the store's
+(collector.report.collect: `tokens` and `generating_s` over the requests timed from their first
+token, `e2e_total_s` their e2e).
 
-    >>> rows = {"adapter": np.array([None, "sql", "sql"], dtype=object),
-    ...         "ttft_s": np.array([0.1, 0.2, 0.4]), "e2e_s": np.array([1.0, 2.0, 1.0]),
-    ...         "completion_tokens": np.array([10.0, 18.0, 12.0])}
-    >>> [(e["adapter"], e["requests"], e["capacity_share"]) for e in adapter_usage(rows)]
+    >>> sums = [{"adapter": "sql", "requests": 2, "ttft_p50_s": 0.3, "ttft_p95_s": 0.39,
+    ...          "tokens": 30.0, "generating_s": 2.4, "e2e_total_s": 3.0},
+    ...         {"adapter": None, "requests": 1, "ttft_p50_s": 0.1, "ttft_p95_s": 0.1,
+    ...          "tokens": 10.0, "generating_s": 0.9, "e2e_total_s": 1.0}]
+    >>> [(e["adapter"], e["requests"], e["capacity_share"]) for e in adapter_usage(sums)]
     [('sql', 2, 0.75), (None, 1, 0.25)]
 """
 
@@ -26,52 +29,31 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from collector.report.figures import percentiles, ratio
+from collector.report.figures import ratio
 
 __all__ = ["adapter_usage", "adapter_table"]
 
 BASE = "(base model)"  # how the table names the base model's own requests
 
 
-def _seconds(values: np.ndarray) -> float:
-    known = values[~np.isnan(values)]
-    return float(known.sum())
-
-
-def _entry(
-    rows: dict[str, np.ndarray], mask: np.ndarray, adapter: str | None, total_s: float
-) -> dict[str, Any]:
-    ttft, e2e = rows["ttft_s"][mask].astype(float), rows["e2e_s"][mask].astype(float)
-    tokens = rows["completion_tokens"][mask].astype(float)
-    timed = ~np.isnan(ttft) & ~np.isnan(e2e) & (e2e > ttft)
-    ttfts = percentiles(ttft)
-    return {
-        "adapter": adapter,
-        "requests": int(mask.sum()),
-        "ttft_p50_s": ttfts["p50"],
-        "ttft_p95_s": ttfts["p95"],
-        "output_tokens_per_s": ratio(float(tokens[timed].sum()), float((e2e - ttft)[timed].sum())),
-        "capacity_share": ratio(_seconds(e2e), total_s),
-    }
-
-
-def adapter_usage(rows: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-    """One model's rows -> per adapter (largest capacity share first), then the base model's own
-    requests; [] when none names an adapter."""
-    if "adapter" not in rows:
+def adapter_usage(sums: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One model's sums per adapter -> per adapter (largest capacity share first), then the base
+    model's own requests; [] when none names an adapter."""
+    if not any(entry["adapter"] is not None for entry in sums):
         return []
-    adapters = np.array([None if a is None else str(a) for a in rows["adapter"]], dtype=object)
-    named = sorted({a for a in adapters if a is not None})
-    if not named:
-        return []
-    total_s = _seconds(rows["e2e_s"].astype(float))
-    found = [_entry(rows, adapters == name, name, total_s) for name in named]
-    found.sort(key=lambda e: (-(e["capacity_share"] or 0.0), e["adapter"]))
-    own = np.array([a is None for a in adapters], dtype=bool)
-    if own.any():
-        found.append(_entry(rows, own, None, total_s))
+    total_s = sum(entry["e2e_total_s"] for entry in sums)
+    found = [
+        {
+            "adapter": entry["adapter"],
+            "requests": entry["requests"],
+            "ttft_p50_s": entry["ttft_p50_s"],
+            "ttft_p95_s": entry["ttft_p95_s"],
+            "output_tokens_per_s": ratio(entry["tokens"], entry["generating_s"]),
+            "capacity_share": ratio(entry["e2e_total_s"], total_s),
+        }
+        for entry in sums
+    ]
+    found.sort(key=lambda e: (e["adapter"] is None, -(e["capacity_share"] or 0.0), e["adapter"] or ""))
     return found
 
 

@@ -1,4 +1,5 @@
-"""build_report: the capacity review's figures per model and replica class, pure over ReportInputs.
+"""build_report: the capacity review's figures per model and replica class, pure over ReportInputs
+(the store's aggregates, collector.report.collect).
 
 Example output (one model, one replica class, abridged):
   {"window": {...}, "models": [{"model": "/models/gemma-3-270m.gguf", "heading": "gemma-3-270m",
@@ -22,102 +23,74 @@ import re
 from datetime import datetime
 from typing import Any
 
-import numpy as np
-
-from collector.capacity import DEFAULT_REPLICA_CLASS
 from collector.report.actions import recommend_actions
 from collector.report.adapters import adapter_usage
-from collector.report.collect import ReportInputs
-from collector.report.figures import change, nearest_power_of_two, percentiles, ratio
+from collector.report.collect import ERRORS, LATENCIES, ClassFigures, ModelFigures, ReportInputs
+from collector.report.figures import change, ratio
 from collector.report.longest import longest_running
-from collector.report.plan import bin_step, littles_law_windows, plan, profile
+from collector.report.plan import littles_law_windows, plan, profile
 
 __all__ = ["build_report", "heading", "token_knee_withheld", "TOP_TENANTS", "LITTLES_LAW_TOLERANCE"]
 
 TOP_TENANTS = 5
 LITTLES_LAW_TOLERANCE = 0.15  # as collector.analysis.littles_law.DEFAULT_TOLERANCE
-_ERRORS = ("upstream_error", "timeout")
-_LATENCIES = ("ttft_s", "tpot_s", "e2e_s")
 
 
-def _subset(columns: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
-    return {name: values[mask] for name, values in columns.items()}
-
-
-def _traffic(rows: dict[str, np.ndarray], previous: dict[str, np.ndarray], span_s: float) -> dict[str, Any]:
-    n, prompt, completion = len(rows["model"]), rows["prompt_tokens"].sum(), rows["completion_tokens"].sum()
+def _traffic(figures: ModelFigures, span_s: float) -> dict[str, Any]:
+    now, before = figures.current, figures.previous
+    n, prompt, completion = now.requests, now.prompt_tokens, now.completion_tokens
     return {
         "requests": n,
         "requests_per_s": ratio(n, span_s),
         "prompt_tokens": int(prompt),
         "completion_tokens": int(completion),
-        "cached_prompt_tokens": int(rows["cached_prompt_tokens"].sum()),
+        "cached_prompt_tokens": int(now.cached_prompt_tokens),
         "prompt_share": ratio(prompt, prompt + completion),
         "mean_prompt_tokens": ratio(prompt, n),
         "mean_completion_tokens": ratio(completion, n),
-        "previous_requests": len(previous["model"]),
-        "requests_change": change(n, len(previous["model"]) or None),
+        "previous_requests": before.requests,
+        "requests_change": change(n, before.requests or None),
     }
 
 
-def _latency(rows: dict[str, np.ndarray], previous: dict[str, np.ndarray]) -> dict[str, Any]:
+def _latency(figures: ModelFigures) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for metric in _LATENCIES:
-        now, before = percentiles(rows[metric]), percentiles(previous[metric])
+    for metric in LATENCIES:
+        now, before = dict(figures.current.latency[metric]), dict(figures.previous.latency[metric])
         result[metric] = now | {"previous": before, "change_p95": change(now["p95"], before["p95"])}
     return result
 
 
-def _outcomes(rows: dict[str, np.ndarray]) -> dict[str, Any]:
-    names, counts = np.unique(rows["outcome"].astype(str), return_counts=True)
-    by_outcome = {str(name): int(count) for name, count in zip(names, counts)}
-    total = len(rows["outcome"])
+def _outcomes(figures: ModelFigures) -> dict[str, Any]:
+    by_outcome = dict(sorted(figures.outcomes.items()))
+    total = figures.current.requests
     return {
         "counts": by_outcome,
         "rate_limited_ratio": ratio(by_outcome.get("rate_limited", 0), total),
-        "error_ratio": ratio(sum(by_outcome.get(name, 0) for name in _ERRORS), total),
+        "error_ratio": ratio(sum(by_outcome.get(name, 0) for name in ERRORS), total),
     }
 
 
-def _top_tenants(rows: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-    tokens = rows["prompt_tokens"] + rows["completion_tokens"]
-    total = tokens.sum()
-    tenants = rows["tenant"].astype(str)
-    names = np.unique(tenants)
-    ranked = sorted(
-        ((float(tokens[tenants == name].sum()), int((tenants == name).sum()), str(name)) for name in names),
-        key=lambda item: (-item[0], item[2]),
-    )
+def _top_tenants(figures: ModelFigures) -> list[dict[str, Any]]:
+    total = sum(tokens for _, tokens, _ in figures.tenants)
+    ranked = sorted(figures.tenants, key=lambda item: (-item[1], item[0]))
     return [
         {"tenant": name, "tokens": int(used), "requests": count, "share": ratio(used, total)}
-        for used, count, name in ranked[:TOP_TENANTS]
+        for name, used, count in ranked[:TOP_TENANTS]
     ]
 
 
-def _curve(rows: dict[str, np.ndarray], column: str) -> list[dict[str, Any]]:
-    values = rows[column]
-    known = ~np.isnan(values) & (values > 0)
-    buckets = nearest_power_of_two(values[known])
-    subset = _subset(rows, known)
-    curve = []
-    for bucket in np.unique(buckets):
-        mask = buckets == bucket
-        errors = np.isin(subset["outcome"][mask].astype(str), _ERRORS).sum()
-        curve.append(
-            {
-                "bucket": int(bucket),
-                "n": int(mask.sum()),
-                "ttft_p95_s": percentiles(subset["ttft_s"][mask])["p95"],
-                "tpot_p95_s": percentiles(subset["tpot_s"][mask])["p95"],
-                "error_ratio": ratio(errors, mask.sum()),
-            }
-        )
-    return curve
-
-
-def _peak(values: np.ndarray) -> float | None:
-    known = values[~np.isnan(values)]
-    return float(known.max()) if known.size else None
+def _curve(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "bucket": e["bucket"],
+            "n": e["n"],
+            "ttft_p95_s": e["ttft_p95_s"],
+            "tpot_p95_s": e["tpot_p95_s"],
+            "error_ratio": ratio(e["errors"], e["n"]),
+        }
+        for e in entries
+    ]
 
 
 def token_knee_withheld(estimate: dict[str, Any]) -> str | None:
@@ -134,7 +107,7 @@ def token_knee_withheld(estimate: dict[str, Any]) -> str | None:
     return None
 
 
-def _concurrency(rows: dict[str, np.ndarray], estimate: dict[str, Any]) -> dict[str, Any]:
+def _concurrency(figures: ClassFigures, estimate: dict[str, Any]) -> dict[str, Any]:
     """Peak against the knee per caliber, and which caliber binds (the higher peak/knee).
 
     A withheld token knee is left out (knee None) with the reason, so the review never judges
@@ -142,8 +115,8 @@ def _concurrency(rows: dict[str, np.ndarray], estimate: dict[str, Any]) -> dict[
     """
     result: dict[str, Any] = {}
     withheld = token_knee_withheld(estimate)
-    for caliber, column in (("requests", "inflight"), ("tokens", "active_tokens")):
-        peak, knee = _peak(rows[column]), estimate.get(f"knee_{caliber}")
+    for caliber, peak in (("requests", figures.peak_requests), ("tokens", figures.peak_tokens)):
+        knee = estimate.get(f"knee_{caliber}")
         if caliber == "tokens" and withheld:
             knee = None
         result[f"peak_{caliber}"] = peak
@@ -211,89 +184,54 @@ def heading(model: str) -> str:
     return (name[: -len(extension)] if extension else name) or model
 
 
-def _class_of(model: str, instance: str, inputs: ReportInputs, published: list[str]) -> str:
-    """An instance's replica class: the one its rows name where that class has a published
-    estimate; else its probe runs'; else the model's only published class, as the rules fall back
-    to it (a sidecar whose class has no knee is judged against the model's default one); else the
-    class its rows name, or the default class."""
-    served = inputs.served_classes.get((model, instance))
-    if served is not None and served in published:
-        return served
-    probed = inputs.instance_classes.get((model, instance))
-    if probed:
-        return probed
-    if len(published) == 1:
-        return published[0]
-    return served or DEFAULT_REPLICA_CLASS
-
-
-def _concat(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: np.concatenate([a[name], b[name]]) for name in a}
-
-
-def _class_reports(
-    model: str, inputs: ReportInputs, current: dict[str, np.ndarray], previous: dict[str, np.ndarray]
-) -> list[dict[str, Any]]:
+def _class_reports(model: str, inputs: ReportInputs, figures: ModelFigures) -> list[dict[str, Any]]:
     """One entry per replica class with traffic in either window: per-replica peaks against its
     knee, the fleet's load over time, and the planning numbers."""
     start, end = inputs.since.timestamp(), inputs.until.timestamp()
-    published = sorted(c for m, c in inputs.estimates if m == model)
-
-    def classes_of(rows: dict[str, np.ndarray]) -> np.ndarray:
-        names = rows["instance"].astype(str)
-        lookup = {i: _class_of(model, i, inputs, published) for i in set(names)}
-        return np.array([lookup[i] for i in names], dtype=object)
-
-    now_class, before_class = classes_of(current), classes_of(previous)
     found = []
-    for replica_class in sorted(set(now_class) | set(before_class)):
-        rows = _subset(current, now_class == replica_class)
-        both = _concat(rows, _subset(previous, before_class == replica_class))
-        estimate = inputs.estimates.get((model, replica_class), {})
-        instances = sorted(set(rows["instance"].astype(str)))
-        concurrency = _concurrency(rows, estimate)
-        load = profile(both, start, end, before=inputs.previous_since.timestamp())
+    for replica in figures.classes:
+        estimate = inputs.estimates.get((model, replica.replica_class), {})
+        concurrency = _concurrency(replica, estimate)
+        load = profile(replica.load, start, end)
         found.append(
             {
-                "replica_class": replica_class,
-                "instances": instances,
-                "replicas_run": len(instances),
+                "replica_class": replica.replica_class,
+                "instances": replica.instances,
+                "replicas_run": len(replica.instances),
                 "estimate": _estimate_summary(
-                    estimate, inputs.previous_estimates.get((model, replica_class), {}), inputs.until
+                    estimate, inputs.previous_estimates.get((model, replica.replica_class), {}), inputs.until
                 )
                 if estimate
                 else None,
                 "concurrency": concurrency,
                 "load": load,
-                "plan": plan(load, estimate or None, concurrency["knee_tokens"], len(instances), end),
+                "plan": plan(load, estimate or None, concurrency["knee_tokens"], len(replica.instances), end),
             }
         )
     return found
 
 
-def _model_report(
-    model: str, inputs: ReportInputs, current: dict[str, np.ndarray], previous: dict[str, np.ndarray]
-) -> dict[str, Any]:
+def _model_report(model: str, inputs: ReportInputs, figures: ModelFigures) -> dict[str, Any]:
     start, end = inputs.since.timestamp(), inputs.until.timestamp()
-    classes = _class_reports(model, inputs, current, previous)
+    classes = _class_reports(model, inputs, figures)
     slos = [(inputs.estimates.get((model, c["replica_class"])) or {}).get("slo") or {} for c in classes]
     slo = inputs.slo_ttft_p95_s or next((s["ttft_p95_s"] for s in slos if s.get("ttft_p95_s")), None)
-    latency = _latency(current, previous)
-    admitted = current["admitted"][~np.isnan(current["admitted"])]
-    step = bin_step(float(np.ptp(admitted)) or 1.0) if admitted.size else None
+    latency = _latency(figures)
     report: dict[str, Any] = {
         "model": model,
         "heading": heading(model),
-        "traffic": _traffic(current, previous, end - start),
+        "traffic": _traffic(figures, end - start),
         "latency": latency,
-        "outcomes": _outcomes(current),
+        "outcomes": _outcomes(figures),
         "classes": classes,
-        "top_tenants": _top_tenants(current),
-        "longest_running": longest_running(current),
-        "adapters": adapter_usage(current),
-        "curve": _curve(current, "inflight"),
-        "curve_tokens": _curve(current, "active_tokens"),
-        "littles_law": littles_law_windows(current, start, end, step, LITTLES_LAW_TOLERANCE),
+        "top_tenants": _top_tenants(figures),
+        "longest_running": longest_running(figures.longest),
+        "adapters": adapter_usage(figures.adapters),
+        "curve": _curve(figures.curve),
+        "curve_tokens": _curve(figures.curve_tokens),
+        "littles_law": littles_law_windows(
+            figures.little, figures.first_admitted, end, LITTLES_LAW_TOLERANCE
+        ),
         "capacity_by_class": inputs.classes.get(model, []),
     }
     p95 = latency["ttft_s"]["p95"]
@@ -309,12 +247,6 @@ def _second(moment: datetime) -> str:
 
 def build_report(inputs: ReportInputs) -> dict[str, Any]:
     """Figures per model (models seen in either window), in model order."""
-    models = sorted(set(inputs.current["model"].astype(str)) | set(inputs.previous["model"].astype(str)))
-    reports = []
-    for model in models:
-        current = _subset(inputs.current, inputs.current["model"] == model)
-        previous = _subset(inputs.previous, inputs.previous["model"] == model)
-        reports.append(_model_report(model, inputs, current, previous))
     return {
         "window": {
             "since": _second(inputs.since),
@@ -322,5 +254,5 @@ def build_report(inputs: ReportInputs) -> dict[str, Any]:
             "previous_since": _second(inputs.previous_since),
         },
         "slo_ttft_p95_s": inputs.slo_ttft_p95_s,
-        "models": reports,
+        "models": [_model_report(model, inputs, inputs.models[model]) for model in sorted(inputs.models)],
     }

@@ -5,11 +5,9 @@ log's rows (never any text): when each was admitted, on which sidecar, for which
 ended, how much it generated and for how long. A request stuck in flight shows here once it ends
 (HeadroomRequestStuck warned while it ran).
 
-    >>> rows = {"e2e_s": np.array([3.0, 90.0]), "admitted": np.array([0.0, 60.0]),
-    ...         "instance": np.array(["a", "b"]), "tenant": np.array(["t", "u"]),
-    ...         "outcome": np.array(["ok", "timeout"]), "completion_tokens": np.array([10, 0])}
-    >>> longest_running(rows, 1)[0]["e2e_s"], longest_running(rows, 1)[0]["outcome"]
-    (90.0, 'timeout')
+    >>> longest = [{"e2e_s": 90.0, "a": 60.0, "instance": "b", "tenant": "u", "outcome": "timeout", "g": 0}]
+    >>> longest_running(longest)[0]["admitted_at"], longest_running(longest)[0]["outcome"]
+    ('1970-01-01T00:01:00+00:00', 'timeout')
 """
 
 from __future__ import annotations
@@ -17,30 +15,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
-
 __all__ = ["LONGEST", "longest_running", "longest_table"]
 
 LONGEST = 5
 
 
-def longest_running(rows: dict[str, np.ndarray], count: int = LONGEST) -> list[dict[str, Any]]:
-    """The `count` rows with the longest e2e_s (longest first; rows without one are left out)."""
-    e2e = rows["e2e_s"].astype(float)
-    known = np.flatnonzero(~np.isnan(e2e))
-    order = known[np.argsort(-e2e[known], kind="stable")][:count]
+def longest_running(longest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The store's longest requests of a model (collector.report.collect, longest first: e2e_s,
+    admission `a` in POSIX seconds, instance, tenant, outcome, completion tokens `g`) as the
+    review shows them."""
     return [
         {
-            "e2e_s": float(e2e[i]),
-            "admitted_at": datetime.fromtimestamp(float(rows["admitted"][i]), UTC).isoformat(
-                timespec="seconds"
-            ),
-            "instance": str(rows["instance"][i]),
-            "tenant": str(rows["tenant"][i]),
-            "outcome": str(rows["outcome"][i]),
-            "completion_tokens": int(rows["completion_tokens"][i]),
+            "e2e_s": float(row["e2e_s"]),
+            "admitted_at": datetime.fromtimestamp(float(row["a"]), UTC).isoformat(timespec="seconds"),
+            "instance": str(row["instance"]),
+            "tenant": str(row["tenant"]),
+            "outcome": str(row["outcome"]),
+            "completion_tokens": int(row["g"]),
         }
-        for i in order
+        for row in longest
     ]
 
 

@@ -1,16 +1,18 @@
 """The review's planning numbers: demand over time per replica class, replicas needed, the trend.
 
-Pure over the column arrays of collector.report.collect (POSIX seconds). A request is in flight
+Pure over the aggregates of collector.report.collect (POSIX seconds). A request is in flight
 from admission to completion; its active tokens are its prompt until the first token, then the
 prompt plus what it has generated so far (the sidecar's `headroom_active_tokens`), rising evenly to
 prompt + completion at completion. The load of a set of replicas is sampled on a regular grid
-(`dt`, 1 s or finer for short spans) from those intervals, exactly as the sum over requests.
+(`dt`, 1 s or finer for short spans) from those intervals, exactly as the sum over requests: the
+store sums the events per sample (LoadSeries.from_histograms), their running sums are the load.
 
-    profile(rows, start, end)      the load of one replica class: per-bin fleet and per-replica
+    sampling_grid(...)             where one replica class's load is sampled (Grid)
+    profile(series, start, end)    the load of one replica class: per-bin fleet and per-replica
                                    load, throughput, replicas serving, the busiest minute, day peaks
     plan(peak, estimate, ...)      replicas needed at the peak, per caliber, which caliber binds,
                                    and at the trend next week (DOMAIN §14: ceil(demand / pool))
-    littles_law_windows(rows, ..)  Little's law per window long enough for it to hold
+    littles_law_windows(sums, ..)  Little's law per window long enough for it to hold
 
 Example: 20 clients in a closed loop on one replica whose published pool is 6 requests ->
 peak 20 requests, needed ceil(20 / 6) = 4 replicas (ran 1), binding caliber requests.
@@ -19,6 +21,7 @@ peak 20 requests, needed ceil(20 / 6) = 4 replicas (ran 1), binding caliber requ
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,10 +36,14 @@ __all__ = [
     "LITTLE_SPAN",
     "TREND_HORIZON_DAYS",
     "bin_step",
-    "load_at",
+    "Grid",
+    "sampling_grid",
+    "LoadSeries",
     "profile",
     "plan",
     "pool_per_replica",
+    "LittleWindowSums",
+    "little_window_s",
     "littles_law_windows",
 ]
 
@@ -50,6 +57,8 @@ DEMAND_WINDOW_S = 60.0
 TREND_HORIZON_DAYS = 7
 LITTLE_SPAN = 20  # a Little's-law window is at least this many p95 e2e durations long
 _MAX_SAMPLES = 1_500_000
+# the parts of a replica class's sums (LoadSeries.from_sums)
+ADMITTED, COMPLETED, FIRST_TOKEN, SPAN = range(4)
 _CALIBERS = ("requests", "tokens")
 
 
@@ -58,45 +67,104 @@ def bin_step(span_s: float) -> int:
     return next((s for s in STEPS if span_s / s <= MAX_BINS), STEPS[-1])
 
 
-def _intervals(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Rows with an admission and a completion: (a, f, c, prompt, completion, instance)."""
-    a, c = rows["admitted"], rows["completed"]
-    known = ~np.isnan(a) & ~np.isnan(c) & (c >= a)
-    a, c = a[known], c[known]
-    f = rows["first_token"][known]
-    f = np.where(np.isnan(f) | (f < a) | (f > c), c, f)
-    return {
-        "a": a,
-        "f": f,
-        "c": c,
-        "p": rows["prompt_tokens"][known],
-        "g": rows["completion_tokens"][known],
-        "instance": rows["instance"][known],
-    }
+@dataclass(frozen=True)
+class Grid:
+    """Where a replica class's load is sampled: every `dt` seconds from `times[0]`, POSIX seconds
+    less `origin` (a whole number of `step`s: the float precision of t x slope), `step` the bins'
+    length."""
+
+    step: int
+    dt: float
+    origin: float
+    times: np.ndarray
+
+    @property
+    def samples(self) -> int:
+        return int(self.times.size)
 
 
-def _counted(times: np.ndarray, at: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Σ weights of the events at or before each time."""
-    order = np.argsort(at, kind="stable")
-    total = np.concatenate([[0.0], np.cumsum(weights[order])])
-    return total[np.searchsorted(at[order], times, side="right")]
+def sampling_grid(
+    first_admitted: float,
+    last_completed: float,
+    now_first_admitted: float | None,
+    now_last_completed: float | None,
+    start: float,
+    end: float,
+    before: float | None = None,
+) -> Grid | None:
+    """The grid for the requests of one replica class (admitted from `first_admitted`, completed
+    by `last_completed`; those of [start, end) from `now_first_admitted` to `now_last_completed`),
+    or None when nothing of [start, end) is in flight: bins sized to the current window's traffic,
+    samples 1 s apart or finer for short spans, at most _MAX_SAMPLES, from `before` (the previous
+    window, for the day peaks) or `start` to `end`."""
+    first = max(first_admitted, before if before is not None else start)
+    last = min(last_completed, end)
+    if now_first_admitted is None or now_last_completed is None or last <= first:
+        return None
+    span_now = min(now_last_completed, end) - now_first_admitted
+    step = bin_step(max(span_now, 1.0))
+    dt = max(min(1.0, step / 10), (last - first) / _MAX_SAMPLES)
+    origin = math.floor(first / step) * step
+    times = np.arange(first - origin + dt / 2, last - origin, dt)
+    return Grid(step, dt, origin, times) if times.size else None
 
 
-def load_at(iv: dict[str, np.ndarray], times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(requests in flight, active tokens) at each time, over the intervals of `_intervals`.
+@dataclass
+class LoadSeries:
+    """A replica class's load on its grid, with what its bins need.
 
-    Example: one request admitted at 0, first token at 1, done at 3 with prompt 10, completion 20:
-    load_at(.., [0.5, 2, 3]) -> ([1, 1, 0], [10, 20, 0]).
+    requests, tokens: in flight at each sample time (exactly the sum over the requests' intervals)
+    span_replica, span_lo, span_hi: per replica (a number), the first and last bin (floor(t /
+    step) of the shifted times) of each of its requests, deduplicated: the replicas serving per bin
+    produced_bin, produced_tokens: prompt + completion tokens of requests completed in a bin (the
+    spans' last bins, so one bin may come more than once)
     """
-    a, f, c, p, g = iv["a"], iv["f"], iv["c"], iv["p"], iv["g"]
-    ones = np.ones_like(a)
-    requests = _counted(times, a, ones) - _counted(times, c, ones)
-    slope = np.where(c > f, g / np.where(c > f, c - f, 1.0), 0.0)
-    # prompt from admission to completion, plus slope x (t - f) from the first token to completion
-    tokens = _counted(times, a, p) - _counted(times, c, p)
-    tokens += _counted(times, f, slope) * times - _counted(times, f, slope * f)
-    tokens -= _counted(times, c, slope) * times - _counted(times, c, slope * f)
-    return requests, np.clip(tokens, 0.0, None)
+
+    grid: Grid
+    requests: np.ndarray
+    tokens: np.ndarray
+    span_replica: np.ndarray
+    span_lo: np.ndarray
+    span_hi: np.ndarray
+    produced_bin: np.ndarray
+    produced_tokens: np.ndarray
+
+    @classmethod
+    def from_sums(cls, grid: Grid, sums: dict[str, np.ndarray]) -> LoadSeries:
+        """The load from the store's sums on the grid (collector.report.collect), one row per
+        `part` and `b`: ADMITTED, COMPLETED and FIRST_TOKEN events per sample `b` (the first
+        sample at or after them: `n` events, prompt tokens `wp`, slope `s`, slope x first token
+        `sf`), and a SPAN per replica (`code`), first bin `b` and last bin `hi` with the
+        `tokens` (prompt + completion) of its requests.
+
+        A request adds its prompt from admission to completion, plus slope x (t - first token)
+        from its first token to its completion (slope = completion tokens / generating time).
+        Example: admitted at 0, first token at 1, done at 3, prompt 10, completion 20: at 0.5 it is
+        1 request and 10 tokens, at 2 one request and 20 tokens, at 3.5 nothing.
+        """
+        n, t = grid.samples, grid.times
+        part, b = sums["part"], np.asarray(sums["b"], dtype=np.int64)
+
+        def running(kind: int, column: str) -> np.ndarray:
+            mask = (part == kind) & (b < n)
+            values = np.asarray(sums[column][mask], dtype=np.float64)
+            return np.cumsum(np.bincount(b[mask], weights=values, minlength=n))
+
+        requests = running(ADMITTED, "n") - running(COMPLETED, "n")
+        tokens = running(ADMITTED, "wp") - running(COMPLETED, "wp")
+        tokens += running(FIRST_TOKEN, "s") * t - running(FIRST_TOKEN, "sf")
+        tokens -= running(COMPLETED, "s") * t - running(COMPLETED, "sf")
+        spans = part == SPAN
+        return cls(
+            grid,
+            requests,
+            np.clip(tokens, 0.0, None),
+            np.asarray(sums["code"][spans], dtype=np.int64),
+            b[spans],
+            np.asarray(sums["hi"][spans], dtype=np.int64),
+            np.asarray(sums["hi"][spans], dtype=np.int64),
+            np.asarray(sums["tokens"][spans], dtype=np.float64),
+        )
 
 
 def _moving_peak(values: np.ndarray, times: np.ndarray, width: int) -> tuple[float, float]:
@@ -112,79 +180,58 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).replace(microsecond=0).isoformat()
 
 
-def profile(
-    rows: dict[str, np.ndarray], start: float, end: float, before: float | None = None
-) -> dict[str, Any]:
-    """The load of one replica class's rows over [start, end), and its day peaks from `before`.
+def profile(series: LoadSeries | None, start: float, end: float) -> dict[str, Any]:
+    """The load of one replica class over [start, end), and its day peaks over its whole grid
+    (which starts at the previous window when it had traffic).
 
-    rows: the columns of the current and (when `before` is given) the previous window together.
     Returns {"step", "dt", "bins": [{"t", "requests", "tokens", "replicas", "tokens_per_s",
     "requests_per_replica", "tokens_per_replica", "tokens_per_s_per_replica"}], "peak": {"requests",
-    "tokens", "requests_at", "tokens_at"}, "days": [{"day", "requests", "tokens"}]}; bins and peak
-    cover [start, end) only, days cover [before or start, end).
+    "tokens", "requests_at", "tokens_at"}, "days": [{"day", "requests", "tokens"}]}.
     """
-    iv = _intervals(rows)
-    empty: dict[str, Any] = {"step": None, "dt": None, "bins": [], "peak": None, "days": []}
-    if iv["a"].size == 0:
-        return empty
-    first, last = (
-        max(float(iv["a"].min()), before if before is not None else start),
-        min(float(iv["c"].max()), end),
-    )
-    now = (iv["a"] >= start) & (iv["a"] < end)
-    if not now.any() or last <= first:
-        return empty
-    span_now = min(float(iv["c"][now].max()), end) - float(iv["a"][now].min())
-    step = bin_step(max(span_now, 1.0))
-    dt = max(min(1.0, step / 10), (last - first) / _MAX_SAMPLES)
-    origin = math.floor(first / step) * step
-    # sample relative to the origin (float precision of t x slope)
-    shifted = {k: (v - origin if k in ("a", "f", "c") else v) for k, v in iv.items()}
-    times = np.arange(first - origin + dt / 2, last - origin, dt)
-    requests, tokens = load_at(shifted, times)
-    result: dict[str, Any] = {"step": step, "dt": dt}
+    if series is None:
+        return {"step": None, "dt": None, "bins": [], "peak": None, "days": []}
+    grid = series.grid
+    times, origin = grid.times, grid.origin
+    result: dict[str, Any] = {"step": grid.step, "dt": grid.dt}
     current = (times + origin >= start) & (times + origin < end)
-    result["bins"] = _bins(shifted, times[current], requests[current], tokens[current], step, dt, origin)
-    width = round(DEMAND_WINDOW_S / dt)
+    result["bins"] = _bins(series, times[current], series.requests[current], series.tokens[current])
+    width = round(DEMAND_WINDOW_S / grid.dt)
     peak: dict[str, Any] = {}
-    for caliber, values in zip(_CALIBERS, (requests, tokens)):
+    for caliber, values in zip(_CALIBERS, (series.requests, series.tokens)):
+        if not current.any():
+            peak[caliber], peak[f"{caliber}_at"] = 0.0, _iso(start)
+            continue
         value, at = _moving_peak(values[current], times[current], width)
         peak[caliber], peak[f"{caliber}_at"] = round(value, 3), _iso(at + origin)
     result["peak"] = peak
-    result["days"] = _days(times + origin, requests, tokens, width)
+    result["days"] = _days(times + origin, series.requests, series.tokens, width)
     return result
 
 
 def _bins(
-    iv: dict[str, np.ndarray],
-    times: np.ndarray,
-    requests: np.ndarray,
-    tokens: np.ndarray,
-    step: int,
-    dt: float,
-    origin: float,
+    series: LoadSeries, times: np.ndarray, requests: np.ndarray, tokens: np.ndarray
 ) -> list[dict[str, Any]]:
     """Per bin: mean load over the whole bin, replicas serving in it, tokens/s of its completions."""
     if times.size == 0:
         return []
+    step, dt, origin = series.grid.step, series.grid.dt, series.grid.origin
     index = np.floor(times / step).astype(np.int64)
     first, count = int(index.min()), int(index.max() - index.min() + 1)
     per_bin = step / dt  # samples in a whole bin: idle parts of a bin count as zero load
     load_r = np.bincount(index - first, weights=requests, minlength=count) / per_bin
     load_t = np.bincount(index - first, weights=tokens, minlength=count) / per_bin
     # replicas serving: instances with a request in flight at some time of the bin
-    lo = np.floor(iv["a"] / step).astype(np.int64) - first
-    hi = np.floor(iv["c"] / step).astype(np.int64) - first
+    lo, hi = series.span_lo - first, series.span_hi - first
     keep = (hi >= 0) & (lo < count)
     lo, hi = np.clip(lo[keep], 0, count - 1), np.clip(hi[keep], 0, count - 1)
-    _, codes = np.unique(iv["instance"][keep].astype(str), return_inverse=True)
+    _, codes = np.unique(series.span_replica[keep], return_inverse=True)
     spans = hi - lo + 1
     bins = np.repeat(lo, spans) + (np.arange(spans.sum()) - np.repeat(np.cumsum(spans) - spans, spans))
     pairs = np.unique(np.repeat(codes, spans) * count + bins)
     replicas = np.bincount(pairs % count, minlength=count)
-    done = np.floor(iv["c"] / step).astype(np.int64) - first
+    done = series.produced_bin - first
     inside = (done >= 0) & (done < count)
-    produced = np.bincount(done[inside], weights=(iv["p"] + iv["g"])[inside], minlength=count) / step
+    produced = np.bincount(done[inside], weights=series.produced_tokens[inside], minlength=count) / step
     result = []
     for b in range(count):
         if not replicas[b]:
@@ -283,11 +330,29 @@ def plan(
     }
 
 
+@dataclass
+class LittleWindowSums:
+    """One model's sums per Little's-law window of `window_s` seconds (collector.report.collect):
+    (window index k, busy request-seconds inside it, completions in it, those with an e2e, their
+    e2e summed); window k is [k x window_s, (k + 1) x window_s]."""
+
+    window_s: int
+    windows: list[tuple[int, float, int, int, float]]
+
+
+def little_window_s(admitted_span_s: float, e2e_p95_s: float) -> int:
+    """The length of a model's Little's-law windows: at least a minute, the plot's bins and
+    LITTLE_SPAN p95 durations, rounded up to one of STEPS."""
+    step = bin_step(admitted_span_s or 1.0)
+    longest = LITTLE_SPAN * e2e_p95_s
+    return next((s for s in STEPS if s >= max(step, longest, 60)), STEPS[-1])
+
+
 def littles_law_windows(
-    rows: dict[str, np.ndarray], start: float, end: float, step: int | None, tolerance: float
+    sums: LittleWindowSums | None, first_admitted: float | None, end: float, tolerance: float
 ) -> dict[str, Any]:
-    """Little's law per window with traffic: time-weighted mean in flight against completion rate
-    x mean e2e (collector.report.figures.littles_law). A window is at least a minute and
+    """Little's law per window with completions: time-weighted mean in flight against completion
+    rate x mean e2e (collector.report.figures.littles_law). A window is at least a minute and
     LITTLE_SPAN p95 durations long, or requests crossing its edges while the load ramps or drains
     would break the law without anything being wrong; over a whole
     week the law holds trivially (a near-idle mean equals a near-idle product), so it is checked
@@ -296,23 +361,16 @@ def littles_law_windows(
     Returns {"window_s", "windows": [{"t", "measured_inflight", "predicted_inflight", "ratio",
     "consistent"}], "checked", "inconsistent", "worst"}.
     """
-    e2e = rows["e2e_s"][~np.isnan(rows["e2e_s"])]
-    if e2e.size == 0 or step is None:
+    if sums is None or first_admitted is None:
         return {"window_s": None, "windows": [], "checked": 0, "inconsistent": 0, "worst": None}
-    longest = LITTLE_SPAN * float(np.quantile(e2e, 0.95))
-    window = next((s for s in STEPS if s >= max(step, longest, 60)), STEPS[-1])
-    admitted, completed = rows["admitted"], rows["completed"]
-    first = math.floor(float(np.nanmin(admitted)) / window) * window
+    window = sums.window_s
+    first = math.floor(first_admitted / window)
     found = []
-    for left in np.arange(max(first, math.floor(start / window) * window), end, window):
-        right = float(left + window)
-        overlaps = (admitted < right) & (completed > left)
-        if not ((completed >= left) & (completed <= right)).any():
+    for k, busy, completions, done, e2e in sums.windows:
+        left = float(k * window)
+        if k < first or left >= end or not completions:
             continue
-        law = littles_law(
-            admitted[overlaps], completed[overlaps], rows["e2e_s"][overlaps], float(left), right, tolerance
-        )
-        window_law: dict[str, Any] = {"t": float(left), **law}
+        window_law: dict[str, Any] = {"t": left, **littles_law(busy, done, e2e, window, tolerance)}
         found.append(window_law)
     off = [w for w in found if not w["consistent"]]
     worst = max(found, key=lambda w: abs((w["ratio"] or 0.0) - 1.0)) if found else None

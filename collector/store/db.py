@@ -33,10 +33,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final, TypeGuard
+from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 import duckdb
 import pyarrow as pa
+
+if TYPE_CHECKING:  # numpy is the report's and the analysis' extra, not the sidecar's
+    import numpy as np
 
 from collector.record import RequestRecord
 from collector.store.schema import COLUMN_NAMES, COLUMNS, migrate
@@ -248,6 +251,21 @@ def _value(value: Any, arrow_type: pa.DataType) -> Any:
     return value
 
 
+def _unmasked(values: np.ndarray) -> np.ndarray:
+    """fetchnumpy's masked array as a plain one: NaN for a float's NULL, None for others'."""
+    import numpy as np  # the report's extra: the slim sidecar never calls this
+
+    if not isinstance(values, np.ma.MaskedArray):
+        return values
+    if not values.mask.any():
+        return np.asarray(values.data)
+    if values.dtype.kind == "f":
+        return np.asarray(values.filled(np.nan))
+    plain = np.asarray(values.data, dtype=object)
+    plain[np.ma.getmaskarray(values)] = None
+    return plain
+
+
 class RequestStore:
     """Owns a DuckDB connection; thread-safe through one lock (DuckDB connections are not)."""
 
@@ -413,6 +431,17 @@ class RequestStore:
             cursor = self._con.execute(sql, params)
             names = [d[0] for d in cursor.description]
             return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    def numpy(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> dict[str, np.ndarray]:
+        """Like query(), as one numpy array per column (a long result without a tuple per row);
+        NULL reads as NaN in a float column, None in any other."""
+        with self._lock:
+            cursor = self._con.cursor()  # its own result: the connection may hold a fetchone()'s
+            try:
+                found = cursor.execute(sql, params).fetchnumpy()
+            finally:
+                cursor.close()
+        return {name: _unmasked(values) for name, values in found.items()}
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
         """Run a parameterised statement (DDL, rollups, deletes) under the lock."""
