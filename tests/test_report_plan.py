@@ -241,6 +241,49 @@ def test_littles_law_per_window_catches_durations_that_disagree_with_the_stamps(
     )
 
 
+def test_littles_law_windows_count_requests_that_cross_edges_exactly():
+    """The store sums each window's busy seconds in one pass by the window a request starts and
+    ends in; a request crossing many windows, one ending exactly on an edge (counted in both
+    windows, a closed interval) and one whose completion precedes its admission must give what
+    the definition gives, computed here request by request."""
+    start = datetime(2026, 11, 30, 8, tzinfo=UTC)
+    spans = [(7.0 * i + 0.5, 1.0) for i in range(500)]  # short: p95 e2e 1 s, 60 s windows
+    spans += [
+        (100.25, 2990.0),
+        (1200.0, 60.0),
+        (1830.5, 29.5),
+        (2000.0, -3.0),
+    ]  # long, to an edge, ..., backwards
+    rows = [
+        {"request_id": f"r{i}", "source": "traffic", "instance": "r0", "model": "m", "outcome": "ok",
+         "admitted_at": start + timedelta(seconds=a), "completed_at": start + timedelta(seconds=a + d),
+         "e2e_s": d if d > 0 else None}
+        for i, (a, d) in enumerate(spans)
+    ]  # fmt: skip
+    store = RequestStore()
+    store.insert_rows(rows)
+    report = build_report(collect_inputs(store, start, start + timedelta(hours=2)))
+    store.close()
+    law = report["models"][0]["littles_law"]
+    assert law["window_s"] == 60
+    t0 = start.timestamp()
+    expected = []
+    for k in range(int(t0 // 60), int((t0 + 7200) // 60)):
+        left, right = k * 60.0, k * 60.0 + 60.0
+        ends = [(t0 + a, t0 + a + d, d) for a, d in spans if left <= t0 + a + d <= right]
+        if not ends:
+            continue
+        busy = sum(max(0.0, min(t0 + a + d, right) - max(t0 + a, left)) for a, d in spans if d > 0)
+        e2e = sum(d for _, _, d in ends if d > 0)
+        expected.append((left, busy / 60, e2e / 60))
+    assert [w["t"] for w in law["windows"]] == [t for t, _, _ in expected]
+    measured = [w["measured_inflight"] for w in law["windows"]]
+    predicted = [w["predicted_inflight"] for w in law["windows"]]
+    assert measured == pytest.approx([round(m, 4) for _, m, _ in expected], abs=1e-4)
+    assert predicted == pytest.approx([round(p, 4) for _, _, p in expected], abs=1e-4)
+    assert max(measured) > 1.5  # the long request counts in the windows it spans whole
+
+
 def test_an_instance_takes_the_class_of_the_probe_runs_it_served():
     store, now = one_hour_store(replicas=1)
     # a second class probed through replica h1; its traffic is h1's
