@@ -65,3 +65,15 @@ def test_options_reach_the_config_renamed_and_parsed():
 def test_a_bad_listen_address_is_a_value_error_naming_it():
     with pytest.raises(ValueError, match="admin-listen"):
         config_from_options(_defaults(admin_listen="nowhere"))
+
+
+def test_the_latency_slo_reaches_the_stores_jobs():
+    """`--slo-ttft-p95` is what the refresh estimates probe runs and traffic against (their
+    SLO-bound concurrency and μ_slo) and what the weekly review judges; 0 or less is refused."""
+    from collector.sidecar.wiring import job_settings
+
+    config = config_from_options(_defaults(slo_ttft_p95=2.5))
+    assert config.slo_ttft_p95_s == 2.5 and job_settings(config).slo_ttft_p95_s == 2.5
+    assert job_settings(config_from_options(_defaults())).slo_ttft_p95_s is None
+    with pytest.raises(click.BadParameter, match="0.0<x|0<x|range"):
+        run.main(["--upstream", "http://127.0.0.1:8000", "--slo-ttft-p95", "0"], standalone_mode=False)

@@ -55,6 +55,7 @@ class SidecarConfig:
     retention_days: int = 30
     probe_dbs: tuple[str, ...] = ()  # `headroom probe --db` files whose estimates to import
     probe_max_age: str = "7d"  # how long a probe estimate beats traffic's
+    slo_ttft_p95_s: float | None = None  # --slo-ttft-p95: the estimates' and the review's latency SLO
     source: str = "traffic"
     run_id: str | None = None
     # Upstream client: connect fast or fail; between two chunks a long prefill may take minutes.

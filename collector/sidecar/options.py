@@ -28,6 +28,7 @@ RENAMED = {
     "header_timeout": "header_timeout_s",
     "body_timeout": "body_timeout_s",
     "idle_timeout": "idle_timeout_s",
+    "slo_ttft_p95": "slo_ttft_p95_s",
 }
 # options that are not a config field as they are: parsed into several (listen), or the process's
 NOT_CONFIG = ("listen", "admin_listen", "adapters", "log_level")
@@ -322,6 +323,14 @@ _OPTIONS = [
         show_default=True,
         metavar="DURATION",
         help="A probe estimate beats traffic's for this long (e.g. 24h, 7d).",
+    ),
+    click.option(
+        "--slo-ttft-p95",
+        type=click.FloatRange(min=0, min_open=True),
+        metavar="SECONDS",
+        help="The p95 TTFT SLO the store's jobs hold capacity to: the refreshed estimates' "
+        "SLO-bound concurrency and μ_slo (probe runs and traffic), and the weekly review's verdict. "
+        "Unset: the knee alone (docs/capacity.md).",
     ),
     click.option(
         "--adapter",

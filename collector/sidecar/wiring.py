@@ -54,7 +54,7 @@ from collector.store.jobs import JobSettings, build_scheduler
 from collector.store.writer import BatchSink, LogWriter
 from collector.timewin import parse_duration
 
-__all__ = ["build_sidecar"]
+__all__ = ["build_sidecar", "job_settings"]
 
 SIDECAR_STORE_THREADS = 1  # DuckDB threads of the in-process store (RequestStore: why)
 SIDECAR_STORE_BATCH_ROWS = 50_000  # the most rows one append to the in-process store takes (LogWriter)
@@ -287,16 +287,21 @@ def _scheduler(
 
     The estimates made here (probe runs through this sidecar, its traffic) carry its replica class.
     """
+    refresh = functools.partial(refresh_estimates_isolated, replica_class=lambda: replica_class.value)
+    return build_scheduler(store, capacity, job_settings(config), refresh=refresh, review=_weekly_review)
+
+
+def job_settings(config: SidecarConfig) -> JobSettings:
+    """What the store's jobs take from `headroom run`'s options."""
     base = Path(config.db_path or "headroom.duckdb")
-    settings = JobSettings(
+    return JobSettings(
         export_dir=base.with_suffix(".parquet"),
         report_dir=_report_dir(config),
         retention_days=config.retention_days,
         estimate_files=config.probe_dbs,
         probe_max_age=config.probe_max_age,
+        slo_ttft_p95_s=config.slo_ttft_p95_s,
     )
-    refresh = functools.partial(refresh_estimates_isolated, replica_class=lambda: replica_class.value)
-    return build_scheduler(store, capacity, settings, refresh=refresh, review=_weekly_review)
 
 
 def _weekly_review(
