@@ -137,3 +137,38 @@ def test_compaction_drops_a_repeated_request_and_keeps_a_newer_writers_column(tm
     assert {v for k, v in gpu.items() if not k.startswith("gpu")} == {None}
     models_then_time = list(zip(read["model"].to_pylist(), read["admitted_at"].to_pylist()))
     assert models_then_time == sorted(models_then_time), "compacted rows sorted by model, then admission"
+
+
+def test_a_data_file_with_delete_files_is_refused_not_read_with_its_deleted_rows(tmp_path: Path) -> None:
+    """Another engine's row-level (merge-on-read) deletes leave delete files beside a data file;
+    reading the data file where it lies would count the deleted rows, so the readers refuse it
+    and say what to do. pyiceberg 0.12 writes no delete files (its deletes rewrite the files), so
+    the real table's planned task is given one here, as another engine's snapshot would carry."""
+    import pytest
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.table import FileScanTask
+
+    catalog, lake = f"sqlite:///{tmp_path / 'catalog.db'}", tmp_path / "lake"
+    stage(lake, "w", synthetic_rows(100, DAY_A, span=timedelta(hours=1), seed=3, prefix="d"), 100)
+    commit(catalog, lake)
+    table = iceberg(catalog, lake)
+    assert len(data_files(table)) == 1  # no delete files: read where it lies
+    deletes = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=str(tmp_path / "deletes.parquet"),
+        file_format=FileFormat.PARQUET,
+        record_count=3,
+        file_size_in_bytes=1,
+    )
+    real_scan = table.scan
+
+    class WithDeletes:
+        def __init__(self, scan: Any) -> None:
+            self.scan = scan
+
+        def plan_files(self) -> list[Any]:
+            return [FileScanTask(task.file, {deletes}, task.residual) for task in self.scan.plan_files()]
+
+    table.scan = lambda **options: WithDeletes(real_scan(**options))  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match=r"has 1 delete file\(s\).*rewrite those files first"):
+        data_files(table, since=DAY_A)
