@@ -172,3 +172,24 @@ def test_a_data_file_with_delete_files_is_refused_not_read_with_its_deleted_rows
     table.scan = lambda **options: WithDeletes(real_scan(**options))  # type: ignore[method-assign]
     with pytest.raises(ValueError, match=r"has 1 delete file\(s\).*rewrite those files first"):
         data_files(table, since=DAY_A)
+
+
+def test_maintain_takes_the_compaction_memory_from_the_command_line(tmp_path: Path, monkeypatch: Any) -> None:
+    """`headroom lake maintain --memory-mb` is the memory a day's compaction sorts in before it
+    spills; unset, the library's default."""
+    from click.testing import CliRunner
+
+    from collector.lake.cli import lake as lake_command
+
+    passed: list[int] = []
+
+    def maintain(*args: Any, memory_mb: int, **options: Any) -> lake_table.MaintainResult:
+        passed.append(memory_mb)
+        return lake_table.MaintainResult()
+
+    monkeypatch.setattr(lake_table, "maintain", maintain)
+    catalog, lake = f"sqlite:///{tmp_path / 'catalog.db'}", str(tmp_path / "lake")
+    for extra in ([], ["--memory-mb", "300"]):
+        result = CliRunner().invoke(lake_command, ["maintain", "--catalog", catalog, "--lake", lake, *extra])
+        assert result.exit_code == 0, result.output
+    assert passed == [lake_table.COMPACT_MEMORY_MB, 300]

@@ -167,6 +167,14 @@ def commit(
 @click.option(
     "--retention-days", type=click.IntRange(1), help="Delete days older than this [default: keep every day]."
 )
+@click.option(
+    "--memory-mb",
+    default=2_048,
+    show_default=True,
+    type=click.IntRange(64),
+    help="DuckDB's memory for compacting one day; past it the sort spills to a temporary directory "
+    "(a 100 M-row day: 2.5 GB peak, BENCHMARKS.md §9b).",
+)
 def maintain_command(
     catalog_uri: str,
     lake_uri: str,
@@ -176,6 +184,7 @@ def maintain_command(
     min_files: int,
     snapshot_age: float,
     retention_days: int | None,
+    memory_mb: int,
 ) -> None:
     """Compact sealed days, expire old snapshots, drop days past retention, delete unreferenced files.
 
@@ -199,6 +208,7 @@ def maintain_command(
         min_files=min_files,
         snapshot_age=timedelta(hours=snapshot_age),
         retention_days=retention_days,
+        memory_mb=memory_mb,
         on_day=lambda day, before, _after: click.echo(f"compacted {day}: {before} files -> 1", err=True),
     )
     click.echo(
