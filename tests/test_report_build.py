@@ -142,3 +142,28 @@ def test_an_empty_window_builds_an_empty_report():
     report = build_report(collect_inputs(store, WEEK2, WEEK2 + WEEK))
     store.close()
     assert report["models"] == [] and report["window"]["previous_since"] == WEEK1.isoformat()
+
+
+def test_a_store_bounded_for_a_writer_lends_the_review_its_memory_and_takes_it_back(tmp_path, monkeypatch):
+    """A sidecar's store is bounded (--store-memory-mb, 256 MB by default) and its exact
+    quantiles over a busy week did not fit (10 M rows: out of memory at 256 MB, 10.7 s in 1 GB):
+    the review runs with at least REVIEW_MEMORY_MB and the bound is back afterwards."""
+    from collector.report import collect
+
+    store = RequestStore(tmp_path / "log.duckdb", memory_mb=64)
+    store.insert_rows(synthetic_rows(200, WEEK2, span=WEEK, seed=5))
+    limit = "SELECT current_setting('memory_limit')"
+    seen: list[str] = []
+    rows = collect._Reader.rows
+
+    def watched(self, sql, **extra):
+        seen.append(store.query(limit)[0][0])
+        return rows(self, sql, **extra)
+
+    monkeypatch.setattr(collect._Reader, "rows", watched)
+    before = store.query(limit)[0][0]
+    build_report(collect_inputs(store, WEEK2, WEEK2 + WEEK))
+    assert before.startswith("61") and store.query(limit)[0][0] == before  # 64 MB (61.0 MiB)
+    assert seen and all(value == seen[0] != before for value in seen)
+    assert seen[0].startswith("976")  # 1024 MB, as DuckDB says it (976.5 MiB)
+    store.close()

@@ -26,11 +26,12 @@ makes the store forget the instant, so a delete can never make it skip a check i
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import operator
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeGuard
@@ -295,6 +296,7 @@ class RequestStore:
         limit, so a long-lived writer's memory grows with its file (BENCHMARKS.md §10).
         """
         self.path = str(path)
+        self.memory_mb = memory_mb
         new = self.path != ":memory:" and not Path(self.path).exists()
         if new:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -468,6 +470,22 @@ class RequestStore:
                         cursor.execute("SET threads = ?", [previous])
             finally:
                 cursor.close()
+
+    @contextlib.contextmanager
+    def memory_at_least(self, mb: int) -> Iterator[None]:
+        """DuckDB's memory_limit raised to at least `mb` for the block, then the store's bound
+        again: a store bounded for a long-lived writer (a sidecar's 256 MB) lends a large read,
+        such as the weekly review's exact quantiles over millions of rows, the memory it needs."""
+        if self.memory_mb is None or self.memory_mb >= mb:
+            yield
+            return
+        with self._lock:
+            self._con.execute("SET memory_limit = ?", [f"{int(mb)}MB"])
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._con.execute("SET memory_limit = ?", [f"{int(self.memory_mb)}MB"])
 
     def count(self) -> int:
         """Number of rows in `requests`."""
