@@ -96,6 +96,23 @@ def test_report_on_a_file_that_is_not_duckdb(not_duckdb):
     )
 
 
+def test_report_out_of_memory_says_so_not_that_the_file_is_wrong(tmp_path, monkeypatch):
+    import duckdb
+
+    from collector.report import cli as report_cli
+    from collector.store.db import RequestStore
+
+    RequestStore(tmp_path / "log.duckdb").close()
+
+    def out_of_memory(*args, **options):
+        raise duckdb.OutOfMemoryException("Out of Memory Error: could not allocate block of size 256.0 KiB")
+
+    monkeypatch.setattr(report_cli, "collect_inputs", out_of_memory)
+    result = CliRunner().invoke(main, ["report", "--db", str(tmp_path / "log.duckdb")])
+    assert result.exit_code == 1
+    assert "ran out of memory building the review" in result.output and "cannot open" not in result.output
+
+
 @pytest.mark.subprocess
 def test_report_on_a_held_db_says_who_holds_it(locked_db):
     _one_clear_error(run("report", "--db", str(locked_db)), str(locked_db), "holds", "left no readable")

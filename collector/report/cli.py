@@ -51,6 +51,11 @@ def _from_db(
         raise click.UsageError(str(exc)) from None
     except (FileNotFoundError, OwnerError) as exc:
         raise click.ClickException(f"{'--lake' if lake_uri else '--db'} {lake_uri or db}: {exc}") from None
+    except duckdb.OutOfMemoryException as exc:
+        raise click.ClickException(
+            f"DuckDB ran out of memory building the review ({str(exc).splitlines()[0]}); "
+            "give the process more memory or a shorter --since"
+        ) from None
     except duckdb.Error as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise click.ClickException(
