@@ -72,3 +72,24 @@ def test_a_class_with_its_own_prompts_cannot_be_crossed(tmp_path):
     )
     with pytest.raises(ValueError, match="drop the classes' prompts"):
         load_workload(str(path))
+
+
+def test_a_length_classs_filler_is_new_to_the_engine_on_every_run():
+    """An engine that caches prefixes (vLLM's prefix cache, llama-server's slot cache) must not
+    prefill a second probe run's prompts from the first's: the filler for a length class differs
+    between runs and between the requests of a run, at the length asked for."""
+    from collector.analysis.probe import ProbeSettings, _Runner
+
+    settings = ProbeSettings(url="http://127.0.0.1:9", lengths=((100, 8),))
+
+    def run(run_id: str) -> list[str]:
+        runner = _Runner(settings, None, "m", run_id, None, None)  # type: ignore[arg-type]
+        texts = []
+        for i in range(50):
+            runner.sequence += 1  # as each request's spec does
+            texts.append(runner._shape(f"{run_id}-{i}")[0])
+        return texts
+
+    first, second = run("probe-a"), run("probe-b")
+    assert len(set(first)) == 50 and not set(first) & set(second)
+    assert {len(text) for text in first + second} == {400}  # 100 tokens at 4 characters each

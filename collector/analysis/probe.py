@@ -20,7 +20,9 @@ engine cannot take, a malformed answer) measures nothing, and says so (collector
 With `lengths` (`--workload from-log`) each request takes one (prompt tokens, completion tokens)
 pair drawn from the request log: a filler prompt of that length and that many output tokens.
 The filler's characters per token follow what the engine reports in `usage`, so the prompt
-tokens sent match the log's on any tokenizer.
+tokens sent match the log's on any tokenizer. Its text is new to the engine on every run (the
+run's numbers start at a point drawn per run): an engine caching prefixes (vLLM's prefix cache,
+llama-server's slot cache) would otherwise prefill a second run's prompts from the first's.
 """
 
 from __future__ import annotations
@@ -298,6 +300,8 @@ class _Runner:
             None if settings.lengths else PromptPicker(load_prompts(settings.prompts), settings.seed)
         )
         self.draw = random.Random(settings.seed)
+        # the filler's numbering starts anew per run: the same prompts twice would be cached
+        self.filler_base = secrets.randbelow(10**6) * 10**4
         self.meter = Inflight()
         self.url = _base_url(settings.url) + settings.endpoint
         self.sequence = 0
@@ -317,7 +321,8 @@ class _Runner:
             return self.picker.next(), self.settings.max_tokens
         prompt_tokens, completion_tokens = self.draw.choice(self.settings.lengths)
         self.asked[request_id] = prompt_tokens
-        return prompt_of_tokens(prompt_tokens, self.sequence, self._chars_per_token()), completion_tokens
+        text = prompt_of_tokens(prompt_tokens, self.filler_base + self.sequence, self._chars_per_token())
+        return text, completion_tokens
 
     def _calibrate(self, row: dict[str, Any]) -> None:
         asked = self.asked.pop(row["request_id"], None)
