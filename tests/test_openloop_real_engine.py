@@ -13,7 +13,7 @@ Its μ is the highest rate of the run of passing rates from the lowest, or the s
 throughput of the failing rate above it when that one drifted and completed fewer (no more is
 sustainable): the rate where p95 TTFT crosses the SLO or the queue drifts. It reads that
 throughput off every request the failing rate sent after its window opened, until fewer than the
-slot count were left, rather than the window alone: a 5-10 s window at a shared CPU's changing
+slot count were left, rather than the window alone: an 8-16 s window at a shared CPU's changing
 speed holds too few completions to say it within 15 %.
 
 Both measure the same ladder (LADDER: steps of ~10 % around the engine's throughput in a closed
@@ -29,22 +29,25 @@ This host's two cores are shared: other work took half to two thirds of the engi
 this was written, and its speed moved 2-3x within a minute. So the two clients take turns rung
 by rung (the plain client measures a rate right after the probe did, from run_probe's per-level
 hook, in the probe's process), and the engine and both clients run at nice PRIORITY where the OS
-allows (raised_priority). What is left can still fail a run: a ladder that no longer brackets μ
-(the host slowed since the closed loop: both fail its lowest rung) or a rung one side measured in
-a slower second than the other. The closed loop prints the share of a core the engine got.
+allows (raised_priority). With 4-8 s levels (~35 requests) a rung one side measured in a slower
+second than the other, or a ladder that no longer bracketed μ (the host slowed or sped up since
+the closed loop), failed 4 of 9 and 6 of 9 runs; so a level holds LEVEL_REQUESTS requests (8-16 s)
+and a ladder that did not bracket μ is calibrated and walked again (`bracketing`, once: it
+measured a bound, not μ). The closed loop prints the share of a core the engine got.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,14 +60,15 @@ from collector.analysis.probe import ProbeSettings, run_probe
 from collector.capacity import Slo
 
 # Not in make test: on this shared 2-core host it passed 5 of 9 runs at --parallel 4 and 3 of 9 for
-# the two classes (a rung flipping at a threshold, a ladder the host's speed moved away from); `make
-# measure` runs it.
+# the two classes before its prompts were new to the engine, and after, the long class's μ still
+# parted by 15 % where the probe capped μ at a level an overload stop cut short (docs/capacity.md);
+# `make measure` runs it.
 pytestmark = [
     pytest.mark.real_engine,
     pytest.mark.slow,
     pytest.mark.serial,
     pytest.mark.measurement,
-    pytest.mark.timeout(600),
+    pytest.mark.timeout(900),
 ]
 
 MAX_TOKENS = 2
@@ -72,9 +76,16 @@ WARMUP_S = 1.0
 SEED = 11
 WARMUP_LOOP_S = 2.0  # a fresh llama-server's first seconds run slower (measured: 20-50 %): not calibration
 SLO_FACTOR = 6.0  # the p95 TTFT SLO, in mean e2e of a full batch (closed loop at the slot count)
-LADDER = (0.65, 0.75, 0.83, 0.91, 1.0, 1.1, 1.21, 1.33)  # x the closed loop's requests/s
+LADDER = (0.5, 0.55, 0.6, 0.66, 0.73, 0.8, 0.88, 0.97, 1.07, 1.18, 1.3)  # x the closed loop's requests/s
 TOLERANCE = 0.15
+LEVEL_REQUESTS = 70  # requests at the rate where μ lies, per level: 35 left a rung to chance here
+BRACKET_TRIES = 2
 PRIORITY = -10  # nice value of the engine and the clients while they measure (raised_priority)
+# Every prompt of a run is new to the engine: llama-server reuses a slot's cached prefix, so a
+# closed loop that repeated an earlier loop's prompts measured a faster engine than the ladder met
+# (4.7, 6.0, then 7.6 requests/s for three loops of the same prompts), and its ladder missed μ.
+_CLOSED_LOOP = itertools.count(5_000_000)
+_PLAIN_BLOCKS = itertools.count(100_000, 10_000)  # a block per plain-client rate (at most 2,000 sent)
 WORDS = ("capacity", "queue", "batch", "latency", "prefill", "decode", "slot", "rate")
 
 
@@ -235,7 +246,7 @@ class PairedLadder:
         async def measure() -> PlainRate:
             limits = httpx.Limits(max_keepalive_connections=0)
             async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-                first = 100_000 * (len(self.levels) + 1)
+                first = next(_PLAIN_BLOCKS)
                 return await plain_rate(
                     client, self.url, rate, self.level_s, self.rng, self.words, first, self.slots
                 )
@@ -320,13 +331,13 @@ async def closed_loop(url: str, concurrency: int, seconds: float, words: int) ->
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         end = time.monotonic() + seconds
 
-        async def worker(index: int) -> None:
+        async def worker() -> None:
             while time.monotonic() < end:
-                answers.append(await _one(client, url, prompt(900_000 + 1000 * index + len(answers), words)))
+                answers.append(await _one(client, url, prompt(next(_CLOSED_LOOP), words)))
 
         pid = engine_pid(url)
         started, cpu = time.monotonic(), engine_cpu_s(pid)
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.monotonic() - started
     share = (engine_cpu_s(pid) - cpu) / elapsed
     print(
@@ -351,9 +362,12 @@ def words_for(scale: tuple[float, float], tokens: float) -> int:
     return max(1, round((tokens - scale[0]) / scale[1]))
 
 
+Paired = tuple[dict, list["PlainRate"]]  # the probe's estimate (as --json), the plain client's rates
+
+
 def paired(
     url: str, rates: list[float], level_s: float, slo_s: float, scale: tuple[float, float], **probe: object
-) -> tuple[dict, list[PlainRate]]:
+) -> Paired:
     """The probe's ladder after a one-level gradient, the plain client's taking turns with it;
     (the probe's estimate as `headroom probe --json` writes it, the plain client's rates)."""
     settings = ProbeSettings(
@@ -373,9 +387,32 @@ def paired(
 
 
 def _ladder(capacity: float) -> tuple[list[float], float]:
-    """The offered rates around a closed loop's `capacity`, and seconds per rate: about 35
-    requests at the rate where μ lies, 4 to 8 s."""
-    return [round(capacity * m, 3) for m in LADDER], min(8.0, max(4.0, 35 / (0.9 * capacity)))
+    """The offered rates around a closed loop's `capacity`, and seconds per rate: about
+    LEVEL_REQUESTS requests at the rate where μ lies, 8 to 16 s."""
+    return [round(capacity * m, 3) for m in LADDER], min(16.0, max(8.0, LEVEL_REQUESTS / (0.9 * capacity)))
+
+
+def bracketing(
+    url: str,
+    concurrency: int,
+    words: int,
+    slo_s: float | None,
+    run: Callable[[list[float], float, float], Paired],
+) -> tuple[Paired, float, float, int]:
+    """A closed loop at the slot count right before the ladder it calibrates, then the paired
+    ladder; again (at most BRACKET_TRIES) when the plain client's ladder did not bracket μ: its
+    lowest rung failed or none did, because the host's speed moved since the closed loop (then
+    the rates are not a measurement of μ, only a bound). Returns the paired result, the closed
+    loop's requests/s and mean e2e, and the tries."""
+    for attempt in range(1, BRACKET_TRIES + 1):
+        capacity, e2e = asyncio.run(closed_loop(url, concurrency, 3.0, words))
+        slo = slo_s or round(SLO_FACTOR * e2e, 2)
+        rates, level_s = _ladder(capacity)
+        result = run(rates, level_s, slo)
+        if plain_mu(result[1], slo) is not None or attempt == BRACKET_TRIES:
+            return result, capacity, e2e, attempt
+        print(f"the ladder {rates} did not bracket μ (the host's speed moved): calibrating again")
+    raise AssertionError("unreachable")
 
 
 def _compare(name: str, plain: list[PlainRate], section: dict, slo_s: float) -> tuple[float, float]:
@@ -408,26 +445,31 @@ def _compare(name: str, plain: list[PlainRate], section: dict, slo_s: float) -> 
 
 def test_mu_slo_at_parallel_4_is_the_plain_clients(tmp_path):
     words = 14  # ~40 prompt tokens with the chat template
-    lines = tmp_path / "prompts.txt"
-    lines.write_text("".join(prompt(i, words) + "\n" for i in range(3000)))
     started = time.monotonic()
     with llama_server(4) as engine, raised_priority(engine) as priority:
         scale = asyncio.run(prompt_scale(engine))
         asyncio.run(closed_loop(engine, 4, WARMUP_LOOP_S, words))
-        capacity, e2e = asyncio.run(closed_loop(engine, 4, 3.0, words))
-        slo_s = round(SLO_FACTOR * e2e, 2)
-        rates, level_s = _ladder(capacity)
-        estimate, plain = paired(
-            engine, rates, level_s, slo_s, scale, levels=(4,), max_tokens=MAX_TOKENS, prompts=str(lines)
-        )
+        found: dict[str, float] = {}
+
+        def run(rates: list[float], level_s: float, slo_s: float) -> Paired:
+            found.update(slo_s=slo_s, level_s=level_s)
+            lines = tmp_path / f"prompts-{len(found)}.txt"  # new prompts for every ladder walked
+            first = next(_PLAIN_BLOCKS) * 10
+            lines.write_text("".join(prompt(first + i, words) + "\n" for i in range(6000)))
+            return paired(
+                engine, rates, level_s, slo_s, scale, levels=(4,), max_tokens=MAX_TOKENS, prompts=str(lines)
+            )
+
+        (estimate, plain), capacity, e2e, tries = bracketing(engine, 4, words, None, run)
         after, _ = asyncio.run(closed_loop(engine, 4, 3.0, words))
     print(
-        f"\nclosed loop {capacity:.2f}/s before, {after:.2f}/s after; e2e {e2e:.3f} s; SLO {slo_s} s; "
-        f"rates {rates}, {level_s:.1f} s each; {priority}; {time.monotonic() - started:.0f} s"
+        f"\nclosed loop {capacity:.2f}/s before, {after:.2f}/s after; e2e {e2e:.3f} s; SLO {found['slo_s']} s; "
+        f"{found['level_s']:.1f} s a rate; ladders {tries}; {priority}; {time.monotonic() - started:.0f} s"
     )
-    _compare("parallel 4", plain, estimate["rates"], slo_s)
+    _compare("parallel 4", plain, estimate["rates"], found["slo_s"])
 
 
+@pytest.mark.timeout(1200)
 def test_two_input_classes_at_parallel_2_stand_in_the_plain_clients_ratio():
     classes = {"long": 100, "short": 40}  # prompt tokens, the chat template's included
     started = time.monotonic()
@@ -436,22 +478,28 @@ def test_two_input_classes_at_parallel_2_stand_in_the_plain_clients_ratio():
         scale = asyncio.run(prompt_scale(engine))
         words = {name: words_for(scale, tokens) for name, tokens in classes.items()}
         asyncio.run(closed_loop(engine, 2, WARMUP_LOOP_S, words["long"]))
-        loops: dict[str, tuple[float, float]] = {}
+        loops: dict[str, tuple[float, float, int]] = {}
         slo_s = 0.0
         for name, tokens in classes.items():
-            loops[name] = asyncio.run(closed_loop(engine, 2, 3.0, words[name]))  # right before its ladder
-            slo_s = slo_s or round(SLO_FACTOR * loops[name][1], 2)  # the long class's, first, for both
-            rates, level_s = _ladder(loops[name][0])
-            found[name] = paired(
-                engine,
-                rates,
-                level_s,
-                slo_s,
-                scale,
-                levels=(2,),
-                lengths=((tokens, MAX_TOKENS),),  # what a workload's input class sends (`inputs:`)
-                task_class=f"chat-{name}",
-            )
+
+            def run(
+                rates: list[float], level_s: float, slo: float, tokens: int = tokens, name: str = name
+            ) -> Paired:
+                return paired(
+                    engine,
+                    rates,
+                    level_s,
+                    slo,
+                    scale,
+                    levels=(2,),
+                    lengths=((tokens, MAX_TOKENS),),  # what a workload's input class sends (`inputs:`)
+                    task_class=f"chat-{name}",
+                )
+
+            # the long class's SLO, first, for both
+            found[name], capacity, e2e, tries = bracketing(engine, 2, words[name], slo_s or None, run)
+            slo_s = slo_s or round(SLO_FACTOR * e2e, 2)
+            loops[name] = (round(capacity, 2), round(e2e, 3), tries)
     print(
         f"\nwords {words}; closed loops {loops}; SLO {slo_s} s; {priority}; {time.monotonic() - started:.0f} s"
     )
