@@ -30,9 +30,13 @@ from collector.sources import build_engine_source
 from collector.sources.base import parse_exposition
 
 NAMES = tuple(f"lora-{i}" for i in range(8))
-SLOTS, CLIENTS, PER_CLIENT, OUTPUT, SPEED = 4, 16, 5, 64, 4.0
-TOLERANCE = 0.4  # of the model's figures: 80 requests' draws, the HTTP hop, a busy 2-core host
-# (three runs measured the thrash median at 0.75 to 1.03 x the model's)
+# Simulated time runs at wall speed: at 4x, a step was a few wall milliseconds, as long as the HTTP
+# hop on a busy host, and the clients' re-sends lagging behind it thinned the engine's queue (CI
+# measured a thrash median of 0.45x the model's; 4 runs beside 3 CPU hogs 0.62-1.16x). At 1x, the
+# same 4 runs gave 0.94-0.96x.
+SLOTS, CLIENTS, PER_CLIENT, OUTPUT, SPEED = 4, 16, 5, 64, 1.0
+TOLERANCE = 0.25  # of the model's thrash median: 80 requests' draws, the HTTP hop, a busy host
+CALM_TOLERANCE = 0.4  # the calm median's bounds: the arrivals set it (see the test)
 PROMPT = "x" * 148  # 37 + 3 template tokens: the offline Mix's 40
 CONFIG = SimConfig(model="base", max_num_seqs=16, lora_adapters=NAMES, max_loras=SLOTS, speed=SPEED)
 
@@ -126,7 +130,7 @@ async def test_two_adapters_stay_within_the_slots_eight_thrash_and_ttft_rises_as
     over = sum(1 for distinct, slots in thrash if distinct > slots)
     assert over >= len(thrash) / 2, thrash  # the alert's first condition holds while it runs
 
-    # As the model says (docs/simulator.md, "LoRA adapters"), within TOLERANCE. Past the slots the
+    # As the model says (docs/simulator.md, "LoRA adapters"): the thrash median within TOLERANCE. Past the slots the
     # median TTFT is the model's whatever the arrivals (0.24 s simulated, lockstep or staggered).
     # Within them it is one prefill step, which the arrivals set: 16 prompts prefilled together
     # when every client re-sends at once (0.053 s: the model's 4.5x), one at a time when they are
@@ -138,11 +142,11 @@ async def test_two_adapters_stay_within_the_slots_eight_thrash_and_ttft_rises_as
     lockstep, spread = (_modelled_median_ttft(2, staggered) for staggered in (False, True))
     calm_median, thrash_median = statistics.median(calm_ttfts), statistics.median(thrash_ttfts)
     assert thrash_median == pytest.approx(thrash_model, rel=TOLERANCE), (thrash_median, thrash_model)
-    assert spread / (1 + TOLERANCE) <= calm_median <= lockstep * (1 + TOLERANCE), (
+    assert spread / (1 + CALM_TOLERANCE) <= calm_median <= lockstep * (1 + CALM_TOLERANCE), (
         calm_median,
         spread,
         lockstep,
     )
     measured = thrash_median / calm_median
     low, high = thrash_model / lockstep, thrash_model / spread  # ~4.5x and ~19x
-    assert low / (1 + TOLERANCE) <= measured <= high * (1 + TOLERANCE), (measured, low, high)
+    assert low / (1 + CALM_TOLERANCE) <= measured <= high * (1 + CALM_TOLERANCE), (measured, low, high)
