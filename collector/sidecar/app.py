@@ -38,6 +38,7 @@ from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exchange import BufferedBody, Exchange, UpstreamError
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.faults import FaultLog
+from collector.sidecar.memory import AllocatorTrim, glibc_malloc_trim
 from collector.sidecar.passthrough import PassThrough
 from collector.sidecar.paths import normalised_scope, refuse_climbing
 from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
@@ -190,7 +191,7 @@ def _lifespan(
     pools: tuple[H1Pool, ...],
     admin: AdminListener | None,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """Start the admin listener, the engine poller and the jobs; stop them,
+    """Start the admin listener, the engine poller, the jobs and the allocator's trim; stop them,
     then close the sinks."""
 
     @contextlib.asynccontextmanager
@@ -208,9 +209,12 @@ def _lifespan(
                 parts.owned_db, routes + STORE_ROUTES_PREFIX, proxy=proxy, token_in_file=parts.token_in_file
             )
         _freeze_startup_objects()
+        trim = AllocatorTrim(glibc_malloc_trim())
+        trim.start()
         try:
             yield
         finally:
+            trim.stop()
             if parts.owned_db is not None:
                 remove_owner(parts.owned_db)
             if parts.scheduler is not None:
