@@ -9,6 +9,7 @@ consistent. The same analysis reads the probe's rows over HTTP (tests/test_openl
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -79,7 +80,7 @@ def test_mu_slo_matches_the_simulators_analytic_rate(profile, seqs, prompt, outp
     for rate in bracket_rates(seqs, e2e_at_knee):
         level_rows = offline_level(config, mix, rate, truth.requests_per_s, seed)
         rows.append(level_rows)
-        (level,) = rate_levels_from_rows(level_rows)
+        (level,) = rate_levels_from_rows(level_rows, batch=seqs)
         levels.append(level)
         if level.why_not:
             break
@@ -96,6 +97,36 @@ def test_mu_slo_matches_the_simulators_analytic_rate(profile, seqs, prompt, outp
     # past μ the queue drifts: the level above μ_slo is the one that failed, and for drift
     failed = next(lv for lv in levels if lv.why_not)
     assert failed.drifting and "queue drifts" in (failed.why_not or "")
+
+
+@pytest.mark.parametrize(("profile", "seqs", "prompt", "output", "seed"), CONFIGS)
+def test_a_level_cut_short_past_mu_reads_the_saturation_throughput_at_a_full_batch(
+    profile, seqs, prompt, output, seed
+):
+    """An overload stop cuts a level past μ to a few seconds, while the batch still fills (the probe
+    on llama-server: 3.6 s); its window's completions understate the saturation throughput (here
+    down to 0.43 of μ), the answers at a full batch through the drain do not."""
+    config = SimConfig(max_num_seqs=seqs, cost_profile=profile, seed=seed, max_waiting=10_000)
+    mix = Mix(prompt_tokens=prompt, output_tokens=output)
+    truth = predicted_rate(
+        COST_PROFILES[profile],
+        max_num_seqs=seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        kv_cache_tokens=config.kv_cache_tokens,
+        block_size=config.block_size,
+        prompt_tokens=prompt,
+        output_tokens=output,
+    ).requests_per_s
+    rate, duration = 1.3 * truth, 30 / truth  # 30 requests' worth, then the drain
+    rows = tagged(poisson_rows(config, lambda t: rate, duration, mix, seed=seed), rate, 0.15 * duration)
+    measured = [seconds(r["admitted_at"]) for r in rows if not r["probe_warmup"]]
+    window = (min(measured), max(measured))
+    cut = rate_level(rows, rate, window, batch=seqs, ended_early="overload")
+    assert cut.full_batch_per_s == pytest.approx(truth, rel=0.10), (cut.full_batch_per_s, cut.achieved_per_s)
+    assert cut.why_not and "ended early" in cut.why_not
+    # a level at 1.2 μ that passed by luck below it: μ_slo capped at the full batch's throughput
+    capped = rate_result([replace(cut, offered_per_s=1.2 * truth, ended_early=None, why_not=None), cut])
+    assert capped.mu_slo_per_s == cut.full_batch_per_s and "at a full batch" in capped.reason
 
 
 def level_rows(at: list[tuple[float, float]], prompt: int = 100, cached: int | None = None) -> list[dict]:

@@ -208,7 +208,7 @@ def apply_rates(estimate: CapacityEstimate, rates: RateResult | None) -> None:
 
 def _stored_rates(rows: Sequence[dict[str, Any]], estimate: CapacityEstimate) -> RateResult | None:
     """The open-loop ladder of a stored run (its rows with an offered rate), checked against its knee."""
-    levels = rate_levels_from_rows(rows, estimate.slo)
+    levels = rate_levels_from_rows(rows, estimate.slo, batch=estimate.knee.requests)
     if not levels:
         return None
     rated = rate_result(levels)

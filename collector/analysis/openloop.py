@@ -22,7 +22,8 @@ passes above a failed one is noise): a level passes when its queue does not drif
 time, its capacity errors stay within the SLO's error ratio and its p95 TTFT/TPOT meet the SLO.
 V_P is the prefill tokens/s at that rate: μ_slo x the level's uncached prompt tokens per
 request (robust to a short level's sent rate straying from the offered one). When the failing level above it drifted, its completion
-rate is the saturation throughput, and μ_slo is capped there (`rate_result`). Overload ends a level early (`overload_reason`: the
+rate at a full batch (the gradient's knee: `full_batch_rate`, through the drain) is the saturation
+throughput, and μ_slo is capped there (`rate_result`). Overload ends a level early (`overload_reason`: the
 backlog grew by more than OVERLOAD_SHARE of the requests sent, at least OVERLOAD_MIN_REQUESTS)
 and ends the ladder: it is reported, not waited out.
 
@@ -58,6 +59,7 @@ __all__ = [
     "RateResult",
     "LittleCheck",
     "rate_level",
+    "full_batch_rate",
     "rate_result",
     "rate_levels_from_rows",
     "mu_slo",
@@ -115,6 +117,7 @@ class RateLevel:
     window_s: float
     sent_per_s: float
     achieved_per_s: float  # answered completions in the window / its length
+    full_batch_per_s: float | None  # answered per second while a full batch was outstanding (None: unknown)
     outstanding_mean: float
     outstanding_max: int
     outstanding_growth: float  # least-squares growth of the outstanding count over the window
@@ -157,6 +160,41 @@ def _outstanding_at(rows: Sequence[Row]) -> Callable[[float], int]:
     return lambda t: bisect.bisect_right(admitted, t) - bisect.bisect_right(completed, t)
 
 
+def full_batch_rate(rows: Sequence[Row], all_rows: Sequence[Row], start: float, batch: int) -> float | None:
+    """Answers per second while at least `batch` requests were outstanding, from `start` until the
+    last of `rows` was answered: the window and the drain after it. Past capacity the batch stays
+    full and this is the engine's saturation throughput, read off every answer it gave at a full
+    batch rather than the window's alone (which an overload stop may cut to a few seconds, while
+    the batch was still filling). None without an answer at a full batch."""
+    ends = [t for r in rows if (t := seconds(r.get("completed_at"))) is not None]
+    if not ends:
+        return None
+    until = max(ends)
+    events: list[tuple[float, int, bool]] = []  # (time, +1 admitted / -1 answered, answered ok)
+    outstanding = 0
+    for row in all_rows:
+        admitted, completed = seconds(row.get("admitted_at")), seconds(row.get("completed_at"))
+        if admitted is None:
+            continue
+        if admitted <= start:
+            outstanding += 1
+        elif admitted <= until:
+            events.append((admitted, 1, False))
+        if completed is not None and completed <= start and admitted <= start:
+            outstanding -= 1
+        elif completed is not None and start < completed <= until:
+            events.append((completed, -1, row.get("outcome") == "ok"))
+    events.sort(key=lambda event: (event[0], -event[1]))  # admitted before answered at one instant
+    full_s, answered, last = 0.0, 0, start
+    for at, step, ok in events:
+        if outstanding >= batch:
+            full_s += at - last
+            answered += step < 0 and ok
+        outstanding += step
+        last = at
+    return answered / full_s if answered and full_s > 0 else None
+
+
 def _judge(level: RateLevel, slo: Slo) -> RateLevel:
     why: list[str] = []
     if level.ended_early:
@@ -184,16 +222,19 @@ def rate_level(
     slo: Slo | None = None,
     all_rows: Sequence[Row] | None = None,
     ended_early: str | None = None,
+    batch: int | None = None,
 ) -> RateLevel:
     """Summarise one rate level: `rows` are its requests (warm-up included), `window` its
     measuring window in POSIX seconds (first measured admission to the last admission), `all_rows`
-    every request that may be in flight during it (default: `rows`). ValueError on an empty window.
+    every request that may be in flight during it (default: `rows`), `batch` the engine's batch
+    (the closed loop's knee; None: unknown, no full-batch rate). ValueError on an empty window.
     """
     start, end = window
     if not end > start:
         raise ValueError(f"rate level {offered_per_s}/s: window end {end} is not after start {start}")
     span = end - start
-    at = _outstanding_at(all_rows if all_rows is not None else rows)
+    everything = all_rows if all_rows is not None else rows
+    at = _outstanding_at(everything)
     times = [start + span * i / (_SAMPLES - 1) for i in range(_SAMPLES)]
     counts = [at(t) for t in times]
     slope = statistics.linear_regression(times, counts).slope if len(set(counts)) > 1 else 0.0
@@ -227,6 +268,7 @@ def rate_level(
         window_s=span,
         sent_per_s=sent / span,
         achieved_per_s=len(done) / span,
+        full_batch_per_s=None if batch is None else full_batch_rate(rows, everything, start, batch),
         outstanding_mean=sum(counts) / len(counts),
         outstanding_max=max(counts),
         outstanding_growth=growth,
@@ -257,9 +299,11 @@ def rate_level(
     return _judge(level, slo or Slo())
 
 
-def rate_levels_from_rows(rows: Sequence[Row], slo: Slo | None = None) -> list[RateLevel]:
+def rate_levels_from_rows(
+    rows: Sequence[Row], slo: Slo | None = None, batch: int | None = None
+) -> list[RateLevel]:
     """The rate levels of one stored run, by each row's offered rate (module docstring); each
-    level's window runs from its first measured to its last admission."""
+    level's window runs from its first measured to its last admission; `batch` as rate_level's."""
     grouped: dict[int, list[Row]] = defaultdict(list)
     measured: dict[int, list[float]] = defaultdict(list)
     for row in rows:
@@ -276,7 +320,9 @@ def rate_levels_from_rows(rows: Sequence[Row], slo: Slo | None = None) -> list[R
         last = max(seconds(r.get("admitted_at")) or 0.0 for r in grouped[milli])
         if times and last > min(times):
             levels.append(
-                rate_level(grouped[milli], milli / 1000, (min(times), last), slo=slo, all_rows=rows)
+                rate_level(
+                    grouped[milli], milli / 1000, (min(times), last), slo=slo, all_rows=rows, batch=batch
+                )
             )
     return levels
 
@@ -393,10 +439,12 @@ def rate_result(levels: list[RateLevel], stopped_early: str | None = None) -> Ra
     """μ_slo and V_P of measured levels (module docstring); None when every rate passed (then the
     highest is only a lower bound) or the lowest failed.
 
-    When the level that failed drifted, its completion rate is the engine's saturation throughput
-    (a full batch, answers as fast as it can): no rate above it is sustainable, so μ_slo is capped
-    there, with V_P measured at that level. Near saturation a short level's queue wanders like a
-    random walk, and the cap keeps a level that passed by luck from overstating μ.
+    When the level that failed drifted, its completion rate at a full batch is the engine's
+    saturation throughput (answers as fast as it can): no rate above it is sustainable, so μ_slo
+    is capped there, with V_P measured at that level. Near saturation a short level's queue
+    wanders like a random walk, and the cap keeps a level that passed by luck from overstating μ.
+    The rate is `full_batch_per_s` (the window and the drain) where the batch is known, else the
+    window's completions.
     """
     best, reason = mu_slo(levels)
     failed = (
@@ -406,10 +454,13 @@ def rate_result(levels: list[RateLevel], stopped_early: str | None = None) -> Ra
         return RateResult(levels, None, None, reason, stopped_early)
     rate, prefill = best.offered_per_s, _prefill_at(best, best.offered_per_s)
     saturated = failed.drifting or failed.ended_early is not None
-    if saturated and failed.achieved_per_s < rate:
-        rate, prefill = failed.achieved_per_s, _prefill_at(failed, failed.achieved_per_s)
+    full_batch = failed.full_batch_per_s is not None
+    throughput = failed.full_batch_per_s if failed.full_batch_per_s is not None else failed.achieved_per_s
+    if saturated and throughput < rate:
+        rate, prefill = throughput, _prefill_at(failed, throughput)
+        where = "at a full batch" if full_batch else "in its window"
         reason += (
-            f"; capped at the {failed.achieved_per_s:.3g}/s it completed there (saturation "
+            f"; capped at the {throughput:.3g}/s it completed there {where} (saturation "
             f"throughput, below the {best.offered_per_s:g}/s that passed)"
         )
     return RateResult(levels, rate, prefill, reason, stopped_early)
@@ -425,6 +476,7 @@ class RateSettings:
     drain_s: float = 60.0  # after the last arrival, wait at most this for answers
     seed: int = 0
     slo: Slo = field(default_factory=Slo)
+    batch: int | None = None  # the engine's batch (the gradient's knee): saturation at a full batch
 
 
 async def _send(runner: Any, spec: Any, rows: list[dict[str, Any]]) -> None:
@@ -498,6 +550,7 @@ async def run_rates(
                 slo=settings.slo,
                 all_rows=all_rows,
                 ended_early=ended_early,
+                batch=settings.batch,
             )
         if level is None:
             stopped = f"rate {rate:g}/s sent fewer than 2 measured requests (raise --rate-seconds)"

@@ -515,6 +515,7 @@ async def _open_loop(
         warmup_s=settings.rate_warmup_s,
         seed=settings.seed,
         slo=settings.slo,
+        batch=knee,
     )
 
     def written(_level: Any, rows: list[dict[str, Any]]) -> None:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+__all__ = ["TRIM_EVERY_S", "AllocatorTrim", "glibc_malloc_trim"]
+
 TRIM_EVERY_S = 60.0
 
 
