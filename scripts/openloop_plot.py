@@ -14,8 +14,8 @@ measured (the probe's ladder would stop at the first failure; the plot shows wha
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from collector.analysis.openloop import rate_level, rate_result
@@ -23,7 +23,6 @@ from collector.analysis.plot import render_rates_png
 from collector.analysis.stats import seconds
 from collector.capacity import Slo
 from collector.sim.config import SimConfig
-from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.sim.offline import Mix, poisson_rows
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "img" / "openloop-sim.png"
@@ -34,15 +33,7 @@ SLO = Slo(ttft_p95_s=2.0)
 def main(out: Path) -> None:
     config = SimConfig(max_num_seqs=4, cost_profile="cpu", seed=7, max_waiting=10_000)
     mix = Mix(prompt_tokens=40, output_tokens=32)
-    mu = predicted_rate(
-        COST_PROFILES["cpu"],
-        max_num_seqs=4,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_tokens=config.kv_cache_tokens,
-        block_size=config.block_size,
-        prompt_tokens=40,
-        output_tokens=32,
-    ).requests_per_s
+    mu = config.predicted_rate(40, 32).requests_per_s
     levels = []
     for n, multiple in enumerate(MULTIPLES):
         rate = round(mu * multiple, 3)
@@ -89,7 +80,17 @@ def from_json(estimate_path: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--from-json"] and len(sys.argv) == 4:
-        from_json(Path(sys.argv[2]), Path(sys.argv[3]))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "out", nargs="?", type=Path, default=OUT, help=f"the PNG to write (default {OUT.name})"
+    )
+    parser.add_argument(
+        "--from-json", type=Path, metavar="ESTIMATE", help="draw a saved estimate's rates section"
+    )
+    args = parser.parse_args()
+    if args.from_json is not None:
+        from_json(args.from_json, args.out)
     else:
-        main(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
+        main(args.out)

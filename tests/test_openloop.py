@@ -25,7 +25,6 @@ from collector.analysis.openloop import (
 from collector.analysis.stats import seconds
 from collector.capacity import Slo
 from collector.sim.config import SimConfig
-from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 
 # (cost profile, max_num_seqs, prompt tokens, output tokens, seed)
@@ -63,15 +62,7 @@ def offline_level(config: SimConfig, mix: Mix, rate: float, mu: float, seed: int
 def test_mu_slo_matches_the_simulators_analytic_rate(profile, seqs, prompt, output, seed):
     config = SimConfig(max_num_seqs=seqs, cost_profile=profile, seed=seed, max_waiting=10_000)
     mix = Mix(prompt_tokens=prompt, output_tokens=output)
-    truth = predicted_rate(
-        COST_PROFILES[profile],
-        max_num_seqs=seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_tokens=config.kv_cache_tokens,
-        block_size=config.block_size,
-        prompt_tokens=prompt,
-        output_tokens=output,
-    )
+    truth = config.predicted_rate(prompt, output)
     # the closed loop at the knee: its mean e2e brackets the rates (knee / e2e by Little's law)
     closed = closed_loop_rows(config, [seqs], 60 / truth.requests_per_s * seqs, mix, seed=seed)
     e2e = [r["e2e_s"] for r in closed if not r["probe_warmup"]]
@@ -108,15 +99,7 @@ def test_a_level_cut_short_past_mu_reads_the_saturation_throughput_at_a_full_bat
     down to 0.43 of μ), the answers at a full batch through the drain do not."""
     config = SimConfig(max_num_seqs=seqs, cost_profile=profile, seed=seed, max_waiting=10_000)
     mix = Mix(prompt_tokens=prompt, output_tokens=output)
-    truth = predicted_rate(
-        COST_PROFILES[profile],
-        max_num_seqs=seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_tokens=config.kv_cache_tokens,
-        block_size=config.block_size,
-        prompt_tokens=prompt,
-        output_tokens=output,
-    ).requests_per_s
+    truth = config.predicted_rate(prompt, output).requests_per_s
     rate, duration = 1.3 * truth, 30 / truth  # 30 requests' worth, then the drain
     rows = tagged(poisson_rows(config, lambda t: rate, duration, mix, seed=seed), rate, 0.15 * duration)
     measured = [seconds(r["admitted_at"]) for r in rows if not r["probe_warmup"]]

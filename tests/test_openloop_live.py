@@ -21,7 +21,6 @@ import pytest
 from support.processes import HEADROOM, sim_process
 
 from collector.sim.config import SimConfig
-from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.store.db import RequestStore
 from collector.store.estimates import candidate_estimates
 
@@ -35,17 +34,7 @@ TOLERANCE = 0.12
 
 def predicted_rate_for(prompt_tokens: int):
     """The simulator's analytic μ and V_P (per second of wall time) for this test's configuration."""
-    config = SimConfig(max_num_seqs=SEQS, cost_profile="cpu")
-    return predicted_rate(
-        COST_PROFILES["cpu"],
-        max_num_seqs=SEQS,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_tokens=config.kv_cache_tokens,
-        block_size=config.block_size,
-        prompt_tokens=prompt_tokens,
-        output_tokens=OUTPUT,
-        speed=SPEED,
-    )
+    return SimConfig(max_num_seqs=SEQS, cost_profile="cpu", speed=SPEED).predicted_rate(prompt_tokens, OUTPUT)
 
 
 def _probe_rates(

@@ -14,7 +14,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from collector.analysis.estimate import estimate_probe_run
 from collector.capacity import CapacityEstimate
 from collector.sim.config import SimConfig
-from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
@@ -35,15 +34,7 @@ def shifted(rows: list[dict], by: timedelta) -> list[dict]:
 def stored_run(tmp_path) -> tuple[RequestStore, float]:
     config = SimConfig(max_num_seqs=4, cost_profile="cpu", seed=3, max_waiting=10_000)
     mix = Mix(prompt_tokens=60, output_tokens=16)
-    truth = predicted_rate(
-        COST_PROFILES["cpu"],
-        max_num_seqs=4,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_tokens=config.kv_cache_tokens,
-        block_size=config.block_size,
-        prompt_tokens=60,
-        output_tokens=16,
-    )
+    truth = config.predicted_rate(60, 16)
     rows = closed_loop_rows(config, [1, 2, 4, 8], 40.0, mix, seed=3, run_id=RUN)
     end = max(r["completed_at"] for r in rows)
     for n, multiple in enumerate((0.6, 0.8, 0.9, 1.3)):

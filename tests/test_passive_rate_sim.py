@@ -26,7 +26,6 @@ from collector.analysis.refresh import refresh_estimates
 from collector.analysis.stats import seconds
 from collector.capacity import Slo
 from collector.sim.config import SimConfig
-from collector.sim.cost import COST_PROFILES, predicted_rate
 from collector.sim.offline import START, Mix, poisson_rows
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
@@ -44,15 +43,7 @@ TOLERANCE = 0.10
 
 def _engine(profile: str, seqs: int, prompt: int, output: int, seed: int) -> tuple[SimConfig, Mix, float]:
     config = SimConfig(max_num_seqs=seqs, cost_profile=profile, seed=seed, max_waiting=10_000)
-    mu = predicted_rate(
-        COST_PROFILES[profile],
-        max_num_seqs=seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_tokens=config.kv_cache_tokens,
-        block_size=config.block_size,
-        prompt_tokens=prompt,
-        output_tokens=output,
-    )
+    mu = config.predicted_rate(prompt, output)
     return config, Mix(prompt_tokens=prompt, output_tokens=output), mu.requests_per_s
 
 

@@ -40,15 +40,7 @@ def achieved_rate(rows: list[dict], start_s: float, end_s: float) -> float:
 @pytest.mark.parametrize(("profile", "seqs", "prompt", "output", "seed"), CONFIGS)
 def test_overload_completes_at_the_predicted_rate(profile, seqs, prompt, output, seed):
     config = SimConfig(max_num_seqs=seqs, cost_profile=profile, seed=seed, max_waiting=10_000)
-    mu = predicted_rate(
-        COST_PROFILES[profile],
-        max_num_seqs=seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        kv_cache_tokens=config.kv_cache_tokens,
-        block_size=config.block_size,
-        prompt_tokens=prompt,
-        output_tokens=output,
-    )
+    mu = config.predicted_rate(prompt, output)
     duration = 300 / mu.requests_per_s  # ~300 requests' worth of service
     mix = Mix(prompt_tokens=prompt, output_tokens=output)
     rows = poisson_rows(config, lambda t: 1.3 * mu.requests_per_s, duration, mix, seed=seed)

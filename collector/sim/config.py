@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collector.sim.cost import COST_PROFILES
+from collector.sim.cost import COST_PROFILES, PredictedRate, predicted_rate
 
 __all__ = ["SimConfig", "FLAVORS"]
 
@@ -69,6 +69,20 @@ class SimConfig:
     def adapter_of(self, model: object) -> str | None:
         """The adapter a request's `model` names, or None for the base model (or any other name)."""
         return model if isinstance(model, str) and model in self.lora_adapters else None
+
+    def predicted_rate(self, prompt_tokens: int, output_tokens: int) -> PredictedRate:
+        """The analytic μ of fixed-length requests on this engine, per second of wall time at its
+        speed (collector.sim.cost.predicted_rate, docs/simulator.md)."""
+        return predicted_rate(
+            COST_PROFILES[self.cost_profile],
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            kv_cache_tokens=self.kv_cache_tokens,
+            block_size=self.block_size,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            speed=self.speed,
+        )
 
     @property
     def num_blocks(self) -> int:
