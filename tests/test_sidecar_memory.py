@@ -1,87 +1,97 @@
-"""The sidecar gives glibc's free memory back every minute (collector.sidecar.memory).
+"""The sidecar gives memory back every minute (collector.sidecar.memory): a full collection on its
+event loop, then glibc's malloc_trim in a thread.
 
-BENCHMARKS.md §10b has the soak that needed it: the RSS grew with no more objects or malloc bytes
-in use, and one malloc_trim(0) gave 64-67 MiB back.
+BENCHMARKS.md §10b has the soaks that needed it: the RSS crept with no more objects or malloc
+bytes in use, and one collection and trim gave 60-70 MiB back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
 import threading
 
+import httpx
 import pytest
 
 from collector.serving import serve_in_thread
+from collector.sidecar import app
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.memory import AllocatorTrim, glibc_malloc_trim
+from collector.sidecar.memory import MemoryReturn, glibc_malloc_trim
 from collector.sidecar.wiring import build_sidecar
 
 
-def test_the_trim_runs_every_interval_off_the_loop_and_stops() -> None:
-    called = threading.Event()
-    threads: list[str] = []
+async def test_each_round_collects_on_the_loop_then_trims_off_it() -> None:
+    loop_thread = threading.current_thread()
+    order: list[tuple[str, bool]] = []
+
+    def collect() -> int:
+        order.append(("collect", threading.current_thread() is loop_thread))
+        return 0
 
     def trim(pad: int) -> int:
         assert pad == 0
-        threads.append(threading.current_thread().name)
-        if len(threads) >= 3:
-            called.set()
+        order.append(("trim", threading.current_thread() is loop_thread))
         return 1
 
-    trimmer = AllocatorTrim(trim, every_s=0.01)
-    trimmer.start()
-    assert called.wait(10), "three trims within 10 s at a 10 ms interval"
-    trimmer.stop()
-    made = trimmer.trims
-    assert made >= 3 and set(threads) == {"headroom-malloc-trim"}
-    assert not any(thread.name == "headroom-malloc-trim" for thread in threading.enumerate())
-    assert trimmer.trims == made  # stopped: no trim after stop()
+    returning = MemoryReturn(trim, every_s=0.01, collect=collect)
+    task = asyncio.create_task(returning.run())
+    async with asyncio.timeout(10):
+        while returning.rounds < 3:
+            await asyncio.sleep(0.005)  # polling the counter the task under test advances
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert order[:6] == [("collect", True), ("trim", False)] * 3  # collect on the loop, trim off it
 
 
-def test_a_failing_trim_is_logged_once_and_never_retried(caplog: pytest.LogCaptureFixture) -> None:
-    failed = threading.Event()
+async def test_a_failing_round_is_logged_once_and_never_retried(caplog: pytest.LogCaptureFixture) -> None:
+    calls = 0
 
     def trim(_: int) -> int:
-        failed.set()
+        nonlocal calls
+        calls += 1
         raise OSError("no")
 
-    trimmer = AllocatorTrim(trim, every_s=0.01)
-    trimmer.start()
-    assert failed.wait(10)
-    trimmer.stop()
-    assert trimmer.trims == 1
-    assert [record.message for record in caplog.records] == ["malloc_trim failed; not trimming again"]
+    await asyncio.wait_for(MemoryReturn(trim, every_s=0.01, collect=lambda: 0).run(), 10)  # returns
+    assert calls == 1
+    assert [record.message for record in caplog.records] == ["giving memory back failed; not trying again"]
 
 
-def test_without_glibc_nothing_runs() -> None:
-    trimmer = AllocatorTrim(None)
-    trimmer.start()
-    assert trimmer.trim_now() is False
-    assert not any(thread.name == "headroom-malloc-trim" for thread in threading.enumerate())
-    trimmer.stop()
+async def test_without_glibc_it_only_collects() -> None:
+    collected = []
+    returning = MemoryReturn(None, collect=lambda: collected.append(1))
+    assert await returning.once() is False
+    assert collected == [1] and returning.rounds == 1
 
 
 @pytest.mark.subprocess
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
-def test_on_glibc_a_trim_returns_a_fragmented_heap_to_the_system() -> None:
-    # 240 MiB of 4 KiB buffers (malloc's, not pymalloc's) freed below one still held: glibc's own
-    # free() can only give back the top of the heap, so the RSS stays until a trim.
+def test_on_glibc_a_round_returns_garbage_in_cycles_and_a_fragmented_heap() -> None:
+    # 240 MiB of 4 KiB buffers (malloc's, not pymalloc's), each held by a reference cycle and the
+    # young collections disabled, as a serving sidecar's oldest generation holds them; then one
+    # buffer allocated after them and kept, so glibc's own free() cannot give the heap back from
+    # its top. One round must bring the RSS down by most of the 240 MiB.
     script = textwrap.dedent(
         """
-        from collector.sidecar.memory import AllocatorTrim, glibc_malloc_trim
+        import asyncio, gc
+        from collector.sidecar.memory import MemoryReturn, glibc_malloc_trim
 
-        def rss_mib() -> None:
+        def rss_mib():
             for line in open("/proc/self/status"):
                 if line.startswith("VmRSS"):
                     return int(line.split()[1]) / 1024
 
-        chunks = [bytearray(4096) for _ in range(60_000)]
+        gc.disable()
+        for _ in range(60_000):
+            cycle = [bytearray(4096)]
+            cycle.append(cycle)
+        del cycle
         held = bytearray(4096)
-        del chunks
         before = rss_mib()
-        gave = AllocatorTrim(glibc_malloc_trim()).trim_now()
+        gave = asyncio.run(MemoryReturn(glibc_malloc_trim()).once())
         print(before, rss_mib(), gave)
         """
     )
@@ -91,14 +101,30 @@ def test_on_glibc_a_trim_returns_a_fragmented_heap_to_the_system() -> None:
     assert float(before) - float(after) > 150, out
 
 
-def test_the_sidecar_trims_while_it_serves() -> None:
+def test_the_sidecar_returns_memory_while_it_serves_and_stops_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert glibc_malloc_trim() is not None  # the suite runs on glibc (Debian/Ubuntu)
+    started, cancelled = threading.Event(), threading.Event()
+
+    class Watched(MemoryReturn):
+        async def run(self) -> None:
+            started.set()
+            try:
+                await super().run()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    monkeypatch.setattr(app, "MemoryReturn", Watched)
     config = SidecarConfig(
         upstream="http://127.0.0.1:9", db_path=None, instance="t", engine="none", jobs=False
     )
     sidecar = serve_in_thread(build_sidecar(config))
     try:
-        assert any(thread.name == "headroom-malloc-trim" for thread in threading.enumerate())
+        assert httpx.get(f"{sidecar.url}/healthz", timeout=5).status_code == 200
+        assert started.wait(10)
+        assert not cancelled.is_set()
     finally:
         sidecar.stop(timeout_s=15)
-    assert not any(thread.name == "headroom-malloc-trim" for thread in threading.enumerate())
+    assert cancelled.wait(10)  # the lifespan's end stops it

@@ -38,7 +38,7 @@ from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exchange import BufferedBody, Exchange, UpstreamError
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.faults import FaultLog
-from collector.sidecar.memory import AllocatorTrim, glibc_malloc_trim
+from collector.sidecar.memory import MemoryReturn, glibc_malloc_trim
 from collector.sidecar.passthrough import PassThrough
 from collector.sidecar.paths import normalised_scope, refuse_climbing
 from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
@@ -191,7 +191,7 @@ def _lifespan(
     pools: tuple[H1Pool, ...],
     admin: AdminListener | None,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """Start the admin listener, the engine poller, the jobs and the allocator's trim; stop them,
+    """Start the admin listener, the engine poller, the jobs and the memory's return; stop them,
     then close the sinks."""
 
     @contextlib.asynccontextmanager
@@ -209,12 +209,15 @@ def _lifespan(
                 parts.owned_db, routes + STORE_ROUTES_PREFIX, proxy=proxy, token_in_file=parts.token_in_file
             )
         _freeze_startup_objects()
-        trim = AllocatorTrim(glibc_malloc_trim())
-        trim.start()
+        returning = asyncio.create_task(
+            MemoryReturn(glibc_malloc_trim()).run(), name="headroom-memory-return"
+        )
         try:
             yield
         finally:
-            trim.stop()
+            returning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await returning
             if parts.owned_db is not None:
                 remove_owner(parts.owned_db)
             if parts.scheduler is not None:

@@ -1,26 +1,32 @@
-"""Give the allocator's free memory back to the system, every minute, on glibc.
+"""Give memory back every minute: a full garbage collection, then glibc's malloc_trim.
 
-The sidecar's threads (the event loop, the log writer, DuckDB's workers) each allocate from their
-own glibc arena. Freed memory inside an arena stays mapped until glibc trims it, which it does
-only from the top of the main heap: a long run of mixed traffic left the RSS growing by 5-9 MiB
-per 10 minutes with no object, malloc byte or DuckDB buffer more at the end than in the middle,
-and one `malloc_trim(0)` gave 64-67 MiB back (BENCHMARKS.md §10b). `AllocatorTrim` calls it from
-a thread of its own every TRIM_EVERY_S; ctypes drops the GIL for the call, so the event loop keeps
-serving while glibc walks its arenas. Elsewhere (musl, macOS) it does nothing.
+Two things held what a soak of hostile traffic freed (BENCHMARKS.md §10b). Python's own full
+collection almost never runs in a serving sidecar: start-up's objects are frozen and the youngest
+generation is collected every 20,000 allocations (collector.sidecar.app), so requests' reference
+cycles (an exception, its traceback, the frames and buffers they hold) that outlive two young
+collections wait in the oldest generation, and 30 minutes saw none. And glibc keeps freed memory
+inside its arenas, trimming only the top of the main heap by itself. The RSS crept by 5-9 MiB per
+10 minutes with no more objects, malloc bytes or DuckDB memory at the end than in the middle, and
+one collection and trim gave 60-70 MiB back. `MemoryReturn.run`, a task of the sidecar's event loop,
+does both every RETURN_EVERY_S: the collection on the loop (finalisers run where the objects
+live; ~50,000 unfrozen objects take a few milliseconds), the trim in a worker thread (ctypes drops
+the GIL, so the loop serves while glibc walks its arenas). Off glibc (musl, macOS) it only
+collects.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import gc
 import logging
-import threading
 from collections.abc import Callable
+
+__all__ = ["RETURN_EVERY_S", "MemoryReturn", "glibc_malloc_trim"]
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRIM_EVERY_S", "AllocatorTrim", "glibc_malloc_trim"]
-
-TRIM_EVERY_S = 60.0
+RETURN_EVERY_S = 60.0
 
 
 def glibc_malloc_trim() -> Callable[[int], int] | None:
@@ -34,39 +40,35 @@ def glibc_malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
-class AllocatorTrim:
-    """A daemon thread calling `trim(0)` every `every_s` until stop(); with no trim, no thread."""
+class MemoryReturn:
+    """Every `every_s`: `collect()` on the loop, then `trim(0)` in a thread (no trim: collect only)."""
 
-    def __init__(self, trim: Callable[[int], int] | None, every_s: float = TRIM_EVERY_S) -> None:
+    def __init__(
+        self,
+        trim: Callable[[int], int] | None,
+        every_s: float = RETURN_EVERY_S,
+        collect: Callable[[], object] = gc.collect,
+    ) -> None:
         self._trim = trim
         self._every_s = every_s
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.trims = 0  # calls made (the tests read it)
+        self._collect = collect
+        self.rounds = 0  # rounds done (the tests read it)
 
-    def start(self) -> None:
-        if self._trim is None or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="headroom-malloc-trim", daemon=True)
-        self._thread.start()
+    async def once(self) -> bool:
+        """One round; True when glibc gave memory back."""
+        self._collect()
+        gave = False
+        if self._trim is not None:
+            gave = bool(await asyncio.to_thread(self._trim, 0))
+        self.rounds += 1
+        return gave
 
-    def trim_now(self) -> bool:
-        """One trim; True when glibc gave memory back."""
-        if self._trim is None:
-            return False
-        self.trims += 1
-        return bool(self._trim(0))
-
-    def _run(self) -> None:
-        while not self._stopping.wait(self._every_s):
+    async def run(self) -> None:
+        """Rounds until cancelled; a round that raises is logged and ends them (never the sidecar)."""
+        while True:
+            await asyncio.sleep(self._every_s)  # the period itself, not a wait for an event
             try:
-                self.trim_now()
-            except Exception:  # never take the sidecar down for a housekeeping call
-                log.exception("malloc_trim failed; not trimming again")
+                await self.once()
+            except Exception:
+                log.exception("giving memory back failed; not trying again")
                 return
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
