@@ -62,7 +62,7 @@ from collector.capacity import Slo
 # Not in make test: on this shared 2-core host the host's speed moves under a level, and an
 # earlier build passed 5 of 9 runs at --parallel 4 and 3 of 9 for the two classes (the prompts it
 # repeated were cached by the engine; the probe's saturation cap read a window an overload stop
-# cut short). docs/capacity.md lists the runs since both were fixed; `make measure` runs it.
+# cut short). Since both were fixed it passed both runs (docs/capacity.md); `make measure` runs it.
 pytestmark = [
     pytest.mark.real_engine,
     pytest.mark.slow,
