@@ -97,7 +97,9 @@ def test_stored_estimates_are_published_and_served_and_the_scheduler_holds_every
     refresh_estimates(store, None, SUNDAY_EVENING + timedelta(hours=1), window=timedelta(hours=2))
     settings = JobSettings(export_dir=tmp_path / "pq", report_dir=tmp_path / "reports")
     gauges = CapacityGauges()
-    publish(store, gauges, None)  # what an owning sidecar does at start, before the first refresh
+    # what an owning sidecar does at start, before the first refresh; the probe's age is counted at
+    # the test's own clock (an hour after the run), never the calendar's
+    publish(store, gauges, SUNDAY_EVENING + timedelta(hours=1))
     assert gauges.get("model-z").knee_requests == 8.0
     scheduler = build_scheduler(store, gauges, settings, **WORK)
     with TestClient(routes_app(store, "t", gauges=gauges, report_dir=tmp_path / "reports")) as client:
