@@ -93,13 +93,14 @@ def test_weekly_report_schedule_is_configurable():
 
 
 def test_stored_estimates_are_published_and_served_and_the_scheduler_holds_every_job(store, tmp_path):
-    store.insert_rows(synthetic_probe_run(SUNDAY_EVENING, model="model-z"))
-    refresh_estimates(store, None, SUNDAY_EVENING + timedelta(hours=1), window=timedelta(hours=2))
+    # a run two hours ago: the gauges and the estimate route count its age on the present's clock
+    # (a fixed date here would pass the 7-day probe age one week after it was written)
+    ran_at = datetime.now(UTC) - timedelta(hours=2)
+    store.insert_rows(synthetic_probe_run(ran_at, model="model-z"))
+    refresh_estimates(store, None, ran_at + timedelta(hours=1), window=timedelta(hours=2))
     settings = JobSettings(export_dir=tmp_path / "pq", report_dir=tmp_path / "reports")
     gauges = CapacityGauges()
-    # what an owning sidecar does at start, before the first refresh; the probe's age is counted at
-    # the test's own clock (an hour after the run), never the calendar's
-    publish(store, gauges, SUNDAY_EVENING + timedelta(hours=1))
+    publish(store, gauges, None)  # what an owning sidecar does at start, before the first refresh
     assert gauges.get("model-z").knee_requests == 8.0
     scheduler = build_scheduler(store, gauges, settings, **WORK)
     with TestClient(routes_app(store, "t", gauges=gauges, report_dir=tmp_path / "reports")) as client:
