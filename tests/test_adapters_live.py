@@ -29,6 +29,9 @@ from collector.sim.offline import Mix, closed_loop_rows
 from collector.sources import build_engine_source
 from collector.sources.base import parse_exposition
 
+# the simulator at wall speed beside real HTTP: its TTFTs are this machine's time to give
+pytestmark = pytest.mark.serial
+
 NAMES = tuple(f"lora-{i}" for i in range(8))
 # Simulated time runs at wall speed: at 4x, a step was a few wall milliseconds, as long as the HTTP
 # hop on a busy host, and the clients' re-sends lagging behind it thinned the engine's queue (CI

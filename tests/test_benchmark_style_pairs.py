@@ -48,6 +48,7 @@ def test_an_unknown_target_is_refused_with_the_known_ones():
     assert done.returncode == 2 and "unknown target(s): litellm (known: headroom, direct)" in done.stderr
 
 
+@pytest.mark.serial  # paired windows of chunk rates: a busy host failed its requests
 def test_versus_the_floor_pairs_headroom_with_the_pass_through():
     done = _style_pairs("--versus-floor", "--pairs", "2", "--window-s", "0.3", "--no-progress")
     result = json.loads(done.stdout)["versus_floor"]

@@ -25,7 +25,7 @@ from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.store.db import RequestStore
 
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.serial]  # a real-time simulator's knees
 
 STAGES = (2, 4, 8, 16, 32)
 STAGE_S = 2.5

@@ -22,7 +22,8 @@ from collector.analysis.probe import ProbeSettings, run_probe
 from collector.capacity import Slo
 from collector.sim.cost import predicted_knee
 
-pytestmark = pytest.mark.subprocess
+# a real-time simulator: its knees are this machine's time to give (make test runs these alone)
+pytestmark = [pytest.mark.subprocess, pytest.mark.serial]
 
 LEVELS = (1, 2, 4, 8, 16, 32)
 OUTPUT_TOKENS = 16
