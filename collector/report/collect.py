@@ -40,7 +40,7 @@ from collector.report.plan import (
     little_window_s,
     sampling_grid,
 )
-from collector.store.db import RequestStore
+from collector.store.db import RequestStore, SnapshotReads
 from collector.store.decision import Decision, Published, decisions
 
 __all__ = [
@@ -327,7 +327,7 @@ def class_of(served: str | None, probed: str | None, published: Sequence[str]) -
 class _Reader:
     """The store and the window's parameters; runs the aggregates."""
 
-    def __init__(self, store: RequestStore, before: datetime, since: datetime, until: datetime) -> None:
+    def __init__(self, store: SnapshotReads, before: datetime, since: datetime, until: datetime) -> None:
         self.store = store
         self.window = {"before": before, "since": since, "until": until}
 
@@ -400,7 +400,7 @@ def _per_model(reader: _Reader) -> dict[str, ModelFigures]:
 
 
 def _instance_classes(
-    store: RequestStore,
+    store: SnapshotReads,
     reader: _Reader,
     models: dict[str, ModelFigures],
     published: dict[Key, dict[str, Any]],
@@ -559,13 +559,15 @@ def collect_inputs(
         slo_ttft_p95_s=slo_ttft_p95_s,
         classes=_classes(made),
     )
-    with store.memory_at_least(REVIEW_MEMORY_MB):
-        inputs.models = _aggregates(store, _Reader(store, before, since, until), inputs.estimates)
+    # one snapshot for every query: rows a live sidecar writes meanwhile (a new model among them)
+    # never show in one query and not in the one before it
+    with store.memory_at_least(REVIEW_MEMORY_MB), store.one_snapshot() as snapshot:
+        inputs.models = _aggregates(snapshot, _Reader(snapshot, before, since, until), inputs.estimates)
     return inputs
 
 
 def _aggregates(
-    store: RequestStore, reader: _Reader, published: dict[Key, dict[str, Any]]
+    store: SnapshotReads, reader: _Reader, published: dict[Key, dict[str, Any]]
 ) -> dict[str, ModelFigures]:
     """Every model's aggregates of both windows (module docstring)."""
     since, until, before = (reader.window[name] for name in ("since", "until", "before"))

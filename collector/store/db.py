@@ -45,7 +45,14 @@ if TYPE_CHECKING:  # numpy is the report's and the analysis' extra, not the side
 from collector.record import RequestRecord
 from collector.store.schema import COLUMN_NAMES, COLUMNS, migrate
 
-__all__ = ["RequestStore", "ARROW_SCHEMA", "ARROW_STREAM_TYPE", "rows_to_arrow", "rows_to_ipc"]
+__all__ = [
+    "RequestStore",
+    "SnapshotReads",
+    "ARROW_SCHEMA",
+    "ARROW_STREAM_TYPE",
+    "rows_to_arrow",
+    "rows_to_ipc",
+]
 
 _ARROW_TYPES = {
     "VARCHAR": pa.string(),
@@ -267,6 +274,31 @@ def _unmasked(values: np.ndarray) -> np.ndarray:
     return plain
 
 
+class SnapshotReads:
+    """Queries on one snapshot of a store (RequestStore.one_snapshot): query, query_dicts, numpy."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, lock: threading.Lock) -> None:
+        self._cursor, self._lock = cursor, lock
+
+    def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
+        """All rows of a parameterised query, as RequestStore.query."""
+        with self._lock:
+            return self._cursor.execute(sql, params).fetchall()
+
+    def query_dicts(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[dict[str, Any]]:
+        """Each row as a {column: value} dict, as RequestStore.query_dicts."""
+        with self._lock:
+            cursor = self._cursor.execute(sql, params)
+            names = [d[0] for d in cursor.description]
+            return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+    def numpy(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> dict[str, np.ndarray]:
+        """One numpy array per column, as RequestStore.numpy."""
+        with self._lock:
+            found = self._cursor.execute(sql, params).fetchnumpy()
+        return {name: _unmasked(values) for name, values in found.items()}
+
+
 class RequestStore:
     """Owns a DuckDB connection; thread-safe through one lock (DuckDB connections are not)."""
 
@@ -486,6 +518,27 @@ class RequestStore:
         finally:
             with self._lock:
                 self._con.execute("SET memory_limit = ?", [f"{int(self.memory_mb)}MB"])
+
+    @contextlib.contextmanager
+    def one_snapshot(self) -> Iterator[SnapshotReads]:
+        """Reads that all see the database as it was when the block began: a read-only transaction
+        on a cursor of its own, while the writer goes on appending on the store's connection. A
+        reader that runs several queries (the weekly review) then never meets a row, or a model,
+        that arrived between two of them. An in-memory store (a view over Parquet files: nothing
+        writes to it) reads on its own connection, where its registered filesystems are."""
+        if self.path == ":memory:":
+            yield SnapshotReads(self._con, self._lock)
+            return
+        with self._lock:
+            cursor = self._con.cursor()
+            cursor.execute("BEGIN TRANSACTION")
+            cursor.execute("SELECT 1 FROM requests LIMIT 0").fetchall()  # the snapshot starts here
+        try:
+            yield SnapshotReads(cursor, self._lock)
+        finally:
+            with self._lock:
+                cursor.execute("ROLLBACK")
+                cursor.close()
 
     def count(self) -> int:
         """Number of rows in `requests`."""
