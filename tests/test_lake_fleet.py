@@ -272,6 +272,12 @@ def test_sidecars_and_two_committers_with_kills_lose_and_repeat_nothing(catalog:
         timeout=120,
     )
     assert final.returncode == 0, final.stderr[-2000:]
+    shared = [  # tenant names are in the rows and in the metadata's column bounds
+        f"{path.relative_to(lake)} {path.stat().st_mode & 0o777:o}"
+        for path in lake.rglob("*")
+        if path.is_file() and path.stat().st_mode & 0o077
+    ]
+    assert not shared, f"lake files readable by others: {shared[:5]}"
 
     with open_lake_log(catalog, str(lake)) as store:
         rows, distinct = store.query("SELECT count(*), count(DISTINCT request_id) FROM requests")[0]

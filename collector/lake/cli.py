@@ -83,7 +83,14 @@ def lake() -> None:
       HEADROOM_CATALOG=postgresql://headroom@db/iceberg headroom lake commit --lake s3://logs/headroom --every 30
       headroom lake maintain --catalog sqlite:///lake/catalog.db --lake /data/lake --retention-days 400
       headroom lake import --catalog sqlite:///lake/catalog.db --lake /data/lake --db headroom.duckdb
+
+    Everything these commands write to a local lake (Iceberg metadata, whose column bounds name
+    tenants; compacted data files; a sqlite catalog) is the owner's alone, as the sidecars'
+    staged files are: files 0600, folders 0700.
     """
+    from collector.lake.layout import private_files  # lazy: pyarrow loads when a command runs
+
+    private_files()
 
 
 @lake.command("commit")

@@ -20,7 +20,16 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-__all__ = ["Lake", "StagedName", "STAGED", "WAREHOUSE", "staged_name", "parse_staged", "safe_writer_part"]
+__all__ = [
+    "Lake",
+    "StagedName",
+    "STAGED",
+    "WAREHOUSE",
+    "staged_name",
+    "parse_staged",
+    "safe_writer_part",
+    "private_files",
+]
 
 STAGED, WAREHOUSE = "staged", "warehouse"
 _STAGED_RE = re.compile(r"^(?P<writer>[A-Za-z0-9._-]+)-(?P<seq>\d{12})\.parquet$")
@@ -131,3 +140,10 @@ def parse_staged(path: str) -> StagedName | None:
     if match is None:
         return None
     return StagedName(path=path, writer=match["writer"], seq=int(match["seq"]))
+
+
+def private_files() -> None:
+    """This process creates files 0600 and folders 0700 from here on (umask 077): what a process
+    that writes the table (Iceberg metadata, whose column bounds name tenants; compacted data; a
+    sqlite catalog) calls first, so they are as private as the sidecars' staged files."""
+    os.umask(0o077)
