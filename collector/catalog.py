@@ -306,12 +306,47 @@ CATALOG: tuple[MetricSpec, ...] = (
         group="sidecar",
     ),
     MetricSpec(
+        "headroom_probe_marks_ignored_total",
+        "counter",
+        "Requests that carried headroom probe's marks (X-Headroom-Source: probe) without the "
+        "sidecar's token in X-Headroom-Probe-Token: counted, logged and alerted on as ordinary "
+        "traffic. reason: no_token (none sent), wrong_token, untrusted (this sidecar has no token).",
+        ("reason",),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_upstream_failures_total",
+        "counter",
+        "Accounted requests whose exchange with the engine failed where no upstream status says "
+        "so, once each, by failure class: connect_failed, connect_timeout, closed_before_headers, "
+        "bad_headers, read_timeout, reset, truncated, bad_framing, bad_encoding, truncated_event, "
+        "malformed_event, error_event, event_too_large, proxy_error. Each such request also counts "
+        "in headroom_requests_total as upstream_error or timeout (availability SLO errors), and its "
+        "row's error starts with the class.",
+        ("reason",),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
         "headroom_connections_refused_total",
         "counter",
-        "Client connections the sidecar closed before a request was admitted: headers not complete "
-        "within --header-timeout (408), a body not complete within --body-timeout (408), or over "
-        "--max-client-connections (503).",
+        "Client connections the sidecar refused or cut off: headers not complete within "
+        "--header-timeout (header_timeout, 408), a body not complete within --body-timeout "
+        "(body_timeout, 408), over --max-client-connections (connection_cap, 503), over "
+        "--max-connections-per-source (source_connections, 429) or --max-partial-requests-per-source "
+        "(source_partial_requests, 429), or a client that took nothing of its answer for "
+        "--write-stall-timeout (write_stall: disconnected, its request client_cancelled).",
         ("reason",),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_upstream_wait_timeouts_total",
+        "counter",
+        "Requests answered 503 (outcome overloaded) because no upstream connection came free "
+        "within --upstream-wait-timeout: all --max-upstream-connections were in use.",
+        (),
         "short",
         group="sidecar",
     ),

@@ -77,7 +77,8 @@ def test_probe_through_the_sidecar_reaches_its_gauges(tmp_path):
             "run", "--upstream", sim, *SIDECAR, "--db", str(tmp_path / "h.duckdb"), health="/healthz"
         ) as sidecar:
             _traffic(sidecar)
-            estimate = _probe(sidecar, tmp_path / "cap.json")
+            token = (tmp_path / "h.duckdb.token").read_text().strip()  # the sidecar's, made at start
+            estimate = _probe(sidecar, tmp_path / "cap.json", "--sidecar-token", token)
             assert estimate["knee"]["requests"] == 4 and estimate["knee"]["reached"]
             _assert_matches(_published(sidecar), estimate)
 

@@ -40,6 +40,7 @@ CONTRACT = {
     "headroom_capacity_estimate_timestamp_seconds",
     "headroom_engine_max_concurrency_requests",
     "headroom_upstream_retries_total",
+    "headroom_upstream_failures_total",
     "headroom_log_rows_written_total",
     "headroom_log_rows_dropped_total",
     "headroom_log_queue_rows",

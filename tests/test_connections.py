@@ -15,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 from support.processes import headroom_process
+from support.sources import connect_from
 from support.upstream import FakeUpstream
 
 from collector.serving import serve_in_thread
@@ -89,12 +90,14 @@ def test_a_pipelined_requests_late_headers_never_break_the_stream_before_it(tmp_
 
 
 def test_past_the_connection_cap_a_new_connection_gets_503_at_once(tmp_path):
-    """Past the cap and its reserved admin slots (tests/test_sidecar_hardening.py has those)."""
+    """Past the cap and its reserved admin slots (tests/test_sidecar_hardening.py has those), which
+    two addresses hold: one address holds at most ADMIN_SLOTS_PER_SOURCE of them."""
     with FakeUpstream() as fake:
         app, handle = _guarded(tmp_path, fake, max_connections=5)
-        held = [socket.create_connection(("127.0.0.1", handle.port)) for _ in range(5 + ADMIN_SLOTS)]
+        held = [socket.create_connection(("127.0.0.1", handle.port)) for _ in range(5)]
+        held += [connect_from(f"127.0.0.{2 + i % 2}", handle.port) for i in range(ADMIN_SLOTS)]
         try:
-            with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as extra:
+            with connect_from("127.0.0.4", handle.port) as extra:
                 answer = extra.recv(4096)
             assert answer.startswith(b"HTTP/1.1 503") and b"--max-client-connections" in answer
             assert _refused(app, "connection_cap") == 1

@@ -50,9 +50,13 @@ LATENCY_ALERTS = (
 )
 
 
+PROBE_TOKEN = "probe-token-for-this-test"  # the sidecar's HEADROOM_TOKEN, which the probe sends
+
+
 @pytest.fixture
-def stack(tmp_path):
+def stack(tmp_path, monkeypatch):
     """Simulator (llama.cpp flavour), sidecar (engine llamacpp, no --model), Prometheus with the rules."""
+    monkeypatch.setenv("HEADROOM_TOKEN", PROBE_TOKEN)  # the sidecar trusts probe marks with it
     prometheus_bin = require_tool("prometheus")
     from collector.serving import serve_in_thread
     from collector.sidecar.config import SidecarConfig
@@ -181,6 +185,7 @@ def test_engine_panels_show_the_served_model_and_a_probe_past_the_knee_raises_no
         max_level_s=8.0,
         warmup_per_worker=0,
         engine_metrics="none",
+        sidecar_token=PROBE_TOKEN,
     )
     result = asyncio.run(run_probe(settings))
     probe_ttft = [row for level in result.levels for row in level.rows if row.get("ttft_s") is not None]

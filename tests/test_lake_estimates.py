@@ -160,6 +160,7 @@ def test_a_probes_estimate_in_the_lake_is_published_by_a_fleet_sidecar_and_rende
 ) -> None:
     lake = str(tmp_path / "lake")
     fleet = ["--engine", "auto", "--engine-poll-interval", "0.2", "--lake", lake, "--catalog", catalog]
+    token = {"HEADROOM_TOKEN": "fleet-token"}  # the sidecar trusts the probe's marks with it
     with sim_process(speed=1, max_num_seqs=4, seed=3) as sim:
         with headroom_process(
             "run",
@@ -173,6 +174,7 @@ def test_a_probes_estimate_in_the_lake_is_published_by_a_fleet_sidecar_and_rende
             "1",
             *fleet,
             health="/healthz",
+            env=token,
         ) as sidecar_a:
             done = subprocess.run(
                 [
@@ -191,6 +193,7 @@ def test_a_probes_estimate_in_the_lake_is_published_by_a_fleet_sidecar_and_rende
                 capture_output=True,
                 text=True,
                 timeout=240,
+                env=os.environ | token,
             )
             assert done.returncode == 0, done.stdout + done.stderr
             assert f"saved to {ESTIMATES_TABLE}" in done.stdout
@@ -218,6 +221,8 @@ def test_a_probes_estimate_in_the_lake_is_published_by_a_fleet_sidecar_and_rende
     assert published[("headroom_capacity_recommended_pool_requests", estimate["model"])] == pool
     with open_lake_log(catalog, lake) as store:
         assert store.query("SELECT count(*) FROM requests WHERE instance = 'a'")[0][0] > 0
+        (sources,) = store.query("SELECT list(DISTINCT source) FROM requests WHERE instance = 'a'")
+        assert sources[0] == ["probe"]  # the probe's load, with the token: never the clients' traffic
     result = CliRunner().invoke(
         main, ["integrations", "keda", "--catalog", catalog, "--lake", lake, "--deployment", "llm"]
     )

@@ -178,7 +178,8 @@ def test_probe_finds_the_knee_a_plain_client_measures(parallel, levels, tmp_path
             str(tmp_path / "sidecar.duckdb"),
             health="/healthz",
         ) as sidecar:
-            through = asyncio.run(run_probe(_settings(sidecar, levels)))
+            token = (tmp_path / "sidecar.duckdb.token").read_text().strip()  # made at its start
+            through = asyncio.run(run_probe(_settings(sidecar, levels, sidecar_token=token)))
             sidecar_metrics = httpx.get(sidecar + "/metrics").text
             if parallel == 4:  # then real traffic through the same sidecar, for the passive curve
                 knee = detect_knee([lv.stats for lv in direct.levels]).requests

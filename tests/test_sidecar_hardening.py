@@ -23,6 +23,7 @@ import httpx
 import pytest
 from support.processes import HeadroomProcess, headroom_process
 from support.sidecar import CHAT, sidecar_rig, wait_until
+from support.sources import connect_from
 from support.upstream import FakeUpstream
 
 from collector.serving import serve_in_thread
@@ -278,15 +279,15 @@ def test_metrics_and_health_keep_reserved_slots_when_half_bodies_fill_the_cap(tm
 
 
 def test_past_the_reserved_slots_too_a_connection_is_refused_at_once(tmp_path):
+    """The reserved slots held from two addresses (one holds at most ADMIN_SLOTS_PER_SOURCE)."""
     with _guarded(tmp_path, max_connections=2) as (app, handle, _):
-        held = [
-            socket.create_connection(("127.0.0.1", handle.port), timeout=5) for _ in range(2 + ADMIN_SLOTS)
-        ]
+        held = [socket.create_connection(("127.0.0.1", handle.port), timeout=5) for _ in range(2)]
+        held += [connect_from(f"127.0.0.{2 + i % 2}", handle.port) for i in range(ADMIN_SLOTS)]
         try:
             wait_until(
                 lambda: _open_connections(handle) >= 2 + ADMIN_SLOTS, 5, what="every connection accepted"
             )
-            with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as extra:
+            with connect_from("127.0.0.4", handle.port) as extra:
                 answer = _until_closed(extra)  # before it sent anything
             assert answer.startswith(b"HTTP/1.1 503") and b"--max-client-connections" in answer
         finally:

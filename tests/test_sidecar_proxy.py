@@ -110,7 +110,7 @@ def test_connection_reset_mid_stream_breaks_the_client_stream_too(rig):
 def test_malformed_sse_is_forwarded_and_marked(rig):
     response = _post(rig, mode="malformed")
     assert b"data: {not json" in response.content
-    _only_row(rig, outcome="upstream_error", error="malformed event in stream")
+    _only_row(rig, outcome="upstream_error", error="malformed_event: malformed event in stream")
 
 
 def test_upstream_timeout_answers_504(rig):
@@ -174,19 +174,49 @@ def test_bad_json_body_is_forwarded_and_logged(rig):
 
 
 def test_probe_load_through_the_sidecar_is_logged_as_probe_not_traffic(rig):
-    _post(rig, **{"X-Headroom-Source": "probe", "X-Headroom-Run-Id": "run-42"})
+    _post(rig, **rig.probe_marks("run-42"))
     _post(rig, **{"X-Headroom-Source": "something-else"})
     rows = rig.rows()
     assert [(r["source"], r["run_id"]) for r in rows] == [("probe", "run-42"), ("traffic", None)]
+    # the credential is the sidecar's: it never reaches the engine
+    assert [("x-headroom-probe-token" in r["headers"]) for r in rig.fake.requests] == [False, False]
+
+
+def test_a_probe_mark_without_the_token_is_traffic_and_counted(rig):
+    forged = {"X-Headroom-Source": "probe", "X-Headroom-Run-Id": "run-forged", "X-Headroom-Probe-Level": "2"}
+    _post(rig, mode="500", **forged)  # a client hiding its failures as probe load
+    _post(rig, mode="500", **forged, **{"X-Headroom-Probe-Token": "guess"})
+    _post(rig, **rig.probe_marks("run-real", **{"X-Headroom-Probe-Level": "2"}))
+    rows = rig.rows()
+    assert [(r["source"], r["run_id"], r["probe_level"]) for r in rows] == [
+        ("traffic", None, None),
+        ("traffic", None, None),
+        ("probe", "run-real", 2),
+    ]
+    metrics = rig.metrics()
+    ignored = {
+        dict(labels)["reason"]: v
+        for (name, labels), v in metrics.items()
+        if name == "headroom_probe_marks_ignored_total"
+    }
+    assert ignored == {"no_token": 1.0, "wrong_token": 1.0}
+    failed = {
+        dict(labels)["source"]
+        for (name, labels), v in metrics.items()
+        if name == "headroom_requests_total" and dict(labels).get("outcome") != "ok" and v
+    }
+    assert failed == {"traffic"}  # the SLO rules see the forged failures
 
 
 def test_what_a_probe_request_measures_travels_in_its_headers_into_the_row(rig):
-    probe = {"X-Headroom-Source": "probe", "X-Headroom-Run-Id": "run-7"}
-    _post(rig, **probe, **{"X-Headroom-Request-Id": "probe-run-7-000001", "X-Headroom-Probe-Level": "8"})
-    _post(rig, **probe, **{"X-Headroom-Probe-Level": "16", "X-Headroom-Probe-Warmup": "1"})
-    _post(rig, **probe, **{"X-Headroom-Probe-Rate": "2.5", "X-Headroom-Probe-Warmup": "0"})
+    def probe(**more: str | bytes) -> dict[str, str | bytes]:
+        return rig.probe_marks("run-7", **more)
+
+    _post(rig, **probe(**{"X-Headroom-Request-Id": "probe-run-7-000001", "X-Headroom-Probe-Level": "8"}))
+    _post(rig, **probe(**{"X-Headroom-Probe-Level": "16", "X-Headroom-Probe-Warmup": "1"}))
+    _post(rig, **probe(**{"X-Headroom-Probe-Rate": "2.5", "X-Headroom-Probe-Warmup": "0"}))
     for garbage in ("nan", "-1", "1e9", "\u00b2".encode(), "eight"):  # not recorded, and never a crash
-        _post(rig, **probe, **{"X-Headroom-Probe-Level": garbage, "X-Headroom-Probe-Rate": garbage})
+        _post(rig, **probe(**{"X-Headroom-Probe-Level": garbage, "X-Headroom-Probe-Rate": garbage}))
     _post(rig, **{"X-Headroom-Probe-Level": "8"})  # traffic naming a level: not a probe's row
     rows = rig.rows()
     assert [(r["probe_level"], r["probe_rate_per_s"], r["probe_warmup"]) for r in rows] == [
@@ -215,7 +245,9 @@ def test_pass_through_keeps_the_percent_encoded_path(rig):
 def test_an_error_sent_inside_a_200_stream_is_an_upstream_error(rig, mode):
     response = _post(rig, mode=mode)
     assert response.status_code == 200 and b"error" in response.content  # forwarded as sent
-    row = _only_row(rig, outcome="upstream_error", status_code=200, error="error event in stream")
+    row = _only_row(
+        rig, outcome="upstream_error", status_code=200, error="error_event: error event in stream"
+    )
     assert row["completion_tokens"] == 2
 
 

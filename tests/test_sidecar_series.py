@@ -178,8 +178,8 @@ def test_checkpoint_mb_is_a_positive_flag_of_run():
 
 
 def test_probe_load_is_labelled_source_probe_and_its_row_keeps_its_source(tmp_path):
-    probe = {"X-Headroom-Source": "probe", "X-Tenant-ID": "headroom-probe", "X-Headroom-Run-Id": "probe-run"}
     with sidecar_rig(tmp_path) as rig:
+        probe = rig.probe_marks("probe-run", **{"X-Tenant-ID": "headroom-probe"})
         httpx.post(rig.url + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=probe)
         httpx.post(rig.url + "/v1/chat/completions", json={**CHAT, "stream": True})
         metrics = rig.metrics()

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -126,10 +126,11 @@ def _lake_saver(catalog_uri: str | None, lake_uri: str) -> _Outputs:
     try:
         # lazy: pyiceberg, the [lake] extra, only with --catalog
         from collector.lake.estimates import ESTIMATES_TABLE, save_to_lake  # lazy: pyiceberg
-        from collector.lake.layout import Lake
+        from collector.lake.layout import Lake, private_files
         from collector.lake.table import open_catalog
     except ImportError as exc:
         raise click.ClickException(f"{MISSING_LAKE_EXTRA} ({exc})") from None
+    private_files()  # the estimates table's metadata, as private as the sidecars' staged files
     try:
         catalog = open_catalog(catalog_uri, Lake.parse(lake_uri))
     except ValueError as exc:
@@ -243,6 +244,15 @@ def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri
     help="Bearer token for the server under test [env: OPENAI_API_KEY]; never stored.",
 )
 @click.option(
+    "--sidecar-token",
+    envvar="HEADROOM_TOKEN",
+    default=None,
+    help="The token of the headroom sidecar at --url [env: HEADROOM_TOKEN; default: the token of "
+    "the sidecar that owns --db, when --url is that sidecar]. Sent in X-Headroom-Probe-Token, it "
+    "makes the sidecar log this load as the probe's; without it the sidecar counts it as "
+    "traffic. Never sent to any other URL, never stored.",
+)
+@click.option(
     "--workload",
     default=None,
     metavar="FILE|classes|from-log",
@@ -330,6 +340,7 @@ def probe(
     endpoint: str,
     seed: int,
     api_key: str | None,
+    sidecar_token: str | None,
     workload: str | None,
     traffic_db: str | None,
     engine_metrics: str,
@@ -395,6 +406,7 @@ def probe(
         request_timeout_s=timeout_s,
         seed=seed,
         api_key=api_key,
+        sidecar_token=sidecar_token or _owner_token(db, url),
         engine_metrics=engine_metrics,
         adapters=_adapter_names(adapters),
         **_rate_settings(rates, rate_seconds, rate_warmup_seconds),
@@ -404,8 +416,16 @@ def probe(
             check_replica_class(replica_class)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--replica-class") from None
-    replica_class = replica_class or sidecar_replica_class(url)
+    facts = sidecar_facts(url)
+    replica_class = replica_class or facts.replica_class
     click.echo(f"replica class: {replica_class}")
+    if facts.is_sidecar and settings.sidecar_token is None:
+        click.echo(
+            f"warning: {url} is a headroom sidecar and no token was given: it logs this load as "
+            "its clients' traffic, not the probe's; pass --sidecar-token or set HEADROOM_TOKEN "
+            "to the sidecar's token",
+            err=True,
+        )
     if lake_uri is not None and db is not None:
         raise click.UsageError("give --db PATH or --lake URI (with --catalog), not both")
     write, close, save, own = _row_writer(db, url) if lake_uri is None else _lake_saver(catalog_uri, lake_uri)
@@ -480,19 +500,46 @@ def _probe_once(
     return estimate
 
 
-def sidecar_replica_class(url: str) -> str:
-    """The replica class the sidecar at `url` exports (headroom_replica_info), else "default" (an
-    engine, an older sidecar, one still deciding, or no answer within 5 s)."""
-    import httpx  # lazy, as the probe's other clients
+@dataclass(frozen=True)
+class SidecarFacts:
+    """What the /metrics page at --url says of it: a headroom sidecar or not, and its class."""
 
+    is_sidecar: bool
+    replica_class: str
+
+
+def sidecar_facts(url: str) -> SidecarFacts:
+    """Whether `url` is a headroom sidecar (its /metrics exports headroom_ series) and the replica
+    class it exports (headroom_replica_info), else "default" (an engine, an older sidecar, one
+    still deciding, or no answer within 5 s)."""
     base = url.rstrip("/")
     base = base[: -len("/v1")] if base.endswith("/v1") else base
     try:
         text = httpx.get(f"{base}/metrics", timeout=5.0).text
     except httpx.HTTPError:
-        return DEFAULT_REPLICA_CLASS
+        return SidecarFacts(False, DEFAULT_REPLICA_CLASS)
     found = re.search(r'^headroom_replica_info\{[^}]*replica_class="([^"]+)"[^}]*\} 1', text, re.MULTILINE)
-    return found.group(1) if found else DEFAULT_REPLICA_CLASS
+    is_sidecar = re.search(r"^headroom_inflight_requests\b", text, re.MULTILINE) is not None
+    return SidecarFacts(is_sidecar, found.group(1) if found else DEFAULT_REPLICA_CLASS)
+
+
+def sidecar_replica_class(url: str) -> str:
+    """The replica class the sidecar at `url` exports, else "default" (sidecar_facts)."""
+    return sidecar_facts(url).replica_class
+
+
+def _owner_token(db: str | None, url: str) -> str | None:
+    """The token of the sidecar that owns `db`, when `url` is that sidecar's proxy; else None
+    (a token is never sent to another server)."""
+    if not db or not Path(f"{db}.owner").exists():
+        return None
+    try:
+        owner = find_owner(db)
+    except OwnerError:
+        return None
+    if owner.proxy is None or owner.proxy.rstrip("/") != url.rstrip("/").removesuffix("/v1"):
+        return None
+    return owner.token
 
 
 def _traffic_log(

@@ -102,6 +102,8 @@ class ProbeSettings:
     seed: int = 0
     run_id: str | None = None
     api_key: str | None = field(default=None, repr=False)  # sent as a bearer token, never stored
+    # the sidecar's token (X-Headroom-Probe-Token): what makes the sidecar log this load as the probe's
+    sidecar_token: str | None = field(default=None, repr=False)
     # (prompt tokens, completion tokens) pairs to draw each request from (--workload from-log);
     # empty: `prompts` and `max_tokens`
     lengths: tuple[tuple[int, int], ...] = field(default=(), repr=False)
@@ -442,6 +444,8 @@ async def run_probe(
     headers = {"X-Tenant-ID": "headroom-probe", "X-Headroom-Source": "probe", "X-Headroom-Run-Id": run_id}
     if settings.api_key:
         headers["Authorization"] = f"Bearer {settings.api_key}"
+    if settings.sidecar_token:
+        headers["X-Headroom-Probe-Token"] = settings.sidecar_token
     client = UpstreamClient(max_connections=0, timeout=timeout, headers=headers)
     engine = _engine_source(settings)
     await client.open()

@@ -42,16 +42,26 @@ _FINISHED_RUNS = """SELECT run_id FROM requests
 WHERE source = 'probe' AND run_id IS NOT NULL AND completed_at IS NOT NULL
 GROUP BY run_id HAVING max(completed_at) < ? ORDER BY min(admitted_at)"""
 _ESTIMATED_RUNS = "SELECT DISTINCT run_id FROM capacity_estimates WHERE source = 'probe'"
-_TABLE = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
+_TABLE = "SELECT count(*) FROM information_schema.tables WHERE table_name = ?"
+# every probe run the job looked at, whatever came of it: a run is examined once, so runs with
+# nothing to estimate (no measured level) cost one look, not one every few seconds for ever
+_EXAMINED_DDL = """CREATE TABLE IF NOT EXISTS probe_runs_examined (
+    run_id VARCHAR PRIMARY KEY, examined_at TIMESTAMPTZ NOT NULL, estimated BOOLEAN NOT NULL)"""
+_EXAMINED_RUNS = "SELECT run_id FROM probe_runs_examined"
+_MARK_EXAMINED = "INSERT OR IGNORE INTO probe_runs_examined VALUES (?, ?, ?)"
 
 
 def finished_probe_runs(store: RequestStore, now: datetime, quiet_s: float) -> list[str]:
-    """Probe runs whose last request ended more than `quiet_s` before `now` and that have no
-    saved estimate yet, oldest first."""
+    """Probe runs whose last request ended more than `quiet_s` before `now` and that were not
+    examined yet (no saved estimate, no earlier look), oldest first."""
     runs = [row[0] for row in store.query(_FINISHED_RUNS, [now - timedelta(seconds=quiet_s)])]
-    if not runs or not store.query(_TABLE)[0][0]:
+    if not runs:
         return runs
-    done = {row[0] for row in store.query(_ESTIMATED_RUNS)}
+    done: set[str] = set()
+    if store.query(_TABLE, ["capacity_estimates"])[0][0]:
+        done.update(row[0] for row in store.query(_ESTIMATED_RUNS))
+    if store.query(_TABLE, ["probe_runs_examined"])[0][0]:
+        done.update(row[0] for row in store.query(_EXAMINED_RUNS))
     return [run for run in runs if run not in done]
 
 
@@ -66,6 +76,8 @@ def _estimate_probes(
     saved = []
     for run_id in finished_probe_runs(store, now, quiet_s):
         estimate = estimate_probe_run(store, run_id, slo_ttft_p95_s=slo_ttft_p95_s, profile=profile)
+        store.execute(_EXAMINED_DDL)
+        store.execute(_MARK_EXAMINED, [run_id, now, estimate is not None])
         if estimate is None:
             log.info("probe run %s has no measured levels; nothing to estimate", run_id)
             continue

@@ -1,9 +1,11 @@
 """The sidecar's admin surface: /metrics, /healthz, /readyz and the store's /headroom routes.
 
-Without `--admin-listen` these routes share the proxy's port. With it they are served only on
-that address (`AdminListener`, a second uvicorn server on the same event loop, started and stopped
-by the sidecar's lifespan), so the client-facing port exposes no tenant names, no traffic and no
-request log (issue #40).
+Without `--admin-listen` these routes share the proxy's port, where no client can starve them:
+reserved slots that answer once and close, keyed by client address, and per-address bounds on
+connections and half-sent requests (collector.sidecar.server; docs/sidecar.md says why the flag
+stays optional, issue #48). With it they are served only on that address (`AdminListener`, a
+second uvicorn server on the same event loop, started and stopped by the sidecar's lifespan), so
+the client-facing port exposes no tenant names, no traffic and no request log (issue #40).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class AdminListener:
             header_timeout_s=config.header_timeout_s,
             body_timeout_s=config.body_timeout_s,
             max_connections=ADMIN_MAX_CONNECTIONS,
+            write_stall_timeout_s=config.write_stall_timeout_s,
         )
         options: dict[str, Any] = {
             "lifespan": "off",  # the sidecar's lifespan starts and stops everything

@@ -29,9 +29,10 @@ from typing import Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, FastAPI
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from collector import __version__
+from collector.catalog import spec
 from collector.record import RowSink
 from collector.sidecar.admin import STORE_ROUTES_PREFIX, AdminListener, admin_routes, base_url
 from collector.sidecar.config import SidecarConfig
@@ -61,6 +62,7 @@ PASSTHROUGH_ROOT = "/v1"  # itself passed through too (`/v1/` is normalised to i
 PASSTHROUGH_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 READINESS_PATH = "/v1/models"  # every OpenAI-compatible engine answers it once its model is loaded
 READINESS_TIMEOUT_S = 2.0
+_WAIT_TIMEOUTS = spec("headroom_upstream_wait_timeouts_total")
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
@@ -119,16 +121,29 @@ class SidecarParts:
     store_routes: APIRouter | None = None  # the owned database's store routes, served under /headroom
     owned_db: str | None = None  # the database file this sidecar owns: readers find it via <db>.owner
     token_in_file: bool = True  # the store routes' token is in <db>.token (else HEADROOM_TOKEN)
+    # the sidecar's token, which also makes a request a probe's (X-Headroom-Probe-Token); None:
+    # no probe marks are trusted (docs/sidecar.md "Probe load")
+    probe_token: str | None = None
     tracing: bool = False  # an OtelSink is among the sinks: propagate trace context, note response facts
 
 
-def _pool(config: SidecarConfig, max_connections: int) -> H1Pool:
-    """A pool of the upstream client: connect fast or fail; between chunks a prefill may take minutes."""
+def _pool(config: SidecarConfig, max_connections: int, registry: CollectorRegistry | None = None) -> H1Pool:
+    """A pool of the upstream client: connect fast or fail; between chunks a prefill may take
+    minutes; a request waits --upstream-wait-timeout at most for a free connection (counted in
+    `registry`'s headroom_upstream_wait_timeouts_total)."""
+    waits = _WAIT_TIMEOUTS
+    counter = (
+        Counter(waits.name.removesuffix("_total"), waits.help, registry=registry)
+        if registry is not None
+        else None
+    )
     return H1Pool(
         config.upstream,
         max_connections=max_connections,
         connect_timeout_s=config.connect_timeout_s,
         read_timeout_s=config.read_timeout_s,
+        wait_timeout_s=config.upstream_wait_timeout_s,
+        on_wait_timeout=None if counter is None else counter.inc,
     )
 
 
@@ -244,7 +259,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
             tracker.add_row_sink(sink.submit)
     # one bound (--max-upstream-connections) for every client request; readiness keeps a
     # connection of its own, so a full pool never makes /readyz say "not ready"
-    pool, readiness = _pool(config, config.max_connections), _pool(config, 1)
+    pool, readiness = _pool(config, config.max_connections, parts.registry), _pool(config, 1)
     page = MetricsPage(parts.registry, [tracker.exported])
     routes = admin_routes(
         config, tracker, page, functools.partial(upstream_ready, readiness), parts.store_routes
@@ -274,6 +289,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
         faults=faults,
         read_timeout_s=config.read_timeout_s,
         tracing=parts.tracing,
+        probe_token=parts.probe_token,
     )
     if admin is None:
         app.include_router(routes)

@@ -95,5 +95,8 @@ def run(**options: Any) -> None:  # click passes each option by its name (collec
             body_timeout_s=config.body_timeout_s,
             idle_timeout_s=config.idle_timeout_s,
             max_connections=max_client_connections,
+            max_connections_per_source=config.max_connections_per_source,
+            max_partial_requests_per_source=config.max_partial_requests_per_source,
+            write_stall_timeout_s=config.write_stall_timeout_s,
         ),
     )

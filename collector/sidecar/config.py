@@ -62,6 +62,8 @@ class SidecarConfig:
     connect_timeout_s: float = 10.0
     read_timeout_s: float = 600.0
     max_connections: int = 1024  # pooled upstream connections (--max-upstream-connections)
+    # --upstream-wait-timeout: a request waits this long at most for a free pooled connection (503)
+    upstream_wait_timeout_s: float = 30.0
     # Bounds on clients (docs/sidecar.md, "Limits"): a breach is a JSON error naming the flag.
     max_request_body_bytes: int = MAX_REQUEST_BODY_BYTES
     max_buffered_response_bytes: int = 16 * 2**20
@@ -70,6 +72,11 @@ class SidecarConfig:
     body_timeout_s: float = 60.0  # --body-timeout: a request's body complete within this of its headers
     idle_timeout_s: float = 5.0
     max_client_connections: int = 4096
+    # per client address (docs/sidecar.md, "Limits"); None: --max-client-connections, and a quarter
+    # of it (at least 64) for the requests not fully sent (collector.sidecar.server.source_limits)
+    max_connections_per_source: int | None = None
+    max_partial_requests_per_source: int | None = None
+    write_stall_timeout_s: float = 60.0  # --write-stall-timeout: a client taking nothing is cut off
     log_queue_rows: int = 50_000
     log_batch_rows: int = 1_000
     log_flush_interval_s: float = 0.5
@@ -94,6 +101,14 @@ class SidecarConfig:
             ("--adapter-slots", 1 if self.adapter_slots is None else self.adapter_slots),
             ("--max-upstream-connections", self.max_connections),
             ("--checkpoint-mb", 1 if self.checkpoint_mb is None else self.checkpoint_mb),
+            (
+                "--max-connections-per-source",
+                1 if self.max_connections_per_source is None else self.max_connections_per_source,
+            ),
+            (
+                "--max-partial-requests-per-source",
+                1 if self.max_partial_requests_per_source is None else self.max_partial_requests_per_source,
+            ),
         )
         if self.store_memory_mb < MIN_STORE_MEMORY_MB:
             raise ValueError(
@@ -110,6 +125,8 @@ class SidecarConfig:
             ("--header-timeout", self.header_timeout_s),
             ("--body-timeout", self.body_timeout_s),
             ("--idle-timeout", self.idle_timeout_s),
+            ("--write-stall-timeout", self.write_stall_timeout_s),
+            ("--upstream-wait-timeout", self.upstream_wait_timeout_s),
         ):
             if value <= 0:
                 raise ValueError(f"{flag} must be positive, got {value}")

@@ -3,18 +3,27 @@
 `H1Pool.send` (collector.sidecar.upstream) returns an Exchange once the response's head arrived;
 its body then goes to a `BodySink` from the connection's callbacks (the SSE relay's), or waits in a
 `BufferedBody` for a task to read it (every other answer). Each failure is an `UpstreamError`
-whose message is ours, never the peer's bytes.
+whose message is ours, never the peer's bytes, and whose `reason` names its failure class (the
+row's error starts with it; it is the `reason` of headroom_upstream_failures_total).
+
+An answer the upstream compressed although the sidecar asked for `Accept-Encoding: identity`
+(gzip, x-gzip or deflate: `DECODED_CODINGS`) is read through a `DecodedBody`, so that its events
+and usage can be read; the client then receives it decoded (collector.sidecar.headers drops its
+Content-Encoding and Content-Length).
 """
 
 from __future__ import annotations
 
 import asyncio
+import zlib
 from typing import Protocol
 
 __all__ = [
+    "DECODED_CODINGS",
     "BodySink",
     "BufferedBody",
     "Carrier",
+    "DecodedBody",
     "Exchange",
     "UpstreamBodyBroken",
     "UpstreamConnectError",
@@ -27,31 +36,55 @@ __all__ = [
 
 
 class UpstreamError(Exception):
-    """A failure of the exchange with the upstream; the message is ours, never the peer's bytes."""
+    """A failure of the exchange with the upstream; the message is ours, never the peer's bytes.
+
+    `reason` is its failure class: each subclass has one, and `UpstreamBodyBroken` says which
+    way the body broke (`reset`, `truncated`, `bad_framing`, `bad_encoding`).
+    """
+
+    reason = "upstream_failed"
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
 
 
 class UpstreamConnectError(UpstreamError):
     """No connection could be made."""
 
+    reason = "connect_failed"
+
 
 class UpstreamConnectTimeout(UpstreamError, TimeoutError):
     """No connection within the connect timeout."""
+
+    reason = "connect_timeout"
 
 
 class UpstreamDisconnected(UpstreamError):
     """The connection closed (or failed) before the response's head arrived."""
 
+    reason = "closed_before_headers"
+
 
 class UpstreamBodyBroken(UpstreamError):
-    """The connection closed, or the chunked framing broke, inside the response's body."""
+    """The connection closed or was reset, the chunked framing broke, or a compressed body was
+    corrupt or cut, inside the response's body (`reason` says which)."""
+
+    reason = "truncated"
 
 
 class UpstreamUnparsable(UpstreamError):
     """The response's status line or headers are not HTTP."""
 
+    reason = "bad_headers"
+
 
 class UpstreamReadTimeout(UpstreamError, TimeoutError):
     """Nothing arrived for the read timeout."""
+
+    reason = "read_timeout"
 
 
 class BodySink(Protocol):
@@ -222,6 +255,62 @@ class BufferedBody:
             self._exchange.resume()
         self._size = 0
         return data
+
+
+DECODED_CODINGS = frozenset({"gzip", "x-gzip", "deflate"})  # what DecodedBody reads
+_ANY_ZLIB = 32 + zlib.MAX_WBITS  # a gzip or a zlib header, told apart by the decoder
+_DECODED_PIECE = 2**16  # decoded bytes per read at most: a small compressed read can hold a lot
+
+
+class DecodedBody:
+    """A compressed answer (one of DECODED_CODINGS) read decoded: `readany` like BufferedBody's.
+
+    Each read returns at most 64 KiB of decoded bytes, so that a small compressed read that
+    decodes to megabytes is forwarded piece by piece under the client's flow control (and the
+    upstream stays paused meanwhile, as BufferedBody pauses it). Concatenated gzip members are
+    read as one body. A body that is not what its coding says raises UpstreamBodyBroken
+    `bad_encoding`; one that ends before its compressed stream does, `truncated`. An empty body
+    (a 204, say) is no failure. Not the hot path: uncompressed answers, nearly all of them,
+    never come here.
+    """
+
+    __slots__ = ("status", "content_length", "_body", "_decoder", "_tail", "_seen", "_ended")
+
+    def __init__(self, body: BufferedBody) -> None:
+        self.status = body.status
+        self.content_length: int | None = None  # the decoded length is not known before the end
+        self._body = body
+        self._decoder = zlib.decompressobj(_ANY_ZLIB)
+        self._tail = b""  # compressed bytes not decoded yet
+        self._seen = self._ended = False
+
+    async def readany(self) -> bytes:
+        """Decoded bytes since the last call; b"" once the body ended; raises how it broke."""
+        while True:
+            if self._tail:
+                data, self._tail = self._tail, b""
+            elif self._ended:
+                return b""
+            else:
+                data = await self._body.readany()
+                if not data:
+                    self._ended = True
+                    if self._seen and not self._decoder.eof:
+                        raise UpstreamBodyBroken("the upstream's compressed body ended early", "truncated")
+                    return b""
+                self._seen = True
+            decoder = self._decoder
+            try:
+                if decoder.eof:  # a member ended and more follows: gzip allows several
+                    decoder = self._decoder = zlib.decompressobj(_ANY_ZLIB)
+                decoded = decoder.decompress(data, _DECODED_PIECE)
+            except zlib.error:
+                raise UpstreamBodyBroken(
+                    "the upstream's compressed body is not what its Content-Encoding says", "bad_encoding"
+                ) from None
+            self._tail = decoder.unconsumed_tail or decoder.unused_data
+            if decoded:
+                return decoded
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:

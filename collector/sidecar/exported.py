@@ -106,6 +106,8 @@ class TrackerMetrics:
             t.tpot,
             t.duration,
             t.retries,
+            t.failures,
+            t.probe_marks_ignored,
             t.overhead_family,
         )
 

@@ -9,13 +9,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["media_type", "request_headers", "response_headers", "upstream_headers", "upstream_target"]
+__all__ = [
+    "content_coding",
+    "media_type",
+    "request_headers",
+    "response_headers",
+    "upstream_headers",
+    "upstream_target",
+]
 
 Scope = dict[str, Any]
 
-# Not forwarded: hop-by-hop headers, the length we may change, and `Expect`: uvicorn already
+# Not forwarded: hop-by-hop headers, the length we may change, `Expect` (uvicorn already
 # answered the client's 100-continue, and an upstream that ignores it would make the request wait
-# for a 100 that never comes.
+# for a 100 that never comes) and the probe's credential, which is the sidecar's token.
 _HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -29,6 +36,7 @@ _HOP_BY_HOP = frozenset(
         b"host",
         b"content-length",
         b"expect",
+        b"x-headroom-probe-token",
     }
 )
 
@@ -59,13 +67,29 @@ def upstream_headers(scope: Scope, traceparent: str | None) -> list[tuple[bytes,
     return headers
 
 
-def response_headers(raw: Iterable[tuple[bytes, bytes]], *, keep_length: bool) -> list[tuple[bytes, bytes]]:
-    """The upstream's headers for the client, less hop-by-hop ones (Content-Length if kept)."""
+def response_headers(
+    raw: Iterable[tuple[bytes, bytes]], *, keep_length: bool, decoded: bool = False
+) -> list[tuple[bytes, bytes]]:
+    """The upstream's headers for the client, less hop-by-hop ones (Content-Length if kept), and
+    less Content-Encoding where the sidecar forwards the answer `decoded`."""
     return [
         (k, v)
         for k, v in raw
-        if (k.lower() not in _HOP_BY_HOP) or (keep_length and k.lower() == b"content-length")
+        if ((k.lower() not in _HOP_BY_HOP) or (keep_length and k.lower() == b"content-length"))
+        and not (decoded and k.lower() == b"content-encoding")
     ]
+
+
+def content_coding(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The answer's Content-Encoding, lower case, None for none or `identity` (what the accounted
+    routes ask for); several codings come back as one list, e.g. 'gzip, br'."""
+    found = None
+    for name, value in headers:  # one call per header: this runs once per request
+        if name.lower() == b"content-encoding":
+            coding = value.strip().lower().decode("latin-1")
+            if coding and coding != "identity":
+                found = coding if found is None else f"{found}, {coding}"
+    return found
 
 
 def media_type(headers: list[tuple[bytes, bytes]]) -> str:

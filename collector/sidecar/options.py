@@ -28,6 +28,8 @@ RENAMED = {
     "header_timeout": "header_timeout_s",
     "body_timeout": "body_timeout_s",
     "idle_timeout": "idle_timeout_s",
+    "write_stall_timeout": "write_stall_timeout_s",
+    "upstream_wait_timeout": "upstream_wait_timeout_s",
     "slo_ttft_p95": "slo_ttft_p95_s",
 }
 # options that are not a config field as they are: parsed into several (listen), or the process's
@@ -125,7 +127,17 @@ _OPTIONS = [
         default=SidecarConfig.max_connections,
         show_default=True,
         type=click.IntRange(1),
-        help="Pooled connections to the upstream engine; requests beyond them wait for a free one.",
+        help="Pooled connections to the upstream engine; requests beyond them wait for a free one "
+        "(at most --upstream-wait-timeout).",
+    ),
+    click.option(
+        "--upstream-wait-timeout",
+        default=SidecarConfig.upstream_wait_timeout_s,
+        show_default=True,
+        type=click.FloatRange(0.1),
+        metavar="SECONDS",
+        help="The longest a request waits for a free upstream connection; past it 503 JSON naming "
+        "this flag, outcome overloaded, counted in headroom_upstream_wait_timeouts_total.",
     ),
     click.option(
         "--engine",
@@ -293,6 +305,31 @@ _OPTIONS = [
         show_default=True,
         type=click.IntRange(1),
         help="Open client connections at most; a new one past it gets 503 and is closed.",
+    ),
+    click.option(
+        "--max-connections-per-source",
+        type=click.IntRange(1),
+        metavar="N",
+        show_default="--max-client-connections",
+        help="Open connections from one client address (an IPv6 /64) at most; past it only /metrics, "
+        "/healthz and /readyz on a reserved slot, anything else 429 and closed.",
+    ),
+    click.option(
+        "--max-partial-requests-per-source",
+        type=click.IntRange(1),
+        metavar="N",
+        show_default="a quarter of --max-client-connections, at least 64",
+        help="Requests from one client address whose headers or body are still arriving, at most; "
+        "past it 429 and closed.",
+    ),
+    click.option(
+        "--write-stall-timeout",
+        default=SidecarConfig.write_stall_timeout_s,
+        show_default=True,
+        type=click.FloatRange(0.1),
+        metavar="SECONDS",
+        help="A client that takes nothing of its answer for this long is disconnected (client_cancelled), "
+        "freeing the upstream connection its paused stream held.",
     ),
     click.option(
         "--jobs/--no-jobs",

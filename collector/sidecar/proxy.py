@@ -19,6 +19,7 @@ counters exist.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import re
 import time
@@ -27,9 +28,15 @@ from typing import Any
 from collector.sidecar.client import BodyTooLarge, ClientChannel, TaskWatch, read_body
 from collector.sidecar.config import MAX_REQUEST_BODY_BYTES
 from collector.sidecar.ending import Ending, describe_failure
-from collector.sidecar.exchange import BufferedBody, Exchange
+from collector.sidecar.exchange import DECODED_CODINGS, BufferedBody, DecodedBody, Exchange
 from collector.sidecar.faults import FaultLog
-from collector.sidecar.headers import media_type, response_headers, upstream_headers, upstream_target
+from collector.sidecar.headers import (
+    content_coding,
+    media_type,
+    response_headers,
+    upstream_headers,
+    upstream_target,
+)
 from collector.sidecar.relay import relay_body, relay_exchange_stream
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, decode_header_text, resolve_tenant
@@ -70,6 +77,10 @@ _MAX_PROBE_RATE = 100_000.0
 _MAX_TASK_CLASSES = 16  # named by probes: few, but a client could send anything
 _SHUT_DOWN = Ending("client_cancelled", "sidecar shut down")
 _CLIENT_GONE = Ending("client_cancelled", "client disconnected")
+_UNDECODED = (
+    "an answer in a Content-Encoding the sidecar does not decode (it asks for identity, and decodes "
+    "gzip and deflate) was forwarded unread: its tokens are estimated"
+)
 
 
 class CompletionsProxy:
@@ -86,6 +97,7 @@ class CompletionsProxy:
         faults: FaultLog | None = None,
         read_timeout_s: float = 600.0,
         tracing: bool = False,
+        probe_token: str | None = None,
     ) -> None:
         self._pool = pool
         self._tracker = tracker
@@ -96,6 +108,9 @@ class CompletionsProxy:
         self._faults = faults or FaultLog(log)
         self._read_timeout_s = read_timeout_s
         self._tracing = tracing  # W3C trace context to the engine, response facts for the span
+        # the credential that makes a request the probe's (X-Headroom-Probe-Token): a header alone
+        # never does, or a client could hide its failures as probe load or forge an estimate
+        self._probe_token = probe_token.encode() if probe_token else None
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         client = ClientChannel(send)
@@ -124,12 +139,13 @@ class CompletionsProxy:
                 ending.outcome,
                 error=ending.error,
                 status_code=None if client.started else ending.answer,
+                failure=ending.failure,
             )
         await client.end(ending)
 
     def _admit(self, scope: Scope, parsed: ParsedRequest) -> LiveRequest:
         tenant = resolve_tenant(_text_header(scope, self._tenant_header), _header(scope, b"authorization"))
-        probe = _header(scope, b"x-headroom-source") == "probe"  # `headroom probe` marks its load
+        probe = self._is_probe(scope)  # `headroom probe` marks its load, with the sidecar's token
         run_id = (_header(scope, b"x-headroom-run-id") or "")[:64] or None if probe else None
         # the probe's own id and what it measures: the stored run is then estimated from this
         # sidecar's rows; never an id already live (gauges key on it)
@@ -157,6 +173,28 @@ class CompletionsProxy:
         )
         self._tracker.admit(request)
         return request
+
+    def _is_probe(self, scope: Scope) -> bool:
+        """True when the request carries the probe's mark and the sidecar's token beside it. A mark
+        without the token is ordinary traffic (counted in headroom_probe_marks_ignored_total)."""
+        if _header(scope, b"x-headroom-source") != "probe":
+            return False
+        presented = _header(scope, b"x-headroom-probe-token")
+        if self._probe_token is None:
+            reason = "untrusted"
+        elif presented is None:
+            reason = "no_token"
+        elif hmac.compare_digest(presented.encode("latin-1"), self._probe_token):
+            return True
+        else:
+            reason = "wrong_token"
+        self._tracker.probe_marks_ignored.labels(reason).inc()
+        self._faults.warn(
+            f"probe_mark_{reason}",
+            f"a request marked as the probe's was counted as traffic ({reason}): headroom probe "
+            "sends the sidecar's token (HEADROOM_TOKEN, or the --db owner's) in X-Headroom-Probe-Token",
+        )
+        return False
 
     async def _watched(
         self,
@@ -227,21 +265,36 @@ class CompletionsProxy:
             if exchange.retries:
                 self._tracker.retried(request, exchange.retry_reason or "stale_connection")
             self._tracker.responded(request, exchange.status)
-            if exchange.status == 200 and media_type(exchange.headers) == "text/event-stream":
-                await client.start(200, response_headers(exchange.headers, keep_length=False))
-                return await relay_exchange_stream(
-                    self._tracker,
-                    request,
-                    parsed.usage_injected,
-                    exchange,
-                    client,
-                    self._limits.max_sse_event_bytes,
+            # compressed although identity was asked for: decoded to be read, and sent decoded
+            coding = content_coding(exchange.headers)
+            decode = coding in DECODED_CODINGS
+            if coding is not None and not decode:
+                self._faults.warn("content_encoding", _UNDECODED)
+            if (
+                exchange.status == 200
+                and (coding is None or decode)
+                and media_type(exchange.headers) == "text/event-stream"
+            ):
+                await client.start(200, response_headers(exchange.headers, keep_length=False, decoded=decode))
+                return self._relayed(
+                    await relay_exchange_stream(
+                        self._tracker,
+                        request,
+                        parsed.usage_injected,
+                        exchange,
+                        client,
+                        self._limits.max_sse_event_bytes,
+                        decode,
+                    )
                 )
-            await client.start(exchange.status, response_headers(exchange.headers, keep_length=True))
+            await client.start(
+                exchange.status, response_headers(exchange.headers, keep_length=not decode, decoded=decode)
+            )
+            body = BufferedBody(exchange)
             return await relay_body(
                 self._tracker,
                 request,
-                BufferedBody(exchange),
+                DecodedBody(body) if decode else body,
                 client,
                 self._limits.max_buffered_response_bytes,
             )
@@ -254,10 +307,16 @@ class CompletionsProxy:
     def _failed(self, exc: Exception) -> Ending:
         """The Ending of an exchange that raised, and one rate-limited WARNING for its class."""
         ending = describe_failure(exc, self._read_timeout_s)
-        if ending.error is not None and ending.error.startswith("proxy error"):
+        if ending.failure == "proxy_error":
             self._faults.warn("proxy_error", f"unexpected proxy failure: {ending.error}", exc=exc)
         else:
-            self._faults.warn(ending.outcome, f"upstream request failed: {ending.error}")
+            self._faults.warn(ending.failure or ending.outcome, f"upstream request failed: {ending.error}")
+        return ending
+
+    def _relayed(self, ending: Ending) -> Ending:
+        """A stream's Ending; one rate-limited WARNING for its class where the stream failed."""
+        if ending.failure is not None:
+            self._faults.warn(ending.failure, f"upstream stream failed: {ending.error}")
         return ending
 
 

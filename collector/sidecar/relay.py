@@ -21,8 +21,8 @@ import orjson
 
 from collector.record import outcome_for_status
 from collector.sidecar.client import ClientChannel
-from collector.sidecar.ending import Ending
-from collector.sidecar.exchange import BufferedBody, Exchange, UpstreamBodyBroken, UpstreamError
+from collector.sidecar.ending import Ending, failed
+from collector.sidecar.exchange import BufferedBody, DecodedBody, Exchange, UpstreamBodyBroken, UpstreamError
 from collector.sidecar.requests import EMBEDDINGS_PATH
 from collector.sidecar.tracker import LiveRequest, Tracker
 from collector.sidecar.uvicorn_cycle import ChunkWriter
@@ -40,6 +40,7 @@ from collector.sse import (
 __all__ = ["relay_body", "relay_exchange_stream", "relay_stream"]
 
 _USAGE_NULL = b',"usage":null'
+_DONE_LINE = b"data: [DONE]"  # the stream's last event: whole even where its blank line is missing
 
 
 async def relay_body(
@@ -50,6 +51,8 @@ async def relay_body(
     keep_limit: int,
 ) -> Ending:
     """Stream a non-SSE answer through; read the usage of a 200 from what was kept.
+
+    `response` is a BufferedBody, or a DecodedBody where the upstream compressed the answer.
 
     Bytes go to the client as they arrive, except the chunk that completes a declared
     Content-Length: it is held back as the Ending's `last`, so the request is finished before
@@ -102,17 +105,20 @@ async def relay_exchange_stream(
     exchange: Exchange,
     client: ClientChannel,
     max_event_bytes: int,
+    decode: bool = False,
 ) -> Ending:
     """Relay an SSE answer of the upstream client (collector.sidecar.upstream) to the client.
 
     On uvicorn's server (`headroom run`'s) each socket read of the upstream is read, counted and
     written to the client's transport in the connection's callback (`_StreamSink`): no task step
-    or coroutine per read. Elsewhere the reads wait in a BufferedBody for `relay_stream`.
+    or coroutine per read. Elsewhere the reads wait in a BufferedBody for `relay_stream`, and so
+    do the reads of a compressed stream (`decode`), decoded on the way (DecodedBody).
     """
-    writer = ChunkWriter.on(client.send)
+    writer = None if decode else ChunkWriter.on(client.send)
     if writer is None:
+        body = BufferedBody(exchange)
         return await relay_stream(
-            tracker, request, strip_usage, BufferedBody(exchange), client, max_event_bytes
+            tracker, request, strip_usage, DecodedBody(body) if decode else body, client, max_event_bytes
         )
     stream = _Stream(tracker, request, strip_usage, exchange.status, client, max_event_bytes)
     sink = _StreamSink(stream, exchange, writer)
@@ -121,7 +127,7 @@ async def relay_exchange_stream(
     if sink.failure is not None:
         raise sink.failure
     if not whole:  # ended short without saying how: never reported as a whole answer
-        raise UpstreamBodyBroken("the upstream's response ended early")
+        raise UpstreamBodyBroken("the upstream's response ended early", "truncated")
     return stream.finished()
 
 
@@ -250,19 +256,23 @@ class _Stream:
         return self.ending(self.splitter.remainder())
 
     def ending(self, rest: bytes) -> Ending:
-        """How the stream ended, from what was read (`rest`: the bytes after its last event)."""
-        error = (
-            "malformed event in stream"
-            if self.malformed
-            else "error event in stream"
-            if self.errored
-            else "stream ended inside an event"
-            if rest.strip()
-            else None
-        )
-        return Ending(
-            "upstream_error" if error else outcome_for_status(self._status), error, complete=True, last=rest
-        )
+        """How the stream ended, from what was read (`rest`: the bytes after its last event).
+
+        A stream cut inside an event (`truncated_event`) ends the client's answer as a break, as
+        a cut connection does, never as a clean end that a client would read as a whole answer
+        without its last event; the events before the cut were forwarded. Only `[DONE]` without
+        its blank line is whole (nothing of the answer is missing). An error the stream itself
+        carried (`error_event`, `malformed_event`) reached the client as sent, so its answer ends
+        as the upstream's did.
+        """
+        if self.malformed:
+            return failed("malformed_event", "malformed event in stream", complete=True, last=rest)
+        if self.errored:
+            return failed("error_event", "error event in stream", complete=True, last=rest)
+        cut = rest.strip()
+        if cut and cut != _DONE_LINE:
+            return failed("truncated_event", "the stream ended inside an event")
+        return Ending(outcome_for_status(self._status), complete=True, last=rest)
 
     def events(self, complete: bytes) -> tuple[int, bytes]:
         """Read `complete`, which is not all plain chunks: (its tokens, the bytes to forward, less

@@ -192,6 +192,8 @@ class Tracker:
         self.tpot = HistogramVec(spec("headroom_time_per_output_token_seconds"))
         self.duration = HistogramVec(spec("headroom_request_duration_seconds"))
         self.retries = CounterVec(spec("headroom_upstream_retries_total"))
+        self.failures = CounterVec(spec("headroom_upstream_failures_total"))
+        self.probe_marks_ignored = CounterVec(spec("headroom_probe_marks_ignored_total"))
         self.overhead_family = HistogramVec(spec("headroom_proxy_overhead_seconds"))
         self.overhead = self.overhead_family.labels()
         self.exported = TrackerMetrics(self)  # the /metrics side: collector.sidecar.exported
@@ -258,16 +260,26 @@ class Tracker:
         request.usage = usage
 
     def finish(
-        self, request: LiveRequest, outcome: str, *, status_code: int | None = None, error: str | None = None
+        self,
+        request: LiveRequest,
+        outcome: str,
+        *,
+        status_code: int | None = None,
+        error: str | None = None,
+        failure: str | None = None,
     ) -> RequestRecord | None:
         """Terminal transition, exactly once: leave the live set, count, observe, emit the record.
 
+        `failure` is the failure class of an exchange that failed where no upstream status says
+        so (collector.sidecar.ending.FAILURES), counted once in headroom_upstream_failures_total.
         Later calls return None and change nothing. Synchronous on purpose: it must complete
         inside a `finally` while the task is being cancelled.
         """
         if request.done:
             return None
         request.done = True
+        if failure is not None:
+            self.failures.labels(failure).inc()
         completed_mono = time.monotonic()
         if self.live.pop(request.request_id, None) is not None:
             self.load.release(request.active_tokens)

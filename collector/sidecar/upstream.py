@@ -23,7 +23,11 @@ on a new connection (llama.cpp closes keep-alive connections
 without saying so); nothing else is retried. A connect timeout, a read timeout (no byte for
 `read_timeout_s`: one timer per exchange, moved on only when it fires; stopped while the
 exchange is paused for a slow client, since nothing is read then, and re-armed from the resume),
-and at most `max_connections` connections (0: no bound), a request waiting in order for a free one.
+and at most `max_connections` connections (0: no bound), a request waiting in order for a free one
+for at most `wait_timeout_s` (None: no deadline): past it the request fails with
+`UpstreamPoolTimeout` (the proxy answers 503, outcome `overloaded`) and `on_wait_timeout` is
+called (the sidecar counts it in headroom_upstream_wait_timeouts_total). A waiting request costs
+one timer, and only while it waits.
 
 A connection carries one exchange at a time, and a byte nobody asked for ends it (issue #36 N1:
 an upstream that wrote one extra response made the pool hold a connection twice, and one
@@ -36,7 +40,10 @@ client received another's completion). A connection is closed, never pooled agai
   polled it);
 - the response's framing breaks, or the response ends while the client's reading is paused.
 
-What a read parsed before its framing broke still reaches the sink, then the failure (N4).
+What a read parsed before its framing broke still reaches the sink, then the failure (N4). A body
+the connection's end cuts short of its framing (a length, or chunked's last chunk) fails as
+`truncated`, one cut by a reset as `reset`, even a body that has no framing and would have ended
+with its connection (only a clean close ends it).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import base64
 import collections
 import socket
 import ssl
+from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
 import httptools
@@ -61,10 +69,14 @@ from collector.sidecar.exchange import (
     UpstreamUnparsable,
 )
 
-__all__ = ["H1Pool"]
+__all__ = ["H1Pool", "UpstreamPoolTimeout"]
 
 
 _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})  # they declare a length, even of 0
+
+
+class UpstreamPoolTimeout(UpstreamError):
+    """No pooled connection came free within the pool's wait deadline (--upstream-wait-timeout)."""
 
 
 class _Connection(asyncio.Protocol):
@@ -156,7 +168,7 @@ class _Connection(asyncio.Protocol):
                 if self.headed:
                     self._flush()  # what the read held before the break goes first (N4)
                 self._fail(
-                    UpstreamBodyBroken("the upstream's response body broke off or was malformed")
+                    UpstreamBodyBroken("the upstream's chunked framing is broken", "bad_framing")
                     if self.headed
                     else UpstreamUnparsable("the upstream's response could not be parsed")
                 )
@@ -227,15 +239,18 @@ class _Connection(asyncio.Protocol):
         exchange = self.exchange
         if exchange is None:
             return
-        if self.headed and not self.framed:  # a body that ends with its connection: ended
+        if self.headed and not self.framed and exc is None:  # a body that ends with its connection
             self._flush()
             self.exchange = None
             exchange._end()
             return
+        # a reset is a failure even where the connection's end would have ended the body
         self._fail(
-            UpstreamBodyBroken("the upstream closed the connection inside the body")
-            if self.headed
-            else UpstreamDisconnected("the upstream closed the connection")
+            UpstreamDisconnected("the upstream closed the connection")
+            if not self.headed
+            else UpstreamBodyBroken("the upstream closed the connection inside the body", "truncated")
+            if exc is None
+            else UpstreamBodyBroken("the upstream reset the connection inside the body", "reset")
         )
 
     # --- ours -------------------------------------------------------------------------------
@@ -283,6 +298,8 @@ class H1Pool:
         max_connections: int = 1024,
         connect_timeout_s: float = 10.0,
         read_timeout_s: float = 600.0,
+        wait_timeout_s: float | None = None,
+        on_wait_timeout: Callable[[], object] | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -299,6 +316,8 @@ class H1Pool:
         self.max_connections = max_connections
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.wait_timeout_s = wait_timeout_s
+        self._on_wait_timeout = on_wait_timeout
         self._idle: collections.deque[_Connection] = collections.deque()
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -360,6 +379,7 @@ class H1Pool:
 
     # --- the pool -------------------------------------------------------------------------------
     async def _acquire(self) -> _Connection:
+        deadline: float | None = None  # set at the first wait: the whole wait has one deadline
         while True:
             while self._idle:
                 connection = self._idle.pop()  # the most recently used: the warmest
@@ -373,16 +393,39 @@ class H1Pool:
                 return connection
             if self.max_connections <= 0 or self._open < self.max_connections:
                 return await self._open_connection()
-            waiter = self.loop.create_future()
+            loop = self.loop
+            waiter = loop.create_future()
             self._waiters.append(waiter)
+            timer = None
+            if self.wait_timeout_s is not None:
+                deadline = loop.time() + self.wait_timeout_s if deadline is None else deadline
+                timer = loop.call_at(deadline, self._expire, waiter)
             try:
                 await waiter
+            except UpstreamPoolTimeout:
+                if self._on_wait_timeout is not None:
+                    self._on_wait_timeout()
+                raise
             except asyncio.CancelledError:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
-                elif waiter.done() and not waiter.cancelled():
+                elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                     self._wake()  # pass the turn on
                 raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    def _expire(self, waiter: asyncio.Future[None]) -> None:
+        """A waiter's deadline passed with no connection free: it fails (and leaves the queue
+        when `_wake` next reaches it: a finished waiter is passed over)."""
+        if not waiter.done():
+            waiter.set_exception(
+                UpstreamPoolTimeout(
+                    f"no upstream connection came free within {self.wait_timeout_s:g} s: all "
+                    f"{self.max_connections} in use (--upstream-wait-timeout, --max-upstream-connections)"
+                )
+            )
 
     async def _open_connection(self) -> _Connection:
         """A new connection (the single retry's may pass the bound by one)."""

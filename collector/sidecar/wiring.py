@@ -22,6 +22,7 @@ no database is opened here and no jobs run); `engine`, an EngineSource instead o
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +35,7 @@ from collector.analysis.refresh import refresh_estimates_isolated
 from collector.exposition import new_registry
 from collector.lake.stage import DEFAULT_SPOOL_DIR, LakeWriter
 from collector.record import RowSink
-from collector.service.auth import require_token, resolve_token
+from collector.service.auth import TOKEN_ENV, require_token, resolve_token
 from collector.service.routes import build_store_routes
 from collector.sidecar import otel
 from collector.sidecar.adapters import AdapterMap, AdapterMetrics
@@ -123,7 +124,8 @@ def build_sidecar(
     fleet = _fleet_publisher(config, capacity, tracker)
     if fleet is not None:  # fleet mode: no store of its own, so no other jobs
         scheduler = _fleet_scheduler(fleet)
-    routes, token_file = _store_routes(config, store, capacity)
+    token, token_file = _sidecar_token(config, store)
+    routes = _store_routes(config, store, capacity, token)
     parts = SidecarParts(
         registry,
         tracker,
@@ -132,6 +134,7 @@ def build_sidecar(
         scheduler=scheduler,
         store_routes=routes,
         token_in_file=token_file is not None,
+        probe_token=token,
         tracing=any(isinstance(sink, otel.OtelSink) for sink in extra),
         owned_db=config.db_path if routes is not None else None,
     )
@@ -259,13 +262,24 @@ def _lake_writer(config: SidecarConfig) -> LakeWriter | None:
     )
 
 
-def _store_routes(
-    config: SidecarConfig, store: RequestStore | None, capacity: CapacityGauges
-) -> tuple[APIRouter | None, Path | None]:
-    """(the store's routes on the owned database behind its token, the token's file); Nones without one."""
+def _sidecar_token(config: SidecarConfig, store: RequestStore | None) -> tuple[str | None, Path | None]:
+    """(the sidecar's token, the file it is kept in): the store routes' token where this sidecar
+    owns a database file (HEADROOM_TOKEN, else `<db>.token`), else HEADROOM_TOKEN or None.
+
+    The same token makes a request the probe's (X-Headroom-Probe-Token); with None no probe mark
+    is trusted and the probe's load through this sidecar counts as traffic.
+    """
     if store is None or config.db_path is None or config.db_path == ":memory:":
-        return None, None
-    token, token_file = resolve_token(None, config.db_path)
+        return os.environ.get(TOKEN_ENV, "").strip() or None, None
+    return resolve_token(None, config.db_path)
+
+
+def _store_routes(
+    config: SidecarConfig, store: RequestStore | None, capacity: CapacityGauges, token: str | None
+) -> APIRouter | None:
+    """The store's routes on the owned database behind its token; None without one."""
+    if store is None or config.db_path is None or config.db_path == ":memory:" or token is None:
+        return None
     policy = PublishPolicy(probe_max_age=parse_duration(config.probe_max_age))
     return build_store_routes(
         store,
@@ -273,7 +287,7 @@ def _store_routes(
         report_dir=_report_dir(config),
         gauges=capacity,
         policy=policy,
-    ), token_file
+    )
 
 
 def _report_dir(config: SidecarConfig) -> Path:

@@ -25,6 +25,13 @@ class Rig:
     fake: FakeUpstream
     sidecar: ServerHandle
     app: Any
+    token: str | None = None  # the sidecar's token (its <db>.token): what makes a request the probe's
+
+    def probe_marks(self, run_id: str, **more: str | bytes) -> dict[str, str | bytes]:
+        """The headers `headroom probe` sends through this sidecar: its marks and the token."""
+        assert self.token is not None, "this rig's sidecar has no token"
+        marks: dict[str, str | bytes] = {"X-Headroom-Source": "probe", "X-Headroom-Run-Id": run_id}
+        return {**marks, "X-Headroom-Probe-Token": self.token, **more}
 
     @property
     def upstream(self) -> FakeUpstream:
@@ -63,9 +70,11 @@ def sidecar_rig(tmp_path: Path, **config: Any) -> Iterator[Rig]:
     }
     cfg = SidecarConfig(upstream=fake.url, **(settings | config))
     app = build_sidecar(cfg)
+    token_file = Path(f"{cfg.db_path}.token")
+    token = token_file.read_text().strip() if token_file.exists() else None
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=5)
     try:
-        yield Rig(fake, sidecar, app)
+        yield Rig(fake, sidecar, app, token)
     finally:
         sidecar.stop()
         fake.stop()

@@ -9,7 +9,11 @@ and the same request sent directly and through the sidecar gets the same bytes:
     ok (default)    a chat stream of `x-fake-tokens` tokens (5), usage when asked; JSON when not streamed
     usage-null      vLLM style: every chunk carries "usage":null when usage is on
     429 500 400 503 a JSON error with that status
-    reset           the connection dies after two tokens
+    reset           the connection is reset (RST) after two tokens
+    truncated-chunk two tokens, then a chunk whose size line announces more than follows, then a close
+    cut-event       two tokens, then half an event, then the body's clean end
+    gate-second     the first token, then (after the gate of `x-test-id` opens) the rest
+    buffered        every event held until the gate of `x-test-id` opens, then all in one write
     malformed       a chunk that is not JSON
     error-event     vLLM's `data: {"error": ...}` after two tokens, then [DONE]
     error-field     llama.cpp's `error: {...}` line instead
@@ -27,7 +31,10 @@ and the same request sent directly and through the sidecar gets the same bytes:
                     `x_fake_cuts` say (for fuzzing)
 
 `x-fake-delay` sets the seconds between chunks, `x-fake-text` the text of each token (default
-` tok<i>`) and of the bytes a broken answer carries. Connection habits are constructor flags:
+` tok<i>`) and of the bytes a broken answer carries. `x-fake-encoding` compresses an answer
+although the sidecar asked for identity (`gzip`, `deflate`; `gzip-unfinished` never ends its
+compressed stream, `gzip-bogus` and `br-bogus` are labelled so and are not), `x-fake-framing: close` sends a
+stream without framing, ended by the connection's close. Connection habits are constructor flags:
 `one_request_per_connection` (answer, keep the socket open without saying `Connection: close`,
 then drop it when a second request arrives), `drop_fresh` (read a request, then hang up), and
 `status` (every completions answer is that status). Paths: /v1/models, /v1/moved (307),
@@ -40,7 +47,9 @@ import asyncio
 import base64
 import json
 import socket
+import struct
 import threading
+import zlib
 from typing import Any
 
 __all__ = ["FakeUpstream", "ID", "CREATED", "MODEL", "prompt_tokens", "sse_chunk"]
@@ -89,6 +98,69 @@ def prompt_tokens(payload: dict[str, Any]) -> int:
 
 def _chunked(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+class _Body:
+    """How a stream's events are written: chunked, or (`x-fake-framing: close`) raw until the
+    connection closes; compressed as `x-fake-encoding` says, each write flushed so that it decodes
+    at once (gzip, deflate; gzip-unfinished: its compressed stream never ends; gzip-bogus,
+    br-bogus: labelled so, sent uncompressed); with `hold`, kept until `end` writes it all at once."""
+
+    _CODINGS = {
+        "gzip": "gzip",
+        "deflate": "deflate",
+        "gzip-unfinished": "gzip",
+        "gzip-bogus": "gzip",
+        "br-bogus": "br",
+    }
+
+    def __init__(self, request: _Request, writer: asyncio.StreamWriter, *, hold: bool = False) -> None:
+        self.writer = writer
+        self.coding = request.headers.get("x-fake-encoding", "")
+        self.chunked = request.headers.get("x-fake-framing") != "close"
+        self.compressor = _compressor(self.coding)
+        self.held: list[bytes] | None = [] if hold else None
+
+    @classmethod
+    def coding_headers(cls, request: _Request) -> list[tuple[str, str]]:
+        coding = cls._CODINGS.get(request.headers.get("x-fake-encoding", ""))
+        return [("content-encoding", coding)] if coding else []
+
+    @staticmethod
+    def compress(request: _Request, data: bytes) -> bytes:
+        """`data` coded as a whole, as `x-fake-encoding` says."""
+        compressor = _compressor(request.headers.get("x-fake-encoding", ""))
+        return data if compressor is None else compressor.compress(data) + compressor.flush()
+
+    def write(self, data: bytes) -> None:
+        if self.compressor is not None:
+            data = self.compressor.compress(data) + self.compressor.flush(zlib.Z_SYNC_FLUSH)
+        self._framed(data)
+
+    def _framed(self, data: bytes) -> None:
+        if not data:
+            return
+        framed = _chunked(data) if self.chunked else data
+        if self.held is not None:
+            self.held.append(framed)
+        else:
+            self.writer.write(framed)
+
+    def end(self) -> None:
+        """The compressed stream's end, what was held, and the body's end (chunked's last chunk)."""
+        if self.compressor is not None and self.coding != "gzip-unfinished":
+            self._framed(self.compressor.flush())
+        tail = b"0\r\n\r\n" if self.chunked else b""
+        held, self.held = self.held, None
+        self.writer.write(b"".join(held or ()) + tail)
+
+
+def _compressor(coding: str) -> Any:
+    if coding in ("gzip", "gzip-unfinished"):
+        return zlib.compressobj(wbits=31)
+    if coding == "deflate":
+        return zlib.compressobj(wbits=15)  # HTTP's deflate is the zlib format
+    return None
 
 
 class _Request:
@@ -239,7 +311,8 @@ class FakeUpstream(LoopServer):
         if self.one_request_per_connection:
             await reader.read(1)  # the next request on this socket is dropped unread
             return False
-        return mode not in ("reset", "broken-framing", "endless-event", "hang", "stall", "garbage-head")
+        broken = ("reset", "broken-framing", "truncated-chunk", "cut-event", "endless-event", "hang", "stall")
+        return mode not in (*broken, "garbage-head") and request.headers.get("x-fake-framing") != "close"
 
     async def _completion(
         self,
@@ -273,7 +346,12 @@ class FakeUpstream(LoopServer):
             await self._wait_gate(request)
         tokens = int(request.headers.get("x-fake-tokens", "5"))
         if not payload.get("stream"):
-            await _json(writer, 200, _completion(payload, tokens))
+            coded = _Body.coding_headers(request)
+            if coded:  # the whole answer compressed, its length the compressed one
+                answer = _Body.compress(request, json.dumps(_completion(payload, tokens)).encode())
+                await _send(writer, 200, answer, "application/json", coded)
+            else:
+                await _json(writer, 200, _completion(payload, tokens))
             return
         await self._stream(request, payload, mode, tokens, reader, writer)
 
@@ -294,7 +372,9 @@ class FakeUpstream(LoopServer):
         null = mode == "usage-null" and usage_on
         delay = float(request.headers.get("x-fake-delay", "0"))
         content_type = "application/x-ndjson" if mode == "non-sse" else "text/event-stream"
-        _head(writer, 200, content_type, [("x-upstream", "fake")], chunked=True)
+        coding = _Body.coding_headers(request)
+        close = request.headers.get("x-fake-framing") == "close"
+        _head(writer, 200, content_type, [("x-upstream", "fake"), *coding], chunked=not close, close=close)
         if mode == "non-sse":
             writer.write(_chunked(b'{"part":1}\n'))
             await writer.drain()
@@ -305,40 +385,37 @@ class FakeUpstream(LoopServer):
         if mode in ("endless-event", "huge-event"):
             await _big_event(writer, mode, int(request.headers.get("x-fake-size", "0")))
             return
-        writer.write(_chunked(sse_chunk({"role": "assistant", "content": None}, usage_null=null)))
+        body = _Body(request, writer, hold=mode == "buffered")
+        body.write(sse_chunk({"role": "assistant", "content": None}, usage_null=null))
         for i in range(tokens):
             if delay:
                 await asyncio.sleep(delay)
             if mode == "malformed" and i == 1:
-                writer.write(_chunked(b"data: {not json\n\n"))
+                body.write(b"data: {not json\n\n")
                 continue
             if mode in ("error-event", "error-field") and i == 2:  # the engine fails mid-stream
-                writer.write(
-                    _chunked(
-                        b'data: {"error":{"object":"error","message":"engine died",'
-                        b'"type":"InternalServerError","code":500}}\n\n'
-                        if mode == "error-event"
-                        else b'error: {"code":500,"message":"x"}\n\n'
-                    )
+                body.write(
+                    b'data: {"error":{"object":"error","message":"engine died",'
+                    b'"type":"InternalServerError","code":500}}\n\n'
+                    if mode == "error-event"
+                    else b'error: {"code":500,"message":"x"}\n\n'
                 )
-                writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                body.write(b"data: [DONE]\n\n")
+                body.end()
                 return
-            if mode in ("reset", "broken-framing") and i == 2:
-                if mode == "broken-framing":
-                    await writer.drain()
-                    await asyncio.sleep(0.05)  # the good events arrive first, on their own
-                    text = request.headers.get("x-fake-text", "secret completion text").encode()
-                    writer.write(b"zz-not-a-chunk-size " + text + b"\r\n" + text + b"\r\n")
-                await writer.drain()
-                writer.transport.abort()
+            if mode in ("reset", "broken-framing", "truncated-chunk", "cut-event") and i == 2:
+                await self._break(request, mode, body, writer)
                 return
             if mode == "stall" and i == 1:
                 await writer.drain()
                 await reader.read()
                 return
+            if mode == "gate-second" and i == 1:  # the first token is out; the rest waits for the gate
+                await writer.drain()
+                await self._wait_gate(request)
             text = request.headers.get("x-fake-text", f" tok{i}")
-            writer.write(_chunked(sse_chunk({"content": text}, usage_null=null)))
-        writer.write(_chunked(sse_chunk({}, finish="length", usage_null=null)))
+            body.write(sse_chunk({"content": text}, usage_null=null))
+        body.write(sse_chunk({}, finish="length", usage_null=null))
         if usage_on:
             completion = _BAD_USAGE.get(mode, tokens)
             final = {
@@ -349,16 +426,41 @@ class FakeUpstream(LoopServer):
                 "object": "chat.completion.chunk",
                 "usage": _usage(prompt_tokens(payload), completion),
             }
-            writer.write(_chunked(b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n"))
+            body.write(b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n")
         if mode == "gate-end":  # every event and [DONE] now, the body's end once the gate opens
-            writer.write(_chunked(b"data: [DONE]\n\n"))
+            body.write(b"data: [DONE]\n\n")
             await writer.drain()
             await self._wait_gate(request)
-            writer.write(b"0\r\n\r\n")
+            body.end()
         else:
-            writer.write(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            body.write(b"data: [DONE]\n\n")
+            if mode == "buffered":  # all of it, held until the gate opens, then in one write
+                await self._wait_gate(request)
+            body.end()
         await writer.drain()
         self.drained(request.headers.get("x-test-id", "")).set()
+        if not body.chunked:
+            writer.close()  # a body delimited by the connection's close ends with it
+
+    async def _break(self, request: _Request, mode: str, body: _Body, writer: asyncio.StreamWriter) -> None:
+        """End a stream after two tokens the way `mode` breaks it (the connection is not reused)."""
+        if mode == "broken-framing":
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the good events arrive first, on their own
+            text = request.headers.get("x-fake-text", "secret completion text").encode()
+            writer.write(b"zz-not-a-chunk-size " + text + b"\r\n" + text + b"\r\n")
+        event = sse_chunk({"content": request.headers.get("x-fake-text", " cut")})
+        if mode == "truncated-chunk":  # the size line announces the whole event; half of it comes
+            writer.write(b"%x\r\n%b" % (len(event), event[: len(event) // 2]))
+        if mode == "cut-event":  # half an event, then the body's clean end
+            body.write(event[: len(event) // 2])
+            body.end()
+        await writer.drain()
+        if mode == "reset":  # a real reset (RST), not a close: linger 0, then abort
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
 
     async def _slow(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         _head(writer, 200, "text/event-stream", [], chunked=True)
@@ -439,11 +541,16 @@ def _head(
     chunked: bool = False,
     length: int | None = None,
     body: bytes = b"",
+    close: bool = False,
 ) -> None:
-    """Write the status line and headers (and `body`) in one write: one segment, no Nagle wait."""
+    """Write the status line and headers (and `body`) in one write: one segment, no Nagle wait.
+    With `close`, the body has no framing: it ends when the connection closes."""
     lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}", f"content-type: {content_type}"]
     lines += [f"{name}: {value}" for name, value in extra]
-    lines.append("transfer-encoding: chunked" if chunked else f"content-length: {length or 0}")
+    if close:
+        lines.append("connection: close")
+    else:
+        lines.append("transfer-encoding: chunked" if chunked else f"content-length: {length or 0}")
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
 
