@@ -35,13 +35,16 @@ def start(
     timeout_s: float = 30.0,
     env: dict | None = None,
     cpus: set[int] | None = None,
+    log: Path | None = None,
 ) -> subprocess.Popen:
-    """Start a process (on `cpus` only, when given) and return once `url` answers (any status)."""
+    """Start a process (on `cpus` only, when given) and return once `url` answers (any status);
+    its output goes to `log` when given."""
+    out = log.open("wb") if log is not None else subprocess.DEVNULL
     proc = subprocess.Popen(
         args,
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
         env=env,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )
