@@ -90,6 +90,7 @@ class LiveRequest:
         "adapter",
         "adapter_label",
         "probe_step",
+        "client_request_id",
     )
 
     def __init__(
@@ -112,8 +113,10 @@ class LiveRequest:
         task_class_label: str | None = None,
         telemetry: Telemetry | None = None,
         probe_step: ProbeStep | None = None,
+        client_request_id: str | None = None,
     ) -> None:
         self.request_id = request_id or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
+        self.client_request_id = client_request_id  # the client's X-Request-Id: a correlation id, no key
         self.model, self.tenant = model, tenant
         self.model_label = model_label or model  # capped label values; the row keeps the real ones
         self.tenant_label = tenant_label or tenant
@@ -343,6 +346,7 @@ class Tracker:
             probe_rate_per_s=step.rate_per_s if step else None,
             probe_warmup=step.warmup if step else None,
             replica_class=self._replica_class or self._decided_class(),
+            client_request_id=request.client_request_id,
         )
 
     def _decided_class(self) -> str | None:
