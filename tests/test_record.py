@@ -55,6 +55,7 @@ FULL = RequestRecord(
     probe_warmup=False,
     replica_class="slots8",
     client_request_id="req-42",
+    failure="reset",
 )
 
 

@@ -58,7 +58,7 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 # adapter (the LoRA adapter a request named; `model` is then its base model). Version 7 added what a
 # probe request measured (probe_level, probe_rate_per_s, probe_warmup), read from its headers;
 # version 8 the replica class of the engine that served it, version 9 the client's own request id
-# (its X-Request-Id).
+# (its X-Request-Id) and the failure class of an exchange that failed.
 _ADDED_AFTER_V5 = (
     "adapter",
     "probe_level",
@@ -66,6 +66,7 @@ _ADDED_AFTER_V5 = (
     "probe_warmup",
     "replica_class",
     "client_request_id",
+    "failure",
 )
 _V5_COLUMNS = tuple(c for c in COLUMNS if c[0] not in _ADDED_AFTER_V5)
 _V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
@@ -143,6 +144,7 @@ def _v8(con: duckdb.DuckDBPyConnection) -> None:
 
 def _v9(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS client_request_id VARCHAR")
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS failure VARCHAR")
 
 
 # MIGRATIONS[i] brings a database from version i to version i + 1.
