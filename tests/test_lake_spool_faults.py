@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,6 +27,7 @@ from support.waiting import wait_until
 import collector.store.spool as spool_module
 from collector.lake.layout import STAGED, Lake
 from collector.lake.stage import LakeWriter
+from collector.lake.table import open_catalog, open_table
 from collector.record import RequestRecord
 from collector.store.db import rows_to_ipc
 from collector.store.spool import QUARANTINE, SpoolBusy
@@ -51,7 +54,7 @@ def records(count: int, start: datetime = T0, prefix: str = "r") -> list[Request
 
 
 def staged_rows(lake: Lake) -> list[dict[str, object]]:
-    return [row for name in lake.staged() for row in pq.read_table(name.path).to_pylist()]
+    return [row for name in lake.staged() for row in pq.read_table(name.path, filesystem=lake.fs).to_pylist()]
 
 
 @pytest.fixture
@@ -63,7 +66,9 @@ def upstream() -> Iterator[FakeUpstream]:
         fake.stop()
 
 
-def sidecar(tmp: Path, upstream: str, lake: str, spool: Path, name: str = "a") -> HeadroomProcess:
+def sidecar(
+    tmp: Path, upstream: str, lake: str, spool: Path, name: str = "a", env: dict[str, str] | None = None
+) -> HeadroomProcess:
     return HeadroomProcess(
         "run",
         "--upstream",
@@ -81,6 +86,7 @@ def sidecar(tmp: Path, upstream: str, lake: str, spool: Path, name: str = "a") -
         "--no-jobs",
         health="/healthz",
         log=tmp / f"{name}.log",
+        env=env,
     )
 
 
@@ -316,6 +322,79 @@ def test_an_unreachable_object_store_serves_from_the_start_and_keeps_rows_spoole
         timeout=60,
     )
     assert refused.returncode == 2 and "Missing bucket name" in refused.stderr, refused.stderr
+
+
+S3_KEYS = {"access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
+S3_ENV = {  # the sidecar's and the committer's credentials (the AWS SDK's chain); moto takes any
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_an_object_store_that_comes_up_late_gets_every_answered_row_staged_and_committed(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """The endpoint of `--lake s3://...` refuses connections, then an S3 server (moto) comes up on
+    that port: the sidecar answered throughout, sink_up goes 0 then back to 1 with one WARNING
+    each way, every answered row is staged on the bucket exactly once, and `headroom lake commit`
+    puts them all in the Iceberg table."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    uri = f"s3://bucket/x?endpoint_override={endpoint}&scheme=http"
+    process = sidecar(tmp_path, upstream.url, uri, tmp_path / "spool", env=S3_ENV).start(60)
+    store = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    started = False
+    try:
+        answered = chat(process.url, 10)
+        wait_until(lambda: scrape(process.url).get(("headroom_log_sink_up", ())) == 0, 60, what="sink down")
+        answered += chat(process.url, 5)  # served while the store is down
+        assert answered == 15
+        store.start()  # the fault clears: a store on the port the sidecar was pointed at
+        started = True
+        s3 = pafs.S3FileSystem(
+            endpoint_override=endpoint, scheme="http", allow_bucket_creation=True, **S3_KEYS
+        )
+        s3.create_dir("bucket")
+        answered += chat(process.url, 5)
+        lake = Lake(uri="s3://bucket/x", fs=s3, base="bucket/x")
+        wait_until(lambda: scrape(process.url).get(("headroom_log_sink_up", ())) == 1, 60, what="sink back")
+        wait_until(lambda: len(staged_rows(lake)) >= answered, 30, what="every answered row staged")
+        metrics = scrape(process.url)
+        assert not [v for key, v in metrics.items() if key[0] == "headroom_log_rows_dropped_total" and v]
+        process.stop()
+        assert_all_rows_staged(lake, answered)
+        log = process.log_tail(100_000)
+        assert log.count("cannot write to the lake") == 1 and endpoint in log, log
+        assert log.count(f"the lake {uri} is back") == 1, log
+
+        catalog = f"sqlite:///{tmp_path / 'c.db'}"
+        properties = {
+            "s3.endpoint": f"http://{endpoint}",
+            "s3.access-key-id": "testing",
+            "s3.secret-access-key": "testing",
+            "s3.region": "us-east-1",
+        }
+        committed = subprocess.run(
+            [str(HEADROOM), "lake", "commit", "--catalog", catalog, "--lake", uri]
+            + [arg for key, value in properties.items() for arg in ("--catalog-property", f"{key}={value}")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=os.environ | S3_ENV,
+        )
+        assert committed.returncode == 0, committed.stderr
+        table = open_table(open_catalog(catalog, lake, properties=properties), create=False)
+        ids = table.scan().to_arrow().column("request_id").to_pylist()
+        assert len(ids) == len(set(ids)) == answered, (len(ids), len(set(ids)), answered)
+    finally:
+        process.stop()
+        if started:
+            store.stop()
 
 
 def enospc(_descriptor: int, _payload: bytes) -> None:
