@@ -573,6 +573,15 @@ CATALOG: tuple[MetricSpec, ...] = (
         group="pipeline",
     ),
     MetricSpec(
+        "headroom_log_spool_quarantined_total",
+        "counter",
+        "Spool files (--lake) that could not be read, set aside in the spool's quarantine/ folder "
+        "(each named in a WARNING); the rest of the spool is staged.",
+        (),
+        "short",
+        group="pipeline",
+    ),
+    MetricSpec(
         "headroom_log_spool_oldest_age_seconds",
         "gauge",
         "Age of the oldest batch in the spool; 0 when the spool is empty.",
@@ -601,9 +610,72 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_log_rows_dropped_total",
         "counter",
-        "Request-log rows dropped, by reason (queue_full, db_error, spool_full).",
+        "Request-log rows dropped, by reason (queue_full, db_error; with --lake: spool_full, the "
+        "spool's cap; disk_full, its volume full; spool_error, its volume refusing writes).",
         ("reason",),
         "short",
+        group="pipeline",
+    ),
+    # --- the lake committer (`headroom lake commit --metrics-listen`) ----------------------------
+    MetricSpec(
+        "headroom_lake_commit_last_success_timestamp_seconds",
+        "gauge",
+        "Unix time the lake committer last finished a pass without error (the catalog and the lake "
+        "answered; a pass with nothing to commit counts); absent before the first.",
+        (),
+        "dateTimeAsIso",
+        group="pipeline",
+    ),
+    MetricSpec(
+        "headroom_lake_commit_files_total",
+        "counter",
+        "Staged files the lake committer registered in the Iceberg table.",
+        (),
+        "short",
+        group="pipeline",
+    ),
+    MetricSpec(
+        "headroom_lake_commit_rows_total",
+        "counter",
+        "Rows in the staged files the lake committer registered in the Iceberg table.",
+        (),
+        "short",
+        group="pipeline",
+    ),
+    MetricSpec(
+        "headroom_lake_quarantined_files_total",
+        "counter",
+        "Staged files the lake committer set aside under quarantine/ (unreadable, a schema the "
+        "table does not take, a malformed name or a sequence far ahead), each named in its log.",
+        (),
+        "short",
+        group="pipeline",
+    ),
+    MetricSpec(
+        "headroom_lake_quarantine_files",
+        "gauge",
+        "Files held under the lake's quarantine/ now, until someone looks at them and deletes or "
+        "re-stages them.",
+        (),
+        "short",
+        group="pipeline",
+    ),
+    MetricSpec(
+        "headroom_lake_staged_files_waiting",
+        "gauge",
+        "Staged files the table does not hold after the committer's last pass (or, when the pass "
+        "failed, above the marks it last read).",
+        (),
+        "short",
+        group="pipeline",
+    ),
+    MetricSpec(
+        "headroom_lake_commit_lag_seconds",
+        "gauge",
+        "Per writer with staged files the table does not hold: the age of the oldest of them "
+        "(seconds since it was staged); writers caught up have no series.",
+        ("writer",),
+        "s",
         group="pipeline",
     ),
     MetricSpec(

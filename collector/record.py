@@ -91,6 +91,14 @@ class RequestRecord:
     # the replica class of the engine that served it (the sidecar's --replica-class or the derived
     # one; None while undecided): the review plans per class from it
     replica_class: str | None = None
+    # the client's own id for the request (its X-Request-Id, bounded and sanitised; None when it
+    # sent none or one the sidecar refused): a correlation id only, never unique. `request_id`
+    # stays the sidecar's own, the row's key, so two clients sending one id never collide
+    client_request_id: str | None = None
+    # how an exchange failed where no upstream status says so (reset, truncated, truncated_event,
+    # bad_encoding, read_timeout, ...: collector.sidecar.ending.FAILURES); None for every answer
+    # the upstream completed. The outcome stays upstream_error or timeout (the SLO's errors)
+    failure: str | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The record as {column: value} in column order, e.g. for the analysis or a test."""

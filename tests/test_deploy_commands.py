@@ -29,7 +29,7 @@ DOCS = ("docs/operations.md", "README.md")
 HEADROOM_IMAGE = "llm-headroom"
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 _INLINE = re.compile(r"`([^`\n]+)`")
-_COMMAND = re.compile(r"(?<![\w./-])headroom((?:\s+[^\s|;&#`)]+)*)")
+_COMMAND = re.compile(r"(?<![\w./=-])headroom((?:\s+[^\s|;&#`)]+)*)")  # not --user=headroom
 
 
 def _compose_lines() -> list[tuple[str, list[str]]]:

@@ -20,7 +20,9 @@ from pathlib import Path
 import httpx
 import pyarrow as pa
 import pytest
+from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.table import Table
+from pyiceberg.transforms import DayTransform
 from support.postgres import PostgresServer, postgres_server
 from support.processes import HeadroomProcess, stop_process
 from support.sidecar import CHAT
@@ -454,23 +456,39 @@ def test_import_adds_sealed_days_once(tmp_path: Path) -> None:
     assert table_ids(catalog, lake)[0] == len(sealed)
 
 
-def test_a_new_record_column_is_added_and_older_files_read_null(tmp_path: Path) -> None:
+def test_a_column_the_committer_knows_is_added_and_older_files_read_null(tmp_path: Path) -> None:
+    """A table an older committer created lacks a column of today's record: the committer adds it
+    from its own schema (never from a file's), and the files from before read it as NULL."""
     catalog = catalog_uri("sqlite", tmp_path, None)
     lake = tmp_path / "lake"
-    stage(lake, "old", synthetic_rows(100, DAY0, seed=1, prefix="old"), 100)
     location = Lake.parse(lake)
-    lake_table.commit_staged(lake_table.open_catalog(catalog, location), location)
-    newer = pa.Table.from_pylist(synthetic_rows(50, DAY0, seed=2, prefix="new"), schema=ARROW_SCHEMA)
-    newer = newer.append_column("gpu_class", pa.array(["h100"] * 50))  # a field a later RequestRecord has
+    older = pa.schema([f for f in ARROW_SCHEMA if f.name != "replica_class"])
+    own = lake_table.open_catalog(catalog, location)
+    own.create_namespace("headroom")
+    admitted = lake_table.iceberg_schema(older).find_field("admitted_at").field_id
+    spec = PartitionSpec(
+        PartitionField(source_id=admitted, field_id=1000, transform=DayTransform(), name="day")
+    )
+    created = own.create_table(
+        lake_table.DEFAULT_TABLE, schema=lake_table.iceberg_schema(older), partition_spec=spec
+    )
+    with created.transaction() as txn:
+        txn.set_properties({"schema.name-mapping.default": created.schema().name_mapping.model_dump_json()})
+    old = pa.Table.from_pylist(synthetic_rows(100, DAY0, seed=1, prefix="old"), schema=older)
     import pyarrow.parquet as pq
 
-    (lake / "staged" / "new.1").mkdir(parents=True)
-    pq.write_table(newer, lake / "staged" / "new.1" / "new.1-000000000000.parquet")
-    lake_table.commit_staged(lake_table.open_catalog(catalog, location), location)
+    (lake / "staged" / "old.1").mkdir(parents=True)
+    pq.write_table(old, lake / "staged" / "old.1" / "old.1-000000000000.parquet")
+    newer = synthetic_rows(50, DAY0, seed=2, prefix="new")
+    for row in newer:
+        row["replica_class"] = "h100"
+    stage(lake, "new", newer, 50)
+    result = lake_table.commit_staged(lake_table.open_catalog(catalog, location), location)
+    assert result.files == 2 and not result.quarantined
     iceberg = lake_table.open_table(lake_table.open_catalog(catalog, location))
-    assert "gpu_class" in [f.name for f in iceberg.schema().fields]
+    assert sorted(f.name for f in iceberg.schema().fields) == sorted(ARROW_SCHEMA.names)
     read = iceberg.scan().to_arrow()
-    values = dict(zip(read["request_id"].to_pylist(), read["gpu_class"].to_pylist()))
+    values = dict(zip(read["request_id"].to_pylist(), read["replica_class"].to_pylist()))
     assert {v for k, v in values.items() if k.startswith("old")} == {None}
     assert {v for k, v in values.items() if k.startswith("new")} == {"h100"}
 

@@ -3,7 +3,7 @@ reads exactly the current snapshot's files of the window where they lie, so a co
 staged files (still in the lake) are not read again, a window reads its rows and no others, a
 file older than a column reads it as NULL, and a lake outside the local filesystem is read through
 its own pyarrow filesystem; compaction (DuckDB, in place) drops repeated request_ids and keeps a
-column a newer writer added."""
+column that older files lack."""
 
 from __future__ import annotations
 
@@ -116,15 +116,17 @@ def test_an_older_file_reads_a_newer_column_as_null_and_any_filesystem_reads_the
     store.close()
 
 
-def test_compaction_drops_a_repeated_request_and_keeps_a_newer_writers_column(tmp_path: Path) -> None:
+def test_compaction_drops_a_repeated_request_and_keeps_a_column_older_files_lack(tmp_path: Path) -> None:
     catalog, lake = f"sqlite:///{tmp_path / 'catalog.db'}", tmp_path / "lake"
     rows = synthetic_rows(500, DAY_A, span=timedelta(hours=20), seed=5)
+    for row in rows:
+        row["replica_class"] = "h100"
     stage(lake, "w", rows, 100)
     stage(lake, "again", rows[:1], 1)  # the same request staged twice (a second writer)
-    extra = pa.Table.from_pylist(synthetic_rows(50, DAY_A, seed=6, prefix="gpu"), schema=ARROW_SCHEMA)
-    extra = extra.append_column("gpu_class", pa.array(["h100"] * 50))  # a field a later record has
-    (lake / "staged" / "new.1").mkdir(parents=True)
-    pq.write_table(extra, lake / "staged" / "new.1" / "new.1-000000000000.parquet")
+    older = pa.Table.from_pylist(synthetic_rows(50, DAY_A, seed=6, prefix="old"), schema=ARROW_SCHEMA)
+    older = older.drop_columns(["replica_class"])  # a writer from before the column
+    (lake / "staged" / "old.1").mkdir(parents=True)
+    pq.write_table(older, lake / "staged" / "old.1" / "old.1-000000000000.parquet")
     commit(catalog, lake)
     local = Lake.parse(lake)  # compacted through the lake's pyarrow filesystem, as for s3://
     location = Lake(uri=local.uri, fs=pafs.SubTreeFileSystem("/", pafs.LocalFileSystem()), base=local.base)
@@ -132,9 +134,9 @@ def test_compaction_drops_a_repeated_request_and_keeps_a_newer_writers_column(tm
     assert result.files_before == 7 and result.files_after == 1 and result.duplicates_dropped == 1
     read = iceberg(catalog, lake).scan().to_arrow()
     assert read.num_rows == len(set(read["request_id"].to_pylist())) == 550
-    gpu = dict(zip(read["request_id"].to_pylist(), read["gpu_class"].to_pylist()))
-    assert {v for k, v in gpu.items() if k.startswith("gpu")} == {"h100"}
-    assert {v for k, v in gpu.items() if not k.startswith("gpu")} == {None}
+    classes = dict(zip(read["request_id"].to_pylist(), read["replica_class"].to_pylist()))
+    assert {v for k, v in classes.items() if k.startswith("old")} == {None}
+    assert {v for k, v in classes.items() if not k.startswith("old")} == {"h100"}
     models_then_time = list(zip(read["model"].to_pylist(), read["admitted_at"].to_pylist()))
     assert models_then_time == sorted(models_then_time), "compacted rows sorted by model, then admission"
 

@@ -154,8 +154,9 @@ def test_the_sidecars_lake_path_imports_no_pyiceberg(tmp_path: Path) -> None:
         "from collector.cli import main\n"
         "from collector.sidecar.config import SidecarConfig\n"
         "from collector.sidecar.wiring import build_sidecar\n"
-        f"build_sidecar(SidecarConfig(upstream='http://127.0.0.1:9', db_path=None, lake={str(tmp_path / 'lake')!r},"
+        f"app = build_sidecar(SidecarConfig(upstream='http://127.0.0.1:9', db_path=None, lake={str(tmp_path / 'lake')!r},"
         f" spool_dir={str(tmp_path / 'spool')!r}, engine='none', jobs=False))\n"
+        "assert app.state.batch_sink.flush(30)\n"  # the roller opened the lake
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyiceberg', 'sqlalchemy', 'psycopg')))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,11 +1,13 @@
 """docs/operations.md's "From one box to a fleet" commands, in order, on loopback: each one runs and succeeds.
 
 The commands are read from the section's bash block, and only its placeholders are replaced: the
-catalog host by a real PostgreSQL (the doc's fleet catalog), the lake by a directory, the engine by
-`headroom sim`, the replica by the first sidecar, the spool by one directory per sidecar; `export`
-lines set the environment of the commands after them and `headroom.duckdb` is a one-box log made
-first in the working directory. `headroom run` and `lake commit --every` start in the background
-and are waited for (/healthz, the committer's first pass); every other command must exit 0.
+catalog host by a real PostgreSQL (the doc's fleet catalog; the block's own `createdb` makes the
+database), the lake by a directory, the replica by the first sidecar, the spool folder by one under
+the test's directory, and every service's `--listen` by a free port; `export` lines set the
+environment of the commands after them and `headroom.duckdb` is a one-box log made first in the
+working directory. Commands ending in `&` (the engine: the block's `headroom sim`, run at 20x speed
+so that the probe's ladder takes seconds; the sidecars; the committer) start in the background and
+are waited for (/health, /healthz, the committer's first pass); every other command must exit 0.
 Between the first sidecar and the committer, this test is the clients. At the end the sidecars
 stop (staging their spools) and the step-2 committer runs once more without --every, so the table
 must hold every client request, the probe's requests and the one-box log's sealed days, once each.
@@ -24,14 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import sqlalchemy
 import yaml
-from support.postgres import PostgresServer, postgres_server
-from support.processes import HEADROOM, free_port, sim_process, stop_process
+from support.postgres import PostgresServer, postgres_server, require_postgres
+from support.processes import HEADROOM, free_port, stop_process
 from support.waiting import wait_until
 
 from collector.lake.estimates import read_estimates
@@ -116,6 +116,15 @@ def _serving(process: subprocess.Popen[bytes], url: str, log: Path) -> bool:
         return False
 
 
+def _on_a_free_port(words: list[str]) -> list[str]:
+    """A service's command with its --listen on a free loopback port (added where it has none)."""
+    address = f"127.0.0.1:{free_port()}"
+    if "--listen" in words:
+        at = words.index("--listen") + 1
+        return [*words[:at], address, *words[at + 1 :]]
+    return [*words, "--listen", address]
+
+
 def _first_pass(process: subprocess.Popen[bytes], log: Path) -> bool:
     if process.poll() is not None:
         pytest.fail(f"the committer exited {process.returncode}:\n{log.read_text()[-3000:]}")
@@ -133,11 +142,8 @@ def test_operations_fleet_commands_run_in_order_on_loopback(postgres: PostgresSe
     lake = tmp_path / "lake"
     uri = re.search(r"postgresql://\S+", block)
     assert uri is not None, "the fleet walk's catalog is no longer PostgreSQL: update this test with the doc"
-    database = urlsplit(uri.group(0)).path.lstrip("/")
-    engine = sqlalchemy.create_engine(postgres.url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as connection:
-        connection.execute(sqlalchemy.text(f'CREATE DATABASE "{database}"'))  # the doc's name, a fresh server
-    engine.dispose()
+    assert "createdb --host catalog-db" in block, "the walk no longer creates the catalog's database"
+    createdb = require_postgres() / "createdb"
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("HEADROOM_")} | {
         "NO_COLOR": "1",
@@ -146,67 +152,73 @@ def test_operations_fleet_commands_run_in_order_on_loopback(postgres: PostgresSe
     outputs: dict[str, subprocess.CompletedProcess[str]] = {}  # by command, e.g. "lake import"
     background: list[tuple[str, subprocess.Popen[bytes]]] = []
     committer: list[str] = []
-    with sim_process(speed=20, max_num_seqs=4) as sim:
-        sidecars: list[str] = []
-        try:
-            for number, line in enumerate(lines):
-                line = (
-                    line.replace(CATALOG_HOST, f"@127.0.0.1:{postgres.port}/")
-                    .replace(LAKE, str(lake))
-                    .replace(ENGINE, sim)
-                    .replace(REPLICA, sidecars[0] if sidecars else REPLICA)
-                    .replace(SPOOL, str(tmp_path / f"spool-{len(sidecars)}"))
-                )
-                line = re.sub(r'"?\$(\w+)"?', lambda m: shlex.quote(env[m.group(1)]), line)
-                words = shlex.split(line, comments=True)
-                if words[0] == "export":
-                    name, _, value = words[1].partition("=")
-                    env[name] = value
-                    continue
-                assert words[0] == "headroom", f"{line!r} is not a headroom command"
-                log = tmp_path / f"{number}-{words[1]}.log"
-                if words[1] == "run" or (words[1:3] == ["lake", "commit"] and "--every" in words):
-                    if words[1] == "run":
-                        url = f"http://127.0.0.1:{free_port()}"
-                        words += ["--listen", url.removeprefix("http://")]
-                    process = subprocess.Popen(
-                        [str(HEADROOM), *words[1:]],
-                        cwd=tmp_path,
-                        env=env,
-                        stdout=log.open("wb"),
-                        stderr=subprocess.STDOUT,
-                    )
-                    background.append((line, process))
-                    if words[1] == "run":
-                        wait_until(
-                            partial(_serving, process, url + "/healthz", log), 60, what=f"{line} serving"
-                        )
-                        if not sidecars:
-                            assert _client_load(url) == REQUESTS, (
-                                "client requests through the first sidecar failed"
-                            )
-                        sidecars.append(url)
-                    else:
-                        wait_until(partial(_first_pass, process, log), 120, what="the committer's first pass")
-                        every = words.index("--every")
-                        committer = words[:every] + words[every + 2 :]
-                    continue
-                done = subprocess.run(
+    sidecars: list[str] = []
+    engine = ENGINE
+    try:
+        for number, line in enumerate(lines):
+            line = (
+                line.replace(CATALOG_HOST, f"@127.0.0.1:{postgres.port}/")
+                .replace("--host catalog-db", f"--host 127.0.0.1 --port {postgres.port}")
+                .replace(LAKE, str(lake))
+                .replace(ENGINE, engine)
+                .replace(REPLICA, sidecars[0] if sidecars else REPLICA)
+                .replace(SPOOL, str(tmp_path / "spool"))
+            )
+            line = re.sub(r'"?\$(\w+)"?', lambda m: shlex.quote(env[m.group(1)]), line)
+            words = shlex.split(line, comments=True)
+            if words[0] == "export":
+                name, _, value = words[1].partition("=")
+                env[name] = value
+                continue
+            if words[0] == "createdb":
+                done = subprocess.run([str(createdb), *words[1:]], env=env, capture_output=True, text=True)
+                assert done.returncode == 0, f"`{line}` exited {done.returncode}: {done.stderr}"
+                continue
+            assert words[0] == "headroom", f"{line!r} is not a headroom command"
+            log = tmp_path / f"{number}-{words[1]}.log"
+            if words[-1] == "&":  # a service: started, waited for, stopped at the end
+                words = _on_a_free_port(words[:-1]) if words[1] in ("sim", "run") else words[:-1]
+                if words[1] == "sim":
+                    words += ["--speed", "20", "--max-num-seqs", "4"]  # a probe ladder in seconds
+                process = subprocess.Popen(
                     [str(HEADROOM), *words[1:]],
                     cwd=tmp_path,
                     env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=240,
+                    stdout=log.open("wb"),
+                    stderr=subprocess.STDOUT,
                 )
-                assert done.returncode == 0, (
-                    f"`{line}` exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-                )
-                outputs[" ".join(word for word in words[1:3] if not word.startswith("-"))] = done
-            for line, process in background:
-                assert process.poll() is None, f"`{line}` exited {process.returncode} while the walk ran"
-        finally:  # the sidecars stage their spools as they stop
-            stopped = {line: stop_process(process, 30) for line, process in background}
+                background.append((line, process))
+                if words[1] in ("sim", "run"):
+                    url = "http://" + words[words.index("--listen") + 1]
+                    health = "/health" if words[1] == "sim" else "/healthz"
+                    wait_until(partial(_serving, process, url + health, log), 60, what=f"{line} serving")
+                    if words[1] == "sim":
+                        engine = url
+                    else:
+                        if not sidecars:  # this test is the first sidecar's clients
+                            assert _client_load(url) == REQUESTS, "client requests through the sidecar failed"
+                        sidecars.append(url)
+                else:
+                    wait_until(partial(_first_pass, process, log), 120, what="the committer's first pass")
+                    every = words.index("--every")
+                    committer = words[:every] + words[every + 2 :]
+                continue
+            done = subprocess.run(
+                [str(HEADROOM), *words[1:]],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
+            assert done.returncode == 0, (
+                f"`{line}` exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+            )
+            outputs[" ".join(word for word in words[1:3] if not word.startswith("-"))] = done
+        for line, process in background:
+            assert process.poll() is None, f"`{line}` exited {process.returncode} while the walk ran"
+    finally:  # the sidecars stage their spools as they stop
+        stopped = {line: stop_process(process, 30) for line, process in background}
     assert set(stopped.values()) <= {0, -signal.SIGTERM}, stopped
     assert len(sidecars) == 2 and committer, "the walk starts two sidecars and a committer"
     assert set(outputs) == {

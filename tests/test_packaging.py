@@ -1,6 +1,6 @@
 """The slim sidecar install: `pip install llm-headroom` (the sidecar) into a fresh venv runs `headroom run`
-with --db and with --lake, without scipy, kneed, matplotlib, numpy or pyiceberg; the other commands
-name the extra they need."""
+with --db and with --lake, without scipy, kneed, matplotlib, numpy or pyiceberg, and --lake after
+DuckDB is uninstalled; the other commands name the extra they need."""
 
 from __future__ import annotations
 
@@ -71,6 +71,8 @@ def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
                 'headroom_requests_total{model="m1",outcome="ok",source="traffic",tenant="anonymous"} 1.0'
                 in httpx.get(url + "/metrics").text
             )
+        # a fleet sidecar needs no DuckDB (docs/operations.md, "Installing"): the image drops it
+        subprocess.run([*pip, "uninstall", "-y", "duckdb"], check=True, timeout=120)
         lake = tmp_path / "lake"
         with _sidecar(
             headroom, upstream.url, tmp_path, "--lake", str(lake), "--spool-dir", str(tmp_path / "spool")

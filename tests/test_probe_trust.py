@@ -100,3 +100,23 @@ def test_a_sidecar_without_a_token_trusts_no_mark(tmp_path, monkeypatch, present
         rows = rig.rows("SELECT source FROM requests")
     assert rows == [{"source": "traffic"}]
     assert metrics[("headroom_probe_marks_ignored_total", (("reason", "untrusted"),))] == 1.0
+
+
+@pytest.mark.parametrize("through_sidecar", [True, False], ids=["sidecar", "engine"])
+def test_the_token_from_the_environment_goes_to_a_sidecar_only(tmp_path, monkeypatch, through_sidecar):
+    """HEADROOM_TOKEN is the fleet's credential: the probe sends it to a headroom sidecar, whose
+    rows then say probe, and never to an engine probed directly."""
+    from click.testing import CliRunner
+
+    from collector.cli import main
+
+    with sidecar_rig(tmp_path) as rig:
+        monkeypatch.setenv("HEADROOM_TOKEN", rig.token or "")
+        url = rig.url if through_sidecar else rig.upstream.url
+        args = ["probe", "--url", url, "--model", "m1", "--levels", "1", "--max-samples", "4"]
+        result = CliRunner().invoke(main, [*args, "--max-level-seconds", "5", "--engine-metrics", "none"])
+        assert result.exit_code == 0, result.output
+        sent = [r["headers"].get("x-headroom-probe-token") for r in rig.fake.requests]
+        sources = {row["source"] for row in rig.rows("SELECT source FROM requests")}
+    assert sent and set(sent) == {None}  # the sidecar never forwards it; the engine never gets it
+    assert sources == ({"probe"} if through_sidecar else set())

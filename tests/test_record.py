@@ -54,6 +54,8 @@ FULL = RequestRecord(
     probe_rate_per_s=2.5,
     probe_warmup=False,
     replica_class="slots8",
+    client_request_id="req-42",
+    failure="reset",
 )
 
 

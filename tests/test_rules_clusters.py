@@ -127,7 +127,7 @@ def test_an_empty_cluster_label_keeps_every_rule_and_panel_of_the_single_cluster
         changed = [key for key in before if before[key] != now.get(key)]
         assert changed == [], f"{path.name}: {changed}"
         added |= {f"{path.name}: {key}" for key in set(now) - set(before)}
-    assert all("fleet" in key.lower() or "replica" in key.lower() for key in added), sorted(added)
+    assert all(any(w in key.lower() for w in ("fleet", "replica", "lake")) for key in added), sorted(added)
     assert any("HeadroomFleetHeadroomLow" in key for key in added)
 
 

@@ -82,7 +82,7 @@ def test_every_alert_has_severity_summary_templated_description_and_runbook_anch
     runbooks = (ROOT / "docs" / "runbooks.md").read_text()
     anchors = {heading.strip().lower() for heading in re.findall(r"^## (.+)$", runbooks, re.M)}
     rules = _alert_rules()
-    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 31
+    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 33
     assert DEFAULT.runbook_base_url.startswith("https://"), "runbook links must work from Slack and PagerDuty"
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]

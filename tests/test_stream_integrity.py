@@ -164,7 +164,11 @@ def test_a_stream_cut_mid_answer_reaches_the_client_as_a_break_and_is_counted_on
     reason = _BREAKS[mode]
     row = _row(rig)
     assert (row["outcome"], row["status_code"]) == ("upstream_error", 200)
-    assert row["error"].startswith(f"{reason}: ") and row["usage_source"] == "estimated"
+    assert (
+        row["error"].startswith(f"{reason}: ")
+        and row["failure"] == reason
+        and row["usage_source"] == "estimated"
+    )
     assert row["completion_tokens"] == 2
     assert _moved(before, _counts(rig)) == {("outcome", "upstream_error"): 1, ("failure", reason): 1}
 
@@ -177,7 +181,11 @@ def test_a_reset_of_a_body_framed_by_its_connection_is_a_break_not_an_end(rig):
     assert status == 200 and broke
     _assert_whole_events_without_an_end(received)
     row = _row(rig)
-    assert row["outcome"] == "upstream_error" and row["error"].startswith("reset: ")
+    assert (
+        row["outcome"] == "upstream_error"
+        and row["error"].startswith("reset: ")
+        and row["failure"] == "reset"
+    )
     assert _moved(before, _counts(rig)) == {("outcome", "upstream_error"): 1, ("failure", "reset"): 1}
 
 
@@ -209,7 +217,7 @@ def test_an_error_inside_a_200_stream_is_forwarded_and_counted_once(rig, mode):
     assert status == 200 and not broke and received == direct.content
     reason, outcome = _SAID[mode]
     row = _row(rig)
-    assert row["outcome"] == outcome and row["error"].startswith(f"{reason}: ")
+    assert row["outcome"] == outcome and row["error"].startswith(f"{reason}: ") and row["failure"] == reason
     assert _moved(before, _counts(rig)) == {("outcome", outcome): 1, ("failure", reason): 1}
 
 
@@ -251,7 +259,11 @@ def test_an_upstream_that_cannot_be_reached_is_a_counted_502(tmp_path):
             answer = httpx.post(rig.url + PATH, json=CHAT, timeout=10)
             assert answer.status_code == 502 and answer.json()["error"]["type"] == "upstream_error"
             row = _row(rig)
-            assert row["outcome"] == "upstream_error" and row["error"].startswith("connect_failed: ")
+            assert (
+                row["outcome"] == "upstream_error"
+                and row["error"].startswith("connect_failed: ")
+                and row["failure"] == "connect_failed"
+            )
             moved = _moved(before, _counts(rig))
     assert moved == {("outcome", "upstream_error"): 1, ("failure", "connect_failed"): 1}
 
@@ -307,7 +319,11 @@ def test_a_compressed_stream_that_does_not_decode_to_its_end_is_a_break(rig, enc
     assert status == 200 and broke
     assert received == (_direct(rig, {}).content if encoding == "gzip-unfinished" else b"")
     row = _row(rig)
-    assert row["outcome"] == "upstream_error" and row["error"].startswith(f"{reason}: ")
+    assert (
+        row["outcome"] == "upstream_error"
+        and row["error"].startswith(f"{reason}: ")
+        and row["failure"] == reason
+    )
     assert _moved(before, _counts(rig)) == {("outcome", "upstream_error"): 1, ("failure", reason): 1}
 
 
@@ -655,13 +671,15 @@ def test_no_false_failure_over_20000_clean_streams(tmp_path):
         assert upstream.served == CLEAN_STREAMS
         assert app.state.writer.flush()
         rows = app.state.batch_sink.query_dicts(
-            "SELECT outcome, error, usage_source, completion_tokens, count(*) AS n FROM requests GROUP BY ALL"
+            "SELECT outcome, error, failure, usage_source, completion_tokens, count(*) AS n "
+            "FROM requests GROUP BY ALL"
         )
         metrics = httpx.get(server.url + "/metrics").text
     assert rows == [
         {
             "outcome": "ok",
             "error": None,
+            "failure": None,
             "usage_source": "upstream",
             "completion_tokens": _TOKENS,
             "n": CLEAN_STREAMS,

@@ -3,7 +3,8 @@
 A sidecar Prometheus cannot scrape pages (it proxies traffic, so its clients fail too), and so does
 a scrape job that vanished (`absent()`: every other alert is blind, and `up == 0` cannot fire
 without an `up`). The rest warn: the engine's metrics failing (KV and queue signals blind), rows
-dropped, and the log sink (the lake) failing or behind while rows wait in the sidecar's spool.
+dropped, the log sink (the lake) failing or behind while rows wait in the sidecar's spool, the lake
+committer not committing while staged files wait, and staged files in quarantine.
 """
 
 from __future__ import annotations
@@ -97,6 +98,34 @@ def pipeline_alerts(c: RulesConfig) -> list[Alert]:
             "The oldest row <instance>'s log sink has not taken is <value:humanizeDuration> old: the "
             "fleet's table, its capacity curves and weekly review are that far behind, and a full spool "
             "drops rows.",
+            {"component": "pipeline"},
+        ),
+        Alert(
+            "HeadroomLakeCommitStalled",
+            "headroom-pipeline",
+            # no pass has succeeded for the threshold while files wait, or a writer's oldest
+            # staged file has waited that long though passes succeed
+            f"(\n  time() - {sample('headroom_lake_commit_last_success_timestamp_seconds')}"
+            f" > {number(c.lake_commit_stall_seconds)}\n"
+            f"  and {sample('headroom_lake_staged_files_waiting')} > 0\n)\n"
+            f"or\nmax without (writer) ({sample('headroom_lake_commit_lag_seconds')})"
+            f" > {number(c.lake_commit_stall_seconds)}",
+            "warning",
+            "Lake committer <instance> has not committed for <value:humanizeDuration>",
+            "Staged files wait and the lake committer on <instance> has not registered them for "
+            "<value:humanizeDuration> (its catalog or the lake fails, or a file it cannot read): the "
+            "fleet's table, its capacity curves and weekly review are that far behind.",
+            {"component": "pipeline"},
+        ),
+        Alert(
+            "HeadroomLakeFilesQuarantined",
+            "headroom-pipeline",
+            f"{sample('headroom_lake_quarantine_files')} > 0",
+            "warning",
+            "<value> staged files are in the lake's quarantine",
+            "The lake committer on <instance> set <value> staged files aside under quarantine/ "
+            "(unreadable, a schema the table does not take, a malformed name or a sequence far "
+            "ahead); their rows are not in the table until someone re-stages or deletes them.",
             {"component": "pipeline"},
         ),
     ]

@@ -711,6 +711,51 @@ def _pipeline_cases(c: RulesConfig) -> list[Case]:
             {'headroom_log_sink_lag_seconds{instance="a"}': flat(0)},
             quiet("15m"),
         ),
+    ] + _lake_committer_cases(c)
+
+
+def _lake_committer_cases(c: RulesConfig) -> list[Case]:
+    """The committer's last success stays at time 0 while files wait (the threshold passes at
+    minute stall/60 + 1), a writer's oldest staged file waits past it, files in quarantine."""
+    success = 'headroom_lake_commit_last_success_timestamp_seconds{instance="a"}'
+    waiting = 'headroom_lake_staged_files_waiting{instance="a"}'
+    lag = 'headroom_lake_commit_lag_seconds{instance="a",writer="w.1a2b"}'
+    held = 'headroom_lake_quarantine_files{instance="a"}'
+    onset = int(c.lake_commit_stall_seconds // 60) + 1
+    stalled_at = after_minute(c, "HeadroomLakeCommitStalled", (onset, onset))
+    late = c.lake_commit_stall_seconds + 100
+    return [
+        Case(
+            "no pass has succeeded since time 0 while files wait",
+            "HeadroomLakeCommitStalled",
+            {success: flat(0), waiting: flat(3)},
+            fires(c, "HeadroomLakeCommitStalled", (onset, onset), A, humanize_duration(stalled_at * 60.0)),
+        ),
+        Case(
+            "passes succeed every minute while files wait",
+            "HeadroomLakeCommitStalled",
+            {success: f"0+60x{_N}", waiting: flat(3)},
+            quiet(f"{stalled_at + 10}m"),
+        ),
+        Case(
+            "no pass since time 0, nothing waiting",
+            "HeadroomLakeCommitStalled",
+            {success: flat(0), waiting: flat(0)},
+            quiet(f"{stalled_at + 10}m"),
+        ),
+        Case(
+            "passes succeed but a writer's oldest staged file waits past the threshold",
+            "HeadroomLakeCommitStalled",
+            {success: f"0+60x{_N}", waiting: flat(1), lag: steps((0, 5), (late, _N))},
+            fires(c, "HeadroomLakeCommitStalled", (5, 5), A, humanize_duration(late)),
+        ),
+        Case(
+            "files in quarantine",
+            "HeadroomLakeFilesQuarantined",
+            {held: steps((0, 5), (2, _N))},
+            fires(c, "HeadroomLakeFilesQuarantined", (5, 5), A, "2"),
+        ),
+        Case("quarantine empty", "HeadroomLakeFilesQuarantined", {held: flat(0)}, quiet("15m")),
     ]
 
 

@@ -247,10 +247,10 @@ def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri
     "--sidecar-token",
     envvar="HEADROOM_TOKEN",
     default=None,
-    help="The token of the headroom sidecar at --url [env: HEADROOM_TOKEN; default: the token of "
-    "the sidecar that owns --db, when --url is that sidecar]. Sent in X-Headroom-Probe-Token, it "
-    "makes the sidecar log this load as the probe's; without it the sidecar counts it as "
-    "traffic. Never sent to any other URL, never stored.",
+    help="The token of the headroom sidecar at --url, sent in X-Headroom-Probe-Token: it makes the "
+    "sidecar log this load as the probe's; without it the sidecar counts it as traffic. From "
+    "HEADROOM_TOKEN it is sent only when --url is a headroom sidecar (its /metrics says so); "
+    "default: the token of the sidecar that owns --db, when --url is that sidecar. Never stored.",
 )
 @click.option(
     "--workload",
@@ -406,7 +406,6 @@ def probe(
         request_timeout_s=timeout_s,
         seed=seed,
         api_key=api_key,
-        sidecar_token=sidecar_token or _owner_token(db, url),
         engine_metrics=engine_metrics,
         adapters=_adapter_names(adapters),
         **_rate_settings(rates, rate_seconds, rate_warmup_seconds),
@@ -419,6 +418,7 @@ def probe(
     facts = sidecar_facts(url)
     replica_class = replica_class or facts.replica_class
     click.echo(f"replica class: {replica_class}")
+    settings = replace(settings, sidecar_token=_token_for(url, sidecar_token, db, facts))
     if facts.is_sidecar and settings.sidecar_token is None:
         click.echo(
             f"warning: {url} is a headroom sidecar and no token was given: it logs this load as "
@@ -526,6 +526,16 @@ def sidecar_facts(url: str) -> SidecarFacts:
 def sidecar_replica_class(url: str) -> str:
     """The replica class the sidecar at `url` exports, else "default" (sidecar_facts)."""
     return sidecar_facts(url).replica_class
+
+
+def _token_for(url: str, given: str | None, db: str | None, facts: SidecarFacts) -> str | None:
+    """The token the probe sends to `url`: --sidecar-token as given; HEADROOM_TOKEN from the
+    environment only to a headroom sidecar (an engine never sees the fleet's token); else the
+    token of the sidecar that owns --db, when `url` is that sidecar."""
+    source = click.get_current_context().get_parameter_source("sidecar_token")
+    if given and (source != click.core.ParameterSource.ENVIRONMENT or facts.is_sidecar):
+        return given
+    return _owner_token(db, url)
 
 
 def _owner_token(db: str | None, url: str) -> str | None:

@@ -5,9 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:  # the [lake] extra loads when a command runs
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+    from collector.lake.layout import Lake
+    from collector.lake.metrics import CommitterMetrics
 
 __all__ = ["lake", "catalog_options"]
 
@@ -102,49 +109,109 @@ def lake() -> None:
     help="Run as a loop: commit, then wait this long (30 keeps rows visible within 2 minutes "
     "of their request with the sidecar's 60 s roll). Without it: one pass.",
 )
+@click.option(
+    "--metrics-listen",
+    metavar="HOST:PORT",
+    help="Serve the committer's own /metrics here (last success, files committed and quarantined, "
+    "rows, files waiting, lag per writer), e.g. 0.0.0.0:9101; with --every.",
+)
 def commit(
-    catalog_uri: str, lake_uri: str, table: str, catalog_properties: tuple[str, ...], every: float | None
+    catalog_uri: str,
+    lake_uri: str,
+    table: str,
+    catalog_properties: tuple[str, ...],
+    every: float | None,
+    metrics_listen: str | None,
 ) -> None:
     """Register the files the sidecars staged in the Iceberg table (creating it on first use).
 
     \b
     Examples:
       headroom lake commit --catalog sqlite:///lake/catalog.db --lake /data/lake
-      headroom lake commit --catalog postgresql://headroom@db/iceberg --lake s3://logs/headroom --every 30
+      headroom lake commit --catalog postgresql://headroom@db/iceberg --lake s3://logs/headroom --every 30 \\
+        --metrics-listen 0.0.0.0:9101
       headroom lake commit --catalog https://polaris:8181/api/catalog --catalog-property warehouse=logs \\
         --catalog-property credential=ID:SECRET --lake s3://logs/headroom
 
     Idempotent: a file is added once, however often this runs, and two committers at once are
-    safe (the catalog lets one commit win; the other reloads and retries).
+    safe (the catalog lets one commit win; the other reloads and retries). Each staged file is
+    checked on its own: a bad one (unreadable, a schema the table does not take, a sequence far
+    ahead of its writer) is moved to quarantine/ in the lake and named in the log, and every good
+    file is committed in the same pass. One pass exits 1 when it quarantined a file.
     """
     # lazy: pyiceberg (the [lake] extra) loads when the command runs, not for --help
-    from collector.lake.table import commit_staged
+    from collector.lake.metrics import CommitterMetrics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     catalog, location = _open(catalog_uri, lake_uri, catalog_properties)
-    stop = threading.Event()
-    while True:
+    metrics = CommitterMetrics()
+    if metrics_listen is not None:
         try:
-            result = commit_staged(
-                catalog,
-                location,
-                table,
-                on_commit=lambda r: click.echo(
-                    f"committed {r.files} files, {r.rows} rows ({r.pending} staged files left)", err=True
-                ),
-            )
-        except Exception as exc:  # the catalog or the lake is away: say so; the loop tries again
-            if every is None:
-                raise click.ClickException(f"commit failed ({type(exc).__name__}: {exc})") from None
-            click.echo(f"commit failed ({type(exc).__name__}: {exc}); retrying in {every:g} s", err=True)
-        else:
-            click.echo(
-                f"{table}: {result.files} files, {result.rows} rows in {result.commits} commits"
-                f" ({result.conflicts} conflicts retried)",
-                err=True,
-            )
-        if every is None or stop.wait(every):
+            metrics.serve(metrics_listen)
+        except (ValueError, OSError) as exc:
+            raise click.UsageError(str(exc)) from None
+    stop = threading.Event()
+    last: Table | None = None
+    while True:
+        set_aside, last = _commit_pass(catalog, location, table, metrics, every, last)
+        if every is None:
+            if set_aside:
+                raise click.ClickException(f"{set_aside} staged files quarantined (named above)")
             return
+        if stop.wait(every):
+            return
+
+
+def _commit_pass(
+    catalog: Catalog,
+    location: Lake,
+    table: str,
+    metrics: CommitterMetrics,
+    every: float | None,
+    last: Table | None,
+) -> tuple[int, Table | None]:
+    """One pass with its metrics; returns the files it quarantined and the table as last read.
+    A failure raises without --every, else is reported and the loop goes on."""
+    from collector.lake.table import CommitResult, commit_staged  # lazy: pyiceberg, the [lake] extra
+
+    result = CommitResult(table=last)
+    metrics.pass_begins()
+
+    def progress(r: CommitResult) -> None:
+        metrics.counted(r.files, r.rows, len(r.quarantined))
+        click.echo(f"committed {r.files} files, {r.rows} rows ({r.pending} staged files left)", err=True)
+
+    try:
+        commit_staged(catalog, location, table, on_commit=progress, result=result)
+    except Exception as exc:  # the catalog or the lake is away: say so; the loop tries again
+        metrics.counted(result.files, result.rows, len(result.quarantined))
+        _backlog(metrics, location, result.table)
+        if every is None:
+            raise click.ClickException(f"commit failed ({type(exc).__name__}: {exc})") from None
+        click.echo(f"commit failed ({type(exc).__name__}: {exc}); retrying in {every:g} s", err=True)
+        return len(result.quarantined), result.table
+    metrics.counted(result.files, result.rows, len(result.quarantined))
+    metrics.succeeded()
+    _backlog(metrics, location, result.table)
+    click.echo(
+        f"{table}: {result.files} files, {result.rows} rows in {result.commits} commits"
+        f" ({result.conflicts} conflicts retried, {len(result.quarantined)} files quarantined,"
+        f" {len(result.unreadable)} unreadable left staged)",
+        err=True,
+    )
+    return len(result.quarantined), result.table
+
+
+def _backlog(metrics: CommitterMetrics, location: Lake, iceberg: Table | None) -> None:
+    """The backlog gauges against the marks last read; left as they were when the lake is away too."""
+    from collector.lake.table import backlog, quarantined_files  # lazy: pyiceberg, the [lake] extra
+
+    if iceberg is None:
+        return
+    try:
+        metrics.backlog(backlog(location, iceberg), quarantined_files(location))
+    except Exception as exc:
+        logging.getLogger(__name__).warning("cannot list the lake for the backlog (%s)", exc)
 
 
 @lake.command("maintain")
@@ -246,12 +313,12 @@ def import_command(
     Examples:
       headroom lake import --catalog sqlite:///lake/catalog.db --lake /data/lake --db headroom.duckdb
 
-    Importing the same file again adds nothing; days sealed since are added. Works while the
-    sidecar owning the file runs (through its snapshot, as `headroom report --db` reads).
+    A day is known by what it holds (its instance names and request ids), not by the file's
+    path: importing the same file again adds nothing, days sealed since are added, and a second
+    box's log at the same path adds its own days. Works while the sidecar owning the file runs
+    (through its snapshot, as `headroom report --db` reads).
     """
     # lazy: pyiceberg (the [lake] extra) loads when the command runs, not for --help
-    import os
-
     from collector.lake.table import import_duckdb
     from collector.store.owner import OwnerError, open_request_log
     from collector.store.schema import COLUMN_NAMES
@@ -275,7 +342,7 @@ def import_command(
                 days.append((day, store.arrow(sql, [start, start + timedelta(days=1)])))
     except (FileNotFoundError, OwnerError) as exc:
         raise click.ClickException(f"--db {db_path}: {exc}") from None
-    result = import_duckdb(catalog, location, os.path.abspath(db_path), days, table)
+    result = import_duckdb(catalog, location, days, table)
     click.echo(
         f"{table}: {len(days)} sealed days read, {result.files} files and {result.rows} rows added", err=True
     )

@@ -29,6 +29,7 @@ __all__ = [
     "parse_staged",
     "safe_writer_part",
     "private_files",
+    "check_lake_uri",
 ]
 
 STAGED, WAREHOUSE = "staged", "warehouse"
@@ -67,11 +68,10 @@ class Lake:
             return cls(uri=_file_uri(local), fs=pafs.LocalFileSystem(), base=local.rstrip("/") or "/")
         try:
             fs, base = pafs.FileSystem.from_uri(text)
-        except (pa.ArrowInvalid, OSError, ValueError) as exc:
-            raise ValueError(
-                f"--lake {uri!r} is not a location pyarrow.fs can open ({exc}); "
-                "e.g. /data/lake, file:///data/lake or s3://bucket/prefix"
-            ) from None
+        except pa.ArrowInvalid as exc:
+            raise ValueError(_malformed(uri, exc)) from None
+        except (OSError, ValueError) as exc:  # well formed, but its store did not answer
+            raise ValueError(f"--lake {uri!r}: cannot reach its store now ({exc})") from None
         scheme = text.split("://", 1)[0]
         base = base.rstrip("/")
         if isinstance(fs, pafs.LocalFileSystem):
@@ -116,6 +116,34 @@ class Lake:
             if parsed is not None:
                 found.append(parsed)
         return sorted(found, key=lambda name: (name.writer, name.seq))
+
+
+def _malformed(uri: str | os.PathLike[str], exc: BaseException) -> str:
+    return (
+        f"--lake {os.fspath(uri)!r} is not a location pyarrow.fs can open ({exc}); "
+        "e.g. /data/lake, file:///data/lake or s3://bucket/prefix"
+    )
+
+
+def check_lake_uri(uri: str | os.PathLike[str]) -> str:
+    """The URI as Lake.parse would give it, checked without asking the network; ValueError when
+    no store could ever serve it (an unknown scheme, no bucket, an unknown option).
+
+    Example: check_lake_uri("s3://bucket/x") -> "s3://bucket/x" with no network up or down.
+    """
+    text = os.fspath(uri).strip()
+    if "://" not in text or text.startswith("file://"):
+        return Lake.parse(text).uri
+    probe = text
+    if text.startswith("s3://") and "region=" not in text:  # else pyarrow asks S3 for the region
+        probe += ("&" if "?" in text else "?") + "region=us-east-1"
+    try:
+        pafs.FileSystem.from_uri(probe)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(_malformed(uri, exc)) from None
+    except (OSError, ValueError):
+        pass  # well formed; whether its store answers is the writer's to retry
+    return text
 
 
 def _file_uri(path: str) -> str:

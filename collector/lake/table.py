@@ -6,18 +6,24 @@ One table, `headroom.requests` by default, holds every sidecar's rows with the `
 **Commit** (`commit_staged`). Sidecars stage immutable files (collector.lake.stage) under
 `staged/<writer>/<writer>-<seq>.parquet`; each writer's files appear in sequence order. The table
 records, per writer, the highest sequence it holds (a table property
-`headroom.committed.<writer>`), in the same catalog commit as the files themselves: a file is
-added exactly when its sequence is above its writer's mark. That mark, not the list of the
-table's current files, is what makes a commit idempotent: compaction replaces the staged files
-in the current snapshot, and the mark still says they were added. Two committers at once read
+`headroom.committed.<writer>`) and the sequences below it that it does not hold (its gaps,
+`headroom.gaps.<writer>`), in the same catalog commit as the files themselves: a file is added
+exactly when its sequence is above its writer's mark or in one of its gaps. Those properties, not
+the list of the table's current files, are what make a commit idempotent: compaction replaces the
+staged files in the current snapshot, and the mark still says they were added. Each file is
+checked on its own before (collector.lake.admit: name, sequence, Parquet footer, schema); a bad
+one is moved to `quarantine/` and named, and every good file is committed in the same pass.
+Two committers at once read
 the marks from the table they start from; the catalog's compare-and-swap lets one commit win,
 the other gets CommitFailedException, reloads and computes again (nothing is ever added twice).
 pyiceberg would instead retry a lost commit itself (`commit.retry.num-retries`, 4 by default),
 rebasing the append onto the winner's snapshot with the marks it computed before: the winner's
 files added again. The table therefore says `commit.retry.num-retries=0` (set on creation, and by
 the committer and maintenance on a table that lacks it); every retry is this module's.
-A column added to RequestRecord is added to the table (`union_by_name`) before the files that
-carry it; files written before it read as NULL through the table's name mapping.
+A column the committer's own schema (collector.record.RequestRecord) has and the table lacks is
+added to the table (`union_by_name`) before the files that carry it; files written before it read
+as NULL through the table's name mapping. A file's own columns never change the table: a file
+with a column the committer does not know is quarantined.
 
 **Maintain** (`maintain`). Per sealed day (ended more than `seal_hours` ago) with more than one
 file: DuckDB reads the day's files in place (collector.lake.scan), drops repeated request_ids,
@@ -28,9 +34,12 @@ snapshots older than `snapshot_age` are expired, days past `retention_days` dele
 no remaining snapshot references (staged files once their writer's mark covers them, compacted
 ones replaced a day ago or more) removed from the lake.
 
-**Import** (`import_duckdb`). A one-box DuckDB request log's sealed days become staged files of
-the writer `import.<hash of the file's path>`, sequence = the day's number (YYYYMMDD), then are
-committed: importing the same file again adds nothing.
+**Import** (`import_duckdb`). A one-box DuckDB request log's sealed days become staged files, one
+per day, of a writer named by the day's content (`import.` + a hash of its instance names and
+sorted request ids: `import_writer`), sequence = the day's number (YYYYMMDD), then are committed.
+The same day's rows give the same writer whatever the file's path: importing the same file again
+adds nothing, a second box's log at the same path adds its own days. A day whose content changed
+since (a late row) is a new writer; only its rows the table does not hold yet are staged.
 """
 
 from __future__ import annotations
@@ -41,13 +50,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
@@ -57,6 +67,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
     TableAlreadyExistsError,
 )
+from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -72,9 +83,24 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from collector.lake.admit import (
+    GAPS_PREFIX,
+    QUARANTINE,
+    Ranges,
+    Unreadable,
+    advance,
+    check_file,
+    check_name,
+    format_ranges,
+    gaps_of,
+    in_ranges,
+    is_import,
+    pending,
+    quarantine,
+)
 from collector.lake.layout import Lake, StagedName, parse_staged, staged_name
 from collector.lake.scan import data_files, duckdb_paths
-from collector.lake.stage import conform, day_files, parquet_bytes
+from collector.lake.stage import conform, parquet_bytes
 from collector.store.db import ARROW_SCHEMA
 
 __all__ = [
@@ -200,7 +226,10 @@ def _retries_here(table: Table) -> Table:
 
 
 def _evolve(table: Table, arrow: pa.Schema) -> Table:
-    """Add the columns of `arrow` the table lacks (union by name); older files read them as NULL."""
+    """Add the columns of `arrow` the table lacks (union by name); older files read them as NULL.
+
+    Returns `table` itself when nothing was added, else the table as it is now.
+    """
     present = {f.name for f in table.schema().fields}
     if all(name in present for name in arrow.names):
         return table
@@ -221,17 +250,17 @@ def marks(table: Table) -> dict[str, int]:
 
 @dataclass
 class CommitResult:
-    """What one `commit_staged` did."""
+    """What one `commit_staged` did (filled as it goes: a caller's instance holds what a pass did
+    before it raised)."""
 
     files: int = 0
     rows: int = 0
     commits: int = 0
     conflicts: int = 0  # CommitFailedException, retried
     pending: int = 0  # staged files left for the next pass (past MAX_FILES_PER_COMMIT)
-
-
-def _pending(lake: Lake, committed: dict[str, int]) -> list[StagedName]:
-    return [name for name in lake.staged() if name.seq > committed.get(name.writer, -1)]
+    quarantined: list[tuple[str, str]] = field(default_factory=list)  # (staged path, why)
+    unreadable: list[str] = field(default_factory=list)  # staged paths the filesystem failed to read
+    table: Table | None = None  # the table as the pass last read it (its marks, for a backlog)
 
 
 def commit_staged(
@@ -241,44 +270,146 @@ def commit_staged(
     *,
     writers: Iterable[str] | None = None,
     on_commit: Callable[[CommitResult], None] | None = None,
+    result: CommitResult | None = None,
 ) -> CommitResult:
-    """Register every staged file not yet in the table (module docstring); safe to run twice at once.
+    """Register every good staged file not yet in the table, set every bad one aside (module
+    docstring, collector.lake.admit); safe to run twice at once.
 
     `writers` limits it to those writers' files (the import's). Raises CommitFailedException
     when 20 attempts in a row lost the race, which only a storm of committers would cause.
     """
-    result = CommitResult()
+    result = result if result is not None else CommitResult()
     only = set(writers) if writers is not None else None
     table = _retries_here(open_table(catalog, identifier))
+    lost = 0
     while True:
-        for attempt in range(_RETRIES):
-            table = table.refresh()
-            pending = [p for p in _pending(lake, marks(table)) if only is None or p.writer in only]
-            if not pending:
-                return result
-            batch = _in_sequence(pending)[:MAX_FILES_PER_COMMIT]
-            result.pending = len(pending) - len(batch)
-            for schema in {pq.read_schema(lake.fs.open_input_file(name.path)) for name in batch}:
-                table = _evolve(table, schema)  # a newer writer's column joins the table first
-            top: dict[str, int] = {}
-            for name in batch:
-                top[name.writer] = max(top.get(name.writer, -1), name.seq)
-            try:
-                with table.transaction() as txn:
-                    txn.set_properties({f"{MARK_PREFIX}{writer}": str(seq) for writer, seq in top.items()})
-                    txn.add_files([lake.uri_of(name.path) for name in batch], check_duplicate_files=False)
-            except CommitFailedException:
-                result.conflicts += 1
-                time.sleep(min(2.0, 0.05 * 2**attempt))  # backoff: the other committer's commit is done
-                continue
-            result.files += len(batch)
-            result.commits += 1
-            result.rows += _rows_added(table.refresh())
-            if on_commit is not None:
-                on_commit(result)
-            break
-        else:
-            raise CommitFailedException(f"{identifier}: {_RETRIES} commits in a row lost the race")
+        table = result.table = table.refresh()
+        done, held = marks(table), gaps_of(table.properties)
+        left = {path for path, _ in result.quarantined} | set(result.unreadable)
+        waiting = [
+            name
+            for name in pending(lake.staged(), done, held)
+            if (only is None or name.writer in only) and name.path not in left
+        ]
+        if not waiting:
+            return result
+        batch = _in_sequence(waiting)[:MAX_FILES_PER_COMMIT]
+        result.pending = len(waiting) - len(batch)
+        evolved = _evolve(table, ARROW_SCHEMA)  # a column this committer knows joins the table first
+        if evolved is not table:
+            table = evolved
+            continue  # the marks may have moved meanwhile: read them again
+        files = _admit(lake, table, batch, done, result)
+        if not files:
+            continue  # the whole batch was set aside: look again
+        try:
+            _commit(table, files, done, held)
+        except CommitFailedException:
+            result.conflicts += 1
+            lost += 1
+            if lost >= _RETRIES:
+                raise CommitFailedException(
+                    f"{identifier}: {_RETRIES} commits in a row lost the race"
+                ) from None
+            time.sleep(min(2.0, 0.05 * 2**lost))  # backoff: the other committer's commit is done
+            continue
+        lost = 0
+        result.files += len(files)
+        result.commits += 1
+        result.rows += _rows_added(table.refresh())
+        if on_commit is not None:
+            on_commit(result)
+
+
+def _admit(
+    lake: Lake, table: Table, batch: list[StagedName], done: dict[str, int], result: CommitResult
+) -> list[tuple[StagedName, DataFile]]:
+    """The batch's good files with their DataFiles; each bad one quarantined, each unreadable one
+    left staged (both noted in `result`). Files are read 8 at a time."""
+    metadata = table.metadata
+
+    def verdict(name: StagedName) -> DataFile | str | None:
+        reason = check_name(lake, name, done.get(name.writer))
+        if reason is not None:
+            return reason
+        try:
+            return check_file(lake, metadata, name)
+        except Unreadable as exc:
+            log.warning("cannot read staged file %s (%s); it stays staged for the next pass", name.path, exc)
+            return None
+
+    good = []
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for name, found in zip(batch, pool.map(verdict, batch)):
+            if isinstance(found, DataFile):
+                good.append((name, found))
+            elif found is None:
+                result.unreadable.append(name.path)
+            else:
+                _set_aside(lake, name, found, result)
+    return good
+
+
+def _set_aside(lake: Lake, name: StagedName, reason: str, result: CommitResult) -> None:
+    try:
+        quarantine(lake, name, reason)
+    except OSError as exc:  # the lake refuses the move: leave it staged, say so, go on
+        log.warning(
+            "cannot quarantine %s (%s: %s); it stays staged: %s", name.path, type(exc).__name__, exc, reason
+        )
+        result.unreadable.append(name.path)
+        return
+    result.quarantined.append((name.path, reason))
+
+
+def _commit(
+    table: Table, files: list[tuple[StagedName, DataFile]], done: dict[str, int], held: dict[str, Ranges]
+) -> None:
+    """One catalog commit: the files, and each writer's new mark and gaps."""
+    seqs: dict[str, list[int]] = {}
+    for name, _ in files:
+        seqs.setdefault(name.writer, []).append(name.seq)
+    properties: dict[str, str] = {}
+    cleared: list[str] = []
+    for writer, added in seqs.items():
+        if is_import(writer):  # numbered by day: days without rows are no gap
+            properties[f"{MARK_PREFIX}{writer}"] = str(max([done.get(writer, -1), *added]))
+            continue
+        top, gaps = advance(done.get(writer, -1), held.get(writer, []), added)
+        properties[f"{MARK_PREFIX}{writer}"] = str(top)
+        if gaps:
+            properties[f"{GAPS_PREFIX}{writer}"] = format_ranges(gaps)
+        elif writer in held:
+            cleared.append(f"{GAPS_PREFIX}{writer}")
+    with table.transaction() as txn:
+        txn.set_properties(properties)
+        if cleared:
+            txn.remove_properties(*cleared)
+        with txn.update_snapshot().fast_append() as append:
+            for _, data_file in files:
+                append.append_data_file(data_file)
+
+
+def backlog(lake: Lake, table: Table) -> dict[str, tuple[int, float]]:
+    """{writer: (staged files the table does not hold, the oldest one's mtime in unix seconds)}."""
+    waiting = pending(lake.staged(), marks(table), gaps_of(table.properties))
+    found: dict[str, tuple[int, float]] = {}
+    infos = lake.fs.get_file_info([name.path for name in waiting]) if waiting else []
+    for name, info in zip(waiting, infos):
+        mtime = info.mtime.timestamp() if info.mtime is not None else time.time()
+        count, oldest = found.get(name.writer, (0, mtime))
+        found[name.writer] = (count + 1, min(oldest, mtime))
+    return found
+
+
+def quarantined_files(lake: Lake) -> int:
+    """Files held in the lake's quarantine/ now (their .reason.txt not counted)."""
+    selector = pafs.FileSelector(lake.path(QUARANTINE), allow_not_found=True, recursive=True)
+    return sum(
+        1
+        for info in lake.fs.get_file_info(selector)
+        if info.type == pafs.FileType.File and not info.path.endswith(".reason.txt")
+    )
 
 
 def _in_sequence(pending: list[StagedName]) -> list[StagedName]:
@@ -499,13 +630,16 @@ def _expire(table: Table, older_than: datetime, result: MaintainResult) -> Table
 
 
 def _remove_unreferenced(table: Table, lake: Lake, older_than: datetime, result: MaintainResult) -> None:
-    """Delete files no remaining snapshot references: staged files their writer's mark covers,
-    and data files of the table's own (compaction output) older than `older_than`."""
+    """Delete files no remaining snapshot references: staged files their writer's mark covers
+    (never one in a gap below it: the table does not hold that sequence), and data files of the table's own (compaction output) older than `older_than`."""
     table = table.refresh()
     referenced = {lake.path_of(path) for path in table.inspect.all_files()["file_path"].to_pylist()}
-    committed = marks(table)
+    committed, gaps = marks(table), gaps_of(table.properties)
     for name in lake.staged():
-        if name.seq <= committed.get(name.writer, -1) and name.path not in referenced:
+        held = name.seq <= committed.get(name.writer, -1) and not in_ranges(
+            name.seq, gaps.get(name.writer, [])
+        )
+        if held and name.path not in referenced:
             lake.fs.delete_file(name.path)
             result.files_removed += 1
     data_dir = lake.path_of(f"{table.location().rstrip('/')}/data")
@@ -527,33 +661,65 @@ def _remove_unreferenced(table: Table, lake: Lake, older_than: datetime, result:
 
 
 # --- import -----------------------------------------------------------------------------------------
-def import_writer(db_path: str) -> str:
-    """The writer name of an imported DuckDB file: `import.` + 12 hex digits of its path's sha256."""
-    return "import." + hashlib.sha256(db_path.encode()).hexdigest()[:12]
+def import_writer(rows: pa.Table) -> str:
+    """The writer of one imported day: `import.` + 16 hex digits of sha256 over the day's instance
+    names and its request ids, sorted: the same rows give the same name, whatever file holds them."""
+    digest = hashlib.sha256()
+    for column in ("instance", "request_id"):
+        values = sorted(str(v) for v in pc.unique(rows[column]).to_pylist() if v is not None)
+        digest.update(f"{column}:{len(values)}\n".encode())
+        digest.update("\n".join(values).encode())
+    return "import." + digest.hexdigest()[:16]
 
 
 def import_duckdb(
     catalog: Catalog,
     lake: Lake,
-    db_path: str,
     days: Sequence[tuple[date, pa.Table]],
     identifier: str = DEFAULT_TABLE,
 ) -> CommitResult:
-    """Stage each (sealed day, its rows) as the import writer's file numbered YYYYMMDD, then commit
-    those files; a day the table already holds from this file is skipped (its mark covers it)."""
-    writer = import_writer(db_path)
+    """Stage each (sealed day, its rows) as the file YYYYMMDD of the day's writer (`import_writer`),
+    then commit those files. A day whose writer's mark covers it is skipped (imported before); of
+    a day seen for the first time only the rows whose request_id the table lacks are staged."""
     table = open_table(catalog, identifier)
-    done = marks(table).get(writer, -1)
+    done = marks(table)
+    writers = []
     for day, rows in days:
-        seq = int(day.strftime("%Y%m%d"))
-        if seq <= done:
+        writer, seq = import_writer(rows), int(day.strftime("%Y%m%d"))
+        if seq <= done.get(writer, -1):
+            continue
+        fresh = _not_in_table(table, lake, day, conform(rows))
+        if fresh.num_rows == 0:
             continue
         lake.fs.create_dir(lake.path("staged", writer), recursive=True)
-        for part in day_files(conform(rows)):
-            path = staged_name(lake, writer, seq)
-            with lake.fs.open_output_stream(path) as stream:
-                stream.write(parquet_bytes(part))
-    return commit_staged(catalog, lake, identifier, writers=[writer])
+        with lake.fs.open_output_stream(staged_name(lake, writer, seq)) as stream:
+            stream.write(
+                parquet_bytes(fresh.sort_by([("admitted_at", "ascending"), ("request_id", "ascending")]))
+            )
+        writers.append(writer)
+    return commit_staged(catalog, lake, identifier, writers=writers)
+
+
+def _not_in_table(table: Table, lake: Lake, day: date, rows: pa.Table) -> pa.Table:
+    """The rows of `day` whose request_id the table does not hold (DuckDB reads its day's files)."""
+    start, end = day_bounds(day)
+    files = data_files(table, since=start, until=end) if table.current_snapshot() is not None else []
+    if not files or rows.num_rows == 0:
+        return rows
+    paths, filesystem = duckdb_paths(lake, files)
+    con = duckdb.connect()
+    try:
+        if filesystem is not None:
+            con.register_filesystem(filesystem)
+        con.register("incoming", rows)
+        source = "read_parquet([" + ", ".join(_sql_text(p) for p in paths) + "], union_by_name = true)"
+        held = con.sql(
+            f"SELECT i.request_id FROM incoming i SEMI JOIN (SELECT request_id FROM {source}) t "
+            "ON i.request_id = t.request_id"
+        ).to_arrow_table()["request_id"]
+    finally:
+        con.close()
+    return rows.filter(pc.invert(pc.is_in(rows["request_id"], value_set=held.combine_chunks())))
 
 
 def staged_writers(lake: Lake) -> set[str]:
@@ -561,4 +727,4 @@ def staged_writers(lake: Lake) -> set[str]:
     return {name.writer for name in lake.staged()}
 
 
-__all__ += ["marks", "import_writer", "staged_writers", "parse_staged"]
+__all__ += ["marks", "import_writer", "staged_writers", "parse_staged", "backlog", "quarantined_files"]

@@ -102,6 +102,8 @@ FOR_DURATIONS: dict[str, str] = {
     "HeadroomLogRowsDropped": "5m",
     "HeadroomLogSinkDown": "5m",
     "HeadroomLogSinkLagging": "5m",
+    "HeadroomLakeCommitStalled": "5m",
+    "HeadroomLakeFilesQuarantined": "5m",
     "HeadroomRequestStuck": "2m",
     "HeadroomAdapterThrash": "5m",
     "HeadroomSignalInvalid": "3m",
@@ -208,6 +210,10 @@ class RulesConfig:
     # Age of the oldest row the store has not accepted that warns: rows are safe in the spool, but
     # the weekly review and capacity curves are that far behind.
     sink_lag_warning_seconds: float = 900.0
+    # HeadroomLakeCommitStalled: no lake commit pass succeeded for this long while staged files
+    # wait, or a writer's oldest staged file waited this long. Well above `--every` (30 s) plus
+    # a pass; raise it for a committer run from cron every few minutes.
+    lake_commit_stall_seconds: float = 600.0
 
     # --- windows and durations ------------------------------------------------------------------
     # Window over which the engine queue must never reach zero. Shorter windows page on bursts.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 import click
@@ -40,12 +41,10 @@ def run(**options: Any) -> None:  # click passes each option by its name (collec
     Point clients at http://LISTEN/v1 instead of the engine; scrape http://LISTEN/metrics
     (http://ADMIN-LISTEN/metrics with --admin-listen).
     """
-    # lazy: `headroom run --help` must not load DuckDB and the whole sidecar
-    import duckdb
-
+    # lazy: `headroom run --help` must not load the whole sidecar
     from collector.sidecar.server import fit_connection_cap, uvicorn_options
     from collector.sidecar.wiring import build_sidecar
-    from collector.store.schema import SchemaTooNew
+    from collector.store.schema import SchemaTooNew  # no DuckDB: the --db store's columns
 
     log_level: str = options["log_level"]
     os.umask(0o077)  # the request log, its WAL and the spool are readable by this user only
@@ -59,7 +58,7 @@ def run(**options: Any) -> None:  # click passes each option by its name (collec
         raise click.UsageError(str(exc)) from None
     except OSError as exc:  # the spool directory or --lake cannot be created or written
         raise click.ClickException(f"cannot open the spool or --lake ({exc})") from None
-    except (duckdb.Error, SchemaTooNew) as exc:  # locked by another process, not DuckDB, too new
+    except _db_errors() as exc:  # locked by another process, not DuckDB, too new
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         hint = (
             "only one process may own it: stop the other one, or give this sidecar its own --db"
@@ -100,3 +99,13 @@ def run(**options: Any) -> None:  # click passes each option by its name (collec
             write_stall_timeout_s=config.write_stall_timeout_s,
         ),
     )
+
+
+def _db_errors() -> tuple[type[Exception], ...]:
+    """What opening --db raises (DuckDB's errors, SchemaTooNew), asked once something was raised. A
+    --lake sidecar never loads DuckDB (docs/operations.md, "Installing"): then none of its errors
+    can have been raised, and DuckDB is not loaded to name them."""
+    from collector.store.schema import SchemaTooNew  # lazy: like run's imports
+
+    duckdb = sys.modules.get("duckdb")
+    return (SchemaTooNew,) if duckdb is None else (duckdb.Error, SchemaTooNew)

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from collector.sidecar.ending import Ending
+from collector.sidecar.headers import with_request_id
 from collector.sidecar.uvicorn_cycle import client_closing
 
 __all__ = [
@@ -32,18 +33,21 @@ Scope = dict[str, Any]
 class ClientChannel:
     """The client's side of one request: the ASGI sends, and whether the response has started."""
 
-    __slots__ = ("send", "started", "gone", "answered")
+    __slots__ = ("send", "started", "gone", "answered", "request_id")
 
     def __init__(self, send: Any) -> None:
         self.send = send  # the server's ASGI send (a relay sends its bodies with it directly)
         self.started = False
         self.gone = False
         self.answered: Ending | None = None  # how it ended, once the client had a whole SSE answer
+        self.request_id: bytes | None = None  # returned as X-Request-Id, once the request is admitted
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        """Send the status and headers. Marked started *before* the await: a cancel inside it
-        must never lead to a second start (uvicorn's "Expected ASGI message" RuntimeError)."""
+        """Send the status and headers (with the X-Request-Id). Marked started *before* the await:
+        a cancel inside it must never lead to a second start (uvicorn's "Expected ASGI message")."""
         self.started = True
+        if self.request_id is not None:
+            headers = with_request_id(headers, self.request_id)
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes) -> None:
@@ -61,20 +65,31 @@ class ClientChannel:
         if not self.started:
             if ending.answer is not None:
                 self.started = True
-                await send_error(self.send, ending.answer, ending.outcome, ending.error or "", ending.limit)
+                await send_error(
+                    self.send,
+                    ending.answer,
+                    ending.outcome,
+                    ending.error or "",
+                    ending.limit,
+                    self.request_id,
+                )
             return
         if ending.complete:
             await self.send({"type": "http.response.body", "body": ending.last, "more_body": False})
 
 
-async def send_error(send: Any, status: int, kind: str, message: str, limit: str | None = None) -> None:
-    """An OpenAI-style JSON error: {"error": {"message", "type", "code"[, "limit"]}}."""
+async def send_error(
+    send: Any, status: int, kind: str, message: str, limit: str | None = None, request_id: bytes | None = None
+) -> None:
+    """An OpenAI-style JSON error: {"error": {"message", "type", "code"[, "limit"]}}, with the
+    request's X-Request-Id where it has one (the accounted routes' answers)."""
     error: dict[str, Any] = {"message": message, "type": kind, "code": status}
     if limit is not None:
         error["limit"] = limit
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
-    )
+    headers = [(b"content-type", b"application/json")]
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": orjson.dumps({"error": error}), "more_body": False})
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "response_headers",
     "upstream_headers",
     "upstream_target",
+    "with_request_id",
 ]
 
 Scope = dict[str, Any]
@@ -78,6 +79,21 @@ def response_headers(
         if ((k.lower() not in _HOP_BY_HOP) or (keep_length and k.lower() == b"content-length"))
         and not (decoded and k.lower() == b"content-encoding")
     ]
+
+
+def with_request_id(headers: list[tuple[bytes, bytes]], request_id: bytes) -> list[tuple[bytes, bytes]]:
+    """`headers` with the sidecar's X-Request-Id: the id its row holds (the client's own where it
+    sent one the sidecar took). An upstream's own, other id (OpenAI's `req_...`) stays as
+    X-Upstream-Request-Id; one that repeats ours (an engine echoing the client's) is dropped.
+    Once per response, never per chunk."""
+    kept = []
+    for name, value in headers:
+        if name.lower() != b"x-request-id":
+            kept.append((name, value))
+        elif value != request_id:
+            kept.append((b"x-upstream-request-id", value))
+    kept.append((b"x-request-id", request_id))
+    return kept
 
 
 def content_coding(headers: list[tuple[bytes, bytes]]) -> str | None:

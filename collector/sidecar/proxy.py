@@ -46,7 +46,7 @@ from collector.sidecar.upstream import H1Pool
 from collector.sidecar.uvicorn_cycle import CycleWatch
 from collector.sources import EngineSource
 
-__all__ = ["CompletionsProxy", "ProxyLimits"]
+__all__ = ["CompletionsProxy", "ProxyLimits", "client_request_id"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ class ProxyLimits:
 
 
 _PROBE_ID = re.compile(r"probe-[A-Za-z0-9._:-]{1,120}")
+# a client's X-Request-Id taken as the row's correlation id: bounded, of characters that are safe in
+# a header, a log line, a label or a URL; any other value is ignored (the sidecar's own id answers)
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=~-]{1,128}")
 _TASK_CLASS = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")  # the class a probe's workload measures
 _MAX_PROBE_LEVEL = 100_000  # concurrency levels and offered rates (requests/s) a probe may name
 _MAX_PROBE_RATE = 100_000.0
@@ -129,6 +132,8 @@ class CompletionsProxy:
             refusal = None if parsed.refusal is None else Ending("bad_request", parsed.refusal, answer=400)
         read_at = time.monotonic()  # the sidecar's own time (headroom_proxy_overhead_seconds) starts
         request = self._admit(scope, parsed)
+        # every answer says which id the row holds: the client's own, else the sidecar's
+        client.request_id = (request.client_request_id or request.request_id).encode("latin-1")
         ending = _SHUT_DOWN  # unless the exchange says otherwise, this task was cancelled
         try:
             ending = refusal or await self._watched(request, parsed, scope, receive, client, read_at)
@@ -170,6 +175,7 @@ class CompletionsProxy:
             task_class_label=self._task_cap(task) if named else None,
             telemetry=Telemetry.start(_header(scope, b"traceparent")) if self._tracing else None,
             probe_step=_probe_step(scope) if probe else None,
+            client_request_id=client_request_id(scope),
         )
         self._tracker.admit(request)
         return request
@@ -325,6 +331,13 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
+
+
+def client_request_id(scope: Scope) -> str | None:
+    """The client's X-Request-Id where it is 1-128 safe ASCII characters (`_CLIENT_REQUEST_ID`),
+    else None: an oversized, non-ASCII or CRLF-bearing id is never stored or echoed."""
+    value = _header(scope, b"x-request-id")
+    return value if value is not None and _CLIENT_REQUEST_ID.fullmatch(value) else None
 
 
 def _probe_step(scope: Scope) -> ProbeStep | None:

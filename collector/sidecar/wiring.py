@@ -26,17 +26,15 @@ import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, Depends, FastAPI
 
-from collector.analysis.refresh import refresh_estimates_isolated
 from collector.exposition import new_registry
 from collector.lake.stage import DEFAULT_SPOOL_DIR, LakeWriter
 from collector.record import RowSink
 from collector.service.auth import TOKEN_ENV, require_token, resolve_token
-from collector.service.routes import build_store_routes
 from collector.sidecar import otel
 from collector.sidecar.adapters import AdapterMap, AdapterMetrics
 from collector.sidecar.app import SidecarParts, create_app
@@ -49,11 +47,13 @@ from collector.sources import EngineSource, build_engine_source, default_metrics
 from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
 from collector.store.capacity_gauges import CapacityGauges
-from collector.store.db import RequestStore
-from collector.store.decision import PublishPolicy
-from collector.store.jobs import JobSettings, build_scheduler
 from collector.store.writer import BatchSink, LogWriter
 from collector.timewin import parse_duration
+
+if TYPE_CHECKING:  # the one-box store's parts load DuckDB: imported where a --db sidecar builds them,
+    # so a --lake sidecar neither imports nor needs DuckDB (tests/test_slim_fleet.py)
+    from collector.store.db import RequestStore
+    from collector.store.jobs import JobSettings
 
 __all__ = ["build_sidecar", "job_settings"]
 
@@ -155,6 +155,8 @@ def _fleet_publisher(config: SidecarConfig, capacity: CapacityGauges, tracker: T
         return None
     if not config.lake:
         raise ValueError("--catalog needs --lake: a sidecar with --db publishes its own estimates")
+    from collector.store.decision import PublishPolicy  # lazy: DuckDB (see the imports)
+
     try:
         from collector.lake.estimates import FleetPublisher  # lazy: pyiceberg, the [lake] extra
     except ImportError as exc:
@@ -241,6 +243,8 @@ def _own_store(config: SidecarConfig) -> RequestStore | None:
     would cache every block it writes up to 80 % of the machine's memory: BENCHMARKS.md §10)."""
     if config.lake or not config.db_path:
         return None
+    from collector.store.db import RequestStore  # lazy: DuckDB (see the imports)
+
     return RequestStore(
         config.db_path,
         threads=SIDECAR_STORE_THREADS,
@@ -280,6 +284,9 @@ def _store_routes(
     """The store's routes on the owned database behind its token; None without one."""
     if store is None or config.db_path is None or config.db_path == ":memory:" or token is None:
         return None
+    from collector.service.routes import build_store_routes  # lazy: DuckDB (see the imports)
+    from collector.store.decision import PublishPolicy  # lazy: DuckDB (see the imports)
+
     policy = PublishPolicy(probe_max_age=parse_duration(config.probe_max_age))
     return build_store_routes(
         store,
@@ -301,12 +308,17 @@ def _scheduler(
 
     The estimates made here (probe runs through this sidecar, its traffic) carry its replica class.
     """
+    from collector.analysis.refresh import refresh_estimates_isolated  # lazy: DuckDB (see the imports)
+    from collector.store.jobs import build_scheduler  # lazy: DuckDB (see the imports)
+
     refresh = functools.partial(refresh_estimates_isolated, replica_class=lambda: replica_class.value)
     return build_scheduler(store, capacity, job_settings(config), refresh=refresh, review=_weekly_review)
 
 
 def job_settings(config: SidecarConfig) -> JobSettings:
     """What the store's jobs take from `headroom run`'s options."""
+    from collector.store.jobs import JobSettings  # lazy: DuckDB (see the imports)
+
     base = Path(config.db_path or "headroom.duckdb")
     return JobSettings(
         export_dir=base.with_suffix(".parquet"),

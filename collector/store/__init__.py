@@ -1,6 +1,7 @@
 """The request log and everything that owns or feeds its database.
 
 schema.py      the `requests` table contract and its versioned migrations
+arrow.py       records as Arrow (the columns' schema, rows_to_arrow): no DuckDB, the lake's spool uses it
 db.py          RequestStore: the one read-write owner of a DuckDB file
 writer.py      LogWriter: the RowSink that batches rows into a BatchSink off the event loop
 spool.py       a bounded on-disk spool of Arrow batches: the lake writer's write-ahead buffer

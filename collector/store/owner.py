@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import duckdb
+from collector.store.arrow import ARROW_STREAM_TYPE, Rows, rows_to_ipc
 
-from collector.store.db import ARROW_STREAM_TYPE, RequestStore, Rows, rows_to_ipc
+if TYPE_CHECKING:  # imported where used: serving processes never load httpx for this, and a
+    import httpx  # --lake sidecar (its token, service.auth) never loads DuckDB
 
-if TYPE_CHECKING:  # imported where used: serving processes never load httpx for this
-    import httpx
+    from collector.store.db import RequestStore
 
 __all__ = [
     "Owner",
@@ -103,6 +103,8 @@ def remove_owner(db_path: str | os.PathLike[str]) -> None:
 def is_lock_error(exc: BaseException) -> bool:
     """True when DuckDB refuses the file because someone holds it: another process (its lock), or
     this one (an embedded sidecar: 'same database file with a different configuration')."""
+    import duckdb  # lazy: see the imports
+
     text = str(exc).lower()
     return isinstance(exc, duckdb.Error) and ("lock" in text or "same database file" in text)
 
@@ -193,6 +195,10 @@ def open_request_log(db_path: str | os.PathLike[str]) -> Iterator[RequestStore]:
     Raises FileNotFoundError when the file does not exist, OwnerError when its owner cannot be
     asked, and duckdb.Error when it is not a database headroom wrote.
     """
+    import duckdb  # lazy: see the imports
+
+    from collector.store.db import RequestStore  # lazy: DuckDB (see the imports)
+
     if not Path(db_path).is_file():
         raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar wrote")
     try:

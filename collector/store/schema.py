@@ -11,10 +11,12 @@ adds columns or tables, or (version 5) rebuilds `requests` from its own rows.
 from __future__ import annotations
 
 from datetime import datetime
-
-import duckdb
+from typing import TYPE_CHECKING
 
 from collector.record import INT64_FIELDS, field_types
+
+if TYPE_CHECKING:  # only the store's connections: the --lake sidecar derives its columns without DuckDB
+    import duckdb
 
 __all__ = [
     "COLUMNS",
@@ -55,8 +57,17 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 # (collector.store.db), which is 2-3x faster without the index to maintain. Version 6 added
 # adapter (the LoRA adapter a request named; `model` is then its base model). Version 7 added what a
 # probe request measured (probe_level, probe_rate_per_s, probe_warmup), read from its headers;
-# version 8 the replica class of the engine that served it.
-_ADDED_AFTER_V5 = ("adapter", "probe_level", "probe_rate_per_s", "probe_warmup", "replica_class")
+# version 8 the replica class of the engine that served it, version 9 the client's own request id
+# (its X-Request-Id) and the failure class of an exchange that failed.
+_ADDED_AFTER_V5 = (
+    "adapter",
+    "probe_level",
+    "probe_rate_per_s",
+    "probe_warmup",
+    "replica_class",
+    "client_request_id",
+    "failure",
+)
 _V5_COLUMNS = tuple(c for c in COLUMNS if c[0] not in _ADDED_AFTER_V5)
 _V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
     c
@@ -131,8 +142,13 @@ def _v8(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS replica_class VARCHAR")
 
 
+def _v9(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS client_request_id VARCHAR")
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS failure VARCHAR")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8)
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -42,7 +42,9 @@ CREATE TABLE IF NOT EXISTS headroom_requests
     probe_level Nullable(Int32),
     probe_rate_per_s Nullable(Float64),
     probe_warmup Nullable(Bool),
-    replica_class LowCardinality(Nullable(String))
+    replica_class LowCardinality(Nullable(String)),
+    client_request_id Nullable(String),
+    failure LowCardinality(Nullable(String))
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toDate(admitted_at)
@@ -85,7 +87,9 @@ SELECT
     toFloat64OrNull(LogAttributes['headroom.probe_rate_per_s']) AS probe_rate_per_s,
     multiIf(LogAttributes['headroom.probe_warmup'] = 'true', true,
             LogAttributes['headroom.probe_warmup'] = 'false', false, NULL) AS probe_warmup,
-    nullIf(LogAttributes['headroom.replica_class'], '') AS replica_class
+    nullIf(LogAttributes['headroom.replica_class'], '') AS replica_class,
+    nullIf(LogAttributes['headroom.client_request_id'], '') AS client_request_id,
+    nullIf(LogAttributes['headroom.failure'], '') AS failure
 FROM otel_logs
 WHERE EventName = 'gen_ai.client.inference.operation.details'
   AND LogAttributes['headroom.request_id'] != '';

@@ -1,0 +1,471 @@
+"""Issue 47, the writer's side: one owner per spool, sequences that never go backwards, bad spool
+files set aside, and a sidecar that serves whatever its lake or spool does (collector.lake.stage,
+collector.store.spool)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from support.processes import HEADROOM, HeadroomProcess, free_port
+from support.sidecar import CHAT, sidecar_rig
+from support.upstream import FakeUpstream
+from support.waiting import wait_until
+
+import collector.store.spool as spool_module
+from collector.lake.layout import STAGED, Lake
+from collector.lake.stage import LakeWriter
+from collector.lake.table import open_catalog, open_table
+from collector.record import RequestRecord
+from collector.store.db import rows_to_ipc
+from collector.store.spool import QUARANTINE, SpoolBusy
+from collector.store.writer import RowsDropped
+
+MB = 2**20
+T0 = datetime(2026, 3, 1, 23, 59, 58, tzinfo=UTC)
+
+
+def records(count: int, start: datetime = T0, prefix: str = "r") -> list[RequestRecord]:
+    """`count` rows half a second apart (from T0: across a UTC midnight)."""
+    return [
+        RequestRecord(
+            request_id=f"{prefix}{i:06d}",
+            instance="w",
+            model="m1",
+            admitted_at=start + timedelta(seconds=i / 2),
+            completed_at=start + timedelta(seconds=i / 2 + 1),
+            ttft_s=0.1,
+            outcome="ok",
+        )
+        for i in range(count)
+    ]
+
+
+def staged_rows(lake: Lake) -> list[dict[str, object]]:
+    return [row for name in lake.staged() for row in pq.read_table(name.path, filesystem=lake.fs).to_pylist()]
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstream]:
+    fake = FakeUpstream()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def sidecar(
+    tmp: Path, upstream: str, lake: str, spool: Path, name: str = "a", env: dict[str, str] | None = None
+) -> HeadroomProcess:
+    return HeadroomProcess(
+        "run",
+        "--upstream",
+        upstream,
+        "--instance",
+        name,
+        "--lake",
+        lake,
+        "--spool-dir",
+        str(spool),
+        "--lake-roll-seconds",
+        "1",
+        "--engine",
+        "none",
+        "--no-jobs",
+        health="/healthz",
+        log=tmp / f"{name}.log",
+        env=env,
+    )
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def chat(url: str, count: int) -> int:
+    """`count` chat requests through the sidecar; how many were answered 200."""
+    return sum(
+        httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
+        for _ in range(count)
+    )
+
+
+def assert_all_rows_staged(lake: Lake, answered: int) -> None:
+    ids = [row["request_id"] for row in staged_rows(lake)]
+    assert len(ids) == len(set(ids)) == answered, (len(ids), len(set(ids)), answered)
+
+
+# --- 1. one owner per spool -----------------------------------------------------------------------
+@pytest.mark.subprocess
+def test_a_second_sidecar_on_one_spool_refuses_naming_it_and_the_first_loses_nothing(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    spool, lake = tmp_path / "spool", tmp_path / "lake"
+    first = sidecar(tmp_path, upstream.url, str(lake), spool).start(60)
+    try:
+        answered = chat(first.url, 10)
+        writer = json.loads((spool / "lake-state.json").read_text())["writer"]
+        second = subprocess.run(
+            [str(HEADROOM), "run", "--upstream", upstream.url, "--lake", str(lake), "--spool-dir", str(spool)]
+            + ["--engine", "none", "--no-jobs", "--listen", f"127.0.0.1:{free_port()}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0
+        assert str(spool) in second.stderr and f"pid {first.process.pid}" in second.stderr, second.stderr
+        assert json.loads((spool / "lake-state.json").read_text())["writer"] == writer  # not taken over
+        answered += chat(first.url, 10)
+    finally:
+        first.stop()
+    assert_all_rows_staged(Lake.parse(str(lake)), answered)
+
+
+def test_the_spool_lock_is_held_until_close(tmp_path: Path) -> None:
+    writer = LakeWriter(tmp_path / "lake", "pod", tmp_path / "spool", roll_seconds=3600)
+    with pytest.raises(SpoolBusy, match=str(tmp_path / "spool")):
+        LakeWriter(tmp_path / "lake", "pod", tmp_path / "spool", roll_seconds=3600)
+    writer.close()
+    LakeWriter(tmp_path / "lake", "pod", tmp_path / "spool", roll_seconds=3600).close()
+
+
+# --- 1. sequences never go backwards; a staged name is written once ----------------------------------
+def staged_bytes(lake: Lake) -> dict[str, bytes]:
+    return {name.path: Path(name.path).read_bytes() for name in lake.staged()}
+
+
+def test_a_rolled_back_sequence_goes_on_past_what_the_lake_holds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool, lake_dir = tmp_path / "spool", tmp_path / "lake"
+    writer = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    writer.write_batch(records(8))  # two UTC days: sequences 0 and 1
+    assert writer.flush(10)
+    writer.write_batch(records(4, start=T0 + timedelta(days=3), prefix="b"))  # sequence 2
+    writer.close()
+    before = staged_bytes(writer.lake)
+    assert [name.seq for name in writer.lake.staged()] == [0, 1, 2]
+    state = json.loads((spool / "lake-state.json").read_text())
+    (spool / "lake-state.json").write_text(json.dumps(state | {"next_seq": 0}))  # rolled back
+    caplog.set_level(logging.WARNING, logger="collector.lake.stage")
+    again = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    again.write_batch(records(6, start=T0 + timedelta(days=5, hours=1), prefix="c"))
+    assert again.flush(10)
+    again.close()
+    after = staged_bytes(again.lake)
+    assert {path: after[path] for path in before} == before  # not one staged file rewritten
+    assert [name.seq for name in again.lake.staged()] == [0, 1, 2, 3]
+    assert_all_rows_staged(again.lake, 18)
+    assert json.loads((spool / "lake-state.json").read_text())["next_seq"] == 4
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "up to sequence 2, past this spool's 0: going on from 3" in warned[0], warned
+
+
+def test_a_leftover_plan_never_overwrites_a_different_staged_file(tmp_path: Path) -> None:
+    """A plan whose sequence is taken by a file with other rows (a state rolled back before a crash):
+    that file stays as it is and the plan's rows go to the next free sequence."""
+    spool, lake_dir = tmp_path / "spool", tmp_path / "lake"
+    writer = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    writer.write_batch(records(3))
+    writer.close()
+    before = staged_bytes(writer.lake)
+    assert [name.seq for name in writer.lake.staged()] == [0]
+    crashed = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    crashed.close()
+    crashed.write_batch(records(2, prefix="x"))
+    crashed.next_seq = 0  # a state rolled back, then a crash after the plan
+    crashed._save_state()
+    crashed._write_plan(crashed.spool.take(2**62, 2**62))
+    crashed.spool.close()
+    restarted = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    assert restarted.flush(10)
+    restarted.close()
+    after = staged_bytes(restarted.lake)
+    assert {path: after[path] for path in before} == before
+    assert [name.seq for name in restarted.lake.staged()] == [0, 1]
+    assert_all_rows_staged(restarted.lake, 5)
+
+
+# --- 2. bad spool files: set aside, the rest staged ----------------------------------------------------
+def spool_file(spool: Path, seq: int, rows: int, payload: bytes) -> Path:
+    path = spool / f"{1_700_000_000_000_000_000 + seq:020d}-{seq:06d}-{rows}.arrow"
+    path.write_bytes(payload)
+    return path
+
+
+def old_schema_payload(count: int) -> bytes:
+    """A spool file of an older version: fewer columns, one of them an int32 where the record has int64."""
+    table = pa.table(
+        {
+            "request_id": [f"old{i}" for i in range(count)],
+            "instance": ["w"] * count,
+            "model": ["m-old"] * count,
+            "admitted_at": pa.array([T0] * count, pa.timestamp("us", tz="UTC")),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def test_truncated_empty_and_old_schema_spool_files_never_block_staging(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool, lake_dir = tmp_path / "spool", tmp_path / "lake"
+    spool.mkdir()
+    good = rows_to_ipc(records(5))
+    spool_file(spool, 1, 5, good)
+    truncated = spool_file(spool, 2, 7, rows_to_ipc(records(7, prefix="t"))[:3000])
+    spool_file(spool, 3, 4, old_schema_payload(4))
+    empty = spool_file(spool, 4, 1, b"")
+    missing = spool / "00000000000000000009-000009-1.arrow"
+    plan = {"first_seq": 0, "entries": [empty.name, missing.name]}  # a crash left a plan naming these
+    (spool / "lake-plan.json").write_text(json.dumps(plan))
+    caplog.set_level(logging.WARNING, logger="collector.lake.stage")
+    writer = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    try:
+        assert writer.flush(10)
+        rows = staged_rows(writer.lake)
+        assert sorted(str(row["request_id"]) for row in rows) == sorted(
+            [f"r{i:06d}" for i in range(5)] + [f"old{i}" for i in range(4)]
+        )
+        old = [row for row in rows if row["model"] == "m-old"]
+        assert all(row["ttft_s"] is None and row["outcome"] is None for row in old)
+        assert sorted(path.name for path in (spool / QUARANTINE).iterdir()) == [truncated.name, empty.name]
+        assert sorted(path.name for path in spool.glob("*.arrow")) == []
+        named = [r.getMessage() for r in caplog.records if "set aside" in r.getMessage()]
+        assert (
+            len(named) == 2
+            and any(truncated.name in m for m in named)
+            and any(empty.name in m for m in named)
+        )
+        counted = {m.name: m.samples[0].value for m in writer.collect()}
+        assert counted["headroom_log_spool_quarantined"] == 2 and counted["headroom_log_sink_up"] == 1
+    finally:
+        writer.close()
+
+
+# --- 3. serve first ----------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_an_unwritable_lake_serves_from_the_start_and_stages_everything_once_it_is_back(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """The lake's parent is a regular file: no user, root included, can create it (chmod would not
+    stop root). The sidecar starts and answers, sink_up is 0 with one WARNING naming the lake, rows
+    stay spooled, and once the file is gone the roller stages every answered row by itself."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    lake = blocker / "lake"
+    process = sidecar(tmp_path, upstream.url, str(lake), tmp_path / "spool").start(60)
+    try:
+        answered = chat(process.url, 20)  # from the first second
+        assert answered == 20
+        wait_until(lambda: scrape(process.url).get(("headroom_log_sink_up", ())) == 0, 20, what="sink down")
+        wait_until(lambda: scrape(process.url)[("headroom_log_spool_files", ())] > 0, 20, what="rows spooled")
+        blocker.unlink()  # the fault clears
+        answered += chat(process.url, 5)
+        wait_until(lambda: scrape(process.url).get(("headroom_log_sink_up", ())) == 1, 40, what="sink back")
+        metrics = scrape(process.url)
+        assert not [v for key, v in metrics.items() if key[0] == "headroom_log_rows_dropped_total" and v]
+    finally:
+        process.stop()
+    log = process.log_tail(100_000)
+    assert log.count("cannot write to the lake") == 1 and str(lake) in log, log
+    assert_all_rows_staged(Lake.parse(str(lake)), answered)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_an_unreachable_object_store_serves_from_the_start_and_keeps_rows_spooled(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """`--lake s3://...` whose endpoint refuses connections: the sidecar answers at once (it exited 2
+    before), sink_up turns 0 once the store's client gives up (about 18 s of its retries), with
+    one WARNING naming the store; the rows wait in the spool. A malformed URI is still refused."""
+    uri = f"s3://bucket/x?endpoint_override=127.0.0.1:{free_port()}&scheme=http"
+    spool = tmp_path / "spool"
+    process = sidecar(tmp_path, upstream.url, uri, spool).start(60)
+    try:
+        answered = chat(process.url, 10)
+        assert answered == 10
+        wait_until(lambda: scrape(process.url).get(("headroom_log_sink_up", ())) == 0, 60, what="sink down")
+        rows = lambda: sum(int(path.name.rsplit("-", 1)[1].split(".")[0]) for path in spool.glob("*.arrow"))  # noqa: E731
+        wait_until(lambda: rows() == answered, 10, what="every answered row spooled")
+    finally:
+        process.stop()
+    log = process.log_tail(100_000)
+    assert log.count("cannot write to the lake") == 1 and "127.0.0.1" in log, log
+    refused = subprocess.run(
+        [str(HEADROOM), "run", "--upstream", upstream.url, "--lake", "s3:///no-bucket", "--spool-dir"]
+        + [str(tmp_path / "other"), "--engine", "none", "--listen", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "Missing bucket name" in refused.stderr, refused.stderr
+
+
+S3_KEYS = {"access_key": "testing", "secret_key": "testing", "region": "us-east-1"}
+S3_ENV = {  # the sidecar's and the committer's credentials (the AWS SDK's chain); moto takes any
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_an_object_store_that_comes_up_late_gets_every_answered_row_staged_and_committed(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """The endpoint of `--lake s3://...` refuses connections, then an S3 server (moto) comes up on
+    that port: the sidecar answered throughout, sink_up goes 0 then back to 1 with one WARNING
+    each way, every answered row is staged on the bucket exactly once, and `headroom lake commit`
+    puts them all in the Iceberg table."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    uri = f"s3://bucket/x?endpoint_override={endpoint}&scheme=http"
+    process = sidecar(tmp_path, upstream.url, uri, tmp_path / "spool", env=S3_ENV).start(60)
+    store = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    started = False
+    try:
+        answered = chat(process.url, 10)
+        wait_until(lambda: scrape(process.url).get(("headroom_log_sink_up", ())) == 0, 60, what="sink down")
+        answered += chat(process.url, 5)  # served while the store is down
+        assert answered == 15
+        store.start()  # the fault clears: a store on the port the sidecar was pointed at
+        started = True
+        s3 = pafs.S3FileSystem(
+            endpoint_override=endpoint, scheme="http", allow_bucket_creation=True, **S3_KEYS
+        )
+        s3.create_dir("bucket")
+        answered += chat(process.url, 5)
+        lake = Lake(uri="s3://bucket/x", fs=s3, base="bucket/x")
+        wait_until(lambda: scrape(process.url).get(("headroom_log_sink_up", ())) == 1, 60, what="sink back")
+        wait_until(lambda: len(staged_rows(lake)) >= answered, 30, what="every answered row staged")
+        metrics = scrape(process.url)
+        assert not [v for key, v in metrics.items() if key[0] == "headroom_log_rows_dropped_total" and v]
+        process.stop()
+        assert_all_rows_staged(lake, answered)
+        log = process.log_tail(100_000)
+        assert log.count("cannot write to the lake") == 1 and endpoint in log, log
+        assert log.count(f"the lake {uri} is back") == 1, log
+
+        catalog = f"sqlite:///{tmp_path / 'c.db'}"
+        properties = {
+            "s3.endpoint": f"http://{endpoint}",
+            "s3.access-key-id": "testing",
+            "s3.secret-access-key": "testing",
+            "s3.region": "us-east-1",
+        }
+        committed = subprocess.run(
+            [str(HEADROOM), "lake", "commit", "--catalog", catalog, "--lake", uri]
+            + [arg for key, value in properties.items() for arg in ("--catalog-property", f"{key}={value}")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=os.environ | S3_ENV,
+        )
+        assert committed.returncode == 0, committed.stderr
+        table = open_table(open_catalog(catalog, lake, properties=properties), create=False)
+        ids = table.scan().to_arrow().column("request_id").to_pylist()
+        assert len(ids) == len(set(ids)) == answered, (len(ids), len(set(ids)), answered)
+    finally:
+        process.stop()
+        if started:
+            store.stop()
+
+
+def enospc(_descriptor: int, _payload: bytes) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_spool_volume_serves_holds_rows_in_memory_and_stages_them_when_it_clears(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool, lake_dir = tmp_path / "spool", tmp_path / "lake"
+    caplog.set_level(logging.WARNING, logger="collector.lake.stage")
+    with sidecar_rig(tmp_path, db_path=None, lake=str(lake_dir), spool_dir=str(spool)) as rig:
+        writer: LakeWriter = rig.app.state.batch_sink
+        wait_until(lambda: rig.metrics().get(("headroom_log_sink_up", ())) == 1, what="sink up")
+        monkeypatch.setattr(spool_module, "write_synced", enospc)  # every write to the spool's volume
+        answered = chat(rig.url, 20)
+        assert answered == 20
+        wait_until(lambda: rig.metrics().get(("headroom_log_sink_up", ())) == 0, what="sink down")
+        assert not list(spool.glob("*.tmp")) and not list(spool.glob("*.arrow"))  # no half files left
+        monkeypatch.undo()  # space again
+        assert rig.app.state.writer.flush(30)
+        metrics = rig.metrics()
+        assert metrics[("headroom_log_sink_up", ())] == 1
+        assert metrics[("headroom_log_rows_written_total", ())] == answered
+        assert not [v for key, v in metrics.items() if key[0] == "headroom_log_rows_dropped_total" and v]
+    faults = [r.getMessage() for r in caplog.records if "cannot write the spool" in r.getMessage()]
+    assert len(faults) == 1 and str(spool) in faults[0] and "No space left" in faults[0]
+    assert_all_rows_staged(writer.lake, answered)
+
+
+def test_rows_past_the_memory_bound_are_counted_by_the_volumes_real_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = LakeWriter(
+        tmp_path / "lake", "pod", tmp_path / "spool", roll_seconds=3600, max_held_bytes=MB // 2
+    )
+    try:
+        monkeypatch.setattr(spool_module, "write_synced", enospc)
+        writer.write_batch(records(10))  # held in memory
+        with pytest.raises(RowsDropped) as full:
+            writer.write_batch(records(5000, prefix="big"))
+        assert (full.value.reason, full.value.count) == ("disk_full", 5000)
+        assert writer.lake_up is False
+        readonly = OSError(errno.EROFS, "Read-only file system")
+        monkeypatch.setattr(spool_module, "write_synced", lambda *_: (_ for _ in ()).throw(readonly))
+        wait_until(lambda: writer._held_reason == "spool_error", what="the roller saw the read-only volume")
+        with pytest.raises(RowsDropped) as refused:
+            writer.write_batch(records(5000, prefix="ro"))
+        assert refused.value.reason == "spool_error" and writer.lake_up is False
+        monkeypatch.undo()
+        assert writer.flush(10) and writer.lake_up is True
+        assert_all_rows_staged(writer.lake, 10)
+    finally:
+        writer.close()
+
+
+def test_a_stray_name_far_ahead_never_moves_the_writers_sequence(tmp_path: Path) -> None:
+    """A file named far ahead under this writer's name (garbage, or another process's) is not the
+    writer's own run: its next files follow its own, where the committer expects them."""
+    spool, lake_dir = tmp_path / "spool", tmp_path / "lake"
+    writer = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    writer.write_batch(records(4))  # sequence 0 (and 1: the rows cross a UTC midnight)
+    assert writer.flush(10)
+    writer.close()
+    own = [name.seq for name in writer.lake.staged()]
+    stray = Path(writer.lake.path(STAGED, writer.writer, f"{writer.writer}-999999999999.parquet"))
+    stray.write_bytes(b"not this writer's")
+    for restart in range(2):  # a restart before and after its next roll: never past the stray
+        again = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+        again.write_batch(records(2, start=T0 + timedelta(days=2 + restart), prefix=f"n{restart}"))
+        assert again.flush(10)
+        again.close()
+    seqs = sorted(name.seq for name in again.lake.staged())
+    assert seqs == [*own, len(own), len(own) + 1, 999_999_999_999]
