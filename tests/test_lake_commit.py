@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.lake import stage
 from support.processes import free_port, stop_process
 from support.waiting import wait_until
 
@@ -24,26 +25,11 @@ from collector.lake import admit
 from collector.lake import table as lake_table
 from collector.lake.layout import Lake
 from collector.lake.metrics import CommitterMetrics
-from collector.lake.stage import LakeWriter
-from collector.record import RequestRecord
 from collector.store.db import ARROW_SCHEMA, RequestStore
 from collector.store.synthetic import synthetic_rows
 
 HEADROOM = Path(sys.executable).parent / "headroom"
 DAY0 = (datetime.now(UTC) - timedelta(days=3)).replace(hour=1, minute=0, second=0, microsecond=0)
-
-
-def stage(lake: Path, writer: str, rows: list[dict[str, Any]], per_file: int) -> str:
-    """Stage `rows` as files of `per_file` rows (the sidecar's LakeWriter); returns the writer name.
-    The same `writer` again continues its sequence (same spool)."""
-    w = LakeWriter(lake, writer, lake.parent / f"spool-{writer}", roll_seconds=3600)
-    try:
-        for at in range(0, len(rows), per_file):
-            w.write_batch([RequestRecord.from_row(row) for row in rows[at : at + per_file]])
-            assert w.flush(30)
-    finally:
-        w.close()
-    return w.writer
 
 
 def put(lake: Path, writer: str, seq: int, payload: bytes | pa.Table, folder: str | None = None) -> Path:

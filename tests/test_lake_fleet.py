@@ -23,6 +23,7 @@ import pytest
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform
+from support.lake import stage
 from support.postgres import PostgresServer, postgres_server
 from support.processes import HeadroomProcess, stop_process
 from support.sidecar import CHAT
@@ -32,8 +33,6 @@ from support.waiting import wait_until
 from collector.lake import table as lake_table
 from collector.lake.layout import Lake
 from collector.lake.read import open_lake_log
-from collector.lake.stage import LakeWriter
-from collector.record import RequestRecord
 from collector.report.review import build_from_store
 from collector.store.db import ARROW_SCHEMA, RequestStore
 from collector.store.synthetic import synthetic_rows
@@ -312,17 +311,6 @@ def _table_exists(catalog: str, lake: Path) -> bool:
     except Exception:
         return False
     return True
-
-
-def stage(lake: Path, writer: str, rows: list[dict[str, object]], per_file: int) -> None:
-    """Stage `rows` as files of `per_file` rows each (one writer, its own spool)."""
-    w = LakeWriter(lake, writer, lake.parent / f"spool-{writer}", roll_seconds=3600)
-    try:
-        for at in range(0, len(rows), per_file):
-            w.write_batch([RequestRecord.from_row(row) for row in rows[at : at + per_file]])
-            assert w.flush(30)
-    finally:
-        w.close()
 
 
 def summary(store: RequestStore) -> list[tuple[object, ...]]:

@@ -14,13 +14,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from support.lake import stage
 
 from collector.lake import table as lake_table
 from collector.lake.layout import Lake
 from collector.lake.read import open_lake_log
 from collector.lake.scan import data_files, duckdb_paths
-from collector.lake.stage import LakeWriter
-from collector.record import RequestRecord
 from collector.store.db import ARROW_SCHEMA, RequestStore
 from collector.store.synthetic import synthetic_rows
 
@@ -30,17 +29,6 @@ SUMMARY = (
     "SELECT model, count(*), count(DISTINCT request_id), quantile_cont(ttft_s, [0.5, 0.95, 0.99]) "
     "FROM requests GROUP BY model ORDER BY model"
 )
-
-
-def stage(lake: Path, writer: str, rows: list[dict[str, Any]], per_file: int) -> None:
-    """Stage `rows` as one writer's files of `per_file` rows each (the sidecar's LakeWriter)."""
-    w = LakeWriter(lake, writer, lake.parent / f"spool-{writer}", roll_seconds=3600)
-    try:
-        for at in range(0, len(rows), per_file):
-            w.write_batch([RequestRecord.from_row(row) for row in rows[at : at + per_file]])
-            assert w.flush(30)
-    finally:
-        w.close()
 
 
 def commit(catalog: str, lake: Path) -> None:

@@ -61,7 +61,7 @@ from collector.catalog import spec
 from collector.lake.layout import STAGED, Lake, check_lake_uri, parse_staged, safe_writer_part, staged_name
 from collector.record import RequestRecord
 from collector.store.arrow import ARROW_SCHEMA, rows_to_ipc  # no DuckDB: tests/test_slim_fleet.py
-from collector.store.spool import Spool, SpoolEntry, sync_directory, write_atomic, write_synced
+from collector.store.spool import Spool, SpoolEntry, sync_directory, write_atomic, write_temporary
 from collector.store.writer import LogWriter, RowsDropped
 
 __all__ = [
@@ -610,12 +610,8 @@ def _link_new(path: Path, payload: bytes) -> bytes | None:
     """`payload` at `path` unless a file is there (then its bytes): a synced temporary, hard-linked
     to its name (which fails rather than replace), the folder synced."""
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        try:
-            write_synced(descriptor, payload)
-        finally:
-            os.close(descriptor)
+        write_temporary(temporary, payload)
         try:
             os.link(temporary, path)
         except FileExistsError:

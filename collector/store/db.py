@@ -349,26 +349,22 @@ class RequestStore:
 
     def query(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[tuple[Any, ...]]:
         """Run a parameterised query and return all rows. Never format values into `sql`."""
-        with self._lock:
-            return self._con.execute(sql, params).fetchall()
+        return SnapshotReads(self._con, self._lock).query(sql, params)
 
     def query_dicts(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[dict[str, Any]]:
         """Like query(), with each row as a {column: value} dict (its columns follow `sql`)."""
-        with self._lock:
-            cursor = self._con.execute(sql, params)
-            names = [d[0] for d in cursor.description]
-            return [dict(zip(names, row)) for row in cursor.fetchall()]
+        return SnapshotReads(self._con, self._lock).query_dicts(sql, params)
 
     def numpy(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> dict[str, np.ndarray]:
         """Like query(), as one numpy array per column (a long result without a tuple per row);
         NULL reads as NaN in a float column, None in any other."""
         with self._lock:
             cursor = self._con.cursor()  # its own result: the connection may hold a fetchone()'s
-            try:
-                found = cursor.execute(sql, params).fetchnumpy()
-            finally:
+        try:
+            return SnapshotReads(cursor, self._lock).numpy(sql, params)
+        finally:
+            with self._lock:
                 cursor.close()
-        return {name: _unmasked(values) for name, values in found.items()}
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> None:
         """Run a parameterised statement (DDL, rollups, deletes) under the lock."""

@@ -28,7 +28,16 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Spool", "SpoolBusy", "SpoolEntry", "QUARANTINE", "write_atomic", "write_synced", "sync_directory"]
+__all__ = [
+    "Spool",
+    "SpoolBusy",
+    "SpoolEntry",
+    "QUARANTINE",
+    "write_atomic",
+    "write_temporary",
+    "write_synced",
+    "sync_directory",
+]
 
 _SUFFIX = ".arrow"
 _LOCK = "spool.lock"
@@ -74,18 +83,24 @@ def sync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
+def write_temporary(temporary: Path, payload: bytes) -> None:
+    """`payload` in a new file `temporary` (0600), synced to the disk: what write_atomic renames
+    and the lake writer hard-links. Raises OSError (a full or read-only volume)."""
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        write_synced(descriptor, payload)
+    finally:
+        os.close(descriptor)
+
+
 def write_atomic(path: Path, payload: bytes) -> None:
     """`payload` at `path` (0600) all or nothing: a synced temporary renamed over it, the folder synced.
 
     Raises OSError (a full or read-only volume) with no temporary left behind.
     """
     temporary = path.with_name(path.name + ".tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        try:
-            write_synced(descriptor, payload)
-        finally:
-            os.close(descriptor)
+        write_temporary(temporary, payload)
         os.replace(temporary, path)
     except OSError:
         temporary.unlink(missing_ok=True)
