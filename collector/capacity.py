@@ -23,6 +23,7 @@ __all__ = [
     "CapacityEstimate",
     "DEFAULT_REPLICA_CLASS",
     "KneeResult",
+    "LEGACY_TOKEN_KNEE",
     "LevelStats",
     "LittlesLaw",
     "SCHEMA_VERSION",
@@ -127,11 +128,13 @@ class Slo:
 class CapacityEstimate:
     """Knee, SLO max and recommended pool of one model, with the levels they came from.
 
-    Errors: `error_ratio` is the worst level's share of requests that failed for reasons other
-    than capacity; above collector.store.decision.MAX_ERROR_RATIO the confidence is "none", with
-    `confidence_reason`, and the estimate is never published. A token knee that must not be used
-    is withheld (`knee_tokens` None, `token_knee_withheld` says why). Keys of the JSON this type
-    does not know (a newer writer's, the analysis's details such as `token_check`) stay in `extra`.
+        Errors: `error_ratio` is the worst level's share of requests that failed for reasons other
+        than capacity; above collector.store.decision.MAX_ERROR_RATIO the confidence is "none", with
+        `confidence_reason`, and the estimate is never published. A token knee that must not be used
+        is withheld (`knee_tokens` None, `token_knee_withheld` says why). The token figures come from
+    `token_capacity` (collector.analysis.token_knee.TokenCapacity.to_dict(): time-weighted, in the
+    gauge's units); an estimate saved before it has none and publishes no token figure. Keys of the JSON this type
+        does not know (a newer writer's, the analysis's details such as `pool_reason`) stay in `extra`.
     """
 
     model: str | None
@@ -144,7 +147,7 @@ class CapacityEstimate:
     slo_max: int | None
     slo_max_tokens: int | None
     recommended_pool: int
-    confidence: str = "measured"
+    confidence: str = "high"  # one vocabulary everywhere: none, low, medium, high
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     stopped_early: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -161,6 +164,8 @@ class CapacityEstimate:
     prefill_tokens_per_s: float | None = None
     rates: dict[str, Any] | None = None
     confidence_reason: str | None = None  # why the confidence is what it is (thin data, errors)
+    # the token caliber at the request knee (TokenCapacity.to_dict()); None: not computed (legacy)
+    token_capacity: dict[str, Any] | None = None
 
     @property
     def knee_requests(self) -> int | None:
@@ -178,10 +183,8 @@ class CapacityEstimate:
 
     @property
     def labels(self) -> tuple[str, str, str, str, str]:
-        """The headroom_capacity_* labels: model, task class, replica class, source, confidence
-        (a probe's "measured" is exported as "high")."""
-        confidence = "high" if self.confidence == "measured" else self.confidence
-        return (*self.key, self.source, confidence)
+        """The headroom_capacity_* labels: model, task class, replica class, source, confidence."""
+        return (*self.key, self.source, self.confidence)
 
     @property
     def estimated_at(self) -> float:
@@ -193,14 +196,31 @@ class CapacityEstimate:
         """The SLO maximum in requests (headroom_capacity_slo_max_requests)."""
         return self.slo_max
 
+    def _token_figure(self, name: str) -> int | None:
+        if not self.knee.reached or self.token_knee_withheld is not None or not self.token_capacity:
+            return None
+        value = self.token_capacity.get(name)
+        return int(value) if value is not None else None
+
     @property
     def knee_tokens(self) -> int | None:
-        """The token knee the gauges export: None when not reached or withheld, capped at the KV."""
-        if not self.knee.reached or self.token_knee_withheld is not None:
-            return None
-        if self.kv_capacity_tokens:
-            return min(self.knee.tokens, self.kv_capacity_tokens)
-        return self.knee.tokens
+        """The token capacity the gauges export (time-weighted active tokens at the request knee
+        with the traffic's mix, capped at the KV): what 5-minute averages divide by. None when not
+        reached, withheld, or from before the time-weighted definition."""
+        return self._token_figure("mean")
+
+    @property
+    def knee_tokens_p95(self) -> int | None:
+        """The p95 of the instantaneous active-token sum at the knee level: what anything acting
+        on an instantaneous value (a KEDA poll, a gateway limit, a review's peak) compares with."""
+        return self._token_figure("p95")
+
+    @property
+    def max_request_tokens(self) -> int | None:
+        """The largest prompt + completion one answered traffic request held (no admission limit
+        in tokens may be below it)."""
+        value = (self.token_capacity or {}).get("max_request_tokens")
+        return int(value) if value is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON schema (docs/capacity.md); flat *_requests/*_tokens for gauges."""
@@ -228,6 +248,9 @@ class CapacityEstimate:
             # flat values the capacity gauges read; a knee not reached is a lower bound: not exported
             "knee_requests": self.knee_requests,
             "knee_tokens": self.knee_tokens,
+            "knee_tokens_p95": self.knee_tokens_p95,
+            "max_request_tokens": self.max_request_tokens,
+            "token_capacity": self.token_capacity,
             "token_knee_withheld": self.token_knee_withheld,
             "kv_capacity_tokens": self.kv_capacity_tokens,
             "error_ratio": round(self.error_ratio, 6),
@@ -266,6 +289,9 @@ class CapacityEstimate:
             "stopped_early",
             "knee_requests",
             "knee_tokens",
+            "knee_tokens_p95",
+            "max_request_tokens",
+            "token_capacity",
             "slo_max_requests",
             "slo_max_tokens",
             "token_knee_withheld",
@@ -287,17 +313,30 @@ class CapacityEstimate:
             data["slo_max"],
             data.get("slo_max_tokens"),
             data["recommended_pool"],
-            data["confidence"],
+            _confidence(data["confidence"]),
             datetime.fromisoformat(data["created_at"]),
             data.get("stopped_early"),
             {k: v for k, v in data.items() if k not in known},
             data.get("task_class") or ALL_TASKS,
             data.get("replica_class") or DEFAULT_REPLICA_CLASS,
             float(data.get("error_ratio") or 0.0),
-            data.get("token_knee_withheld"),
+            data.get("token_knee_withheld") or (None if "token_capacity" in data else LEGACY_TOKEN_KNEE),
             data.get("kv_capacity_tokens"),
             data.get("rate_requests_per_s"),
             data.get("prefill_tokens_per_s"),
             data.get("rates"),
             data.get("confidence_reason"),
+            data.get("token_capacity") if isinstance(data.get("token_capacity"), dict) else None,
         )
+
+
+# why an estimate saved before the time-weighted token capacity publishes no token figure
+LEGACY_TOKEN_KNEE = (
+    "an estimate from before the time-weighted token capacity: its knee in tokens is an admission "
+    "average; re-estimate (headroom capacity estimate, or the next probe)"
+)
+
+
+def _confidence(value: str) -> str:
+    """One vocabulary (none, low, medium, high): a probe's legacy "measured" reads as "high"."""
+    return "high" if value == "measured" else value

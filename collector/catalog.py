@@ -481,7 +481,18 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_capacity_knee_tokens",
         "gauge",
-        "Published knee in active tokens (token caliber: prompt + generated of in-flight requests).",
+        "Published token capacity: time-weighted active tokens (prompt + generated so far of the "
+        "in-flight requests) at the request knee with the traffic's length mix, capped at the KV "
+        "cache; what 5-minute averages of headroom_active_tokens divide by.",
+        _PUBLISHED,
+        "short",
+        group="capacity",
+    ),
+    MetricSpec(
+        "headroom_capacity_knee_tokens_p95",
+        "gauge",
+        "p95 of the instantaneous active-token sum at the request knee with the traffic's length "
+        "mix, capped at the KV cache: what instantaneous readers (KEDA, a gateway limit) compare with.",
         _PUBLISHED,
         "short",
         group="capacity",
@@ -497,7 +508,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_capacity_slo_max_tokens",
         "gauge",
-        "Active tokens at the largest measured concurrency meeting the latency SLO.",
+        "Time-weighted active tokens at the SLO maximum with the traffic's length mix (withheld "
+        "with the token capacity).",
         _PUBLISHED,
         "short",
         group="capacity",

@@ -166,7 +166,12 @@ def run_demo(
                 "levels": level_table(store, windows),
                 "calibers": caliber_course(samples, levels),
                 "capacity": capacity_estimate(
-                    store, windows, sim_config.model, slo_ttft_p95_s, gauges=app.state.capacity
+                    store,
+                    windows,
+                    sim_config.model,
+                    slo_ttft_p95_s,
+                    gauges=app.state.capacity,
+                    kv_capacity_tokens=kv_cache_tokens,
                 ),
                 "serving": keep_serving,
             }

@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from test_analysis_knee import ladder
 
-from collector.analysis.estimate import build_estimate, estimate_capacity, probe_levels
+from collector.analysis.estimate import apply_token_capacity, build_estimate, estimate_capacity, probe_levels
+from collector.analysis.token_knee import Held, token_capacity, token_mix_of
 from collector.capacity import CapacityEstimate, Slo
 from collector.store.db import RequestStore
 from collector.store.decision import published_estimates
@@ -23,13 +24,18 @@ REQUIRED_KEYS = {"run_id", "levels", "knee", "slo_max", "recommended_pool", "pro
 def _estimate(model="m", knee_at=8, slo_ttft=None, profile="interactive"):
     throughputs = [100 * min(2**i, knee_at) for i in range(6)]
     ttfts = [0.1 if 2**i <= knee_at else 1.0 for i in range(6)]
-    return build_estimate(
+    estimate = build_estimate(
         ladder(throughputs, ttfts),
         slo=Slo(ttft_p95_s=slo_ttft),
         profile=profile,
         model=model,
         run_id="probe-1",
     )
+    # the traffic's mix: requests holding 150 tokens each, time-weighted 150 per in flight
+    apply_token_capacity(
+        estimate, token_capacity(estimate.knee.requests, token_mix_of([Held(1.0, 150, 0)] * 60))
+    )
+    return estimate
 
 
 def test_json_schema_has_the_documented_keys_and_types():

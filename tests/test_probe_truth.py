@@ -1,11 +1,10 @@
 """What a probe publishes must be true (#33 build 1 and 2).
 
 Errors: each level keeps its outcome mix and first error; an estimate whose non-capacity error
-ratio passes MAX_ERROR_RATIO has confidence none and the gate publishes nothing. Token knee: a
-probe's knee in tokens is withheld when its token mix is more than 2x from the traffic's, when the
-passive token curve contradicts it, and is capped at the engine's KV capacity; `--workload
-from-log` measures with the traffic's own lengths. Unit tests first, then the real CLI against the
-simulator.
+ratio passes MAX_ERROR_RATIO has confidence none and the gate publishes nothing. Token capacity
+(#46): whatever prompts the probe sends, its token capacity is the traffic's time-weighted tokens
+per in-flight request at its request knee; `--workload from-log` draws the traffic's own lengths.
+Unit tests first, then the real CLI against the simulator.
 """
 
 from __future__ import annotations
@@ -20,13 +19,7 @@ from support.processes import HEADROOM, sim_process
 from collector.analysis.estimate import build_estimate, probe_levels
 from collector.analysis.levels import summarize_level
 from collector.analysis.probe_request import ERROR_TEXT_CHARS, error_text
-from collector.analysis.token_knee import (
-    MAX_MIX_RATIO,
-    PassiveTokenKnee,
-    TokenMix,
-    check_token_knee,
-    traffic_mix,
-)
+from collector.analysis.token_knee import traffic_token_mix
 from collector.analysis.workload import log_lengths
 from collector.capacity import CapacityEstimate
 from collector.report.actions import recommend_actions
@@ -89,7 +82,7 @@ def test_an_estimate_with_a_quarter_of_400s_is_not_confident_and_says_why():
     assert "http 400" in data["confidence_reason"] and "first error: HTTP 400" in data["confidence_reason"]
     assert CapacityEstimate.from_dict(data).error_ratio == data["error_ratio"]
     clean = build_estimate(probe_levels(_probe_rows()), model="m", run_id="probe-e")
-    assert clean.confidence == "measured" and clean.error_ratio == 0.0
+    assert clean.confidence == "high" and clean.error_ratio == 0.0
 
 
 def test_a_pool_of_zero_says_which_level_missed_which_target():
@@ -100,54 +93,7 @@ def test_a_pool_of_zero_says_which_level_missed_which_target():
     assert estimate.to_dict()["pool_reason"].startswith("no level met the SLO: at concurrency 1, p95 TTFT")
 
 
-# -- the token knee ----------------------------------------------------------------------------
-
-SHORT = TokenMix(12.0, 16.0, 300)  # the probe's short prompts
-TRAFFIC = TokenMix(0.9 * 20 + 0.1 * 600, 32.0, 5000)  # 10 % ~600-token prompts
-
-
-def test_a_token_knee_from_another_mix_is_withheld():
-    check = check_token_knee(16 * 28, probe=SHORT, traffic=TRAFFIC, kv_capacity_tokens=8192)
-    assert check.knee_tokens is None and check.ratio > MAX_MIX_RATIO
-    assert "2x" in check.withheld and "--workload from-log" in check.withheld
-
-
-def test_no_traffic_to_compare_with_withholds_the_token_knee():
-    assert check_token_knee(448, probe=SHORT, traffic=None).knee_tokens is None
-    few = TokenMix(20, 10, 10)
-    assert "10 answered traffic requests" in check_token_knee(448, probe=SHORT, traffic=few).withheld
-
-
-def test_the_passive_token_curve_can_contradict_the_probe():
-    near = TokenMix(TRAFFIC.mean_prompt_tokens * 1.2, 32.0, 300)
-    reached = PassiveTokenKnee(4096, True, "medium")
-    assert (
-        "passive token curve" in check_token_knee(900, probe=near, traffic=TRAFFIC, passive=reached).withheld
-    )
-    assert (
-        check_token_knee(
-            900, probe=near, traffic=TRAFFIC, passive=PassiveTokenKnee(4096, True, "low")
-        ).knee_tokens
-        == 900
-    )
-    healthy_above = PassiveTokenKnee(2048, False, "low")  # traffic never crossed a knee up to 2048
-    assert (
-        "without a knee" in check_token_knee(900, probe=near, traffic=TRAFFIC, passive=healthy_above).withheld
-    )
-    agrees = check_token_knee(900, probe=near, traffic=TRAFFIC, passive=PassiveTokenKnee(1024, True, "high"))
-    assert agrees.knee_tokens == 900 and agrees.withheld is None
-
-
-def test_a_usable_token_knee_is_capped_at_the_kv_capacity():
-    check = check_token_knee(9000, probe=TRAFFIC, traffic=TRAFFIC, kv_capacity_tokens=4096)
-    assert check.knee_tokens == 4096 and "capped" in check.notes[0]
-    estimate = build_estimate(probe_levels(_probe_rows()), model="m")
-    estimate.kv_capacity_tokens, estimate.token_knee_withheld = 100, None
-    assert estimate.to_dict()["knee_tokens"] == 100
-    estimate.token_knee_withheld = "another mix"
-    data = estimate.to_dict()
-    assert data["knee_tokens"] is None and data["token_knee_withheld"] == "another mix"
-    assert data["knee"]["tokens"] > 0  # the measurement itself is kept
+# -- the token capacity (the definitions: tests/test_token_capacity.py) ----------------------
 
 
 def _traffic_rows(model: str = "headroom-sim") -> list[dict]:
@@ -171,14 +117,16 @@ def test_from_log_lengths_reproduce_the_logs_mix(tmp_path):
     store = RequestStore(tmp_path / "t.duckdb")
     rows = _traffic_rows()
     store.insert_rows(rows)
-    mix = traffic_mix(store, "headroom-sim", NOW - timedelta(days=7), NOW)
-    assert mix.requests == len(rows) and mix.mean_prompt_tokens == pytest.approx(
-        0.1 * 600 + 0.9 * 20, rel=0.05
+    mix = traffic_token_mix(store, "headroom-sim", NOW - timedelta(days=7), NOW)
+    assert mix.requests == len(rows) and mix.per_request_tokens == pytest.approx(
+        0.1 * 600 + 0.9 * 20 + 32, rel=0.05
     )
     drawn = log_lengths(store, model=None, until=NOW, seed=3, limit=400)
     assert len(drawn.pairs) == 400 and drawn == log_lengths(store, model=None, until=NOW, seed=3, limit=400)
-    assert drawn.mix.mean_tokens == pytest.approx(mix.mean_tokens, rel=0.2)
-    assert traffic_mix(store, "another-model", NOW - timedelta(days=7), NOW) is None
+    assert drawn.mean_prompt_tokens + drawn.mean_completion_tokens == pytest.approx(
+        mix.per_request_tokens, rel=0.2
+    )
+    assert traffic_token_mix(store, "another-model", NOW - timedelta(days=7), NOW) is None
     with pytest.raises(ValueError, match="answered traffic requests of model 'another-model'"):
         log_lengths(store, model="another-model", until=NOW)
     store.close()
@@ -186,7 +134,13 @@ def test_from_log_lengths_reproduce_the_logs_mix(tmp_path):
 
 def test_the_review_never_judges_a_withheld_token_knee():
     rows = ClassFigures("default", ["a"], peak_requests=2.0, peak_tokens=1000.0, load=None)
-    artefact = {"source": "probe", "knee_requests": 4, "knee_tokens": 77, "token_check": {}}
+    artefact = {
+        "source": "probe",
+        "knee_requests": 4,
+        "knee_tokens": 60,
+        "knee_tokens_p95": 77,
+        "token_capacity": {"mean": 60, "p95": 77},
+    }
     judged = _concurrency(rows, artefact)
     assert judged["peak_over_knee_tokens"] == pytest.approx(1000 / 77, rel=1e-3)
     assert judged["binding_caliber"] == "tokens"
@@ -279,32 +233,26 @@ def test_a_probe_with_a_quarter_of_400s_prints_the_mix_and_publishes_nothing(tmp
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_short_prompts_against_long_prompt_traffic_withhold_the_token_knee_and_from_log_matches(tmp_path):
+def test_the_default_probe_beside_long_prompt_traffic_publishes_the_traffics_token_capacity(tmp_path):
+    """Short probe prompts, long-prompt traffic: the token capacity is the traffic's time-weighted
+    tokens per in-flight request at the probe's request knee, and from-log agrees with it."""
     traffic_db = tmp_path / "traffic.duckdb"
     store = RequestStore(traffic_db)
     store.insert_rows(_traffic_rows())
-    logged = traffic_mix(store, "headroom-sim", NOW - timedelta(days=7), NOW)
+    logged = traffic_token_mix(store, "headroom-sim", NOW - timedelta(days=7), NOW)
     store.close()
     common = ("--levels", "1,2,4,8,16", "--traffic-db", str(traffic_db), "--db", str(tmp_path / "p.duckdb"))
     with sim_process(speed=4, max_num_seqs=8, kv_cache_tokens=8192) as sim:
         printed, short = _probe(sim, tmp_path, *common, "--max-tokens", "16", name="short")
         _, from_log = _probe(sim, tmp_path, *common, "--workload", "from-log", name="from-log")
-    # short prompts: ~30 tokens per request against the traffic's ~110: not this traffic's knee
-    assert short["knee"]["reached"] and short["knee_tokens"] is None
-    assert "2x" in short["token_knee_withheld"] and "token knee withheld" in printed
-    assert short["token_check"]["mix_ratio"] > 2
-    # from the log: the traffic's own lengths, and a token knee that is either withheld or within
-    # 2x of the passive token curve's and never above the KV cache
-    probe_mix = from_log["token_check"]["probe_mix"]
-    # ~190 draws of a mix where one request in ten carries most of the tokens: within 50 % here
-    # (the seeded sampler itself is held to the log's mean in test_from_log_lengths_reproduce...)
-    assert probe_mix["mean_prompt_tokens"] == pytest.approx(logged.mean_prompt_tokens, rel=0.5)
-    assert probe_mix["mean_completion_tokens"] == pytest.approx(logged.mean_completion_tokens, rel=0.1)
-    assert from_log["token_check"]["mix_ratio"] <= 2
-    passive = from_log["token_check"]["passive"]
-    if from_log["knee_tokens"] is not None:
-        assert from_log["knee_tokens"] <= 8192
-        if passive and passive["reached"]:
-            assert 0.5 <= from_log["knee_tokens"] / passive["tokens"] <= 2
-    else:
-        assert from_log["token_knee_withheld"]
+    for data in (short, from_log):
+        assert data["knee"]["reached"] and data["token_knee_withheld"] is None
+        knee = data["knee"]["requests"]
+        assert data["knee_tokens"] == min(round(knee * logged.per_inflight_tokens), 8192)
+        assert data["knee_tokens"] <= data["knee_tokens_p95"] <= 8192
+        assert data["max_request_tokens"] == logged.max_request_tokens
+        assert data["token_capacity"]["traffic_mix"]["requests"] == logged.requests
+    # the probe's own short prompts are only the admission average's evidence, not the figure
+    assert short["token_capacity"]["admission_mean"] < short["knee_tokens"]
+    flat = " ".join(printed.split())
+    assert "tokens (time-weighted; p95" in flat and "token capacity at the knee: mean" in flat

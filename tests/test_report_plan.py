@@ -179,7 +179,7 @@ def _estimate(pool: int, created: datetime) -> CapacityEstimate:
         knee_requests=pool + 2,
         slo_max_requests=pool,
         recommended_pool=pool,
-        confidence="measured",
+        confidence="high",
         created_at=created,
     )
 

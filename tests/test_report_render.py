@@ -113,7 +113,7 @@ def test_a_lone_bin_is_a_marker_on_a_sane_time_axis():
     entry = {
         "replica_class": "default",
         "load": {"step": 60, "bins": [point]},
-        "concurrency": {"knee_requests": 8, "knee_tokens": None},
+        "concurrency": {"knee_requests": 8, "knee_tokens": None, "knee_tokens_p95": None},
         "plan": {"pool_per_replica": {"requests": 5.0, "tokens": None}},
     }
     for axis in load_figure({"classes": [entry]}).axes:

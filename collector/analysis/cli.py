@@ -616,10 +616,9 @@ def _from_log(settings: ProbeSettings, traffic: RequestStore | None) -> ProbeSet
         lengths = log_lengths(traffic, model=settings.model, until=datetime.now(UTC), seed=settings.seed)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--workload") from None
-    mix = lengths.mix
     click.echo(
-        f"lengths from the request log: {mix.requests} traffic requests, mean prompt "
-        f"{mix.mean_prompt_tokens:.0f} and completion {mix.mean_completion_tokens:.0f} tokens"
+        f"lengths from the request log: {len(lengths.pairs)} traffic requests, mean prompt "
+        f"{lengths.mean_prompt_tokens:.0f} and completion {lengths.mean_completion_tokens:.0f} tokens"
     )
     return replace(settings, lengths=lengths.pairs, prompts=FROM_LOG)
 

@@ -11,6 +11,7 @@ import duckdb
 from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.passive import passive_curve
 from collector.analysis.quota import quota_ceiling
+from collector.analysis.render import token_summary
 from collector.lake.source import open_log, reader_options
 from collector.store.decision import Decision, decisions
 from collector.store.owner import OwnerError
@@ -261,6 +262,8 @@ def _published_dict(decision: Decision) -> dict[str, Any]:
         "reason": decision.reason,
         "knee_requests": estimate.knee_requests if estimate else None,
         "knee_tokens": estimate.knee_tokens if estimate else None,
+        "knee_tokens_p95": estimate.knee_tokens_p95 if estimate else None,
+        "token_knee_withheld": estimate.token_knee_withheld if estimate else None,
         "recommended_pool": estimate.recommended_pool if estimate else None,
         "source": estimate.source if estimate else None,
         "run_id": estimate.run_id if estimate else None,
@@ -273,7 +276,7 @@ def _published_line(decision: Decision) -> str:
     estimate = decision.estimate
     return (
         f"published ({decision.model}, {decision.task_class}): knee "
-        f"{estimate.knee_requests} requests / {estimate.knee_tokens} tokens, pool "
+        f"{estimate.knee_requests} requests / {token_summary(estimate)}, pool "
         f"{estimate.recommended_pool} - {decision.reason}"
     )
 

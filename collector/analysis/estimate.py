@@ -11,9 +11,10 @@ What an estimate says must be true, so building one checks two things (docs/capa
   capacity (a 400, a malformed answer; 429, 503 and timeouts are capacity). Above
   collector.store.decision.MAX_ERROR_RATIO the estimate's confidence is "none", with the reason
   and the level's first error, and the gate never publishes it;
-* the token knee: a probe's is checked against the traffic's length mix, the passive token curve
-  and the engine's KV capacity (collector.analysis.token_knee); when it must not be used the flat
-  `knee_tokens` is None and `token_knee_withheld` says why.
+* the token caliber: its capacity is the time-weighted active tokens at the request knee with the
+  traffic's own length mix (collector.analysis.token_knee), whatever measured the request knee;
+  without enough traffic to know the mix every token figure is None and `token_knee_withheld`
+  says why.
 
 A recommended pool of 0 comes with `pool_reason` (which level failed which target).
 """
@@ -33,7 +34,7 @@ from collector.analysis.passive_rate import PassiveRate, passive_rate
 from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import slo_max
 from collector.analysis.stats import seconds
-from collector.analysis.token_knee import TokenCheck, mix_of_rows, token_check_in_store
+from collector.analysis.token_knee import TokenCapacity, token_capacity_in_store
 from collector.capacity import CapacityEstimate, KneeResult, LevelStats, Slo
 from collector.store.db import RequestStore
 from collector.store.decision import CONFIDENCE_RANK, MAX_ERROR_RATIO
@@ -43,7 +44,7 @@ __all__ = [
     "estimate_capacity",
     "estimate_from_probe",
     "estimate_probe_run",
-    "apply_token_check",
+    "apply_token_capacity",
     "apply_rates",
     "judge_errors",
     "probe_levels",
@@ -62,16 +63,14 @@ def build_estimate(
     model: str | None = None,
     source: str = "probe",
     run_id: str | None = None,
-    confidence: str = "measured",
+    confidence: str = "high",
     knee: KneeResult | None = None,
     stopped_early: str | None = None,
 ) -> CapacityEstimate:
-    """Knee, SLO max and pool from a list of levels."""
+    """Knee, SLO max and pool from a list of levels (the token figures: apply_token_capacity)."""
     ordered = sorted(levels, key=lambda s: s.concurrency)
     knee = knee or detect_knee(ordered)
     best = slo_max(ordered, slo)
-    at_best = next((s for s in ordered if s.concurrency == best), None)
-    tokens = int(round(at_best.mean_active_tokens)) if at_best and at_best.mean_active_tokens else None
     estimate = CapacityEstimate(
         model,
         source,
@@ -81,7 +80,7 @@ def build_estimate(
         knee,
         slo,
         best,
-        tokens,
+        None,
         recommended_pool(knee, best, profile),
         confidence,
         stopped_early=stopped_early,
@@ -183,16 +182,18 @@ def _from_probe_run(
     # the run's own time: a probe stored hours ago must not look fresh when estimated now
     estimate.created_at = max(row["completed_at"] for row in rows if row["completed_at"])
     first = min(row["admitted_at"] for row in rows)
-    # the traffic before the probe, in the same store; the passive token curve as the traffic
-    # refresh saved it (a serving process never computes one in its own interpreter)
-    check = token_check_in_store(
-        store if isinstance(store, RequestStore) else None,
-        estimate.knee.tokens if estimate.knee.reached else None,
-        mix_of_rows(rows),
-        model=estimate.model,
-        at=first,
+    # the traffic's length mix in the week before the probe, in the same store
+    apply_token_capacity(
+        estimate,
+        token_capacity_in_store(
+            store if isinstance(store, RequestStore) else None,
+            estimate.knee.requests,
+            model=estimate.model,
+            at=first,
+            reached=estimate.knee.reached,
+            admission_mean=estimate.knee.tokens,
+        ),
     )
-    apply_token_check(estimate, check)
     apply_rates(estimate, _stored_rates(rows, estimate))
     return estimate
 
@@ -233,18 +234,20 @@ def _stored_rates(rows: Sequence[dict[str, Any]], estimate: CapacityEstimate) ->
     return rated
 
 
-def apply_token_check(estimate: CapacityEstimate, check: TokenCheck) -> None:
-    """Set the estimate's token knee from the check: withheld (with why), or capped at the KV."""
-    estimate.token_knee_withheld = check.withheld
-    estimate.kv_capacity_tokens = check.kv_capacity_tokens
-    estimate.extra["token_check"] = check.to_dict()
+def apply_token_capacity(estimate: CapacityEstimate, capacity: TokenCapacity) -> None:
+    """Put the token caliber's figures on the estimate: the capacity at the knee and its
+    distribution, the SLO maximum in the same units, or withheld (with why) everywhere."""
+    estimate.token_knee_withheld = capacity.withheld
+    estimate.kv_capacity_tokens = capacity.kv_capacity_tokens
+    estimate.token_capacity = capacity.to_dict()
+    estimate.slo_max_tokens = capacity.per_request(estimate.slo_max)
 
 
 def estimate_probe_run(
     store: Any, run_id: str, *, slo_ttft_p95_s: float | None = None, profile: str = "interactive"
 ) -> CapacityEstimate | None:
     """The estimate of one stored probe run (rows through a sidecar, a store or a --db file);
-    None when it has no measured level. Its token knee is checked against the store's traffic."""
+    None when it has no measured level. Its token capacity takes the store's traffic mix."""
     return _from_probe_run(store, run_id, None, Slo(ttft_p95_s=slo_ttft_p95_s), profile)
 
 
@@ -291,6 +294,19 @@ def _from_traffic(
     )
     estimate.task_class = task_class or "all"
     estimate.confidence_reason = curve.confidence_reason
+    apply_token_capacity(
+        estimate,
+        token_capacity_in_store(
+            store if isinstance(store, RequestStore) else None,
+            estimate.knee.requests,
+            model=model,
+            at=until,  # the estimate's own window: the traffic it measured
+            since=since,
+            reached=estimate.knee.reached,
+            task_class=task_class,
+            admission_mean=estimate.knee.tokens,
+        ),
+    )
     estimate.extra |= {
         "window_s": curve.window_s,
         "token_curve": tokens.to_dict(),
@@ -355,8 +371,8 @@ def estimate_from_probe(
 ) -> CapacityEstimate:
     """The estimate of a finished probe run (collector.analysis.probe.ProbeResult).
 
-    Its token knee is checked against `traffic` (a request log; None: no traffic to compare
-    with, so the token knee is withheld) and capped at the engine's KV capacity the probe read.
+    Its token capacity takes the length mix of `traffic` (a request log; None: no traffic, so the
+    token figures are withheld), capped at the engine's KV capacity the probe read.
     """
     estimate = build_estimate(
         [level.stats for level in result.levels],
@@ -374,15 +390,17 @@ def estimate_from_probe(
         estimate.extra["adapters"] = len(result.adapters)
     rows = [row for level in result.levels for row in level.rows]
     started = min((row["admitted_at"] for row in rows), default=estimate.created_at)
-    check = token_check_in_store(
-        traffic,
-        estimate.knee.tokens if estimate.knee.reached else None,
-        mix_of_rows(rows),
-        model=result.model,
-        at=started,
-        kv_capacity_tokens=getattr(result, "engine_kv_capacity_tokens", None),
-        compute_passive=True,
+    apply_token_capacity(
+        estimate,
+        token_capacity_in_store(
+            traffic,
+            estimate.knee.requests,
+            model=result.model,
+            at=started,
+            reached=estimate.knee.reached,
+            kv_capacity_tokens=getattr(result, "engine_kv_capacity_tokens", None),
+            admission_mean=estimate.knee.tokens,
+        ),
     )
-    apply_token_check(estimate, check)
     apply_rates(estimate, getattr(result, "rates", None))
     return estimate

@@ -10,7 +10,15 @@ from rich.table import Table
 
 from collector.terminal import compact_table, output_console
 
-__all__ = ["LEVEL_HEADERS", "levels_table", "print_estimate", "print_rates", "failure_lines", "token_lines"]
+__all__ = [
+    "LEVEL_HEADERS",
+    "levels_table",
+    "print_estimate",
+    "print_rates",
+    "failure_lines",
+    "token_lines",
+    "token_summary",
+]
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -75,11 +83,7 @@ def print_estimate(estimate: Any, console: Console | None = None) -> None:
     console.print(levels_table(estimate))
     knee = estimate.knee
     reached = "" if knee.reached else " (not reached: the highest level measured; a lower bound)"
-    tokens = f"{knee.tokens} tokens"
-    if knee.reached and estimate.token_knee_withheld:
-        tokens += " (withheld: not a token capacity for this traffic)"
-    elif knee.reached and estimate.knee_tokens != knee.tokens:
-        tokens = f"{estimate.knee_tokens} tokens (measured {knee.tokens}, capped at the KV capacity)"
+    tokens = token_summary(estimate)
     console.print(f"knee: {knee.requests} requests, {tokens}{reached}")
     if estimate.extra.get("adapters"):
         console.print(
@@ -130,25 +134,31 @@ def failure_lines(estimate: Any) -> list[str]:
     return lines
 
 
+def token_summary(estimate: Any) -> str:
+    """'952 tokens (time-weighted; p95 1,180)', or 'tokens withheld' when there is no figure."""
+    if estimate.knee_tokens is None:
+        return "tokens withheld"
+    return f"{estimate.knee_tokens:,} tokens (time-weighted; p95 {estimate.knee_tokens_p95:,})"
+
+
 def token_lines(estimate: Any) -> list[str]:
-    """The token check's verdict: withheld and why, or capped, and the mixes compared."""
-    check = estimate.extra.get("token_check")
+    """The token capacity's evidence: withheld and why, or the traffic's mix, the admission average
+    it is not, and the KV cap."""
+    capacity = estimate.token_capacity
     lines = []
     if estimate.token_knee_withheld and estimate.knee.reached:
-        lines.append(f"  token knee withheld: {estimate.token_knee_withheld}")
-    if not isinstance(check, dict):
+        lines.append(f"  token capacity withheld: {estimate.token_knee_withheld}")
+    if not isinstance(capacity, dict):
         return lines
-    probe, traffic = check.get("probe_mix"), check.get("traffic_mix")
-    if probe:
-        compared = (
-            f", traffic {traffic['mean_tokens']:g} ({traffic['requests']} requests; {check['mix_ratio']:g}x)"
-            if traffic and check.get("mix_ratio") is not None
-            else ", no traffic to compare with"
+    if capacity.get("mean") is not None:
+        lines.append(
+            f"  token capacity at the knee: mean {capacity['mean']:,}, p50 {capacity['p50']:,}, "
+            f"p95 {capacity['p95']:,}, max {capacity['max']:,} active tokens; largest request "
+            f"{capacity.get('max_request_tokens') or 0:,} tokens"
         )
-        lines.append(f"  tokens per request: probe {probe['mean_tokens']:g}{compared}")
-    if check.get("kv_capacity_tokens"):
-        lines.append(f"  engine KV capacity: {check['kv_capacity_tokens']} tokens")
-    lines.extend(f"  {note}" for note in check.get("notes") or [])
+    if capacity.get("kv_capacity_tokens"):
+        lines.append(f"  engine KV capacity: {capacity['kv_capacity_tokens']:,} tokens")
+    lines.extend(f"  {note}" for note in capacity.get("notes") or [])
     return lines
 
 

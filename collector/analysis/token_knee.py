@@ -1,293 +1,321 @@
-"""Whether a probe's token knee means something for this traffic (docs/capacity.md, "Token capacity").
+"""The token caliber's capacity, in the gauge's own units (docs/capacity.md "Token capacity").
 
-A closed-loop probe with one prompt length measures the request knee and, as a by-product, the
-active tokens at that knee *for its own prompts*: "request knee x the probe's tokens per
-request", not a token capacity (docs/domain.md §12). Traffic with longer prompts reaches that
-number at half the request knee with the engine healthy, and every token-caliber alert and
-autoscaler that divides by it then acts on an artefact. So the token caliber's capacity is defined
-as **the active tokens at the request knee, measured with the traffic's own length mix, and never
-more than the engine's KV cache holds**, and a probe's token knee is published only when:
+**Active tokens** at time t = the sum over the requests in flight of the tokens each holds: its
+prompt from admission, plus what it has generated so far (headroom_active_tokens; collector.inflight).
+The gauge and every 5-minute average of it are *time-weighted*: a request counts for as long as
+it is in flight, so long prompts, which live longer, count more than their share of admissions.
 
-1. the probe's mean tokens per request (prompt + completion of its answered requests) is within
-   MAX_MIX_RATIO (2x) of the traffic's over the TRAFFIC_WINDOW (7 days) before the probe, from
-   at least MIN_TRAFFIC_REQUESTS answered traffic requests. No traffic to compare with is no
-   evidence either: the knee is withheld until the probe is re-run with `--workload from-log`
-   or beside logged traffic;
-2. the passive token curve of the same traffic does not contradict it by more than
-   MAX_PASSIVE_RATIO (2x): a passive knee that was reached at medium confidence or better and
-   differs by more, or a passive curve that stayed healthy (no knee reached) at more than twice
-   the probe's token knee, withholds it;
-3. it is capped at the engine's KV capacity (`headroom_engine_kv_cache_capacity_tokens`) where
-   the engine publishes one: no more tokens can be active than the cache holds.
+**Token capacity** = the time-weighted active tokens while one replica serves the traffic's own
+length mix at the request knee, never more than the engine's KV cache holds. By Little's law the
+time average of active tokens at k requests in flight is k x W, where W is the traffic's
+*time-weighted tokens per in-flight request*:
 
-A withheld knee is exported nowhere (the estimate's flat `knee_tokens` is None) and the
-estimate says why in `token_knee_withheld`; `token_check` keeps the numbers compared.
+    W = sum_i area_i / sum_i duration_i,  area_i = prompt_i x e2e_i + completion_i x (e2e_i - ttft_i) / 2
 
-    check = check_token_knee(900, probe=TokenMix(40.0, 32.0, 300), traffic=TokenMix(600, 100, 5000),
-                             kv_capacity_tokens=4096)
-    check.knee_tokens -> None; check.withheld -> "the probe's mean tokens per request (72) is 9.7x ..."
+(the prompt held for the whole request, the completion growing linearly from the first token to
+the end). An average per admission (sum_i tokens_i / n) is smaller whenever long requests live longer
+than short ones, the inspection paradox: with one 600-token prompt in ten living 3x longer, the
+admission average undercounts the gauge by 2x or more, and a knee in those units fires token
+alerts at half load (the probe's old `knee.tokens`, kept in `admission_mean` to show the gap).
+
+Anything that acts on an instantaneous value (an autoscaler's poll, a gateway's admission limit, a
+review's peak) compares with the distribution of the instantaneous sum at the knee level, not the
+mean: k in-flight requests drawn in proportion to how long each stays (length-biased, which is what
+"time-weighted" means), each at a uniform moment of its life. Its p50/p95/max are sampled with a
+fixed seed from up to SAMPLE_ROWS rows of the traffic. Every figure is capped at the KV capacity.
+
+The mix comes from the answered traffic requests in the TRAFFIC_WINDOW (7 days) before the estimate,
+one model (and task class) or all, at least MIN_TRAFFIC_REQUESTS of them; with fewer the token
+capacity is withheld (every token-derived figure None) with the reason. The request knee comes from
+whatever measured it: a probe with any prompts, or the passive curve. So the default probe beside
+logged traffic publishes a token capacity; `--workload from-log` makes its request knee the
+traffic's too.
+
+    mix = token_mix_of(([Held(1.0, 20, 30, 0.1)] * 9 + [Held(3.0, 600, 40, 0.5)]) * 6)
+    round(mix.per_inflight_tokens) -> 179; round(mix.per_request_tokens) -> 109
+    token_capacity(4, mix, kv_capacity_tokens=4096).mean -> 717  (4 x 179.3; p95 1,852)
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-
-import orjson
 
 from collector.store.db import RequestStore
 
 __all__ = [
+    "Held",
     "TokenMix",
-    "TokenCheck",
-    "PassiveTokenKnee",
-    "MAX_MIX_RATIO",
-    "MAX_PASSIVE_RATIO",
+    "TokenCapacity",
     "MIN_TRAFFIC_REQUESTS",
     "TRAFFIC_WINDOW",
-    "mix_of_rows",
-    "traffic_mix",
-    "mix_ratio",
-    "passive_token_knee",
-    "check_token_knee",
-    "token_check_in_store",
+    "SAMPLE_ROWS",
+    "held_of_row",
+    "token_mix_of",
+    "traffic_token_mix",
+    "token_capacity",
+    "token_capacity_in_store",
 ]
 
-MAX_MIX_RATIO = 2.0  # probe vs traffic mean tokens per request, either way
-MAX_PASSIVE_RATIO = 2.0  # probe's token knee vs the passive token curve's, either way
 MIN_TRAFFIC_REQUESTS = 50  # answered traffic requests before the traffic's mix is believed
-TRAFFIC_WINDOW = timedelta(days=7)  # the traffic a probe is compared with: the week before it
-_TRUSTED = ("medium", "high")  # passive confidences that can contradict a probe
+TRAFFIC_WINDOW = timedelta(days=7)  # the traffic an estimate takes its mix from: the week before it
+SAMPLE_ROWS = 5000  # rows of the traffic the instantaneous distribution is drawn from
+_DRAWS = 200_000  # requests drawn for the distribution in all (samples x knee level)
+_SEED = 20261207
 
-_MIX_SQL = """SELECT count(*), avg(prompt_tokens), avg(completion_tokens) FROM requests
+# one answered traffic request as the gauge saw it; the aggregates are exact over the window
+_AGGREGATE_SQL = """SELECT count(*),
+        sum(prompt_tokens * e2e_s + completion_tokens * greatest(e2e_s - coalesce(ttft_s, 0), 0) / 2),
+        sum(e2e_s), avg(prompt_tokens + completion_tokens), max(prompt_tokens + completion_tokens)
+    FROM requests
     WHERE source = 'traffic' AND outcome = 'ok' AND prompt_tokens IS NOT NULL
-      AND completion_tokens IS NOT NULL AND admitted_at >= ? AND admitted_at < ?
-      AND (? IS NULL OR model = ?)"""
-_SAVED_TABLE = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
-_SAVED_TRAFFIC = """SELECT estimate_json FROM capacity_estimates
-    WHERE source = 'traffic' AND created_at <= ? AND (? IS NULL OR model = ?)
-      AND coalesce(task_class, 'all') = 'all'
-    ORDER BY created_at DESC LIMIT 1"""
+      AND completion_tokens IS NOT NULL AND e2e_s > 0 AND (? IS NULL OR admitted_at >= ?) AND (? IS NULL OR admitted_at < ?)
+      AND (? IS NULL OR model = ?) AND (? IS NULL OR task_class = ?)"""
+_SAMPLE_SQL = """SELECT e2e_s, prompt_tokens, completion_tokens, coalesce(ttft_s, 0) FROM requests
+    WHERE source = 'traffic' AND outcome = 'ok' AND prompt_tokens IS NOT NULL
+      AND completion_tokens IS NOT NULL AND e2e_s > 0 AND (? IS NULL OR admitted_at >= ?) AND (? IS NULL OR admitted_at < ?)
+      AND (? IS NULL OR model = ?) AND (? IS NULL OR task_class = ?)
+    ORDER BY hash(request_id, ?) LIMIT ?"""
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What one request held while in flight: for `duration_s`, its prompt from admission and its
+    completion growing linearly from `ttft_s` to the end."""
+
+    duration_s: float
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float = 0.0
+
+    @property
+    def generating_s(self) -> float:
+        """Seconds from the first token to the end (0 for an answer in one piece)."""
+        return max(self.duration_s - min(self.ttft_s, self.duration_s), 0.0)
+
+    @property
+    def area(self) -> float:
+        """Token-seconds: the integral of the tokens it held over its life."""
+        return self.prompt_tokens * self.duration_s + self.completion_tokens * self.generating_s / 2
+
+    def at(self, seconds: float) -> float:
+        """Tokens held `seconds` after admission."""
+        into = seconds - (self.duration_s - self.generating_s)
+        if into <= 0 or self.generating_s <= 0:
+            return float(self.prompt_tokens)
+        return self.prompt_tokens + self.completion_tokens * min(into / self.generating_s, 1.0)
+
+
+def held_of_row(row: Mapping[str, Any]) -> Held | None:
+    """The Held of an answered request-log row; None for one the gauge cannot account."""
+    e2e, prompt, completion = row.get("e2e_s"), row.get("prompt_tokens"), row.get("completion_tokens")
+    if row.get("outcome") != "ok" or not e2e or e2e <= 0 or prompt is None or completion is None:
+        return None
+    return Held(float(e2e), int(prompt), int(completion), float(row.get("ttft_s") or 0.0))
 
 
 @dataclass(frozen=True)
 class TokenMix:
-    """Mean prompt and completion tokens of the answered requests of a workload, and how many."""
+    """A workload's length mix in the gauge's units: the exact aggregates of its answered
+    requests and a sample of them for the instantaneous distribution."""
 
-    mean_prompt_tokens: float
-    mean_completion_tokens: float
     requests: int
-
-    @property
-    def mean_tokens(self) -> float:
-        """Mean tokens per request, prompt + completion: what a request holds in the KV cache."""
-        return self.mean_prompt_tokens + self.mean_completion_tokens
+    per_inflight_tokens: float  # W: time-weighted tokens per in-flight request
+    per_request_tokens: float  # mean prompt + completion per request (per admission)
+    max_request_tokens: int  # the largest prompt + completion one request held
+    sample: tuple[Held, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON, with the mean tokens per request."""
+        """Plain dict for JSON (the sample is not kept)."""
         return {
-            "mean_prompt_tokens": round(self.mean_prompt_tokens, 1),
-            "mean_completion_tokens": round(self.mean_completion_tokens, 1),
-            "mean_tokens": round(self.mean_tokens, 1),
             "requests": self.requests,
+            "per_inflight_tokens": round(self.per_inflight_tokens, 1),
+            "per_request_tokens": round(self.per_request_tokens, 1),
+            "max_request_tokens": self.max_request_tokens,
         }
 
 
+def token_mix_of(held: Sequence[Held]) -> TokenMix | None:
+    """The mix of these requests (all of them the sample too); None when there are none."""
+    if not held:
+        return None
+    duration = sum(h.duration_s for h in held)
+    return TokenMix(
+        len(held),
+        sum(h.area for h in held) / duration,
+        sum(h.prompt_tokens + h.completion_tokens for h in held) / len(held),
+        max(h.prompt_tokens + h.completion_tokens for h in held),
+        tuple(held),
+    )
+
+
+def traffic_token_mix(
+    store: RequestStore,
+    model: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    task_class: str | None = None,
+) -> TokenMix | None:
+    """The mix of the answered traffic in [since, until) (None: unbounded): aggregates over every
+    row, a seeded sample of SAMPLE_ROWS for the distribution. None without any answered traffic."""
+    task = None if task_class in (None, "all") else task_class
+    window = [since, since, until, until, model, model, task, task]
+    n, area, duration, mean_tokens, largest = store.query(_AGGREGATE_SQL, window)[0]
+    if not n or not duration:
+        return None
+    rows = store.query(_SAMPLE_SQL, [*window, _SEED, SAMPLE_ROWS])
+    sample = tuple(Held(float(e2e), int(p), int(c), float(t)) for e2e, p, c, t in rows)
+    return TokenMix(int(n), float(area) / float(duration), float(mean_tokens), int(largest), sample)
+
+
 @dataclass(frozen=True)
-class PassiveTokenKnee:
-    """The passive token curve's knee (in tokens), whether traffic crossed it, and its confidence."""
+class TokenCapacity:
+    """The token caliber's published figures at the request knee (None when withheld) and the
+    evidence: the traffic's mix, the admission average the old definition published, the KV cap."""
 
-    tokens: int
-    reached: bool
-    confidence: str
-
-
-@dataclass(frozen=True)
-class TokenCheck:
-    """The token knee as measured, as published (None when withheld), and the numbers compared."""
-
-    measured_tokens: int | None
-    knee_tokens: int | None
+    knee_requests: int | None
+    mean: int | None  # headroom_capacity_knee_tokens: time-weighted, for 5-minute averages
+    p50: int | None
+    p95: int | None  # headroom_capacity_knee_tokens_p95: for anything instantaneous
+    max: int | None
     withheld: str | None
-    probe: TokenMix | None = None
-    traffic: TokenMix | None = None
+    mix: TokenMix | None = None
+    admission_mean: int | None = None  # the knee level's mean active tokens at admissions
     kv_capacity_tokens: int | None = None
-    passive: PassiveTokenKnee | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
-    def ratio(self) -> float | None:
-        """Probe vs traffic mean tokens per request (>= 1 either way); None without both."""
-        return None if self.probe is None or self.traffic is None else mix_ratio(self.probe, self.traffic)
+    def max_request_tokens(self) -> int | None:
+        """The largest request the traffic sent (prompt + completion): a floor for any admission limit."""
+        return self.mix.max_request_tokens if self.mix else None
+
+    def per_request(self, requests: int | None) -> int | None:
+        """The time-weighted active tokens at `requests` in flight (e.g. the SLO maximum), capped."""
+        if self.withheld is not None or self.mix is None or not requests:
+            return None
+        return _capped(requests * self.mix.per_inflight_tokens, self.kv_capacity_tokens)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict for JSON (the estimate's `token_check`)."""
-        ratio = self.ratio
+        """Plain dict for JSON (the estimate's `token_capacity`)."""
         return {
-            "measured_tokens": self.measured_tokens,
-            "knee_tokens": self.knee_tokens,
+            "definition": "time-weighted active tokens (prompt + generated so far) at the request knee, "
+            "with the traffic's length mix, capped at the KV capacity",
+            "knee_requests": self.knee_requests,
+            "mean": self.mean,
+            "p50": self.p50,
+            "p95": self.p95,
+            "max": self.max,
             "withheld": self.withheld,
-            "probe_mix": self.probe.to_dict() if self.probe else None,
-            "traffic_mix": self.traffic.to_dict() if self.traffic else None,
-            "mix_ratio": None if ratio is None else round(ratio, 3),
-            "max_mix_ratio": MAX_MIX_RATIO,
+            "traffic_mix": self.mix.to_dict() if self.mix else None,
+            "max_request_tokens": self.max_request_tokens,
+            "admission_mean": self.admission_mean,
             "kv_capacity_tokens": self.kv_capacity_tokens,
-            "passive": asdict(self.passive) if self.passive else None,
             "notes": list(self.notes),
         }
 
 
-def mix_of_rows(rows: Sequence[Mapping[str, Any]]) -> TokenMix | None:
-    """The mix of the answered (`ok`) rows; None when none was answered."""
-    ok = [r for r in rows if r.get("outcome") == "ok"]
-    if not ok:
-        return None
-    prompt = sum(r.get("prompt_tokens") or 0 for r in ok) / len(ok)
-    completion = sum(r.get("completion_tokens") or 0 for r in ok) / len(ok)
-    return TokenMix(prompt, completion, len(ok))
+def _capped(value: float, kv: int | None) -> int:
+    return int(round(min(value, kv) if kv and kv > 0 else value))
 
 
-def traffic_mix(store: RequestStore, model: str | None, since: datetime, until: datetime) -> TokenMix | None:
-    """The mix of the answered traffic in [since, until) (one model, or all); None without any."""
-    n, prompt, completion = store.query(_MIX_SQL, [since, until, model, model])[0]
-    if not n:
-        return None
-    return TokenMix(float(prompt or 0.0), float(completion or 0.0), int(n))
+def _quantiles(mix: TokenMix, level: int) -> tuple[float, float, float]:
+    """p50, p95 and max of the instantaneous sum of `level` length-biased draws from the sample."""
+    sample = mix.sample
+    cumulative, total = [], 0.0
+    for held in sample:
+        total += held.duration_s
+        cumulative.append(total)
+    rng = random.Random(_SEED)
+    sums = []
+    for _ in range(max(200, min(2000, _DRAWS // level))):
+        drawn = rng.choices(sample, cum_weights=cumulative, k=level)
+        sums.append(sum(h.at(rng.random() * h.duration_s) for h in drawn))
+    sums.sort()
+    return sums[len(sums) // 2], sums[min(len(sums) - 1, int(0.95 * len(sums)))], sums[-1]
 
 
-def mix_ratio(a: TokenMix, b: TokenMix) -> float:
-    """How far apart two mixes are in mean tokens per request: max(a/b, b/a); inf when one is 0."""
-    low, high = sorted((a.mean_tokens, b.mean_tokens))
-    return high / low if low > 0 else float("inf")
-
-
-def _saved_token_curve(store: RequestStore, model: str | None, until: datetime) -> dict[str, Any] | None:
-    if not store.query(_SAVED_TABLE)[0][0]:
-        return None
-    found = store.query(_SAVED_TRAFFIC, [until, model, model])
-    if not found:
-        return None
-    curve = orjson.loads(found[0][0]).get("token_curve")
-    return curve if isinstance(curve, dict) else None
-
-
-def passive_token_knee(
-    store: RequestStore,
-    model: str | None,
-    since: datetime,
-    until: datetime,
+def token_capacity(
+    knee_requests: int | None,
+    mix: TokenMix | None,
     *,
-    compute: bool = False,
-) -> PassiveTokenKnee | None:
-    """The passive token curve's knee for this traffic: from the newest saved traffic estimate
-    (its `token_curve`, computed by the traffic refresh), or, with `compute`, computed now
-    (collector.analysis.passive; the command line does, a serving sidecar never does in its own
-    process). None when there is none."""
-    curve = _saved_token_curve(store, model, until)
-    if curve is None and compute:
-        from collector.analysis.passive import passive_curve  # only the command line computes
-
-        try:
-            computed = passive_curve(store, "tokens", since, until, model)
-        except ValueError:
-            return None
-        curve = computed.to_dict()
-    knee = curve.get("knee") if curve is not None else None
-    if curve is None or not isinstance(knee, dict) or not knee.get("requests"):
-        return None
-    return PassiveTokenKnee(int(knee["requests"]), bool(knee.get("reached")), str(curve.get("confidence")))
-
-
-def _times(value: float) -> str:
-    return f"{value:.1f}x"
-
-
-def check_token_knee(
-    measured_tokens: int | None,
-    *,
-    probe: TokenMix | None,
-    traffic: TokenMix | None,
     kv_capacity_tokens: int | None = None,
-    passive: PassiveTokenKnee | None = None,
-) -> TokenCheck:
-    """Decide whether the measured token knee is published, capped, or withheld (module docstring).
+    admission_mean: int | None = None,
+    reached: bool = True,
+) -> TokenCapacity:
+    """The token capacity at a request knee with a traffic mix (module docstring), or withheld.
 
-    `measured_tokens` is the mean active tokens at the request knee, None when the knee was not
-    reached. Examples: 900 measured, probe 72 and traffic 700 tokens per request -> withheld
-    (9.7x apart); 2800 measured, both ~700 per request, KV 2048 -> 2048 (capped).
+    Examples: knee 4, W 179.3 -> mean 717; knee 64, W 240, KV 8192 -> 8192 (capped, with a note);
+    no traffic mix or fewer than MIN_TRAFFIC_REQUESTS requests -> withheld with the reason.
     """
-    notes: list[str] = []
+    kv = kv_capacity_tokens if kv_capacity_tokens and kv_capacity_tokens > 0 else None
 
-    def result(knee: int | None, withheld: str | None) -> TokenCheck:
-        return TokenCheck(measured_tokens, knee, withheld, probe, traffic, kv_capacity_tokens, passive, notes)
+    def withheld(why: str) -> TokenCapacity:
+        return TokenCapacity(
+            knee_requests, None, None, None, None, why, mix, admission_mean, kv_capacity_tokens
+        )
 
-    if measured_tokens is None:
-        return result(None, "the knee was not reached (a lower bound)")
-    if probe is None:
-        return result(None, "no request of the probe was answered")
-    if traffic is None or traffic.requests < MIN_TRAFFIC_REQUESTS:
-        seen = 0 if traffic is None else traffic.requests
-        return result(
-            None,
-            f"no traffic to compare the probe's token mix with ({seen} answered traffic requests in "
-            f"the {TRAFFIC_WINDOW.days} days before it, {MIN_TRAFFIC_REQUESTS} needed): the knee in "
-            "tokens is the probe's prompts' artefact until measured with the traffic's lengths "
-            "(--workload from-log)",
+    if not reached or not knee_requests:
+        return withheld("the request knee was not reached (a lower bound): no token capacity at it")
+    if mix is None or mix.requests < MIN_TRAFFIC_REQUESTS:
+        seen = 0 if mix is None else mix.requests
+        return withheld(
+            f"too little traffic for its length mix ({seen} answered traffic requests in the "
+            f"{TRAFFIC_WINDOW.days} days before, {MIN_TRAFFIC_REQUESTS} needed): the token capacity is "
+            "the traffic's time-weighted tokens per in-flight request at the request knee"
         )
-    ratio = mix_ratio(probe, traffic)
-    if ratio > MAX_MIX_RATIO:
-        return result(
-            None,
-            f"the probe's mean tokens per request ({probe.mean_tokens:.0f}) is {_times(ratio)} away from "
-            f"the traffic's ({traffic.mean_tokens:.0f}; more than {MAX_MIX_RATIO:g}x): its knee in "
-            "tokens measures its own prompts, not this traffic; re-run with --workload from-log",
-        )
-    if passive is not None:
-        apart = max(measured_tokens, passive.tokens) / max(min(measured_tokens, passive.tokens), 1)
-        if passive.reached and passive.confidence in _TRUSTED and apart > MAX_PASSIVE_RATIO:
-            return result(
-                None,
-                f"the passive token curve puts the knee at {passive.tokens} tokens "
-                f"({passive.confidence} confidence), {_times(apart)} away from the probe's "
-                f"{measured_tokens} (more than {MAX_PASSIVE_RATIO:g}x)",
-            )
-        if not passive.reached and passive.tokens > MAX_PASSIVE_RATIO * measured_tokens:
-            return result(
-                None,
-                f"traffic ran without a knee up to {passive.tokens} active tokens, "
-                f"{_times(passive.tokens / max(measured_tokens, 1))} the probe's token knee "
-                f"({measured_tokens})",
-            )
+    mean = knee_requests * mix.per_inflight_tokens
+    p50, p95, top = _quantiles(mix, knee_requests) if mix.sample else (mean, mean, mean)
+    notes = [
+        f"{mix.per_inflight_tokens:.0f} tokens per in-flight request, time-weighted, over "
+        f"{mix.requests} answered traffic requests ({mix.per_request_tokens:.0f} per request at "
+        "admission: long requests stay in flight longer)"
+    ]
+    if admission_mean is not None and mean > 0:
         notes.append(
-            f"passive token curve: knee {passive.tokens} tokens "
-            f"({'reached' if passive.reached else 'a lower bound'}, {passive.confidence} confidence)"
+            f"the admission average at the knee was {admission_mean} tokens, "
+            f"{admission_mean / mean:.2f}x the time-weighted {mean:.0f}: not in the gauge's units"
         )
-    knee = measured_tokens
-    if kv_capacity_tokens is not None and 0 < kv_capacity_tokens < knee:
-        notes.append(f"capped at the engine's KV capacity ({kv_capacity_tokens} tokens; measured {knee})")
-        knee = kv_capacity_tokens
-    return result(knee, None)
+    if kv is not None and kv < top:
+        notes.append(f"capped at the engine's KV capacity ({kv} tokens)")
+    return TokenCapacity(
+        knee_requests,
+        _capped(mean, kv),
+        _capped(p50, kv),
+        _capped(p95, kv),
+        _capped(top, kv),
+        None,
+        mix,
+        admission_mean,
+        kv_capacity_tokens,
+        notes,
+    )
 
 
-def token_check_in_store(
+def token_capacity_in_store(
     store: RequestStore | None,
-    measured_tokens: int | None,
-    probe: TokenMix | None,
+    knee_requests: int | None,
     *,
     model: str | None,
-    at: datetime,
+    at: datetime | None,
+    since: datetime | None = None,
+    reached: bool = True,
+    task_class: str | None = None,
     kv_capacity_tokens: int | None = None,
-    compute_passive: bool = False,
-) -> TokenCheck:
-    """check_token_knee against the traffic of `store` in the TRAFFIC_WINDOW before `at`
-    (no store: nothing to compare with, the knee is withheld)."""
-    traffic = passive = None
+    admission_mean: int | None = None,
+) -> TokenCapacity:
+    """token_capacity with the mix of the traffic in `store` from `since` (default: the
+    TRAFFIC_WINDOW before `at`) to `at` (None: unbounded); no store: no traffic, withheld."""
+    mix = None
     if store is not None:
-        since = at - TRAFFIC_WINDOW
-        traffic = traffic_mix(store, model, since, at)
-        passive = passive_token_knee(store, model, since, at, compute=compute_passive)
-    return check_token_knee(
-        measured_tokens, probe=probe, traffic=traffic, kv_capacity_tokens=kv_capacity_tokens, passive=passive
+        start = since if since is not None or at is None else at - TRAFFIC_WINDOW
+        mix = traffic_token_mix(store, model, start, at, task_class)
+    return token_capacity(
+        knee_requests,
+        mix,
+        kv_capacity_tokens=kv_capacity_tokens,
+        admission_mean=admission_mean,
+        reached=reached,
     )

@@ -35,7 +35,8 @@ long 1200 output tokens).
 up to MAX_LOG_SAMPLES (prompt tokens, completion tokens) pairs of answered traffic requests from
 the request log (the LOG_WINDOW before now, one model or all, a seeded sample), and each probe
 request takes one pair at random: a filler prompt of that many tokens and that many output tokens
-(locked with ignore_eos). Its token knee is then the traffic's (collector.analysis.token_knee).
+(locked with ignore_eos). Its request knee is then the traffic's, as its token capacity always is
+(collector.analysis.token_knee).
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ from pathlib import Path
 
 import yaml
 
-from collector.analysis.token_knee import TokenMix
 from collector.store.db import RequestStore
 
 __all__ = [
@@ -175,10 +175,14 @@ class LogLengths:
     model: str | None
 
     @property
-    def mix(self) -> TokenMix:
-        """The sample's mean prompt and completion tokens."""
-        n = len(self.pairs)
-        return TokenMix(sum(p for p, _ in self.pairs) / n, sum(c for _, c in self.pairs) / n, n)
+    def mean_prompt_tokens(self) -> float:
+        """The sample's mean prompt tokens."""
+        return sum(p for p, _ in self.pairs) / len(self.pairs)
+
+    @property
+    def mean_completion_tokens(self) -> float:
+        """The sample's mean completion tokens."""
+        return sum(c for _, c in self.pairs) / len(self.pairs)
 
 
 def log_lengths(

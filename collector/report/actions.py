@@ -53,23 +53,43 @@ def _knee_moved(report: dict[str, Any]) -> list[dict[str, str]]:
     return found
 
 
+def _limit(caliber: str) -> str:
+    """The concurrency key of the limit a replica's peak (instantaneous) is judged against: the
+    request knee, or the p95 of the active tokens at it (never the time-weighted mean)."""
+    return "knee_requests" if caliber == "requests" else "knee_tokens_p95"
+
+
+def _knee_words(concurrency: dict[str, Any], caliber: str) -> str:
+    """'the knee 8' or 'the token capacity's p95 2050 (time-weighted mean 1710)'."""
+    knee = concurrency[_limit(caliber)]
+    if caliber == "requests":
+        return f"the knee {knee:g}"
+    mean = concurrency.get("knee_tokens")
+    return f"the token capacity's p95 {knee:g}" + (
+        f" (time-weighted mean {mean:g})" if mean is not None else ""
+    )
+
+
 def _near_knee(report: dict[str, Any]) -> list[dict[str, str]]:
     """Per replica class, a replica's peaks near its knee, in the caliber that binds first; never
-    on a withheld token knee (concurrency["knee_tokens"] is None then: collector.report.build)."""
+    on a withheld token capacity (concurrency["knee_tokens_p95"] is None then:
+    collector.report.build), and in tokens against the p95, never the mean."""
     found = []
     for entry in report.get("classes") or []:
         concurrency = entry["concurrency"]
         binding = concurrency.get("binding_caliber")
         for caliber in ("requests", "tokens"):
-            peak, knee = concurrency.get(f"peak_{caliber}"), concurrency.get(f"knee_{caliber}")
+            peak, knee = concurrency.get(f"peak_{caliber}"), concurrency.get(_limit(caliber))
             if peak is not None and knee and peak >= PEAK_SHARE * knee:
                 binds = f"; the {caliber} caliber binds first" if caliber == binding else ""
+                share = _share(peak / knee)
+                share = share if caliber == "requests" else share.replace("the knee", "the p95")
                 found.append(
                     {
                         "action": f"Add capacity or cap admission ({caliber} caliber)"
                         + _label(entry, report),
-                        "reason": f"peak {caliber} concurrency {peak:g} on one replica against the knee "
-                        f"{knee:g}: " + _share(peak / knee) + binds,
+                        "reason": f"peak {caliber} concurrency {peak:g} on one replica against "
+                        f"{_knee_words(concurrency, caliber)}: {share}{binds}",
                     }
                 )
     return found
@@ -89,7 +109,8 @@ def _replicas(report: dict[str, Any]) -> list[dict[str, str]]:
                     "action": f"Run {needed} replicas of class {entry['replica_class']} at the peak "
                     f"(ran {ran})",
                     "reason": f"the busiest minute's {caliber} load {plan['peak'][caliber]:g} over a "
-                    f"pool of {plan['pool_per_replica'][caliber]:g} per replica",
+                    f"pool of {plan['pool_per_replica'][caliber]:g} per replica"
+                    + (" (the token capacity's p95 at the pool)" if caliber == "tokens" else ""),
                 }
             )
         elif ahead is not None and ran is not None and ahead > ran:

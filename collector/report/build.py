@@ -6,9 +6,10 @@ Example output (one model, one replica class, abridged):
    "traffic": {"requests": 1200, ...},
    "latency": {"ttft_s": {"p50": .., "p95": .., "p99": .., "previous": {...}, "change_p95": 0.5}},
    "classes": [{"replica_class": "slots8", "instances": ["a", "b"], "replicas_run": 2,
-                "estimate": {"source": "probe", "confidence": "measured", "age_h": 2.0,
+                "estimate": {"source": "probe", "confidence": "high", "age_h": 2.0,
                              "published_because": "probe run r (2.0 h old)", ...},
-                "concurrency": {"peak_requests": 11, "knee_requests": 8, ...},   # per replica
+                "concurrency": {"peak_requests": 11, "knee_requests": 8, "peak_tokens": 1900,
+                                "knee_tokens": 1710, "knee_tokens_p95": 2050, ...},   # per replica
                 "load": {"step": 15, "bins": [...], "peak": {"requests": 19.9, ...}, "days": [...]},
                 "plan": {"needed": {"requests": 4, "tokens": 2}, "binding_caliber": "requests",
                          "replicas_needed": 4, "replicas_run": 2, "trend": {...}}}],
@@ -93,34 +94,56 @@ def _curve(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def token_knee_withheld(estimate: dict[str, Any]) -> str | None:
-    """Why the estimate's token knee must not be judged against, or None when it may.
+LEGACY_TOKEN_KNEE = (
+    "an estimate from before the time-weighted token capacity: its knee in tokens is an admission average"
+)
+NO_TOKEN_P95 = "the estimate publishes no p95 of its token capacity, the figure a peak is judged against"
 
-    The estimate says so itself (`token_knee_withheld`, collector.analysis.token_knee); a probe
-    estimate saved before that check existed carries no `token_check` and its token knee measured
-    the probe's own prompts (docs/domain.md §12), so it is not trusted either.
+
+def token_knee_withheld(estimate: dict[str, Any]) -> str | None:
+    """Why the estimate's token capacity must not be judged against, or None when it may.
+
+    The estimate says so itself (`token_knee_withheld`, collector.analysis.token_knee). An
+    estimate saved before the time-weighted token capacity carries neither `knee_tokens_p95` nor
+    `token_capacity`: its knee in tokens was the mean of the active tokens at admission, neither
+    the time-weighted mean nor a p95 (docs/domain.md §12), so it is not trusted either. One that
+    publishes a mean without its p95 is withheld too: a peak is only judged against the p95.
     """
+    if not estimate:
+        return None
     if estimate.get("token_knee_withheld"):
         return str(estimate["token_knee_withheld"])
-    if estimate.get("source") == "probe" and estimate.get("knee_tokens") and "token_check" not in estimate:
-        return "a probe estimate from before the token check: its knee in tokens measured the probe's own prompts"
+    if "knee_tokens_p95" not in estimate and "token_capacity" not in estimate:
+        return LEGACY_TOKEN_KNEE
+    if estimate.get("knee_tokens") and estimate.get("knee_tokens_p95") is None:
+        return NO_TOKEN_P95
     return None
 
 
 def _concurrency(figures: ClassFigures, estimate: dict[str, Any]) -> dict[str, Any]:
-    """Peak against the knee per caliber, and which caliber binds (the higher peak/knee).
+    """One replica's peak against its limit per caliber, and which caliber binds.
 
-    A withheld token knee is left out (knee None) with the reason, so the review never judges
-    traffic against a token knee that measured something else.
+    The peaks are instantaneous (the sidecar's counts at admission), so the token caliber's limit
+    is `knee_tokens_p95`, the p95 of the active tokens at the request knee; `knee_tokens`, the
+    time-weighted mean (the divisor for 5-minute averages), is reported beside it. A caliber binds
+    where its limit is published: a withheld token capacity is left out (both None) with the
+    reason, so the review never judges traffic against a token knee that measured something else.
+    The binding caliber is the higher peak over limit among the published calibers.
     """
-    result: dict[str, Any] = {}
     withheld = token_knee_withheld(estimate)
+    limits = {
+        "requests": estimate.get("knee_requests"),
+        "tokens": None if withheld else estimate.get("knee_tokens_p95"),
+    }
+    result: dict[str, Any] = {}
     for caliber, peak in (("requests", figures.peak_requests), ("tokens", figures.peak_tokens)):
-        knee = estimate.get(f"knee_{caliber}")
-        if caliber == "tokens" and withheld:
-            knee = None
+        knee = limits[caliber]
         result[f"peak_{caliber}"] = peak
-        result[f"knee_{caliber}"] = knee
+        if caliber == "requests":
+            result["knee_requests"] = knee
+        else:
+            result["knee_tokens"] = None if withheld else estimate.get("knee_tokens")
+            result["knee_tokens_p95"] = knee
         result[f"headroom_{caliber}"] = (1.0 - peak / knee) if peak is not None and knee else None
         result[f"peak_over_knee_{caliber}"] = round(peak / knee, 4) if peak is not None and knee else None
     result["token_knee_withheld"] = withheld
@@ -142,6 +165,8 @@ _PROVENANCE = (
     "published_because",
     "knee_requests",
     "knee_tokens",
+    "knee_tokens_p95",
+    "max_request_tokens",
     "token_knee_withheld",
     "slo_max",
     "recommended_pool",
@@ -154,17 +179,36 @@ OPEN_LOOP_KEYS = {"mu_slo": "mu_slo_requests_per_s", "v_p": "prefill_tokens_per_
 _MODEL_FILES = (".gguf", ".ggml", ".bin", ".safetensors")
 
 
+def _confidence(value: Any) -> Any:
+    """One vocabulary (none, low, medium, high): a probe estimate's legacy "measured" is "high"."""
+    return "high" if value == "measured" else value
+
+
+def _provenance(estimate: dict[str, Any]) -> dict[str, Any]:
+    """The estimate's provenance keys as the review reads them: the confidence in the one
+    vocabulary, and the token figures as _concurrency judges by them (None, with the reason, when
+    withheld; a legacy estimate's admission average is never shown as a token capacity)."""
+    found = {key: estimate.get(key) for key in _PROVENANCE}
+    found["confidence"] = _confidence(found["confidence"])
+    found["token_knee_withheld"] = withheld = token_knee_withheld(estimate)
+    if withheld:
+        found["knee_tokens"] = found["knee_tokens_p95"] = None
+    return found
+
+
 def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any], until: datetime) -> dict[str, Any]:
     """Where the knee came from: source, run, confidence, age at the window's end, and why it is
-    the one published (collector.store.decision)."""
-    summary = {key: estimate.get(key) for key in _PROVENANCE}
+    the one published (collector.store.decision); the token capacity's evidence
+    (`token_capacity`: mean, p50, p95, max, ...) when the estimate has it."""
+    summary = _provenance(estimate)
+    summary["token_capacity"] = estimate.get("token_capacity")
     rates = estimate.get("rates") or {}
     summary |= {key: rates[name] for key, name in OPEN_LOOP_KEYS.items() if rates.get(name) is not None}
     created = estimate.get("created_at")
     summary["age_h"] = (
         round((until - datetime.fromisoformat(created)).total_seconds() / 3600, 1) if created else None
     )
-    summary["previous"] = {key: previous.get(key) for key in _PROVENANCE} if previous else None
+    summary["previous"] = _provenance(previous) if previous else None
     return summary
 
 
@@ -205,7 +249,10 @@ def _class_reports(model: str, inputs: ReportInputs, figures: ModelFigures) -> l
                 else None,
                 "concurrency": concurrency,
                 "load": load,
-                "plan": plan(load, estimate or None, concurrency["knee_tokens"], len(replica.instances), end),
+                # the token pool for the week's peak is from the p95, never the mean
+                "plan": plan(
+                    load, estimate or None, concurrency["knee_tokens_p95"], len(replica.instances), end
+                ),
             }
         )
     return found

@@ -1,7 +1,8 @@
 """The review's figures (matplotlib, loaded only when an HTML review is drawn), per replica.
 
     load_figure(model)        load per replica over the window, per replica class, against the
-                              class's knee and pool (requests left, tokens right)
+                              class's knee and pool (requests left, tokens right: the token
+                              capacity's time-weighted mean and p95, the pool from the p95)
     curve_figure(model)       p95 TTFT by one replica's concurrency at admission (ticks 1, 2, 4, ...)
     throughput_figure(model)  tokens/s per replica against requests in flight per replica, one
                               point per bin (the completed requests' tokens in the bin / its length)
@@ -116,10 +117,24 @@ def load_figure(model: dict[str, Any]) -> Any:
                 color=colour,
                 label=f"mean per replica, {step} s bins{name}",
             )
-            _knee_line(axis, entry["concurrency"][f"knee_{caliber}"], vertical=False, label=f"knee{name}")
+            concurrency = entry["concurrency"]
+            if caliber == "requests":
+                _knee_line(axis, concurrency["knee_requests"], vertical=False, label=f"knee{name}")
+            else:  # bins are means over time: the time-weighted mean reads against them; p95 beside
+                _knee_line(
+                    axis, concurrency.get("knee_tokens"), vertical=False, label=f"token capacity, mean{name}"
+                )
+                _knee_line(
+                    axis,
+                    concurrency.get("knee_tokens_p95"),
+                    vertical=False,
+                    label=f"token capacity, p95{name}",
+                    colour="tab:pink",
+                )
             pool = entry["plan"]["pool_per_replica"][caliber]
             if pool:
-                axis.axhline(pool, color="tab:orange", linestyle=":", label=f"pool {pool:,.0f}{name}")
+                which = " (from the p95)" if caliber == "tokens" else ""
+                axis.axhline(pool, color="tab:orange", linestyle=":", label=f"pool {pool:,.0f}{which}{name}")
         _time_axis(axis, starts, step)
         axis.set_ylim(bottom=0)
         axis.set_ylabel(f"{label} per replica")
@@ -137,13 +152,18 @@ def curve_figure(model: dict[str, Any]) -> Any:
         axes, (("curve", "requests", "requests in flight"), ("curve_tokens", "tokens", "active tokens"))
     ):
         points = [(b["bucket"], b["ttft_p95_s"]) for b in model[key] if b["ttft_p95_s"] is not None]
-        knees = [e["concurrency"][f"knee_{caliber}"] for e in model["classes"]]
+        # the buckets are counts at admission, instants: in tokens the knee is the p95
+        limit = "knee_requests" if caliber == "requests" else "knee_tokens_p95"
+        knees = [e["concurrency"].get(limit) for e in model["classes"]]
         if points:
             axis.plot(*zip(*points), marker="o", color="tab:purple", label="p95 TTFT")
             _powers_of_two(axis, [x for x, _ in points] + [k or 1 for k in knees])
         for entry in model["classes"]:
-            knee = entry["concurrency"][f"knee_{caliber}"]
-            _knee_line(axis, knee, vertical=True, label=f"knee {knee or 0:,g}{_class_label(model, entry)}")
+            knee = entry["concurrency"].get(limit)
+            which = "" if caliber == "requests" else " (p95)"
+            _knee_line(
+                axis, knee, vertical=True, label=f"knee {knee or 0:,g}{which}{_class_label(model, entry)}"
+            )
         if slo:
             axis.axhline(slo, color="tab:orange", linestyle=":", label=f"SLO {slo:g} s")
         axis.set_ylim(bottom=0)

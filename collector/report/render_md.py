@@ -46,10 +46,19 @@ def pct(value: float | None) -> str:
 
 
 def binding_line(concurrency: dict[str, Any]) -> str:
-    """Which caliber binds: 'Binding caliber: requests (token knee withheld: ...)'."""
+    """Which caliber binds: 'Binding caliber: requests (token capacity withheld: ...)'."""
     binding = concurrency.get("binding_caliber") or "unknown (no knee to compare with)"
     withheld = concurrency.get("token_knee_withheld")
-    return f"Binding caliber: {binding}" + (f" (token knee withheld: {withheld})" if withheld else "")
+    return f"Binding caliber: {binding}" + (f" (token capacity withheld: {withheld})" if withheld else "")
+
+
+def _token_capacity(concurrency: dict[str, Any]) -> str:
+    """The token capacity as every rendering shows it, both figures labelled:
+    '1,710 (time-weighted mean) / p95 2,050'; '–' when withheld or not published."""
+    mean, p95 = concurrency.get("knee_tokens"), concurrency.get("knee_tokens_p95")
+    if mean is None and p95 is None:
+        return "–"
+    return f"{fmt(mean)} (time-weighted mean) / p95 {fmt(p95)}"
 
 
 def period(window: dict[str, Any]) -> str:
@@ -71,7 +80,9 @@ def plan_line(entry: dict[str, Any], word: str = "week") -> str:
     line = (
         f"At this {word}'s peak you needed {needed} replica{'s' if needed != 1 else ''} of class {name} "
         f"(you ran {ran}); the {binding} caliber binds (busiest minute {fmt(p['peak'][binding], 1)} "
-        f"{binding} over a pool of {fmt(pool, 1)} per replica)."
+        f"{binding} over a pool of {fmt(pool, 1)} per replica"
+        + (", from the token capacity's p95" if binding == "tokens" else "")
+        + ")."
     )
     trend = p["trend"]
     if trend.get("reason"):
@@ -87,14 +98,16 @@ def provenance_line(entry: dict[str, Any]) -> str:
     if e is None:
         return f"Knee of class {entry['replica_class']}: none published (run headroom probe)."
     knee = f"{fmt(e['knee_requests'])} requests"
-    tokens = entry["concurrency"].get("knee_tokens")  # None when withheld (collector.report.build)
-    knee += f", {fmt(tokens)} tokens" if tokens else " (no token knee to judge by)"
+    tokens = _token_capacity(entry["concurrency"])  # '–' when withheld (collector.report.build)
+    knee += f", token capacity {tokens}" if tokens != "–" else " (no token capacity to judge by)"
+    largest = e.get("max_request_tokens")
     parts = [
         f"source {e['source']}" + (f" run {e['run_id']}" if e.get("run_id") else ""),
-        f"confidence {e['confidence']}",
+        f"confidence {e['confidence']}",  # none, low, medium or high (collector.report.build)
         f"{fmt(e['age_h'], 1)} h old at the window's end",
         f"pool {fmt(e['recommended_pool'])}",
     ]
+    parts += [f"largest traffic request {fmt(largest)} tokens"] if largest is not None else []
     rates = [f"μ_slo {fmt(e['mu_slo'])} requests/s"] if e.get("mu_slo") is not None else []
     rates += [f"V_P {fmt(e['v_p'])} prefill tokens/s"] if e.get("v_p") is not None else []
     return (
@@ -106,7 +119,8 @@ def provenance_line(entry: dict[str, Any]) -> str:
 
 def class_table(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Per caliber: the fleet's busiest minute, the pool per replica, replicas needed, and one
-    replica's peak against the knee."""
+    replica's peak against the knee; in tokens the knee is the token capacity, its time-weighted
+    mean and its p95, and the peak is judged against the p95 (an instant against an instant)."""
     p, c = entry["plan"], entry["concurrency"]
     header = [
         "caliber",
@@ -124,8 +138,10 @@ def class_table(entry: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             fmt(p["pool_per_replica"][cal], 1),
             fmt(p["needed"][cal]),
             fmt(c[f"peak_{cal}"]),
-            fmt(c[f"knee_{cal}"]),
-            versus_knee(c[f"peak_over_knee_{cal}"]),
+            fmt(c["knee_requests"]) if cal == "requests" else _token_capacity(c),
+            versus_knee(c[f"peak_over_knee_{cal}"])
+            if cal == "requests"
+            else versus_knee(c["peak_over_knee_tokens"]).replace("the knee", "the p95"),
         ]
         for cal in ("requests", "tokens")
     ]

@@ -70,10 +70,15 @@ def render_summary(summary: DemoSummary, console: Console) -> None:
     )
     capacity = summary.get("capacity")
     if capacity:
-        knee = capacity["knee"]
+        knee, tokens = capacity["knee"], capacity.get("token_capacity") or {}
+        in_tokens = (
+            f"{tokens['mean']:,} active tokens time-weighted (p95 {tokens['p95']:,})"
+            if tokens.get("mean") is not None
+            else f"tokens withheld: {tokens.get('withheld') or 'not computed'}"
+        )
         console.print(
-            f"\n[bold]Capacity[/]: knee at {knee['requests']} requests / {knee['tokens']} "
-            f"active tokens ({knee['rule_reason']}); recommended pool "
+            f"\n[bold]Capacity[/]: knee at {knee['requests']} requests / {in_tokens} "
+            f"({knee['rule_reason']}); recommended pool "
             f"{capacity['recommended_pool']} ({capacity['profile']}); "
             f"simulator max_num_seqs={summary['sim']['max_num_seqs']}"
         )

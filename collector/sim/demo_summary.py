@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict
 
-from collector.analysis.estimate import build_estimate
+from collector.analysis.estimate import apply_token_capacity, build_estimate
 from collector.analysis.levels import summarize_level
+from collector.analysis.token_knee import token_capacity_in_store
 from collector.capacity import Slo
 from collector.sim.workload import CaliberSample
 from collector.store.capacity_gauges import CapacityGauges
@@ -116,6 +117,7 @@ class CapacitySummary(TypedDict):
     """The capacity verdict of the demo's levels and what the shared decision published."""
 
     knee: dict[str, Any]
+    token_capacity: dict[str, Any] | None  # the time-weighted figures every reader publishes
     slo_max: int | None
     recommended_pool: int
     profile: str
@@ -219,6 +221,7 @@ def capacity_estimate(
     model: str,
     slo_ttft_p95_s: float | None,
     gauges: CapacityGauges | None = None,
+    kv_capacity_tokens: int | None = None,
 ) -> CapacitySummary | None:
     """Knee and recommended pool from collector.analysis (saved and published); None under 2 levels."""
     levels = []
@@ -238,11 +241,26 @@ def capacity_estimate(
     estimate = build_estimate(
         levels, slo=Slo(ttft_p95_s=slo_ttft_p95_s), model=model, source="probe", run_id=run_id
     )
+    # the token caliber in the gauge's units, with the demo load's own length mix (the one figure
+    # the gauges, the alerts and the review read: collector.analysis.token_knee)
+    apply_token_capacity(
+        estimate,
+        token_capacity_in_store(
+            store,
+            estimate.knee.requests,
+            model=model,
+            at=None,
+            reached=estimate.knee.reached,
+            kv_capacity_tokens=kv_capacity_tokens,
+            admission_mean=estimate.knee.tokens,
+        ),
+    )
     save_estimate(store, estimate)
     # what is published comes from the one decision every reader shares (collector.store.decision)
     decision = next(d for d in publish(store, gauges, datetime.now(UTC)) if d.model == model)
     return {
         "knee": estimate.knee.to_dict(),
+        "token_capacity": estimate.token_capacity,
         "slo_max": estimate.slo_max,
         "recommended_pool": estimate.recommended_pool,
         "profile": estimate.profile,

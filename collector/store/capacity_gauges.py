@@ -13,6 +13,7 @@ series says where its number came from:
 
     headroom_capacity_knee_requests{model, task_class, replica_class, source, confidence}  8
     headroom_capacity_knee_tokens{...}                                             9000
+    headroom_capacity_knee_tokens_p95{...}                                        11200
     headroom_capacity_slo_max_requests{...} / _tokens{...}
     headroom_capacity_recommended_pool_requests{...}                                  5
     headroom_capacity_rate_requests_per_second{...}                                 9.5
@@ -42,6 +43,7 @@ _CLASS_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _CURRENT = {  # metric name -> CapacityEstimate attribute
     "headroom_capacity_knee_requests": "knee_requests",
     "headroom_capacity_knee_tokens": "knee_tokens",
+    "headroom_capacity_knee_tokens_p95": "knee_tokens_p95",
     "headroom_capacity_slo_max_requests": "slo_max_requests",
     "headroom_capacity_slo_max_tokens": "slo_max_tokens",
     "headroom_capacity_recommended_pool_requests": "recommended_pool",

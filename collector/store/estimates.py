@@ -102,7 +102,7 @@ def estimate_row(estimate: CapacityEstimate, estimate_id: str | None = None) -> 
         "run_id": estimate.run_id,
         "profile": estimate.profile,
         "knee_requests": estimate.knee.requests,
-        "knee_tokens": estimate.knee.tokens,
+        "knee_tokens": estimate.knee_tokens,  # the published token capacity (None: withheld)
         "knee_reached": estimate.knee.reached,
         "slo_max": estimate.slo_max,
         "recommended_pool": estimate.recommended_pool,

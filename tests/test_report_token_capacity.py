@@ -1,0 +1,241 @@
+"""The review's token caliber (docs/domain.md §12): a replica's peak and the week's busiest minute
+are judged against the token capacity's p95 (`knee_tokens_p95`), never its time-weighted mean
+(`knee_tokens`, the divisor for 5-minute averages); an estimate from before the time-weighted
+token capacity has its token caliber withheld and never binds; the confidence reads in one
+vocabulary (a legacy "measured" is "high").
+
+One week of traffic on one replica whose busiest five minutes are known exactly: 7 requests in
+flight together, their prompts summing to 1,200 active tokens (no completion tokens, so the sum
+holds still), judged against an estimate dict of the shape collector.capacity.CapacityEstimate
+.to_dict() writes (knee 10 requests, pool 8, token capacity 1,000 mean / 2,000 p95).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+
+from collector.report.build import build_report, token_knee_withheld
+from collector.report.collect import collect_inputs
+from collector.report.plan import pool_per_replica
+from collector.report.review import render_report
+from collector.store.db import RequestStore
+
+UNTIL = datetime(2026, 11, 30, tzinfo=UTC)
+SINCE = UNTIL - timedelta(days=7)
+BURST = UNTIL - timedelta(days=2)
+PROMPTS = [171] * 6 + [174]  # 7 requests in flight together, 1,200 active tokens
+KEY = ("m", "default")
+LEGACY = (
+    "an estimate from before the time-weighted token capacity: its knee in tokens is an admission average"
+)
+
+
+def _rows() -> list[dict[str, Any]]:
+    rows = []
+    for i, prompt in enumerate(PROMPTS):
+        rows.append(
+            {
+                "request_id": f"r{i}",
+                "source": "traffic",
+                "instance": "r0",
+                "model": "m",
+                "admitted_at": BURST,
+                "first_token_at": None,
+                "completed_at": BURST + timedelta(minutes=5),
+                "outcome": "ok",
+                "prompt_tokens": prompt,
+                "completion_tokens": 0,
+                "e2e_s": 300.0,
+                "inflight_at_admit": i + 1,
+                "active_tokens_at_admit": sum(PROMPTS[: i + 1]),
+            }
+        )
+    return rows
+
+
+def estimate(**changes: Any) -> dict[str, Any]:
+    """A published estimate in to_dict()'s shape: knee 10 requests, pool 8, token capacity 1,000
+    (time-weighted mean) / p95 2,000."""
+    found: dict[str, Any] = {
+        "created_at": (UNTIL - timedelta(hours=2)).isoformat(),
+        "source": "probe",
+        "run_id": "probe-1",
+        "profile": "interactive",
+        "replica_class": "default",
+        "task_class": "all",
+        "confidence": "high",
+        "confidence_reason": None,
+        "published_because": "probe run probe-1 (2.0 h old)",
+        "knee_requests": 10,
+        "slo_max": 9,
+        "recommended_pool": 8,
+        "knee_tokens": 1000,
+        "knee_tokens_p95": 2000,
+        "max_request_tokens": 900,
+        "token_knee_withheld": None,
+        "kv_capacity_tokens": 8192,
+        "token_capacity": {
+            "mean": 1000,
+            "p50": 950,
+            "p95": 2000,
+            "max": 2600,
+            "admission_mean": 700,
+            "per_inflight_tokens": 100.0,
+            "traffic_requests": 500,
+            "kv_capacity_tokens": 8192,
+            "withheld": None,
+            "notes": [],
+        },
+    }
+    return found | changes
+
+
+@pytest.fixture(scope="module")
+def store():
+    store = RequestStore()
+    store.insert_rows(_rows())
+    yield store
+    store.close()
+
+
+def review(
+    store: RequestStore, published: dict[str, Any], previous: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The week's review with `published` as the class's estimate (the store has none: the
+    class is the default one, and the estimate is the dict the decision would hand over)."""
+    inputs = collect_inputs(store, SINCE, UNTIL)
+    inputs.estimates = {KEY: published}
+    inputs.previous_estimates = {KEY: previous} if previous else {}
+    return build_report(inputs)
+
+
+def _entry(report: dict[str, Any]) -> dict[str, Any]:
+    (model,) = report["models"]
+    (entry,) = model["classes"]
+    return dict(entry)
+
+
+def test_the_busiest_minute_is_judged_against_the_p95_never_the_mean(store):
+    """(a) The peak (1,200 tokens) is above the mean token capacity (1,000) but below the p95 at
+    the pool (2,000 x 8 / 10 = 1,600): the requests caliber gives the replica count, and 7
+    requests fit one pool of 8, so the review says 1 replica. Against the mean it would have said
+    2 (1,200 over a pool of 800), and a token-caliber alarm."""
+    report = review(store, estimate())
+    entry = _entry(report)
+    plan, concurrency = entry["plan"], entry["concurrency"]
+    assert plan["peak"]["requests"] == pytest.approx(7.0)
+    assert plan["peak"]["tokens"] == pytest.approx(1200.0)
+    assert 1000 < plan["peak"]["tokens"] < 2000 * 8 / 10
+    assert math.ceil(1200 / (1000 * 8 / 10)) == 2  # what the mean would have said
+    assert plan["pool_per_replica"] == {"requests": 8.0, "tokens": 1600.0}
+    assert plan["needed"] == {"requests": 1, "tokens": 1}
+    assert plan["binding_caliber"] == "requests" and plan["replicas_needed"] == 1
+    # one replica's own peak (counts at admission, instants) against the p95; both figures reported
+    assert (concurrency["peak_tokens"], concurrency["peak_requests"]) == (1200, 7)
+    assert (concurrency["knee_tokens"], concurrency["knee_tokens_p95"]) == (1000, 2000)
+    assert concurrency["peak_over_knee_tokens"] == pytest.approx(0.6)
+    assert concurrency["headroom_tokens"] == pytest.approx(0.4)
+    assert concurrency["binding_caliber"] == "requests" and concurrency["token_knee_withheld"] is None
+    actions = report["models"][0]["actions"]
+    assert not any(a["action"].startswith(("Run ", "Plan ")) for a in actions)
+    assert not any("tokens caliber" in a["action"] for a in actions)
+    assert entry["estimate"]["token_capacity"]["p95"] == 2000
+    assert entry["estimate"]["max_request_tokens"] == 900
+    md, html = render_report(report, "md"), render_report(report, "html").replace("&#x27;", "'")
+    for text in (md, html):
+        assert "At this week's peak you needed 1 replica of class default (you ran 1)" in text
+        assert "token capacity 1,000 (time-weighted mean) / p95 2,000" in text
+        assert "largest traffic request 900 tokens" in text
+    row = next(line for line in md.splitlines() if line.startswith("| tokens |"))
+    assert "1,000 (time-weighted mean) / p95 2,000" in row and "peak is 60 % of the p95" in row
+    assert "| 1,600 |" in row  # the pool per replica, from the p95
+    json = orjson.loads(render_report(report, "json"))
+    judged = json["models"][0]["classes"][0]["concurrency"]
+    assert (judged["knee_tokens"], judged["knee_tokens_p95"]) == (1000, 2000)
+
+
+def test_tokens_still_bind_past_the_p95_and_name_it(store):
+    """The same week against a p95 of 1,100 tokens: the pool is 880 tokens, the busiest minute
+    needs 2 replicas and the token caliber binds, in the plan and against one replica's peak."""
+    report = review(store, estimate(knee_tokens=900, knee_tokens_p95=1100))
+    entry = _entry(report)
+    plan = entry["plan"]
+    assert plan["pool_per_replica"]["tokens"] == pytest.approx(880.0)
+    assert plan["needed"] == {"requests": 1, "tokens": 2}
+    assert plan["binding_caliber"] == "tokens" and plan["replicas_needed"] == 2
+    assert entry["concurrency"]["binding_caliber"] == "tokens"  # 1,200 / 1,100 over 7 / 10
+    actions = {a["action"]: a["reason"] for a in report["models"][0]["actions"]}
+    assert (
+        "(the token capacity's p95 at the pool)"
+        in actions["Run 2 replicas of class default at the peak (ran 1)"]
+    )
+    assert (
+        "against the token capacity's p95 1100 (time-weighted mean 900): peak is 1.1 × the p95"
+        in actions["Add capacity or cap admission (tokens caliber)"]
+    )
+    assert "from the token capacity's p95" in render_report(report, "md")
+
+
+def test_a_legacy_estimate_has_its_token_caliber_withheld_and_never_binds(store):
+    """(b) An estimate saved before the time-weighted token capacity (no knee_tokens_p95, no
+    token_capacity): its knee_tokens (500) was an admission average. Judged against it the peak
+    would be 2.4 x the knee and the tokens caliber would bind, with 3 replicas; it is withheld
+    with the reason, and the requests caliber gives 1 replica."""
+    legacy = {
+        k: v for k, v in estimate(knee_tokens=500).items() if k not in ("knee_tokens_p95", "token_capacity")
+    }
+    legacy.pop("max_request_tokens")
+    assert token_knee_withheld(legacy) == LEGACY
+    assert token_knee_withheld(legacy | {"source": "traffic"}) == LEGACY  # whoever measured it
+    report = review(store, legacy)
+    entry = _entry(report)
+    concurrency, plan = entry["concurrency"], entry["plan"]
+    assert concurrency["token_knee_withheld"] == LEGACY
+    assert concurrency["knee_tokens"] is None and concurrency["knee_tokens_p95"] is None
+    assert concurrency["peak_over_knee_tokens"] is None and concurrency["headroom_tokens"] is None
+    assert concurrency["binding_caliber"] == "requests"
+    assert plan["pool_per_replica"]["tokens"] is None and plan["needed"]["tokens"] is None
+    assert plan["binding_caliber"] == "requests" and plan["replicas_needed"] == 1
+    summary = entry["estimate"]
+    assert summary["knee_tokens"] is None and summary["token_knee_withheld"] == LEGACY
+    assert not any("tokens caliber" in a["action"] for a in report["models"][0]["actions"])
+    md = render_report(report, "md")
+    assert f"Binding caliber: requests (token capacity withheld: {LEGACY})" in md
+    assert "Knee of class default: 10 requests (no token capacity to judge by)" in md
+    assert "500" not in md.split("### Replica class")[1].split("**Recommended actions**")[0]
+
+
+def test_what_withholds_a_token_capacity():
+    assert token_knee_withheld({}) is None  # no estimate: nothing to withhold
+    assert token_knee_withheld(estimate()) is None
+    assert token_knee_withheld(estimate(knee_tokens=None, token_knee_withheld="another mix")) == "another mix"
+    assert "no p95" in str(token_knee_withheld(estimate(knee_tokens_p95=None)))
+    # the estimate's own reason (a reader that marked it legacy itself) is kept as it is
+    assert token_knee_withheld({"knee_tokens": None, "token_knee_withheld": LEGACY + "; re-estimate"}) == (
+        LEGACY + "; re-estimate"
+    )
+
+
+def test_a_legacy_measured_confidence_reads_as_high(store):
+    """(c) A probe estimate saved when probes said "measured": the review, its Markdown, HTML and
+    JSON say "high", for the published estimate and the one before it."""
+    report = review(store, estimate(confidence="measured"), previous=estimate(confidence="measured"))
+    summary = _entry(report)["estimate"]
+    assert summary["confidence"] == "high" and summary["previous"]["confidence"] == "high"
+    for fmt in ("md", "html", "json"):
+        text = render_report(report, fmt)
+        assert 'measured"' not in text and "confidence measured" not in text
+    assert "confidence high" in render_report(report, "md")
+    assert "confidence high" in render_report(report, "html")
+    assert '"confidence": "high"' in render_report(report, "json")
+
+
+def test_the_token_pool_is_the_p95_at_the_pools_share_of_the_knee():
+    assert pool_per_replica(estimate(), 2000) == {"requests": 8.0, "tokens": 1600.0}
+    assert pool_per_replica(estimate(), None) == {"requests": 8.0, "tokens": None}
+    assert pool_per_replica(None, 2000) == {"requests": None, "tokens": None}
