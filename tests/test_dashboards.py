@@ -112,6 +112,22 @@ def test_new_capacity_names_only_no_deprecated_caliber_gauges():
     assert "caliber=" not in text
 
 
+def test_the_concurrency_panel_draws_the_token_knee_s_p95_beside_its_mean():
+    """The mean of the active tokens at the knee is what averages are held to; the p95 is what an
+    instantaneous limit (KEDA's token trigger, the gateway's) takes: both dashed, on the token axis."""
+    panels = BOARDS["headroom-capacity-overview.json"]["panels"]
+    panel = next(p for p in panels if p["title"].startswith("In-flight requests and active tokens"))
+    by_ref = {t["refId"]: t for t in panel["targets"]}
+    mean, p95 = by_ref["D"], by_ref["G"]
+    assert "headroom_capacity_knee_tokens{" in mean["expr"] and mean["legendFormat"].endswith("knee (tokens)")
+    assert "headroom_capacity_knee_tokens_p95{" in p95["expr"]
+    assert p95["legendFormat"].endswith("knee p95 (tokens)")
+    for ref in ("D", "G"):
+        overrides = [o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == ref]
+        ids = {prop["id"] for o in overrides for prop in o["properties"]}
+        assert {"custom.axisPlacement", "custom.lineStyle"} <= ids, ref
+
+
 def test_model_and_tenant_dropdowns_leave_out_the_idle_sidecars_placeholder():
     """Before its first request a sidecar exports headroom_inflight_requests{model="",tenant=""} 0
     (so sums read 0, not nothing); no dropdown may offer that empty model or tenant."""

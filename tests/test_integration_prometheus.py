@@ -332,6 +332,7 @@ def _keda_triggers() -> list[dict]:
     estimate = {
         "model": MODEL,
         "knee": {"requests": KNEE_REQUESTS, "tokens": 2000, "reached": True},
+        "knee_tokens_p95": 2600,  # the token trigger needs it (the sidecar's gauge, else this number)
         "recommended_pool": 3,
         "created_at": "2026-12-01T00:00:00+00:00",
         "rate_requests_per_s": 10.0,

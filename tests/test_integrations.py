@@ -14,17 +14,28 @@ from collector.cli import main
 from collector.integrations.render import EstimateError, gateway_picker_config, per_replica
 from collector.rules.config import DEFAULT
 from collector.store.db import RequestStore
+from collector.store.decision import published_estimates
 from collector.store.estimates import save_estimate
 
 
 @pytest.fixture
 def stored(tmp_path):
-    """A request log holding one probe estimate for model m (knee 8 requests)."""
+    """A request log holding one probe estimate for model m (knee 8 requests), with the p95 of the
+    active tokens at the knee (1.5x its mean) and the largest request of the traffic's week; the
+    dict is the estimate as the store gives it back, which is what `--db` renders."""
     estimate = _estimate(model="m", knee_at=8)
+    mean = estimate.knee.tokens
+    estimate.token_capacity = {"mean": mean, "p95": mean * 3 // 2, "max_request_tokens": 40}
     store = RequestStore(tmp_path / "log.duckdb")
     save_estimate(store, estimate)
+    (published,) = published_estimates(store)
     store.close()
-    return tmp_path / "log.duckdb", estimate.to_dict()
+    return tmp_path / "log.duckdb", published.estimate.to_dict()
+
+
+def _small(estimate: dict, **tokens) -> dict:
+    """Knee 4 requests, pool 2, and the given token figures (knee_tokens_p95=None: withheld)."""
+    return estimate | {"knee": estimate["knee"] | {"requests": 4}, "recommended_pool": 2} | tokens
 
 
 def _render(*args: str) -> dict:
@@ -55,7 +66,11 @@ def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_
         "the stored pool, as a floor"
     )
     assert "headroom_active_tokens" in tokens["metadata"]["query"]
-    assert f"or vector({limits['pool_tokens']})" in tokens["metadata"]["query"]
+    # an instantaneous value (KEDA's poll) divided by the p95's pool, never the mean's
+    assert limits["pool_tokens_p95"] > limits["pool_tokens"]
+    assert f"or vector({limits['pool_tokens_p95']})" in tokens["metadata"]["query"]
+    assert "headroom_capacity_knee_tokens_p95{" in tokens["metadata"]["query"]
+    assert "headroom_capacity_knee_tokens{" not in tokens["metadata"]["query"]
 
 
 def test_gateway_concurrency_detector_takes_the_pool_and_bursts_to_the_knee(stored):
@@ -72,7 +87,9 @@ def test_gateway_concurrency_detector_takes_the_pool_and_bursts_to_the_knee(stor
     parameters, pool, knee = plugin["parameters"], estimate["recommended_pool"], estimate["knee"]
     assert parameters["concurrencyMode"] == "tokens"
     assert parameters["maxConcurrency"] == pool
-    assert parameters["maxTokenConcurrency"] == int(knee["tokens"] * pool / knee["requests"])
+    assert parameters["maxTokenConcurrency"] == max(
+        int(estimate["knee_tokens_p95"] * pool / knee["requests"]), estimate["max_request_tokens"]
+    )
     assert parameters["headroom"] == pytest.approx(knee["requests"] / pool - 1, abs=1e-4)
     # the documented parameter contract: positive ints and a non-negative fraction
     assert all(
@@ -142,7 +159,12 @@ def test_keda_queries_never_yield_nan_or_inf(stored, tmp_path, situation, series
 
     promtool = require_tool("promtool")
     _, estimate = stored
-    estimate = estimate | {"recommended_pool": 6, "knee": estimate["knee"] | {"requests": 8, "tokens": 9000}}
+    estimate = estimate | {
+        "recommended_pool": 6,
+        "knee": estimate["knee"] | {"requests": 8, "tokens": 9000},
+        "knee_tokens": 9000,
+        "knee_tokens_p95": 12000,
+    }
     triggers = keda_scaled_object(estimate, deployment="d")["spec"]["triggers"]
     where = f'job="{DEFAULT.sidecar_job}",model="m",instance="a",tenant="t"'
     published = 'model="m",task_class="all",instance="a"'
@@ -195,16 +217,169 @@ def test_a_withheld_token_knee_drives_no_token_scaling(stored, tmp_path):
     _, estimate = stored
     withheld = estimate | {
         "knee_tokens": None,
+        "knee_tokens_p95": None,
         "token_knee_withheld": "mean tokens per request 4.0x the traffic's",
     }
     limits = per_replica(withheld)
     assert limits["knee_tokens"] is None and limits["pool_tokens"] is None
+    assert limits["pool_tokens_p95"] is None
     path = tmp_path / "withheld.json"
     path.write_text(json.dumps(withheld))
     scaled = _render("keda", "--estimate", str(path), "--deployment", "d")
     assert len(scaled["spec"]["triggers"]) == 1  # requests only
     assert "headroom_active_tokens" not in json.dumps(scaled)
+    assert "4.0x the traffic's" in scaled["metadata"]["annotations"]["llm-headroom/token-trigger"]
     result = CliRunner().invoke(
         main, ["integrations", "gateway", "--estimate", str(path), "--mode", "tokens"]
     )
     assert result.exit_code == 1 and "4.0x the traffic's" in result.output
+
+
+def test_token_limits_take_the_p95_at_the_knee_and_never_refuse_the_largest_request(stored):
+    """Knee 4, pool 2; active tokens at the knee mean 700, p95 1100; the traffic's largest request
+    900 tokens. KEDA divides by the p95's pool (1100 x 2 / 4 = 550, not the mean's 350); the
+    gateway's limit 550 would refuse that request on an idle replica, so it is raised to 900."""
+    from collector.integrations.render import gateway_comments, keda_scaled_object
+
+    _, estimate = stored
+    small = _small(estimate, knee_tokens=700, knee_tokens_p95=1100, max_request_tokens=900)
+    limits = per_replica(small)
+    assert (limits["pool_tokens"], limits["pool_tokens_p95"]) == (350.0, 550.0)
+    assert limits["max_request_tokens"] == 900
+    scaled = keda_scaled_object(small, deployment="d")
+    (tokens,) = [t for t in scaled["spec"]["triggers"] if t["name"] == "active-tokens-per-pool"]
+    assert "or vector(550.0)" in tokens["metadata"]["query"]
+    assert "vector(350" not in tokens["metadata"]["query"]
+    assert scaled["metadata"]["annotations"]["llm-headroom/pool-tokens"].startswith(
+        "550 (p95 of the active tokens at the knee 1100 x pool 2 / knee 4"
+    )
+    assert "llm-headroom/token-trigger" not in scaled["metadata"]["annotations"]
+    parameters = gateway_picker_config(small, mode="tokens")["plugins"][0]["parameters"]
+    assert parameters["maxTokenConcurrency"] == 900
+    (line,) = [c for c in gateway_comments(small, mode="tokens") if c.startswith("maxTokenConcurrency")]
+    assert line.startswith(
+        "maxTokenConcurrency 900: raised to the largest request the traffic sent: 900 tokens"
+    )
+    assert "1100 x 2 / 4 = 550" in line
+
+    # (b) a p95 whose pool is above the largest request: the pool itself, and the comment says so
+    wide = small | {"knee_tokens_p95": 3000}
+    parameters = gateway_picker_config(wide, mode="tokens")["plugins"][0]["parameters"]
+    assert parameters["maxTokenConcurrency"] == 1500
+    (line,) = [c for c in gateway_comments(wide) if c.startswith("maxTokenConcurrency")]
+    assert (
+        line
+        == "maxTokenConcurrency 1500: the pool in tokens, p95 of the active tokens at the knee 3000 x 2 / 4"
+    )
+    # no traffic (no largest request known): the p95's pool as it is
+    quiet = small | {"max_request_tokens": None}
+    assert gateway_picker_config(quiet)["plugins"][0]["parameters"]["maxTokenConcurrency"] == 550
+
+
+def test_a_legacy_estimate_without_the_p95_renders_no_token_trigger_or_limit(stored, tmp_path):
+    """An estimate from before knee_tokens_p95 carries an admission average as its token figure:
+    KEDA gets no token trigger (the annotation says why), the gateway no maxTokenConcurrency (a
+    comment says why), and --mode tokens is refused with the reason."""
+    from collector.integrations.render import gateway_comments, keda_scaled_object
+
+    _, estimate = stored
+    legacy = {
+        k: v
+        for k, v in _small(estimate, knee_tokens=700).items()
+        if k not in ("knee_tokens_p95", "max_request_tokens", "token_capacity")
+    }
+    limits = per_replica(legacy)
+    assert limits["pool_tokens"] == 350.0 and limits["pool_tokens_p95"] is None
+    scaled = keda_scaled_object(legacy, deployment="d")
+    assert [t["name"] for t in scaled["spec"]["triggers"]] == ["inflight-requests-per-pool"]
+    assert "headroom_active_tokens" not in json.dumps(scaled)
+    why = scaled["metadata"]["annotations"]["llm-headroom/token-trigger"]
+    assert why.startswith("none: the estimate predates the p95 of the active tokens at the knee")
+    with pytest.raises(EstimateError, match="predates the p95"):
+        gateway_picker_config(legacy, mode="tokens")
+    parameters = gateway_picker_config(legacy)["plugins"][0]["parameters"]
+    assert "maxTokenConcurrency" not in parameters and parameters["maxConcurrency"] == 2
+    comments = gateway_comments(legacy)
+    assert comments[1].startswith("maxTokenConcurrency not set: the estimate predates")
+    # through the command line: refused, the reason and the way out printed
+    path = tmp_path / "legacy.json"
+    path.write_text(json.dumps(legacy))
+    result = CliRunner().invoke(
+        main, ["integrations", "gateway", "--estimate", str(path), "--mode", "tokens"]
+    )
+    assert result.exit_code == 1 and "gives no token limit" in result.output
+    assert "--mode requests" in result.output
+    scaled = _render("keda", "--estimate", str(path), "--deployment", "d")
+    assert len(scaled["spec"]["triggers"]) == 1 and "headroom_active_tokens" not in json.dumps(scaled)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("situation", "gauges", "expected"),
+    [
+        ("the p95 gauge published beside the mean's", True, 1),
+        # a sidecar of a release before the p95 gauge: the estimate's own p95 pool, the same answer
+        ("no capacity gauges (the estimate's number)", False, 1),
+    ],
+)
+def test_keda_token_trigger_answers_one_replica_at_the_p95_pool_in_promtool(
+    stored, tmp_path, situation, gauges, expected
+):
+    """promtool evaluates the token trigger on recorded series: one replica carrying its p95 pool
+    in tokens (550 = 1100 x 2 / 4) asks KEDA for 1 replica, where the mean's pool (350) would
+    have asked for ceil(550 / 350) = 2."""
+    from conftest import require_tool
+
+    from collector.integrations.render import keda_scaled_object
+
+    promtool = require_tool("promtool")
+    _, estimate = stored
+    small = _small(estimate, knee_tokens=700, knee_tokens_p95=1100, max_request_tokens=900)
+    (tokens,) = [
+        t
+        for t in keda_scaled_object(small, deployment="d")["spec"]["triggers"]
+        if t["name"] == "active-tokens-per-pool"
+    ]
+    where = f'job="{DEFAULT.sidecar_job}",model="m",instance="a",tenant="t"'
+    published = (
+        'model="m",task_class="all",replica_class="default",source="probe",confidence="high",instance="a"'
+    )
+    series = {
+        f"headroom_active_tokens{{{where}}}": "550+0x5",
+        f'up{{job="{DEFAULT.sidecar_job}",instance="a"}}': "1+0x5",
+    }
+    if gauges:
+        series |= {
+            f"headroom_capacity_knee_requests{{{published}}}": "4+0x5",
+            f"headroom_capacity_recommended_pool_requests{{{published}}}": "2+0x5",
+            f"headroom_capacity_knee_tokens{{{published}}}": "700+0x5",
+            f"headroom_capacity_knee_tokens_p95{{{published}}}": "1100+0x5",
+        }
+    inputs = [{"series": name, "values": values} for name, values in series.items()]
+    checks = [
+        {
+            "expr": tokens["metadata"]["query"],
+            "eval_time": "4m",
+            "exp_samples": [{"labels": "{}", "value": expected}],
+        },
+        # KEDA's AverageValue with threshold 1: replicas = ceil(the answer)
+        {
+            "expr": f"ceil({tokens['metadata']['query']})",
+            "eval_time": "4m",
+            "exp_samples": [{"labels": "{}", "value": 1}],
+        },
+    ]
+    (tmp_path / "rules.yaml").write_text("groups: []\n")
+    document = {
+        "rule_files": ["rules.yaml"],
+        "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}],
+    }
+    (tmp_path / "keda.test.yaml").write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [promtool, "test", "rules", "keda.test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, f"{situation}: {result.stdout}{result.stderr}"

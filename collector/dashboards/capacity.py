@@ -169,7 +169,10 @@ def concurrency_panel() -> dict[str, Any]:
         "Both calibers of concurrency per sidecar: requests on the left axis, tokens on the right. Dashed "
         "lines are the measured knee and the recommended pool from the latest capacity estimate, and the "
         "engine's own ceiling (its slots or vLLM's worst-case KV concurrency); live lines approaching the "
-        "knee mean the replica is near its boundary in that caliber.",
+        "knee mean the replica is near its boundary in that caliber. In tokens there are two knee lines: "
+        "the time-weighted mean of the active tokens at the request knee (what 5-minute averages are "
+        "held to) and its p95 (what an instantaneous limit takes: KEDA's token trigger, the gateway's "
+        "maxTokenConcurrency).",
         [
             target(
                 f"sum by (instance, model) ({_INFLIGHT}{sel('model')})",
@@ -190,6 +193,11 @@ def concurrency_panel() -> dict[str, Any]:
                 published("headroom_capacity_knee_tokens"), "{{model}} {{replica_class}} knee (tokens)", "D"
             ),
             target(
+                published("headroom_capacity_knee_tokens_p95"),
+                "{{model}} {{replica_class}} knee p95 (tokens)",
+                "G",
+            ),
+            target(
                 published("headroom_capacity_recommended_pool_requests"),
                 "{{model}} {{replica_class}} recommended pool (requests)",
                 "E",
@@ -206,7 +214,8 @@ def concurrency_panel() -> dict[str, Any]:
         overrides=(
             right_axis("B", "short", "tokens"),
             right_axis("D", "short", "tokens"),
-            *dashed("C", "D", "E", "F"),
+            right_axis("G", "short", "tokens"),
+            *dashed("C", "D", "E", "F", "G"),
         ),
     )
 

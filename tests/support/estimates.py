@@ -15,6 +15,8 @@ def capacity_estimate(
     run_id: str | None = None,
     knee_requests: int | None = None,
     knee_tokens: int | None = None,
+    knee_tokens_p95: int | None = None,
+    max_request_tokens: int | None = None,
     reached: bool | None = None,
     slo_max_requests: int | None = None,
     slo_max_tokens: int | None = None,
@@ -30,7 +32,8 @@ def capacity_estimate(
     error_ratio: float = 0.0,
 ) -> CapacityEstimate:
     """An estimate whose knee is `knee_requests` (reached unless `reached=False` or no knee given)
-    and `knee_tokens` (withheld when None); recommended pool defaults to the knee."""
+    and token capacity `knee_tokens` (withheld when None; its p95 defaults to 1.25 x it); the
+    recommended pool defaults to the knee."""
     reached = knee_requests is not None if reached is None else reached
     when = created_at or datetime.fromtimestamp(
         estimated_at if estimated_at is not None else time.time(), UTC
@@ -55,4 +58,11 @@ def capacity_estimate(
         rate_requests_per_s=rate_requests_per_s,
         prefill_tokens_per_s=prefill_tokens_per_s,
         confidence_reason=confidence_reason,
+        token_capacity=None
+        if knee_tokens is None
+        else {
+            "mean": knee_tokens,
+            "p95": knee_tokens_p95 if knee_tokens_p95 is not None else round(1.25 * knee_tokens),
+            "max_request_tokens": max_request_tokens,
+        },
     )
