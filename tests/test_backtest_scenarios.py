@@ -18,6 +18,7 @@ from conftest import require_tool
 from collector.backtest.report import render_text, scenario_table
 from collector.backtest.run import run_scenario
 from collector.backtest.scenarios import SCENARIOS, scenario_names
+from collector.backtest.simulate import simulate
 from collector.backtest.verdict import matches
 from collector.rules.config import DEFAULT
 
@@ -61,13 +62,21 @@ def test_ramp_warns_fifteen_minutes_and_pages_five_minutes_before_the_slo_breach
 
 
 def test_token_shift_warns_on_tokens_before_the_breach_while_request_caliber_stays_silent(backtest):
-    timeline = backtest("token_shift").timeline
+    """Tokens bind when tokens bind (#46): the token capacity is the one the product publishes for
+    the first 15 minutes' mix (knee x time-weighted tokens per request in flight, not a hand-set
+    number); as prompts lengthen at a flat request rate the token caliber warns >= 15 min and pages
+    >= 5 min before the SLO breach, and the request caliber says nothing until then."""
+    result = backtest("token_shift")
+    timeline = result.timeline
+    published = simulate(SCENARIOS["token_shift"]).scenario.knee_tokens
+    assert SCENARIOS["token_shift"].knee_tokens is None and 32 * 200 < published < 16384
     breach = timeline.first_breach.start
     early = [s for s in timeline.fired if s.firing_at < breach]
     assert any(s.name == "HeadroomTokenCaliberDivergence" or matches('{caliber="tokens"}', s) for s in early)
     assert not [
         s for s in early if matches('{caliber="requests"}', s) or s.name == "HeadroomQueueNotDraining"
     ]
+    assert timeline.lead_warning_s >= 15 * MIN and timeline.lead_page_s >= 5 * MIN, render_text(result)
 
 
 def _first_firing(timeline, name: str) -> float:

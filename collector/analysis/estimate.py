@@ -297,7 +297,7 @@ def _from_traffic(
     apply_token_capacity(
         estimate,
         token_capacity_in_store(
-            store if isinstance(store, RequestStore) else None,
+            store,  # whatever the passive curve read: the same rows
             estimate.knee.requests,
             model=model,
             at=until,  # the estimate's own window: the traffic it measured

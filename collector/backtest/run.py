@@ -166,7 +166,7 @@ def run_scenario(
         interval_s=interval_s or scenario.evaluation_interval_s,
         incidents=scenario.problems(),
         expect=scenario.expect,
-        knee={"requests": scenario.knee_requests, "tokens": scenario.knee_tokens},
+        knee={"requests": scenario.knee_requests, "tokens": result.scenario.knee_tokens or 0},
         prometheus=prometheus,
         promtool=promtool,
     )

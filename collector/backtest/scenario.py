@@ -178,7 +178,11 @@ class Scenario:
     model: str = "llama-70b"
     tenants: tuple[tuple[str, float], ...] = (("team-a", 0.6), ("team-b", 0.4))
     knee_requests: int = 32  # the published knee per replica (the probe's answer)
-    knee_tokens: int = 40000  # the published token-caliber knee per replica
+    # the published token capacity per replica; None: what the product publishes for this traffic,
+    # knee_requests x the time-weighted tokens per in-flight request of the first `baseline_s`
+    # (collector.backtest.simulate.published_token_capacity)
+    knee_tokens: int | None = 40000
+    baseline_s: float = 15 * 60.0
     recommended_pool: int = 24
     scrape_interval_s: float = 15.0
     evaluation_interval_s: float = 30.0

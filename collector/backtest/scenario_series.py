@@ -94,12 +94,13 @@ def _capacity(
     out: SeriesSet, target: dict[str, str], times: list[float], scenario: Scenario, epoch: float
 ) -> None:
     labels = target | {"model": scenario.model, "task_class": "all", "source": "probe", "confidence": "high"}
-    values = {
+    values: dict[str, float] = {
         "headroom_capacity_knee_requests": scenario.knee_requests,
-        "headroom_capacity_knee_tokens": scenario.knee_tokens,
         "headroom_capacity_recommended_pool_requests": scenario.recommended_pool,
         "headroom_capacity_estimate_timestamp_seconds": epoch - 86400,
     }
+    if scenario.knee_tokens is not None:  # simulate() derives it where the scenario leaves it open
+        values["headroom_capacity_knee_tokens"] = scenario.knee_tokens
     for t in times:
         for name, value in values.items():
             out.add(name, labels, t, value)

@@ -79,10 +79,11 @@ _ALL = (
         constant(0.55),
         long_share=linear(0.05, 0.40, 1 * _H, after_s=15 * _M),
         replicas=(Replica("replica-0", _SMALL_KV),),
-        knee_tokens=15000,
+        knee_tokens=None,  # what the product publishes: the knee x the first 15 min's tokens per request in flight
         expect=Expect(
             breach=True,
-            lead_warning_s=0.0,
+            lead_warning_s=15 * _M,
+            lead_page_s=5 * _M,
             silent_before_breach=('{caliber="requests"}', "HeadroomQueueNotDraining"),
         ),
     ),

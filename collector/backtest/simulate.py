@@ -20,9 +20,11 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from collector.analysis.token_knee import Held, token_capacity, token_mix_of
 from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.scenario import Fault, Replica, Scenario
 from collector.sim.scheduler import QueueFull, Scheduler, SimRequest
@@ -294,7 +296,8 @@ def _pick(weighted: tuple[tuple[str, float], ...], rng: random.Random) -> str:
 
 
 def simulate(scenario: Scenario) -> SimulationResult:
-    """Run every replica of `scenario` to its end; deterministic for a given scenario and seed."""
+    """Run every replica of `scenario` to its end; deterministic for a given scenario and seed.
+    A scenario without a token capacity (knee_tokens None) gets the one the product would publish."""
     records, engine = [], {}
     for index, replica in enumerate(scenario.replicas):
         loop = _Replica(scenario, replica, index)
@@ -302,4 +305,26 @@ def simulate(scenario: Scenario) -> SimulationResult:
         records.extend(loop.records)
         engine[replica.key] = loop.samples
     records.sort(key=lambda r: r.admitted)
+    if scenario.knee_tokens is None:
+        scenario = dataclasses.replace(scenario, knee_tokens=published_token_capacity(scenario, records))
     return SimulationResult(scenario, records, engine)
+
+
+def published_token_capacity(scenario: Scenario, records: Sequence[Lifecycle], epoch: float = EPOCH) -> int:
+    """The token capacity `headroom` publishes for this traffic (collector.analysis.token_knee): the
+    request knee x the time-weighted tokens per in-flight request of the answered requests admitted
+    in the first `baseline_s` (the ordinary mix, before the scenario changes it)."""
+    held = [
+        Held(r.e2e_s, r.prompt_tokens, r.completion_tokens, r.ttft_s or 0.0)
+        for r in records
+        if r.admitted < epoch + scenario.baseline_s and r.outcome == "ok" and r.e2e_s
+    ]
+    mix = token_mix_of(held)
+    if mix is None:
+        raise ValueError(
+            f"scenario {scenario.name}: no answered request in its first {scenario.baseline_s:g} s"
+        )
+    capacity = token_capacity(scenario.knee_requests, mix)
+    if capacity.mean is None:
+        raise ValueError(f"scenario {scenario.name}: no token capacity ({capacity.withheld})")
+    return capacity.mean
