@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "integrations": {"rules", "store", "alerts", "lake"},
     "service": {"store", "analysis", "report"},
     "sidecar": {"store", "sources", "analysis", "report", "service", "lake"},
-    "backtest": {"sim", "alerts", "rules", "store", "lake"},
+    "backtest": {"sim", "analysis", "alerts", "rules", "store", "lake"},
 }
 FOUNDATION = {
     "__init__",

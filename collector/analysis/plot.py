@@ -15,6 +15,8 @@ import io
 from pathlib import Path
 from typing import Any
 
+from collector.analysis.render import token_summary
+
 __all__ = [
     "render_png",
     "render_rates_png",
@@ -193,8 +195,7 @@ def render_html(estimate: Any, png: bytes, rates_png: bytes | None = None) -> st
         for level in estimate.levels
     )
     knee = estimate.knee
-    withheld = getattr(estimate, "token_knee_withheld", None)
-    tokens = f"{knee.tokens} tokens" + (" (withheld)" if withheld and knee.reached else "")
+    tokens = token_summary(estimate)
     pool_reason = estimate.extra.get("pool_reason")
     summary = (
         f"knee {knee.requests} requests / {tokens}; SLO max "
@@ -203,7 +204,9 @@ def render_html(estimate: Any, png: bytes, rates_png: bytes | None = None) -> st
         f"confidence {_cell(estimate.confidence)}"
     )
     notes = [
-        f"Token knee withheld: {withheld}" if withheld and knee.reached else None,
+        f"Token capacity withheld: {estimate.token_knee_withheld}"
+        if estimate.token_knee_withheld and knee.reached
+        else None,
         f"Publishes nothing: {estimate.confidence_reason}" if estimate.confidence == "none" else None,
     ]
     summary += "".join(f"</p>\n<p>{_cell(note)}" for note in notes if note)

@@ -39,7 +39,7 @@ traffic's too.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -53,7 +53,6 @@ __all__ = [
     "MIN_TRAFFIC_REQUESTS",
     "TRAFFIC_WINDOW",
     "SAMPLE_ROWS",
-    "held_of_row",
     "token_mix_of",
     "traffic_token_mix",
     "token_capacity",
@@ -107,14 +106,6 @@ class Held:
         if into <= 0 or self.generating_s <= 0:
             return float(self.prompt_tokens)
         return self.prompt_tokens + self.completion_tokens * min(into / self.generating_s, 1.0)
-
-
-def held_of_row(row: Mapping[str, Any]) -> Held | None:
-    """The Held of an answered request-log row; None for one the gauge cannot account."""
-    e2e, prompt, completion = row.get("e2e_s"), row.get("prompt_tokens"), row.get("completion_tokens")
-    if row.get("outcome") != "ok" or not e2e or e2e <= 0 or prompt is None or completion is None:
-        return None
-    return Held(float(e2e), int(prompt), int(completion), float(row.get("ttft_s") or 0.0))
 
 
 @dataclass(frozen=True)

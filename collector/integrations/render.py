@@ -79,9 +79,9 @@ def per_replica(estimate: dict[str, Any]) -> dict[str, Any]:
     estimate predates them (`knee_tokens_p95`), or without traffic (`max_request_tokens`).
     """
     knee = estimate.get("knee") or {}
-    # the token knee the gauges publish: None when it was withheld (a probe's prompt lengths far
-    # from the traffic's, docs/capacity.md "Token capacity"), capped at the engine's KV cache
-    knee_requests, knee_tokens = knee.get("requests"), estimate.get("knee_tokens", knee.get("tokens"))
+    # the token capacity the gauges publish (time-weighted, docs/capacity.md "Token capacity"):
+    # None when withheld; never the knee's own `tokens`, an average over admissions
+    knee_requests, knee_tokens = knee.get("requests"), estimate.get("knee_tokens")
     knee_tokens_p95 = estimate.get("knee_tokens_p95")
     pool = estimate.get("recommended_pool")
     model = estimate.get("model") or "the model"
