@@ -75,7 +75,7 @@ def test_overview_opens_with_the_glance_row_and_shows_the_engine_ceiling_beside_
     titles = " ".join(p["title"] for p in glance)
     for word in (
         "Requests: live ÷ knee",
-        "Tokens: live ÷ knee",
+        "Tokens: live ÷ knee p95",
         "engine ceiling",
         "pool",
         "burn",

@@ -119,7 +119,8 @@ def test_an_empty_cluster_label_keeps_every_rule_and_panel_of_the_single_cluster
     class's knee (alerts on the ratio gain replica_class="default"; their tests say so), and the
     class record and its tests are added. The $model and $tenant variables skip the placeholder
     series' empty values (#40), a change single-cluster users get too, as is the token knee's p95
-    line beside its mean in the concurrency panel (docs/domain.md §12).
+    line beside its mean in the concurrency panel and the glance stat of live tokens over that
+    p95 (docs/domain.md §12).
     """
     generated = alert_files(ONE_CLUSTER) | dashboard_files(ONE_CLUSTER)
     added = set()

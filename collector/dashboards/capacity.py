@@ -60,10 +60,12 @@ def glance_row(c: RulesConfig) -> list[dict[str, Any]]:
             defaults=near,
         ),
         stat(
-            "Tokens: live ÷ knee",
-            "Active tokens of the busiest selected sidecar over its knee in tokens: the "
-            "caliber that long contexts exhaust while the request count looks fine.",
-            [target(_live_over_knee(_TOKENS, "headroom_capacity_knee_tokens"), "tokens")],
+            "Tokens: live ÷ knee p95",
+            "Active tokens of the busiest selected sidecar now over the p95 of its token capacity "
+            "(an instantaneous value against a peak-aware figure; the 5-minute rules divide their "
+            "averages by the time-weighted mean): the caliber that long contexts exhaust while the "
+            "request count looks fine.",
+            [target(_live_over_knee(_TOKENS, "headroom_capacity_knee_tokens_p95"), "tokens")],
             "percentunit",
             defaults=near,
         ),

@@ -336,6 +336,12 @@ def _age(created_at: str | None, now: datetime) -> str:
     return f"{seconds / 86400:.1f} days old"
 
 
+def _confidence(estimate: dict[str, Any]) -> str:
+    """The estimate's confidence in the one vocabulary (a legacy probe's "measured" is "high")."""
+    found = str(estimate.get("confidence") or "unknown")
+    return "high" if found == "measured" else found
+
+
 def gateway_comments(
     estimate: dict[str, Any], *, mode: str = "requests", now: datetime | None = None
 ) -> list[str]:
@@ -384,7 +390,7 @@ def gateway_comments(
     lines.append(
         f"measured by {estimate.get('source') or 'an unknown source'} run {estimate.get('run_id')} "
         f"at {when} ({_age(when, now or datetime.now(UTC))}), replica class {_replica_class(estimate)}, "
-        f"confidence {estimate.get('confidence') or 'unknown'}"
+        f"confidence {_confidence(estimate)}"
     )
     return lines
 
