@@ -43,7 +43,7 @@ SIDECAR = {
 
 
 def _estimate(model: str, created: float) -> CapacityEstimate:
-    """A saved estimate: a knee of 32 requests and 40k tokens, pool 24."""
+    """A saved estimate: a knee of 32 requests and a token capacity of 40k (p95 52k), pool 24."""
     knee = KneeResult(32, 40000, True, "plateau", 32, 32, True, "")
     return CapacityEstimate(
         model,
@@ -57,6 +57,7 @@ def _estimate(model: str, created: float) -> CapacityEstimate:
         30000,
         24,
         created_at=datetime.fromtimestamp(created, UTC),
+        token_capacity={"mean": 40000, "p95": 52000, "max_request_tokens": 1600},
     )
 
 
@@ -104,6 +105,7 @@ def test_rows_read_back_rebuild_the_series_the_scenario_exported(logged):
     assert knees == {
         "headroom_capacity_knee_requests": 32.0,
         "headroom_capacity_knee_tokens": 40000.0,
+        "headroom_capacity_knee_tokens_p95": 52000.0,
         "headroom_capacity_recommended_pool_requests": 24.0,
     }
     assert not {key[0] for key in replayed.keys()} & set(ENGINE_SIDE), "engine series are never invented"

@@ -32,7 +32,7 @@ from support.real_engine import llama_server
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.analysis.probe import ProbeSettings, run_probe
-from collector.analysis.token_knee import mix_of_rows, token_check_in_store
+from collector.analysis.token_knee import TRAFFIC_WINDOW, token_capacity_in_store, traffic_token_mix
 from collector.store.db import RequestStore
 
 # minutes each on 2 cores: a real model answers every request (the suite's default is 300 s)
@@ -317,8 +317,8 @@ def _assert_passive_within_one_level(db, since, probe_knee: int, sent: int) -> N
 
 def _assert_engine_series_and_token_knee_true(db, direct, metrics: str) -> None:
     """#33 on the real engine: llama.cpp's series carry the served model (llama-server labels
-    none; the sidecar asks /v1/models), and the probe's token knee checked against the traffic
-    the sidecar logged is withheld, or within 2x of the passive token knee and <= the KV cache."""
+    none; the sidecar asks /v1/models), and the token capacity at the probe's knee is the traffic
+    the sidecar logged, time-weighted (#46), within the KV cache, or withheld with a reason."""
     engine = [line for line in metrics.splitlines() if line.startswith("headroom_engine_") and "{" in line]
     labelled = [line for line in engine if "model=" in line]  # headroom_engine_up has no model
     assert labelled and all('model=""' not in line for line in labelled), engine[:5]
@@ -330,28 +330,30 @@ def _assert_engine_series_and_token_knee_true(db, direct, metrics: str) -> None:
         ),
         None,
     )
-    rows = [row for level in direct.levels for row in level.rows]
     measured = detect_knee([level.stats for level in direct.levels])
     store = RequestStore(db, read_only=True)
     try:
-        check = token_check_in_store(
+        capacity = token_capacity_in_store(
             store,
-            measured.tokens if measured.reached else None,
-            mix_of_rows(rows),
+            measured.requests,
             model=None,
             at=datetime.now(UTC),
+            reached=measured.reached,
             kv_capacity_tokens=int(kv) if kv else None,
-            compute_passive=True,
+            admission_mean=measured.tokens,
         )
+        mix = traffic_token_mix(store, None, datetime.now(UTC) - TRAFFIC_WINDOW, datetime.now(UTC))
     finally:
         store.close()
     print(
-        f"token knee: measured {check.measured_tokens}, published {check.knee_tokens}, {check.withheld or 'used'}"
+        f"token capacity: mean {capacity.mean}, p95 {capacity.p95} (admission average "
+        f"{capacity.admission_mean}), {capacity.withheld or 'published'}"
     )
-    if check.knee_tokens is None:
-        assert check.withheld
+    if capacity.mean is None:
+        assert capacity.withheld
         return
-    if kv:
-        assert check.knee_tokens <= kv
-    if check.passive is not None and check.passive.reached:
-        assert 0.5 <= check.knee_tokens / check.passive.tokens <= 2
+    # the traffic's own time-weighted tokens per in-flight request at the knee, within the KV cache
+    assert mix is not None
+    expected = measured.requests * mix.per_inflight_tokens
+    assert capacity.mean == round(min(expected, kv) if kv else expected)
+    assert capacity.mean <= capacity.p95 <= (kv or capacity.p95)

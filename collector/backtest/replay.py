@@ -229,6 +229,7 @@ def replay_series(log: ReplayLog, job: str, scrape_interval_s: float) -> SeriesS
     names = {
         "knee_requests": "headroom_capacity_knee_requests",
         "knee_tokens": "headroom_capacity_knee_tokens",
+        "knee_tokens_p95": "headroom_capacity_knee_tokens_p95",
         "recommended_pool": "headroom_capacity_recommended_pool_requests",
     }
     for capacity in log.capacities:
