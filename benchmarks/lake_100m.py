@@ -7,7 +7,7 @@
               committer (collector.lake.table.commit_staged, what `headroom lake commit` runs)
               registers them. Rows are built as columns with numpy and pyarrow, FILE_ROWS at a
               time (memory stays flat), seeded: the same parameters give the same rows. Values
-              follow collector.store.synthetic's traffic: TTFT grows with the in-flight count,
+              follow tests/support/synthetic.py's traffic: TTFT grows with the in-flight count,
               a fifth of requests fail or are rate-limited, tenants skewed, models weighted.
     review    `headroom report` over [END - 7 days, END) through --catalog/--lake, timed as a
               process (what a user runs), REPEAT times; with --parts, once in this process with

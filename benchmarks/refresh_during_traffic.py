@@ -47,12 +47,15 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import BODY, PYTHON, ROOT, StealSampler, free_port, start  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tests"))  # support.synthetic: the suite's synthetic rows
+
+from support.synthetic import synthetic_rows  # noqa: E402
+
 from collector.analysis.refresh import refresh_estimates, refresh_estimates_isolated  # noqa: E402
 from collector.serving import serve_in_thread  # noqa: E402
 from collector.sidecar.config import SidecarConfig  # noqa: E402
 from collector.sidecar.wiring import build_sidecar  # noqa: E402
 from collector.store.db import RequestStore  # noqa: E402
-from collector.store.synthetic import synthetic_rows  # noqa: E402
 
 
 def fill(path: Path, rows: int) -> None:

@@ -26,9 +26,11 @@ from pathlib import Path
 from _common import ROOT, rss_mib
 
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # support.synthetic: the suite's synthetic rows
+from support.synthetic import synthetic_rows  # noqa: E402
+
 from collector.sidecar.wiring import SIDECAR_STORE_THREADS  # noqa: E402
 from collector.store.db import RequestStore  # noqa: E402
-from collector.store.synthetic import synthetic_rows  # noqa: E402
 
 EVERY = 50_000
 TEMPLATE_ROWS = 20_000

@@ -17,8 +17,16 @@ import click
 
 __all__ = ["parse_duration", "parse_instant", "utc_now", "WHEN", "WhenType", "WHEN_HELP"]
 
-_DURATION = re.compile(r"^(\d{1,6})([smhdw])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_MS = {
+    "ms": 1,
+    "s": 1000,
+    "m": 60_000,
+    "h": 3_600_000,
+    "d": 86_400_000,
+    "w": 604_800_000,
+    "y": 31_536_000_000,
+}
 
 
 def utc_now() -> datetime:
@@ -27,11 +35,23 @@ def utc_now() -> datetime:
 
 
 def parse_duration(text: str) -> timedelta:
-    """'7d' -> 7 days, '36h' -> 36 hours; ValueError naming the input otherwise."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a duration; use a number and a unit s|m|h|d|w, e.g. 7d or 24h")
-    return timedelta(seconds=int(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    """A Prometheus duration: '7d' -> 7 days, '36h' -> 36 hours, '1h30m' -> 90 minutes, '500ms';
+    units ms|s|m|h|d|w|y (a year is 365 days). ValueError naming the input otherwise.
+
+    Read here for the commands' windows and settings, and for the backtest's rule `for` and
+    `keep_firing_for` (collector.backtest.evaluate).
+    """
+    stripped = text.strip()
+    parts = _DURATION.findall(stripped)
+    if not parts or "".join(number + unit for number, unit in parts) != stripped:
+        raise ValueError(
+            f"{text!r} is not a Prometheus duration; use a number and a unit ms|s|m|h|d|w|y, "
+            "e.g. 7d, 24h or 1h30m"
+        )
+    try:
+        return timedelta(milliseconds=sum(int(number) * _UNIT_MS[unit] for number, unit in parts))
+    except OverflowError:
+        raise ValueError(f"{text!r} is too long a duration") from None
 
 
 def parse_instant(text: str, now: datetime) -> datetime:
@@ -39,8 +59,10 @@ def parse_instant(text: str, now: datetime) -> datetime:
 
     Example: parse_instant("24h", 2026-11-30T12:00Z) -> 2026-11-29T12:00Z
     """
-    if _DURATION.match(text.strip()):
+    try:
         return now - parse_duration(text)
+    except ValueError:
+        pass
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:

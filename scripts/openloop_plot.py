@@ -2,7 +2,7 @@
 against offered rate, μ_slo marked; the simulator's (docs/img/openloop-sim.png), or a real run's
 from the estimate `headroom probe --rates ... --json` saved (docs/img/openloop-llamacpp.png).
 
-The simulator runs in simulated time (collector.sim.offline: seeded, a few seconds of CPU): cpu
+The simulator runs in simulated time (tests/support/offline.py: seeded, a few seconds of CPU): cpu
 cost profile, 4 slots, 40-token prompts, 32 output tokens, whose analytic μ is
 collector.sim.cost.predicted_rate (~2.02 requests/s). Every offered rate from 0.4 to 1.5 x μ is
 measured (the probe's ladder would stop at the first failure; the plot shows what lies past it),
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from collector.analysis.openloop import rate_level, rate_result
@@ -23,9 +24,12 @@ from collector.analysis.plot import render_rates_png
 from collector.analysis.stats import seconds
 from collector.capacity import Slo
 from collector.sim.config import SimConfig
-from collector.sim.offline import Mix, poisson_rows
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "img" / "openloop-sim.png"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the offline simulator is a test helper, not the product
+from support.offline import Mix, poisson_rows  # noqa: E402
+
+OUT = ROOT / "docs" / "img" / "openloop-sim.png"
 MULTIPLES = (0.4, 0.6, 0.75, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1, 1.2, 1.35, 1.5)
 SLO = Slo(ttft_p95_s=2.0)
 

@@ -5,7 +5,7 @@ from its /metrics (vLLM's lora_requests_info max_lora); each request naming an a
 under its base model with the adapter, and /metrics shows the distinct adapters in flight against
 the slots. 2 adapters in the mix stay within the slots (the thrash alert's condition never
 holds); 8 adapters pass them at most scrapes and TTFT rises as the simulator's model says
-(collector.sim.offline run on the same settings and the same mix, each request's adapter drawn
+(support.offline run on the same settings and the same mix, each request's adapter drawn
 from Mix.adapter, docs/simulator.md "LoRA adapters").
 """
 
@@ -17,6 +17,7 @@ import statistics
 
 import httpx
 import pytest
+from support.offline import Mix, closed_loop_rows
 from support.waiting import wait_until_async
 
 from collector.record import MemorySink
@@ -25,7 +26,6 @@ from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar
 from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
-from collector.sim.offline import Mix, closed_loop_rows
 from collector.sources import build_engine_source
 from collector.sources.base import parse_exposition
 

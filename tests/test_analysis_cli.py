@@ -9,12 +9,12 @@ import json
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from support.synthetic import closed_loop_rows
 from test_analysis_estimate import _estimate
 
 from collector.analysis.plot import render_html, render_png, write_plot
 from collector.cli import main
 from collector.store.db import RequestStore
-from collector.store.synthetic import closed_loop_rows
 
 
 def run(*args):

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import duckdb
 import pytest
+from support.synthetic import closed_loop_rows
 
 from collector.analysis.levels import summarize_level
 from collector.analysis.littles_law import littles_law_check, time_weighted_inflight
 from collector.analysis.stats import percentile, percentiles, power_of_two_bucket
-from collector.store.synthetic import closed_loop_rows
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry
+from support.synthetic import closed_loop_rows
 from test_analysis_knee import ladder
 
 from collector.analysis.estimate import apply_token_capacity, build_estimate, estimate_capacity, probe_levels
@@ -16,7 +17,6 @@ from collector.capacity import CapacityEstimate, Slo
 from collector.store.db import RequestStore
 from collector.store.decision import published_estimates
 from collector.store.estimates import save_estimate
-from collector.store.synthetic import closed_loop_rows
 
 REQUIRED_KEYS = {"run_id", "levels", "knee", "slo_max", "recommended_pool", "profile"}
 

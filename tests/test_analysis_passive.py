@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from support.synthetic import closed_loop_rows
 
 from collector.analysis.passive import passive_curve
 from collector.store.db import RequestStore
-from collector.store.synthetic import closed_loop_rows
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+from datetime import timedelta
 
 import pytest
 import yaml
@@ -19,8 +20,9 @@ from conftest import require_tool
 
 from collector.backtest.alertstate import AlertMachine
 from collector.backtest.alertsvector import EMPTY_VECTOR, substitute
-from collector.backtest.evaluate import RuleSet, evaluate, parse_duration, record_levels
+from collector.backtest.evaluate import RuleSet, _rule_seconds, evaluate, record_levels
 from collector.backtest.openmetrics import SeriesSet
+from collector.timewin import parse_duration
 
 pytestmark = pytest.mark.integration
 START, MINUTES = 1_767_571_200.0, 90
@@ -178,8 +180,10 @@ def test_alerts_substitution_and_helpers():
         '"alertname", "Q", "", ""), "alertstate", "firing", "", ""), "model", "m", "", "")))'
     )
     assert substitute('ALERTS{alertname="Z"}', alerts) == (EMPTY_VECTOR, False)
-    assert parse_duration("1h30m") == 5400 and parse_duration(None) == 0
+    assert _rule_seconds("1h30m") == 5400 and _rule_seconds(None) == 0 and _rule_seconds("250ms") == 0.25
     with pytest.raises(ValueError, match="not a Prometheus duration"):
-        parse_duration("5 minutes")
+        _rule_seconds("5 minutes")
+    # the same parser as the commands' windows (collector.timewin): one unit or several, spaces around
+    assert parse_duration(" 7d ") == timedelta(days=7) and parse_duration("1h30m") == timedelta(minutes=90)
     levels = record_levels([{"record": "b:x:y", "expr": "a:x:y * 2"}, {"record": "a:x:y", "expr": "sum(up)"}])
     assert [[r["record"] for r in level] for level in levels] == [["a:x:y"], ["b:x:y"]]

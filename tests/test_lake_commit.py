@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.lake import stage
 from support.processes import free_port, stop_process
+from support.synthetic import synthetic_rows
 from support.waiting import wait_until
 
 from collector.lake import admit
@@ -26,7 +27,6 @@ from collector.lake import table as lake_table
 from collector.lake.layout import Lake
 from collector.lake.metrics import CommitterMetrics
 from collector.store.db import ARROW_SCHEMA, RequestStore
-from collector.store.synthetic import synthetic_rows
 
 HEADROOM = Path(sys.executable).parent / "headroom"
 DAY0 = (datetime.now(UTC) - timedelta(days=3)).replace(hour=1, minute=0, second=0, microsecond=0)

@@ -27,6 +27,7 @@ from support.lake import stage
 from support.postgres import PostgresServer, postgres_server
 from support.processes import HeadroomProcess, stop_process
 from support.sidecar import CHAT
+from support.synthetic import synthetic_rows
 from support.upstream import FakeUpstream
 from support.waiting import wait_until
 
@@ -35,7 +36,6 @@ from collector.lake.layout import Lake
 from collector.lake.read import open_lake_log
 from collector.report.review import build_from_store
 from collector.store.db import ARROW_SCHEMA, RequestStore
-from collector.store.synthetic import synthetic_rows
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 

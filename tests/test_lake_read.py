@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from support.lake import stage
+from support.synthetic import synthetic_rows
 
 from collector.lake import table as lake_table
 from collector.lake.layout import Lake
 from collector.lake.read import open_lake_log
 from collector.lake.scan import data_files, duckdb_paths
 from collector.store.db import ARROW_SCHEMA, RequestStore
-from collector.store.synthetic import synthetic_rows
 
 DAY_A = (datetime.now(UTC) - timedelta(days=4)).replace(hour=0, minute=0, second=0, microsecond=0)
 DAY_B = DAY_A + timedelta(days=1)

@@ -20,6 +20,7 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 from support.owner_routes import routes_app
+from support.synthetic import closed_loop_rows
 from test_analysis_estimate import _estimate
 
 from collector.backtest.replay import from_db
@@ -31,7 +32,6 @@ from collector.store.db import RequestStore
 from collector.store.decision import MAX_ERROR_RATIO, PublishPolicy, decide, publish, published_estimates
 from collector.store.estimates import save_estimate
 from collector.store.jobs import JobSettings
-from collector.store.synthetic import closed_loop_rows
 
 TOKEN = "one-decision-token"
 

@@ -1,7 +1,7 @@
 """The open-loop analysis (collector.analysis.openloop) against the simulator's truth.
 
 Ten seeded simulator configurations, both cost regimes, run in simulated time
-(collector.sim.offline): the closed loop at the knee gives the mean e2e that brackets the offered
+(support.offline): the closed loop at the knee gives the mean e2e that brackets the offered
 rates (Little's law), Poisson arrivals at each rate give a level, and μ_slo must be within 10 % of
 the simulator's analytic rate (collector.sim.cost.predicted_rate) with the Little's-law check
 consistent. The same analysis reads the probe's rows over HTTP (tests/test_openloop_sim.py).
@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from support.offline import Mix, closed_loop_rows, poisson_rows
 
 from collector.analysis.openloop import (
     bracket_rates,
@@ -25,7 +26,6 @@ from collector.analysis.openloop import (
 from collector.analysis.stats import seconds
 from collector.capacity import Slo
 from collector.sim.config import SimConfig
-from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 
 # (cost profile, max_num_seqs, prompt tokens, output tokens, seed)
 CONFIGS = [
@@ -114,7 +114,7 @@ def test_a_level_cut_short_past_mu_reads_the_saturation_throughput_at_a_full_bat
 
 def level_rows(at: list[tuple[float, float]], prompt: int = 100, cached: int | None = None) -> list[dict]:
     """Rows admitted and completed at the given seconds (first token 0.1 s after admission)."""
-    from collector.sim.offline import START
+    from support.offline import START
 
     return [
         {

@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from support.offline import Mix, closed_loop_rows, poisson_rows
 
 from collector.analysis.estimate import estimate_probe_run
 from collector.capacity import CapacityEstimate
 from collector.sim.config import SimConfig
-from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.decision import publish

@@ -32,6 +32,7 @@ import pytest
 import yaml
 from support.postgres import PostgresServer, postgres_server, require_postgres
 from support.processes import HEADROOM, free_port, stop_process
+from support.synthetic import synthetic_rows
 from support.waiting import wait_until
 
 from collector.lake.estimates import read_estimates
@@ -39,7 +40,6 @@ from collector.lake.layout import Lake
 from collector.lake.read import open_lake_log
 from collector.lake.table import open_catalog
 from collector.store.db import RequestStore
-from collector.store.synthetic import synthetic_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(420)]

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from support.synthetic import synthetic_rows
 
 from collector.record import FIELD_NAMES, RequestRecord
 from collector.serving import serve_in_thread
@@ -26,7 +27,6 @@ from collector.sidecar.config import SidecarConfig
 from collector.sidecar.otel import DETAILS_EVENT, EVENT_ONLY_FIELDS, ROW_ATTRIBUTES, OtelSink
 from collector.sidecar.wiring import build_sidecar
 from collector.store.db import RequestStore
-from collector.store.synthetic import synthetic_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "fake-llm"

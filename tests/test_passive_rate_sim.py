@@ -1,6 +1,6 @@
 """The passive μ (collector.analysis.passive_rate) against the simulator's truth.
 
-Seeded simulator traffic in simulated time (collector.sim.offline), both cost regimes: Poisson
+Seeded simulator traffic in simulated time (support.offline), both cost regimes: Poisson
 arrivals whose rate ramps from 0.3 to 1.3 x the analytic μ (collector.sim.cost.predicted_rate),
 fixed-length requests. Without a latency SLO the passive μ must be within 10 % of the analytic
 one, with or without the engine's queue in the log; with a p95 TTFT SLO that binds below
@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from support.offline import START, Mix, poisson_rows
 from test_analysis_estimate import _estimate
 
 from collector.analysis.estimate import _apply_passive_rate
@@ -26,7 +27,6 @@ from collector.analysis.refresh import refresh_estimates
 from collector.analysis.stats import seconds
 from collector.capacity import Slo
 from collector.sim.config import SimConfig
-from collector.sim.offline import START, Mix, poisson_rows
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 

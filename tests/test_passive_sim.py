@@ -3,7 +3,7 @@ capacity, mixed prompt lengths, several tenants) in both cost regimes, the knee 
 traffic is within one ladder level of the probe's, with enough confidence to be published; a
 window in which traffic never crossed the knee publishes nothing.
 
-Both run in simulated time (collector.sim.offline), so an hour of traffic takes seconds; ground
+Both run in simulated time (support.offline), so an hour of traffic takes seconds; ground
 truth is the probe's gradient on the same simulated engine, whose knee is also checked against the
 simulator's own model (collector.sim.cost.predicted_knee).
 """
@@ -14,13 +14,13 @@ import math
 from datetime import UTC, datetime
 
 import pytest
+from support.offline import Mix, closed_loop_rows, poisson_rows
 
 from collector.analysis.estimate import estimate_capacity, probe_levels
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
 from collector.sim.config import SimConfig
 from collector.sim.cost import predicted_knee
-from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 from collector.store.db import RequestStore
 from collector.store.decision import decisions
 from collector.store.estimates import save_estimate

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from support.processes import HEADROOM, sim_process
+from support.synthetic import closed_loop_rows
 
 from collector.analysis.estimate import build_estimate, probe_levels
 from collector.analysis.levels import summarize_level
@@ -27,7 +28,6 @@ from collector.report.build import _concurrency
 from collector.report.collect import ClassFigures
 from collector.store.db import RequestStore
 from collector.store.decision import MAX_ERROR_RATIO, decisions
-from collector.store.synthetic import closed_loop_rows
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 

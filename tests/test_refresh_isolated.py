@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import duckdb
 import pytest
+from support.offline import Mix, closed_loop_rows, poisson_rows
 
 from collector.analysis.estimate import probe_levels
 from collector.analysis.knee import detect_knee
@@ -21,7 +22,6 @@ from collector.analysis.refresh import refresh_estimates_isolated
 from collector.analysis.refresh_worker import in_background, traffic_estimates, traffic_estimates_isolated
 from collector.analysis.stats import seconds
 from collector.sim.config import SimConfig
-from collector.sim.offline import Mix, closed_loop_rows, poisson_rows
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 import pytest
+from support.synthetic import synthetic_rows
 
 from collector.report.build import build_report
 from collector.report.collect import collect_inputs
@@ -15,7 +16,6 @@ from collector.report.render_html import render_html
 from collector.report.render_json import render_json
 from collector.report.render_md import render_md
 from collector.store.db import RequestStore
-from collector.store.synthetic import synthetic_rows
 
 WEEK = timedelta(days=7)
 SINCE = datetime(2026, 11, 23, tzinfo=UTC)

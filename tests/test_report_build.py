@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from support.synthetic import synthetic_probe_run, synthetic_rows
 
 from collector.analysis.estimate import estimate_capacity
 from collector.report.build import build_report
 from collector.report.collect import collect_inputs
 from collector.store.db import RequestStore
 from collector.store.estimates import save_estimate
-from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 
 UTC = UTC
 WEEK = timedelta(days=7)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from support.synthetic import synthetic_rows
+
 from collector.report.build import build_report
 from collector.report.collect import collect_inputs
 from collector.report.longest import LONGEST
 from collector.report.render_md import render_md
 from collector.store.db import RequestStore
-from collector.store.synthetic import synthetic_rows
 
 WEEK = timedelta(days=7)
 SINCE = datetime(2026, 11, 23, tzinfo=UTC)

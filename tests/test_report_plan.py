@@ -2,7 +2,7 @@
 known slots, a fleet's load per replica, the trend to next week, Little's law per window where it
 can fail, the model heading.
 
-The traffic is the simulator's own (collector.sim.offline: the real scheduler and cost model in
+The traffic is the simulator's own (support.offline: the real scheduler and cost model in
 simulated time), probed as `headroom probe` would and estimated by collector.analysis; the expected
 replica count is derived from the pool that was published, never a constant.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from support.estimates import capacity_estimate
+from support.offline import START, closed_loop_rows
 
 from collector.analysis.estimate import estimate_probe_run
 from collector.capacity import CapacityEstimate
@@ -22,7 +23,6 @@ from collector.report.build import build_report, heading
 from collector.report.collect import collect_inputs
 from collector.report.plan import bin_step
 from collector.sim.config import SimConfig
-from collector.sim.offline import START, closed_loop_rows
 from collector.store.db import RequestStore
 from collector.store.decision import decisions
 from collector.store.estimates import save_estimate

@@ -11,11 +11,11 @@ import orjson
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from support.synthetic import synthetic_rows
 
 from collector.cli import main
 from collector.report.review import build_from_store, render_report
 from collector.store.db import RequestStore
-from collector.store.synthetic import synthetic_rows
 from collector.timewin import utc_now
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from support.synthetic import synthetic_rows
+
 from collector.report.collect import collect_inputs
 from collector.store.db import RequestStore, SnapshotReads
-from collector.store.synthetic import synthetic_rows
 
 START = datetime(2026, 3, 2, 9, tzinfo=UTC)
 

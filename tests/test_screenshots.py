@@ -104,12 +104,12 @@ def test_the_check_fails_on_a_broken_page(chromium, tmp_path):
 
 
 def test_weekly_report_renders_whole_in_chromium(chromium, tmp_path):
+    from support.synthetic import synthetic_rows
     from test_analysis_estimate import _estimate
 
     from collector.report.review import render_report_from_store
     from collector.store.db import RequestStore
     from collector.store.estimates import save_estimate
-    from collector.store.synthetic import synthetic_rows
     from collector.timewin import utc_now
 
     store = RequestStore(tmp_path / "h.duckdb")

@@ -11,10 +11,10 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 from support.owner_routes import routes_app
+from support.synthetic import synthetic_rows
 
 from collector.service.auth import resolve_token
 from collector.store.db import RequestStore
-from collector.store.synthetic import synthetic_rows
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

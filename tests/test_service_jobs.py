@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fastapi.testclient import TestClient
 from support.owner_routes import routes_app
+from support.synthetic import synthetic_probe_run, synthetic_rows
 
 from collector.analysis.refresh import refresh_estimates
 from collector.report.review import write_report_files
@@ -16,7 +17,6 @@ from collector.store.decision import publish
 from collector.store.jobs import JobSettings, build_scheduler, job_table, parse_weekly_cron, run_due
 from collector.store.retention import export_and_expire
 from collector.store.rollup import rollup_hours
-from collector.store.synthetic import synthetic_probe_run, synthetic_rows
 
 # The work `headroom run` hands to the store's jobs.
 WORK = {"refresh": refresh_estimates, "review": write_report_files}

@@ -14,11 +14,11 @@ import statistics
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.offline import Mix, closed_loop_rows
 
 from collector.serving import serve_in_thread
 from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
-from collector.sim.offline import Mix, closed_loop_rows
 from collector.sim.scheduler import Scheduler, SimRequest
 
 NAMES = tuple(f"lora-{i}" for i in range(8))

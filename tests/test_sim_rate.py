@@ -1,15 +1,15 @@
 """The simulator's analytic open-loop capacity μ (collector.sim.cost.predicted_rate) against the
-simulator itself: Poisson arrivals above μ in simulated time (collector.sim.offline) keep the
+simulator itself: Poisson arrivals above μ in simulated time (support.offline) keep the
 batch full, and the completion rate they reach is the saturation rate the model predicts, in both
 cost regimes and for several seeded configurations."""
 
 from __future__ import annotations
 
 import pytest
+from support.offline import Mix, poisson_rows
 
 from collector.sim.config import SimConfig
 from collector.sim.cost import COST_PROFILES, predicted_rate
-from collector.sim.offline import Mix, poisson_rows
 
 # (cost profile, max_num_seqs, prompt tokens, output tokens, seed)
 CONFIGS = [

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 from support.owner_routes import routes_app
+from support.synthetic import synthetic_rows
 
 from collector.cli import main
 from collector.record import RequestRecord
@@ -26,7 +27,6 @@ from collector.store.db import (
     rows_to_ipc,
 )
 from collector.store.schema import COLUMN_NAMES, MIGRATIONS, SCHEMA_VERSION, migrate
-from collector.store.synthetic import synthetic_rows
 from collector.store.writer import LogWriter
 
 T0 = datetime(2026, 11, 23, tzinfo=UTC)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from support.synthetic import closed_loop_rows
 
 from collector.analysis.estimate import build_estimate, estimate_probe_run, probe_levels
 from collector.analysis.token_knee import (
@@ -28,7 +29,6 @@ from collector.capacity import LEGACY_TOKEN_KNEE, CapacityEstimate
 from collector.inflight import Inflight
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
-from collector.store.synthetic import closed_loop_rows
 
 SHORT = Held(1.0, 20, 30, 0.1)  # nine in ten
 LONG = Held(3.0, 600, 40, 0.5)  # one in ten: a ~600-token prompt that stays 3x longer

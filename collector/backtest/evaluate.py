@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,24 +28,17 @@ from collector.backtest.alertsvector import reads_alerts, substitute
 from collector.backtest.openmetrics import SeriesKey, SeriesSet
 from collector.backtest.prometheus import BackfilledPrometheus, Matrix
 from collector.rules.naming import metric_names
+from collector.timewin import parse_duration
 
-__all__ = ["RuleSet", "Evaluation", "evaluate", "parse_duration", "record_levels"]
+__all__ = ["RuleSet", "Evaluation", "evaluate", "record_levels"]
 
 Rule = dict[str, Any]  # a rule (or group) as the rule files hold it: record/alert, expr, for, labels
 
-_DURATION = re.compile(r"(\d+)(ms|y|w|d|h|m|s)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 
-
-def parse_duration(text: str | None) -> float:
-    """Seconds of a Prometheus duration: '1h30m' -> 5400.0; None or '' -> 0."""
-    if not text:
-        return 0.0
-    text = str(text)
-    parts = _DURATION.findall(text)
-    if "".join(number + unit for number, unit in parts) != text:
-        raise ValueError(f"{text!r} is not a Prometheus duration (e.g. 30s, 5m, 1h30m)")
-    return float(sum(int(number) * _UNIT_S[unit] for number, unit in parts))
+def _rule_seconds(text: str | None) -> float:
+    """Seconds of a rule's `for` or `keep_firing_for` (collector.timewin.parse_duration):
+    '1h30m' -> 5400.0; None or '' (not set) -> 0."""
+    return parse_duration(str(text)).total_seconds() if text else 0.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +122,7 @@ class _Alerting:
     ) -> None:
         self.rules, self.prometheus, self.times, self.step_s = rules, prometheus, times, step_s
         self.machines = [
-            AlertMachine(r["alert"], parse_duration(r.get("for")), parse_duration(r.get("keep_firing_for")))
+            AlertMachine(r["alert"], _rule_seconds(r.get("for")), _rule_seconds(r.get("keep_firing_for")))
             for r in rules
         ]
         self.stateful = [reads_alerts(r["expr"]) for r in rules]

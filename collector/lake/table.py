@@ -102,6 +102,7 @@ from collector.lake.layout import Lake, StagedName, parse_staged, staged_name
 from collector.lake.scan import data_files, duckdb_paths
 from collector.lake.stage import conform, parquet_bytes
 from collector.store.db import ARROW_SCHEMA
+from collector.store.retention import day_bounds
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -114,7 +115,6 @@ __all__ = [
     "commit_staged",
     "maintain",
     "import_duckdb",
-    "day_bounds",
 ]
 
 log = logging.getLogger(__name__)
@@ -424,13 +424,7 @@ def _rows_added(table: Table) -> int:
     return int(snapshot.summary.additional_properties.get("added-records", 0))
 
 
-# --- reading a day ----------------------------------------------------------------------------------
-def day_bounds(day: date) -> tuple[datetime, datetime]:
-    """[00:00, next 00:00) UTC of `day`."""
-    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-    return start, start + timedelta(days=1)
-
-
+# --- reading a day (bounds: collector.store.retention.day_bounds) ------------------------------------
 def _day_filter(day: date) -> str:
     start, end = day_bounds(day)
     return f"admitted_at >= '{start.isoformat()}' AND admitted_at < '{end.isoformat()}'"  # dates we made

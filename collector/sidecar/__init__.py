@@ -1,9 +1,11 @@
 """The sidecar: a streaming OpenAI-API proxy that tracks every request's lifecycle.
 
     config.py        SidecarConfig: everything `headroom run` can be told
+    options.py       `headroom run`'s options, each declared once with SidecarConfig's default
     wiring.py        build_sidecar: the one place that decides the sources, sinks and jobs from a config
     app.py           create_app: routing (proxy first, then FastAPI), the upstream pools, the lifespan
     admin.py         /metrics, /healthz, /readyz, /headroom: on the proxy's port or on --admin-listen
+    memory.py        memory given back every minute: a full collection, then glibc's malloc_trim
     server.py        uvicorn with header and body deadlines, an idle timeout and a connection cap
     paths.py         one spelling per path, before routing
     proxy.py         CompletionsProxy: the accounted routes, one function owning each request
@@ -21,6 +23,7 @@
     exposition.py    the tracker's series kept as text, and the /metrics page
     series.py        SeriesBudget: one bound on the series /metrics exports
     tenants.py       tenant resolution and label capping
+    adapters.py      LoRA adapters: a request's base model, and the adapters against the slots
     replica.py       the replica class, headroom_replica_info
     faults.py        one WARNING per failure class per interval
     tracecontext.py  W3C trace context and the response facts a span needs

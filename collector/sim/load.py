@@ -19,7 +19,9 @@ from typing import Any, TypedDict
 import aiohttp
 import orjson
 
-__all__ = ["RequestResult", "LevelResult", "LevelSummary", "Payload", "run_level", "summarize", "percentile"]
+from collector.analysis.stats import percentile
+
+__all__ = ["RequestResult", "LevelResult", "LevelSummary", "Payload", "run_level", "summarize"]
 
 Payload = Callable[[int, int], dict[str, Any]]  # (worker index, request index of that worker) -> JSON body
 
@@ -122,17 +124,6 @@ async def run_level(
             )
         )
     return LevelResult(concurrency, results, window)
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Linear-interpolated percentile (like DuckDB quantile_cont); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = q * (len(ordered) - 1)
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _tokens_in_window(result: RequestResult, start: float, end: float) -> float:

@@ -11,5 +11,4 @@ retention.py   daily Parquet export of sealed days, then expiry of old raw rows
 estimates.py   the `capacity_estimates` table: saved estimates, newest per model, publishing
 capacity_gauges.py   the headroom_capacity_* gauges the newest estimates feed
 jobs.py        the schedule: rollup, retention, capacity refresh, weekly review
-synthetic.py   deterministic synthetic rows for tests, docs and trials
 """
