@@ -99,6 +99,12 @@ class RequestRecord:
     # bad_encoding, read_timeout, ...: collector.sidecar.ending.FAILURES); None for every answer
     # the upstream completed. The outcome stays upstream_error or timeout (the SLO's errors)
     failure: str | None = None
+    # what headroom_active_tokens held for it, in the sidecar's own count: the prompt estimate added
+    # at admission and the tokens counted while relaying (usage may later say otherwise in
+    # prompt_tokens / completion_tokens). The token capacity is computed in these units
+    # (collector.analysis.token_knee), so it divides the gauge like for like. None: not a sidecar row
+    held_prompt_tokens: int | None = None
+    held_generated_tokens: int | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The record as {column: value} in column order, e.g. for the analysis or a test."""

@@ -56,6 +56,8 @@ FULL = RequestRecord(
     replica_class="slots8",
     client_request_id="req-42",
     failure="reset",
+    held_prompt_tokens=110,
+    held_generated_tokens=52,
 )
 
 

@@ -214,3 +214,25 @@ def test_an_estimate_from_before_the_definition_publishes_no_token_figure():
     read = CapacityEstimate.from_dict(legacy)
     assert read.knee_tokens is None and read.token_knee_withheld == LEGACY_TOKEN_KNEE
     assert read.confidence == "high" and read.labels[-1] == "high"
+
+
+def test_the_mix_is_in_the_gauges_own_count_where_the_row_has_it(tmp_path):
+    """The sidecar's estimate (chars/4 at admission, chunks while relaying) is what the gauge held;
+    the engine's usage can differ by 25 % either way. W takes the held counts, the largest request
+    the larger of both."""
+    store = RequestStore(tmp_path / "t.duckdb")
+    rows = _traffic(store, NOW - timedelta(hours=3))
+    usage = traffic_token_mix(store, "m", NOW - timedelta(days=7), NOW)
+    store.execute("DELETE FROM requests")
+    for row in rows:
+        row["held_prompt_tokens"] = round(row["prompt_tokens"] * 1.33)  # chars/4 over a 5.3-char tokenizer
+        row["held_generated_tokens"] = row["completion_tokens"]
+    store.insert_rows(rows)
+    held = traffic_token_mix(store, "m", NOW - timedelta(days=7), NOW)
+    expected = token_mix_of(
+        [Held(r["e2e_s"], r["held_prompt_tokens"], r["completion_tokens"], r["ttft_s"]) for r in rows]
+    )
+    assert held.per_inflight_tokens == pytest.approx(expected.per_inflight_tokens, rel=1e-6)
+    assert held.per_inflight_tokens > 1.2 * usage.per_inflight_tokens
+    assert held.max_request_tokens == 798 + 50  # 600 x 1.33 held, larger than the usage's 650
+    store.close()

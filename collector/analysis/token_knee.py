@@ -13,7 +13,11 @@ time average of active tokens at k requests in flight is k x W, where W is the t
     W = sum_i area_i / sum_i duration_i,  area_i = prompt_i x e2e_i + completion_i x (e2e_i - ttft_i) / 2
 
 (the prompt held for the whole request, the completion growing linearly from the first token to
-the end). An average per admission (sum_i tokens_i / n) is smaller whenever long requests live longer
+the end), with prompt and completion in the gauge's own count: what the sidecar added for the
+request (`held_prompt_tokens`, `held_generated_tokens`), not the engine's usage, which can differ
+by 25 % either way (a chars/4 estimate of English prose vs llama.cpp's tokenizer; a chat template
+the estimate never sees). Rows without them (an import, a lake row from an older sidecar) use the
+usage. An average per admission (sum_i tokens_i / n) is smaller whenever long requests live longer
 than short ones, the inspection paradox: with one 600-token prompt in ten living 3x longer, the
 admission average undercounts the gauge by 2x or more, and a knee in those units fires token
 alerts at half load (the probe's old `knee.tokens`, kept in `admission_mean` to show the gap).
@@ -65,15 +69,20 @@ SAMPLE_ROWS = 5000  # rows of the traffic the instantaneous distribution is draw
 _DRAWS = 200_000  # requests drawn for the distribution in all (samples x knee level)
 _SEED = 20261207
 
-# one answered traffic request as the gauge saw it; the aggregates are exact over the window
-_AGGREGATE_SQL = """SELECT count(*),
-        sum(prompt_tokens * e2e_s + completion_tokens * greatest(e2e_s - coalesce(ttft_s, 0), 0) / 2),
-        sum(e2e_s), avg(prompt_tokens + completion_tokens), max(prompt_tokens + completion_tokens)
+# one answered traffic request as the gauge saw it (the tokens the sidecar counted for it, where the
+# row has them; else the usage); the aggregates are exact over the window. The largest request is
+# the larger of both counts: a limit must admit it in either
+_HELD_PROMPT = "coalesce(held_prompt_tokens, prompt_tokens)"
+_HELD_OUTPUT = "coalesce(held_generated_tokens, completion_tokens)"
+_AGGREGATE_SQL = f"""SELECT count(*),
+        sum({_HELD_PROMPT} * e2e_s + {_HELD_OUTPUT} * greatest(e2e_s - coalesce(ttft_s, 0), 0) / 2),
+        sum(e2e_s), avg({_HELD_PROMPT} + {_HELD_OUTPUT}),
+        max(greatest({_HELD_PROMPT} + {_HELD_OUTPUT}, prompt_tokens + completion_tokens))
     FROM requests
     WHERE source = 'traffic' AND outcome = 'ok' AND prompt_tokens IS NOT NULL
       AND completion_tokens IS NOT NULL AND e2e_s > 0 AND (? IS NULL OR admitted_at >= ?) AND (? IS NULL OR admitted_at < ?)
       AND (? IS NULL OR model = ?) AND (? IS NULL OR task_class = ?)"""
-_SAMPLE_SQL = """SELECT e2e_s, prompt_tokens, completion_tokens, coalesce(ttft_s, 0) FROM requests
+_SAMPLE_SQL = f"""SELECT e2e_s, {_HELD_PROMPT}, {_HELD_OUTPUT}, coalesce(ttft_s, 0) FROM requests
     WHERE source = 'traffic' AND outcome = 'ok' AND prompt_tokens IS NOT NULL
       AND completion_tokens IS NOT NULL AND e2e_s > 0 AND (? IS NULL OR admitted_at >= ?) AND (? IS NULL OR admitted_at < ?)
       AND (? IS NULL OR model = ?) AND (? IS NULL OR task_class = ?)

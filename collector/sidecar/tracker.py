@@ -351,6 +351,8 @@ class Tracker:
             replica_class=self._replica_class or self._decided_class(),
             client_request_id=request.client_request_id,
             failure=request.failure,
+            held_prompt_tokens=request.prompt_tokens,
+            held_generated_tokens=request.generated_tokens,
         )
 
     def _decided_class(self) -> str | None:

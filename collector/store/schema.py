@@ -58,7 +58,8 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 # adapter (the LoRA adapter a request named; `model` is then its base model). Version 7 added what a
 # probe request measured (probe_level, probe_rate_per_s, probe_warmup), read from its headers;
 # version 8 the replica class of the engine that served it, version 9 the client's own request id
-# (its X-Request-Id) and the failure class of an exchange that failed.
+# (its X-Request-Id) and the failure class of an exchange that failed, version 10 the tokens the
+# active-token gauge held for the request (held_prompt_tokens, held_generated_tokens).
 _ADDED_AFTER_V5 = (
     "adapter",
     "probe_level",
@@ -67,6 +68,8 @@ _ADDED_AFTER_V5 = (
     "replica_class",
     "client_request_id",
     "failure",
+    "held_prompt_tokens",
+    "held_generated_tokens",
 )
 _V5_COLUMNS = tuple(c for c in COLUMNS if c[0] not in _ADDED_AFTER_V5)
 _V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
@@ -147,8 +150,13 @@ def _v9(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS failure VARCHAR")
 
 
+def _v10(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS held_prompt_tokens INTEGER")
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS held_generated_tokens INTEGER")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9)
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
