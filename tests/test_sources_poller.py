@@ -6,8 +6,10 @@ import asyncio
 import json
 import re
 import subprocess
+import sys
 import time
 
+import httpx
 import pytest
 from conftest import require_tool
 from prometheus_client import CollectorRegistry, generate_latest
@@ -18,8 +20,10 @@ from collector.sources import build_engine_source, default_metrics_url, models_u
 from collector.sources.base import EngineSnapshot
 from collector.sources.gpu import GpuCollector
 from collector.sources.health import SourceHealth
-from collector.sources.poller import EngineSource
+from collector.sources.poller import EngineSource, ScrapeError
+from collector.sources.scrapers import text_scraper
 from collector.sources.served import served_model
+from collector.sources.vllm import parse_vllm
 
 
 def value(collector, name: str, **labels) -> float | None:
@@ -460,5 +464,124 @@ async def test_without_a_model_name_the_engine_stays_up_and_asks_again_later(
         monkeypatch.setattr("collector.sources.poller.MODEL_RETRY_S", 0.0)
         engine.models, engine.models_mode = {"data": [{"id": "gemma"}]}, "ok"
         assert (await source.poll_once()).model == "gemma"
+    finally:
+        await source.stop()
+
+
+# --- the HTTP client: httpx, the sidecar's only one besides its upstream pool (issue #49, 3) ---
+
+VLLM_PAGE = (FIXTURES / "vllm/metrics_v0_11.txt").read_text()
+
+
+def _vllm_source(
+    client: httpx.AsyncClient | None = None, url: str = "http://engine/metrics", **kw
+) -> EngineSource:
+    return EngineSource("vllm", text_scraper(parse_vllm, url), poll_interval_s=60, client=client, **kw)
+
+
+@pytest.mark.subprocess
+def test_importing_the_sidecar_loads_no_http_client_library_for_the_poller():
+    code = (
+        "import sys, collector.sidecar.wiring, collector.sidecar.app, collector.sources; "
+        "print(sorted(m for m in ('aiohttp', 'yarl', 'httpx') if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert loaded.stdout.strip() == "[]"  # httpx comes with the first poller started
+
+
+async def test_a_client_passed_in_is_used_and_left_open():
+    seen = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        return httpx.Response(200, text=VLLM_PAGE)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+        source = _vllm_source(client)
+        assert not (await source.poll_once()).up  # not started: down, not a crash
+        await source.start()
+        try:
+            snapshot = await source.poll_once()
+            assert snapshot.up and snapshot.waiting == 3
+        finally:
+            await source.stop()
+        assert not client.is_closed  # the caller's to close
+        assert seen[-1] == "http://engine/metrics"
+        assert (await client.get("http://engine/metrics")).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "failure, error",
+    [
+        (httpx.ConnectTimeout("timed out"), "no answer within 0.5 s"),
+        (httpx.ReadTimeout("timed out"), "no answer within 0.5 s"),
+        (httpx.PoolTimeout("no connection free"), "no answer within 0.5 s"),
+        (httpx.ConnectError("[Errno 111] Connection refused"), "http://engine/metrics: [Errno 111]"),
+        (httpx.RemoteProtocolError("Server disconnected"), "http://engine/metrics: Server disconnected"),
+        (httpx.ReadError(""), "http://engine/metrics: ReadError"),
+    ],
+)
+async def test_httpx_failures_mark_the_engine_down_as_timeouts_or_with_the_url(failure, error):
+    def engine(request: httpx.Request) -> httpx.Response:
+        raise failure
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+        source = await started(_vllm_source(client, timeout_s=0.5))
+        try:
+            snapshot = await source.poll_once()
+            assert not snapshot.up and error in snapshot.error
+            assert value(source, "headroom_engine_up", engine="vllm") == 0.0
+            assert value(source, "headroom_source_scrape_success", source="engine") == 0.0
+        finally:
+            await source.stop()
+
+
+async def test_fetch_raises_timeout_error_and_scrape_error_for_what_the_callers_classify():
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/slow":
+            raise httpx.ReadTimeout("timed out", request=request)
+        if request.url.path == "/gone":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(503)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+        source = await started(_vllm_source(client, timeout_s=0.5))
+        try:
+            with pytest.raises(TimeoutError):
+                await source._fetch("http://engine/slow")
+            with pytest.raises(ScrapeError, match="http://engine/gone: refused"):
+                await source._fetch("http://engine/gone")
+            with pytest.raises(ScrapeError, match="answered HTTP 503"):
+                await source._fetch("http://engine/metrics")
+        finally:
+            await source.stop()
+
+
+async def test_a_redirect_is_followed_to_the_page():
+    def engine(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(307, headers={"location": "/metrics/"})
+        return httpx.Response(200, text=VLLM_PAGE)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(engine)) as client:
+        source = await started(_vllm_source(client))
+        try:
+            assert (await source.poll_once()).waiting == 3
+        finally:
+            await source.stop()
+
+
+async def test_the_poller_s_own_client_ignores_proxy_settings_in_the_environment(fake_engine, monkeypatch):
+    _, url = fake_engine
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=5))
+    try:
+        snapshot = await source.poll_once()
+        assert snapshot.up, snapshot.error
     finally:
         await source.stop()

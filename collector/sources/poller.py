@@ -17,6 +17,10 @@ the catalog ("as of the last poll"); `last_scrape` is how that poll went, which
 collector.sources.health.SourceHealth exports as headroom_source_scrape_*{source="engine"}, and
 `integrity` (collector.sources.integrity) whether each signal can be trusted, exported there as
 headroom_signal_valid{source="engine"}.
+
+The pages are read with an httpx.AsyncClient: the poller's own (at most 2 connections, made at
+`start()`, closed at `stop()`), or one the caller passes in and closes. httpx is imported only when
+a poller starts, so a sidecar that polls no engine never loads an HTTP client library for it.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from collector.catalog import spec
@@ -36,6 +41,9 @@ from collector.sources.base import EngineSnapshot
 from collector.sources.health import ScrapeHealth
 from collector.sources.integrity import SignalIntegrity
 from collector.sources.served import MAX_MODEL_CHARS, adapter_parents, served_model
+
+if TYPE_CHECKING:  # imported at start(): a sidecar with --engine none never loads httpx
+    import httpx
 
 __all__ = ["EngineSource", "Fetch", "Scrape", "ScrapeError", "MAX_EXPOSITION_BYTES", "MODEL_RETRY_S"]
 
@@ -45,10 +53,14 @@ MAX_EXPOSITION_BYTES = 16 * 1024 * 1024  # vLLM with many LoRAs is ~1 MB; more i
 Fetch = Callable[[str], Awaitable[str]]
 Scrape = Callable[[Fetch], Awaitable[EngineSnapshot]]
 MODEL_RETRY_S = 60.0  # while /v1/models names no model, ask again at most this often
+_CONNECTIONS = 2  # llama.cpp's /metrics and /slots are read at once
+_KEEPALIVE_S = 15.0  # an idle connection is kept this long, then closed
+_CHUNK = 65536
 
 
 class ScrapeError(RuntimeError):
-    """The engine's endpoint answered, but not with something we can use."""
+    """The engine's endpoint could not be read (no connection, a broken answer), or answered with
+    something we cannot use (not HTTP 200, too large)."""
 
 
 class EngineSource:
@@ -65,6 +77,7 @@ class EngineSource:
         model: str | None = None,
         models_url: str | None = None,
         learn_adapters: bool = False,
+        client: httpx.AsyncClient | None = None,
     ) -> None:
         if poll_interval_s <= 0 or timeout_s <= 0:
             raise ValueError(
@@ -89,7 +102,8 @@ class EngineSource:
         self.last_duration_s: float | None = None
         self.polls = 0
         self._scrape = scrape
-        self._client: aiohttp.ClientSession | None = None
+        self._shared = client  # the caller's: used from start() on, never closed here
+        self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event | None = None
 
@@ -97,9 +111,7 @@ class EngineSource:
         """Start polling in the background; returns at once (the first poll runs in the task)."""
         if self._task is not None:
             return
-        self._client = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=aiohttp.TCPConnector(limit=2)
-        )
+        self._client = self._shared if self._shared is not None else _new_client(self.timeout_s)
         self._stopping = stopping = asyncio.Event()  # made here: it belongs to the loop that runs it
         self._task = asyncio.create_task(self._run(stopping), name=f"headroom-engine-{self.engine}")
 
@@ -115,7 +127,8 @@ class EngineSource:
                 pass
             self._task = None
         if self._client is not None:
-            await self._client.close()
+            if self._client is not self._shared:
+                await self._client.aclose()
             self._client = None
 
     async def _run(self, stopping: asyncio.Event) -> None:
@@ -206,18 +219,32 @@ class EngineSource:
             log.debug("engine %s: adapters not read from /v1/models: %s", self.engine, _short(exc))
 
     async def _fetch(self, url: str) -> str:
-        """GET url as text, refusing non-200 answers and pages over MAX_EXPOSITION_BYTES."""
+        """GET url as text, refusing non-200 answers and pages over MAX_EXPOSITION_BYTES.
+
+        Bounded by timeout_s in all (connect, wait, read); past it, or on any of httpx's own
+        timeouts, raises TimeoutError. Any other failure to read the page is a ScrapeError.
+        """
         if self._client is None:
             raise ScrapeError("engine source is not started; call start() first")
-        async with self._client.get(url) as response:
-            if response.status != 200:
-                raise ScrapeError(f"{url} answered HTTP {response.status}")
-            chunks, size = [], 0
-            async for chunk in response.content.iter_chunked(65536):
-                size += len(chunk)
-                if size > MAX_EXPOSITION_BYTES:
-                    raise ScrapeError(f"{url} sent more than {MAX_EXPOSITION_BYTES} bytes")
-                chunks.append(chunk)
+        import httpx  # loaded already (start() made or got the client): for its exceptions
+
+        try:
+            async with (
+                asyncio.timeout(self.timeout_s),
+                self._client.stream("GET", url, timeout=self.timeout_s, follow_redirects=True) as response,
+            ):
+                if response.status_code != 200:
+                    raise ScrapeError(f"{url} answered HTTP {response.status_code}")
+                chunks, size = [], 0
+                async for chunk in response.aiter_bytes(_CHUNK):
+                    size += len(chunk)
+                    if size > MAX_EXPOSITION_BYTES:
+                        raise ScrapeError(f"{url} sent more than {MAX_EXPOSITION_BYTES} bytes")
+                    chunks.append(chunk)
+        except httpx.TimeoutException as exc:
+            raise TimeoutError(f"{url}: no answer within {self.timeout_s:g} s") from exc
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # no connection, a broken answer, a bad URL
+            raise ScrapeError(f"{url}: {_short(exc)}") from exc
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     def _log_transition(self, snapshot: EngineSnapshot) -> None:
@@ -236,6 +263,24 @@ class EngineSource:
     def collect(self) -> list[Metric]:
         """Fresh headroom_engine_* families from the last snapshot (prometheus-client custom collector)."""
         return engine_families(self.latest)
+
+
+def _new_client(timeout_s: float) -> httpx.AsyncClient:
+    """The poller's own client: at most _CONNECTIONS connections, redirects followed, nothing taken
+    from the environment (no HTTP(S)_PROXY, no .netrc), the system's CA certificates for https."""
+    import httpx  # here, not at the top: only a sidecar that polls an engine loads httpx
+
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s),
+        limits=httpx.Limits(
+            max_connections=_CONNECTIONS,
+            max_keepalive_connections=_CONNECTIONS,
+            keepalive_expiry=_KEEPALIVE_S,
+        ),
+        follow_redirects=True,
+        trust_env=False,
+        verify=ssl.create_default_context(),
+    )
 
 
 def _short(exc: BaseException) -> str:
