@@ -216,6 +216,13 @@ class CapacityEstimate:
         return self._token_figure("p95")
 
     @property
+    def recommended_pool_tokens(self) -> int | None:
+        """The recommended pool in tokens: the p99.9 of the instantaneous active-token sum with the
+        recommended pool of requests in flight (the traffic's mix, capped at the KV): the budget
+        KEDA's token trigger, a gateway's token limit and the review's peak compare with."""
+        return self._token_figure("pool_tokens")
+
+    @property
     def max_request_tokens(self) -> int | None:
         """The largest prompt + completion one answered traffic request held (no admission limit
         in tokens may be below it)."""
@@ -249,6 +256,7 @@ class CapacityEstimate:
             "knee_requests": self.knee_requests,
             "knee_tokens": self.knee_tokens,
             "knee_tokens_p95": self.knee_tokens_p95,
+            "recommended_pool_tokens": self.recommended_pool_tokens,
             "max_request_tokens": self.max_request_tokens,
             "token_capacity": self.token_capacity,
             "token_knee_withheld": self.token_knee_withheld,
@@ -290,6 +298,7 @@ class CapacityEstimate:
             "knee_requests",
             "knee_tokens",
             "knee_tokens_p95",
+            "recommended_pool_tokens",
             "max_request_tokens",
             "token_capacity",
             "slo_max_requests",

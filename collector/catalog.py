@@ -523,6 +523,16 @@ CATALOG: tuple[MetricSpec, ...] = (
         group="capacity",
     ),
     MetricSpec(
+        "headroom_capacity_recommended_pool_tokens",
+        "gauge",
+        "Recommended pool in tokens: the p99.9 of the instantaneous active-token sum with the "
+        "recommended pool of requests in flight and the traffic's length mix, capped at the KV "
+        "cache; the token budget of KEDA's trigger and a gateway's token limit.",
+        _PUBLISHED,
+        "short",
+        group="capacity",
+    ),
+    MetricSpec(
         "headroom_capacity_rate_requests_per_second",
         "gauge",
         "Published open-loop capacity μ_slo: the highest arrival rate one replica serves within the "

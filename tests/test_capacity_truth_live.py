@@ -1,16 +1,29 @@
-"""The capacity denominator is true in a real Prometheus (#33's acceptance), on the simulator and
-on a real llama.cpp llama-server (4 slots, 4,096 KV tokens: 1,024 per slot).
+"""The capacity denominator is true in a real Prometheus (#33's and #46's acceptance), on the
+simulator and on a real llama.cpp llama-server (4 slots, 4,096 KV tokens: 1,024 per slot).
 
 The single-box flow with the probe where docs/operations.md says to run it in production (straight
-at a replica that serves no clients; here the simulator itself): the serving sidecar imports the
-probe's estimate (`--probe-db`) and publishes what the one decision publishes. Then clients send
-ordinary traffic (one request in ten with a ~600-token prompt) at the recommended pool, and a real
-Prometheus evaluates the generated rules: no capacity alert, in either caliber, not even pending.
+at a replica that serves no clients; here the engine itself): clients first send ordinary traffic
+(one request in ten with a ~600-token prompt) through the serving sidecar until its log holds the
+50 answered requests a length mix needs; then the default probe (short prompts, `--traffic-db` on
+that log) publishes a token capacity in the traffic's mix (docs/capacity.md "Token capacity"):
+the time-weighted mean at the knee and the p95 of the instantaneous sum. The sidecars import the
+probe's estimate (`--probe-db`) and publish what the one decision publishes. Then the same
+traffic at the recommended pool, and a real Prometheus evaluates the generated rules:
+
+* both calibers agree: the serving replica's 5-minute token ratio is within 20 % of its request
+  ratio (tokens divided by the mean, requests by the knee);
+* no capacity alert, in either caliber, not even pending (for: shortened to 3 s);
+* KEDA's triggers, the ScaledObject's own queries evaluated by that Prometheus every ~3 s, ask
+  for one replica at every poll (the token trigger divides by the p95's pool);
+* the gateway's maxTokenConcurrency admits the largest request the serving log holds;
+* the review of the serving log plans one replica.
+
 At twice the knee, the request caliber's alert fires.
 
 Before #33 the short-prompt probe's token knee (knee × ~30 tokens) was published, and the same
-traffic read 2.5-4 × "the token knee": HeadroomConcurrencyNearKnee{caliber="tokens"} fired at
-half load.
+traffic read 2.5-4 × "the token knee"; #33 withheld it. Before #46 the token capacity was an
+average of active tokens at admissions, which long prompts (living longer) outweigh in the
+gauge's time average: the token alerts fired at half load.
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import subprocess
 import time
 from collections.abc import Iterator
@@ -32,6 +46,8 @@ from support.processes import stop_process
 from test_integration_prometheus import _query, _wait, prometheus_config, start_prometheus
 
 from collector.alerts.files import rule_files
+from collector.analysis.token_knee import MIN_TRAFFIC_REQUESTS
+from collector.integrations.render import gateway_picker_config, keda_scaled_object
 from collector.rules.config import DEFAULT
 from collector.rules.render import write_files
 
@@ -46,6 +62,9 @@ CAPACITY_ALERTS = (
     "HeadroomNearCapacityLimit|HeadroomTokenCaliberDivergence|HeadroomFleetHeadroomLow|"
     "HeadroomKVCacheNearFull|HeadroomKVCacheExhausted|HeadroomQueueNotDraining"
 )
+# the traffic before the probe: at or under either engine's pool, so the review's busiest minute
+# is the pool's
+ORDINARY_CONCURRENCY = 2
 LONG_PROMPT = "Capacity planning needs evidence, not request counts, for every replica class. " * 30
 
 
@@ -139,7 +158,8 @@ def stack(request, tmp_path):
                 "engine_url": url,
                 "serving": sidecars["serving"].url,
                 "overloaded": sidecars["overloaded"].url,
-                "overloaded_target": f"127.0.0.1:{sidecars['overloaded'].port}",  # Prometheus's instance
+                "serving_target": f"127.0.0.1:{sidecars['serving'].port}",  # Prometheus's instance
+                "overloaded_target": f"127.0.0.1:{sidecars['overloaded'].port}",
                 "prometheus": f"http://127.0.0.1:{prom_port}",
                 "tmp": tmp_path,
             }
@@ -195,21 +215,64 @@ def _probe(stack: dict) -> dict:
     return json.loads(out.read_text())
 
 
+def _answered(stack: dict) -> tuple[int, int]:
+    """(answered traffic requests, the largest of one: prompt + completion in the engine's usage
+    or in the gauge's own count, whichever is larger) in the serving replica's log, read through its sidecar (the owner's snapshot): the rows the token mix counts."""
+    from collector.store.owner import open_request_log
+
+    time.sleep(1.5)  # the log writer's 0.5 s timer: the last requests' rows are in
+    with open_request_log(stack["tmp"] / "serving.duckdb") as store:
+        [(count, largest)] = store.query(
+            "SELECT count(*), coalesce(max(greatest(prompt_tokens + completion_tokens,"
+            " coalesce(held_prompt_tokens + held_generated_tokens, 0))), 0) FROM requests"
+            " WHERE source = 'traffic' AND outcome = 'ok' AND prompt_tokens IS NOT NULL"
+            " AND completion_tokens IS NOT NULL AND e2e_s > 0 AND model = ?",
+            [stack["model"]],
+        )
+    return int(count), int(largest)
+
+
+def _keda_replicas(prometheus: str, triggers: dict[str, dict]) -> dict[str, tuple[float, int]]:
+    """Each trigger's query evaluated now: {name: (value, replicas)}, replicas as the HPA computes
+    them for an AverageValue metric, ceil(value / threshold), at least minReplicaCount (1)."""
+    polled = {}
+    for name, trigger in triggers.items():
+        [answer] = _query(prometheus, trigger["metadata"]["query"])
+        value = float(answer["value"][1])
+        polled[name] = (round(value, 3), max(1, math.ceil(value / float(trigger["metadata"]["threshold"]))))
+    return polled
+
+
+def _knee_ratios(prometheus: str, instance: str, model: str) -> dict[str, float]:
+    """The serving replica's 5-minute load over the knee, per caliber (the recording rule)."""
+    found = _query(
+        prometheus,
+        "instance_model_task_class_caliber:headroom_concurrency:avg5m_knee_ratio"
+        f'{{instance="{instance}", model="{model}"}}',
+    )
+    return {r["metric"]["caliber"]: float(r["value"][1]) for r in found}
+
+
 def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(stack):
-    prometheus, serving = stack["prometheus"], stack["serving"]
+    prometheus, serving, model = stack["prometheus"], stack["serving"], stack["model"]
+    _, expected_knee, kv = ENGINES[stack["engine"]]
     _wait(lambda: len(_query(prometheus, f'up{{job="{DEFAULT.sidecar_job}"}} == 1')) == 2, 30, "both scrapes")
-    # ordinary traffic first, so the probe can compare its token mix with the traffic's
-    model = stack["model"]
-    assert set(_load(serving, 3, 20, model)) == {200}
+    # ordinary traffic first, at or under either engine's pool, until the serving log holds the
+    # answered requests a token mix needs (llama.cpp on a CPU is slower: a few rounds, bounded)
+    deadline, answered = time.monotonic() + 150, 0
+    while answered < MIN_TRAFFIC_REQUESTS + 10 and time.monotonic() < deadline:
+        assert set(_load(serving, ORDINARY_CONCURRENCY, 15, model)) == {200}
+        answered, _ = _answered(stack)
+    assert answered >= MIN_TRAFFIC_REQUESTS, f"{answered} answered traffic requests before the probe"
+
+    # the default probe (short prompts) beside that log publishes a token capacity in the
+    # traffic's own mix: the time-weighted mean at the knee, its p95, both within the KV cache
     estimate = _probe(stack)
     knee, pool = estimate["knee_requests"], estimate["recommended_pool"]
-    _, expected_knee, kv = ENGINES[stack["engine"]]
     assert knee == expected_knee and 1 <= pool < knee, estimate
-    # the short-prompt probe's token knee is not this traffic's: withheld, or within 2x and <= KV
-    if estimate["knee_tokens"] is not None:
-        assert estimate["knee_tokens"] <= kv
-    else:
-        assert estimate["token_knee_withheld"]
+    assert estimate["token_knee_withheld"] is None and estimate["knee_tokens"], estimate["token_capacity"]
+    knee_tokens, knee_tokens_p95 = estimate["knee_tokens"], estimate["knee_tokens_p95"]
+    assert knee_tokens <= knee_tokens_p95 <= kv, estimate["token_capacity"]
     published = _wait(
         lambda: (
             (found := _query(prometheus, "headroom_capacity_knee_requests")) and len(found) == 2 and found
@@ -220,22 +283,34 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
     assert {(p["metric"]["model"], float(p["value"][1]), p["metric"]["source"]) for p in published} == {
         (model, knee, "probe")
     }
+    for gauge, value in (
+        ("headroom_capacity_knee_tokens", knee_tokens),
+        ("headroom_capacity_knee_tokens_p95", knee_tokens_p95),
+    ):
+        found = _query(prometheus, f'{gauge}{{model="{model}", task_class="all"}}')
+        assert sorted(float(p["value"][1]) for p in found) == [value, value], (gauge, found)
 
+    # the recommended pool of the same traffic (one ~600-token prompt in ten); KEDA's triggers
+    # are evaluated every ~3 s by this Prometheus on the recorded series, as KEDA would poll them
+    scaled_object = keda_scaled_object(estimate, deployment="x", prometheus_url=prometheus, config=DEFAULT)
+    triggers = {t["name"]: t for t in scaled_object["spec"]["triggers"]}
+    assert {"inflight-requests-per-pool", "active-tokens-per-pool"} <= set(triggers), scaled_object
+    polls = []
     started = time.monotonic()
-    statuses = _load(serving, pool, 60, model)
+    with ThreadPoolExecutor(1) as clients:
+        running = clients.submit(_load, serving, pool, 60, model)
+        while not running.done():
+            time.sleep(3)
+            if not running.done():
+                polls.append(_keda_replicas(prometheus, triggers))
+        statuses = running.result()
+    ratios = _knee_ratios(prometheus, stack["serving_target"], model)
     assert statuses and set(statuses) == {200}
     window = max(int(time.monotonic() - started + 5), 1)
     quiet = _alerts_since(prometheus, window)
-    assert quiet == {}, f"capacity alerts at the recommended pool of {pool}: {quiet}"
-    # not vacuous: the serving replica's load was measured against the knee it published
-    ratios = _query(
-        prometheus,
-        f"max_over_time(instance_model_task_class_caliber:headroom_concurrency:avg5m_knee_ratio[{window}s])",
-    )
-    seen = {r["metric"]["caliber"]: float(r["value"][1]) for r in ratios if r["metric"]["model"] == model}
-    assert "requests" in seen and 0 < seen["requests"] < 0.85, seen
-    # the review of the serving replica's log (through the sidecar that owns it) names the binding
-    # caliber and recommends nothing on a withheld token knee
+    _, largest = _answered(stack)
+    limit = gateway_picker_config(estimate, mode="tokens")["plugins"][0]["parameters"]["maxTokenConcurrency"]
+    # the review of the serving replica's log (through the sidecar that owns it)
     review = subprocess.run(
         [
             str(HEADROOM),
@@ -253,11 +328,29 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
     )
     assert review.returncode == 0, review.stderr
     [reviewed] = [m for m in json.loads(review.stdout)["models"] if m["model"] == model]
-    assert reviewed["classes"][0]["concurrency"]["binding_caliber"] in ("requests", "tokens"), reviewed[
-        "classes"
-    ]
-    if estimate["knee_tokens"] is None:
-        assert not [a for a in reviewed["actions"] if "tokens caliber" in a["action"]], reviewed["actions"]
+    [entry] = reviewed["classes"]
+    scaled = [max(replicas for _, replicas in poll.values()) for poll in polls]
+    measured = (
+        f"{stack['engine']}: knee {knee}, pool {pool}; {answered} answered requests before the probe; "
+        f"knee_tokens {knee_tokens}, p95 {knee_tokens_p95} (KV {kv}); 5-minute knee ratios {ratios}; "
+        f"KEDA replicas per poll {scaled}, (value, replicas) per trigger {polls}, token budget "
+        f"{scaled_object['metadata']['annotations'].get('llm-headroom/pool-tokens')}; largest request "
+        f"{largest} (estimate {estimate['max_request_tokens']}), gateway maxTokenConcurrency {limit}; "
+        f"review {entry['plan']['needed']}, replicas_needed {entry['plan']['replicas_needed']}"
+    )
+    print(f"\n{measured}")
+    assert quiet == {}, f"capacity alerts at the recommended pool of {pool}: {quiet}; {measured}"
+    # both calibers agree: the same load over each one's knee, within 20 %, not vacuous
+    assert set(ratios) == {"requests", "tokens"} and 0 < ratios["requests"] < 0.85, measured
+    assert ratios["tokens"] > 0 and abs(ratios["tokens"] / ratios["requests"] - 1) <= 0.2, measured
+    # KEDA asks for one replica at every poll, in both calibers, with traffic in flight
+    assert len(polls) >= 10 and set(scaled) == {1}, measured
+    assert max(poll["active-tokens-per-pool"][0] for poll in polls) > 0, measured
+    # the gateway admits the largest request the traffic sent (the estimate saw it before the
+    # probe), on an idle replica too
+    assert estimate["max_request_tokens"] <= largest <= limit, measured
+    # the review plans one replica
+    assert entry["plan"]["replicas_needed"] == 1, (measured, entry["plan"], reviewed["actions"])
 
     # the other replica at twice the knee: its own 5-minute mean is all overload
     def near_knee_in_requests() -> bool:

@@ -20,12 +20,19 @@ from collector.store.estimates import save_estimate
 
 @pytest.fixture
 def stored(tmp_path):
-    """A request log holding one probe estimate for model m (knee 8 requests), with the p95 of the
-    active tokens at the knee (1.5x its mean) and the largest request of the traffic's week; the
-    dict is the estimate as the store gives it back, which is what `--db` renders."""
+    """A request log holding one probe estimate for model m (knee 8 requests, pool 5), with the
+    active tokens at the knee (mean 1200, p95 1.5x it), the recommended pool in tokens (1300: the
+    p99.9 with 5 in flight, neither the mean's 1200 x 5 / 8 = 750 nor the p95's 1800 x 5 / 8 =
+    1125) and the largest request of the traffic's week; the dict is the estimate as the store
+    gives it back, which is what `--db` renders."""
     estimate = _estimate(model="m", knee_at=8)
     mean = estimate.knee.tokens
-    estimate.token_capacity = {"mean": mean, "p95": mean * 3 // 2, "max_request_tokens": 40}
+    estimate.token_capacity = {
+        "mean": mean,
+        "p95": mean * 3 // 2,
+        "pool_tokens": 1300,
+        "max_request_tokens": 40,
+    }
     store = RequestStore(tmp_path / "log.duckdb")
     save_estimate(store, estimate)
     (published,) = published_estimates(store)
@@ -34,7 +41,7 @@ def stored(tmp_path):
 
 
 def _small(estimate: dict, **tokens) -> dict:
-    """Knee 4 requests, pool 2, and the given token figures (knee_tokens_p95=None: withheld)."""
+    """Knee 4 requests, pool 2, and the given token figures (recommended_pool_tokens=None: withheld)."""
     return estimate | {"knee": estimate["knee"] | {"requests": 4}, "recommended_pool": 2} | tokens
 
 
@@ -66,11 +73,16 @@ def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_
         "the stored pool, as a floor"
     )
     assert "headroom_active_tokens" in tokens["metadata"]["query"]
-    # an instantaneous value (KEDA's poll) divided by the p95's pool, never the mean's
-    assert limits["pool_tokens_p95"] > limits["pool_tokens"]
-    assert f"or vector({limits['pool_tokens_p95']})" in tokens["metadata"]["query"]
-    assert "headroom_capacity_knee_tokens_p95{" in tokens["metadata"]["query"]
+    # an instantaneous value (KEDA's poll) divided by the pool in tokens (its p99.9), never the
+    # mean's pool nor the knee's p95 scaled to the pool
+    assert estimate["recommended_pool_tokens"] == limits["pool_tokens_peak"] == 1300
+    assert limits["pool_tokens_peak"] > limits["pool_tokens"] == 750.0
+    assert "knee_tokens_p95" not in limits and "pool_tokens_p95" not in limits
+    assert "or vector(1300)" in tokens["metadata"]["query"]
+    assert "headroom_capacity_recommended_pool_tokens{" in tokens["metadata"]["query"]
+    assert "headroom_capacity_knee_tokens_p95{" not in tokens["metadata"]["query"]
     assert "headroom_capacity_knee_tokens{" not in tokens["metadata"]["query"]
+    assert "headroom_capacity_knee_requests{" not in tokens["metadata"]["query"]
 
 
 def test_gateway_concurrency_detector_takes_the_pool_and_bursts_to_the_knee(stored):
@@ -87,9 +99,9 @@ def test_gateway_concurrency_detector_takes_the_pool_and_bursts_to_the_knee(stor
     parameters, pool, knee = plugin["parameters"], estimate["recommended_pool"], estimate["knee"]
     assert parameters["concurrencyMode"] == "tokens"
     assert parameters["maxConcurrency"] == pool
-    assert parameters["maxTokenConcurrency"] == max(
-        int(estimate["knee_tokens_p95"] * pool / knee["requests"]), estimate["max_request_tokens"]
-    )
+    # the pool in tokens (p99.9 with the pool in flight), above the largest request (40)
+    assert estimate["max_request_tokens"] < estimate["recommended_pool_tokens"]
+    assert parameters["maxTokenConcurrency"] == estimate["recommended_pool_tokens"] == 1300
     assert parameters["headroom"] == pytest.approx(knee["requests"] / pool - 1, abs=1e-4)
     # the documented parameter contract: positive ints and a non-negative fraction
     assert all(
@@ -164,6 +176,7 @@ def test_keda_queries_never_yield_nan_or_inf(stored, tmp_path, situation, series
         "knee": estimate["knee"] | {"requests": 8, "tokens": 9000},
         "knee_tokens": 9000,
         "knee_tokens_p95": 12000,
+        "recommended_pool_tokens": 9800,
     }
     triggers = keda_scaled_object(estimate, deployment="d")["spec"]["triggers"]
     where = f'job="{DEFAULT.sidecar_job}",model="m",instance="a",tenant="t"'
@@ -218,11 +231,12 @@ def test_a_withheld_token_knee_drives_no_token_scaling(stored, tmp_path):
     withheld = estimate | {
         "knee_tokens": None,
         "knee_tokens_p95": None,
+        "recommended_pool_tokens": None,
         "token_knee_withheld": "mean tokens per request 4.0x the traffic's",
     }
     limits = per_replica(withheld)
     assert limits["knee_tokens"] is None and limits["pool_tokens"] is None
-    assert limits["pool_tokens_p95"] is None
+    assert limits["pool_tokens_peak"] is None
     path = tmp_path / "withheld.json"
     path.write_text(json.dumps(withheld))
     scaled = _render("keda", "--estimate", str(path), "--deployment", "d")
@@ -235,67 +249,96 @@ def test_a_withheld_token_knee_drives_no_token_scaling(stored, tmp_path):
     assert result.exit_code == 1 and "4.0x the traffic's" in result.output
 
 
-def test_token_limits_take_the_p95_at_the_knee_and_never_refuse_the_largest_request(stored):
-    """Knee 4, pool 2; active tokens at the knee mean 700, p95 1100; the traffic's largest request
-    900 tokens. KEDA divides by the p95's pool (1100 x 2 / 4 = 550, not the mean's 350); the
-    gateway's limit 550 would refuse that request on an idle replica, so it is raised to 900."""
+def test_token_limits_take_the_pool_in_tokens_and_never_refuse_the_largest_request(stored):
+    """Knee 4, pool 2; active tokens at the knee mean 700, p95 1600; the recommended pool in tokens
+    (the p99.9 of the active tokens with 2 in flight) 1100; the traffic's largest request 900
+    tokens. KEDA divides by the pool in tokens (1100, not the mean's 350 nor the p95 scaled to the
+    pool, 1600 x 2 / 4 = 800) and so does the gateway's limit; a largest request of 1300 is above
+    it, and the limit is raised to 1300 (else that request is refused on an idle replica)."""
     from collector.integrations.render import gateway_comments, keda_scaled_object
 
     _, estimate = stored
-    small = _small(estimate, knee_tokens=700, knee_tokens_p95=1100, max_request_tokens=900)
+    small = _small(
+        estimate, knee_tokens=700, knee_tokens_p95=1600, recommended_pool_tokens=1100, max_request_tokens=900
+    )
     limits = per_replica(small)
-    assert (limits["pool_tokens"], limits["pool_tokens_p95"]) == (350.0, 550.0)
+    assert (limits["pool_tokens"], limits["pool_tokens_peak"]) == (350.0, 1100)
     assert limits["max_request_tokens"] == 900
     scaled = keda_scaled_object(small, deployment="d")
     (tokens,) = [t for t in scaled["spec"]["triggers"] if t["name"] == "active-tokens-per-pool"]
-    assert "or vector(550.0)" in tokens["metadata"]["query"]
-    assert "vector(350" not in tokens["metadata"]["query"]
-    assert scaled["metadata"]["annotations"]["llm-headroom/pool-tokens"].startswith(
-        "550 (p95 of the active tokens at the knee 1100 x pool 2 / knee 4"
+    assert "or vector(1100)" in tokens["metadata"]["query"]
+    assert "vector(350" not in tokens["metadata"]["query"] and "vector(800" not in tokens["metadata"]["query"]
+    assert scaled["metadata"]["annotations"]["llm-headroom/pool-tokens"] == (
+        "1100 (p99.9 of the active tokens with the pool of 2 in flight; KEDA reads the published gauge first)"
     )
     assert "llm-headroom/token-trigger" not in scaled["metadata"]["annotations"]
     parameters = gateway_picker_config(small, mode="tokens")["plugins"][0]["parameters"]
-    assert parameters["maxTokenConcurrency"] == 900
-    (line,) = [c for c in gateway_comments(small, mode="tokens") if c.startswith("maxTokenConcurrency")]
-    assert line.startswith(
-        "maxTokenConcurrency 900: raised to the largest request the traffic sent: 900 tokens"
-    )
-    assert "1100 x 2 / 4 = 550" in line
+    assert parameters["maxTokenConcurrency"] == 1100  # the largest request (900) fits: not raised
+    (line,) = [c for c in gateway_comments(small) if c.startswith("maxTokenConcurrency")]
+    assert line == "maxTokenConcurrency 1100: the pool in tokens, p99.9 of the active tokens with 2 in flight"
 
-    # (b) a p95 whose pool is above the largest request: the pool itself, and the comment says so
-    wide = small | {"knee_tokens_p95": 3000}
-    parameters = gateway_picker_config(wide, mode="tokens")["plugins"][0]["parameters"]
-    assert parameters["maxTokenConcurrency"] == 1500
-    (line,) = [c for c in gateway_comments(wide) if c.startswith("maxTokenConcurrency")]
-    assert (
-        line
-        == "maxTokenConcurrency 1500: the pool in tokens, p95 of the active tokens at the knee 3000 x 2 / 4"
+    # (b) a largest request above the pool in tokens: the limit is raised to it, and the comment says so
+    long = small | {"max_request_tokens": 1300}
+    parameters = gateway_picker_config(long, mode="tokens")["plugins"][0]["parameters"]
+    assert parameters["maxTokenConcurrency"] == 1300
+    (line,) = [c for c in gateway_comments(long, mode="tokens") if c.startswith("maxTokenConcurrency")]
+    assert line == (
+        "maxTokenConcurrency 1300: raised to the largest request the traffic sent: 1300 tokens "
+        "(the pool in tokens, p99.9 of the active tokens with 2 in flight = 1100, would refuse it)"
+        " (the detector's caliber)"
     )
-    # no traffic (no largest request known): the p95's pool as it is
+    # KEDA's budget is the pool in tokens whatever the largest request
+    (tokens,) = [
+        t
+        for t in keda_scaled_object(long, deployment="d")["spec"]["triggers"]
+        if t["name"] == "active-tokens-per-pool"
+    ]
+    assert "or vector(1100)" in tokens["metadata"]["query"]
+    # no traffic (no largest request known): the pool in tokens as it is
     quiet = small | {"max_request_tokens": None}
-    assert gateway_picker_config(quiet)["plugins"][0]["parameters"]["maxTokenConcurrency"] == 550
+    assert gateway_picker_config(quiet)["plugins"][0]["parameters"]["maxTokenConcurrency"] == 1100
 
 
-def test_a_legacy_estimate_without_the_p95_renders_no_token_trigger_or_limit(stored, tmp_path):
-    """An estimate from before knee_tokens_p95 carries an admission average as its token figure:
-    KEDA gets no token trigger (the annotation says why), the gateway no maxTokenConcurrency (a
-    comment says why), and --mode tokens is refused with the reason."""
+@pytest.mark.parametrize(
+    "dropped",
+    [
+        # from before knee_tokens_p95: its token figure is an admission average
+        ("knee_tokens_p95", "recommended_pool_tokens", "max_request_tokens", "token_capacity"),
+        # from before the pool in tokens: a p95 at the knee, which scaled to the pool is exceeded there
+        ("recommended_pool_tokens",),
+    ],
+    ids=["before the p95", "before the pool in tokens"],
+)
+def test_a_legacy_estimate_without_the_pool_in_tokens_renders_no_token_trigger_or_limit(
+    stored, tmp_path, dropped
+):
+    """An estimate without recommended_pool_tokens predates it (an admission average, or a p95 at
+    the knee): KEDA gets no token trigger (the annotation says why), the gateway no
+    maxTokenConcurrency (a comment says why), and --mode tokens is refused with the reason."""
     from collector.integrations.render import gateway_comments, keda_scaled_object
 
     _, estimate = stored
     legacy = {
         k: v
-        for k, v in _small(estimate, knee_tokens=700).items()
-        if k not in ("knee_tokens_p95", "max_request_tokens", "token_capacity")
+        for k, v in _small(
+            estimate,
+            knee_tokens=700,
+            knee_tokens_p95=1600,
+            recommended_pool_tokens=1100,
+            max_request_tokens=900,
+        ).items()
+        if k not in dropped
     }
+    if "token_capacity" in legacy:  # its token capacity, written before the pool in tokens
+        legacy["token_capacity"] = {k: v for k, v in legacy["token_capacity"].items() if k != "pool_tokens"}
     limits = per_replica(legacy)
-    assert limits["pool_tokens"] == 350.0 and limits["pool_tokens_p95"] is None
+    assert limits["pool_tokens"] == 350.0 and limits["pool_tokens_peak"] is None
     scaled = keda_scaled_object(legacy, deployment="d")
     assert [t["name"] for t in scaled["spec"]["triggers"]] == ["inflight-requests-per-pool"]
     assert "headroom_active_tokens" not in json.dumps(scaled)
     why = scaled["metadata"]["annotations"]["llm-headroom/token-trigger"]
-    assert why.startswith("none: the estimate predates the p95 of the active tokens at the knee")
-    with pytest.raises(EstimateError, match="predates the p95"):
+    assert why.startswith("none: the estimate predates the recommended pool in tokens")
+    with pytest.raises(EstimateError, match="predates the recommended pool in tokens"):
         gateway_picker_config(legacy, mode="tokens")
     parameters = gateway_picker_config(legacy)["plugins"][0]["parameters"]
     assert "maxTokenConcurrency" not in parameters and parameters["maxConcurrency"] == 2
@@ -315,26 +358,31 @@ def test_a_legacy_estimate_without_the_p95_renders_no_token_trigger_or_limit(sto
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    ("situation", "gauges", "expected"),
+    ("situation", "gauge", "expected"),
     [
-        ("the p95 gauge published beside the mean's", True, 1),
-        # a sidecar of a release before the p95 gauge: the estimate's own p95 pool, the same answer
-        ("no capacity gauges (the estimate's number)", False, 1),
+        ("the pool-in-tokens gauge published beside the knee's", 1100, 1),
+        # a re-measured pool in tokens: the gauge, not the estimate's number, is the budget
+        ("a re-measured pool-in-tokens gauge", 2200, 0.5),
+        # a sidecar of a release before the pool-in-tokens gauge: the estimate's own, the same answer
+        ("no capacity gauges (the estimate's number)", None, 1),
     ],
 )
-def test_keda_token_trigger_answers_one_replica_at_the_p95_pool_in_promtool(
-    stored, tmp_path, situation, gauges, expected
+def test_keda_token_trigger_answers_one_replica_at_the_pool_in_tokens_in_promtool(
+    stored, tmp_path, situation, gauge, expected
 ):
-    """promtool evaluates the token trigger on recorded series: one replica carrying its p95 pool
-    in tokens (550 = 1100 x 2 / 4) asks KEDA for 1 replica, where the mean's pool (350) would
-    have asked for ceil(550 / 350) = 2."""
+    """promtool evaluates the token trigger on recorded series: one replica carrying its pool in
+    tokens (1100, the p99.9 with 2 in flight) asks KEDA for 1 replica, where the mean's pool (350)
+    would have asked for ceil(1100 / 350) = 4 and the knee's p95 scaled to the pool (1600 x 2 / 4
+    = 800) for 2; the knee's gauges published beside it play no part."""
     from conftest import require_tool
 
     from collector.integrations.render import keda_scaled_object
 
     promtool = require_tool("promtool")
     _, estimate = stored
-    small = _small(estimate, knee_tokens=700, knee_tokens_p95=1100, max_request_tokens=900)
+    small = _small(
+        estimate, knee_tokens=700, knee_tokens_p95=1600, recommended_pool_tokens=1100, max_request_tokens=900
+    )
     (tokens,) = [
         t
         for t in keda_scaled_object(small, deployment="d")["spec"]["triggers"]
@@ -345,15 +393,16 @@ def test_keda_token_trigger_answers_one_replica_at_the_p95_pool_in_promtool(
         'model="m",task_class="all",replica_class="default",source="probe",confidence="high",instance="a"'
     )
     series = {
-        f"headroom_active_tokens{{{where}}}": "550+0x5",
+        f"headroom_active_tokens{{{where}}}": "1100+0x5",
         f'up{{job="{DEFAULT.sidecar_job}",instance="a"}}': "1+0x5",
     }
-    if gauges:
+    if gauge is not None:
         series |= {
             f"headroom_capacity_knee_requests{{{published}}}": "4+0x5",
             f"headroom_capacity_recommended_pool_requests{{{published}}}": "2+0x5",
             f"headroom_capacity_knee_tokens{{{published}}}": "700+0x5",
-            f"headroom_capacity_knee_tokens_p95{{{published}}}": "1100+0x5",
+            f"headroom_capacity_knee_tokens_p95{{{published}}}": "1600+0x5",
+            f"headroom_capacity_recommended_pool_tokens{{{published}}}": f"{gauge}+0x5",
         }
     inputs = [{"series": name, "values": values} for name, values in series.items()]
     checks = [

@@ -1,13 +1,15 @@
-"""The review's token caliber (docs/domain.md §12): a replica's peak and the week's busiest minute
-are judged against the token capacity's p95 (`knee_tokens_p95`), never its time-weighted mean
-(`knee_tokens`, the divisor for 5-minute averages); an estimate from before the time-weighted
-token capacity has its token caliber withheld and never binds; the confidence reads in one
-vocabulary (a legacy "measured" is "high").
+"""The review's token caliber (docs/domain.md §12): a replica's peak is judged against the token
+capacity's p95 (`knee_tokens_p95`), and the week's busiest minute against the recommended pool in
+tokens (`recommended_pool_tokens`, the p99.9 of the active tokens with the pool in flight), never
+the time-weighted mean (`knee_tokens`, the divisor for 5-minute averages) nor a pool scaled from
+the knee; an estimate from before the time-weighted token capacity has its token caliber withheld
+and never binds; the confidence reads in one vocabulary (a legacy "measured" is "high").
 
 One week of traffic on one replica whose busiest five minutes are known exactly: 7 requests in
 flight together, their prompts summing to 1,200 active tokens (no completion tokens, so the sum
 holds still), judged against an estimate dict of the shape collector.capacity.CapacityEstimate
-.to_dict() writes (knee 10 requests, pool 8, token capacity 1,000 mean / 2,000 p95).
+.to_dict() writes (knee 10 requests, pool 8, token capacity 1,000 mean / 2,000 p95, pool in
+tokens 1,500: not the p95 scaled to the pool, 2,000 x 8 / 10 = 1,600).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _rows() -> list[dict[str, Any]]:
 
 def estimate(**changes: Any) -> dict[str, Any]:
     """A published estimate in to_dict()'s shape: knee 10 requests, pool 8, token capacity 1,000
-    (time-weighted mean) / p95 2,000."""
+    (time-weighted mean) / p95 2,000, pool in tokens 1,500 (p99.9 with 8 in flight)."""
     found: dict[str, Any] = {
         "created_at": (UNTIL - timedelta(hours=2)).isoformat(),
         "source": "probe",
@@ -76,6 +78,7 @@ def estimate(**changes: Any) -> dict[str, Any]:
         "recommended_pool": 8,
         "knee_tokens": 1000,
         "knee_tokens_p95": 2000,
+        "recommended_pool_tokens": 1500,
         "max_request_tokens": 900,
         "token_knee_withheld": None,
         "kv_capacity_tokens": 8192,
@@ -83,6 +86,7 @@ def estimate(**changes: Any) -> dict[str, Any]:
             "mean": 1000,
             "p50": 950,
             "p95": 2000,
+            "pool_tokens": 1500,
             "max": 2600,
             "admission_mean": 700,
             "per_inflight_tokens": 100.0,
@@ -120,19 +124,21 @@ def _entry(report: dict[str, Any]) -> dict[str, Any]:
     return dict(entry)
 
 
-def test_the_busiest_minute_is_judged_against_the_p95_never_the_mean(store):
-    """(a) The peak (1,200 tokens) is above the mean token capacity (1,000) but below the p95 at
-    the pool (2,000 x 8 / 10 = 1,600): the requests caliber gives the replica count, and 7
-    requests fit one pool of 8, so the review says 1 replica. Against the mean it would have said
-    2 (1,200 over a pool of 800), and a token-caliber alarm."""
+def test_the_busiest_minute_is_judged_against_the_pool_in_tokens_never_the_mean(store):
+    """(a) The peak (1,200 tokens) is above the mean token capacity (1,000) but below the pool in
+    tokens (1,500, the estimate's own figure, not the p95 scaled to the pool, 1,600): the requests
+    caliber gives the replica count, and 7 requests fit one pool of 8, so the review says 1
+    replica. Against the mean it would have said 2 (1,200 over a pool of 800), and a token-caliber
+    alarm. One replica's own peak is still judged against the p95 (2,000)."""
     report = review(store, estimate())
     entry = _entry(report)
     plan, concurrency = entry["plan"], entry["concurrency"]
     assert plan["peak"]["requests"] == pytest.approx(7.0)
     assert plan["peak"]["tokens"] == pytest.approx(1200.0)
-    assert 1000 < plan["peak"]["tokens"] < 2000 * 8 / 10
+    assert 1000 < plan["peak"]["tokens"] < 1500
     assert math.ceil(1200 / (1000 * 8 / 10)) == 2  # what the mean would have said
-    assert plan["pool_per_replica"] == {"requests": 8.0, "tokens": 1600.0}
+    # the estimate's pool in tokens as it is: never rescaled from the knee's p95 (1,600)
+    assert plan["pool_per_replica"] == {"requests": 8.0, "tokens": 1500.0}
     assert plan["needed"] == {"requests": 1, "tokens": 1}
     assert plan["binding_caliber"] == "requests" and plan["replicas_needed"] == 1
     # one replica's own peak (counts at admission, instants) against the p95; both figures reported
@@ -153,32 +159,33 @@ def test_the_busiest_minute_is_judged_against_the_p95_never_the_mean(store):
         assert "largest traffic request 900 tokens" in text
     row = next(line for line in md.splitlines() if line.startswith("| tokens |"))
     assert "1,000 (time-weighted mean) / p95 2,000" in row and "peak is 60 % of the p95" in row
-    assert "| 1,600 |" in row  # the pool per replica, from the p95
+    assert "| 1,500 |" in row  # the pool per replica: the estimate's pool in tokens
     json = orjson.loads(render_report(report, "json"))
     judged = json["models"][0]["classes"][0]["concurrency"]
     assert (judged["knee_tokens"], judged["knee_tokens_p95"]) == (1000, 2000)
 
 
-def test_tokens_still_bind_past_the_p95_and_name_it(store):
-    """The same week against a p95 of 1,100 tokens: the pool is 880 tokens, the busiest minute
-    needs 2 replicas and the token caliber binds, in the plan and against one replica's peak."""
-    report = review(store, estimate(knee_tokens=900, knee_tokens_p95=1100))
+def test_tokens_still_bind_past_the_pool_in_tokens_and_name_it(store):
+    """The same week against a p95 of 1,100 tokens and a pool in tokens of 1,000 (not 1,100 x 8 /
+    10 = 880): the busiest minute needs 2 replicas and the token caliber binds, in the plan
+    (against the pool in tokens) and against one replica's peak (against the p95)."""
+    report = review(store, estimate(knee_tokens=900, knee_tokens_p95=1100, recommended_pool_tokens=1000))
     entry = _entry(report)
     plan = entry["plan"]
-    assert plan["pool_per_replica"]["tokens"] == pytest.approx(880.0)
+    assert plan["pool_per_replica"]["tokens"] == pytest.approx(1000.0)
     assert plan["needed"] == {"requests": 1, "tokens": 2}
     assert plan["binding_caliber"] == "tokens" and plan["replicas_needed"] == 2
     assert entry["concurrency"]["binding_caliber"] == "tokens"  # 1,200 / 1,100 over 7 / 10
     actions = {a["action"]: a["reason"] for a in report["models"][0]["actions"]}
-    assert (
-        "(the token capacity's p95 at the pool)"
-        in actions["Run 2 replicas of class default at the peak (ran 1)"]
+    assert actions["Run 2 replicas of class default at the peak (ran 1)"] == (
+        "the busiest minute's tokens load 1200 over a pool of 1000 per replica"
+        " (the pool in tokens: the p99.9 of the active tokens with the pool in flight)"
     )
     assert (
         "against the token capacity's p95 1100 (time-weighted mean 900): peak is 1.1 × the p95"
         in actions["Add capacity or cap admission (tokens caliber)"]
     )
-    assert "from the token capacity's p95" in render_report(report, "md")
+    assert "busiest minute 1,200 tokens over a pool of 1,000 per replica" in render_report(report, "md")
 
 
 def test_a_legacy_estimate_has_its_token_caliber_withheld_and_never_binds(store):
@@ -187,7 +194,9 @@ def test_a_legacy_estimate_has_its_token_caliber_withheld_and_never_binds(store)
     would be 2.4 x the knee and the tokens caliber would bind, with 3 replicas; it is withheld
     with the reason, and the requests caliber gives 1 replica."""
     legacy = {
-        k: v for k, v in estimate(knee_tokens=500).items() if k not in ("knee_tokens_p95", "token_capacity")
+        k: v
+        for k, v in estimate(knee_tokens=500).items()
+        if k not in ("knee_tokens_p95", "recommended_pool_tokens", "token_capacity")
     }
     legacy.pop("max_request_tokens")
     assert token_knee_withheld(legacy) == LEGACY
@@ -235,7 +244,10 @@ def test_a_legacy_measured_confidence_reads_as_high(store):
     assert '"confidence": "high"' in render_report(report, "json")
 
 
-def test_the_token_pool_is_the_p95_at_the_pools_share_of_the_knee():
-    assert pool_per_replica(estimate(), 2000) == {"requests": 8.0, "tokens": 1600.0}
-    assert pool_per_replica(estimate(), None) == {"requests": 8.0, "tokens": None}
-    assert pool_per_replica(None, 2000) == {"requests": None, "tokens": None}
+def test_the_token_pool_is_the_estimates_pool_in_tokens_unscaled():
+    assert pool_per_replica(estimate(), 1500) == {"requests": 8.0, "tokens": 1500.0}
+    # never rescaled by pool / knee: another knee leaves the pool in tokens as it is
+    assert pool_per_replica(estimate(knee_requests=16), 1500) == {"requests": 8.0, "tokens": 1500.0}
+    assert pool_per_replica(estimate(), None) == {"requests": 8.0, "tokens": None}  # withheld
+    assert pool_per_replica(estimate(recommended_pool=None), 1500) == {"requests": None, "tokens": None}
+    assert pool_per_replica(None, 1500) == {"requests": None, "tokens": None}

@@ -192,6 +192,7 @@ def _from_probe_run(
             at=first,
             reached=estimate.knee.reached,
             admission_mean=estimate.knee.tokens,
+            pool=estimate.recommended_pool,
         ),
     )
     apply_rates(estimate, _stored_rates(rows, estimate))
@@ -305,6 +306,7 @@ def _from_traffic(
             reached=estimate.knee.reached,
             task_class=task_class,
             admission_mean=estimate.knee.tokens,
+            pool=estimate.recommended_pool,
         ),
     )
     estimate.extra |= {
@@ -400,6 +402,7 @@ def estimate_from_probe(
             reached=estimate.knee.reached,
             kv_capacity_tokens=getattr(result, "engine_kv_capacity_tokens", None),
             admission_mean=estimate.knee.tokens,
+            pool=estimate.recommended_pool,
         ),
     )
     apply_rates(estimate, getattr(result, "rates", None))

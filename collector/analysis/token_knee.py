@@ -186,6 +186,8 @@ class TokenCapacity:
     admission_mean: int | None = None  # the knee level's mean active tokens at admissions
     kv_capacity_tokens: int | None = None
     notes: list[str] = field(default_factory=list)
+    pool_requests: int | None = None  # the recommended pool the pool's figure is for
+    pool_tokens: int | None = None  # headroom_capacity_recommended_pool_tokens: p99.9 at the pool
 
     @property
     def max_request_tokens(self) -> int | None:
@@ -208,6 +210,8 @@ class TokenCapacity:
             "p50": self.p50,
             "p95": self.p95,
             "max": self.max,
+            "pool_requests": self.pool_requests,
+            "pool_tokens": self.pool_tokens,
             "withheld": self.withheld,
             "traffic_mix": self.mix.to_dict() if self.mix else None,
             "max_request_tokens": self.max_request_tokens,
@@ -221,8 +225,8 @@ def _capped(value: float, kv: int | None) -> int:
     return int(round(min(value, kv) if kv and kv > 0 else value))
 
 
-def _quantiles(mix: TokenMix, level: int) -> tuple[float, float, float]:
-    """p50, p95 and max of the instantaneous sum of `level` length-biased draws from the sample."""
+def _quantiles(mix: TokenMix, level: int) -> tuple[float, float, float, float]:
+    """p50, p95, p99.9 and max of the instantaneous sum of `level` length-biased draws from the sample."""
     sample = mix.sample
     cumulative, total = [], 0.0
     for held in sample:
@@ -234,7 +238,11 @@ def _quantiles(mix: TokenMix, level: int) -> tuple[float, float, float]:
         drawn = rng.choices(sample, cum_weights=cumulative, k=level)
         sums.append(sum(h.at(rng.random() * h.duration_s) for h in drawn))
     sums.sort()
-    return sums[len(sums) // 2], sums[min(len(sums) - 1, int(0.95 * len(sums)))], sums[-1]
+
+    def at(q: float) -> float:
+        return sums[min(len(sums) - 1, int(q * len(sums)))]
+
+    return at(0.5), at(0.95), at(0.999), sums[-1]
 
 
 def token_capacity(
@@ -244,8 +252,12 @@ def token_capacity(
     kv_capacity_tokens: int | None = None,
     admission_mean: int | None = None,
     reached: bool = True,
+    pool: int | None = None,
 ) -> TokenCapacity:
-    """The token capacity at a request knee with a traffic mix (module docstring), or withheld.
+    """The token capacity at a request knee with a traffic mix (module docstring), or withheld;
+    with `pool` (the recommended pool in requests) also the pool in tokens: the p99.9 of the
+    instantaneous sum with `pool` requests in flight, what a replica at its pool plausibly holds
+    at any moment (KEDA's token budget, a gateway's token limit, the review's peak), capped.
 
     Examples: knee 4, W 179.3 -> mean 717; knee 64, W 240, KV 8192 -> 8192 (capped, with a note);
     no traffic mix or fewer than MIN_TRAFFIC_REQUESTS requests -> withheld with the reason.
@@ -267,7 +279,10 @@ def token_capacity(
             "the traffic's time-weighted tokens per in-flight request at the request knee"
         )
     mean = knee_requests * mix.per_inflight_tokens
-    p50, p95, top = _quantiles(mix, knee_requests) if mix.sample else (mean, mean, mean)
+    p50, p95, _, top = _quantiles(mix, knee_requests) if mix.sample else (mean, mean, mean, mean)
+    at_pool = None
+    if pool:
+        at_pool = _quantiles(mix, pool)[2] if mix.sample else pool * mix.per_inflight_tokens
     notes = [
         f"{mix.per_inflight_tokens:.0f} tokens per in-flight request, time-weighted, over "
         f"{mix.requests} answered traffic requests ({mix.per_request_tokens:.0f} per request at "
@@ -291,6 +306,8 @@ def token_capacity(
         admission_mean,
         kv_capacity_tokens,
         notes,
+        pool or None,
+        _capped(at_pool, kv) if at_pool is not None else None,
     )
 
 
@@ -305,6 +322,7 @@ def token_capacity_in_store(
     task_class: str | None = None,
     kv_capacity_tokens: int | None = None,
     admission_mean: int | None = None,
+    pool: int | None = None,
 ) -> TokenCapacity:
     """token_capacity with the mix of the traffic in `store` from `since` (default: the
     TRAFFIC_WINDOW before `at`) to `at` (None: unbounded); no store: no traffic, withheld."""
@@ -318,4 +336,5 @@ def token_capacity_in_store(
         kv_capacity_tokens=kv_capacity_tokens,
         admission_mean=admission_mean,
         reached=reached,
+        pool=pool,
     )

@@ -3,27 +3,30 @@
 Input is one estimate in its stored form (CapacityEstimate.to_dict(), docs/capacity.md). Each
 number below is the estimate's, per replica; the live ones stay in Prometheus:
 
-    estimate: knee 8 requests; active tokens at the knee: mean 9000, p95 12000; pool 6;
-              the largest request of the traffic's week 7000 tokens
+    estimate: knee 8 requests; active tokens at the knee: mean 9000; pool 6 requests, 9800 tokens
+              (p99.9 of 6 in flight); the largest request of the traffic's week 7000 tokens
     keda_scaled_object(...)  -> ScaledObject, triggers
          requests: sum(headroom_inflight_requests{model}) / (pool gauge > 0, or 6, at least 1)   threshold 1
-         tokens:   sum(headroom_active_tokens{model}) / (knee_tokens_p95 gauge × 6/8, or 9000, at least 1)
+         tokens:   sum(headroom_active_tokens{model}) / (pool tokens gauge, or 9800, at least 1)
       so the replicas KEDA asks for = ceil(live concurrency / what one replica should carry), in
       the caliber that needs more; a re-measured knee changes the gauge and the scaling at once.
     gateway_picker_config(...) -> EndpointPickerConfig with a concurrency-detector:
-         maxConcurrency 6, maxTokenConcurrency 9000, headroom 0.33 (bursts up to the knee, 8/6 - 1)
+         maxConcurrency 6, maxTokenConcurrency 9800, headroom 0.33 (bursts up to the knee, 8/6 - 1)
     gateway_comments(...) -> one comment line per threshold: the measured number it comes from,
          the estimate's source, run, when it was measured and how old it is
     llmd_saturation_config(...) -> the WVA saturation ConfigMap entry for the model
 
-Instantaneous values take the p95, never the mean (docs/domain.md §12): KEDA polls the live
-active tokens and a gateway admits against them, and the time-weighted mean at the knee
-(`knee_tokens`, the divisor of 5-minute averages in the rules) is exceeded half the time at the
-knee. So the token budget is the p95 of the active-token sum at the knee × pool / knee
-(`pool_tokens_p95`), and the gateway's maxTokenConcurrency is raised to the largest request the
-traffic sent (`max_request_tokens`) when it is below: a lower limit would refuse that request on an
-idle replica. An estimate without `knee_tokens_p95` predates it (its token figure is an admission
-average): no token trigger, no token limit, and the annotation, comment or error says why.
+Instantaneous values take a peak-aware figure, never the mean (docs/domain.md §12): KEDA polls
+the live active tokens and a gateway admits against them, and the time-weighted mean
+(`knee_tokens`, the divisor of 5-minute averages in the rules) is exceeded half the time. So the
+token budget is the recommended pool in tokens (`recommended_pool_tokens`, gauge
+headroom_capacity_recommended_pool_tokens): the p99.9 of the instantaneous active-token sum with
+the pool's requests in flight and the traffic's mix, the token counterpart of "at most the pool in
+flight" (a p95 scaled from the knee is exceeded by two long prompts at once). The gateway's
+maxTokenConcurrency is raised to the largest request the traffic sent (`max_request_tokens`) when
+it is below: a lower limit would refuse that request on an idle replica. An estimate without
+`recommended_pool_tokens` predates it: no token trigger, no token limit, and the annotation,
+comment or error says why.
 
 With capacity in rates (μ_slo 9.5 requests/s, V_P 380 prefill tokens/s, `headroom probe --rates`):
     keda_scaled_object(...)  + a third trigger, request-rate-per-replica:
@@ -69,20 +72,18 @@ class EstimateError(ValueError):
 def per_replica(estimate: dict[str, Any]) -> dict[str, Any]:
     """What one replica should carry, both calibers, from the estimate.
 
-    Example: knee 8, active tokens at the knee mean 9000 / p95 12000, pool 6, largest request 7000
-    -> {"knee_requests": 8, "knee_tokens": 9000, "knee_tokens_p95": 12000, "pool_requests": 6,
-    "pool_tokens": 6750.0, "pool_tokens_p95": 9000.0, "max_request_tokens": 7000,
-    "burst_ratio": 0.3333}
+    Example: knee 8, active tokens at the knee mean 9000, pool 6 (9800 tokens), largest request 7000
+    -> {"knee_requests": 8, "knee_tokens": 9000, "pool_requests": 6, "pool_tokens": 6750.0,
+    "pool_tokens_peak": 9800, "max_request_tokens": 7000, "burst_ratio": 0.3333}
 
     `pool_tokens` (the mean's) is for 5-minute averages; anything acting on an instantaneous value
-    takes `pool_tokens_p95` (module docstring). Token figures are None when withheld, when the
-    estimate predates them (`knee_tokens_p95`), or without traffic (`max_request_tokens`).
+    takes `pool_tokens_peak` (module docstring). Token figures are None when withheld, when the
+    estimate predates them (`recommended_pool_tokens`), or without traffic (`max_request_tokens`).
     """
     knee = estimate.get("knee") or {}
     # the token capacity the gauges publish (time-weighted, docs/capacity.md "Token capacity"):
     # None when withheld; never the knee's own `tokens`, an average over admissions
     knee_requests, knee_tokens = knee.get("requests"), estimate.get("knee_tokens")
-    knee_tokens_p95 = estimate.get("knee_tokens_p95")
     pool = estimate.get("recommended_pool")
     model = estimate.get("model") or "the model"
     if not knee.get("reached"):
@@ -95,14 +96,12 @@ def per_replica(estimate: dict[str, Any]) -> dict[str, Any]:
             f"the estimate for {model} has no recommended pool; rerun `headroom probe` with a --profile"
         )
     pool_tokens = round(knee_tokens * pool / knee_requests, 1) if knee_tokens else None
-    pool_tokens_p95 = round(knee_tokens_p95 * pool / knee_requests, 1) if knee_tokens_p95 else None
     return {
         "knee_requests": knee_requests,
         "knee_tokens": knee_tokens,
-        "knee_tokens_p95": knee_tokens_p95,
         "pool_requests": pool,
         "pool_tokens": pool_tokens,
-        "pool_tokens_p95": pool_tokens_p95,
+        "pool_tokens_peak": estimate.get("recommended_pool_tokens"),
         "max_request_tokens": estimate.get("max_request_tokens"),
         "burst_ratio": round(max(knee_requests / pool - 1.0, 0.0), 4),
     }
@@ -110,26 +109,25 @@ def per_replica(estimate: dict[str, Any]) -> dict[str, Any]:
 
 def _no_token_limit(estimate: dict[str, Any], limits: dict[str, Any]) -> str | None:
     """Why no token trigger or token limit may come from the estimate, or None when one may."""
-    if limits["pool_tokens_p95"]:
+    if limits["pool_tokens_peak"]:
         return None
     if withheld := estimate.get("token_knee_withheld"):
-        return f"the token knee is withheld: {withheld}"
-    if "knee_tokens_p95" not in estimate:
+        return f"the token capacity is withheld: {withheld}"
+    if "recommended_pool_tokens" not in estimate:
         return (
-            "the estimate predates the p95 of the active tokens at the knee: its token figure is "
-            "an average over admissions, and an instantaneous limit set from it is exceeded about "
-            "half the time at the knee; re-estimate it (the next probe, or `headroom probe "
-            "--workload from-log`)"
+            "the estimate predates the recommended pool in tokens (the p99.9 of the active tokens "
+            "with the pool in flight): a token figure from it is an admission average or a p95 "
+            "scaled from the knee, exceeded at the pool; re-estimate it (the next probe)"
         )
-    return "no p95 of the active tokens at the knee was measured"
+    return "no recommended pool in tokens was measured"
 
 
 def _token_limit(limits: dict[str, Any]) -> tuple[int, bool]:
     """The gateway's maxTokenConcurrency and whether it was raised to the largest request: the
-    p95 pool in tokens, never below one request the traffic sent (else that one is always refused)."""
-    pool_p95 = int(limits["pool_tokens_p95"])
+    pool in tokens, never below one request the traffic sent (else that one is always refused)."""
+    pool_peak = int(limits["pool_tokens_peak"])
     largest = int(limits["max_request_tokens"] or 0)
-    return max(pool_p95, largest), largest > pool_p95
+    return max(pool_peak, largest), largest > pool_peak
 
 
 def _selector(model: str, config: RulesConfig, cluster: str | None) -> str:
@@ -190,9 +188,9 @@ def keda_scaled_object(
     `fallback_replicas` (default `max_replicas`) instead of scaling in on a dead signal. `cluster` keeps both
     the live series and the published gauges to one cluster, for a Prometheus holding several.
     An estimate with μ_slo adds a rate trigger: the traffic's request rate against the threshold
-    μ_slo x `rate_utilisation` (module docstring). The token trigger divides by the pool in tokens
-    from the p95 at the knee; an estimate without one (withheld, or older than it) gets no token
-    trigger, and the annotation `llm-headroom/token-trigger` says why.
+    μ_slo x `rate_utilisation` (module docstring). The token trigger divides by the recommended pool
+    in tokens; an estimate without one (withheld, or older than it) gets no token trigger, and the
+    annotation `llm-headroom/token-trigger` says why.
     """
     if not 0 < rate_utilisation <= 1:
         raise ValueError(f"rate utilisation {rate_utilisation} must be in (0, 1], e.g. 0.8")
@@ -224,25 +222,17 @@ def keda_scaled_object(
         "llm-headroom/pool-requests": str(limits["pool_requests"]),
         "llm-headroom/knee-requests": str(limits["knee_requests"]),
     }
-    # KEDA polls the live active tokens, an instantaneous value: it is divided by the pool in
-    # tokens from the p95 of the active tokens at the knee, never the mean's (module docstring)
+    # KEDA polls the live active tokens, an instantaneous value: it is divided by the recommended
+    # pool in tokens (a p99.9 with the pool in flight), never the mean's (module docstring)
     no_tokens = _no_token_limit(estimate, limits)
     if no_tokens is None:
-        knee_p95, knee_requests = (
-            sample("headroom_capacity_knee_tokens_p95"),
-            sample("headroom_capacity_knee_requests"),
-        )
-        budget = (
-            f"(max({knee_p95}{published} > 0) * max({pool}{published} > 0)"
-            f" / max({knee_requests}{published} > 0))"
-            f" or vector({limits['pool_tokens_p95']})"
-        )
+        pool_tokens = sample("headroom_capacity_recommended_pool_tokens")
+        budget = f"max({pool_tokens}{published} > 0) or vector({limits['pool_tokens_peak']})"
         tokens = f"(sum({active}) or {idle})\n/ on() clamp_min({budget}, 1)"
         triggers.append(_keda_trigger(tokens, prometheus_url, "active-tokens-per-pool"))
         annotations["llm-headroom/pool-tokens"] = (
-            f"{limits['pool_tokens_p95']:g} (p95 of the active tokens at the knee "
-            f"{limits['knee_tokens_p95']:g} x pool {limits['pool_requests']:g} / knee "
-            f"{limits['knee_requests']:g}; KEDA reads the published gauges first)"
+            f"{limits['pool_tokens_peak']:g} (p99.9 of the active tokens with the pool of "
+            f"{limits['pool_requests']:g} in flight; KEDA reads the published gauge first)"
         )
     else:
         annotations["llm-headroom/token-trigger"] = f"none: {no_tokens}"
@@ -285,10 +275,10 @@ def gateway_picker_config(estimate: dict[str, Any], *, mode: str = "requests") -
     """The Gateway API Inference Extension's EndpointPickerConfig with a concurrency detector set from
     the estimate: the pool as the ideal per-endpoint load, bursts up to the knee (`headroom`).
 
-    maxTokenConcurrency, an admission limit on the instantaneous active tokens, is the pool in
-    tokens from the p95 at the knee (`pool_tokens_p95`), raised to the largest request the
-    traffic sent when below it; without a p95 (withheld, or an estimate that predates it) it is
-    left out, and --mode tokens is refused with the reason.
+    maxTokenConcurrency, an admission limit on the instantaneous active tokens, is the recommended
+    pool in tokens (`pool_tokens_peak`), raised to the largest request the traffic sent when below
+    it; without one (withheld, or an estimate that predates it) it is left out, and --mode tokens
+    is refused with the reason.
     """
     if mode not in ("requests", "tokens"):
         raise ValueError(f"mode {mode!r} is not requests or tokens")
@@ -349,7 +339,7 @@ def gateway_comments(
     the measured number, the estimate's source, run, measurement time and age.
 
     Example: ['maxConcurrency 6: the recommended pool (interactive) of knee 8 requests',
-    'maxTokenConcurrency 9000: the pool in tokens, p95 of the active tokens at the knee 12000 x 6 / 8', ...,
+    'maxTokenConcurrency 9800: the pool in tokens, p99.9 of the active tokens with 6 in flight', ...,
     'measured by probe run probe-2026...-ab12 at 2026-12-01T08:00:00+00:00 (3.0 h old), replica
     class default, confidence high']
     """
@@ -363,18 +353,15 @@ def gateway_comments(
     no_tokens = _no_token_limit(estimate, limits)
     if no_tokens is None:
         limit, raised = _token_limit(limits)
-        pool_p95 = (
-            f"p95 of the active tokens at the knee {limits['knee_tokens_p95']:g} x "
-            f"{limits['pool_requests']:g} / {limits['knee_requests']:g}"
-        )
+        pool_peak = f"p99.9 of the active tokens with {limits['pool_requests']:g} in flight"
         lines.insert(
             1,
             (
                 f"maxTokenConcurrency {limit}: raised to the largest request the traffic sent: "
-                f"{limit} tokens (the pool in tokens, {pool_p95} = {limits['pool_tokens_p95']:g}, "
+                f"{limit} tokens (the pool in tokens, {pool_peak} = {limits['pool_tokens_peak']:g}, "
                 "would refuse it)"
                 if raised
-                else f"maxTokenConcurrency {limit}: the pool in tokens, {pool_p95}"
+                else f"maxTokenConcurrency {limit}: the pool in tokens, {pool_peak}"
             )
             + (" (the detector's caliber)" if mode == "tokens" else ""),
         )

@@ -110,7 +110,11 @@ def _replicas(report: dict[str, Any]) -> list[dict[str, str]]:
                     f"(ran {ran})",
                     "reason": f"the busiest minute's {caliber} load {plan['peak'][caliber]:g} over a "
                     f"pool of {plan['pool_per_replica'][caliber]:g} per replica"
-                    + (" (the token capacity's p95 at the pool)" if caliber == "tokens" else ""),
+                    + (
+                        " (the pool in tokens: the p99.9 of the active tokens with the pool in flight)"
+                        if caliber == "tokens"
+                        else ""
+                    ),
                 }
             )
         elif ahead is not None and ran is not None and ahead > ran:

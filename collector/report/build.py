@@ -166,6 +166,7 @@ _PROVENANCE = (
     "knee_requests",
     "knee_tokens",
     "knee_tokens_p95",
+    "recommended_pool_tokens",
     "max_request_tokens",
     "token_knee_withheld",
     "slo_max",
@@ -192,7 +193,7 @@ def _provenance(estimate: dict[str, Any]) -> dict[str, Any]:
     found["confidence"] = _confidence(found["confidence"])
     found["token_knee_withheld"] = withheld = token_knee_withheld(estimate)
     if withheld:
-        found["knee_tokens"] = found["knee_tokens_p95"] = None
+        found["knee_tokens"] = found["knee_tokens_p95"] = found["recommended_pool_tokens"] = None
     return found
 
 
@@ -249,9 +250,14 @@ def _class_reports(model: str, inputs: ReportInputs, figures: ModelFigures) -> l
                 else None,
                 "concurrency": concurrency,
                 "load": load,
-                # the token pool for the week's peak is from the p95, never the mean
+                # the token pool for the week's peak is the pool's own peak-aware figure, never
+                # one scaled from the mean (collector.analysis.token_knee)
                 "plan": plan(
-                    load, estimate or None, concurrency["knee_tokens_p95"], len(replica.instances), end
+                    load,
+                    estimate or None,
+                    None if concurrency["token_knee_withheld"] else estimate.get("recommended_pool_tokens"),
+                    len(replica.instances),
+                    end,
                 ),
             }
         )

@@ -266,22 +266,21 @@ def _days(times: np.ndarray, requests: np.ndarray, tokens: np.ndarray, width: in
     return found
 
 
-def pool_per_replica(
-    estimate: dict[str, Any] | None, token_knee_p95: float | None
-) -> dict[str, float | None]:
+def pool_per_replica(estimate: dict[str, Any] | None, pool_tokens: float | None) -> dict[str, float | None]:
     """A replica's pool per caliber, for comparing the week's peak with: the published
-    recommended pool in requests, and in tokens the p95 of the active tokens at the request knee
-    at the pool's share of the request knee (knee_tokens_p95 x pool / knee_requests). A peak is
-    compared with the p95, never with `knee_tokens` (the time-weighted mean: the divisor for
-    5-minute averages, which a peak runs above by the spread of the active-token sum).
+    recommended pool in requests, and in tokens `pool_tokens`, the estimate's
+    `recommended_pool_tokens` (the p99.9 of the active-token sum with the pool in flight and the
+    traffic's mix; None when the review withholds the token caliber). A peak is compared with it,
+    never with a pool scaled from `knee_tokens` (the time-weighted mean: the divisor for 5-minute
+    averages, which a peak runs above by the spread of the active-token sum).
 
-    Example: knee 10 requests, pool 8, p95 2,000 tokens -> {"requests": 8.0, "tokens": 1600.0}.
+    Example: pool 8 requests, 1,600 tokens -> {"requests": 8.0, "tokens": 1600.0}.
     """
     if not estimate:
         return {"requests": None, "tokens": None}
-    pool, knee = estimate.get("recommended_pool"), estimate.get("knee_requests")
+    pool = estimate.get("recommended_pool")
     requests = float(pool) if pool else None
-    tokens = float(token_knee_p95) * float(pool) / float(knee) if token_knee_p95 and pool and knee else None
+    tokens = float(pool_tokens) if pool_tokens and pool else None
     return {"requests": requests, "tokens": tokens}
 
 
@@ -309,17 +308,17 @@ def _trend(days: list[dict[str, Any]], until: float) -> dict[str, Any]:
 def plan(
     load: dict[str, Any],
     estimate: dict[str, Any] | None,
-    token_knee_p95: float | None,
+    pool_tokens: float | None,
     replicas_run: int,
     until: float,
 ) -> dict[str, Any]:
     """Replicas needed at the window's peak and at the trend next week, per caliber, with each
-    caliber's pool per replica (pool_per_replica: in tokens from `token_knee_p95`, None when the
+    caliber's pool per replica (pool_per_replica: in tokens `pool_tokens`, None when the
     token capacity is withheld, and then that caliber never binds). `replicas_needed` is the
     count that would have held the SLO at the peak: the binding caliber's, the one needing more
     replicas (ties: the higher peak over pool)."""
     peak = load.get("peak") or {}
-    pool = pool_per_replica(estimate, token_knee_p95)
+    pool = pool_per_replica(estimate, pool_tokens)
     needed = {c: _needed(peak.get(c), pool[c]) for c in _CALIBERS}
     ratios = {c: peak[c] / pool[c] for c in _CALIBERS if peak.get(c) is not None and pool[c]}
     binding = max(ratios, key=lambda c: (needed[c] or 0, ratios[c])) if ratios else None

@@ -2,7 +2,7 @@
 
     load_figure(model)        load per replica over the window, per replica class, against the
                               class's knee and pool (requests left, tokens right: the token
-                              capacity's time-weighted mean and p95, the pool from the p95)
+                              capacity's time-weighted mean and p95, the pool in tokens at its p99.9)
     curve_figure(model)       p95 TTFT by one replica's concurrency at admission (ticks 1, 2, 4, ...)
     throughput_figure(model)  tokens/s per replica against requests in flight per replica, one
                               point per bin (the completed requests' tokens in the bin / its length)
@@ -133,7 +133,7 @@ def load_figure(model: dict[str, Any]) -> Any:
                 )
             pool = entry["plan"]["pool_per_replica"][caliber]
             if pool:
-                which = " (from the p95)" if caliber == "tokens" else ""
+                which = " (p99.9 at the pool)" if caliber == "tokens" else ""
                 axis.axhline(pool, color="tab:orange", linestyle=":", label=f"pool {pool:,.0f}{which}{name}")
         _time_axis(axis, starts, step)
         axis.set_ylim(bottom=0)

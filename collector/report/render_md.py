@@ -81,7 +81,7 @@ def plan_line(entry: dict[str, Any], word: str = "week") -> str:
         f"At this {word}'s peak you needed {needed} replica{'s' if needed != 1 else ''} of class {name} "
         f"(you ran {ran}); the {binding} caliber binds (busiest minute {fmt(p['peak'][binding], 1)} "
         f"{binding} over a pool of {fmt(pool, 1)} per replica"
-        + (", from the token capacity's p95" if binding == "tokens" else "")
+        + (", the p99.9 of the active tokens with the pool in flight" if binding == "tokens" else "")
         + ")."
     )
     trend = p["trend"]

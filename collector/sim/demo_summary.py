@@ -253,6 +253,7 @@ def capacity_estimate(
             reached=estimate.knee.reached,
             kv_capacity_tokens=kv_capacity_tokens,
             admission_mean=estimate.knee.tokens,
+            pool=estimate.recommended_pool,
         ),
     )
     save_estimate(store, estimate)

@@ -16,6 +16,7 @@ series says where its number came from:
     headroom_capacity_knee_tokens_p95{...}                                        11200
     headroom_capacity_slo_max_requests{...} / _tokens{...}
     headroom_capacity_recommended_pool_requests{...}                                  5
+    headroom_capacity_recommended_pool_tokens{...}                                 9800
     headroom_capacity_rate_requests_per_second{...}                                 9.5
     headroom_capacity_prefill_tokens_per_second{...}                                380
     headroom_capacity_estimate_timestamp_seconds{...}                      1796100000.0
@@ -47,6 +48,7 @@ _CURRENT = {  # metric name -> CapacityEstimate attribute
     "headroom_capacity_slo_max_requests": "slo_max_requests",
     "headroom_capacity_slo_max_tokens": "slo_max_tokens",
     "headroom_capacity_recommended_pool_requests": "recommended_pool",
+    "headroom_capacity_recommended_pool_tokens": "recommended_pool_tokens",
     "headroom_capacity_rate_requests_per_second": "rate_requests_per_s",
     "headroom_capacity_prefill_tokens_per_second": "prefill_tokens_per_s",
     "headroom_capacity_estimate_timestamp_seconds": "estimated_at",

@@ -44,7 +44,9 @@ CREATE TABLE IF NOT EXISTS headroom_requests
     probe_warmup Nullable(Bool),
     replica_class LowCardinality(Nullable(String)),
     client_request_id Nullable(String),
-    failure LowCardinality(Nullable(String))
+    failure LowCardinality(Nullable(String)),
+    held_prompt_tokens Nullable(Int32),
+    held_generated_tokens Nullable(Int32)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toDate(admitted_at)
@@ -89,7 +91,9 @@ SELECT
             LogAttributes['headroom.probe_warmup'] = 'false', false, NULL) AS probe_warmup,
     nullIf(LogAttributes['headroom.replica_class'], '') AS replica_class,
     nullIf(LogAttributes['headroom.client_request_id'], '') AS client_request_id,
-    nullIf(LogAttributes['headroom.failure'], '') AS failure
+    nullIf(LogAttributes['headroom.failure'], '') AS failure,
+    toInt32OrNull(LogAttributes['headroom.held_prompt_tokens']) AS held_prompt_tokens,
+    toInt32OrNull(LogAttributes['headroom.held_generated_tokens']) AS held_generated_tokens
 FROM otel_logs
 WHERE EventName = 'gen_ai.client.inference.operation.details'
   AND LogAttributes['headroom.request_id'] != '';

@@ -16,6 +16,7 @@ def capacity_estimate(
     knee_requests: int | None = None,
     knee_tokens: int | None = None,
     knee_tokens_p95: int | None = None,
+    pool_tokens: int | None = None,
     max_request_tokens: int | None = None,
     reached: bool | None = None,
     slo_max_requests: int | None = None,
@@ -32,8 +33,9 @@ def capacity_estimate(
     error_ratio: float = 0.0,
 ) -> CapacityEstimate:
     """An estimate whose knee is `knee_requests` (reached unless `reached=False` or no knee given)
-    and token capacity `knee_tokens` (withheld when None; its p95 defaults to 1.25 x it); the
-    recommended pool defaults to the knee."""
+    and token capacity `knee_tokens` (withheld when None; its p95 defaults to 1.25 x it, the pool
+    in tokens to 1.5 x it at the pool's share of the knee); the recommended pool defaults to the
+    knee."""
     reached = knee_requests is not None if reached is None else reached
     when = created_at or datetime.fromtimestamp(
         estimated_at if estimated_at is not None else time.time(), UTC
@@ -63,6 +65,10 @@ def capacity_estimate(
         else {
             "mean": knee_tokens,
             "p95": knee_tokens_p95 if knee_tokens_p95 is not None else round(1.25 * knee_tokens),
+            # the pool's p99.9: by default 1.5 x the mean at the pool's share of the knee
+            "pool_tokens": pool_tokens
+            if pool_tokens is not None
+            else round(1.5 * knee_tokens * (recommended_pool or knee_requests or 1) / (knee_requests or 16)),
             "max_request_tokens": max_request_tokens,
         },
     )
