@@ -1,5 +1,6 @@
 """The capacity denominator is true in a real Prometheus (#33's and #46's acceptance), on the
-simulator and on a real llama.cpp llama-server (4 slots, 4,096 KV tokens: 1,024 per slot).
+simulator in both cost regimes (GPU-shaped vLLM flavour, 8 slots; llama.cpp flavour with CPU step
+costs, 4 slots of 1,024 tokens) and on a real llama.cpp llama-server (4 slots, 4,096 KV tokens).
 
 The single-box flow with the probe where docs/operations.md says to run it in production (straight
 at a replica that serves no clients; here the engine itself): clients first send ordinary traffic
@@ -14,7 +15,8 @@ traffic at the recommended pool, and a real Prometheus evaluates the generated r
   ratio (tokens divided by the mean, requests by the knee);
 * no capacity alert, in either caliber, not even pending (for: shortened to 3 s);
 * KEDA's triggers, the ScaledObject's own queries evaluated by that Prometheus every ~3 s, ask
-  for one replica at every poll (the token trigger divides by the p95's pool);
+  for one replica at every poll (the token trigger divides by the recommended pool in tokens, the
+  p99.9 of the active tokens with the pool in flight);
 * the gateway's maxTokenConcurrency admits the largest request the serving log holds;
 * the review of the serving log plans one replica.
 
@@ -56,7 +58,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420
 HEADROOM = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "headroom"
 MODEL = "headroom-sim"
 # engine -> (probe levels, the knee, its KV cache in tokens)
-ENGINES = {"sim": ("1,2,4,8,16", 8, 8192), "llama.cpp": ("1,2,4,8", 4, 4096)}
+ENGINES = {
+    "sim": ("1,2,4,8,16", 8, 8192),  # GPU-shaped: vLLM flavour, memory-bound steps
+    "sim-llamacpp": ("1,2,4,8", 4, 4096),  # llama.cpp flavour, compute-bound (CPU) steps
+    "llama.cpp": ("1,2,4,8", 4, 4096),
+}
 CAPACITY_ALERTS = (
     "HeadroomConcurrencyNearKnee|HeadroomConcurrencyRising|HeadroomCapacityForecast|"
     "HeadroomNearCapacityLimit|HeadroomTokenCaliberDivergence|HeadroomFleetHeadroomLow|"
@@ -99,19 +105,31 @@ def _engine(name: str) -> Iterator[tuple[str, str]]:
         with llama_server(4) as url:
             yield url, "llamacpp"
         return
-    sim = serve_in_thread(
-        create_sim_app(
-            SimConfig(model=MODEL, max_num_seqs=8, speed=4.0, stream_interval=4, kv_cache_tokens=8192)
+    if name == "sim-llamacpp":  # the issue's second cost regime: 4 slots of 1,024 tokens, CPU costs
+        config = SimConfig(
+            model=MODEL,
+            flavor="llamacpp",
+            max_num_seqs=4,
+            kv_cache_tokens=4096,
+            cost_profile="cpu",
+            speed=4.0,
+            stream_interval=4,
         )
-    )
+    else:
+        config = SimConfig(model=MODEL, max_num_seqs=8, speed=4.0, stream_interval=4, kv_cache_tokens=8192)
+    sim = serve_in_thread(create_sim_app(config))
     try:
-        yield sim.url, "vllm"
+        yield sim.url, config.flavor
     finally:
         sim.stop()
 
 
 @pytest.fixture(
-    params=["sim", pytest.param("llama.cpp", marks=[pytest.mark.real_engine, pytest.mark.timeout(900)])]
+    params=[
+        "sim",
+        "sim-llamacpp",
+        pytest.param("llama.cpp", marks=[pytest.mark.real_engine, pytest.mark.timeout(900)]),
+    ]
 )
 def stack(request, tmp_path):
     """An engine, two sidecars importing the probe's file, a Prometheus with the rules."""
