@@ -10,7 +10,7 @@ Two designs worth knowing:
   `headroom_task_active_tokens`) is compared with its own knee where one is published
   (`task_class!="all"`; silent otherwise), and every request together with the
   `task_class="all"` knee, so a model measured only over all its traffic works unchanged.
-- **Each sidecar against its own replica class.** A knee belongs to a replica class (DOMAIN §14):
+- **Each sidecar against its own replica class.** A knee belongs to a replica class (docs/domain.md §14):
   each sidecar's concurrency is joined to its class (`headroom_replica_info`, recorded per
   instance with "default" for a sidecar that exports none), then divided by that class's knee;
   where the class has none, by the model's `default` class knee (estimates saved before classes,

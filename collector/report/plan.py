@@ -11,7 +11,7 @@ store sums the events per sample (LoadSeries.from_histograms), their running sum
     profile(series, start, end)    the load of one replica class: per-bin fleet and per-replica
                                    load, throughput, replicas serving, the busiest minute, day peaks
     plan(peak, estimate, ...)      replicas needed at the peak, per caliber, which caliber binds,
-                                   and at the trend next week (DOMAIN §14: ceil(demand / pool))
+                                   and at the trend next week (docs/domain.md §14: ceil(demand / pool))
     littles_law_windows(sums, ..)  Little's law per window long enough for it to hold
 
 Example: 20 clients in a closed loop on one replica whose published pool is 6 requests ->

@@ -1,6 +1,6 @@
 """The replica class of this sidecar's engine, exported as `headroom_replica_info{replica_class} 1`.
 
-A knee belongs to a replica class (model x hardware x engine configuration, DOMAIN §14), not to a
+A knee belongs to a replica class (model x hardware x engine configuration, docs/domain.md §14), not to a
 model: the rules join each sidecar's concurrency to its own class's published knee through this
 series (`* on (instance) group_left (replica_class) headroom_replica_info`), the probe through a
 sidecar labels its estimate with it, and the refresh job labels its traffic estimates with it.

@@ -6,7 +6,7 @@ published estimate (collector.store.decision) hands it the estimates (collector.
 compare live concurrency with these values instead of hard-coded numbers. A model with no
 published estimate exports nothing, so those alerts stay silent until there is evidence.
 
-A knee belongs to a replica class (model x hardware x engine configuration, DOMAIN §14): a model
+A knee belongs to a replica class (model x hardware x engine configuration, docs/domain.md §14): a model
 on H100 and L40S replicas publishes two knees, and the rules compare each sidecar with its own
 class's (the sidecar says its class in headroom_replica_info). One unit per metric name, and every
 series says where its number came from:
