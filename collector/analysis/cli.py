@@ -21,9 +21,9 @@ from rich.progress import BarColumn, Progress, TextColumn
 
 from collector.analysis.cli_capacity import register
 from collector.analysis.estimate import estimate_from_probe
-from collector.analysis.openloop import parse_rates
 from collector.analysis.plot import rates_plot_path, write_plot
 from collector.analysis.probe import ProbeError, ProbeResult, ProbeSettings, new_run_id, run_probe
+from collector.analysis.probe_options import probe_options, settings_from_options
 from collector.analysis.prompts import load_prompts
 from collector.analysis.render import print_estimate, print_rates
 from collector.analysis.workload import FROM_LOG, load_workload, log_lengths
@@ -33,7 +33,7 @@ from collector.store.capacity_gauges import check_replica_class
 from collector.store.db import RequestStore
 from collector.store.estimates import save_estimate
 from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log, send_rows
-from collector.terminal import JSON_HELP, json_output, write_json
+from collector.terminal import json_output, write_json
 
 __all__ = ["probe", "capacity"]
 
@@ -42,20 +42,6 @@ _SaveEstimate = Callable[[CapacityEstimate], object]
 # _row_writer's four: write rows (None: not written here), close, save the estimate (None: not
 # saved), the store this process opened itself
 _Outputs = tuple[_WriteRows | None, Callable[[], None], _SaveEstimate | None, RequestStore | None]
-
-
-def _levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r} is not a comma-separated list of integers, e.g. 1,2,4,8", param_hint="--levels"
-        ) from None
-    if not levels or levels[0] < 1:
-        raise click.BadParameter(
-            f"{text!r}: levels must be positive integers, e.g. 1,2,4,8", param_hint="--levels"
-        )
-    return levels
 
 
 def _row_writer(db: str | None, url: str) -> _Outputs:
@@ -164,192 +150,8 @@ def _lake_traffic(stack: contextlib.ExitStack, catalog_uri: str | None, lake_uri
 
 
 @click.command("probe")
-@click.option("--url", required=True, help="Base URL of the sidecar or the engine (OpenAI API).")
-@click.option("--model", default=None, help="Model name to send; default: the first of /v1/models.")
-@click.option("--levels", default="1,2,4,8,16,32,64", show_default=True, help="Concurrency ladder.")
-@click.option(
-    "--max-tokens", default=128, show_default=True, type=click.IntRange(1), help="Output length per request."
-)
-@click.option(
-    "--ignore-eos/--no-ignore-eos",
-    default=True,
-    show_default=True,
-    help="Lock the output length (vLLM / llama.cpp accept ignore_eos).",
-)
-@click.option(
-    "--prompts",
-    default="short",
-    show_default=True,
-    help="short, long, mixed, or a file with one prompt per line.",
-)
-@click.option("--slo-ttft-p95", type=float, default=None, help="p95 TTFT target in seconds.")
-@click.option("--slo-tpot-p95", type=float, default=None, help="p95 TPOT target in seconds.")
-@click.option(
-    "--profile",
-    type=click.Choice(["interactive", "semi", "batch"]),
-    default="interactive",
-    show_default=True,
-    help="Pool recommendation profile.",
-)
-@click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
-@click.option(
-    "--plot",
-    "plot_path",
-    default=None,
-    help="Write a PNG here (and an .html beside it); with --rates, the open-loop plot too, as NAME-rates.png.",
-)
-@click.option(
-    "--db",
-    default=None,
-    help="DuckDB request log to append rows (source='probe') and the estimate to "
-    "(through the sidecar while one serves it).",
-)
-@click.option(
-    "--lake",
-    "lake_uri",
-    metavar="URI",
-    help="In a fleet, instead of --db: save the estimate to the fleet's table "
-    "headroom.capacity_estimates (beside headroom.requests, in this lake's catalog), where "
-    "sidecars run with --lake and --catalog publish it; the probe's rows are logged by the sidecar "
-    "it runs through. The traffic it is compared with: the table's last 7 days.",
-)
-@click.option(
-    "--catalog",
-    "catalog_uri",
-    envvar="HEADROOM_CATALOG",
-    metavar="URI",
-    help="With --lake: the Iceberg catalog (sqlite:///path.db, postgresql://..., http(s):// REST) "
-    "[env: HEADROOM_CATALOG].",
-)
-@click.option("--max-samples", default=400, show_default=True, help="Per-level cap on measured requests.")
-@click.option(
-    "--max-level-seconds",
-    default=120.0,
-    show_default=True,
-    help="Per-level cap on measuring time (after warm-up; a level ends by 2x this whatever).",
-)
-@click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Per-request timeout (s).")
-@click.option(
-    "--endpoint",
-    type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
-    default="/v1/chat/completions",
-    show_default=True,
-    help="The OpenAI route the load goes to (chat, or plain completions for a base model).",
-)
-@click.option("--seed", default=0, show_default=True, help="Seed of the prompt order.")
-@click.option(
-    "--api-key",
-    envvar="OPENAI_API_KEY",
-    default=None,
-    help="Bearer token for the server under test [env: OPENAI_API_KEY]; never stored.",
-)
-@click.option(
-    "--sidecar-token",
-    envvar="HEADROOM_TOKEN",
-    default=None,
-    help="The token of the headroom sidecar at --url, sent in X-Headroom-Probe-Token: it makes the "
-    "sidecar log this load as the probe's; without it the sidecar counts it as traffic. From "
-    "HEADROOM_TOKEN it is sent only when --url is a headroom sidecar (its /metrics says so); "
-    "default: the token of the sidecar that owns --db, when --url is that sidecar. Never stored.",
-)
-@click.option(
-    "--workload",
-    default=None,
-    metavar="FILE|classes|from-log",
-    help="Measure one gradient per task class (YAML: classes with name, max_tokens, "
-    "prompts, and optional inputs with name, prompt_tokens: prompt-length classes, each class "
-    "measured once per input; 'classes' = short 128, medium 512, long 1200 tokens); each class "
-    "gets its own knee and pool (and μ_slo with --rates). 'from-log': one gradient whose prompt and output "
-    "lengths are drawn from the traffic of the request log (--traffic-db), so its "
-    "knee in tokens is the traffic's. Replaces --max-tokens and --prompts.",
-)
-@click.option(
-    "--traffic-db",
-    default=None,
-    metavar="PATH",
-    help="Request log whose traffic (the 7 days before the probe) the probe's token mix is "
-    "compared with, and --workload from-log draws from; default: --db. Read through the "
-    "sidecar while one serves it. Without one the token knee is not published.",
-)
-@click.option(
-    "--engine-metrics",
-    default="auto",
-    show_default=True,
-    metavar="auto|none|URL",
-    help="Where the probe reads the engine's queue, the knee's evidence: auto = "
-    "URL/metrics when it names an engine (vLLM, SGLang, TGI, llama.cpp, or a "
-    "headroom sidecar); none = judge queueing from TTFT alone.",
-)
-@click.option(
-    "--replica-class",
-    default=None,
-    metavar="NAME",
-    show_default="the class of the sidecar at --url (its headroom_replica_info), else default",
-    help="The replica class (hardware x engine configuration) the estimate is for: the knee the "
-    "rules compare that class's sidecars with.",
-)
-@click.option(
-    "--rates",
-    default=None,
-    metavar="auto|R1,R2,...",
-    help="After the gradient, an open-loop ladder: Poisson arrivals at these requests/s (or "
-    "'auto': a bracket around the knee's rate, knee / mean e2e at the knee) to measure μ_slo, the "
-    "highest rate within the SLO whose queue does not drift, and V_P, the prefill tokens/s there; "
-    "checked against the knee by Little's law and published with it.",
-)
-@click.option(
-    "--rate-seconds",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(1.0),
-    help="Measuring time per --rates level (after --rate-warmup-seconds); a level past capacity ends early.",
-)
-@click.option(
-    "--rate-warmup-seconds",
-    default=5.0,
-    show_default=True,
-    type=click.FloatRange(0.0),
-    help="Arrivals per --rates level before measuring starts (the queue settles).",
-)
-@click.option(
-    "--adapters",
-    default=None,
-    metavar="A,B,...",
-    help="LoRA adapters of the model to put in the mix: each request names the next one in its "
-    "`model` (in turn, so concurrent requests name different adapters), to measure the knee with "
-    "that many adapters competing for the engine's adapter slots. The estimate records how many.",
-)
-def probe(
-    url: str,
-    model: str | None,
-    levels: str,
-    max_tokens: int,
-    ignore_eos: bool,
-    prompts: str,
-    slo_ttft_p95: float | None,
-    slo_tpot_p95: float | None,
-    profile: str,
-    json_path: str | None,
-    plot_path: str | None,
-    db: str | None,
-    lake_uri: str | None,
-    catalog_uri: str | None,
-    max_samples: int,
-    max_level_seconds: float,
-    timeout_s: float,
-    endpoint: str,
-    seed: int,
-    api_key: str | None,
-    sidecar_token: str | None,
-    workload: str | None,
-    traffic_db: str | None,
-    engine_metrics: str,
-    replica_class: str | None,
-    rates: str | None = None,
-    rate_seconds: float = 30.0,
-    rate_warmup_seconds: float = 5.0,
-    adapters: str | None = None,
-) -> None:
+@probe_options
+def probe(**options: Any) -> None:  # click passes each option by its name (collector.analysis.probe_options)
     """Concurrency-gradient load test: measure each level, find the knee, recommend a pool.
 
     \b
@@ -380,9 +182,12 @@ def probe(
     request are within 2x of the traffic's (--traffic-db), the passive token curve agrees, and
     never above the engine's KV capacity; otherwise it is withheld and the reason printed.
     """
+    url, db, traffic_db = options["url"], options["db"], options["traffic_db"]
+    lake_uri, catalog_uri = options["lake_uri"], options["catalog_uri"]
+    json_path, replica_class, profile = options["json_path"], options["replica_class"], options["profile"]
     # `--json -`: the JSON alone on stdout, what the probe prints for people on stderr
     click.get_current_context().with_resource(json_output(json_path))
-    engine_url = None if engine_metrics in ("auto", "none") else engine_metrics
+    engine_url = None if options["engine_metrics"] in ("auto", "none") else options["engine_metrics"]
     for name, value, example in (
         ("--url", url, "http://127.0.0.1:9100"),
         ("--engine-metrics", engine_url, "http://127.0.0.1:8000/metrics"),
@@ -391,25 +196,7 @@ def probe(
             raise click.BadParameter(
                 f"{value!r} is not an http(s) URL; expected e.g. {example}", param_hint=name
             )
-    slo = Slo(ttft_p95_s=slo_ttft_p95, tpot_p95_s=slo_tpot_p95)
-    settings = _settings(
-        url=url,
-        model=model,
-        levels=_levels(levels),
-        max_tokens=max_tokens,
-        ignore_eos=ignore_eos,
-        prompts=prompts,
-        endpoint=endpoint,
-        slo=slo,
-        max_samples=max_samples,
-        max_level_s=max_level_seconds,
-        request_timeout_s=timeout_s,
-        seed=seed,
-        api_key=api_key,
-        engine_metrics=engine_metrics,
-        adapters=_adapter_names(adapters),
-        **_rate_settings(rates, rate_seconds, rate_warmup_seconds),
-    )
+    settings = settings_from_options(options)
     if replica_class is not None:
         try:
             check_replica_class(replica_class)
@@ -418,7 +205,7 @@ def probe(
     facts = sidecar_facts(url)
     replica_class = replica_class or facts.replica_class
     click.echo(f"replica class: {replica_class}")
-    settings = replace(settings, sidecar_token=_token_for(url, sidecar_token, db, facts))
+    settings = replace(settings, sidecar_token=_token_for(url, options["sidecar_token"], db, facts))
     if facts.is_sidecar and settings.sidecar_token is None:
         click.echo(
             f"warning: {url} is a headroom sidecar and no token was given: it logs this load as "
@@ -436,46 +223,21 @@ def probe(
                 traffic = _lake_traffic(stack, catalog_uri, lake_uri)
             else:
                 traffic = _traffic_log(stack, traffic_db or db, own if traffic_db in (None, db) else None)
-            runs = _class_settings(settings, workload, traffic)
+            runs = _class_settings(settings, options["workload"], traffic)
             for run in runs:
                 if len(runs) > 1:
                     click.echo(
                         f"\n== task class {run.task_class}: max_tokens {run.max_tokens}, prompts "
                         + (f"of {run.lengths[0][0]} tokens" if run.lengths else run.prompts)
                     )
-                estimates.append(_probe_once(run, write, save, slo, profile, traffic, replica_class))
+                estimates.append(_probe_once(run, write, save, settings.slo, profile, traffic, replica_class))
     except ProbeError as exc:
         raise click.ClickException(str(exc)) from None
     finally:
         close()
     if len(estimates) > 1:
         _print_classes(estimates)
-    _write_outputs(estimates, json_path, plot_path)
-
-
-def _rate_settings(
-    rates: str | None, rate_seconds: float, rate_warmup_seconds: float = 5.0
-) -> dict[str, Any]:
-    """ProbeSettings' open-loop fields from --rates, --rate-seconds and --rate-warmup-seconds."""
-    if rates is None:
-        return {}
-    timing = {"rate_level_s": rate_seconds, "rate_warmup_s": rate_warmup_seconds}
-    if rates.strip() == "auto":
-        return {"rates_auto": True, **timing}
-    try:
-        return {"rates": parse_rates(rates), **timing}
-    except ValueError as exc:
-        raise click.BadParameter(f"{exc}, or auto", param_hint="--rates") from None
-
-
-def _adapter_names(text: str | None) -> tuple[str, ...]:
-    """--adapters a,b,... as names, in order, each once; () without it."""
-    if text is None:
-        return ()
-    names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    if not names:
-        raise click.BadParameter("give adapter names, e.g. sql-lora,chat-lora", param_hint="--adapters")
-    return names
+    _write_outputs(estimates, json_path, options["plot_path"])
 
 
 def _probe_once(
@@ -662,15 +424,6 @@ def _write_outputs(estimates: list[CapacityEstimate], json_path: str | None, plo
             f"cannot write {exc.filename or json_path or plot_path} ({exc.strerror}); the estimate is printed "
             "above, pass --json/--plot paths in a writable directory next time"
         ) from None
-
-
-def _settings(**values: Any) -> ProbeSettings:
-    """ProbeSettings, with bad values (such as an unreadable --prompts file) as usage errors."""
-    try:
-        load_prompts(values["prompts"])  # fails before any load is sent
-        return ProbeSettings(**values)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
 
 
 def _run_with_progress(settings: ProbeSettings, write: _WriteRows | None) -> ProbeResult:
