@@ -25,7 +25,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 from collector.sim.app import create_sim_app
 from collector.sim.config import SimConfig
 from collector.sim.demo_render import render_summary
@@ -151,8 +151,10 @@ def run_demo(
                 windows, samples = asyncio.run(
                     _drive(sidecar.url, levels, level_s, mixed_payload(seed), progress)
                 )
-            app.state.writer.flush()
-            store = app.state.batch_sink
+            parts = sidecar_state(app)
+            store, writer = parts.store, parts.writer
+            assert store is not None and writer is not None  # a --db sidecar: it owns its store
+            writer.flush()
             summary: DemoSummary = {
                 "db": os.path.abspath(db_path),
                 "sidecar_url": sidecar.url,
@@ -170,7 +172,7 @@ def run_demo(
                     windows,
                     sim_config.model,
                     slo_ttft_p95_s,
-                    gauges=app.state.capacity,
+                    gauges=parts.capacity,
                     kv_capacity_tokens=kv_cache_tokens,
                 ),
                 "serving": keep_serving,

@@ -3,9 +3,10 @@
 `RequestRecord` is declared once, here: the request-log columns (collector.store.schema derives
 the DuckDB table from its fields), the store's ingest parser, the probe's and
 the synthetic rows and the OpenTelemetry span all follow its fields. When a request reaches its
-one terminal transition the sidecar's tracker builds one record and submits it to every RowSink:
-the request-log writer (collector.store.writer.LogWriter), the span exporter
-(collector.sidecar.otel.OtelSink), or a MemorySink in a test.
+one terminal transition the sidecar's tracker builds one record and submits it to every RowSink
+(the request-log writer, collector.store.writer.LogWriter, or a MemorySink in a test) and, with
+the request's trace context beside it, to every SpanSink (collector.sidecar.tracecontext: the span
+exporter, collector.sidecar.otel.OtelSink).
 
 Beside it live the two derivations every producer of records shares: the outcome of an HTTP
 status (`outcome_for_status`) and TPOT (`time_per_output_token`).

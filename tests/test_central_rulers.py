@@ -42,6 +42,7 @@ from support.waiting import wait_until
 from collector.alerts.files import rule_files
 from collector.rules.config import DEFAULT, RulesConfig
 from collector.rules.render import write_files
+from collector.sidecar.wiring import sidecar_state
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.integration, pytest.mark.subprocess, pytest.mark.timeout(300)]
@@ -82,7 +83,9 @@ class Stack:
 
 def _hold(rig: Rig, count: int) -> list[socket.socket]:
     """Publish a knee of KNEE for MODEL and hold `count` requests in flight at the sidecar."""
-    rig.app.state.capacity.replace([capacity_estimate(MODEL, knee_requests=KNEE, estimated_at=time.time())])
+    sidecar_state(rig.app).capacity.replace(
+        [capacity_estimate(MODEL, knee_requests=KNEE, estimated_at=time.time())]
+    )
     sockets = hold_requests(rig.url, MODEL, count)
     wait_until(
         lambda: gauge_values(rig.metrics(), "headroom_inflight_requests") == [float(count)],

@@ -22,7 +22,7 @@ from collector.serving import serve_in_thread
 from collector.sidecar.app import YOUNG_COLLECTION_THRESHOLD
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.server import ADMIN_SLOTS, raise_file_limit, uvicorn_options
-from collector.sidecar.wiring import SIDECAR_STORE_THREADS, build_sidecar
+from collector.sidecar.wiring import SIDECAR_STORE_THREADS, build_sidecar, sidecar_state
 
 IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60
 
@@ -38,14 +38,16 @@ def _guarded(tmp_path, fake: FakeUpstream, checkpoint_mb: int | None = None, **b
         )
     )
     options = uvicorn_options(
-        app.state.registry,
+        sidecar_state(app).registry,
         **{"header_timeout_s": 10.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds},
     )
     return app, serve_in_thread(app, **options)
 
 
 def _refused(app, reason: str) -> float | None:
-    return app.state.registry.get_sample_value("headroom_connections_refused_total", {"reason": reason})
+    return sidecar_state(app).registry.get_sample_value(
+        "headroom_connections_refused_total", {"reason": reason}
+    )
 
 
 def test_headers_not_complete_in_time_get_408_and_the_connection_closes(tmp_path):
@@ -82,8 +84,8 @@ def test_a_pipelined_requests_late_headers_never_break_the_stream_before_it(tmp_
             stream, _, after = received.partition(b"HTTP/1.1 408")
             assert stream.startswith(b"HTTP/1.1 200") and stream.endswith(b"0\r\n\r\n"), received[-200:]
             assert b"data: [DONE]" in stream and b"--header-timeout" in after
-            assert app.state.writer.flush()
-            rows = app.state.batch_sink.query_dicts("SELECT outcome FROM requests", ())
+            assert sidecar_state(app).writer.flush()
+            rows = sidecar_state(app).batch_sink.query_dicts("SELECT outcome FROM requests", ())
             assert [r["outcome"] for r in rows] == ["ok"]
         finally:
             handle.stop()
@@ -204,7 +206,7 @@ def test_the_sidecars_own_store_takes_one_duckdb_thread_whatever_the_cores(tmp_p
     with FakeUpstream() as fake:
         app, handle = _guarded(tmp_path, fake)
         try:
-            store = app.state.writer.sink
+            store = sidecar_state(app).writer.sink
             assert store.query("SELECT current_setting('threads')")[0][0] == SIDECAR_STORE_THREADS == 1
         finally:
             handle.stop()
@@ -217,7 +219,7 @@ def test_the_sidecars_own_store_folds_its_log_every_checkpoint_mb(tmp_path, chec
     with FakeUpstream() as fake:
         app, handle = _guarded(tmp_path, fake, checkpoint_mb=checkpoint_mb)
         try:
-            store = app.state.writer.sink
+            store = sidecar_state(app).writer.sink
             assert store.query("SELECT current_setting('checkpoint_threshold')")[0][0] == setting
         finally:
             handle.stop()
@@ -239,9 +241,9 @@ def test_the_sidecars_own_store_is_bounded_by_store_memory_mb(tmp_path, store_me
         )
     )
     try:
-        store = app.state.writer.sink
+        store = sidecar_state(app).writer.sink
         assert store.query("SELECT current_setting('memory_limit')")[0][0] == setting
     finally:
-        app.state.writer.close()
+        sidecar_state(app).writer.close()
     with pytest.raises(ValueError, match="--store-memory-mb must be at least 64, got 63"):
         SidecarConfig(upstream="http://127.0.0.1:9", store_memory_mb=63)

@@ -21,6 +21,7 @@ from collector.cli import main
 from collector.integrations.kubernetes import prometheus_rule
 from collector.integrations.render import keda_scaled_object
 from collector.rules.config import DEFAULT
+from collector.sidecar.wiring import sidecar_state
 
 ROOT = Path(__file__).resolve().parent.parent
 KUBE = ROOT / "deploy/kubernetes"
@@ -90,7 +91,7 @@ def test_probes_reach_what_they_probe():
             upstream="http://127.0.0.1:1", engine="none", db_path=None, jobs=False, admin_listen=admin
         )
     )
-    admin_port, proxy_port = TestClient(app.state.admin.app), TestClient(app)
+    admin_port, proxy_port = TestClient(sidecar_state(app).admin.app), TestClient(app)
     for path in ("/healthz", "/metrics"):
         assert admin_port.get(path).status_code == 200 and proxy_port.get(path).status_code == 404, path
 

@@ -18,6 +18,7 @@ import pytest
 from support.sidecar import CHAT, Rig, live_gauges, sidecar_rig, wait_until
 
 from collector.sidecar import proxy, uvicorn_cycle  # the modules whose names the watch is looked up by
+from collector.sidecar.wiring import sidecar_state
 
 READ_TIMEOUT_S = 3.0
 PATH = "/v1/chat/completions"
@@ -48,7 +49,7 @@ def _post(
 
 def _settled_row(rig: Rig, **expected: object) -> dict:
     """After the request: gauges back to 0, one row, with `expected` values."""
-    wait_until(lambda: not rig.app.state.tracker.live, 5, what="the request leaving the live set")
+    wait_until(lambda: not sidecar_state(rig.app).tracker.live, 5, what="the request leaving the live set")
     assert set(live_gauges(rig)) == {0.0}
     rows = rig.rows()
     assert len(rows) == 1, rows
@@ -148,7 +149,7 @@ def test_a_disconnect_at_the_headers_is_client_cancelled_without_a_runtime_error
     # sent later from another (CI once logged this request `ok`, its answer written before the
     # FIN was read); what is tested is that a request the client left while its headers were
     # pending ends as client_cancelled, and the headers arriving afterwards break nothing
-    wait_until(lambda: not rig.app.state.tracker.live, 5, what="the sidecar seeing the client gone")
+    wait_until(lambda: not sidecar_state(rig.app).tracker.live, 5, what="the sidecar seeing the client gone")
     rig.fake.gate("gone-1").set()  # the headers leave the upstream after the client is gone
     row = _settled_row(rig, outcome="client_cancelled")
     assert row["error"] == "client disconnected"
@@ -217,7 +218,7 @@ def test_metrics_render_off_the_event_loop(rig):
             release.wait(5)
             return []
 
-    rig.app.state.registry.register(Slow())
+    sidecar_state(rig.app).registry.register(Slow())
     scrape = threading.Thread(target=lambda: httpx.get(rig.url + "/metrics", timeout=10))
     scrape.start()
     answer, took = _post(rig, "ok")  # the scrape is rendering in its thread meanwhile

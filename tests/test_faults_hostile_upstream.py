@@ -34,7 +34,7 @@ from support.upstream import LoopServer
 
 from collector.serving import ServerHandle, serve_in_thread
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 READ_TIMEOUT_S = 2.0
 PATH = "/v1/chat/completions"
@@ -219,9 +219,11 @@ def test_a_connection_with_bytes_nobody_asked_for_never_carries_another_clients_
                     assert status in (None, 502, 504), (rid, status, text)  # a clean error
             answered = [rid for rid, status, *_ in results if status == 200]
             assert len(answered) >= len(results) * 0.9, results  # errors are the exception, not the rule
-            wait_until(lambda: not app.state.tracker.live, 5, what="every request leaving the live set")
-            assert app.state.writer.flush()
-            rows = app.state.batch_sink.query_dicts("SELECT outcome FROM requests", ())
+            wait_until(
+                lambda: not sidecar_state(app).tracker.live, 5, what="every request leaving the live set"
+            )
+            assert sidecar_state(app).writer.flush()
+            rows = sidecar_state(app).batch_sink.query_dicts("SELECT outcome FROM requests", ())
             assert len(rows) == len(results)  # one row per request
     finally:
         upstream.stop()
@@ -242,9 +244,11 @@ def test_events_before_broken_framing_in_the_same_read_reach_the_client(tmp_path
                         received += part
             assert b"abcd" in received and b"efgh" in received, received
             assert b"LEAK" not in received
-            wait_until(lambda: not app.state.tracker.live, 5, what="the request leaving the live set")
-            assert app.state.writer.flush()
-            (row,) = app.state.batch_sink.query_dicts("SELECT * FROM requests", ())
+            wait_until(
+                lambda: not sidecar_state(app).tracker.live, 5, what="the request leaving the live set"
+            )
+            assert sidecar_state(app).writer.flush()
+            (row,) = sidecar_state(app).batch_sink.query_dicts("SELECT * FROM requests", ())
             assert row["outcome"] == "upstream_error" and row["completion_tokens"] == 2
     finally:
         upstream.stop()
@@ -293,9 +297,11 @@ def test_embeddings_and_responses_answers_are_accounted_with_their_usage(
             for _ in range(2):
                 got = httpx.post(server.url + path, json=request_body | {"x_fake_json": answer}, timeout=10)
                 assert got.status_code == 200 and got.json() == answer  # forwarded untouched
-            wait_until(lambda: not app.state.tracker.live, 5, what="the requests leaving the live set")
-            assert app.state.writer.flush()
-            rows = app.state.batch_sink.query_dicts("SELECT * FROM requests", ())
+            wait_until(
+                lambda: not sidecar_state(app).tracker.live, 5, what="the requests leaving the live set"
+            )
+            assert sidecar_state(app).writer.flush()
+            rows = sidecar_state(app).batch_sink.query_dicts("SELECT * FROM requests", ())
             assert len(rows) == 2  # one row per request
             for row in rows:
                 assert row["endpoint"] == path and row["outcome"] == "ok"

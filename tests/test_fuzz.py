@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from support.sidecar import live_gauges, sidecar_rig, wait_until
 from support.strategies import json_scalars
 
+from collector.sidecar.wiring import sidecar_state
 from collector.tokens import tokens_for_characters
 
 PATH = "/v1/chat/completions"
@@ -68,7 +69,7 @@ def rig(tmp_path_factory):
 
 
 def _no_gauge_left(rig) -> None:
-    wait_until(lambda: not rig.app.state.tracker.live, 10, what="every request leaving the live set")
+    wait_until(lambda: not sidecar_state(rig.app).tracker.live, 10, what="every request leaving the live set")
     assert set(live_gauges(rig)) <= {0.0}
 
 
@@ -144,7 +145,7 @@ def test_sse_streams_never_get_a_sidecar_500_or_leak_a_gauge(rig, stream, cuts, 
 
 
 def _last_row(rig) -> dict:
-    wait_until(lambda: not rig.app.state.tracker.live, 10, what="the request leaving the live set")
+    wait_until(lambda: not sidecar_state(rig.app).tracker.live, 10, what="the request leaving the live set")
     return rig.rows()[-1]
 
 

@@ -18,6 +18,7 @@ import pytest
 from conftest import FIXTURES, require_tool
 from support.sidecar import CHAT, sidecar_rig
 
+from collector.sidecar.wiring import sidecar_state
 from collector.sources import gpu
 
 GOLDEN = FIXTURES / "golden" / "sidecar_metrics.txt"
@@ -44,7 +45,7 @@ def _exposition(tmp_path, monkeypatch) -> str:
                 headers={"x-fake": mode, "X-Tenant-ID": "team-a"},
                 timeout=10,
             )
-        assert rig.app.state.writer.flush()
+        assert sidecar_state(rig.app).writer.flush()
         return httpx.get(rig.url + "/metrics").text
 
 

@@ -30,6 +30,7 @@ from collector.alerts.files import rule_files
 from collector.rules.config import DEFAULT
 from collector.rules.records import R
 from collector.rules.render import render_yaml, write_files
+from collector.sidecar.wiring import sidecar_state
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
@@ -249,7 +250,7 @@ def stack(tmp_path):
             engine_poll_interval_s=0.5,
         )
         app = build_sidecar(config, log_sink=store)
-        gauges = app.state.capacity
+        gauges = sidecar_state(app).capacity
         gauges.replace(
             [
                 capacity_estimate(

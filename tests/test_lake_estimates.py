@@ -33,6 +33,7 @@ from collector.lake.estimates import ESTIMATES_TABLE, fleet_decisions, read_esti
 from collector.lake.layout import Lake
 from collector.lake.read import open_lake_log
 from collector.lake.table import commit_staged, open_catalog
+from collector.sidecar.wiring import sidecar_state
 from collector.store.db import RequestStore
 from collector.store.decision import decisions
 from collector.store.estimates import save_estimate
@@ -119,7 +120,7 @@ def test_a_fleet_mode_sidecar_publishes_its_models_estimate_and_keeps_it_while_t
             tmp_path, db_path=None, lake=str(lake), spool_dir=str(tmp_path / "spool"), catalog=catalog
         )
         with started as rig:
-            fleet = rig.app.state.fleet_estimates
+            fleet = sidecar_state(rig.app).fleet_estimates
             assert fleet.refreshed.wait(30), fleet.last_error  # the start-up refresh: no model served yet
             assert _capacity(httpx.get(rig.url + "/metrics").text) == {}
             assert httpx.post(rig.url + "/v1/chat/completions", json=CHAT, timeout=10).status_code == 200

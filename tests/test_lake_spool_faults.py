@@ -29,6 +29,7 @@ from collector.lake.layout import STAGED, Lake
 from collector.lake.stage import LakeWriter
 from collector.lake.table import open_catalog, open_table
 from collector.record import RequestRecord
+from collector.sidecar.wiring import sidecar_state
 from collector.store.db import rows_to_ipc
 from collector.store.spool import QUARANTINE, SpoolBusy
 from collector.store.writer import RowsDropped
@@ -407,7 +408,7 @@ def test_a_full_spool_volume_serves_holds_rows_in_memory_and_stages_them_when_it
     spool, lake_dir = tmp_path / "spool", tmp_path / "lake"
     caplog.set_level(logging.WARNING, logger="collector.lake.stage")
     with sidecar_rig(tmp_path, db_path=None, lake=str(lake_dir), spool_dir=str(spool)) as rig:
-        writer: LakeWriter = rig.app.state.batch_sink
+        writer: LakeWriter = sidecar_state(rig.app).batch_sink
         wait_until(lambda: rig.metrics().get(("headroom_log_sink_up", ())) == 1, what="sink up")
         monkeypatch.setattr(spool_module, "write_synced", enospc)  # every write to the spool's volume
         answered = chat(rig.url, 20)
@@ -415,7 +416,7 @@ def test_a_full_spool_volume_serves_holds_rows_in_memory_and_stages_them_when_it
         wait_until(lambda: rig.metrics().get(("headroom_log_sink_up", ())) == 0, what="sink down")
         assert not list(spool.glob("*.tmp")) and not list(spool.glob("*.arrow"))  # no half files left
         monkeypatch.undo()  # space again
-        assert rig.app.state.writer.flush(30)
+        assert sidecar_state(rig.app).writer.flush(30)
         metrics = rig.metrics()
         assert metrics[("headroom_log_sink_up", ())] == 1
         assert metrics[("headroom_log_rows_written_total", ())] == answered

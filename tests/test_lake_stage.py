@@ -17,6 +17,7 @@ from support.sidecar import CHAT, sidecar_rig
 from collector.lake.layout import Lake, parse_staged, safe_writer_part, staged_name
 from collector.lake.stage import LakeWriter, day_files, parquet_bytes
 from collector.record import RequestRecord
+from collector.sidecar.wiring import sidecar_state
 from collector.store.db import ARROW_SCHEMA, rows_to_arrow
 
 T0 = datetime(2026, 3, 1, 23, 59, 58, tzinfo=UTC)
@@ -134,7 +135,7 @@ def test_sidecar_with_lake_stages_rows_and_exports_spool_health(tmp_path: Path) 
     ) as rig:
         for _ in range(5):
             assert httpx.post(rig.url + "/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
-        assert rig.app.state.writer.flush()
+        assert sidecar_state(rig.app).writer.flush()
         rows = staged_rows(Lake.parse(str(tmp_path / "lake")))
         assert len(rows) == 5 and {r["instance"] for r in rows} == {"test"}
         assert all(r["model"] == "m1" and r["ttft_s"] is not None for r in rows)
@@ -153,10 +154,10 @@ def test_the_sidecars_lake_path_imports_no_pyiceberg(tmp_path: Path) -> None:
         "import sys\n"
         "from collector.cli import main\n"
         "from collector.sidecar.config import SidecarConfig\n"
-        "from collector.sidecar.wiring import build_sidecar\n"
+        "from collector.sidecar.wiring import build_sidecar, sidecar_state\n"
         f"app = build_sidecar(SidecarConfig(upstream='http://127.0.0.1:9', db_path=None, lake={str(tmp_path / 'lake')!r},"
         f" spool_dir={str(tmp_path / 'spool')!r}, engine='none', jobs=False))\n"
-        "assert app.state.batch_sink.flush(30)\n"  # the roller opened the lake
+        "assert sidecar_state(app).batch_sink.flush(30)\n"  # the roller opened the lake
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyiceberg', 'sqlalchemy', 'psycopg')))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -21,7 +21,7 @@ from opentelemetry.trace import StatusCode
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.otel import FIRST_TOKEN_EVENT, OtelSink
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 from collector.store.db import RequestStore
 
 MODEL = "fake-llm"
@@ -78,10 +78,10 @@ def upstream():
     handle.stop()
 
 
-def _run_requests(upstream_url: str, row_sinks, store: RequestStore | None, models: list[str]) -> None:
-    """Serve a sidecar with these sinks, send one streamed chat request per model, shut it down."""
+def _run_requests(upstream_url: str, span_sinks, store: RequestStore | None, models: list[str]) -> None:
+    """Serve a sidecar with these span sinks, send one streamed chat request per model, shut it down."""
     config = SidecarConfig(upstream=upstream_url, engine="none", db_path=None, instance="otel-test")
-    sidecar = serve_in_thread(build_sidecar(config, sinks=row_sinks, log_sink=store))
+    sidecar = serve_in_thread(build_sidecar(config, span_sinks=span_sinks, log_sink=store))
     try:
         with httpx.Client(base_url=sidecar.url, timeout=30) as client:
             for model in models:
@@ -265,7 +265,7 @@ def test_headroom_run_without_otlp_creates_no_opentelemetry_object_per_request(
         ["--upstream", upstream.url, "--engine", "none", "--no-jobs", "--db", str(tmp_path / "h.duckdb")],
     )
     assert result.exit_code == 0, result.output
-    assert built["app"].state.config.otlp_endpoint is None
+    assert sidecar_state(built["app"]).config.otlp_endpoint is None
     assert otel_object_counter == []
     rows = RequestStore(tmp_path / "h.duckdb").count()
     assert rows == 5

@@ -24,6 +24,7 @@ from collector.analysis.probe import ProbeError, ProbeSettings, _Level, run_prob
 from collector.cli import main
 from collector.inflight import Inflight
 from collector.serving import serve_in_thread
+from collector.sidecar.wiring import sidecar_state
 from collector.sources.base import EngineSnapshot
 from collector.store.db import RequestStore
 from collector.store.schema import COLUMN_NAMES
@@ -283,7 +284,7 @@ def test_cli_sends_rows_and_estimate_to_the_sidecar_that_owns_db(serve, tmp_path
     try:
         result = probe(12)
         assert result.returncode == 0, result.stdout + result.stderr
-        store = app.state.batch_sink
+        store = sidecar_state(app).batch_sink
         sent = store.query("SELECT count(*), min(source), count(DISTINCT run_id) FROM requests")[0]
         assert sent == (requests_sent(server), "probe", 1)
         assert store.query("SELECT count(*) FROM capacity_estimates")[0][0] == 1

@@ -13,6 +13,7 @@ from support.sidecar import CHAT, sidecar_rig
 
 from collector.analysis.refresh import finished_probe_runs, refresh_estimates
 from collector.record import RequestRecord
+from collector.sidecar.wiring import sidecar_state
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 
@@ -40,7 +41,7 @@ def test_a_forged_ladder_publishes_nothing_and_a_real_probe_still_does(tmp_path)
         _ladder(rig, {**forged, "X-Headroom-Probe-Token": "not-the-token"})
         _ladder(rig, rig.probe_marks("real"))  # type: ignore[arg-type]
         rows = rig.rows("SELECT source, run_id, probe_level FROM requests")
-        store: RequestStore = rig.app.state.batch_sink
+        store: RequestStore = sidecar_state(rig.app).batch_sink
         gauges = CapacityGauges()
         now = datetime.now(UTC) + timedelta(minutes=1)
         saved = refresh_estimates(store, gauges, now, window=timedelta(hours=1), traffic=False)

@@ -12,6 +12,7 @@ from support.sidecar import CHAT, sidecar_rig
 
 from collector.sidecar.headers import with_request_id
 from collector.sidecar.proxy import client_request_id
+from collector.sidecar.wiring import sidecar_state
 
 PATH = "/v1/chat/completions"
 
@@ -114,7 +115,7 @@ def test_two_concurrent_requests_with_one_client_id_both_get_rows(rig):
     for thread in threads:
         thread.start()
     assert rig.fake.expect("a").wait(10) and rig.fake.expect("b").wait(10)  # both in flight at once
-    assert len(rig.app.state.tracker.live) == 2
+    assert len(sidecar_state(rig.app).tracker.live) == 2
     rig.fake.gate("a").set()
     rig.fake.gate("b").set()
     for thread in threads:

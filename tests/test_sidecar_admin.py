@@ -21,7 +21,7 @@ from collector.serving import serve_in_thread
 from collector.sidecar.admin import AdminListener
 from collector.sidecar.cli import run
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 from collector.store.owner import find_owner, open_request_log, owner_file_for
 
 ADMIN_PATHS = ("/metrics", "/healthz", "/readyz")
@@ -42,7 +42,7 @@ def test_without_admin_listen_the_admin_routes_share_the_proxy_port(upstream):
     )
     sidecar = serve_in_thread(app, timeout_graceful_shutdown=2)
     try:
-        assert app.state.admin is None
+        assert sidecar_state(app).admin is None
         for path in ADMIN_PATHS:
             assert httpx.get(sidecar.url + path, timeout=10).status_code == 200, path
         assert "headroom_inflight_requests" in httpx.get(sidecar.url + "/metrics").text
@@ -84,7 +84,7 @@ def test_with_admin_listen_metrics_health_and_the_request_log_leave_the_proxy_po
 
         record = json.loads(owner_file_for(db).read_text())
         assert record["url"] == admin + "/headroom" and record["proxy"] == sidecar.url
-        assert app.state.writer.flush()
+        assert sidecar_state(app).writer.flush()
         assert find_owner(db).url == admin + "/headroom"
         with open_request_log(db) as store:  # the owner's snapshot, fetched from the admin listener
             assert store.count() == 1

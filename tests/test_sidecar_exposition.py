@@ -10,6 +10,8 @@ import pytest
 from conftest import require_tool
 from support.sidecar import CHAT, sidecar_rig
 
+from collector.sidecar.wiring import sidecar_state
+
 MARKER = "PRIVATE-MARKER-7f3a9c"
 
 
@@ -86,7 +88,7 @@ def test_no_text_or_authorization_reaches_any_file_log_or_metric(tmp_path, caplo
             spool_dir=str(spool),
         ) as fleet:  # rows spooled, the lake's write-ahead
             _send_marked_traffic(fleet.url)
-            assert fleet.app.state.writer.flush()
+            assert sidecar_state(fleet.app).writer.flush()
             metrics_text += httpx.get(fleet.url + "/metrics").text
         written |= _files_written(tmp_path)
     assert len(rows) == 5 and rows[0]["tenant"].startswith("key-")
@@ -117,7 +119,7 @@ def test_headroom_run_exposition_with_every_source_passes_promtool(tmp_path):
         replica_class="h100-tp1",
     )
     app = build_sidecar(config)
-    app.state.capacity.replace(
+    sidecar_state(app).capacity.replace(
         [capacity_estimate("m1", knee_requests=8, slo_max_requests=6, recommended_pool=5, estimated_at=1.7e9)]
     )
     sidecar = serve_in_thread(app)

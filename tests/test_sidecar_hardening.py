@@ -35,7 +35,7 @@ from collector.sidecar.server import (
     raise_file_limit,
     uvicorn_options,
 )
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 PATH = "/v1/chat/completions"
 
@@ -181,7 +181,7 @@ def _guarded(tmp_path: Path, **bounds: float) -> Iterator[tuple[Any, Any, FakeUp
             SidecarConfig(upstream=fake.url, engine="none", db_path=str(tmp_path / "log.duckdb"), jobs=False)
         )
         options = {"header_timeout_s": 10.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds}
-        handle = serve_in_thread(app, **uvicorn_options(app.state.registry, **options))
+        handle = serve_in_thread(app, **uvicorn_options(sidecar_state(app).registry, **options))
         try:
             yield app, handle, fake
         finally:
@@ -189,7 +189,9 @@ def _guarded(tmp_path: Path, **bounds: float) -> Iterator[tuple[Any, Any, FakeUp
 
 
 def _refused(app: Any, reason: str) -> float | None:
-    return app.state.registry.get_sample_value("headroom_connections_refused_total", {"reason": reason})
+    return sidecar_state(app).registry.get_sample_value(
+        "headroom_connections_refused_total", {"reason": reason}
+    )
 
 
 def _until_closed(sock: socket.socket) -> bytes:
@@ -221,9 +223,9 @@ def test_a_body_not_complete_in_time_gets_408_is_counted_logged_and_never_admitt
             assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer, answer
         wait_until(lambda: _refused(app, "body_timeout") == 3, 5, what="three refusals counted")
         # never admitted: no row, no request reached the engine, no gauge left
-        assert fake.requests == [] and not app.state.tracker.live
-        assert app.state.writer.flush()
-        assert app.state.batch_sink.query_dicts("SELECT * FROM requests", ()) == []
+        assert fake.requests == [] and not sidecar_state(app).tracker.live
+        assert sidecar_state(app).writer.flush()
+        assert sidecar_state(app).batch_sink.query_dicts("SELECT * FROM requests", ()) == []
         # one WARNING for the three (rate-limited per reason), naming the flag
         lines = [r.getMessage() for r in caplog.records if "body not complete" in r.getMessage()]
         assert len(lines) == 1 and "--body-timeout" in lines[0], lines
@@ -247,7 +249,7 @@ def test_metrics_and_health_keep_reserved_slots_when_half_bodies_fill_the_cap(tm
                 sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
                 sock.sendall(head + body[:5])
                 held.append(sock)
-            wait_until(lambda: len(app.state.tracker.live) == 0, 5)  # (none admitted: bodies unread)
+            wait_until(lambda: len(sidecar_state(app).tracker.live) == 0, 5)  # (none admitted: bodies unread)
             for path in ("/metrics", "/healthz", "/readyz", "//metrics/"):
                 with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as admin:
                     admin.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
@@ -320,10 +322,10 @@ def test_a_pipelined_requests_client_hanging_up_cancels_it_at_once_without_trace
                 client.sendall(first + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # pipelined
                 assert client.recv(65536).startswith(b"HTTP/1.1 200")  # the stream has begun
             gone_at = time.monotonic()
-            wait_until(lambda: not app.state.tracker.live, 3, what="the running request cancelled")
+            wait_until(lambda: not sidecar_state(app).tracker.live, 3, what="the running request cancelled")
             assert time.monotonic() - gone_at < 1.5  # not at the next token (2 s), nor the end (10 s)
-        assert app.state.writer.flush()
-        rows = app.state.batch_sink.query_dicts("SELECT outcome, error FROM requests", ())
+        assert sidecar_state(app).writer.flush()
+        rows = sidecar_state(app).batch_sink.query_dicts("SELECT outcome, error FROM requests", ())
         assert [(r["outcome"], r["error"]) for r in rows] == [("client_cancelled", "client disconnected")] * 3
         # (checked before the fake upstream stops: its own cancelled handlers log then)
         noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]

@@ -12,6 +12,7 @@ import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
 from collector.sidecar.uvicorn_cycle import ChunkWriter
+from collector.sidecar.wiring import sidecar_state
 from collector.store.db import RequestStore
 
 PATH = "/v1/chat/completions"
@@ -142,7 +143,7 @@ def _cancel_after(rig, mode: str, read_chunks: int) -> None:
 def test_client_disconnect_mid_stream(tmp_path):
     with sidecar_rig(tmp_path) as rig:
         _cancel_after(rig, "ok", read_chunks=3)
-        wait_until(lambda: not rig.app.state.tracker.live)
+        wait_until(lambda: not sidecar_state(rig.app).tracker.live)
         row = _only_row(rig, outcome="client_cancelled")
         assert row["ttft_s"] is not None and row["completion_tokens"] < 1000
         metrics = rig.metrics()
@@ -154,7 +155,7 @@ def test_client_disconnect_before_first_token(tmp_path):
     with sidecar_rig(tmp_path) as rig:
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(rig.url + PATH, json=CHAT, headers={"x-fake": "hang"}, timeout=0.5)
-        wait_until(lambda: not rig.app.state.tracker.live)
+        wait_until(lambda: not sidecar_state(rig.app).tracker.live)
         _only_row(rig, outcome="client_cancelled", ttft_s=None, first_byte_at=None)
         assert gauge_values(rig.metrics(), "headroom_inflight_requests") == [0.0]
 
@@ -270,11 +271,11 @@ def test_shutdown_with_a_stream_in_flight_logs_its_row_as_a_shutdown(tmp_path):
         thread = threading.Thread(target=client, daemon=True)
         thread.start()
         assert arrived.wait(10)
-        wait_until(lambda: any(r.first_token_mono for r in rig.app.state.tracker.live.values()))
+        wait_until(lambda: any(r.first_token_mono for r in sidecar_state(rig.app).tracker.live.values()))
         rig.sidecar.server.config.timeout_graceful_shutdown = 0.2  # cancel what is in flight
         rig.sidecar.stop()
         thread.join(10)
-        path = rig.app.state.config.db_path
+        path = sidecar_state(rig.app).config.db_path
     store = RequestStore(path)  # the row was flushed by the shutdown itself
     rows = store.query_dicts("SELECT outcome, error, status_code FROM requests")
     store.close()

@@ -16,7 +16,7 @@ from collector import __version__
 from collector.backtest.replay import from_db
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 from collector.store.owner import OwnerError, find_owner, open_request_log, owner_file_for
 
 
@@ -90,7 +90,7 @@ def test_a_reader_of_the_owned_log_goes_through_the_sidecar(owned):
     sidecar, db, app = owned
     for _ in range(3):
         httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=10).raise_for_status()
-    assert app.state.writer.flush()
+    assert sidecar_state(app).writer.flush()
     record = json.loads(owner_file_for(db).read_text())
     assert record["url"] == sidecar.url + "/headroom" and record["token"] == "file"
     owner = find_owner(db)
@@ -109,7 +109,7 @@ def test_the_backtest_replays_the_owned_log_through_the_sidecar(owned):
     sidecar, db, app = owned
     for _ in range(3):
         httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=10).raise_for_status()
-    assert app.state.writer.flush()
+    assert sidecar_state(app).writer.flush()
     log = from_db(str(db))
     assert len(log.records) == 3 and {r.model for r in log.records} == {"m1"}
 

@@ -15,7 +15,7 @@ from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.series import OTHER, RESERVED_SERIES, SeriesBudget, series_per_model, series_per_pair
 from collector.sidecar.tracker import OUTCOMES, LiveRequest
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 
 def test_series_costs_follow_the_catalog():
@@ -96,8 +96,8 @@ def _traffic(tracker, requests: int, rng: random.Random) -> None:
 
 def test_ten_thousand_tenants_by_five_thousand_models_never_pass_the_budget():
     app = build_sidecar(SidecarConfig(upstream="http://127.0.0.1:9", db_path=None, engine="none", jobs=False))
-    tracker = app.state.tracker
-    page = MetricsPage(app.state.registry, [tracker.exported])
+    tracker = sidecar_state(app).tracker
+    page = MetricsPage(sidecar_state(app).registry, [tracker.exported])
     rng = random.Random(13)
     sizes = []
     for _ in range(12):
@@ -113,12 +113,12 @@ def test_ten_thousand_tenants_by_five_thousand_models_never_pass_the_budget():
 
 def test_the_page_renders_what_the_registry_collects_and_reuses_untouched_text():
     app = build_sidecar(SidecarConfig(upstream="http://127.0.0.1:9", db_path=None, engine="none", jobs=False))
-    tracker = app.state.tracker
-    page = MetricsPage(app.state.registry, [tracker.exported])
+    tracker = sidecar_state(app).tracker
+    page = MetricsPage(sidecar_state(app).registry, [tracker.exported])
     _traffic(tracker, 400, random.Random(5))
     clocked = ("source_scrape", "oldest_age")  # read at the moment of each render
     ours = lambda text: {k: v for k, v in _series(text).items() if not any(c in k[0] for c in clocked)}  # noqa: E731
-    assert ours(asyncio.run(page.render())) == ours(generate_latest(app.state.registry))
+    assert ours(asyncio.run(page.render())) == ours(generate_latest(sidecar_state(app).registry))
     child = next(iter(tracker.duration.children.values()))
     untouched = next(iter(tracker.requests.children.values()))
     before = (child.text(), untouched.text())

@@ -12,6 +12,7 @@ import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
 
 from collector.sidecar.exchange import Exchange
+from collector.sidecar.wiring import sidecar_state
 
 TOTAL, CONCURRENCY = 2000, 64
 # (mode, x-fake-tokens, stream, client cancels after N bytes or None)
@@ -75,7 +76,7 @@ def test_mixed_run_ends_at_zero_with_one_row_per_request(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="collector"):
         with sidecar_rig(tmp_path, read_timeout_s=0.3) as rig:
             asyncio.run(_drive(rig))
-            wait_until(lambda: not rig.app.state.tracker.live, timeout_s=30)
+            wait_until(lambda: not sidecar_state(rig.app).tracker.live, timeout_s=30)
             metrics = rig.metrics()
             rows = rig.rows("SELECT request_id, outcome FROM requests")
     inflight = gauge_values(metrics, "headroom_inflight_requests")

@@ -41,7 +41,7 @@ from collector.sidecar.server import (
     source_of,
     uvicorn_options,
 )
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 PATH = "/v1/chat/completions"
 ADMIN = ("/metrics", "/healthz", "/readyz")
@@ -63,7 +63,7 @@ def _guarded(
         )
     )
     options = {"header_timeout_s": 10.0, "idle_timeout_s": 60.0, "max_connections": 4096, **(bounds or {})}
-    handle = serve_in_thread(app, **uvicorn_options(app.state.registry, **options))
+    handle = serve_in_thread(app, **uvicorn_options(sidecar_state(app).registry, **options))
     try:
         yield app, handle
     finally:
@@ -71,7 +71,9 @@ def _guarded(
 
 
 def _refused(app: Any, reason: str) -> float:
-    value = app.state.registry.get_sample_value("headroom_connections_refused_total", {"reason": reason})
+    value = sidecar_state(app).registry.get_sample_value(
+        "headroom_connections_refused_total", {"reason": reason}
+    )
     return value or 0.0
 
 
@@ -253,7 +255,7 @@ def test_one_address_past_its_connection_bound_gets_429_and_only_monitoring(tmp_
                 other.sendall(HALF[:-10] + BODY)
                 assert other.recv(65536).startswith(b"HTTP/1.1 200")
             assert _refused(app, "source_connections") == 1
-            assert not app.state.tracker.live and len(fake.requests) == 1
+            assert not sidecar_state(app).tracker.live and len(fake.requests) == 1
         finally:
             for sock in held:
                 sock.close()
@@ -492,7 +494,7 @@ def test_16_stalled_readers_never_keep_another_client_waiting_past_the_deadline(
             error = answer.json()["error"]
             assert error["limit"] == "--upstream-wait-timeout" and error["type"] == "overloaded"
             assert "all 16 in use" in error["message"]
-            assert app.state.registry.get_sample_value("headroom_upstream_wait_timeouts_total") == 1
+            assert sidecar_state(app).registry.get_sample_value("headroom_upstream_wait_timeouts_total") == 1
             assert _refused(app, "write_stall") == 0  # not yet: they stalled under 3 s ago
             lines = [r.getMessage() for r in caplog.records if "--upstream-wait-timeout" in r.getMessage()]
             assert len(lines) == 1, lines  # one WARNING per class per minute
@@ -502,12 +504,12 @@ def test_16_stalled_readers_never_keep_another_client_waiting_past_the_deadline(
             )
             assert time.monotonic() - stalled_at >= stall_s
             wait_until(lambda: upstream.closed == 16, 5, what="their upstream connections closed")
-            wait_until(lambda: not app.state.tracker.live, 5, what="their requests finished")
+            wait_until(lambda: not sidecar_state(app).tracker.live, 5, what="their requests finished")
             began = time.monotonic()
             served = httpx.post(handle.url + PATH, json=CHAT | {"stream": False}, timeout=10)
             assert served.status_code == 200 and time.monotonic() - began < wait_s
-            assert app.state.writer.flush()
-            rows = app.state.batch_sink.query_dicts(
+            assert sidecar_state(app).writer.flush()
+            rows = sidecar_state(app).batch_sink.query_dicts(
                 "SELECT outcome, status_code, error FROM requests ORDER BY admitted_at", ()
             )
             outcomes = [row["outcome"] for row in rows]

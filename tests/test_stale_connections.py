@@ -14,7 +14,7 @@ from support.upstream import FakeUpstream
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 REQUESTS = 8
 
@@ -43,8 +43,8 @@ def sidecar(tmp_path):
 
 
 def _rows(app) -> list[dict]:
-    assert app.state.writer.flush()
-    return app.state.batch_sink.query_dicts("SELECT * FROM requests ORDER BY admitted_at")
+    assert sidecar_state(app).writer.flush()
+    return sidecar_state(app).batch_sink.query_dicts("SELECT * FROM requests ORDER BY admitted_at")
 
 
 def _retries(url: str) -> float:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import duckdb
@@ -11,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from support.sidecar import CHAT, sidecar_rig
 
+from collector.sidecar.wiring import sidecar_state
 from collector.store.db import RequestStore
 from collector.store.schema import COLUMN_NAMES, MIGRATIONS, SCHEMA_VERSION
 from collector.store.writer import LogWriter, RowsDropped
@@ -130,11 +133,12 @@ def test_the_sidecars_writer_appends_a_backlog_of_rows_to_its_own_store_at_once(
         )
     )
     try:
-        assert own.state.writer.max_batch_rows == SIDECAR_STORE_BATCH_ROWS == 50_000
-        assert shipped.state.writer.max_batch_rows == shipped.state.writer.batch_rows == 1_000
+        assert sidecar_state(own).writer.max_batch_rows == SIDECAR_STORE_BATCH_ROWS == 50_000
+        writer = sidecar_state(shipped).writer
+        assert writer.max_batch_rows == writer.batch_rows == 1_000
     finally:
         for app in (own, shipped):
-            app.state.writer.close()
+            sidecar_state(app).writer.close()
 
 
 def test_full_queue_drops_and_counts():
@@ -173,9 +177,9 @@ def test_sink_failures_are_counted_by_reason():
 
 def test_proxy_keeps_serving_when_the_database_fails(tmp_path):
     with sidecar_rig(tmp_path) as rig:
-        rig.app.state.batch_sink.close()  # the database goes away under the writer
+        sidecar_state(rig.app).batch_sink.close()  # the database goes away under the writer
         responses = [httpx.post(rig.url + "/v1/chat/completions", json=CHAT) for _ in range(5)]
-        rig.app.state.writer.flush()
+        sidecar_state(rig.app).writer.flush()
         metrics = rig.metrics()
     assert {r.status_code for r in responses} == {200}
     assert metrics[("headroom_log_rows_dropped_total", (("reason", "db_error"),))] == 5
@@ -271,13 +275,36 @@ def test_headroom_run_starts_the_scheduled_jobs_on_the_in_process_store(tmp_path
     app = build_sidecar(config)
     handle = serve_in_thread(app)
     try:
-        scheduler = app.state.scheduler
+        scheduler = sidecar_state(app).scheduler
         assert scheduler.running
         names = {job.id for job in scheduler.get_jobs()}
         assert names == {"rollup", "retention", "capacity_estimates", "probe_runs", "weekly_report"}
     finally:
         handle.stop()
     assert not scheduler.running
+
+
+@pytest.mark.subprocess
+def test_a_db_sidecar_loads_no_aiohttp(tmp_path):
+    """`headroom run --db` builds its jobs (the estimates' refresh, collector.analysis.refresh ->
+    estimate -> openloop) without loading aiohttp: only the probe, which sends, needs its client."""
+    code = (
+        "import sys\n"
+        "import collector.sidecar.wiring\n"
+        "assert 'aiohttp' not in sys.modules, 'importing the wiring loaded aiohttp'\n"
+        "from collector.sidecar.config import SidecarConfig\n"
+        "from collector.sidecar.wiring import build_sidecar, sidecar_state\n"
+        f"app = build_sidecar(SidecarConfig(upstream='http://127.0.0.1:9', db_path={str(tmp_path / 'h.duckdb')!r},"
+        " engine='none'))\n"
+        "assert sidecar_state(app).scheduler is not None  # the jobs were built\n"
+        "print(sorted(m for m in ('collector.analysis.refresh', 'collector.analysis.openloop') if m in sys.modules))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'yarl')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    jobs_modules, http_clients = done.stdout.splitlines()
+    assert jobs_modules == "['collector.analysis.openloop', 'collector.analysis.refresh']"  # the chain loaded
+    assert http_clients == "[]"
 
 
 class _Fatal(BaseException):

@@ -47,7 +47,7 @@ from collector.sidecar.config import SidecarConfig
 from collector.sidecar.ending import FAILURES
 from collector.sidecar.exchange import DecodedBody, UpstreamBodyBroken
 from collector.sidecar.headers import content_coding
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 READ_TIMEOUT_S = 2.0
 PATH = "/v1/chat/completions"
@@ -94,7 +94,7 @@ def _moved(before: Counter[tuple[str, str]], after: Counter[tuple[str, str]]) ->
 
 def _row(rig: Rig) -> dict[str, Any]:
     """The one row, once the request has left the live set."""
-    wait_until(lambda: not rig.app.state.tracker.live, 5, what="the request leaving the live set")
+    wait_until(lambda: not sidecar_state(rig.app).tracker.live, 5, what="the request leaving the live set")
     rows = rig.rows()
     assert len(rows) == 1, rows
     return rows[0]
@@ -669,8 +669,8 @@ def test_no_false_failure_over_20000_clean_streams(tmp_path):
         asyncio.run(clients())
         assert not wrong, f"{len(wrong)} answers differ, the first: {wrong[0][:2]} {wrong[0][2][-200:]!r}"
         assert upstream.served == CLEAN_STREAMS
-        assert app.state.writer.flush()
-        rows = app.state.batch_sink.query_dicts(
+        assert sidecar_state(app).writer.flush()
+        rows = sidecar_state(app).batch_sink.query_dicts(
             "SELECT outcome, error, failure, usage_source, completion_tokens, count(*) AS n "
             "FROM requests GROUP BY ALL"
         )

@@ -49,7 +49,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from collector.analysis.levels import is_capacity_error, outcome_mix
-from collector.analysis.probe_request import send_one
 from collector.analysis.stats import mean, percentiles, seconds
 from collector.capacity import Slo
 
@@ -480,6 +479,10 @@ class RateSettings:
 
 
 async def _send(runner: Any, spec: Any, rows: list[dict[str, Any]]) -> None:
+    # lazy: the probe's client is aiohttp, which the estimates (collector.analysis.estimate, run by
+    # a --db sidecar's jobs) never need; only a probe run sends
+    from collector.analysis.probe_request import send_one
+
     answer = await send_one(runner.client, spec, runner.meter)
     row = answer.record.as_row()
     runner.calibrate(row)

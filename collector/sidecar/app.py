@@ -43,6 +43,7 @@ from collector.sidecar.memory import MemoryReturn, glibc_malloc_trim
 from collector.sidecar.passthrough import PassThrough
 from collector.sidecar.paths import normalised_scope, refuse_climbing
 from collector.sidecar.proxy import CompletionsProxy, ProxyLimits
+from collector.sidecar.tracecontext import SpanSink
 from collector.sidecar.tracker import Tracker
 from collector.sidecar.upstream import H1Pool
 from collector.sources import EngineSource
@@ -78,6 +79,7 @@ class SidecarApp(FastAPI):
 
     accounted: ASGIApp | None = None
     passthrough: ASGIApp | None = None
+    admin: AdminListener | None = None  # the admin routes' own listener (--admin-listen), else None
 
     def proxy_routes(self, accounted: ASGIApp, passthrough: ASGIApp) -> None:
         """Serve POST ACCOUNTED_PATHS with `accounted`, /v1 and other /v1/* with `passthrough`."""
@@ -116,6 +118,9 @@ class SidecarParts:
     registry: CollectorRegistry  # what /metrics exports: the tracker's metrics, sources, gauges, sinks'
     tracker: Tracker  # live requests and per-request metrics; every finished row goes to the sinks
     sinks: Sequence[RowSink] = ()  # each finished row goes to every sink; closed in order at shutdown
+    # each finished row goes to every span sink too, with its request's trace context (tracing is
+    # on: collector.sidecar.tracecontext); closed after the sinks
+    span_sinks: Sequence[SpanSink] = ()
     engine: EngineSource | None = None  # polled while serving; its latest snapshot goes into each row
     scheduler: BackgroundScheduler | None = None  # the in-process store's jobs, run while serving
     store_routes: APIRouter | None = None  # the owned database's store routes, served under /headroom
@@ -124,7 +129,11 @@ class SidecarParts:
     # the sidecar's token, which also makes a request a probe's (X-Headroom-Probe-Token); None:
     # no probe marks are trusted (docs/sidecar.md "Probe load")
     probe_token: str | None = None
-    tracing: bool = False  # an OtelSink is among the sinks: propagate trace context, note response facts
+
+    @property
+    def tracing(self) -> bool:
+        """A span sink is wired: propagate trace context, note the response facts spans report."""
+        return bool(self.span_sinks)
 
 
 def _pool(config: SidecarConfig, max_connections: int, registry: CollectorRegistry | None = None) -> H1Pool:
@@ -245,6 +254,8 @@ def _lifespan(
                 pool.close()
             for sink in parts.sinks:
                 sink.close()
+            for span_sink in parts.span_sinks:
+                span_sink.close()
 
     return lifespan
 
@@ -253,10 +264,9 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
     """The sidecar's ASGI app around `parts`: it starts and stops them, and closes every sink."""
     tracker = parts.tracker
     for sink in parts.sinks:
-        if getattr(sink, "wants_telemetry", False):  # the OtelSink: the trace context beside the record
-            tracker.add_span_sink(sink.submit)  # type: ignore[arg-type]
-        else:
-            tracker.add_row_sink(sink.submit)
+        tracker.add_row_sink(sink.submit)
+    for span_sink in parts.span_sinks:
+        tracker.add_span_sink(span_sink.submit)
     # one bound (--max-upstream-connections) for every client request; readiness keeps a
     # connection of its own, so a full pool never makes /readyz say "not ready"
     pool, readiness = _pool(config, config.max_connections, parts.registry), _pool(config, 1)
@@ -300,6 +310,5 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
         read_timeout_s=config.read_timeout_s,
     )
     app.proxy_routes(proxy, passthrough)
-    app.state.config, app.state.tracker, app.state.registry = config, tracker, parts.registry
-    app.state.scheduler, app.state.admin = parts.scheduler, admin
+    app.admin = admin
     return app

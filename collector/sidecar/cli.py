@@ -43,7 +43,7 @@ def run(**options: Any) -> None:  # click passes each option by its name (collec
     """
     # lazy: `headroom run --help` must not load the whole sidecar
     from collector.sidecar.server import fit_connection_cap, uvicorn_options
-    from collector.sidecar.wiring import build_sidecar
+    from collector.sidecar.wiring import build_sidecar, sidecar_state
     from collector.store.schema import SchemaTooNew  # no DuckDB: the --db store's columns
 
     log_level: str = options["log_level"]
@@ -89,7 +89,7 @@ def run(**options: Any) -> None:  # click passes each option by its name (collec
         timeout_graceful_shutdown=30,
         proxy_headers=False,  # nothing reads the client address, and the layer costs per request
         **uvicorn_options(
-            app.state.registry,
+            sidecar_state(app).registry,
             header_timeout_s=config.header_timeout_s,
             body_timeout_s=config.body_timeout_s,
             idle_timeout_s=config.idle_timeout_s,

@@ -74,8 +74,8 @@ class TrackerMetrics:
         """In-flight requests and active tokens per (model, tenant), then per (model, task class),
         the oldest age per (model, task class) and the requests past each age bound per model."""
         tracker = self._tracker
-        pairs = tracker._label_sets or {("", "")}  # before any request: one series at 0
-        tasks = tracker._task_label_sets or {("", "")}
+        pairs = tracker.model_tenant_labels() or {("", "")}  # before any request: one series at 0
+        tasks = tracker.model_task_labels() or {("", "")}
         inflight: dict[tuple[str, ...], float] = dict.fromkeys(pairs, 0)
         tokens: dict[tuple[str, ...], float] = dict.fromkeys(pairs, 0)
         task_inflight: dict[tuple[str, ...], float] = dict.fromkeys(tasks, 0)

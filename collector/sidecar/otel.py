@@ -350,8 +350,6 @@ class OtelSink:
         self.spans_failed = 0
         self.events_emitted = 0
 
-    wants_telemetry = True  # the tracker hands submit() the request's Telemetry beside the record
-
     def submit(self, record: RequestRecord, telemetry: Telemetry | None = None) -> None:
         """Turn one finished record into one ended span; never raises into the request path."""
         try:

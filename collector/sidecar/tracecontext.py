@@ -6,7 +6,8 @@ the client's `traceparent` becomes the parent of the sidecar's span, and the eng
 https://www.w3.org/TR/trace-context/). While the stream passes, the response's id, model and
 finish reasons are noted from chunks the proxy parses anyway; no text is kept. At the terminal
 transition the tracker hands the Telemetry to the OtelSink beside the frozen RequestRecord
-(Tracker.add_span_sink); it never reaches the request log.
+(Tracker.add_span_sink); it never reaches the request log. What takes both is a `SpanSink`, wired
+apart from the request log's RowSinks (collector.sidecar.app.SidecarParts.span_sinks).
 
     parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         -> (0x4bf92f3577b34da6a3ce929d0e0e4736, 0x00f067aa0ba902b7, 1)
@@ -19,8 +20,11 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field
+from typing import Protocol
 
-__all__ = ["Telemetry", "parse_traceparent", "TRACEPARENT"]
+from collector.record import RequestRecord
+
+__all__ = ["Telemetry", "SpanSink", "parse_traceparent", "TRACEPARENT"]
 
 TRACEPARENT = "traceparent"
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-.*)?$")
@@ -92,3 +96,18 @@ class Telemetry:
         self.note(payload.get("id"), payload.get("model"), None)
         for reason in reasons:
             self.note(None, None, reason)
+
+
+class SpanSink(Protocol):
+    """Where finished requests go with their trace context and response facts: the span exporter
+    (collector.sidecar.otel.OtelSink). Like a RowSink (collector.record), `submit` runs on the event
+    loop and must not block or raise, and `close` is called once, at the sidecar's shutdown."""
+
+    def submit(self, record: RequestRecord, telemetry: Telemetry | None) -> None:
+        """Take one finished record and its request's Telemetry (None: the request had none)."""
+
+    def flush(self) -> bool:
+        """Hand on every span submitted so far; False when that did not finish in time."""
+
+    def close(self) -> None:
+        """Flush, then release what the sink holds."""

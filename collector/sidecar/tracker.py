@@ -209,6 +209,19 @@ class Tracker:
         """Σ active tokens of the live requests."""
         return self.load.tokens
 
+    def model_tenant_labels(self) -> frozenset[tuple[str, str]]:
+        """Every (model, tenant) label pair admitted so far, idle ones included: a copy, so it can
+        be read from another thread (the fleet publisher's) while requests are admitted."""
+        return frozenset(self._label_sets)
+
+    def model_task_labels(self) -> frozenset[tuple[str, str]]:
+        """Every (model, task class) label pair admitted so far, idle ones included (a copy)."""
+        return frozenset(self._task_label_sets)
+
+    def models_seen(self) -> set[str]:
+        """The model labels of every request admitted so far (none empty)."""
+        return {model for model, _ in self.model_tenant_labels() if model}
+
     def add_row_sink(self, sink: Callable[[RequestRecord], None]) -> None:
         """Call `sink(record)` once per finished request (must not block)."""
         self._row_sinks.append(sink)

@@ -4,7 +4,7 @@
               exported through one SourceHealth collector with headroom_source_scrape_*{source}
     sinks     the request log: a LogWriter in front of an in-process RequestStore at
               config.db_path, or of a LakeWriter staging Parquet files in config.lake
-              (collector.lake); an OtelSink when config.otlp_endpoint is set
+              (collector.lake); an OtelSink, a span sink, when config.otlp_endpoint is set
     jobs      the store's scheduled jobs, only where this sidecar owns its database (config.jobs)
     capacity  the headroom_capacity_* gauges those jobs publish; in fleet mode (config.lake and
               config.catalog) the fleet's estimates for this sidecar's models, read every minute
@@ -15,8 +15,12 @@
 
 create_app (collector.sidecar.app) then serves and runs them. A caller that brings parts of its
 own (tests, a program embedding the sidecar) passes them in: `sinks`, extra RowSinks the sidecar
-closes at shutdown; `log_sink`, a BatchSink for the request log that the caller keeps open (then
-no database is opened here and no jobs run); `engine`, an EngineSource instead of config.engine's.
+closes at shutdown; `span_sinks`, extra SpanSinks (an OtelSink of its own: tracing is on), closed
+likewise; `log_sink`, a BatchSink for the request log that the caller keeps open (then no database
+is opened here and no jobs run); `engine`, an EngineSource instead of config.engine's.
+
+What was built is kept on the app once, as a SidecarState; `sidecar_state(app)` reads it back,
+typed (the CLI's server options, the demo's reads of its store, tests).
 """
 
 from __future__ import annotations
@@ -24,24 +28,27 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, Depends, FastAPI
+from prometheus_client import CollectorRegistry
 
 from collector.exposition import new_registry
 from collector.lake.stage import DEFAULT_SPOOL_DIR, LakeWriter
 from collector.record import RowSink
 from collector.service.auth import TOKEN_ENV, require_token, resolve_token
-from collector.sidecar import otel
 from collector.sidecar.adapters import AdapterMap, AdapterMetrics
+from collector.sidecar.admin import AdminListener
 from collector.sidecar.app import SidecarParts, create_app
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.otel import OtelSink, provider_name
 from collector.sidecar.replica import ReplicaClass
 from collector.sidecar.series import SeriesBudget
+from collector.sidecar.tracecontext import SpanSink
 from collector.sidecar.tracker import Tracker
 from collector.sources import EngineSource, build_engine_source, default_metrics_url, models_url
 from collector.sources.gpu import GpuCollector
@@ -52,19 +59,47 @@ from collector.timewin import parse_duration
 
 if TYPE_CHECKING:  # the one-box store's parts load DuckDB: imported where a --db sidecar builds them,
     # so a --lake sidecar neither imports nor needs DuckDB (tests/test_slim_fleet.py)
+    from collector.lake.estimates import FleetPublisher  # pyiceberg: only in fleet mode
     from collector.store.db import RequestStore
     from collector.store.jobs import JobSettings
 
-__all__ = ["build_sidecar", "job_settings"]
+__all__ = ["build_sidecar", "job_settings", "SidecarState", "sidecar_state"]
 
 SIDECAR_STORE_THREADS = 1  # DuckDB threads of the in-process store (RequestStore: why)
 SIDECAR_STORE_BATCH_ROWS = 50_000  # the most rows one append to the in-process store takes (LogWriter)
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarState:
+    """What build_sidecar built and the app runs, kept on the app (`sidecar_state(app)` reads it)."""
+
+    config: SidecarConfig
+    registry: CollectorRegistry  # what /metrics exports (uvicorn's connection counters join it)
+    tracker: Tracker  # the live requests and the per-request metrics
+    capacity: CapacityGauges  # the headroom_capacity_* gauges the jobs (or the fleet) publish
+    replica_class: ReplicaClass  # the engine's replica class, as the rows and estimates carry it
+    writer: LogWriter | None = None  # the request log's writer, in front of batch_sink
+    batch_sink: BatchSink | None = None  # where the writer appends: store, lake or the caller's log_sink
+    store: RequestStore | None = None  # the in-process store (--db) this sidecar owns, else None
+    lake: LakeWriter | None = None  # the lake's writer (--lake), else None
+    scheduler: BackgroundScheduler | None = None  # the store's jobs, or the fleet's estimates
+    admin: AdminListener | None = None  # the admin routes' own listener (--admin-listen)
+    fleet_estimates: FleetPublisher | None = None  # fleet mode (--lake and --catalog)
+
+
+def sidecar_state(app: FastAPI) -> SidecarState:
+    """The SidecarState build_sidecar kept on `app`; TypeError for an app it did not build."""
+    state = getattr(app.state, "sidecar", None)
+    if not isinstance(state, SidecarState):
+        raise TypeError(f"{app!r} was not built by build_sidecar: it has no SidecarState")
+    return state
 
 
 def build_sidecar(
     config: SidecarConfig,
     *,
     sinks: Sequence[RowSink] = (),
+    span_sinks: Sequence[SpanSink] = (),
     log_sink: BatchSink | None = None,
     engine: EngineSource | None = None,
 ) -> FastAPI:
@@ -97,7 +132,7 @@ def build_sidecar(
     replica_class = ReplicaClass(config.replica_class, gpu_names=gpu.names, engine=engine)
     registry.register(replica_class)
     tracker.replica_class_of = lambda: replica_class.value
-    extra = [*_otel_sinks(config, engine), *sinks]
+    spans = [*_otel_sinks(config, engine), *span_sinks]  # before the store: a bad endpoint opens nothing
     store = _own_store(config) if log_sink is None else None
     lake = _lake_writer(config) if log_sink is None and store is None else None
     batch_sink = log_sink if log_sink is not None else store or lake
@@ -129,26 +164,39 @@ def build_sidecar(
     parts = SidecarParts(
         registry,
         tracker,
-        sinks=[*([log] if log else []), *extra],
+        sinks=[*([log] if log else []), *sinks],
+        span_sinks=spans,
         engine=engine,
         scheduler=scheduler,
         store_routes=routes,
         token_in_file=token_file is not None,
         probe_token=token,
-        tracing=any(isinstance(sink, otel.OtelSink) for sink in extra),
         owned_db=config.db_path if routes is not None else None,
     )
     app = create_app(config, parts)
-    app.state.capacity, app.state.writer, app.state.batch_sink = capacity, log, batch_sink
-    app.state.replica_class = replica_class
-    app.state.fleet_estimates = fleet
+    app.state.sidecar = SidecarState(
+        config,
+        registry,
+        tracker,
+        capacity,
+        replica_class,
+        writer=log,
+        batch_sink=batch_sink,
+        store=store,
+        lake=lake,
+        scheduler=scheduler,
+        admin=app.admin,
+        fleet_estimates=fleet,
+    )
     return app
 
 
 FLEET_ESTIMATES_EVERY_S = 60.0  # how often a fleet-mode sidecar reads the fleet's estimates
 
 
-def _fleet_publisher(config: SidecarConfig, capacity: CapacityGauges, tracker: Tracker) -> Any:
+def _fleet_publisher(
+    config: SidecarConfig, capacity: CapacityGauges, tracker: Tracker
+) -> FleetPublisher | None:
     """With --lake and --catalog: a FleetPublisher (collector.lake.estimates) of the fleet's
     estimates for the models this sidecar serves (those it has seen, and --model); else None."""
     if config.catalog is None:
@@ -165,8 +213,7 @@ def _fleet_publisher(config: SidecarConfig, capacity: CapacityGauges, tracker: T
         ) from None
 
     def models() -> set[str]:
-        seen = {model for model, _ in frozenset(tracker._label_sets) if model}
-        return seen | ({config.model} if config.model else set())
+        return tracker.models_seen() | ({config.model} if config.model else set())
 
     return FleetPublisher(
         config.catalog,
@@ -177,7 +224,7 @@ def _fleet_publisher(config: SidecarConfig, capacity: CapacityGauges, tracker: T
     )
 
 
-def _fleet_scheduler(fleet: Any) -> BackgroundScheduler:
+def _fleet_scheduler(fleet: FleetPublisher) -> BackgroundScheduler:
     """The fleet-mode sidecar's one job: publish the fleet's estimates, at start and every minute."""
     scheduler = BackgroundScheduler(timezone="UTC")
     scheduler.add_job(
@@ -215,7 +262,7 @@ def _engine_source(config: SidecarConfig) -> EngineSource | None:
     )
 
 
-def _otel_sinks(config: SidecarConfig, engine: EngineSource | None = None) -> list[RowSink]:
+def _otel_sinks(config: SidecarConfig, engine: EngineSource | None = None) -> list[SpanSink]:
     """One OtelSink when an OTLP endpoint is configured, else none. Its gen_ai.provider.name is the
     engine family (vllm, sglang, tgi, llama.cpp) as --engine names it or `auto` found it, else openai."""
     if not (config.otlp_endpoint or config.otlp_traces_endpoint):

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from collector.serving import ServerHandle, serve_in_thread
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 from support.upstream import FakeUpstream
 from support.waiting import wait_until
 
@@ -45,8 +45,8 @@ class Rig:
         self, sql: str = "SELECT * FROM requests ORDER BY admitted_at", params: tuple[Any, ...] = ()
     ) -> list[dict[str, Any]]:
         """Flush the writer, then read rows through the sidecar's own store."""
-        assert self.app.state.writer.flush(), "log writer did not flush in time"
-        return self.app.state.batch_sink.query_dicts(sql, params)
+        assert sidecar_state(self.app).writer.flush(), "log writer did not flush in time"
+        return sidecar_state(self.app).batch_sink.query_dicts(sql, params)
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """{(sample name, sorted label items): value} from a live /metrics scrape."""
