@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 import pytest
+from support.clickopts import passed_options
 
 from collector.alerts.cli import rules_config
 from collector.backtest.cli import backtest
@@ -33,13 +34,7 @@ def _no_env(monkeypatch):
 
 def _defaults(**given: object) -> dict[str, object]:
     """What click passes `backtest` with nothing on the command line, updated by `given`."""
-    passed: dict[str, object] = {}
-    callback, backtest.callback = backtest.callback, lambda **options: passed.update(options)
-    try:
-        backtest.main([], standalone_mode=False)
-    finally:
-        backtest.callback = callback
-    return passed | given
+    return passed_options(backtest, [], **given)
 
 
 def test_every_parameter_is_a_setting_or_a_rule_option():

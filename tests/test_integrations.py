@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from support.promql import promql_expr_test
 from test_analysis_estimate import _estimate
 
 from collector.cli import main
@@ -199,19 +199,7 @@ def test_keda_queries_never_yield_nan_or_inf(stored, tmp_path, situation, series
             continue
         expr = trigger["metadata"]["query"]
         checks.append({"expr": expr, "eval_time": "4m", "exp_samples": [{"labels": "{}", "value": value}]})
-    (tmp_path / "rules.yaml").write_text("groups: []\n")
-    document = {
-        "rule_files": ["rules.yaml"],
-        "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}],
-    }
-    (tmp_path / "keda.test.yaml").write_text(yaml.safe_dump(document))
-    result = subprocess.run(
-        [promtool, "test", "rules", "keda.test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = promql_expr_test(promtool, tmp_path, inputs, checks)
     assert result.returncode == 0, f"{situation}: {result.stdout}{result.stderr}"
 
 
@@ -418,17 +406,5 @@ def test_keda_token_trigger_answers_one_replica_at_the_pool_in_tokens_in_promtoo
             "exp_samples": [{"labels": "{}", "value": 1}],
         },
     ]
-    (tmp_path / "rules.yaml").write_text("groups: []\n")
-    document = {
-        "rule_files": ["rules.yaml"],
-        "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}],
-    }
-    (tmp_path / "keda.test.yaml").write_text(yaml.safe_dump(document))
-    result = subprocess.run(
-        [promtool, "test", "rules", "keda.test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = promql_expr_test(promtool, tmp_path, inputs, checks)
     assert result.returncode == 0, f"{situation}: {result.stdout}{result.stderr}"

@@ -7,6 +7,7 @@ import inspect
 
 import click
 import pytest
+from support.clickopts import passed_options
 
 from collector.analysis.cli import probe
 from collector.analysis.estimate import estimate_from_probe
@@ -30,13 +31,7 @@ def _no_env(monkeypatch):
 
 def _defaults(**given: object) -> dict[str, object]:
     """What click passes `probe` with only --url on the command line, updated by `given`."""
-    passed: dict[str, object] = {}
-    callback, probe.callback = probe.callback, lambda **options: passed.update(options)
-    try:
-        probe.main(["--url", URL], standalone_mode=False)
-    finally:
-        probe.callback = callback
-    return passed | given
+    return passed_options(probe, ["--url", URL], **given)
 
 
 def _field_default(name: str) -> object:

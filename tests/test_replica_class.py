@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 from support.estimates import capacity_estimate
+from support.promql import promql_expr_test
 from test_sources_gpu import FakeNvml
 
 from collector.capacity import DEFAULT_REPLICA_CLASS
@@ -163,9 +164,6 @@ def test_integrations_render_per_replica_class_and_ask_which_when_there_are_seve
 def test_keda_per_class_counts_only_that_class_s_sidecars_in_promtool(two_classes, tmp_path):
     """Sidecar a (h100) carries 10 requests, b (l40s) 3; pools 12 and 6 published per class: the
     l40s ScaledObject reads 3 / 6 = 0.5 and the h100 one 10 / 12, each ignoring the other class."""
-    import subprocess
-
-    import yaml
     from conftest import require_tool
 
     from collector.integrations.render import keda_scaled_object
@@ -198,19 +196,7 @@ def test_keda_per_class_counts_only_that_class_s_sidecars_in_promtool(two_classe
                 "exp_samples": [{"labels": "{}", "value": value}],
             }
         )
-    (tmp_path / "rules.yaml").write_text("groups: []\n")
-    document = {
-        "rule_files": ["rules.yaml"],
-        "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": checks}],
-    }
-    (tmp_path / "keda.test.yaml").write_text(yaml.safe_dump(document))
-    result = subprocess.run(
-        [promtool, "test", "rules", "keda.test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = promql_expr_test(promtool, tmp_path, inputs, checks)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

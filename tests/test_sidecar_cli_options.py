@@ -6,6 +6,7 @@ import dataclasses
 
 import click
 import pytest
+from support.clickopts import passed_options
 
 from collector.sidecar.cli import run
 from collector.sidecar.config import SidecarConfig
@@ -17,13 +18,7 @@ OPTIONS = [p for p in run.params if isinstance(p, click.Option)]
 
 def _defaults(**given: object) -> dict[str, object]:
     """What click passes `run` with only --upstream on the command line, updated by `given`."""
-    passed: dict[str, object] = {}
-    callback, run.callback = run.callback, lambda **options: passed.update(options)
-    try:
-        run.main(["--upstream", "http://127.0.0.1:8000"], standalone_mode=False)
-    finally:
-        run.callback = callback
-    return passed | given
+    return passed_options(run, ["--upstream", "http://127.0.0.1:8000"], **given)
 
 
 @pytest.mark.parametrize("option", [p for p in OPTIONS if p.name not in NOT_CONFIG], ids=lambda p: p.name)

@@ -22,6 +22,7 @@ from collector.analysis.probe import ProbeSettings
 from collector.analysis.prompts import load_prompts
 from collector.analysis.recommend import PROFILES
 from collector.capacity import Slo
+from collector.lake.source import catalog_option
 from collector.terminal import JSON_HELP
 
 __all__ = ["RENAMED", "PARSED", "NOT_SETTINGS", "PROFILE", "probe_options", "settings_from_options"]
@@ -123,14 +124,7 @@ _OPTIONS = [
         "sidecars run with --lake and --catalog publish it; the probe's rows are logged by the sidecar "
         "it runs through. The traffic it is compared with: the table's last 7 days.",
     ),
-    click.option(
-        "--catalog",
-        "catalog_uri",
-        envvar="HEADROOM_CATALOG",
-        metavar="URI",
-        help="With --lake: the Iceberg catalog (sqlite:///path.db, postgresql://..., http(s):// REST) "
-        "[env: HEADROOM_CATALOG].",
-    ),
+    catalog_option,
     click.option(
         "--max-samples",
         default=ProbeSettings.max_samples,

@@ -16,10 +16,22 @@ import click
 if TYPE_CHECKING:  # imported where used: a command's --help loads no DuckDB through reader_options
     from collector.store.db import RequestStore
 
-__all__ = ["open_log", "reader_options", "MISSING_LAKE_EXTRA"]
+__all__ = ["open_log", "reader_options", "catalog_option", "MISSING_LAKE_EXTRA"]
 
 MISSING_LAKE_EXTRA = "reading the fleet's table needs pyiceberg: pip install 'llm-headroom[lake]'"
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --catalog beside --lake on a command that reads or writes the fleet's tables (the lake's own
+# `lake commit` requires it and says more; a sidecar's says what it publishes from it)
+catalog_option = click.option(
+    "--catalog",
+    "catalog_uri",
+    envvar="HEADROOM_CATALOG",
+    metavar="URI",
+    help="With --lake: the Iceberg catalog (sqlite:///path.db, postgresql://..., http(s):// REST) "
+    "[env: HEADROOM_CATALOG].",
+)
 
 
 def reader_options(function: F) -> F:
@@ -31,14 +43,7 @@ def reader_options(function: F) -> F:
         show_default=True,
         help="The Iceberg table, with --lake.",
     )(function)
-    function = click.option(
-        "--catalog",
-        "catalog_uri",
-        envvar="HEADROOM_CATALOG",
-        metavar="URI",
-        help="With --lake: the Iceberg catalog (sqlite:///path.db, postgresql://..., http(s):// REST) "
-        "[env: HEADROOM_CATALOG].",
-    )(function)
+    function = catalog_option(function)
     function = click.option(
         "--lake",
         "lake_uri",
