@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint tools engine generate check-generated bench measure clean
+.PHONY: install demo test test-clock-ahead test-fast lint tools engine generate check-generated bench measure clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ test: install tools engine lint  ## lint and types, then the whole suite: unit, 
 	$(BIN)/pytest -q -p no:cacheprovider $(PARALLEL) || status=1; \
 	$(BIN)/pytest -q -p no:cacheprovider $(ALONE) || status=1; \
 	exit $$status
+
+test-clock-ahead:  ## the whole suite with the wall clock 30 days ahead (faketime; scripts/clock-ahead.sh)
+	@bash scripts/clock-ahead.sh 30 $(MAKE) test
 
 lint: install  ## ruff (lint + format check) and mypy (strict on collector/); any finding fails
 	$(BIN)/ruff check collector tests benchmarks
