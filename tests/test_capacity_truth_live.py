@@ -51,6 +51,7 @@ from test_integration_prometheus import _query, _wait, prometheus_config, start_
 
 from collector.alerts.files import rule_files
 from collector.analysis.token_knee import MIN_TRAFFIC_REQUESTS
+from collector.capacity import CapacityEstimate
 from collector.integrations.render import gateway_picker_config, keda_scaled_object
 from collector.rules.config import DEFAULT
 from collector.rules.render import write_files
@@ -323,7 +324,8 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
 
     # the recommended pool of the same traffic (one ~600-token prompt in ten); KEDA's triggers
     # are evaluated every ~3 s by this Prometheus on the recorded series, as KEDA would poll them
-    scaled_object = keda_scaled_object(estimate, deployment="x", prometheus_url=prometheus, config=DEFAULT)
+    published = CapacityEstimate.from_dict(estimate)  # the probe's --json, as the store reads it back
+    scaled_object = keda_scaled_object(published, deployment="x", prometheus_url=prometheus, config=DEFAULT)
     triggers = {t["name"]: t for t in scaled_object["spec"]["triggers"]}
     assert {"inflight-requests-per-pool", "active-tokens-per-pool"} <= set(triggers), scaled_object
     polls = []
@@ -340,7 +342,7 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
     window = max(int(time.monotonic() - started + 5), 1)
     quiet = _alerts_since(prometheus, window)
     _, largest = _answered(stack)
-    limit = gateway_picker_config(estimate, mode="tokens")["plugins"][0]["parameters"]["maxTokenConcurrency"]
+    limit = gateway_picker_config(published, mode="tokens")["plugins"][0]["parameters"]["maxTokenConcurrency"]
     # the review of the serving replica's log (through the sidecar that owns it)
     review = subprocess.run(
         [

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from collector.alerts.files import ALERTS_FILE, rule_files
+from collector.capacity import CapacityEstimate
 from collector.cli import main
 from collector.integrations.kubernetes import prometheus_rule
 from collector.integrations.render import keda_scaled_object
@@ -134,7 +135,7 @@ def test_disruption_budget_and_autoscaler_target_the_inference_pods():
     )
     scaled = _find("ScaledObject", "llm-inference-headroom")
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    estimate = json.loads((KUBE / "example-estimate.json").read_text())
+    estimate = CapacityEstimate.from_dict(json.loads((KUBE / "example-estimate.json").read_text()))
     rendered = keda_scaled_object(estimate, deployment="llm-inference", min_replicas=2)
     assert scaled == rendered, (
         "keda-scaledobject.yaml is stale: rerender it from example-estimate.json "

@@ -328,16 +328,35 @@ def _recorded_series() -> list[str]:
 
 def _keda_triggers() -> list[dict]:
     """The KEDA triggers `headroom integrations keda` renders for the estimate the stack publishes."""
+    from datetime import UTC, datetime
+
+    from collector.capacity import CapacityEstimate, KneeResult, Slo
     from collector.integrations.render import keda_scaled_object
 
-    estimate = {
-        "model": MODEL,
-        "knee": {"requests": KNEE_REQUESTS, "tokens": 2000, "reached": True},
-        "knee_tokens_p95": 2600,  # the token trigger needs it (the sidecar's gauge, else this number)
-        "recommended_pool": 3,
-        "created_at": "2026-12-01T00:00:00+00:00",
-        "rate_requests_per_s": 10.0,
-    }
+    # no token capacity (so no token trigger): the requests and rate triggers
+    estimate = CapacityEstimate(
+        model=MODEL,
+        source="probe",
+        run_id=None,
+        profile="interactive",
+        levels=[],
+        knee=KneeResult(
+            requests=KNEE_REQUESTS,
+            tokens=2000,
+            reached=True,
+            rule_reason="",
+            kneedle_throughput=None,
+            kneedle_latency=None,
+            agree=True,
+            note="",
+        ),
+        slo=Slo(),
+        slo_max=None,
+        slo_max_tokens=None,
+        recommended_pool=3,
+        created_at=datetime(2026, 12, 1, tzinfo=UTC),
+        rate_requests_per_s=10.0,
+    )
     return keda_scaled_object(estimate, deployment="llm-inference")["spec"]["triggers"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ from click.testing import CliRunner
 from support.promql import promql_expr_test
 from test_analysis_estimate import _estimate
 
+from collector.capacity import LEGACY_TOKEN_KNEE, CapacityEstimate
 from collector.cli import main
 from collector.integrations.render import EstimateError, gateway_picker_config, per_replica
 from collector.rules.config import DEFAULT
@@ -23,26 +25,39 @@ def stored(tmp_path):
     """A request log holding one probe estimate for model m (knee 8 requests, pool 5), with the
     active tokens at the knee (mean 1200, p95 1.5x it), the recommended pool in tokens (1300: the
     p99.9 with 5 in flight, neither the mean's 1200 x 5 / 8 = 750 nor the p95's 1800 x 5 / 8 =
-    1125) and the largest request of the traffic's week; the dict is the estimate as the store
-    gives it back, which is what `--db` renders."""
+    1125) and the largest request of the traffic's week; the estimate is the one the store
+    publishes, which is what `--db` renders."""
     estimate = _estimate(model="m", knee_at=8)
     mean = estimate.knee.tokens
-    estimate.token_capacity = {
-        "mean": mean,
-        "p95": mean * 3 // 2,
-        "pool_tokens": 1300,
-        "max_request_tokens": 40,
-    }
+    estimate = replace(
+        estimate,
+        token_capacity={"mean": mean, "p95": mean * 3 // 2, "pool_tokens": 1300, "max_request_tokens": 40},
+    )
     store = RequestStore(tmp_path / "log.duckdb")
     save_estimate(store, estimate)
     (published,) = published_estimates(store)
     store.close()
-    return tmp_path / "log.duckdb", published.estimate.to_dict()
+    return tmp_path / "log.duckdb", published.estimate
 
 
-def _small(estimate: dict, **tokens) -> dict:
-    """Knee 4 requests, pool 2, and the given token figures (recommended_pool_tokens=None: withheld)."""
-    return estimate | {"knee": estimate["knee"] | {"requests": 4}, "recommended_pool": 2} | tokens
+# the published token figures (CapacityEstimate's properties) and the token_capacity keys they read
+TOKEN_FIGURES = {
+    "knee_tokens": "mean",
+    "knee_tokens_p95": "p95",
+    "recommended_pool_tokens": "pool_tokens",
+    "max_request_tokens": "max_request_tokens",
+}
+
+
+def _tokens(estimate: CapacityEstimate, **figures: int | None) -> CapacityEstimate:
+    """The estimate with these token figures (knee_tokens=700: its token capacity's mean is 700)."""
+    capacity = dict(estimate.token_capacity or {}) | {TOKEN_FIGURES[k]: v for k, v in figures.items()}
+    return replace(estimate, token_capacity=capacity)
+
+
+def _small(estimate: CapacityEstimate, **tokens: int | None) -> CapacityEstimate:
+    """Knee 4 requests, pool 2, and the given token figures (recommended_pool_tokens=None: none measured)."""
+    return _tokens(replace(estimate, knee=replace(estimate.knee, requests=4), recommended_pool=2), **tokens)
 
 
 def _render(*args: str) -> dict:
@@ -55,7 +70,7 @@ def _render(*args: str) -> dict:
 def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_calibers(stored):
     db, estimate = stored
     limits = per_replica(estimate)
-    assert limits["knee_requests"] == 8 and limits["pool_requests"] == estimate["recommended_pool"] < 8
+    assert limits["knee_requests"] == 8 and limits["pool_requests"] == estimate.recommended_pool < 8
     scaled = _render("keda", "--db", str(db), "--deployment", "llm-inference", "--max-replicas", "12")
     assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
     spec = scaled["spec"]
@@ -75,7 +90,7 @@ def test_keda_scaled_object_divides_live_concurrency_by_the_stored_pool_in_both_
     assert "headroom_active_tokens" in tokens["metadata"]["query"]
     # an instantaneous value (KEDA's poll) divided by the pool in tokens (its p99.9), never the
     # mean's pool nor the knee's p95 scaled to the pool
-    assert estimate["recommended_pool_tokens"] == limits["pool_tokens_peak"] == 1300
+    assert estimate.recommended_pool_tokens == limits["pool_tokens_peak"] == 1300
     assert limits["pool_tokens_peak"] > limits["pool_tokens"] == 750.0
     assert "knee_tokens_p95" not in limits and "pool_tokens_p95" not in limits
     assert "or vector(1300)" in tokens["metadata"]["query"]
@@ -96,13 +111,14 @@ def test_gateway_concurrency_detector_takes_the_pool_and_bursts_to_the_knee(stor
     assert plugin["type"] == "concurrency-detector" and config["saturationDetector"] == {
         "pluginRef": "concurrency-detector"
     }
-    parameters, pool, knee = plugin["parameters"], estimate["recommended_pool"], estimate["knee"]
+    parameters, pool, knee = plugin["parameters"], estimate.recommended_pool, estimate.knee
     assert parameters["concurrencyMode"] == "tokens"
     assert parameters["maxConcurrency"] == pool
     # the pool in tokens (p99.9 with the pool in flight), above the largest request (40)
-    assert estimate["max_request_tokens"] < estimate["recommended_pool_tokens"]
-    assert parameters["maxTokenConcurrency"] == estimate["recommended_pool_tokens"] == 1300
-    assert parameters["headroom"] == pytest.approx(knee["requests"] / pool - 1, abs=1e-4)
+    assert estimate.max_request_tokens is not None and estimate.recommended_pool_tokens is not None
+    assert estimate.max_request_tokens < estimate.recommended_pool_tokens
+    assert parameters["maxTokenConcurrency"] == estimate.recommended_pool_tokens == 1300
+    assert parameters["headroom"] == pytest.approx(knee.requests / pool - 1, abs=1e-4)
     # the documented parameter contract: positive ints and a non-negative fraction
     assert all(
         isinstance(parameters[k], int) and parameters[k] > 0
@@ -121,9 +137,7 @@ def test_llmd_saturation_entry_names_the_model_and_a_queue_bound_from_the_burst(
     assert config["kind"] == "ConfigMap" and config["metadata"]["name"] == "wva-saturation-scaling-config"
     (entry,) = [yaml.safe_load(text) for text in config["data"].values()]
     assert entry["model_id"] == "m" and entry["namespace"] == "llm"
-    assert entry["queueLengthThreshold"] == max(
-        1, estimate["knee"]["requests"] - estimate["recommended_pool"]
-    )
+    assert entry["queueLengthThreshold"] == max(1, estimate.knee.requests - estimate.recommended_pool)
     assert set(entry) == {
         "model_id",
         "namespace",
@@ -140,11 +154,11 @@ def test_no_estimate_or_an_unreached_knee_is_refused_with_the_reason(tmp_path, s
     result = CliRunner().invoke(main, ["integrations", "keda", "--db", str(empty), "--deployment", "d"])
     assert result.exit_code == 1 and "none passes the publication gate" in result.output
     _, estimate = stored
-    unreached = estimate | {"knee": estimate["knee"] | {"reached": False}}
+    unreached = replace(estimate, knee=replace(estimate.knee, reached=False))
     with pytest.raises(EstimateError, match="never reached"):
         gateway_picker_config(unreached)
     path = tmp_path / "cap.json"
-    path.write_text(json.dumps(unreached))
+    path.write_text(json.dumps(unreached.to_dict()))
     result = CliRunner().invoke(main, ["integrations", "gateway", "--estimate", str(path)])
     assert result.exit_code == 1 and "lower bound" in result.output
 
@@ -171,13 +185,12 @@ def test_keda_queries_never_yield_nan_or_inf(stored, tmp_path, situation, series
 
     promtool = require_tool("promtool")
     _, estimate = stored
-    estimate = estimate | {
-        "recommended_pool": 6,
-        "knee": estimate["knee"] | {"requests": 8, "tokens": 9000},
-        "knee_tokens": 9000,
-        "knee_tokens_p95": 12000,
-        "recommended_pool_tokens": 9800,
-    }
+    estimate = _tokens(
+        replace(estimate, recommended_pool=6, knee=replace(estimate.knee, requests=8, tokens=9000)),
+        knee_tokens=9000,
+        knee_tokens_p95=12000,
+        recommended_pool_tokens=9800,
+    )
     triggers = keda_scaled_object(estimate, deployment="d")["spec"]["triggers"]
     where = f'job="{DEFAULT.sidecar_job}",model="m",instance="a",tenant="t"'
     published = 'model="m",task_class="all",instance="a"'
@@ -216,17 +229,13 @@ def test_a_withheld_token_knee_drives_no_token_scaling(stored, tmp_path):
     """A short-prompt probe's token knee is not the traffic's: the gauges publish none, so no
     autoscaler scales on it (the flat knee_tokens, not knee.tokens, is what is published)."""
     _, estimate = stored
-    withheld = estimate | {
-        "knee_tokens": None,
-        "knee_tokens_p95": None,
-        "recommended_pool_tokens": None,
-        "token_knee_withheld": "mean tokens per request 4.0x the traffic's",
-    }
+    withheld = replace(estimate, token_knee_withheld="mean tokens per request 4.0x the traffic's")
+    assert withheld.knee_tokens is None and withheld.recommended_pool_tokens is None
     limits = per_replica(withheld)
     assert limits["knee_tokens"] is None and limits["pool_tokens"] is None
     assert limits["pool_tokens_peak"] is None
     path = tmp_path / "withheld.json"
-    path.write_text(json.dumps(withheld))
+    path.write_text(json.dumps(withheld.to_dict()))
     scaled = _render("keda", "--estimate", str(path), "--deployment", "d")
     assert len(scaled["spec"]["triggers"]) == 1  # requests only
     assert "headroom_active_tokens" not in json.dumps(scaled)
@@ -266,7 +275,7 @@ def test_token_limits_take_the_pool_in_tokens_and_never_refuse_the_largest_reque
     assert line == "maxTokenConcurrency 1100: the pool in tokens, p99.9 of the active tokens with 2 in flight"
 
     # (b) a largest request above the pool in tokens: the limit is raised to it, and the comment says so
-    long = small | {"max_request_tokens": 1300}
+    long = _tokens(small, max_request_tokens=1300)
     parameters = gateway_picker_config(long, mode="tokens")["plugins"][0]["parameters"]
     assert parameters["maxTokenConcurrency"] == 1300
     (line,) = [c for c in gateway_comments(long, mode="tokens") if c.startswith("maxTokenConcurrency")]
@@ -283,30 +292,36 @@ def test_token_limits_take_the_pool_in_tokens_and_never_refuse_the_largest_reque
     ]
     assert "or vector(1100)" in tokens["metadata"]["query"]
     # no traffic (no largest request known): the pool in tokens as it is
-    quiet = small | {"max_request_tokens": None}
+    quiet = _tokens(small, max_request_tokens=None)
     assert gateway_picker_config(quiet)["plugins"][0]["parameters"]["maxTokenConcurrency"] == 1100
 
 
 @pytest.mark.parametrize(
-    "dropped",
+    ("dropped", "reason", "pool_tokens"),
     [
-        # from before knee_tokens_p95: its token figure is an admission average
-        ("knee_tokens_p95", "recommended_pool_tokens", "max_request_tokens", "token_capacity"),
+        # from before the time-weighted token capacity: its token figure is an admission average,
+        # and reading it back withholds the token capacity with that reason
+        (
+            ("knee_tokens_p95", "recommended_pool_tokens", "max_request_tokens", "token_capacity"),
+            f"the token capacity is withheld: {LEGACY_TOKEN_KNEE}",
+            None,
+        ),
         # from before the pool in tokens: a p95 at the knee, which scaled to the pool is exceeded there
-        ("recommended_pool_tokens",),
+        (("recommended_pool_tokens",), "no recommended pool in tokens was measured", 350.0),
     ],
-    ids=["before the p95", "before the pool in tokens"],
+    ids=["before the time-weighted token capacity", "before the pool in tokens"],
 )
 def test_a_legacy_estimate_without_the_pool_in_tokens_renders_no_token_trigger_or_limit(
-    stored, tmp_path, dropped
+    stored, tmp_path, dropped, reason, pool_tokens
 ):
-    """An estimate without recommended_pool_tokens predates it (an admission average, or a p95 at
-    the knee): KEDA gets no token trigger (the annotation says why), the gateway no
-    maxTokenConcurrency (a comment says why), and --mode tokens is refused with the reason."""
+    """An estimate saved without recommended_pool_tokens (as a file or the store reads it back:
+    CapacityEstimate.from_dict) predates it (an admission average, or a p95 at the knee): KEDA gets
+    no token trigger (the annotation says why), the gateway no maxTokenConcurrency (a comment says
+    why), and --mode tokens is refused with the reason."""
     from collector.integrations.render import gateway_comments, keda_scaled_object
 
     _, estimate = stored
-    legacy = {
+    saved = {
         k: v
         for k, v in _small(
             estimate,
@@ -314,27 +329,30 @@ def test_a_legacy_estimate_without_the_pool_in_tokens_renders_no_token_trigger_o
             knee_tokens_p95=1600,
             recommended_pool_tokens=1100,
             max_request_tokens=900,
-        ).items()
+        )
+        .to_dict()
+        .items()
         if k not in dropped
     }
-    if "token_capacity" in legacy:  # its token capacity, written before the pool in tokens
-        legacy["token_capacity"] = {k: v for k, v in legacy["token_capacity"].items() if k != "pool_tokens"}
+    if "token_capacity" in saved:  # its token capacity, written before the pool in tokens
+        saved["token_capacity"] = {k: v for k, v in saved["token_capacity"].items() if k != "pool_tokens"}
+    legacy = CapacityEstimate.from_dict(saved)
     limits = per_replica(legacy)
-    assert limits["pool_tokens"] == 350.0 and limits["pool_tokens_peak"] is None
+    assert limits["pool_tokens"] == pool_tokens and limits["pool_tokens_peak"] is None
     scaled = keda_scaled_object(legacy, deployment="d")
     assert [t["name"] for t in scaled["spec"]["triggers"]] == ["inflight-requests-per-pool"]
     assert "headroom_active_tokens" not in json.dumps(scaled)
     why = scaled["metadata"]["annotations"]["llm-headroom/token-trigger"]
-    assert why.startswith("none: the estimate predates the recommended pool in tokens")
-    with pytest.raises(EstimateError, match="predates the recommended pool in tokens"):
+    assert why == f"none: {reason}"
+    with pytest.raises(EstimateError, match="gives no token limit"):
         gateway_picker_config(legacy, mode="tokens")
     parameters = gateway_picker_config(legacy)["plugins"][0]["parameters"]
     assert "maxTokenConcurrency" not in parameters and parameters["maxConcurrency"] == 2
     comments = gateway_comments(legacy)
-    assert comments[1].startswith("maxTokenConcurrency not set: the estimate predates")
+    assert comments[1] == f"maxTokenConcurrency not set: {reason}"
     # through the command line: refused, the reason and the way out printed
     path = tmp_path / "legacy.json"
-    path.write_text(json.dumps(legacy))
+    path.write_text(json.dumps(saved))
     result = CliRunner().invoke(
         main, ["integrations", "gateway", "--estimate", str(path), "--mode", "tokens"]
     )

@@ -6,12 +6,14 @@ estimate past the gate the command names the gateway's fallback."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 import yaml
 from test_analysis_estimate import _estimate
 
+from collector.capacity import CapacityEstimate
 from collector.integrations.render import (
     DEFAULT_RATE_UTILISATION,
     GATEWAY_FALLBACK,
@@ -23,11 +25,8 @@ from collector.integrations.render import (
 
 
 @pytest.fixture
-def measured() -> dict:
-    estimate = _estimate(model="m", knee_at=8)
-    estimate.rate_requests_per_s = 9.5
-    estimate.prefill_tokens_per_s = 380.0
-    return estimate.to_dict()
+def measured() -> CapacityEstimate:
+    return replace(_estimate(model="m", knee_at=8), rate_requests_per_s=9.5, prefill_tokens_per_s=380.0)
 
 
 def test_keda_rate_trigger_threshold_is_mu_slo_times_the_utilisation(measured):
@@ -47,7 +46,7 @@ def test_keda_rate_trigger_threshold_is_mu_slo_times_the_utilisation(measured):
     assert rate["metadata"]["query"].startswith("sum(rate(headroom_requests_total{")
     assert 'model="m", source="traffic"}[2m]' in rate["metadata"]["query"]
     note = scaled["metadata"]["annotations"]["llm-headroom/rate-requests-per-s"]
-    assert "source probe" in note and measured["created_at"] in note
+    assert "source probe" in note and measured.created_at.isoformat() in note
     half = keda_scaled_object(measured, deployment="llm", rate_utilisation=0.5)
     assert [t["metadata"]["threshold"] for t in half["spec"]["triggers"]][-1] == "4.75"
     with pytest.raises(ValueError, match="utilisation"):
@@ -57,7 +56,7 @@ def test_keda_rate_trigger_threshold_is_mu_slo_times_the_utilisation(measured):
 
 
 def test_no_mu_slo_renders_no_rate_trigger_and_llmd_says_v_p_is_missing(measured):
-    bare = measured | {"rate_requests_per_s": None, "prefill_tokens_per_s": None}
+    bare = replace(measured, rate_requests_per_s=None, prefill_tokens_per_s=None)
     names = [t["name"] for t in keda_scaled_object(bare, deployment="llm")["spec"]["triggers"]]
     assert "request-rate-per-replica" not in names and "inflight-requests-per-pool" in names
     (block,) = llmd_saturation_config(bare)["data"].values()
@@ -77,7 +76,7 @@ def _cli(*args: str):
 
 def test_keda_rate_utilisation_option_sets_the_rate_threshold(tmp_path, measured):
     path = tmp_path / "cap.json"
-    path.write_text(json.dumps(measured))
+    path.write_text(json.dumps(measured.to_dict()))
 
     def threshold(*extra: str) -> float:
         result = _cli("keda", "--estimate", str(path), "--deployment", "llm", *extra)
@@ -94,7 +93,11 @@ def test_keda_rate_utilisation_option_sets_the_rate_threshold(tmp_path, measured
 
 
 def test_gateway_thresholds_say_their_measured_number_source_and_age(tmp_path, measured):
-    measured = measured | {"created_at": "2026-12-01T08:00:00+00:00", "run_id": "probe-20261201T075000Z-ab12"}
+    measured = replace(
+        measured,
+        created_at=datetime.fromisoformat("2026-12-01T08:00:00+00:00"),
+        run_id="probe-20261201T075000Z-ab12",
+    )
     lines = gateway_comments(measured, now=datetime(2026, 12, 1, 11, 0, tzinfo=UTC))
     config = gateway_picker_config(measured)
     parameters = config["plugins"][0]["parameters"]
@@ -106,10 +109,10 @@ def test_gateway_thresholds_say_their_measured_number_source_and_age(tmp_path, m
     assert "mu_slo 9.5 requests/s per endpoint" in " ".join(lines)
     assert lines[-1] == (
         "measured by probe run probe-20261201T075000Z-ab12 at 2026-12-01T08:00:00+00:00 (3.0 h old), "
-        f"replica class default, confidence {measured['confidence']}"
+        f"replica class default, confidence {measured.confidence}"
     )
     path = tmp_path / "cap.json"
-    path.write_text(json.dumps(measured))
+    path.write_text(json.dumps(measured.to_dict()))
     result = _cli("gateway", "--estimate", str(path))
     assert result.exit_code == 0, result.output
     head = [line for line in result.output.splitlines() if line.startswith("#")]

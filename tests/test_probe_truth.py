@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from support.estimates import capacity_estimate
 from support.processes import HEADROOM, sim_process
 from support.synthetic import closed_loop_rows
 
@@ -134,18 +136,14 @@ def test_from_log_lengths_reproduce_the_logs_mix(tmp_path):
 
 def test_the_review_never_judges_a_withheld_token_knee():
     rows = ClassFigures("default", ["a"], peak_requests=2.0, peak_tokens=1000.0, load=None)
-    artefact = {
-        "source": "probe",
-        "knee_requests": 4,
-        "knee_tokens": 60,
-        "knee_tokens_p95": 77,
-        "token_capacity": {"mean": 60, "p95": 77},
-    }
+    artefact = capacity_estimate(knee_requests=4, knee_tokens=60, knee_tokens_p95=77)
     judged = _concurrency(rows, artefact)
     assert judged["peak_over_knee_tokens"] == pytest.approx(1000 / 77, rel=1e-3)
     assert judged["binding_caliber"] == "tokens"
-    withheld = _concurrency(rows, artefact | {"knee_tokens": None, "token_knee_withheld": "another mix"})
-    legacy = _concurrency(rows, {"source": "probe", "knee_requests": 4, "knee_tokens": 77})
+    withheld = _concurrency(rows, replace(artefact, token_knee_withheld="another mix"))
+    # saved before the time-weighted token capacity: its knee_tokens (an admission average) read back
+    saved = {k: v for k, v in artefact.to_dict().items() if k not in ("token_capacity", "knee_tokens_p95")}
+    legacy = _concurrency(rows, CapacityEstimate.from_dict(saved | {"knee_tokens": 77}))
     for concurrency in (withheld, legacy):
         assert concurrency["knee_tokens"] is None and concurrency["binding_caliber"] == "requests"
         assert concurrency["token_knee_withheld"]

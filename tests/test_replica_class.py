@@ -3,6 +3,7 @@ capacity gauges per (model, task class, replica class)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import httpx
@@ -123,10 +124,10 @@ def two_classes(tmp_path):
     store = RequestStore(tmp_path / "fleet.duckdb")
     estimates = {}
     for cls, knee in (("h100", 16), ("l40s", 8)):
-        estimate = _estimate(model="m", knee_at=knee)
-        estimate.replica_class = cls
+        # a probe run per class (one estimate per run: collector.store.estimates)
+        estimate = replace(_estimate(model="m", knee_at=knee), replica_class=cls, run_id=f"probe-{cls}")
         save_estimate(store, estimate)
-        estimates[cls] = estimate.to_dict()
+        estimates[cls] = estimate
     store.close()
     return tmp_path / "fleet.duckdb", estimates
 

@@ -7,34 +7,35 @@ and never binds; the confidence reads in one vocabulary (a legacy "measured" is 
 
 One week of traffic on one replica whose busiest five minutes are known exactly: 7 requests in
 flight together, their prompts summing to 1,200 active tokens (no completion tokens, so the sum
-holds still), judged against an estimate dict of the shape collector.capacity.CapacityEstimate
-.to_dict() writes (knee 10 requests, pool 8, token capacity 1,000 mean / 2,000 p95, pool in
-tokens 1,500: not the p95 scaled to the pool, 2,000 x 8 / 10 = 1,600).
+holds still), judged against a published collector.capacity.CapacityEstimate (knee 10 requests,
+pool 8, token capacity 1,000 mean / 2,000 p95, pool in tokens 1,500: not the p95 scaled to the
+pool, 2,000 x 8 / 10 = 1,600).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 import pytest
 
+from collector.capacity import LEGACY_TOKEN_KNEE, CapacityEstimate, KneeResult, Slo
 from collector.report.build import build_report, token_knee_withheld
 from collector.report.collect import collect_inputs
 from collector.report.plan import pool_per_replica
 from collector.report.review import render_report
 from collector.store.db import RequestStore
+from collector.store.decision import Published
 
 UNTIL = datetime(2026, 11, 30, tzinfo=UTC)
 SINCE = UNTIL - timedelta(days=7)
 BURST = UNTIL - timedelta(days=2)
 PROMPTS = [171] * 6 + [174]  # 7 requests in flight together, 1,200 active tokens
 KEY = ("m", "default")
-LEGACY = (
-    "an estimate from before the time-weighted token capacity: its knee in tokens is an admission average"
-)
+LEGACY = LEGACY_TOKEN_KNEE  # why a legacy estimate's token capacity is withheld, as it is read back
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -60,29 +61,36 @@ def _rows() -> list[dict[str, Any]]:
     return rows
 
 
-def estimate(**changes: Any) -> dict[str, Any]:
-    """A published estimate in to_dict()'s shape: knee 10 requests, pool 8, token capacity 1,000
-    (time-weighted mean) / p95 2,000, pool in tokens 1,500 (p99.9 with 8 in flight)."""
-    found: dict[str, Any] = {
-        "created_at": (UNTIL - timedelta(hours=2)).isoformat(),
-        "source": "probe",
-        "run_id": "probe-1",
-        "profile": "interactive",
-        "replica_class": "default",
-        "task_class": "all",
-        "confidence": "high",
-        "confidence_reason": None,
-        "published_because": "probe run probe-1 (2.0 h old)",
-        "knee_requests": 10,
-        "slo_max": 9,
-        "recommended_pool": 8,
-        "knee_tokens": 1000,
-        "knee_tokens_p95": 2000,
-        "recommended_pool_tokens": 1500,
-        "max_request_tokens": 900,
-        "token_knee_withheld": None,
-        "kv_capacity_tokens": 8192,
-        "token_capacity": {
+# the published token figures (CapacityEstimate's properties) and the token_capacity keys they read
+TOKEN_FIGURES = {
+    "knee_tokens": "mean",
+    "knee_tokens_p95": "p95",
+    "recommended_pool_tokens": "pool_tokens",
+    "max_request_tokens": "max_request_tokens",
+}
+
+
+def estimate(**changes: Any) -> CapacityEstimate:
+    """A published estimate: knee 10 requests, pool 8, token capacity 1,000 (time-weighted mean) /
+    p95 2,000, pool in tokens 1,500 (p99.9 with 8 in flight). `changes` are its fields, the knee's
+    `knee_requests`, or a token figure (knee_tokens=900: its token capacity's mean is 900)."""
+    tokens = {TOKEN_FIGURES[k]: changes.pop(k) for k in list(changes) if k in TOKEN_FIGURES}
+    knee = KneeResult(changes.pop("knee_requests", 10), 1000, True, "", None, None, True, "")
+    found = CapacityEstimate(
+        model="m",
+        source="probe",
+        run_id="probe-1",
+        profile="interactive",
+        levels=[],
+        knee=knee,
+        slo=Slo(),
+        slo_max=9,
+        slo_max_tokens=None,
+        recommended_pool=8,
+        confidence="high",
+        created_at=UNTIL - timedelta(hours=2),
+        kv_capacity_tokens=8192,
+        token_capacity={
             "mean": 1000,
             "p50": 950,
             "p95": 2000,
@@ -92,11 +100,12 @@ def estimate(**changes: Any) -> dict[str, Any]:
             "per_inflight_tokens": 100.0,
             "traffic_requests": 500,
             "kv_capacity_tokens": 8192,
+            "max_request_tokens": 900,
             "withheld": None,
             "notes": [],
         },
-    }
-    return found | changes
+    )
+    return replace(found, token_capacity=(found.token_capacity or {}) | tokens, **changes)
 
 
 @pytest.fixture(scope="module")
@@ -108,13 +117,13 @@ def store():
 
 
 def review(
-    store: RequestStore, published: dict[str, Any], previous: dict[str, Any] | None = None
+    store: RequestStore, published: CapacityEstimate, previous: CapacityEstimate | None = None
 ) -> dict[str, Any]:
     """The week's review with `published` as the class's estimate (the store has none: the
-    class is the default one, and the estimate is the dict the decision would hand over)."""
+    class is the default one, and the estimate is what the decision would hand over)."""
     inputs = collect_inputs(store, SINCE, UNTIL)
-    inputs.estimates = {KEY: published}
-    inputs.previous_estimates = {KEY: previous} if previous else {}
+    inputs.estimates = {KEY: Published(published, "probe run probe-1 (2.0 h old)")}
+    inputs.previous_estimates = {KEY: Published(previous, "probe run probe-0")} if previous else {}
     return build_report(inputs)
 
 
@@ -193,14 +202,15 @@ def test_a_legacy_estimate_has_its_token_caliber_withheld_and_never_binds(store)
     token_capacity): its knee_tokens (500) was an admission average. Judged against it the peak
     would be 2.4 x the knee and the tokens caliber would bind, with 3 replicas; it is withheld
     with the reason, and the requests caliber gives 1 replica."""
-    legacy = {
+    saved = {
         k: v
-        for k, v in estimate(knee_tokens=500).items()
-        if k not in ("knee_tokens_p95", "recommended_pool_tokens", "token_capacity")
+        for k, v in estimate().to_dict().items()
+        if k not in ("knee_tokens_p95", "recommended_pool_tokens", "token_capacity", "max_request_tokens")
     }
-    legacy.pop("max_request_tokens")
+    legacy = CapacityEstimate.from_dict(saved | {"knee_tokens": 500})  # as the store reads it back
+    assert legacy.knee_tokens is None and legacy.token_capacity is None
     assert token_knee_withheld(legacy) == LEGACY
-    assert token_knee_withheld(legacy | {"source": "traffic"}) == LEGACY  # whoever measured it
+    assert token_knee_withheld(replace(legacy, source="traffic")) == LEGACY  # whoever measured it
     report = review(store, legacy)
     entry = _entry(report)
     concurrency, plan = entry["concurrency"], entry["plan"]
@@ -220,14 +230,12 @@ def test_a_legacy_estimate_has_its_token_caliber_withheld_and_never_binds(store)
 
 
 def test_what_withholds_a_token_capacity():
-    assert token_knee_withheld({}) is None  # no estimate: nothing to withhold
+    assert token_knee_withheld(None) is None  # no estimate: nothing to withhold
     assert token_knee_withheld(estimate()) is None
     assert token_knee_withheld(estimate(knee_tokens=None, token_knee_withheld="another mix")) == "another mix"
     assert "no p95" in str(token_knee_withheld(estimate(knee_tokens_p95=None)))
     # the estimate's own reason (a reader that marked it legacy itself) is kept as it is
-    assert token_knee_withheld({"knee_tokens": None, "token_knee_withheld": LEGACY + "; re-estimate"}) == (
-        LEGACY + "; re-estimate"
-    )
+    assert token_knee_withheld(estimate(token_knee_withheld=LEGACY + "; again")) == LEGACY + "; again"
 
 
 def test_a_legacy_measured_confidence_reads_as_high(store):
@@ -249,5 +257,5 @@ def test_the_token_pool_is_the_estimates_pool_in_tokens_unscaled():
     # never rescaled by pool / knee: another knee leaves the pool in tokens as it is
     assert pool_per_replica(estimate(knee_requests=16), 1500) == {"requests": 8.0, "tokens": 1500.0}
     assert pool_per_replica(estimate(), None) == {"requests": 8.0, "tokens": None}  # withheld
-    assert pool_per_replica(estimate(recommended_pool=None), 1500) == {"requests": None, "tokens": None}
+    assert pool_per_replica(estimate(recommended_pool=0), 1500) == {"requests": None, "tokens": None}
     assert pool_per_replica(None, 1500) == {"requests": None, "tokens": None}

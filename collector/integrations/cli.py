@@ -19,16 +19,17 @@ def _load_estimate(
     lake: tuple[str | None, str | None, str],
     model: str | None,
     replica_class: str | None = None,
-) -> dict[str, Any]:
+) -> CapacityEstimate:
     """The published estimate for `model` (or the only model) from --db, --lake or --estimate:
-    what the gauges publish (collector.store.decision), never merely the newest one."""
+    what the gauges publish (collector.store.decision), never merely the newest one. A --db that a
+    sidecar holds is asked of that sidecar (its published estimates, not a copy of the database)."""
     # lazy: `headroom integrations --help` must not load DuckDB
     import duckdb
     import orjson
 
     from collector.lake.source import open_log
     from collector.store.decision import published_estimates, unusable
-    from collector.store.owner import OwnerError
+    from collector.store.owner import OwnerError, read_published
 
     catalog_uri, lake_uri, table = lake
     if [db, estimate_file, lake_uri].count(None) != 2:
@@ -41,8 +42,10 @@ def _load_estimate(
             estimates = [CapacityEstimate.from_dict(orjson.loads(Path(estimate_file).read_bytes()))]
             if (trouble := unusable(estimates[0])) is not None:
                 raise click.ClickException(f"{estimate_file} would not be published: {trouble}")
+        elif db is not None:
+            estimates = [p.estimate for p in read_published(db)]
         else:
-            with open_log(db, catalog_uri, lake_uri, table=table) as store:
+            with open_log(None, catalog_uri, lake_uri, table=table) as store:
                 estimates = [p.estimate for p in published_estimates(store)]
     except (OSError, ValueError, KeyError, TypeError, OwnerError, duckdb.Error) as exc:
         source = estimate_file or lake_uri or db
@@ -67,7 +70,7 @@ def _load_estimate(
             + ("; pass --replica-class (one output per class)" if several_classes else "")
             + ("; pass --model" if len(matching) > 1 and not several_classes else "")
         )
-    return matching[0].to_dict()  # the renderers write documents from the JSON form
+    return matching[0]
 
 
 def _emit(
@@ -129,7 +132,7 @@ def integrations() -> None:
     """
 
 
-def _render(kind: str, estimate: dict[str, Any], **options: Any) -> dict[str, Any]:
+def _render(kind: str, estimate: CapacityEstimate, **options: Any) -> dict[str, Any]:
     from collector.integrations import render  # lazy: keeps `--help` free of the rules package
 
     try:

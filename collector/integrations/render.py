@@ -1,7 +1,8 @@
 """Autoscaler and gateway settings from a stored capacity estimate: pure functions, dicts out.
 
-Input is one estimate in its stored form (CapacityEstimate.to_dict(), docs/capacity.md). Each
-number below is the estimate's, per replica; the live ones stay in Prometheus:
+Input is one published estimate (collector.capacity.CapacityEstimate; its fields are documented
+with its JSON in docs/capacity.md). Each number below is the estimate's, per replica; the live
+ones stay in Prometheus:
 
     estimate: knee 8 requests; active tokens at the knee: mean 9000; pool 6 requests, 9800 tokens
               (p99.9 of 6 in flight); the largest request of the traffic's week 7000 tokens
@@ -25,7 +26,8 @@ the pool's requests in flight and the traffic's mix, the token counterpart of "a
 flight" (a p95 scaled from the knee is exceeded by two long prompts at once). The gateway's
 maxTokenConcurrency is raised to the largest request the traffic sent (`max_request_tokens`) when
 it is below: a lower limit would refuse that request on an idle replica. An estimate without
-`recommended_pool_tokens` predates it: no token trigger, no token limit, and the annotation,
+`recommended_pool_tokens` (its token capacity withheld, one saved before the time-weighted token
+capacity among them, or none measured): no token trigger, no token limit, and the annotation,
 comment or error says why.
 
 With capacity in rates (μ_slo 9.5 requests/s, V_P 380 prefill tokens/s, `headroom probe --rates`):
@@ -44,7 +46,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from collector.capacity import DEFAULT_REPLICA_CLASS
+from collector.capacity import DEFAULT_REPLICA_CLASS, CapacityEstimate
 from collector.rules.config import RulesConfig
 from collector.rules.naming import sample
 
@@ -69,7 +71,7 @@ class EstimateError(ValueError):
     """The stored estimate cannot drive scaling (no knee reached, no pool); the message says why."""
 
 
-def per_replica(estimate: dict[str, Any]) -> dict[str, Any]:
+def per_replica(estimate: CapacityEstimate) -> dict[str, Any]:
     """What one replica should carry, both calibers, from the estimate.
 
     Example: knee 8, active tokens at the knee mean 9000, pool 6 (9800 tokens), largest request 7000
@@ -80,13 +82,12 @@ def per_replica(estimate: dict[str, Any]) -> dict[str, Any]:
     takes `pool_tokens_peak` (module docstring). Token figures are None when withheld, when the
     estimate predates them (`recommended_pool_tokens`), or without traffic (`max_request_tokens`).
     """
-    knee = estimate.get("knee") or {}
     # the token capacity the gauges publish (time-weighted, docs/capacity.md "Token capacity"):
     # None when withheld; never the knee's own `tokens`, an average over admissions
-    knee_requests, knee_tokens = knee.get("requests"), estimate.get("knee_tokens")
-    pool = estimate.get("recommended_pool")
-    model = estimate.get("model") or "the model"
-    if not knee.get("reached"):
+    knee_requests, knee_tokens = estimate.knee.requests, estimate.knee_tokens
+    pool = estimate.recommended_pool
+    model = estimate.model or "the model"
+    if not estimate.knee.reached:
         raise EstimateError(
             f"the estimate for {model} has no knee (the probe never reached it: the highest "
             "level is a lower bound); probe higher levels before scaling on it"
@@ -101,24 +102,20 @@ def per_replica(estimate: dict[str, Any]) -> dict[str, Any]:
         "knee_tokens": knee_tokens,
         "pool_requests": pool,
         "pool_tokens": pool_tokens,
-        "pool_tokens_peak": estimate.get("recommended_pool_tokens"),
-        "max_request_tokens": estimate.get("max_request_tokens"),
+        "pool_tokens_peak": estimate.recommended_pool_tokens,
+        "max_request_tokens": estimate.max_request_tokens,
         "burst_ratio": round(max(knee_requests / pool - 1.0, 0.0), 4),
     }
 
 
-def _no_token_limit(estimate: dict[str, Any], limits: dict[str, Any]) -> str | None:
-    """Why no token trigger or token limit may come from the estimate, or None when one may."""
+def _no_token_limit(estimate: CapacityEstimate, limits: dict[str, Any]) -> str | None:
+    """Why no token trigger or token limit may come from the estimate, or None when one may: its
+    token capacity withheld (an estimate saved before the time-weighted token capacity is, with
+    that reason: collector.capacity.LEGACY_TOKEN_KNEE), or no pool in tokens measured."""
     if limits["pool_tokens_peak"]:
         return None
-    if withheld := estimate.get("token_knee_withheld"):
+    if withheld := estimate.token_knee_withheld:
         return f"the token capacity is withheld: {withheld}"
-    if "recommended_pool_tokens" not in estimate:
-        return (
-            "the estimate predates the recommended pool in tokens (the p99.9 of the active tokens "
-            "with the pool in flight): a token figure from it is an admission average or a p95 "
-            "scaled from the knee, exceeded at the pool; re-estimate it (the next probe)"
-        )
     return "no recommended pool in tokens was measured"
 
 
@@ -135,8 +132,8 @@ def _selector(model: str, config: RulesConfig, cluster: str | None) -> str:
     return f'{{job="{config.sidecar_job}", model="{model}"{place}}}'
 
 
-def _replica_class(estimate: dict[str, Any]) -> str:
-    return str(estimate.get("replica_class") or DEFAULT_REPLICA_CLASS)
+def _replica_class(estimate: CapacityEstimate) -> str:
+    return estimate.replica_class or DEFAULT_REPLICA_CLASS
 
 
 def _live(name: str, selected: str, replica_class: str, config: RulesConfig, cluster: str | None) -> str:
@@ -167,7 +164,7 @@ def _keda_trigger(query: str, prometheus_url: str, name: str, threshold: str = "
 
 
 def keda_scaled_object(
-    estimate: dict[str, Any],
+    estimate: CapacityEstimate,
     *,
     deployment: str,
     namespace: str = "default",
@@ -195,7 +192,7 @@ def keda_scaled_object(
     if not 0 < rate_utilisation <= 1:
         raise ValueError(f"rate utilisation {rate_utilisation} must be in (0, 1], e.g. 0.8")
     limits = per_replica(estimate)
-    model, replica_class = estimate["model"], _replica_class(estimate)
+    model, replica_class = str(estimate.model), _replica_class(estimate)
     selected = _selector(model, config, cluster)
     place = f', {config.cluster_label or "cluster"}="{cluster}"' if cluster else ""
     # the class's gauges; gauges of a release before classes carry no label and read as "default"
@@ -218,7 +215,7 @@ def keda_scaled_object(
     triggers = [_keda_trigger(requests, prometheus_url, "inflight-requests-per-pool")]
     annotations = {
         "llm-headroom/replica-class": replica_class,
-        "llm-headroom/estimate": str(estimate.get("created_at")),
+        "llm-headroom/estimate": estimate.created_at.isoformat(),
         "llm-headroom/pool-requests": str(limits["pool_requests"]),
         "llm-headroom/knee-requests": str(limits["knee_requests"]),
     }
@@ -236,7 +233,7 @@ def keda_scaled_object(
         )
     else:
         annotations["llm-headroom/token-trigger"] = f"none: {no_tokens}"
-    mu = estimate.get("rate_requests_per_s")
+    mu = estimate.rate_requests_per_s
     if mu:
         threshold = f"{mu * rate_utilisation:.6g}"
         completed = _live(
@@ -245,7 +242,7 @@ def keda_scaled_object(
         rate = f"sum(rate({completed}[2m])) or vector(0)"
         triggers.append(_keda_trigger(rate, prometheus_url, "request-rate-per-replica", threshold))
         annotations["llm-headroom/rate-requests-per-s"] = (
-            f"{mu:.6g} (mu_slo, source {estimate.get('source')}, measured {estimate.get('created_at')}; "
+            f"{mu:.6g} (mu_slo, source {estimate.source}, measured {estimate.created_at.isoformat()}; "
             f"threshold {threshold} = x {rate_utilisation:g} utilisation)"
         )
     return {
@@ -271,7 +268,7 @@ def keda_scaled_object(
     }
 
 
-def gateway_picker_config(estimate: dict[str, Any], *, mode: str = "requests") -> dict[str, Any]:
+def gateway_picker_config(estimate: CapacityEstimate, *, mode: str = "requests") -> dict[str, Any]:
     """The Gateway API Inference Extension's EndpointPickerConfig with a concurrency detector set from
     the estimate: the pool as the ideal per-endpoint load, bursts up to the knee (`headroom`).
 
@@ -286,7 +283,7 @@ def gateway_picker_config(estimate: dict[str, Any], *, mode: str = "requests") -
     no_tokens = _no_token_limit(estimate, limits)
     if mode == "tokens" and no_tokens is not None:
         raise EstimateError(
-            f"the estimate for {estimate.get('model')} gives no token limit ({no_tokens}); "
+            f"the estimate for {estimate.model} gives no token limit ({no_tokens}); "
             "use --mode requests, or probe with --workload from-log"
         )
     parameters = {
@@ -312,12 +309,8 @@ GATEWAY_FALLBACK = (
 )
 
 
-def _age(created_at: str | None, now: datetime) -> str:
-    """'3 h old' (minutes under an hour, days past two) or 'age unknown'."""
-    try:
-        at = datetime.fromisoformat(str(created_at))
-    except ValueError:
-        return "age unknown"
+def _age(at: datetime, now: datetime) -> str:
+    """'3 h old' (minutes under an hour, days past two)."""
     seconds = (now - (at if at.tzinfo else at.replace(tzinfo=UTC))).total_seconds()
     if seconds < 3600:
         return f"{max(seconds, 0) / 60:.0f} min old"
@@ -326,14 +319,14 @@ def _age(created_at: str | None, now: datetime) -> str:
     return f"{seconds / 86400:.1f} days old"
 
 
-def _confidence(estimate: dict[str, Any]) -> str:
+def _confidence(estimate: CapacityEstimate) -> str:
     """The estimate's confidence in the one vocabulary (a legacy probe's "measured" is "high")."""
-    found = str(estimate.get("confidence") or "unknown")
+    found = estimate.confidence or "unknown"
     return "high" if found == "measured" else found
 
 
 def gateway_comments(
-    estimate: dict[str, Any], *, mode: str = "requests", now: datetime | None = None
+    estimate: CapacityEstimate, *, mode: str = "requests", now: datetime | None = None
 ) -> list[str]:
     """Where each threshold of gateway_picker_config comes from, one line each (without '# '):
     the measured number, the estimate's source, run, measurement time and age.
@@ -346,7 +339,7 @@ def gateway_comments(
     limits = per_replica(estimate)
     lines = [
         f"maxConcurrency {int(limits['pool_requests'])}: the recommended pool "
-        f"({estimate.get('profile') or 'interactive'}) of knee {limits['knee_requests']:g} requests",
+        f"({estimate.profile or 'interactive'}) of knee {limits['knee_requests']:g} requests",
         f"headroom {limits['burst_ratio']:g}: bursts up to the knee "
         f"({limits['knee_requests']:g} / {limits['pool_requests']:g} - 1)",
     ]
@@ -367,23 +360,23 @@ def gateway_comments(
         )
     else:
         lines.insert(1, f"maxTokenConcurrency not set: {no_tokens}")
-    mu = estimate.get("rate_requests_per_s")
+    mu = estimate.rate_requests_per_s
     if mu:
         lines.append(
             f"mu_slo {mu:.4g} requests/s per endpoint (headroom probe --rates): not a detector "
             "setting; the KEDA rate trigger scales on it"
         )
-    when = estimate.get("created_at")
+    when = estimate.created_at
     lines.append(
-        f"measured by {estimate.get('source') or 'an unknown source'} run {estimate.get('run_id')} "
-        f"at {when} ({_age(when, now or datetime.now(UTC))}), replica class {_replica_class(estimate)}, "
+        f"measured by {estimate.source or 'an unknown source'} run {estimate.run_id} "
+        f"at {when.isoformat()} ({_age(when, now or datetime.now(UTC))}), replica class {_replica_class(estimate)}, "
         f"confidence {_confidence(estimate)}"
     )
     return lines
 
 
 def llmd_saturation_config(
-    estimate: dict[str, Any], *, namespace: str = "default", kv_cache_threshold: float = 0.80
+    estimate: CapacityEstimate, *, namespace: str = "default", kv_cache_threshold: float = 0.80
 ) -> dict[str, Any]:
     """llm-d's Workload Variant Autoscaler: a per-model entry of its saturation-scaling ConfigMap.
 
@@ -394,7 +387,7 @@ def llmd_saturation_config(
     limits = per_replica(estimate)
     burst = max(1, int(round(limits["knee_requests"] - limits["pool_requests"])))
     entry = {
-        "model_id": estimate["model"],
+        "model_id": estimate.model,
         "namespace": namespace,
         "kvCacheThreshold": kv_cache_threshold,
         "queueLengthThreshold": burst,
@@ -413,9 +406,9 @@ def llmd_saturation_config(
     }
 
 
-def _prefill_comment(estimate: dict[str, Any]) -> str:
+def _prefill_comment(estimate: CapacityEstimate) -> str:
     """V_P per replica, for llm-d's token-aware scaling, as a comment: WVA's entry has no field."""
-    v_p = estimate.get("prefill_tokens_per_s")
+    v_p = estimate.prefill_tokens_per_s
     if not v_p:
         return (
             "# V_P (prefill tokens/s per replica): not measured; run headroom probe --rates "
@@ -423,15 +416,15 @@ def _prefill_comment(estimate: dict[str, Any]) -> str:
         )
     return (
         f"# V_P {v_p:.6g} prefill tokens/s per replica (uncached, at mu_slo "
-        f"{estimate.get('rate_requests_per_s')} requests/s; source {estimate.get('source')}, "
-        f"measured {estimate.get('created_at')})\n"
+        f"{estimate.rate_requests_per_s} requests/s; source {estimate.source}, "
+        f"measured {estimate.created_at.isoformat()})\n"
     )
 
 
-def _entry_name(estimate: dict[str, Any]) -> str:
+def _entry_name(estimate: CapacityEstimate) -> str:
     """The model's entry, or the model's entry per class where the class is not the default one."""
     replica_class = _replica_class(estimate)
-    model = str(estimate["model"])
+    model = str(estimate.model)
     return model if replica_class == DEFAULT_REPLICA_CLASS else f"{model}-{replica_class}"
 
 

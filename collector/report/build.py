@@ -24,12 +24,14 @@ import re
 from datetime import datetime
 from typing import Any
 
+from collector.capacity import CapacityEstimate
 from collector.report.actions import recommend_actions
 from collector.report.adapters import adapter_usage
 from collector.report.collect import ERRORS, LATENCIES, ClassFigures, ModelFigures, ReportInputs
 from collector.report.figures import change, ratio
 from collector.report.longest import longest_running
 from collector.report.plan import littles_law_windows, plan, profile
+from collector.store.decision import Published
 
 __all__ = ["build_report", "heading", "token_knee_withheld", "TOP_TENANTS", "LITTLES_LAW_TOLERANCE"]
 
@@ -94,33 +96,28 @@ def _curve(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-LEGACY_TOKEN_KNEE = (
-    "an estimate from before the time-weighted token capacity: its knee in tokens is an admission average"
-)
 NO_TOKEN_P95 = "the estimate publishes no p95 of its token capacity, the figure a peak is judged against"
 
 
-def token_knee_withheld(estimate: dict[str, Any]) -> str | None:
+def token_knee_withheld(estimate: CapacityEstimate | None) -> str | None:
     """Why the estimate's token capacity must not be judged against, or None when it may.
 
     The estimate says so itself (`token_knee_withheld`, collector.analysis.token_knee). An
-    estimate saved before the time-weighted token capacity carries neither `knee_tokens_p95` nor
-    `token_capacity`: its knee in tokens was the mean of the active tokens at admission, neither
-    the time-weighted mean nor a p95 (docs/domain.md §12), so it is not trusted either. One that
-    publishes a mean without its p95 is withheld too: a peak is only judged against the p95.
+    estimate saved before the time-weighted token capacity carries no `token_capacity`: its knee in
+    tokens was the mean of the active tokens at admission, neither the time-weighted mean nor a p95
+    (docs/domain.md §12), so reading it back withholds it (collector.capacity.LEGACY_TOKEN_KNEE).
+    One that publishes a mean without its p95 is withheld too: a peak is only judged against the p95.
     """
-    if not estimate:
+    if estimate is None:
         return None
-    if estimate.get("token_knee_withheld"):
-        return str(estimate["token_knee_withheld"])
-    if "knee_tokens_p95" not in estimate and "token_capacity" not in estimate:
-        return LEGACY_TOKEN_KNEE
-    if estimate.get("knee_tokens") and estimate.get("knee_tokens_p95") is None:
+    if estimate.token_knee_withheld:
+        return estimate.token_knee_withheld
+    if estimate.knee_tokens and estimate.knee_tokens_p95 is None:
         return NO_TOKEN_P95
     return None
 
 
-def _concurrency(figures: ClassFigures, estimate: dict[str, Any]) -> dict[str, Any]:
+def _concurrency(figures: ClassFigures, estimate: CapacityEstimate | None) -> dict[str, Any]:
     """One replica's peak against its limit per caliber, and which caliber binds.
 
     The peaks are instantaneous (the sidecar's counts at admission), so the token caliber's limit
@@ -132,8 +129,8 @@ def _concurrency(figures: ClassFigures, estimate: dict[str, Any]) -> dict[str, A
     """
     withheld = token_knee_withheld(estimate)
     limits = {
-        "requests": estimate.get("knee_requests"),
-        "tokens": None if withheld else estimate.get("knee_tokens_p95"),
+        "requests": estimate.knee_requests if estimate else None,
+        "tokens": None if withheld or estimate is None else estimate.knee_tokens_p95,
     }
     result: dict[str, Any] = {}
     for caliber, peak in (("requests", figures.peak_requests), ("tokens", figures.peak_tokens)):
@@ -142,7 +139,7 @@ def _concurrency(figures: ClassFigures, estimate: dict[str, Any]) -> dict[str, A
         if caliber == "requests":
             result["knee_requests"] = knee
         else:
-            result["knee_tokens"] = None if withheld else estimate.get("knee_tokens")
+            result["knee_tokens"] = None if withheld or estimate is None else estimate.knee_tokens
             result["knee_tokens_p95"] = knee
         result[f"headroom_{caliber}"] = (1.0 - peak / knee) if peak is not None and knee else None
         result[f"peak_over_knee_{caliber}"] = round(peak / knee, 4) if peak is not None and knee else None
@@ -156,59 +153,54 @@ def _concurrency(figures: ClassFigures, estimate: dict[str, Any]) -> dict[str, A
     return result
 
 
-_PROVENANCE = (
-    "created_at",
-    "source",
-    "run_id",
-    "confidence",
-    "confidence_reason",
-    "published_because",
-    "knee_requests",
-    "knee_tokens",
-    "knee_tokens_p95",
-    "recommended_pool_tokens",
-    "max_request_tokens",
-    "token_knee_withheld",
-    "slo_max",
-    "recommended_pool",
-    "profile",
-    "replica_class",
-)
 # the open-loop probe's rates (collector.analysis.openloop: the estimate's `rates` section),
 # shown when an estimate carries them: μ_slo requests/s and V_P prefill tokens/s
 OPEN_LOOP_KEYS = {"mu_slo": "mu_slo_requests_per_s", "v_p": "prefill_tokens_per_s"}
 _MODEL_FILES = (".gguf", ".ggml", ".bin", ".safetensors")
 
 
-def _confidence(value: Any) -> Any:
+def _confidence(value: str) -> str:
     """One vocabulary (none, low, medium, high): a probe estimate's legacy "measured" is "high"."""
     return "high" if value == "measured" else value
 
 
-def _provenance(estimate: dict[str, Any]) -> dict[str, Any]:
-    """The estimate's provenance keys as the review reads them: the confidence in the one
-    vocabulary, and the token figures as _concurrency judges by them (None, with the reason, when
-    withheld; a legacy estimate's admission average is never shown as a token capacity)."""
-    found = {key: estimate.get(key) for key in _PROVENANCE}
-    found["confidence"] = _confidence(found["confidence"])
-    found["token_knee_withheld"] = withheld = token_knee_withheld(estimate)
-    if withheld:
-        found["knee_tokens"] = found["knee_tokens_p95"] = found["recommended_pool_tokens"] = None
-    return found
+def _provenance(published: Published) -> dict[str, Any]:
+    """The published estimate's provenance as the review shows it (the keys of its JSON, and
+    `published_because`): the confidence in the one vocabulary, and the token figures as
+    _concurrency judges by them (None, with the reason, when withheld; a legacy estimate's
+    admission average is never shown as a token capacity)."""
+    estimate = published.estimate
+    withheld = token_knee_withheld(estimate)
+    return {
+        "created_at": estimate.created_at.isoformat(),
+        "source": estimate.source,
+        "run_id": estimate.run_id,
+        "confidence": _confidence(estimate.confidence),
+        "confidence_reason": estimate.confidence_reason,
+        "published_because": published.because,
+        "knee_requests": estimate.knee_requests,
+        "knee_tokens": None if withheld else estimate.knee_tokens,
+        "knee_tokens_p95": None if withheld else estimate.knee_tokens_p95,
+        "recommended_pool_tokens": None if withheld else estimate.recommended_pool_tokens,
+        "max_request_tokens": estimate.max_request_tokens,
+        "token_knee_withheld": withheld,
+        "slo_max": estimate.slo_max,
+        "recommended_pool": estimate.recommended_pool,
+        "profile": estimate.profile,
+        "replica_class": estimate.replica_class,
+    }
 
 
-def _estimate_summary(estimate: dict[str, Any], previous: dict[str, Any], until: datetime) -> dict[str, Any]:
+def _estimate_summary(published: Published, previous: Published | None, until: datetime) -> dict[str, Any]:
     """Where the knee came from: source, run, confidence, age at the window's end, and why it is
     the one published (collector.store.decision); the token capacity's evidence
     (`token_capacity`: mean, p50, p95, max, ...) when the estimate has it."""
-    summary = _provenance(estimate)
-    summary["token_capacity"] = estimate.get("token_capacity")
-    rates = estimate.get("rates") or {}
+    estimate = published.estimate
+    summary = _provenance(published)
+    summary["token_capacity"] = estimate.token_capacity
+    rates = estimate.rates or {}
     summary |= {key: rates[name] for key, name in OPEN_LOOP_KEYS.items() if rates.get(name) is not None}
-    created = estimate.get("created_at")
-    summary["age_h"] = (
-        round((until - datetime.fromisoformat(created)).total_seconds() / 3600, 1) if created else None
-    )
+    summary["age_h"] = round((until - estimate.created_at).total_seconds() / 3600, 1)
     summary["previous"] = _provenance(previous) if previous else None
     return summary
 
@@ -235,7 +227,8 @@ def _class_reports(model: str, inputs: ReportInputs, figures: ModelFigures) -> l
     start, end = inputs.since.timestamp(), inputs.until.timestamp()
     found = []
     for replica in figures.classes:
-        estimate = inputs.estimates.get((model, replica.replica_class), {})
+        published = inputs.estimates.get((model, replica.replica_class))
+        estimate = published.estimate if published else None
         concurrency = _concurrency(replica, estimate)
         load = profile(replica.load, start, end)
         found.append(
@@ -244,9 +237,9 @@ def _class_reports(model: str, inputs: ReportInputs, figures: ModelFigures) -> l
                 "instances": replica.instances,
                 "replicas_run": len(replica.instances),
                 "estimate": _estimate_summary(
-                    estimate, inputs.previous_estimates.get((model, replica.replica_class), {}), inputs.until
+                    published, inputs.previous_estimates.get((model, replica.replica_class)), inputs.until
                 )
-                if estimate
+                if published
                 else None,
                 "concurrency": concurrency,
                 "load": load,
@@ -254,8 +247,10 @@ def _class_reports(model: str, inputs: ReportInputs, figures: ModelFigures) -> l
                 # one scaled from the mean (collector.analysis.token_knee)
                 "plan": plan(
                     load,
-                    estimate or None,
-                    None if concurrency["token_knee_withheld"] else estimate.get("recommended_pool_tokens"),
+                    estimate,
+                    None
+                    if concurrency["token_knee_withheld"] or estimate is None
+                    else estimate.recommended_pool_tokens,
                     len(replica.instances),
                     end,
                 ),
@@ -267,8 +262,9 @@ def _class_reports(model: str, inputs: ReportInputs, figures: ModelFigures) -> l
 def _model_report(model: str, inputs: ReportInputs, figures: ModelFigures) -> dict[str, Any]:
     start, end = inputs.since.timestamp(), inputs.until.timestamp()
     classes = _class_reports(model, inputs, figures)
-    slos = [(inputs.estimates.get((model, c["replica_class"])) or {}).get("slo") or {} for c in classes]
-    slo = inputs.slo_ttft_p95_s or next((s["ttft_p95_s"] for s in slos if s.get("ttft_p95_s")), None)
+    published = [inputs.estimates.get((model, c["replica_class"])) for c in classes]
+    targets = [p.estimate.slo.ttft_p95_s for p in published if p is not None]
+    slo = inputs.slo_ttft_p95_s or next((target for target in targets if target), None)
     latency = _latency(figures)
     report: dict[str, Any] = {
         "model": model,

@@ -266,9 +266,9 @@ class ReportInputs:
     since: datetime
     until: datetime
     models: dict[str, ModelFigures] = field(default_factory=dict)
-    # (model, replica class) -> the published estimate, with `published_because`
-    estimates: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    previous_estimates: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    # (model, replica class) -> the published estimate, with why it is the one
+    estimates: dict[Key, Published] = field(default_factory=dict)
+    previous_estimates: dict[Key, Published] = field(default_factory=dict)
     slo_ttft_p95_s: float | None = None
     # model -> what is published per task class and replica class: {task_class, ..., reason}
     classes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -279,12 +279,11 @@ class ReportInputs:
         return self.since - (self.until - self.since)
 
 
-def _published(made: list[Decision]) -> dict[Key, dict[str, Any]]:
+def _published(made: list[Decision]) -> dict[Key, Published]:
     """What the gauges publish per model and replica class (collector.store.decision), task class
-    all: the same estimate the sidecar, the store and the other readers use, in its JSON form (the
-    review's document is JSON and HTML)."""
+    all: the same estimate the sidecar, the store and the other readers use, with its reason."""
     return {
-        (d.model, d.replica_class): Published(d.estimate, d.reason).to_dict()
+        (d.model, d.replica_class): Published(d.estimate, d.reason)
         for d in made
         if d.estimate is not None and d.task_class == "all"
     }
@@ -403,7 +402,7 @@ def _instance_classes(
     store: SnapshotReads,
     reader: _Reader,
     models: dict[str, ModelFigures],
-    published: dict[Key, dict[str, Any]],
+    published: dict[Key, Published],
 ) -> tuple[dict[Key, str], list[dict[str, Any]]]:
     """(model, instance) -> replica class for every instance with traffic, and the instances'
     rows; each model's first and last admission of the current window go into `models`."""
@@ -567,7 +566,7 @@ def collect_inputs(
 
 
 def _aggregates(
-    store: SnapshotReads, reader: _Reader, published: dict[Key, dict[str, Any]]
+    store: SnapshotReads, reader: _Reader, published: dict[Key, Published]
 ) -> dict[str, ModelFigures]:
     """Every model's aggregates of both windows (module docstring)."""
     since, until, before = (reader.window[name] for name in ("since", "until", "before"))

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from collector.capacity import CapacityEstimate
 from collector.report.figures import littles_law
 
 __all__ = [
@@ -266,7 +267,7 @@ def _days(times: np.ndarray, requests: np.ndarray, tokens: np.ndarray, width: in
     return found
 
 
-def pool_per_replica(estimate: dict[str, Any] | None, pool_tokens: float | None) -> dict[str, float | None]:
+def pool_per_replica(estimate: CapacityEstimate | None, pool_tokens: float | None) -> dict[str, float | None]:
     """A replica's pool per caliber, for comparing the week's peak with: the published
     recommended pool in requests, and in tokens `pool_tokens`, the estimate's
     `recommended_pool_tokens` (the p99.9 of the active-token sum with the pool in flight and the
@@ -276,9 +277,9 @@ def pool_per_replica(estimate: dict[str, Any] | None, pool_tokens: float | None)
 
     Example: pool 8 requests, 1,600 tokens -> {"requests": 8.0, "tokens": 1600.0}.
     """
-    if not estimate:
+    if estimate is None:
         return {"requests": None, "tokens": None}
-    pool = estimate.get("recommended_pool")
+    pool = estimate.recommended_pool
     requests = float(pool) if pool else None
     tokens = float(pool_tokens) if pool_tokens and pool else None
     return {"requests": requests, "tokens": tokens}
@@ -307,7 +308,7 @@ def _trend(days: list[dict[str, Any]], until: float) -> dict[str, Any]:
 
 def plan(
     load: dict[str, Any],
-    estimate: dict[str, Any] | None,
+    estimate: CapacityEstimate | None,
     pool_tokens: float | None,
     replicas_run: int,
     until: float,

@@ -14,6 +14,11 @@ runs"). `open_request_log(db)` opens the file read-only when nobody holds it, an
 the owner for a consistent copy (GET <url>/v1/snapshot: DuckDB's COPY FROM DATABASE into a
 temporary file), which it opens read-only and deletes on close. Every reader (the passive curve,
 the weekly report, the alert backtest) then runs its own SQL on a RequestStore as before.
+
+A reader that needs only the published estimates (`headroom integrations keda|gateway|llm-d
+--db`) copies nothing: `read_published(db)` decides over the file read-only when nobody holds it,
+and otherwise asks the owner what it publishes (GET <url>/v1/query/estimate, the same decision
+its gauges show: `published_from_owner`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ if TYPE_CHECKING:  # imported where used: serving processes never load httpx for
     import httpx  # --lake sidecar (its token, service.auth) never loads DuckDB
 
     from collector.store.db import RequestStore
+    from collector.store.decision import Published  # lazy: decision loads DuckDB (see the imports)
 
 __all__ = [
     "Owner",
@@ -46,12 +52,15 @@ __all__ = [
     "find_owner",
     "open_request_log",
     "fetch_snapshot",
+    "published_from_owner",
+    "read_published",
     "send_rows",
     "is_lock_error",
 ]
 
 TOKEN_ENV = "HEADROOM_TOKEN"
 SNAPSHOT_TIMEOUT_S = 120.0
+QUERY_TIMEOUT_S = 60.0
 INGEST_TIMEOUT_S = 60.0
 
 
@@ -158,6 +167,73 @@ def fetch_snapshot(owner: Owner, destination: Path, *, transport: httpx.BaseTran
             "still running? Remove the stale .owner file if it is not"
         ) from None
     return destination
+
+
+def published_from_owner(owner: Owner, *, transport: httpx.BaseTransport | None = None) -> list[Published]:
+    """What the owner publishes (GET <url>/v1/query/estimate: collector.store.decision's published
+    estimates, as its gauges show them), each with its reason; nothing of the database is copied.
+
+    Raises OwnerError with one line naming the cause: the owner unreachable, the token refused,
+    another answer than 200, or an answer that is not the route's {"rows": [estimate, ...]}.
+    """
+    import httpx  # lazily: serving processes never ask an owner
+
+    from collector.capacity import CapacityEstimate  # lazy: as the other imports
+    from collector.store.decision import Published  # lazy: decision loads DuckDB (see the imports)
+
+    route = f"{owner.url}/v1/query/estimate"
+    try:
+        with httpx.Client(timeout=QUERY_TIMEOUT_S, transport=transport) as client:
+            response = client.get(route, headers={"Authorization": f"Bearer {owner.token}"})
+    except httpx.HTTPError as exc:
+        raise OwnerError(
+            f"cannot reach the owner of the database at {owner.url} ({type(exc).__name__}); is it "
+            "still running? Remove the stale .owner file if it is not"
+        ) from None
+    if response.status_code == 401:
+        raise OwnerError(f"{owner.url} refused the token; set {TOKEN_ENV} to the owner's")
+    if response.status_code != 200:
+        raise OwnerError(f"{route} answered HTTP {response.status_code}: {response.text[:200]}")
+    try:
+        rows = response.json()["rows"]
+        return [
+            Published(
+                CapacityEstimate.from_dict({k: v for k, v in row.items() if k != "published_because"}),
+                str(row.get("published_because") or ""),
+            )
+            for row in rows
+        ]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise OwnerError(
+            f"{route} answered something other than published estimates ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def read_published(db_path: str | os.PathLike[str]) -> list[Published]:
+    """The published estimates of the request log `db_path` (collector.store.decision), each with
+    its reason: decided over the file opened read-only when nobody holds it, else the owner's
+    answer (published_from_owner), never a copy of the database.
+
+    Raises FileNotFoundError when the file does not exist, OwnerError when its owner cannot be
+    asked, and duckdb.Error when it is not a database headroom wrote.
+    """
+    import duckdb  # lazy: see the imports
+
+    from collector.store.db import RequestStore  # lazy: DuckDB (see the imports)
+    from collector.store.decision import published_estimates  # lazy: DuckDB (see the imports)
+
+    if not Path(db_path).is_file():
+        raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar wrote")
+    try:
+        store = RequestStore(Path(db_path), read_only=True)
+    except duckdb.Error as exc:
+        if not is_lock_error(exc):
+            raise
+        return published_from_owner(find_owner(db_path))
+    try:
+        return published_estimates(store)
+    finally:
+        store.close()
 
 
 def send_rows(owner: Owner, rows: Rows, *, transport: httpx.BaseTransport | None = None) -> int:
