@@ -62,8 +62,12 @@ def catalog(postgres: PostgresServer) -> str:
     return postgres.url.rsplit("/", 1)[0] + "/" + name
 
 
+_RUN_COUNTER = iter(range(1_000_000))
+
+
 def _dict(model: str, knee_at: int, *, age: timedelta = timedelta(0), **fields: Any) -> CapacityEstimate:
     estimate = _estimate(model=model, knee_at=knee_at)
+    fields.setdefault("run_id", f"probe-{next(_RUN_COUNTER)}")  # a run of its own: one estimate per run
     return replace(estimate, created_at=estimate.created_at - age, **fields)
 
 

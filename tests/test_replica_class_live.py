@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -32,9 +33,10 @@ HELD = 4  # requests each sidecar holds in flight for the whole test
 def _store_estimates(path: Path, model: str) -> None:
     store = RequestStore(path)
     for cls, knee in (("slots8", 8), ("sim-16", 16)):
-        estimate = _estimate(model=model, knee_at=knee)
-        estimate.replica_class = cls
-        save_estimate(store, estimate)
+        # each class measured by a probe run of its own (one estimate per run)
+        save_estimate(
+            store, replace(_estimate(model=model, knee_at=knee), run_id=f"probe-{cls}", replica_class=cls)
+        )
     store.close()
 
 

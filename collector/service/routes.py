@@ -7,7 +7,9 @@ under /headroom, so that readers work while it runs (collector.store.owner expla
     GET  /reports/latest   the weekly job's latest HTML report
     GET  /v1/snapshot      a consistent copy of the whole database (a DuckDB file) for readers
     POST /v1/estimates     save a capacity estimate (the probe's) and republish the gauges
-                           (collector.store.decision decides what is published)
+                           (collector.store.decision decides what is published); a probe run
+                           whose estimate is stored already (the sidecar's job built it) keeps
+                           it: {"estimate_id": <the stored one>, "already_stored": true}
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collector.service.validation import StoreRoute
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
 from collector.store.decision import PublishPolicy, publish
-from collector.store.estimates import save_estimate
+from collector.store.estimates import save_estimate_once
 from collector.timewin import utc_now
 
 __all__ = ["build_store_routes", "ReportQuery", "LATEST_REPORT_NAME"]
@@ -110,9 +112,9 @@ def _add_owner_routes(
     @router.post(
         "/v1/estimates", tags=["ingest"], summary="Save a capacity estimate (CapacityEstimate.to_dict())"
     )
-    async def estimates(estimate: Annotated[dict[str, Any], Body()]) -> dict[str, str]:
+    async def estimates(estimate: Annotated[dict[str, Any], Body()]) -> dict[str, str | bool]:
         try:
-            estimate_id = await run_in_threadpool(save_estimate, store, CapacityEstimate.from_dict(estimate))
+            saved = await run_in_threadpool(save_estimate_once, store, CapacityEstimate.from_dict(estimate))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise HTTPException(
                 400,
@@ -121,7 +123,8 @@ def _add_owner_routes(
             ) from None
         if gauges is not None:
             await run_in_threadpool(publish, store, gauges, utc_now(), policy)  # the one decision
-        return {"estimate_id": estimate_id}
+        # a run's second save is no error: 200 with the stored id (collector.store.estimates)
+        return {"estimate_id": saved.estimate_id, "already_stored": saved.already_stored}
 
 
 def build_store_routes(

@@ -6,7 +6,21 @@ at this edge. The table is created on the
 first save; readers on a read-only store see no estimates until then. What is *published* out of
 these is decided in one place, collector.store.decision; nothing else picks an estimate.
 
+One estimate per probe run. A probe run is built by two processes, the probe itself
+(`headroom probe`, which saves to --db, through the owning sidecar's POST /v1/estimates, or to the
+lake) and the sidecar whose log holds the run's rows (its refresh job); whichever saves first
+keeps the run, and a later save of a probe estimate with the same run_id inserts nothing and
+answers the stored estimate's id. The key is (source 'probe', run_id) alone: a run id names one
+gradient of one task class against one model (a workload's classes get run ids of their own,
+`<base>-<class>`), so model and task class follow from it, and the replica class is the first
+saver's label. The check and the insert are one statement (INSERT ... WHERE NOT EXISTS) on the
+store's one connection, under its lock, and DuckDB lets one process write a file: no second save
+can slip between them. Traffic estimates (no run_id) are all kept, one per refresh.
+
     save_estimate(store, estimate)    -> "est-20261130T090000-1a2b3c"
+    save_estimate_once(store, estimate)
+                                      -> SavedEstimate("est-...", already_stored=True) when the
+                                         run's estimate was stored before (nothing inserted)
     candidate_estimates(store, 0.05)  -> per model, task class, replica class and source: the
                                          newest estimate and the newest publishable one
     candidates_in(arrow_table, 0.05)  -> the same over estimate rows held elsewhere (the fleet's
@@ -18,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,12 +48,14 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "ESTIMATE_COLUMNS",
+    "SavedEstimate",
     "candidate_estimates",
     "candidates_in",
     "estimate_row",
     "import_estimates",
     "new_estimate_id",
     "save_estimate",
+    "save_estimate_once",
 ]
 
 # the table's columns in the order of every row here (estimate_row) and in the fleet's table
@@ -68,6 +85,17 @@ _DDL = """CREATE TABLE IF NOT EXISTS capacity_estimates (
 _TASK_CLASS = "ALTER TABLE capacity_estimates ADD COLUMN IF NOT EXISTS task_class VARCHAR"
 _REPLICA_CLASS = "ALTER TABLE capacity_estimates ADD COLUMN IF NOT EXISTS replica_class VARCHAR"
 _EXISTS = "SELECT count(*) FROM information_schema.tables WHERE table_name = 'capacity_estimates'"
+_NAMES = [name for name, _ in ESTIMATE_COLUMNS]
+_INSERT = f"INSERT INTO capacity_estimates ({', '.join(_NAMES)}) VALUES ({', '.join('?' * len(_NAMES))})"
+# a probe run's estimate only while none of the run is stored: check and insert in one statement
+_INSERT_RUN = (
+    f"INSERT INTO capacity_estimates ({', '.join(_NAMES)}) SELECT {', '.join('?' * len(_NAMES))} "
+    "WHERE NOT EXISTS (SELECT 1 FROM capacity_estimates WHERE source = 'probe' AND run_id = ?) "
+    "RETURNING estimate_id"
+)
+# the run's stored estimate: the first saved (a file from before this rule may hold several)
+_RUN_ESTIMATE = """SELECT estimate_id FROM capacity_estimates WHERE source = 'probe' AND run_id = ?
+ORDER BY created_at, estimate_id LIMIT 1"""
 # per (model, task class, replica class, source): the newest row, and the newest that could be
 # published (knee reached, a pool above 0, confidence not none, few non-capacity errors); the one
 # decision (collector.store.decision) re-checks each in full
@@ -113,23 +141,48 @@ def estimate_row(estimate: CapacityEstimate, estimate_id: str | None = None) -> 
     }
 
 
-def save_estimate(store: RequestStore, estimate: CapacityEstimate, *, estimate_id: str | None = None) -> str:
-    """Insert one estimate; returns its estimate_id."""
+@dataclass(frozen=True)
+class SavedEstimate:
+    """What a save did: the id stored for the estimate, and whether its probe run was stored before
+    (then nothing was inserted, and estimate_id is the stored estimate's)."""
+
+    estimate_id: str
+    already_stored: bool = False
+
+
+def save_estimate_once(
+    store: RequestStore, estimate: CapacityEstimate, *, estimate_id: str | None = None
+) -> SavedEstimate:
+    """Insert one estimate, unless it is a probe run's whose estimate is stored already (module
+    docstring): then nothing is inserted and the stored estimate's id is answered."""
     store.execute(_DDL)
     store.execute(_TASK_CLASS)
     store.execute(_REPLICA_CLASS)
     row = estimate_row(estimate, estimate_id)
-    names = [name for name, _ in ESTIMATE_COLUMNS]
-    store.execute(
-        f"INSERT INTO capacity_estimates ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-        [row[name] for name in names],
-    )
-    return str(row["estimate_id"])
+    values = [row[name] for name in _NAMES]
+    if estimate.source != "probe" or estimate.run_id is None:
+        store.execute(_INSERT, values)
+        return SavedEstimate(str(row["estimate_id"]))
+    # RETURNING: the one statement says whether it inserted (store.query, as it answers rows; it
+    # writes no request row, so the store's newest admitted_at stays true)
+    if store.query(_INSERT_RUN, [*values, estimate.run_id]):
+        return SavedEstimate(str(row["estimate_id"]))
+    stored = store.query(_RUN_ESTIMATE, [estimate.run_id])[0][0]
+    log.debug("probe run %s: estimate %s was stored before; nothing saved", estimate.run_id, stored)
+    return SavedEstimate(str(stored), already_stored=True)
+
+
+def save_estimate(store: RequestStore, estimate: CapacityEstimate, *, estimate_id: str | None = None) -> str:
+    """Insert one estimate; returns its estimate_id. A probe run's estimate is saved once: when the
+    run's estimate is stored already, nothing is inserted and the stored one's id is returned
+    (save_estimate_once says which happened)."""
+    return save_estimate_once(store, estimate, estimate_id=estimate_id).estimate_id
 
 
 def import_estimates(store: RequestStore, path: str | Path) -> int:
     """Copy into `store` the estimates saved in another headroom DuckDB file (`headroom probe
-    --db PATH` while a sidecar owns its own file); returns how many were new.
+    --db PATH` while a sidecar owns its own file); returns how many were new. A probe run whose
+    estimate is stored here already (the sidecar's job built it from the run's rows) is not copied.
 
     The other file is opened read-only and closed again; while its writer still holds it, this
     returns 0 and the next call tries again.
@@ -143,16 +196,28 @@ def import_estimates(store: RequestStore, path: str | Path) -> int:
         exists = con.execute(_EXISTS).fetchone()
         if exists is None or not exists[0]:
             return 0
-        theirs = con.execute("SELECT estimate_id, estimate_json FROM capacity_estimates").fetchall()
+        theirs = con.execute(
+            "SELECT estimate_id, source, run_id, estimate_json FROM capacity_estimates"
+        ).fetchall()
     finally:
         con.close()
-    ours = set()
+    ours: set[str] = set()
+    runs: set[str] = set()  # the probe runs whose estimate is stored here: theirs is not copied
     if store.query(_EXISTS)[0][0]:
-        ours = {row[0] for row in store.query("SELECT estimate_id FROM capacity_estimates")}
-    new = [(estimate_id, body) for estimate_id, body in theirs if estimate_id not in ours]
-    for estimate_id, body in new:
-        save_estimate(store, CapacityEstimate.from_dict(orjson.loads(body)), estimate_id=estimate_id)
-    return len(new)
+        for stored_id, source, run_id in store.query(
+            "SELECT estimate_id, source, run_id FROM capacity_estimates"
+        ):
+            ours.add(stored_id)
+            if source == "probe" and run_id is not None:
+                runs.add(run_id)
+    new = 0
+    for estimate_id, source, run_id, body in theirs:
+        if estimate_id in ours or (source == "probe" and run_id in runs):
+            continue
+        estimate = CapacityEstimate.from_dict(orjson.loads(body))
+        # the same rule once more, in the statement that inserts (a save may have come between)
+        new += not save_estimate_once(store, estimate, estimate_id=estimate_id).already_stored
+    return new
 
 
 def candidate_estimates(
