@@ -124,9 +124,11 @@ class Slo:
         return self.ttft_p95_s is not None or self.tpot_p95_s is not None
 
 
-@dataclass
+@dataclass(frozen=True)
 class CapacityEstimate:
-    """Knee, SLO max and recommended pool of one model, with the levels they came from.
+    """Knee, SLO max and recommended pool of one model, with the levels they came from. Frozen:
+    built in one call (collector.analysis.estimate.build_estimate, or from_dict), changed only
+    into a new value (dataclasses.replace).
 
         Errors: `error_ratio` is the worst level's share of requests that failed for reasons other
         than capacity; above collector.store.decision.MAX_ERROR_RATIO the confidence is "none", with

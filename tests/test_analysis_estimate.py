@@ -3,7 +3,9 @@ and export to the sidecar's headroom_capacity_* gauges."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -11,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from support.synthetic import closed_loop_rows
 from test_analysis_knee import ladder
 
-from collector.analysis.estimate import apply_token_capacity, build_estimate, estimate_capacity, probe_levels
+from collector.analysis.estimate import build_estimate, estimate_capacity, probe_levels
 from collector.analysis.token_knee import Held, token_capacity, token_mix_of
 from collector.capacity import CapacityEstimate, Slo
 from collector.store.db import RequestStore
@@ -24,18 +26,27 @@ REQUIRED_KEYS = {"run_id", "levels", "knee", "slo_max", "recommended_pool", "pro
 def _estimate(model="m", knee_at=8, slo_ttft=None, profile="interactive"):
     throughputs = [100 * min(2**i, knee_at) for i in range(6)]
     ttfts = [0.1 if 2**i <= knee_at else 1.0 for i in range(6)]
-    estimate = build_estimate(
+    # the traffic's mix: requests holding 150 tokens each, time-weighted 150 per in flight
+    mix = token_mix_of([Held(1.0, 150, 0)] * 60)
+    return build_estimate(
         ladder(throughputs, ttfts),
         slo=Slo(ttft_p95_s=slo_ttft),
         profile=profile,
         model=model,
         run_id="probe-1",
+        tokens=lambda measured: token_capacity(measured.knee.requests, mix),
     )
-    # the traffic's mix: requests holding 150 tokens each, time-weighted 150 per in flight
-    apply_token_capacity(
-        estimate, token_capacity(estimate.knee.requests, token_mix_of([Held(1.0, 150, 0)] * 60))
-    )
-    return estimate
+
+
+def test_an_estimate_is_one_frozen_value():
+    """Built in one call with its token figures; changing it makes a new value, never edits it."""
+    estimate = _estimate(slo_ttft=0.5)
+    assert estimate.knee_tokens == 8 * 150 and estimate.slo_max_tokens == 8 * 150
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        estimate.replica_class = "h100"  # type: ignore[misc]
+    moved = dataclasses.replace(estimate, replica_class="h100")
+    assert (moved.replica_class, estimate.replica_class) == ("h100", "default")
+    assert moved.to_dict() == estimate.to_dict() | {"replica_class": "h100"}
 
 
 def test_json_schema_has_the_documented_keys_and_types():
@@ -64,9 +75,11 @@ def test_save_and_publish_per_model_round_trip(tmp_path):
     store = RequestStore(tmp_path / "e.duckdb")
     assert published_estimates(store) == []
     old = _estimate("a", knee_at=4)
-    new = _estimate("a", knee_at=8)
-    new.created_at = old.created_at + timedelta(minutes=5)
-    for estimate in (old, new, _estimate("b", knee_at=16)):
+    # three probe runs (one estimate per run: collector.store.estimates)
+    new = replace(
+        _estimate("a", knee_at=8), run_id="probe-2", created_at=old.created_at + timedelta(minutes=5)
+    )
+    for estimate in (old, new, replace(_estimate("b", knee_at=16), run_id="probe-3")):
         save_estimate(store, estimate)
     latest = {p.estimate.model: p.estimate for p in published_estimates(store)}
     assert latest["a"].knee.requests == 8 and latest["b"].knee.requests == 16

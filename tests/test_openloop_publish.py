@@ -6,6 +6,7 @@ numbers, with source="probe"."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -72,7 +73,7 @@ def test_the_rate_rides_on_the_published_estimate(tmp_path):
         estimate.rate_requests_per_s,
         estimate.prefill_tokens_per_s,
     )
-    estimate.created_at = datetime.now(UTC) - timedelta(minutes=1)
+    estimate = dataclasses.replace(estimate, created_at=datetime.now(UTC) - timedelta(minutes=1))
     save_estimate(store, estimate)
     gauges = CapacityGauges()
     publish(store, gauges)
@@ -97,7 +98,7 @@ def test_no_ladder_publishes_no_rate(tmp_path):
     store.insert_rows(closed_loop_rows(config, [1, 2, 4, 8], 20.0, Mix(60, output_tokens=16), run_id=RUN))
     estimate = estimate_probe_run(store, RUN)
     assert estimate is not None and estimate.rate_requests_per_s is None and estimate.rates is None
-    estimate.created_at = datetime.now(UTC) - timedelta(minutes=1)
+    estimate = dataclasses.replace(estimate, created_at=datetime.now(UTC) - timedelta(minutes=1))
     save_estimate(store, estimate)
     publish(store, gauges)
     registry = CollectorRegistry()

@@ -18,9 +18,8 @@ from datetime import timedelta
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from support.offline import START, Mix, poisson_rows
-from test_analysis_estimate import _estimate
 
-from collector.analysis.estimate import _apply_passive_rate
+from collector.analysis.estimate import _passive_rates
 from collector.analysis.openloop import rate_level, rate_result
 from collector.analysis.passive_rate import PassiveRate, passive_rate
 from collector.analysis.refresh import refresh_estimates
@@ -151,8 +150,8 @@ def test_traffic_that_never_saturated_publishes_its_knee_and_no_rate_and_says_wh
 def test_the_traffic_estimate_carries_mu_from_medium_confidence_up(confidence, published):
     """Below the traffic knee's bar the μ is withheld: off the estimate, off its `rates` (the
     review reads them), with the reason."""
-    estimate = _estimate()
-    _apply_passive_rate(estimate, PassiveRate(1.5, 60.0, 1.5, confidence, "why", 10.0))
-    assert estimate.rate_requests_per_s == estimate.rates["mu_slo_requests_per_s"] == published
-    assert estimate.prefill_tokens_per_s == (None if published is None else 60.0)
-    assert ("withheld" in estimate.rates) == (published is None)
+    rates = _passive_rates(PassiveRate(1.5, 60.0, 1.5, confidence, "why", 10.0))
+    assert rates.section is not None
+    assert rates.requests_per_s == rates.section["mu_slo_requests_per_s"] == published
+    assert rates.prefill_tokens_per_s == (None if published is None else 60.0)
+    assert ("withheld" in rates.section) == (published is None)

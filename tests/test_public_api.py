@@ -1,6 +1,10 @@
-"""Each package's public names are pinned: every module's `__all__`, by package, equals
-tests/fixtures/public_api.json, and every name listed exists. Adding, removing or renaming a
-public name is then a visible change (regenerate with UPDATE_PUBLIC_API=1 and review the diff)."""
+"""The documented surface is pinned, and only it: the CLI (every command and its options), the
+metric catalog (names, types, labels), the request-log schema (columns and SQL types) and the
+names of the documented modules (the estimate value, the record, the catalog, the engine sources'
+extension point). tests/fixtures/public_api.json holds them; changing one is a visible change
+(regenerate with UPDATE_PUBLIC_API=1 and review the diff). Internal modules are not pinned (that
+pinned churn: re-pinned in 43 of 195 commits), but each declares `__all__` and every name it lists
+exists."""
 
 from __future__ import annotations
 
@@ -56,11 +60,58 @@ def test_every_module_declares_its_public_names():
     assert not missing, f"give these modules an __all__: {missing}"
 
 
-def test_each_packages_public_names_are_the_pinned_ones():
-    api = _public_api()
+# the modules docs/design.md and docs/capacity.md present as what others build on
+DOCUMENTED_MODULES = ("collector.capacity", "collector.catalog", "collector.record", "collector.sources")
+
+
+def _cli() -> dict[str, list[str]]:
+    """{"headroom run": ["--db", ...], ...}: every command and its options, as --help shows them."""
+    import click
+
+    from collector.cli import main
+
+    found: dict[str, list[str]] = {}
+
+    def walk(command: click.Command, path: str, context: click.Context | None) -> None:
+        found[path] = sorted(opt for p in command.params for opt in p.opts if opt.startswith("-"))
+        if isinstance(command, click.Group):
+            here = click.Context(command, parent=context, info_name=path.split()[-1])
+            for name in command.list_commands(here):
+                child = command.get_command(here, name)
+                if child is not None and not child.hidden:
+                    walk(child, f"{path} {name}", here)
+
+    walk(main, "headroom", None)
+    return found
+
+
+def _surface() -> dict[str, object]:
+    from collector.catalog import CATALOG
+    from collector.store.schema import COLUMNS
+
+    return {
+        "cli": _cli(),
+        "metrics": {m.name: [m.type, *m.labels] for m in CATALOG},
+        "record": [list(column) for column in COLUMNS],
+        "modules": {m: sorted(importlib.import_module(m).__all__) for m in DOCUMENTED_MODULES},
+    }
+
+
+def test_the_documented_surface_is_the_pinned_one():
+    surface = json.loads(json.dumps(_surface()))
     if os.environ.get("UPDATE_PUBLIC_API") == "1":
-        PINNED.write_text(json.dumps(api, indent=1, sort_keys=True) + "\n")
-    assert api == json.loads(PINNED.read_text()), "public names changed; see this module's docstring"
+        PINNED.write_text(json.dumps(surface, indent=1, sort_keys=True) + "\n")
+    assert surface == json.loads(PINNED.read_text()), (
+        "the documented surface changed; see this module's docstring"
+    )
+
+
+def test_the_pin_is_not_vacuous():
+    surface = _surface()
+    cli, metrics = surface["cli"], surface["metrics"]
+    assert isinstance(cli, dict) and "--db" in cli["headroom run"] and "--levels" in cli["headroom probe"]
+    assert isinstance(metrics, dict) and "headroom_capacity_knee_tokens" in metrics
+    assert ["request_id", "VARCHAR NOT NULL"] in surface["record"]
 
 
 def test_every_listed_name_exists():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -111,7 +112,7 @@ def test_week_over_week_shows_the_known_shift(report):
 def _save_probe_estimate(store, run_id, start, knee):
     store.insert_rows(synthetic_probe_run(start, run_id=run_id, knee=knee, levels=(1, 2, 4, 8, 16, 32, 64)))
     estimate = estimate_capacity(store, "model-a", start, start + timedelta(hours=2))
-    estimate.created_at = start + timedelta(hours=2)
+    estimate = dataclasses.replace(estimate, created_at=start + timedelta(hours=2))
     save_estimate(store, estimate)
     return estimate
 

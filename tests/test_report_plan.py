@@ -9,6 +9,7 @@ replica count is derived from the pool that was published, never a constant.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -55,8 +56,12 @@ def one_hour_store(
     store.insert_rows(probe)
     estimate = estimate_probe_run(store, "probe-sim", slo_ttft_p95_s=2.0)
     assert estimate is not None
-    estimate.task_class, estimate.replica_class = "all", f"slots{slots}"
-    estimate.created_at = max(row["completed_at"] for row in probe)
+    estimate = dataclasses.replace(
+        estimate,
+        task_class="all",
+        replica_class=f"slots{slots}",
+        created_at=max(row["completed_at"] for row in probe),
+    )
     save_estimate(store, estimate)
     after = estimate.created_at - START + timedelta(minutes=1)
     per = clients // replicas
@@ -292,8 +297,9 @@ def test_an_instance_takes_the_class_of_the_probe_runs_it_served():
     store.insert_rows(_shifted(probe, timedelta(minutes=2), instance="h1"))
     estimate = estimate_probe_run(store, "p16", slo_ttft_p95_s=2.0)
     assert estimate is not None
-    estimate.task_class, estimate.replica_class = "all", "slots16"
-    estimate.created_at = now - timedelta(minutes=1)
+    estimate = dataclasses.replace(
+        estimate, task_class="all", replica_class="slots16", created_at=now - timedelta(minutes=1)
+    )
     save_estimate(store, estimate)
     traffic = closed_loop_rows(config, (12,), 120.0, seed=5, run_id="load")
     store.insert_rows(_shifted(traffic, timedelta(minutes=10), source="traffic", run_id=None, instance="h1"))
@@ -369,8 +375,7 @@ def test_the_open_loop_rates_join_the_provenance():
     until = datetime(2026, 11, 30, tzinfo=UTC)
     store.insert_rows(_burst(0, 6, until - timedelta(days=1)))
     rates = {"mu_slo_requests_per_s": 3.25, "prefill_tokens_per_s": 1350.0}
-    estimate = _estimate(5, until - timedelta(hours=2))
-    estimate.rates = rates
+    estimate = dataclasses.replace(_estimate(5, until - timedelta(hours=2)), rates=rates)
     save(store, estimate)
     report = build_report(collect_inputs(store, until - timedelta(days=7), until))
     store.close()

@@ -31,7 +31,7 @@ from collector.capacity import DEFAULT_REPLICA_CLASS, CapacityEstimate, Slo
 from collector.lake.source import MISSING_LAKE_EXTRA, open_log
 from collector.store.capacity_gauges import check_replica_class
 from collector.store.db import RequestStore
-from collector.store.estimates import save_estimate
+from collector.store.estimates import save_estimate_once
 from collector.store.owner import OwnerError, find_owner, is_lock_error, open_request_log, send_rows
 from collector.terminal import json_output, write_json
 
@@ -61,8 +61,26 @@ def _row_writer(db: str | None, url: str) -> _Outputs:
                     "file headroom wrote, or a new path"
                 ) from None
             return _through_owner(db, url)
-        return store.insert_rows, store.close, lambda estimate: save_estimate(store, estimate), store
+
+        def save(estimate: CapacityEstimate) -> None:
+            saved = save_estimate_once(store, estimate)
+            _say_saved(estimate, saved.estimate_id, saved.already_stored, f"--db {db}")
+
+        return store.insert_rows, store.close, save, store
     return None, (lambda: None), None, None
+
+
+def _say_saved(estimate: CapacityEstimate, estimate_id: str | None, already_stored: bool, where: str) -> None:
+    """One line on where the estimate went. A run's estimate stored before (the owning sidecar's job
+    built it from the run's rows) is kept and this one not saved: one estimate per run
+    (collector.store.estimates)."""
+    named = f"estimate {estimate_id}" if estimate_id else "the estimate"
+    if already_stored:
+        click.echo(
+            f"probe run {estimate.run_id}: its {named} was already stored in {where}; kept, not saved again"
+        )
+    else:
+        click.echo(f"{named} saved to {where}")
 
 
 def _through_owner(db: str, url: str) -> _Outputs:
@@ -100,6 +118,14 @@ def _through_owner(db: str, url: str) -> _Outputs:
             raise click.ClickException(
                 f"{owner.url} did not save the estimate (HTTP {answer.status_code}: {answer.text[:200]})"
             )
+        try:
+            body = answer.json()
+        except ValueError:  # saved (200) all the same; an owner that answers no JSON names no id
+            body = None
+        body = body if isinstance(body, dict) else {}
+        stored_id = body.get("estimate_id")
+        where = f"--db {db} (through its owner {owner.url})"
+        _say_saved(estimate, str(stored_id) if stored_id else None, body.get("already_stored") is True, where)
 
     return (None if same_sidecar else write), (lambda: None), save, None
 
@@ -178,9 +204,11 @@ def probe(**options: Any) -> None:  # click passes each option by its name (coll
 
     A level's outcome mix and first error are printed; when more than 5 % of a level's requests
     fail for reasons other than capacity (a 400, a malformed answer) the estimate has confidence
-    none and publishes nothing. The knee in tokens is published only when the probe's tokens per
-    request are within 2x of the traffic's (--traffic-db), the passive token curve agrees, and
-    never above the engine's KV capacity; otherwise it is withheld and the reason printed.
+    none and publishes nothing. The token capacity is the request knee times the traffic's own
+    time-weighted tokens per request in flight (--traffic-db: the week's answered requests before
+    the probe, at least 50), whatever prompts the probe sent, capped at the engine's KV capacity;
+    without enough traffic it is withheld and the reason printed (docs/capacity.md "Token
+    capacity").
     """
     url, db, traffic_db = options["url"], options["db"], options["traffic_db"]
     lake_uri, catalog_uri = options["lake_uri"], options["catalog_uri"]
@@ -251,8 +279,9 @@ def _probe_once(
 ) -> CapacityEstimate:
     """One gradient: run it, estimate it (its token knee checked against `traffic`), print, save."""
     result = _run_with_progress(run, write)
-    estimate = estimate_from_probe(result, slo=slo, profile=profile, traffic=traffic)
-    estimate.replica_class = replica_class
+    estimate = estimate_from_probe(
+        result, slo=slo, profile=profile, traffic=traffic, replica_class=replica_class
+    )
     print_estimate(estimate)
     click.echo(f"queueing evidence: {result.queue_evidence}")
     if result.rates is not None:

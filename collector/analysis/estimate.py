@@ -17,14 +17,20 @@ What an estimate says must be true, so building one checks two things (docs/capa
   says why.
 
 A recommended pool of 0 comes with `pool_reason` (which level failed which target).
+
+An estimate is built in one call (`build_estimate`) and never changed afterwards
+(`CapacityEstimate` is frozen): what depends on the knee (the token capacity, a stored ladder's
+rates) is passed as a function of the measured knee and pool, and the facts of the run (its task
+class, its time, the engine's ceilings) as arguments.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, NamedTuple
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.levels import summarize_level
@@ -35,24 +41,97 @@ from collector.analysis.recommend import recommended_pool
 from collector.analysis.slo import slo_max
 from collector.analysis.stats import seconds
 from collector.analysis.token_knee import TokenCapacity, token_capacity_in_store
-from collector.capacity import CapacityEstimate, KneeResult, LevelStats, Slo
+from collector.capacity import ALL_TASKS, CapacityEstimate, KneeResult, LevelStats, Slo
+from collector.record import Row
 from collector.store.db import RequestStore
 from collector.store.decision import CONFIDENCE_RANK, MAX_ERROR_RATIO
 
+if TYPE_CHECKING:  # the probe's client (aiohttp) is not the sidecar's: only its type is needed here
+    from collector.analysis.probe import ProbeResult
+
 __all__ = [
+    "Measured",
+    "Rates",
+    "TokensAt",
     "build_estimate",
     "estimate_capacity",
     "estimate_from_probe",
     "estimate_probe_run",
-    "apply_token_capacity",
-    "apply_rates",
-    "judge_errors",
+    "measure",
     "probe_levels",
+    "tokens_in_store",
 ]
 
 # a traffic estimate carries the passive μ from this confidence up: the traffic knee's default bar
 # (collector.store.decision.PublishPolicy.traffic_confidence)
 _PASSIVE_RATE_CONFIDENCE = "medium"
+
+
+class Measured(NamedTuple):
+    """What the levels say before anything else is known: the knee, the SLO maximum, the pool."""
+
+    levels: list[LevelStats]
+    knee: KneeResult
+    slo_max: int | None
+    pool: int
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Capacity in rates an estimate publishes: μ_slo, V_P and the section the review reads."""
+
+    requests_per_s: float | None
+    prefill_tokens_per_s: float | None
+    section: dict[str, object] | None
+
+    @classmethod
+    def of_ladder(cls, rates: RateResult | None) -> Rates | None:
+        """An open-loop ladder's μ_slo and V_P (published with its knee); None: no ladder ran."""
+        if rates is None:
+            return None
+        return cls(rates.mu_slo_per_s, rates.prefill_tokens_per_s, rates.to_dict())
+
+
+# the token caliber of a measured knee (collector.analysis.token_knee): a function, because the
+# capacity is the knee and the pool times the traffic's mix
+TokensAt = Callable[[Measured], TokenCapacity]
+
+
+def tokens_in_store(
+    store: RequestStore | None,
+    *,
+    model: str | None,
+    at: datetime | None,
+    since: datetime | None = None,
+    task_class: str | None = None,
+    kv_capacity_tokens: int | None = None,
+) -> TokensAt:
+    """The token capacity at whatever knee is measured, with the length mix of the traffic in
+    `store` (the week before `at`, or [since, at)); no store: withheld."""
+
+    def at_knee(measured: Measured) -> TokenCapacity:
+        return token_capacity_in_store(
+            store,
+            measured.knee.requests,
+            model=model,
+            at=at,
+            since=since,
+            reached=measured.knee.reached,
+            task_class=task_class,
+            kv_capacity_tokens=kv_capacity_tokens,
+            admission_mean=measured.knee.tokens,
+            pool=measured.pool,
+        )
+
+    return at_knee
+
+
+def measure(levels: Sequence[LevelStats], slo: Slo, profile: str, knee: KneeResult | None = None) -> Measured:
+    """Knee (detected unless given), SLO maximum and recommended pool of `levels`."""
+    ordered = sorted(levels, key=lambda s: s.concurrency)
+    found = knee or detect_knee(ordered)
+    best = slo_max(ordered, slo)
+    return Measured(ordered, found, best, recommended_pool(found, best, profile))
 
 
 def build_estimate(
@@ -64,56 +143,74 @@ def build_estimate(
     source: str = "probe",
     run_id: str | None = None,
     confidence: str = "high",
+    confidence_reason: str | None = None,
     knee: KneeResult | None = None,
     stopped_early: str | None = None,
+    task_class: str = ALL_TASKS,
+    replica_class: str | None = None,
+    created_at: datetime | None = None,
+    extra: Mapping[str, object] | None = None,
+    tokens: TokensAt | None = None,
+    rates: Rates | Callable[[Measured], Rates | None] | None = None,
+    failures: tuple[float, str] | None = None,
 ) -> CapacityEstimate:
-    """Knee, SLO max and pool from a list of levels (the token figures: apply_token_capacity)."""
-    ordered = sorted(levels, key=lambda s: s.concurrency)
-    knee = knee or detect_knee(ordered)
-    best = slo_max(ordered, slo)
-    estimate = CapacityEstimate(
-        model,
-        source,
-        run_id,
-        profile,
-        ordered,
-        knee,
-        slo,
-        best,
-        None,
-        recommended_pool(knee, best, profile),
-        confidence,
-        stopped_early=stopped_early,
-    )
-    if estimate.recommended_pool == 0:
-        estimate.extra["pool_reason"] = _pool_reason(ordered, slo)
-    worst = max(ordered, key=lambda s: s.non_capacity_error_ratio or 0.0, default=None)
-    if worst is not None and worst.non_capacity_error_ratio:
-        judge_errors(estimate, worst.non_capacity_error_ratio, _where(worst))
-    return estimate
+    """The one builder: knee, SLO max and pool of `levels`, the token caliber (`tokens`, None:
+    not computed), the rates, and the error judgement, as one frozen CapacityEstimate.
 
-
-def _where(level: LevelStats) -> str:
-    """'at concurrency 4 (ok 30, http 400 10; first error: HTTP 400: ...)' for a reason."""
-    mix = ", ".join(f"{name} {count}" for name, count in (level.outcomes or {}).items())
-    first = f"; first error: {level.first_error}" if level.first_error else ""
-    return f"at concurrency {level.concurrency}" + (f" ({mix}{first})" if mix or first else "")
-
-
-def judge_errors(estimate: CapacityEstimate, error_ratio: float, where: str) -> None:
-    """Record the estimate's non-capacity error ratio; above MAX_ERROR_RATIO its confidence is none.
-
-    Such an estimate measured its own failures, not the engine's capacity: it is kept (and
-    printed) with the reason, and the gate (collector.store.decision) never publishes it.
+    `failures` is (error ratio, where) measured outside the levels (the traffic's upstream
+    errors); without it the worst level's non-capacity errors are judged.
     """
-    estimate.error_ratio = error_ratio
+    measured = measure(levels, slo, profile, knee)
+    error_ratio, where = failures if failures and failures[0] else _worst_level(measured.levels)
     if error_ratio > MAX_ERROR_RATIO:
-        estimate.confidence = "none"
-        estimate.confidence_reason = (
+        confidence = "none"
+        confidence_reason = (
             f"{error_ratio:.0%} of the requests {where} failed for reasons other than capacity "
             f"(more than {MAX_ERROR_RATIO:.0%}): the measurement is broken, not the engine full; "
             "nothing is published"
         )
+    details = dict(extra or {})
+    if measured.pool == 0:
+        details["pool_reason"] = _pool_reason(measured.levels, slo)
+    capacity = tokens(measured) if tokens is not None else None
+    rated = rates(measured) if callable(rates) else rates
+    return CapacityEstimate(
+        model=model,
+        source=source,
+        run_id=run_id,
+        profile=profile,
+        levels=measured.levels,
+        knee=measured.knee,
+        slo=slo,
+        slo_max=measured.slo_max,
+        slo_max_tokens=capacity.per_request(measured.slo_max) if capacity else None,
+        recommended_pool=measured.pool,
+        confidence=confidence,
+        created_at=created_at or datetime.now(UTC),
+        stopped_early=stopped_early,
+        extra=details,
+        task_class=task_class,
+        **({"replica_class": replica_class} if replica_class else {}),
+        error_ratio=error_ratio,
+        token_knee_withheld=capacity.withheld if capacity else None,
+        kv_capacity_tokens=capacity.kv_capacity_tokens if capacity else None,
+        rate_requests_per_s=rated.requests_per_s if rated else None,
+        prefill_tokens_per_s=rated.prefill_tokens_per_s if rated else None,
+        rates=dict(rated.section) if rated and rated.section is not None else None,
+        confidence_reason=confidence_reason,
+        token_capacity=capacity.to_dict() if capacity else None,
+    )
+
+
+def _worst_level(levels: Sequence[LevelStats]) -> tuple[float, str]:
+    """The largest non-capacity error ratio of a level, and where it was, for a reason."""
+    worst = max(levels, key=lambda s: s.non_capacity_error_ratio or 0.0, default=None)
+    if worst is None or not worst.non_capacity_error_ratio:
+        return 0.0, ""
+    mix = ", ".join(f"{name} {count}" for name, count in (worst.outcomes or {}).items())
+    first = f"; first error: {worst.first_error}" if worst.first_error else ""
+    where = f"at concurrency {worst.concurrency}" + (f" ({mix}{first})" if mix or first else "")
+    return worst.non_capacity_error_ratio, where
 
 
 def _pool_reason(levels: Sequence[LevelStats], slo: Slo) -> str:
@@ -134,14 +231,14 @@ def _pool_reason(levels: Sequence[LevelStats], slo: Slo) -> str:
     )
 
 
-def probe_levels(rows: Sequence[dict[str, Any]]) -> list[LevelStats]:
+def probe_levels(rows: Sequence[Row]) -> list[LevelStats]:
     """Levels of one stored probe run, by each row's closed-loop level (`probe_level`).
 
     Each level is measured from its first to its last measured (not warm-up) admission, as the
     probe measured it; every completion inside that window counts towards throughput, warm-up
     rows' too, so a queued level's long requests do not make it look slower than it was.
     """
-    grouped: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    grouped: dict[int, list[Row]] = defaultdict(list)
     measured: dict[int, list[float]] = defaultdict(list)
     for row in rows:
         level = row.get("probe_level")
@@ -157,68 +254,55 @@ def probe_levels(rows: Sequence[dict[str, Any]]) -> list[LevelStats]:
     ]
 
 
-def _latest_run(store: Any, model: str | None, since: datetime | None, until: datetime | None) -> str | None:
+def _latest_run(
+    store: RequestStore, model: str | None, since: datetime | None, until: datetime | None
+) -> str | None:
     sql, params = "SELECT run_id FROM requests WHERE source = 'probe' AND run_id IS NOT NULL", []
     for clause, value in (("admitted_at >= ?", since), ("admitted_at < ?", until), ("model = ?", model)):
         if value is not None:
             sql += f" AND {clause}"
             params.append(value)
     found = store.query(sql + " ORDER BY admitted_at DESC LIMIT 1", params)
-    return found[0][0] if found else None
+    return str(found[0][0]) if found else None
 
 
 def _from_probe_run(
-    store: Any, run_id: str, model: str | None, slo: Slo, profile: str
+    store: RequestStore, run_id: str, model: str | None, slo: Slo, profile: str
 ) -> CapacityEstimate | None:
     rows = store.query_dicts("SELECT * FROM requests WHERE run_id = ? ORDER BY admitted_at", [run_id])
     levels = probe_levels(rows)
     if not levels:
         return None
-    estimate = build_estimate(
-        levels, slo=slo, profile=profile, model=model or rows[0]["model"], source="probe", run_id=run_id
+    classes = Counter(row.get("task_class") or ALL_TASKS for row in rows)
+    named = model or rows[0]["model"]
+    return build_estimate(
+        levels,
+        slo=slo,
+        profile=profile,
+        model=named,
+        source="probe",
+        run_id=run_id,
+        task_class=classes.most_common(1)[0][0],  # the workload class the probe named
+        # the run's own time: a probe stored hours ago must not look fresh when estimated now
+        created_at=max(row["completed_at"] for row in rows if row["completed_at"]),
+        # the traffic's length mix in the week before the probe, in the same store
+        tokens=tokens_in_store(store, model=named, at=min(row["admitted_at"] for row in rows)),
+        rates=lambda measured: Rates.of_ladder(_stored_rates(rows, measured, slo, run_id)),
     )
-    classes = Counter(row.get("task_class") or "all" for row in rows)
-    estimate.task_class = classes.most_common(1)[0][0]  # the workload class the probe named
-    # the run's own time: a probe stored hours ago must not look fresh when estimated now
-    estimate.created_at = max(row["completed_at"] for row in rows if row["completed_at"])
-    first = min(row["admitted_at"] for row in rows)
-    # the traffic's length mix in the week before the probe, in the same store
-    apply_token_capacity(
-        estimate,
-        token_capacity_in_store(
-            store if isinstance(store, RequestStore) else None,
-            estimate.knee.requests,
-            model=estimate.model,
-            at=first,
-            reached=estimate.knee.reached,
-            admission_mean=estimate.knee.tokens,
-            pool=estimate.recommended_pool,
-        ),
-    )
-    apply_rates(estimate, _stored_rates(rows, estimate))
-    return estimate
 
 
-def apply_rates(estimate: CapacityEstimate, rates: RateResult | None) -> None:
-    """Put an open-loop ladder's μ_slo and V_P on the estimate (published with its knee)."""
-    if rates is None:
-        return
-    estimate.rate_requests_per_s = rates.mu_slo_per_s
-    estimate.prefill_tokens_per_s = rates.prefill_tokens_per_s
-    estimate.rates = rates.to_dict()
-
-
-def _stored_rates(rows: Sequence[dict[str, Any]], estimate: CapacityEstimate) -> RateResult | None:
+def _stored_rates(rows: Sequence[Row], measured: Measured, slo: Slo, run_id: str) -> RateResult | None:
     """The open-loop ladder of a stored run (its rows with an offered rate), checked against its knee."""
-    levels = rate_levels_from_rows(rows, estimate.slo, batch=estimate.knee.requests)
+    knee = measured.knee
+    levels = rate_levels_from_rows(rows, slo, batch=knee.requests)
     if not levels:
         return None
     rated = rate_result(levels)
-    rated.run_id = estimate.run_id
+    rated.run_id = run_id
     e2e = [
         r["e2e_s"]
         for r in rows
-        if r.get("probe_level") == estimate.knee.requests
+        if r.get("probe_level") == knee.requests
         and r["outcome"] == "ok"
         and r["e2e_s"]
         and not r.get("probe_warmup")
@@ -226,26 +310,17 @@ def _stored_rates(rows: Sequence[dict[str, Any]], estimate: CapacityEstimate) ->
     if rated.mu_slo_per_s is not None and e2e:
         failing = next((lv for lv in levels if lv.offered_per_s > rated.mu_slo_per_s and lv.why_not), None)
         rated.little = little_check(
-            estimate.knee.requests,
+            knee.requests,
             sum(e2e) / len(e2e),
             rated.mu_slo_per_s,
-            knee_reached=estimate.knee.reached,
+            knee_reached=knee.reached,
             slo_bound=failing is not None and not failing.meets_slo,
         )
     return rated
 
 
-def apply_token_capacity(estimate: CapacityEstimate, capacity: TokenCapacity) -> None:
-    """Put the token caliber's figures on the estimate: the capacity at the knee and its
-    distribution, the SLO maximum in the same units, or withheld (with why) everywhere."""
-    estimate.token_knee_withheld = capacity.withheld
-    estimate.kv_capacity_tokens = capacity.kv_capacity_tokens
-    estimate.token_capacity = capacity.to_dict()
-    estimate.slo_max_tokens = capacity.per_request(estimate.slo_max)
-
-
 def estimate_probe_run(
-    store: Any, run_id: str, *, slo_ttft_p95_s: float | None = None, profile: str = "interactive"
+    store: RequestStore, run_id: str, *, slo_ttft_p95_s: float | None = None, profile: str = "interactive"
 ) -> CapacityEstimate | None:
     """The estimate of one stored probe run (rows through a sidecar, a store or a --db file);
     None when it has no measured level. Its token capacity takes the store's traffic mix."""
@@ -258,18 +333,22 @@ _TRAFFIC_FAILURES = """SELECT count(*) FILTER (WHERE outcome = 'upstream_error')
 
 
 def _traffic_error_ratio(
-    store: Any, model: str | None, since: datetime | None, until: datetime | None, task_class: str | None
+    store: RequestStore,
+    model: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    task_class: str | None,
 ) -> float:
     """Share of the window's traffic the engine failed (5xx other than 503, resets, malformed
     answers). Clients' own 4xx and cancellations say nothing about the engine and are not counted."""
     failed, total = store.query(
         _TRAFFIC_FAILURES, [since, since, until, until, model, model, task_class, task_class]
     )[0]
-    return failed / total if total else 0.0
+    return float(failed / total) if total else 0.0
 
 
 def _from_traffic(
-    store: Any,
+    store: RequestStore,
     model: str | None,
     since: datetime | None,
     until: datetime | None,
@@ -284,61 +363,46 @@ def _from_traffic(
             f"({curve.rows} rows); widen the window"
         )
     tokens = passive_curve(store, "tokens", since, until, model, task_class=task_class)
-    estimate = build_estimate(
+    return build_estimate(
         curve.usable_buckets(),
         slo=slo,
         profile=profile,
         model=model,
         source="traffic",
         confidence=curve.confidence,
+        confidence_reason=curve.confidence_reason,
         knee=curve.knee,
-    )
-    estimate.task_class = task_class or "all"
-    estimate.confidence_reason = curve.confidence_reason
-    apply_token_capacity(
-        estimate,
-        token_capacity_in_store(
-            store,  # whatever the passive curve read: the same rows
-            estimate.knee.requests,
-            model=model,
-            at=until,  # the estimate's own window: the traffic it measured
-            since=since,
-            reached=estimate.knee.reached,
-            task_class=task_class,
-            admission_mean=estimate.knee.tokens,
-            pool=estimate.recommended_pool,
+        task_class=task_class or ALL_TASKS,
+        extra={"window_s": curve.window_s, "token_curve": tokens.to_dict()},
+        # the estimate's own window: the traffic it measured, the same rows the passive curve read
+        tokens=tokens_in_store(store, model=model, at=until, since=since, task_class=task_class),
+        rates=_passive_rates(passive_rate(store, since, until, model, slo=slo, task_class=task_class)),
+        failures=(
+            _traffic_error_ratio(store, model, since, until, task_class),
+            "of the traffic in the window (upstream errors)",
         ),
     )
-    estimate.extra |= {
-        "window_s": curve.window_s,
-        "token_curve": tokens.to_dict(),
-    }
-    _apply_passive_rate(estimate, passive_rate(store, since, until, model, slo=slo, task_class=task_class))
-    failed = _traffic_error_ratio(store, model, since, until, task_class)
-    if failed:
-        judge_errors(estimate, failed, "of the traffic in the window (upstream errors)")
-    return estimate
 
 
-def _apply_passive_rate(estimate: CapacityEstimate, found: PassiveRate) -> None:
-    """The traffic's μ and V_P (collector.analysis.passive_rate) on its estimate, so the one
+def _passive_rates(found: PassiveRate) -> Rates:
+    """The traffic's μ and V_P (collector.analysis.passive_rate) for its estimate, so the one
     decision publishes them with the traffic knee: the `rates` section always (why there is no
     μ, too), the numbers only at _PASSIVE_RATE_CONFIDENCE or above."""
-    estimate.rates = found.to_dict()
+    section: dict[str, object] = dict(found.to_dict())
     if CONFIDENCE_RANK[found.confidence] >= CONFIDENCE_RANK[_PASSIVE_RATE_CONFIDENCE]:
-        estimate.rate_requests_per_s = found.mu_per_s
-        estimate.prefill_tokens_per_s = found.prefill_tokens_per_s
-    elif found.mu_per_s is not None:  # readers of the section (the review) must not show it either
-        estimate.rates |= {
+        return Rates(found.mu_per_s, found.prefill_tokens_per_s, section)
+    if found.mu_per_s is not None:  # readers of the section (the review) must not show it either
+        section |= {
             "mu_slo_requests_per_s": None,
             "prefill_tokens_per_s": None,
             "withheld": f"μ {found.mu_per_s:.3g}/s at {found.confidence} confidence, below "
             f"{_PASSIVE_RATE_CONFIDENCE}: not published",
         }
+    return Rates(None, None, section)
 
 
 def estimate_capacity(
-    store: Any,
+    store: RequestStore,
     model: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
@@ -365,18 +429,25 @@ def estimate_capacity(
 
 
 def estimate_from_probe(
-    result: Any,
+    result: ProbeResult,
     *,
     slo: Slo = Slo(),
     profile: str = "interactive",
     traffic: RequestStore | None = None,
+    replica_class: str | None = None,
 ) -> CapacityEstimate:
     """The estimate of a finished probe run (collector.analysis.probe.ProbeResult).
 
     Its token capacity takes the length mix of `traffic` (a request log; None: no traffic, so the
     token figures are withheld), capped at the engine's KV capacity the probe read.
     """
-    estimate = build_estimate(
+    rows = [row for level in result.levels for row in level.rows]
+    extra: dict[str, object] = {}
+    if result.engine_max_concurrency is not None:
+        extra["engine_max_concurrency"] = result.engine_max_concurrency
+    if result.adapters:  # measured with LoRA adapters in the mix: how many
+        extra["adapters"] = len(result.adapters)
+    return build_estimate(
         [level.stats for level in result.levels],
         slo=slo,
         profile=profile,
@@ -384,26 +455,14 @@ def estimate_from_probe(
         source="probe",
         run_id=result.run_id,
         stopped_early=result.stopped_early,
-    )
-    estimate.task_class = result.task_class
-    if getattr(result, "engine_max_concurrency", None) is not None:
-        estimate.extra["engine_max_concurrency"] = result.engine_max_concurrency
-    if getattr(result, "adapters", ()):  # measured with LoRA adapters in the mix: how many
-        estimate.extra["adapters"] = len(result.adapters)
-    rows = [row for level in result.levels for row in level.rows]
-    started = min((row["admitted_at"] for row in rows), default=estimate.created_at)
-    apply_token_capacity(
-        estimate,
-        token_capacity_in_store(
+        task_class=result.task_class,
+        replica_class=replica_class,
+        extra=extra,
+        tokens=tokens_in_store(
             traffic,
-            estimate.knee.requests,
             model=result.model,
-            at=started,
-            reached=estimate.knee.reached,
-            kv_capacity_tokens=getattr(result, "engine_kv_capacity_tokens", None),
-            admission_mean=estimate.knee.tokens,
-            pool=estimate.recommended_pool,
+            at=min((row["admitted_at"] for row in rows), default=datetime.now(UTC)),
+            kv_capacity_tokens=result.engine_kv_capacity_tokens,
         ),
+        rates=Rates.of_ladder(result.rates),
     )
-    apply_rates(estimate, getattr(result, "rates", None))
-    return estimate

@@ -175,16 +175,17 @@ _OPTIONS = [
         "prompts, and optional inputs with name, prompt_tokens: prompt-length classes, each class "
         "measured once per input; 'classes' = short 128, medium 512, long 1200 tokens); each class "
         "gets its own knee and pool (and μ_slo with --rates). 'from-log': one gradient whose prompt and output "
-        "lengths are drawn from the traffic of the request log (--traffic-db), so its "
-        "knee in tokens is the traffic's. Replaces --max-tokens and --prompts.",
+        "lengths are drawn from the traffic of the request log (--traffic-db). Replaces --max-tokens and --prompts.",
     ),
     click.option(
         "--traffic-db",
         default=None,
         metavar="PATH",
-        help="Request log whose traffic (the 7 days before the probe) the probe's token mix is "
-        "compared with, and --workload from-log draws from; default: --db. Read through the "
-        "sidecar while one serves it. Without one the token knee is not published.",
+        help="Request log whose traffic (the 7 days before the probe) gives the token capacity "
+        "its length mix (the knee times the time-weighted tokens per request in flight), and "
+        "--workload from-log draws from; default: --db. Read through the sidecar while one "
+        "serves it. Without one (or with under 50 answered requests) the token capacity is "
+        "withheld.",
     ),
     click.option(
         "--engine-metrics",

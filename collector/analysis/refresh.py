@@ -20,6 +20,7 @@ collector.store.jobs schedules this: the probe check every few seconds, the traf
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
@@ -81,7 +82,7 @@ def _estimate_probes(
         if estimate is None:
             log.info("probe run %s has no measured levels; nothing to estimate", run_id)
             continue
-        estimate.replica_class = replica_class
+        estimate = dataclasses.replace(estimate, replica_class=replica_class)
         save_estimate(store, estimate)
         saved.append(estimate.to_dict())
         log.info("probe run %s: knee %s", run_id, estimate.knee.requests)
@@ -99,8 +100,8 @@ def _estimate_traffic(
 ) -> list[dict[str, Any]]:
     estimate = traffic_estimates_isolated if isolated else traffic_estimates
     saved = []
-    for found in estimate(store, now, window=window, slo_ttft_p95_s=slo_ttft_p95_s, profile=profile):
-        found.replica_class = replica_class
+    for made in estimate(store, now, window=window, slo_ttft_p95_s=slo_ttft_p95_s, profile=profile):
+        found = dataclasses.replace(made, replica_class=replica_class)
         save_estimate(store, found)
         saved.append(found.to_dict())
     return saved

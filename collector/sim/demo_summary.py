@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NotRequired, TypedDict
 
-from collector.analysis.estimate import apply_token_capacity, build_estimate
+from collector.analysis.estimate import build_estimate, tokens_in_store
 from collector.analysis.levels import summarize_level
-from collector.analysis.token_knee import token_capacity_in_store
 from collector.capacity import Slo
 from collector.sim.workload import CaliberSample
 from collector.store.capacity_gauges import CapacityGauges
@@ -238,23 +237,15 @@ def capacity_estimate(
         return None
     # the demo's load is a concurrency gradient: a probe run, by what it measures
     run_id = f"demo-{windows[0].start:%Y%m%dT%H%M%SZ}"
-    estimate = build_estimate(
-        levels, slo=Slo(ttft_p95_s=slo_ttft_p95_s), model=model, source="probe", run_id=run_id
-    )
     # the token caliber in the gauge's units, with the demo load's own length mix (the one figure
     # the gauges, the alerts and the review read: collector.analysis.token_knee)
-    apply_token_capacity(
-        estimate,
-        token_capacity_in_store(
-            store,
-            estimate.knee.requests,
-            model=model,
-            at=None,
-            reached=estimate.knee.reached,
-            kv_capacity_tokens=kv_capacity_tokens,
-            admission_mean=estimate.knee.tokens,
-            pool=estimate.recommended_pool,
-        ),
+    estimate = build_estimate(
+        levels,
+        slo=Slo(ttft_p95_s=slo_ttft_p95_s),
+        model=model,
+        source="probe",
+        run_id=run_id,
+        tokens=tokens_in_store(store, model=model, at=None, kv_capacity_tokens=kv_capacity_tokens),
     )
     save_estimate(store, estimate)
     # what is published comes from the one decision every reader shares (collector.store.decision)
