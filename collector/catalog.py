@@ -19,6 +19,7 @@ __all__ = [
     "OVERHEAD_BUCKETS_SECONDS",
     "INFLIGHT_AGE_BOUNDS",
     "SIGNAL_REASONS",
+    "SINK_REASONS",
     "spec",
     "EXTERNAL_SERIES",
 ]
@@ -121,6 +122,18 @@ SIGNAL_REASONS: dict[str, bool] = {
     "stale": False,
     "stuck": False,
     "scrape_failing": False,
+}
+# headroom_log_sink_up{reason}: why the log sink is up (1) or down (0); one series at a time.
+# The lake's side: unreachable (its store did not answer: network, DNS, timeout), unwritable (it
+# answered no: permissions, not a folder, read-only, full, access denied), lake_error (anything
+# else); the spool's volume, as in headroom_log_rows_dropped_total{reason}: disk_full, spool_error.
+SINK_REASONS: dict[str, bool] = {
+    "ok": True,
+    "unreachable": False,
+    "unwritable": False,
+    "lake_error": False,
+    "disk_full": False,
+    "spool_error": False,
 }
 
 
@@ -624,8 +637,12 @@ CATALOG: tuple[MetricSpec, ...] = (
         "headroom_log_sink_up",
         "gauge",
         "1 when the log sink's last write succeeded (with --lake: the last roll staged its files "
-        "in the lake), 0 when it failed; absent before the first.",
-        (),
+        "in the lake), 0 when it failed; absent before the first. One series at a time; `reason` "
+        "says why: ok with 1; with 0 the lake's side (unreachable: its store did not answer; "
+        "unwritable: it refused the write, e.g. permissions, not a folder, read-only or full; "
+        "lake_error: anything else) or the spool's volume (disk_full, spool_error, as in "
+        "headroom_log_rows_dropped_total), the spool's first when both fail.",
+        ("reason",),
         "short",
         group="pipeline",
     ),

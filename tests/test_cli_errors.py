@@ -7,6 +7,7 @@ open (a real second process takes DuckDB's lock), a URL without a scheme, an unr
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -233,7 +234,9 @@ def test_probe_unwritable_json_path_after_the_run(tmp_path):
     finally:
         server.stop()
     _one_clear_error(result, str(blocker), "the estimate is printed above")
-    assert "knee: 2 requests" in result.output
+    # printed above it: the estimate (its knee is a wall-clock measurement, and this test runs in
+    # the parallel part: the value is not this test's business, test_probe_fake pins it)
+    assert re.search(r"knee: \d+ requests", result.output), result.output
 
 
 def test_demo_unwritable_json_prints_the_summary_then_one_error(tmp_path):

@@ -142,7 +142,9 @@ def test_sidecar_with_lake_stages_rows_and_exports_spool_health(tmp_path: Path) 
         metrics = rig.metrics()
         assert metrics[("headroom_log_spool_files", ())] == 0
         assert metrics[("headroom_log_rows_written_total", ())] == 5
-        assert metrics[("headroom_log_sink_up", ())] == 1
+        assert [(key, value) for key, value in metrics.items() if key[0] == "headroom_log_sink_up"] == [
+            (("headroom_log_sink_up", (("reason", "ok"),)), 1)
+        ]
     assert not (tmp_path / "log.duckdb").exists()
 
 

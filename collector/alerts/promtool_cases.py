@@ -694,6 +694,15 @@ def _pipeline_cases(c: RulesConfig) -> list[Case]:
             quiet("15m"),
         ),
         Case(
+            "the lake becomes unreachable: the alert carries the sink's reason",
+            "HeadroomLogSinkDown",
+            {  # one series at a time: reason="ok" goes stale as reason="unreachable" appears
+                'headroom_log_sink_up{instance="a",reason="ok"}': "1x4 stale",
+                'headroom_log_sink_up{instance="a",reason="unreachable"}': f"_x5 0x{_N - 6}",
+            },
+            fires(c, "HeadroomLogSinkDown", (5, 5), A | {"reason": "unreachable"}, "0"),
+        ),
+        Case(
             "the oldest row the sink has not taken gets older than the threshold",
             "HeadroomLogSinkLagging",
             {'headroom_log_sink_lag_seconds{instance="a"}': steps((0, 5), (lag, _N))},

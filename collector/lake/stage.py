@@ -28,7 +28,9 @@ Serve first: nothing here stops the sidecar from starting except a malformed --l
 spool another process owns. The lake is opened by the roller: an unreachable store or an
 unwritable lake sets `headroom_log_sink_up` to 0 with one WARNING, rows stay spooled, and the
 roller retries with backoff. A spool volume that refuses a write (full, read-only) does the same;
-its rows wait in memory (up to `max_held_bytes`) until the volume takes them again. Rows are lost
+its rows wait in memory (up to `max_held_bytes`) until the volume takes them again. The gauge's
+`reason` label says why (collector.catalog.SINK_REASONS): ok, or unreachable, unwritable,
+lake_error (`lake_reason`), disk_full, spool_error (`drop_reason`); one series at a time. Rows are lost
 only past a bound, counted in `headroom_log_rows_dropped_total{reason}`: `spool_full` (the spool's
 cap), `disk_full` (the volume is full), `spool_error` (the volume refuses writes otherwise).
 
@@ -57,7 +59,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from collector.catalog import spec
+from collector.catalog import SINK_REASONS, spec
 from collector.lake.layout import STAGED, Lake, check_lake_uri, parse_staged, safe_writer_part, staged_name
 from collector.record import RequestRecord
 from collector.store.arrow import ARROW_SCHEMA, rows_to_ipc  # no DuckDB: tests/test_slim_fleet.py
@@ -76,6 +78,8 @@ __all__ = [
     "day_files",
     "conform",
     "parquet_bytes",
+    "drop_reason",
+    "lake_reason",
 ]
 
 log = logging.getLogger(__name__)
@@ -94,6 +98,29 @@ PARQUET_OPTIONS: dict[str, Any] = {
 }
 _PLAN, _STATE = "lake-plan.json", "lake-state.json"
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, *_FULL)
+_AWAY = (
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ENETDOWN,
+    errno.ETIMEDOUT,
+)
+# What the object stores' clients say (pyarrow raises a bare OSError with the SDK's text), e.g.
+# "AWS Error NETWORK_CONNECTION during HeadBucket operation: curlCode: 7, Could not connect to server".
+_AWAY_TEXT = (
+    "NETWORK_CONNECTION",
+    "could not connect",
+    "couldn't connect",
+    "could not resolve",
+    "connection refused",
+    "timed out",
+    "cannot reach its store",  # Lake.parse
+    "UNAVAILABLE",
+)
+_REFUSED_TEXT = ("ACCESS_DENIED", "AccessDenied", "PERMISSION_DENIED", "permission denied", "forbidden")
 
 
 def day_files(table: pa.Table) -> list[pa.Table]:
@@ -149,18 +176,40 @@ def drop_reason(exc: BaseException) -> str:
     return "disk_full" if isinstance(exc, OSError) and exc.errno in _FULL else "spool_error"
 
 
+def lake_reason(exc: BaseException) -> str:
+    """headroom_log_sink_up's reason for what the lake raised: unreachable, unwritable or lake_error.
+
+    Examples: a refused connection or the S3 client's NETWORK_CONNECTION -> unreachable; EACCES,
+    ENOTDIR (a file where the lake's folder goes), EROFS, ENOSPC, S3's ACCESS_DENIED -> unwritable.
+    """
+    code = exc.errno if isinstance(exc, OSError) else None
+    if isinstance(exc, ConnectionError | TimeoutError) or code in _AWAY:
+        return "unreachable"
+    if code in _REFUSED:
+        return "unwritable"
+    text = str(exc).lower()
+    if any(marker.lower() in text for marker in _AWAY_TEXT):
+        return "unreachable"
+    if any(marker.lower() in text for marker in _REFUSED_TEXT):
+        return "unwritable"
+    return "lake_error"
+
+
 class _Health:
-    """Whether each side of the sink works; one WARNING when a side fails, one when it is back."""
+    """Whether each side of the sink works, and why not; one WARNING when a side fails (whatever
+    reasons it gives while it stays down), one when it is back."""
 
     def __init__(self) -> None:
-        self._faults: dict[str, str] = {}
+        self._faults: dict[str, str] = {}  # side -> its reason (SINK_REASONS)
         self._known = False
         self._lock = threading.Lock()
 
-    def fail(self, side: str, message: str) -> None:
+    def fail(self, side: str, message: str, reason: str) -> None:
+        if SINK_REASONS.get(reason, True):
+            raise ValueError(f"{reason!r} is not a failing reason of collector.catalog.SINK_REASONS")
         with self._lock:
             self._known, first = True, side not in self._faults
-            self._faults[side] = message
+            self._faults[side] = reason
         if first:
             log.warning("%s", message)
 
@@ -174,6 +223,15 @@ class _Health:
     def up(self) -> bool | None:
         """None before the first attempt, else True when no side is failing."""
         return None if not self._known else not self._faults
+
+    @property
+    def reason(self) -> str | None:
+        """None before the first attempt, "ok" while no side fails, else the failing side's reason:
+        the spool's volume first (the rows it refused wait in memory), then the lake's."""
+        with self._lock:
+            if not self._known:
+                return None
+            return self._faults.get("spool") or self._faults.get("lake") or "ok"
 
 
 class LakeWriter:
@@ -236,6 +294,11 @@ class LakeWriter:
         """Whether the sink works (the lake and the spool); None before the roller's first try."""
         return self.health.up
 
+    @property
+    def sink_reason(self) -> str | None:
+        """headroom_log_sink_up's reason (collector.catalog.SINK_REASONS); None before the first try."""
+        return self.health.reason
+
     # --- the BatchSink ----------------------------------------------------------------------------
     def write_batch(self, rows: Sequence[RequestRecord]) -> int:
         """Spool the batch (the write-ahead); 0 rows count as written now, the rest once staged.
@@ -275,6 +338,7 @@ class LakeWriter:
             f"cannot write the spool {self.spool.directory} ({exc}); rows wait in memory (up to "
             f"{self.max_held_bytes // 2**20} MiB, then headroom_log_rows_dropped_total"
             f'{{reason="{self._held_reason}"}}) until it takes writes again',
+            self._held_reason,
         )
 
     def _drain_held(self) -> None:
@@ -464,10 +528,12 @@ class LakeWriter:
 
     def _lake_failed(self, exc: BaseException) -> None:
         self._prepared = False  # open, make the folder and check the sequence again when it is back
+        reason = lake_reason(exc)
         self.health.fail(
             "lake",
-            f"cannot write to the lake {self.uri} ({exc}); the sidecar keeps serving, rows stay "
-            f"spooled in {self.spool.directory} and the roller retries",
+            f"cannot write to the lake {self.uri} ({reason}: {exc}); the sidecar keeps serving, rows "
+            f"stay spooled in {self.spool.directory} and the roller retries",
+            reason,
         )
 
     def _lake_ok(self) -> None:
@@ -590,7 +656,9 @@ class LakeWriter:
 
     # --- metrics ----------------------------------------------------------------------------------
     def collect(self) -> Iterable[Metric]:
-        """Spool depth and age, set-aside files, and whether the sink works (a prometheus_client collector)."""
+        """Spool depth and age, set-aside files, and whether the sink works and why (a
+        prometheus_client collector: families built per scrape, so a reason that changed leaves
+        no series behind)."""
         now_ns = time.time_ns()
         oldest = self.spool.oldest_ns()
         age = 0.0 if oldest is None else max(0.0, (now_ns - oldest) / 1e9)
@@ -602,8 +670,12 @@ class LakeWriter:
         yield CounterMetricFamily(
             quarantined.name.removesuffix("_total"), quarantined.help, value=self.quarantined
         )
-        if self.lake_up is not None:
-            yield _gauge("headroom_log_sink_up", 1.0 if self.lake_up else 0.0)
+        reason = self.sink_reason
+        if reason is not None:
+            up = spec("headroom_log_sink_up")
+            family = GaugeMetricFamily(up.name, up.help, labels=list(up.labels))
+            family.add_metric([reason], 1.0 if SINK_REASONS[reason] else 0.0)
+            yield family
 
 
 def _link_new(path: Path, payload: bytes) -> bytes | None:
