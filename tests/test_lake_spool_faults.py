@@ -28,7 +28,7 @@ import collector.store.spool as spool_module
 from collector.catalog import SINK_REASONS
 from collector.lake.layout import STAGED, Lake
 from collector.lake.stage import LakeWriter, lake_reason
-from collector.lake.table import commit_staged, marks, open_catalog, open_table
+from collector.lake.table import commit_staged, maintain, marks, open_catalog, open_table
 from collector.record import RequestRecord
 from collector.sidecar.wiring import sidecar_state
 from collector.store.db import rows_to_ipc
@@ -289,6 +289,33 @@ def test_a_rolled_back_writer_never_rewrites_a_committed_file_and_the_table_lose
     assert len(ids) == in_files == len(set(ids)) == 18 and set(ids) == expected
     table = open_table(open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", again.lake), create=False)
     assert marks(table) == {again.writer: 3}
+
+
+def test_a_rolled_back_writer_after_maintain_removed_its_staged_files_loses_nothing(tmp_path: Path) -> None:
+    """Once `lake maintain` compacted a day and removed its staged files, a writer whose state
+    rolled back finds no file of its own in staged/: it goes on past the mark maintain left
+    (staged/<writer>/.removed-through), never from 0 again, whose names the committer would skip
+    as committed and the next maintain delete (12 of 18 rows reached the table before)."""
+    spool, lake_dir = tmp_path / "spool", tmp_path / "lake"
+    day = (datetime.now(UTC) - timedelta(days=3)).replace(hour=1, minute=0, second=0, microsecond=0)
+    writer = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    for k in range(3):  # three files of one sealed day: maintain compacts them, then removes them
+        writer.write_batch(records(4, start=day + timedelta(minutes=k), prefix=f"a{k}"))
+        assert writer.flush(10)
+    writer.close()
+    assert len(commit_all(tmp_path, writer.lake)) == 12
+    catalog = open_catalog(f"sqlite:///{tmp_path / 'catalog.db'}", writer.lake)
+    maintain(catalog, writer.lake, seal_hours=0, snapshot_age=timedelta(0), orphan_age=timedelta(0))
+    assert writer.lake.staged() == []
+    state = json.loads((spool / "lake-state.json").read_text())
+    (spool / "lake-state.json").write_text(json.dumps(state | {"next_seq": 0}))  # rolled back
+    again = LakeWriter(lake_dir, "pod", spool, roll_seconds=3600)
+    again.write_batch(records(6, start=day + timedelta(days=1), prefix="c"))
+    assert again.flush(10)
+    again.close()
+    assert [name.seq for name in again.lake.staged()] == [3]
+    ids = commit_all(tmp_path, again.lake)
+    assert len(ids) == len(set(ids)) == 18, (len(ids), len(set(ids)))
 
 
 # --- 2. bad spool files: set aside, the rest staged ----------------------------------------------------

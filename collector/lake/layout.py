@@ -27,6 +27,8 @@ __all__ = [
     "WAREHOUSE",
     "staged_name",
     "parse_staged",
+    "read_removed_mark",
+    "write_removed_mark",
     "safe_writer_part",
     "private_files",
     "check_lake_uri",
@@ -159,6 +161,33 @@ def safe_writer_part(text: str) -> str:
 def staged_name(lake: Lake, writer: str, seq: int) -> str:
     """The path of a writer's `seq`th file: staged/<writer>/<writer>-<seq:012d>.parquet."""
     return lake.path(STAGED, writer, f"{writer}-{seq:012d}.parquet")
+
+
+# staged/<writer>/.removed-through: the highest sequence `lake maintain` removed (the table holds
+# it), so a writer whose own state went backwards never reuses a name the table already read
+_REMOVED_MARK = ".removed-through"
+
+
+def read_removed_mark(lake: Lake, writer: str) -> int:
+    """The highest sequence of `writer` that maintain removed from staged/, -1 when none (or
+    unreadable: then the staged files themselves are the only evidence, as before)."""
+    try:
+        with lake.fs.open_input_stream(lake.path(STAGED, writer, _REMOVED_MARK)) as stream:
+            return int(stream.read().decode().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+def write_removed_mark(lake: Lake, writer: str, seq: int) -> None:
+    """Record, before removing them, that `writer`'s staged files through `seq` are in the table
+    (written to a temporary name, then moved over the mark: a reader sees the old or the new)."""
+    final = lake.path(STAGED, writer, _REMOVED_MARK)
+    if read_removed_mark(lake, writer) >= seq:
+        return
+    temporary = f"{final}.{os.getpid()}.tmp"
+    with lake.fs.open_output_stream(temporary) as stream:
+        stream.write(f"{seq}\n".encode())
+    lake.fs.move(temporary, final)
 
 
 def parse_staged(path: str) -> StagedName | None:

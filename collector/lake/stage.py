@@ -60,7 +60,15 @@ import pyarrow.parquet as pq
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from collector.catalog import SINK_REASONS, spec
-from collector.lake.layout import STAGED, Lake, check_lake_uri, parse_staged, safe_writer_part, staged_name
+from collector.lake.layout import (
+    STAGED,
+    Lake,
+    check_lake_uri,
+    parse_staged,
+    read_removed_mark,
+    safe_writer_part,
+    staged_name,
+)
 from collector.record import RequestRecord
 from collector.store.arrow import ARROW_SCHEMA, rows_to_ipc  # no DuckDB: tests/test_slim_fleet.py
 from collector.store.spool import Spool, SpoolEntry, sync_directory, write_atomic, write_temporary
@@ -420,7 +428,10 @@ class LakeWriter:
             written = self._apply_plan()
         if not self._prepared:
             with _side("lake"):
-                ahead = self._lake_next(self.next_seq if self._state_saved else 0)
+                # past the writer's own staged run, and past what maintain removed of it (the
+                # table holds those names: a state rolled back must not reuse them)
+                start = self.next_seq if self._state_saved else 0
+                ahead = self._lake_next(max(start, read_removed_mark(self.lake, self.writer) + 1))
             if ahead > self.next_seq or not self._state_saved:
                 if ahead > self.next_seq:
                     log.warning(

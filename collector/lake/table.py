@@ -98,7 +98,7 @@ from collector.lake.admit import (
     pending,
     quarantine,
 )
-from collector.lake.layout import Lake, StagedName, parse_staged, staged_name
+from collector.lake.layout import Lake, StagedName, parse_staged, staged_name, write_removed_mark
 from collector.lake.scan import data_files, duckdb_paths
 from collector.lake.stage import conform, parquet_bytes
 from collector.store.db import ARROW_SCHEMA
@@ -629,11 +629,15 @@ def _remove_unreferenced(table: Table, lake: Lake, older_than: datetime, result:
     table = table.refresh()
     referenced = {lake.path_of(path) for path in table.inspect.all_files()["file_path"].to_pylist()}
     committed, gaps = marks(table), gaps_of(table.properties)
+    marked: set[str] = set()
     for name in lake.staged():
         held = name.seq <= committed.get(name.writer, -1) and not in_ranges(
             name.seq, gaps.get(name.writer, [])
         )
         if held and name.path not in referenced:
+            if name.writer not in marked:  # first the mark, then the files it stands for
+                write_removed_mark(lake, name.writer, committed[name.writer])
+                marked.add(name.writer)
             lake.fs.delete_file(name.path)
             result.files_removed += 1
     data_dir = lake.path_of(f"{table.location().rstrip('/')}/data")
