@@ -156,12 +156,14 @@ def _maps() -> dict[str, int]:
     """Sizes of the sidecar's per-request and per-connection state."""
     if not _APP:
         return {}
-    state = _APP[0].state
+    from collector.sidecar.wiring import sidecar_state
+
+    state = sidecar_state(_APP[0])
     tracker = state.tracker
     sizes: dict[str, int] = {
         "tracker.live": len(tracker.live),
-        "tracker.label_sets": len(tracker._label_sets),
-        "tracker.task_label_sets": len(tracker._task_label_sets),
+        "tracker.label_sets": len(getattr(tracker, "_label_sets", ())),
+        "tracker.task_label_sets": len(getattr(tracker, "_task_label_sets", ())),
     }
     budget = tracker.budget
     for name in (
@@ -213,9 +215,11 @@ def _maps() -> dict[str, int]:
 
 
 def _duckdb_memory() -> dict[str, float]:
-    if not _APP or _APP[0].state.batch_sink is None:
+    from collector.sidecar.wiring import sidecar_state
+
+    if not _APP or sidecar_state(_APP[0]).batch_sink is None:
         return {}
-    store = _APP[0].state.batch_sink
+    store = sidecar_state(_APP[0]).batch_sink
     con = getattr(store, "_con", None)
     if con is None:
         return {}

@@ -149,7 +149,7 @@ def _passthrough(upstream: str):  # type: ignore[no-untyped-def]
 def _headroom(upstream: str):  # type: ignore[no-untyped-def]
     from collector.serving import serve_in_thread
     from collector.sidecar.config import SidecarConfig
-    from collector.sidecar.wiring import build_sidecar
+    from collector.sidecar.wiring import build_sidecar, sidecar_state
 
     db = Path(tempfile.mkdtemp(prefix="call-count-")) / "log.duckdb"
     app = build_sidecar(
@@ -159,12 +159,12 @@ def _headroom(upstream: str):  # type: ignore[no-untyped-def]
         from collector.sidecar.server import uvicorn_options
 
         options = {"proxy_headers": False} | uvicorn_options(
-            app.state.registry, header_timeout_s=10.0, idle_timeout_s=5.0, max_connections=4096
+            sidecar_state(app).registry, header_timeout_s=10.0, idle_timeout_s=5.0, max_connections=4096
         )
     except ImportError:
         options = {}
     handle = serve_in_thread(app, **options)
-    return handle.url, handle.thread.ident, handle.stop, app.state.writer.flush
+    return handle.url, handle.thread.ident, handle.stop, sidecar_state(app).writer.flush
 
 
 def _nothing() -> None:

@@ -28,7 +28,7 @@ from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exposition import MetricsPage
 from collector.sidecar.tracker import OUTCOMES, LiveRequest
-from collector.sidecar.wiring import build_sidecar
+from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 
 def fill(tracker, requests: int, rng: random.Random) -> None:
@@ -83,9 +83,9 @@ def main() -> None:
         upstream="http://127.0.0.1:9", db_path=None, engine="none", jobs=False, max_series=args.max_series
     )
     app = build_sidecar(config)
-    tracker = app.state.tracker
+    tracker = sidecar_state(app).tracker
     fill(tracker, 60_000, random.Random(13))
-    page = MetricsPage(app.state.registry, [tracker.exported])
+    page = MetricsPage(sidecar_state(app).registry, [tracker.exported])
     loop = asyncio.new_event_loop()  # the page renders as /metrics does: the rest in a worker thread
     render = lambda: loop.run_until_complete(page.render())  # noqa: E731
     text = render()
@@ -117,7 +117,7 @@ def main() -> None:
     _report("MetricsPage.render(), every series updated", dirty)
     _report(
         "generate_latest, same series (as prometheus_client)",
-        timed_ms(lambda: generate_latest(app.state.registry), max(20, args.scrapes // 5)),
+        timed_ms(lambda: generate_latest(sidecar_state(app).registry), max(20, args.scrapes // 5)),
     )
 
 

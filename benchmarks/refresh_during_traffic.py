@@ -54,7 +54,7 @@ from support.synthetic import synthetic_rows  # noqa: E402
 from collector.analysis.refresh import refresh_estimates, refresh_estimates_isolated  # noqa: E402
 from collector.serving import serve_in_thread  # noqa: E402
 from collector.sidecar.config import SidecarConfig  # noqa: E402
-from collector.sidecar.wiring import build_sidecar  # noqa: E402
+from collector.sidecar.wiring import build_sidecar, sidecar_state  # noqa: E402
 from collector.store.db import RequestStore  # noqa: E402
 
 
@@ -237,7 +237,7 @@ def main() -> None:
         SidecarConfig(upstream=f"http://127.0.0.1:{port}", db_path=str(db), engine="none", jobs=False)
     )
     sidecar = serve_in_thread(app)
-    store = app.state.batch_sink
+    store = sidecar_state(app).batch_sink
     out = Path("/tmp/headroom-refresh-bench-client.json")
     total = args.phase_seconds * args.phases
     load = subprocess.Popen(
@@ -281,7 +281,7 @@ def main() -> None:
                         refresh_cpus,
                         refresh_estimates if args.in_process else refresh_estimates_isolated,
                         store,
-                        app.state.capacity,
+                        sidecar_state(app).capacity,
                         datetime.now(UTC),
                     ),
                     kwargs={"window": timedelta(hours=24)},
