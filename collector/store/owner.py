@@ -209,6 +209,26 @@ def published_from_owner(owner: Owner, *, transport: httpx.BaseTransport | None 
         ) from None
 
 
+def _open_unheld(db_path: str | os.PathLike[str]) -> RequestStore | None:
+    """`db_path` opened read-only, or None while another process (its owner) holds it.
+
+    Raises FileNotFoundError when the file does not exist and duckdb.Error when it is not a
+    database headroom wrote.
+    """
+    import duckdb  # lazy: see the imports
+
+    from collector.store.db import RequestStore  # lazy: DuckDB (see the imports)
+
+    if not Path(db_path).is_file():
+        raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar wrote")
+    try:
+        return RequestStore(Path(db_path), read_only=True)
+    except duckdb.Error as exc:
+        if not is_lock_error(exc):
+            raise
+        return None
+
+
 def read_published(db_path: str | os.PathLike[str]) -> list[Published]:
     """The published estimates of the request log `db_path` (collector.store.decision), each with
     its reason: decided over the file opened read-only when nobody holds it, else the owner's
@@ -217,18 +237,10 @@ def read_published(db_path: str | os.PathLike[str]) -> list[Published]:
     Raises FileNotFoundError when the file does not exist, OwnerError when its owner cannot be
     asked, and duckdb.Error when it is not a database headroom wrote.
     """
-    import duckdb  # lazy: see the imports
-
-    from collector.store.db import RequestStore  # lazy: DuckDB (see the imports)
     from collector.store.decision import published_estimates  # lazy: DuckDB (see the imports)
 
-    if not Path(db_path).is_file():
-        raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar wrote")
-    try:
-        store = RequestStore(Path(db_path), read_only=True)
-    except duckdb.Error as exc:
-        if not is_lock_error(exc):
-            raise
+    store = _open_unheld(db_path)
+    if store is None:
         return published_from_owner(find_owner(db_path))
     try:
         return published_estimates(store)
@@ -271,18 +283,9 @@ def open_request_log(db_path: str | os.PathLike[str]) -> Iterator[RequestStore]:
     Raises FileNotFoundError when the file does not exist, OwnerError when its owner cannot be
     asked, and duckdb.Error when it is not a database headroom wrote.
     """
-    import duckdb  # lazy: see the imports
-
     from collector.store.db import RequestStore  # lazy: DuckDB (see the imports)
 
-    if not Path(db_path).is_file():
-        raise FileNotFoundError(f"{db_path} does not exist; pass the request log a sidecar wrote")
-    try:
-        store = RequestStore(Path(db_path), read_only=True)
-    except duckdb.Error as exc:
-        if not is_lock_error(exc):
-            raise
-        store = None
+    store = _open_unheld(db_path)
     if store is not None:
         try:
             yield store
