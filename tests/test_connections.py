@@ -21,7 +21,8 @@ from support.upstream import FakeUpstream
 from collector.serving import serve_in_thread
 from collector.sidecar.app import YOUNG_COLLECTION_THRESHOLD
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.server import ADMIN_SLOTS, raise_file_limit, uvicorn_options
+from collector.sidecar.descriptors import raise_file_limit
+from collector.sidecar.server import ADMIN_SLOTS, uvicorn_options
 from collector.sidecar.wiring import SIDECAR_STORE_THREADS, build_sidecar, sidecar_state
 
 IDLE, SLOWLORIS, CANARIES = 2_000, 100, 60

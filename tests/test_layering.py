@@ -239,3 +239,18 @@ def test_every_module_serves_the_product():
             todo.extend(edges[name])
     assert "collector.sidecar.wiring" in reached and "collector.sim.app" in reached  # not vacuous
     assert sorted(set(modules) - reached) == []
+
+
+SIDECAR_MAX_LINES = 450
+
+
+def test_no_sidecar_module_is_over_450_lines():
+    """A sidecar module past 450 lines holds more than one thing: cut it along a seam (as server.py
+    gave the descriptor budget and the per-address bounds their own modules, and upstream.py its
+    pooled connection), never by deleting its docs."""
+    long = {
+        str(path.relative_to(ROOT)): count
+        for path in sorted((PACKAGE_DIR / "sidecar").rglob("*.py"))
+        if (count := len(path.read_text().splitlines())) > SIDECAR_MAX_LINES
+    }
+    assert not long, f"over {SIDECAR_MAX_LINES} lines, split along a seam: {long}"

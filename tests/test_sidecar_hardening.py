@@ -28,13 +28,8 @@ from support.upstream import FakeUpstream
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.server import (
-    ADMIN_SLOTS,
-    FILE_RESERVE,
-    connection_cap,
-    raise_file_limit,
-    uvicorn_options,
-)
+from collector.sidecar.descriptors import FILE_RESERVE, connection_cap, raise_file_limit
+from collector.sidecar.server import ADMIN_SLOTS, uvicorn_options
 from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 PATH = "/v1/chat/completions"

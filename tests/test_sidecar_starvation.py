@@ -32,15 +32,10 @@ from support.sources import connect_from
 from support.upstream import FakeUpstream
 
 from collector.serving import serve_in_thread
+from collector.sidecar.addresses import source_limits, source_of
 from collector.sidecar.config import SidecarConfig
-from collector.sidecar.server import (
-    ADMIN_SLOTS,
-    ADMIN_SLOTS_PER_SOURCE,
-    raise_file_limit,
-    source_limits,
-    source_of,
-    uvicorn_options,
-)
+from collector.sidecar.descriptors import raise_file_limit
+from collector.sidecar.server import ADMIN_SLOTS, ADMIN_SLOTS_PER_SOURCE, uvicorn_options
 from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 PATH = "/v1/chat/completions"

@@ -7,10 +7,13 @@
     admin.py         /metrics, /healthz, /readyz, /headroom: on the proxy's port or on --admin-listen
     memory.py        memory given back every minute: a full collection, then glibc's malloc_trim
     server.py        uvicorn with header and body deadlines, an idle timeout and a connection cap
+    addresses.py     the per-client-address bounds: source_of, source_limits, SourceCounts
+    descriptors.py   the connection cap fitted to the open-file limit (RLIMIT_NOFILE)
     paths.py         one spelling per path, before routing
     proxy.py         CompletionsProxy: the accounted routes, one function owning each request
     passthrough.py   PassThrough: every other /v1/* path, forwarded untouched, not accounted
     upstream.py      the one upstream client: HTTP/1.1 pools in protocol callbacks
+    connection.py    PooledConnection: one upstream connection, parsing and relaying in its callbacks
     exchange.py      one request to the upstream: Exchange, its failures, BufferedBody
     headers.py       the request target and the headers each way between client and upstream
     client.py        the client's side: its body (bounded), its leaving (TaskWatch), its answer

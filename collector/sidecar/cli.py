@@ -42,7 +42,8 @@ def run(**options: Any) -> None:  # click passes each option by its name (collec
     (http://ADMIN-LISTEN/metrics with --admin-listen).
     """
     # lazy: `headroom run --help` must not load the whole sidecar
-    from collector.sidecar.server import fit_connection_cap, uvicorn_options
+    from collector.sidecar.descriptors import fit_connection_cap
+    from collector.sidecar.server import uvicorn_options
     from collector.sidecar.wiring import build_sidecar, sidecar_state
     from collector.store.schema import SchemaTooNew  # no DuckDB: the --db store's columns
 

@@ -73,7 +73,7 @@ class SidecarConfig:
     idle_timeout_s: float = 5.0
     max_client_connections: int = 4096
     # per client address (docs/sidecar.md, "Limits"); None: --max-client-connections, and a quarter
-    # of it (at least 64) for the requests not fully sent (collector.sidecar.server.source_limits)
+    # of it (at least 64) for the requests not fully sent (collector.sidecar.addresses.source_limits)
     max_connections_per_source: int | None = None
     max_partial_requests_per_source: int | None = None
     write_stall_timeout_s: float = 60.0  # --write-stall-timeout: a client taking nothing is cut off

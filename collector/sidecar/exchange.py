@@ -96,7 +96,7 @@ class BodySink(Protocol):
 
 
 class Carrier(Protocol):
-    """The connection that carries an exchange (collector.sidecar.upstream's)."""
+    """The connection that carries an exchange (collector.sidecar.connection's PooledConnection)."""
 
     exchange: Exchange | None
 

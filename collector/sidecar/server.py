@@ -35,26 +35,15 @@ refusal counts in headroom_connections_refused_total{reason} (header_timeout, bo
 connection_cap, source_connections, source_partial_requests, write_stall) and is logged: one
 WARNING per reason per minute, with how many more there were.
 
-The cap must bite before the kernel's open-file limit does, or connections past the limit fail
-silently in accept() (issue #36 N7). `fit_connection_cap` first lifts the soft RLIMIT_NOFILE
-toward the hard one (`raise_file_limit`), then clamps the cap to what the limit leaves
-(`connection_cap`) and logs one WARNING when it had to:
-
-    descriptors left = soft limit - FILE_RESERVE (64: log files, the store, DuckDB's WAL, the
-                       reserved admin slots)
-    upstream share   = min(upstream pool bound, half of what is left)
-    cap              = min(requested, descriptors left - upstream share), at least 1
-
-e.g. a soft limit of 1,024 with the default 1,024-connection upstream pool: 960 left, 480 for the
-upstream, a cap of 480; a limit of 256 and a pool of 64: 192 left, a cap of 128.
+The cap must bite before the kernel's open-file limit does: `headroom run` fits it to
+RLIMIT_NOFILE first (collector.sidecar.descriptors). The per-address counting and its default
+bounds are in collector.sidecar.addresses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
-import resource
 from typing import Any, ClassVar
 
 import httptools
@@ -63,28 +52,17 @@ from prometheus_client import CollectorRegistry, Counter
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from collector.catalog import spec
+from collector.sidecar.addresses import SourceCounts, source_limits, source_of
 from collector.sidecar.faults import FaultLog
 
-__all__ = [
-    "ConnectionGuard",
-    "SourceCounts",
-    "guarded_protocol",
-    "raise_file_limit",
-    "source_limits",
-    "source_of",
-    "uvicorn_options",
-]
+__all__ = ["ConnectionGuard", "guarded_protocol", "uvicorn_options"]
 
 log = logging.getLogger(__name__)
 _REFUSED = spec("headroom_connections_refused_total")
-# descriptors kept for what is not a client or upstream connection: log files, the store, DuckDB's
-# WAL, and the reserved admin slots
-FILE_RESERVE = 64
 ADMIN_SLOTS = 8  # connections past the cap that may still scrape or probe health
 ADMIN_PATHS = frozenset({b"metrics", b"healthz", b"readyz"})  # their paths, slashes stripped
 ADMIN_HEADER_TIMEOUT_S = 2.0  # a reserved slot's header deadline: scrapers send theirs at once
 ADMIN_SLOTS_PER_SOURCE = ADMIN_SLOTS // 2  # reserved slots one client address may hold at once
-MIN_PARTIAL_PER_SOURCE = 64  # the default per-address bound on partial requests, at least
 _ERROR_TYPES = {408: "bad_request", 429: "rate_limited"}
 
 
@@ -105,63 +83,6 @@ def _canned(status: int, reason: str, message: str, limit: str) -> bytes:
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
-
-
-def source_of(host: str) -> str:
-    """The client address the per-source bounds count by: an IPv4 address as it is, an IPv6 one
-    as its /64 (one host commonly holds a whole /64), an IPv4-mapped IPv6 one as the IPv4:
-    '10.0.0.5' -> '10.0.0.5'; '2001:db8::1' -> '2001:db8::/64'; '::ffff:10.0.0.5' -> '10.0.0.5'."""
-    if ":" not in host:
-        return host
-    try:
-        address = ipaddress.IPv6Address(host.partition("%")[0])
-    except ValueError:
-        return host
-    if address.ipv4_mapped is not None:
-        return str(address.ipv4_mapped)
-    return str(ipaddress.IPv6Network((address, 64), strict=False))
-
-
-def source_limits(
-    max_connections: int, per_source_connections: int | None, per_source_partial: int | None
-) -> tuple[int, int]:
-    """(connections, partial requests) one client address may hold; None takes the default: the
-    connection cap itself, and a quarter of it, at least MIN_PARTIAL_PER_SOURCE.
-    (4096, None, None) -> (4096, 1024); (480, None, None) -> (480, 120); (5, None, None) -> (5, 64)."""
-    connections = max_connections if per_source_connections is None else per_source_connections
-    partial = (
-        max(MIN_PARTIAL_PER_SOURCE, max_connections // 4)
-        if per_source_partial is None
-        else per_source_partial
-    )
-    return connections, partial
-
-
-class SourceCounts:
-    """Per client address (`source_of`): its open connections, the reserved admin slots it holds
-    and its partial requests; an address with none of one is not in that table."""
-
-    __slots__ = ("connections", "reserved", "partial")
-
-    def __init__(self) -> None:
-        self.connections: dict[str, int] = {}
-        self.reserved: dict[str, int] = {}
-        self.partial: dict[str, int] = {}
-
-    @staticmethod
-    def add(table: dict[str, int], source: str) -> int:
-        """One more for `source` in `table`; returns its count now."""
-        count = table.get(source, 0) + 1
-        table[source] = count
-        return count
-
-    @staticmethod
-    def remove(table: dict[str, int], source: str) -> None:
-        count = table.get(source, 0) - 1
-        if count > 0:
-            table[source] = count
-        else:
-            table.pop(source, None)
 
 
 class ConnectionGuard(HttpToolsProtocol):
@@ -454,58 +375,6 @@ def guarded_protocol(
         "sources": SourceCounts(),
     }
     return type("SidecarConnectionGuard", (ConnectionGuard,), attributes)
-
-
-def raise_file_limit(wanted: int) -> int:
-    """Lift the soft RLIMIT_NOFILE to `wanted` (at most the hard limit); returns the new soft one
-    (the old one where the kernel refuses)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return soft
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            return soft
-        return target
-    return soft
-
-
-def connection_cap(requested: int, file_limit: int, upstream_connections: int) -> int:
-    """The client connection cap that fits `file_limit` open files (the module docstring):
-    (4096, 1024, 1024) -> 480; (4096, 256, 64) -> 128; (100, 1024, 1024) -> 100; an unlimited
-    `file_limit` (resource.RLIM_INFINITY) keeps `requested`."""
-    if file_limit == resource.RLIM_INFINITY:
-        return requested
-    left = file_limit - FILE_RESERVE
-    upstream_share = min(upstream_connections, left // 2)
-    return max(1, min(requested, left - upstream_share))
-
-
-def fit_connection_cap(requested: int, upstream_connections: int) -> int:
-    """The cap to serve with: the soft RLIMIT_NOFILE lifted to cover `requested` (at most to the
-    hard limit), then the cap clamped to it, with one WARNING naming both numbers when clamped."""
-    limit = raise_file_limit(requested + upstream_connections + FILE_RESERVE)
-    cap = connection_cap(requested, limit, upstream_connections)
-    if cap < requested:
-        wanted = requested + upstream_connections + FILE_RESERVE
-        log.warning(
-            "--max-client-connections %d lowered to %d: the open-file limit (RLIMIT_NOFILE) is %d "
-            "and cannot be raised further (hard limit), and %d descriptors stay for the upstream "
-            "pool and files; raise it to %d to keep %d (`ulimit -n %d` before starting, "
-            "LimitNOFILE=%d in the systemd unit, or --ulimit nofile=%d in Docker)",
-            requested,
-            cap,
-            limit,
-            limit - cap,
-            wanted,
-            requested,
-            wanted,
-            wanted,
-            wanted,
-        )
-    return cap
 
 
 def uvicorn_options(

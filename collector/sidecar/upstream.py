@@ -4,7 +4,8 @@ Every route that reaches the engine goes through an `H1Pool`: the accounted comp
 pass-through and the readiness check (which keeps a pool of one connection of its own, so a full
 pool never makes /readyz say "not ready"). It is asyncio protocols with httptools' parser rather
 than an HTTP client library because the body is handed over in the socket's own callback, without
-a coroutine resumed per read.
+a coroutine resumed per read. This module is the pool; each of its connections, the protocol
+whose callbacks parse and relay, is a `PooledConnection` (collector.sidecar.connection).
 
 One `Exchange` (collector.sidecar.exchange) is one request on one connection of the pool:
 
@@ -51,22 +52,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import socket
 import ssl
 from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
-import httptools
-
+from collector.sidecar.connection import PooledConnection
 from collector.sidecar.exchange import (
     Exchange,
-    UpstreamBodyBroken,
     UpstreamConnectError,
     UpstreamConnectTimeout,
     UpstreamDisconnected,
     UpstreamError,
-    UpstreamReadTimeout,
-    UpstreamUnparsable,
 )
 
 __all__ = ["H1Pool", "UpstreamPoolTimeout"]
@@ -77,215 +73,6 @@ _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})  # they declare a length,
 
 class UpstreamPoolTimeout(UpstreamError):
     """No pooled connection came free within the pool's wait deadline (--upstream-wait-timeout)."""
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection of the pool, carrying one exchange at a time (the module doc
-    says when it closes rather than going back to the pool)."""
-
-    def __init__(self, pool: H1Pool) -> None:
-        self.pool = pool
-        self.loop = pool.loop
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.exchange: Exchange | None = None
-        self.parts: list[bytes] = []
-        self.used = False  # it has carried an exchange before the current one
-        self.got_bytes = False  # the current exchange's response has begun
-        self.headed = False  # ... and its head is complete
-        self.framed = True  # its body's end is in its framing (a length, or chunked)
-        self.paused = False
-        self.last_read = 0.0
-        self.timer: asyncio.TimerHandle | None = None
-        self.closed = False
-        self.pooled = False  # waiting in the pool's idle list
-        self.completed = False  # the exchange's response ended in the read being parsed
-        self.keep = False  # ... and the connection may carry another
-        self.surprise = False  # bytes followed that end in the same read: closed, never pooled
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def send(self, exchange: Exchange, data: bytes) -> None:
-        exchange.connection, self.exchange = self, exchange
-        self.got_bytes = self.headed = self.paused = False
-        self.framed = True
-        self._arm(self.loop.time())
-        assert self.transport is not None
-        self.transport.write(data)
-
-    def pause(self) -> None:
-        """Stop reading (the exchange's client is slow) and the read timeout with it."""
-        if not self.paused:
-            self.paused = True
-            self._stop_timer()
-            if self.transport is not None:
-                self.transport.pause_reading()
-
-    def resume(self, exchange: Exchange) -> None:
-        """Read again; the read timeout restarts from now while `exchange` is still carried."""
-        if self.paused:
-            self.paused = False
-            if self.exchange is exchange:
-                self._arm(self.loop.time())
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
-
-    def unread_bytes(self) -> bool:
-        """Whether the kernel holds bytes for this idle connection that the loop has not read:
-        a response nobody asked for (one non-blocking MSG_PEEK; the socket object only wraps the
-        descriptor and is detached, never closed)."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return True
-        raw = transport.get_extra_info("socket")
-        if raw is None:  # not a socket (a test's transport): nothing to peek at
-            return False
-        peek = socket.socket(raw.family, raw.type, 0, raw.fileno())
-        try:
-            return bool(peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-        except BlockingIOError:
-            return False  # nothing waiting: the common case
-        except OSError:
-            return True  # reset or otherwise broken: not reusable
-        finally:
-            peek.detach()
-
-    # --- httptools' callbacks and the socket's ------------------------------------------------
-    def data_received(self, data: bytes) -> None:
-        if self.exchange is None:  # idle: nobody asked for these bytes
-            self.surprise = True
-            self.close()
-            return
-        self.got_bytes = True
-        self.last_read = self.loop.time()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self.completed:  # garbage after a whole response: that response stands
-                self.surprise = True
-            else:
-                if self.headed:
-                    self._flush()  # what the read held before the break goes first (N4)
-                self._fail(
-                    UpstreamBodyBroken("the upstream's chunked framing is broken", "bad_framing")
-                    if self.headed
-                    else UpstreamUnparsable("the upstream's response could not be parsed")
-                )
-                return
-        if self.parts:
-            self._flush()
-        if self.completed:
-            self._after_response()
-
-    def _flush(self) -> None:
-        parts = self.parts
-        exchange = self.exchange
-        if exchange is not None and parts:
-            exchange._body(parts[0] if len(parts) == 1 else b"".join(parts))
-        parts.clear()
-
-    def on_message_begin(self) -> None:
-        if self.completed or self.exchange is None:  # a second response to one request
-            self.surprise = True
-        elif self.exchange is not None:
-            self.exchange.headers = []
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self.exchange is not None and not self.completed:
-            self.exchange.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        exchange = self.exchange
-        status = self.parser.get_status_code()
-        if exchange is None or self.completed or status < 200:  # a 1xx: the real head follows
-            return
-        self.headed = True
-        exchange.status = status
-        lengths = [name.lower() for name, _ in exchange.headers]
-        self.framed = b"content-length" in lengths or b"transfer-encoding" in lengths or status in (204, 304)
-        if not exchange.head.done():
-            exchange.head.set_result(None)
-
-    def on_body(self, body: bytes) -> None:
-        if not self.completed:
-            self.parts.append(body)
-
-    def on_message_complete(self) -> None:
-        if not self.headed or self.completed:
-            return  # the end of a 1xx, or of a response nobody asked for
-        self._flush()
-        exchange, self.exchange = self.exchange, None
-        self._stop_timer()
-        self.completed = True
-        self.keep = self.parser.should_keep_alive() and not self.paused
-        if exchange is not None:
-            exchange._end()
-
-    def _after_response(self) -> None:
-        """The read that ended a response is parsed: pool the connection, unless that read held
-        more (another response, garbage) or the connection may not carry another request."""
-        self.completed = False
-        self.used = True
-        if self.keep and not self.surprise:
-            self.pool._release(self)
-        else:
-            self.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._stop_timer()
-        self.pool._forget(self)
-        exchange = self.exchange
-        if exchange is None:
-            return
-        if self.headed and not self.framed and exc is None:  # a body that ends with its connection
-            self._flush()
-            self.exchange = None
-            exchange._end()
-            return
-        # a reset is a failure even where the connection's end would have ended the body
-        self._fail(
-            UpstreamDisconnected("the upstream closed the connection")
-            if not self.headed
-            else UpstreamBodyBroken("the upstream closed the connection inside the body", "truncated")
-            if exc is None
-            else UpstreamBodyBroken("the upstream reset the connection inside the body", "reset")
-        )
-
-    # --- ours -------------------------------------------------------------------------------
-    def _arm(self, now: float) -> None:
-        """The read timeout from `now`: one timer, moved on only when it fires."""
-        self.last_read = now
-        if self.timer is None:
-            self.timer = self.loop.call_at(now + self.pool.read_timeout_s, self._timed_out)
-
-    def _timed_out(self) -> None:
-        self.timer = None
-        if self.exchange is None or self.paused:  # paused: re-armed by the resume
-            return
-        due = self.last_read + self.pool.read_timeout_s
-        if self.loop.time() < due:  # a read since: wait out the rest of it
-            self.timer = self.loop.call_at(max(due, self.loop.time() + 0.001), self._timed_out)
-            return
-        self._fail(UpstreamReadTimeout(f"the upstream sent nothing for {self.pool.read_timeout_s:g} s"))
-
-    def _stop_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _fail(self, exc: UpstreamError) -> None:
-        exchange, self.exchange = self.exchange, None
-        self.parts.clear()
-        self.close()
-        if exchange is not None:
-            exchange._fail(exc)
-
-    def close(self) -> None:
-        self._stop_timer()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
 
 
 class H1Pool:
@@ -318,10 +105,10 @@ class H1Pool:
         self.read_timeout_s = read_timeout_s
         self.wait_timeout_s = wait_timeout_s
         self._on_wait_timeout = on_wait_timeout
-        self._idle: collections.deque[_Connection] = collections.deque()
+        self._idle: collections.deque[PooledConnection] = collections.deque()
         self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._all: set[_Connection] = set()
+        self._all: set[PooledConnection] = set()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -353,7 +140,7 @@ class H1Pool:
             raise again.head.exception()  # type: ignore[misc]
         return again
 
-    async def _try(self, connection: _Connection, data: bytes) -> Exchange:
+    async def _try(self, connection: PooledConnection, data: bytes) -> Exchange:
         exchange = Exchange(self.loop)
         connection.send(exchange, data)
         try:
@@ -378,7 +165,7 @@ class H1Pool:
         return b"".join(lines)
 
     # --- the pool -------------------------------------------------------------------------------
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self) -> PooledConnection:
         deadline: float | None = None  # set at the first wait: the whole wait has one deadline
         while True:
             while self._idle:
@@ -427,13 +214,13 @@ class H1Pool:
                 )
             )
 
-    async def _open_connection(self) -> _Connection:
+    async def _open_connection(self) -> PooledConnection:
         """A new connection (the single retry's may pass the bound by one)."""
         self._open += 1
         try:
             _, connection = await asyncio.wait_for(
                 self.loop.create_connection(
-                    lambda: _Connection(self),
+                    lambda: PooledConnection(self),
                     self.host,
                     self.port,
                     ssl=self.ssl,
@@ -456,13 +243,13 @@ class H1Pool:
         self._all.add(connection)
         return connection
 
-    def _release(self, connection: _Connection) -> None:
+    def _release(self, connection: PooledConnection) -> None:
         if not connection.pooled:  # never twice: two requests would share it
             connection.pooled = True
             self._idle.append(connection)
         self._wake()
 
-    def _forget(self, connection: _Connection) -> None:
+    def _forget(self, connection: PooledConnection) -> None:
         if connection in self._all:
             self._all.discard(connection)
             self._open -= 1
