@@ -18,7 +18,7 @@ import statistics
 import httpx
 import pytest
 from support.offline import Mix, closed_loop_rows
-from support.waiting import wait_until_async
+from support.waiting import patient, wait_until_async
 
 from collector.record import MemorySink
 from collector.serving import serve_in_thread
@@ -70,7 +70,12 @@ async def _run(adapters: int) -> tuple[list[float], list[tuple[float, float]], M
     sink = MemorySink()
     metrics_url = f"{engine_handle.url}/metrics"
     source = build_engine_source(
-        "vllm", metrics_url, 0.1, models_list_url=f"{engine_handle.url}/v1/models", learn_adapters=True
+        "vllm",
+        metrics_url,
+        0.1,
+        timeout_s=2.0,  # a busy host still answers
+        models_list_url=f"{engine_handle.url}/v1/models",
+        learn_adapters=True,
     )
     config = SidecarConfig(
         upstream=engine_handle.url, db_path=None, instance="t", engine="vllm", engine_metrics_url=metrics_url
@@ -78,7 +83,7 @@ async def _run(adapters: int) -> tuple[list[float], list[tuple[float, float]], M
     sidecar = serve_in_thread(build_sidecar(config, sinks=[sink], engine=source))
     scrapes: list[tuple[float, float]] = []
     try:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=patient(30)) as client:
 
             async def learned() -> bool:
                 return bool(source.adapter_parents) and source.latest.adapter_slots == SLOTS
@@ -98,8 +103,8 @@ async def _run(adapters: int) -> tuple[list[float], list[tuple[float, float]], M
             await task
             state = (await client.get(f"{engine_handle.url}/sim/state")).json()
     finally:
-        sidecar.stop(timeout_s=15)
-        engine_handle.stop(timeout_s=15)
+        sidecar.stop(timeout_s=patient(15))
+        engine_handle.stop(timeout_s=patient(15))
     assert state["adapter_loads_total"] >= adapters
     ttfts = [row.ttft_s for row in sink.rows if row.ttft_s is not None]
     return ttfts, scrapes, sink

@@ -19,7 +19,7 @@ is 1 h, so the twin shows every update the hour would fold into one.)
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 
@@ -27,7 +27,8 @@ import httpx
 import pytest
 from conftest import free_port, require_tool
 from support.processes import stop_process
-from test_integration_prometheus import Webhook, _start, _wait
+from support.waiting import patient
+from test_integration_prometheus import Webhook, _start, _wait, server_now
 
 from collector.alerts.alertmanager import INCIDENT_PAGES, Receivers, alertmanager_config
 from collector.backtest.notifications import notify
@@ -37,7 +38,7 @@ from collector.backtest.timeline import AlertSpan
 from collector.rules.config import DEFAULT
 from collector.rules.render import render_yaml
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(patient(300))]
 
 
 @pytest.fixture
@@ -105,7 +106,7 @@ def _replay(url: str, log: Path, spans: list[AlertSpan]) -> dict[int, datetime]:
     started: dict[int, datetime] = {}
     seen_pages: set[str] = set()
     for _, firing in _events(spans):
-        now = datetime.now(UTC)
+        now = server_now(f"{url}/-/ready")  # Alertmanager's clock: this process's may run ahead
         body = []
         for span in spans:
             if span in firing:
@@ -114,7 +115,7 @@ def _replay(url: str, log: Path, spans: list[AlertSpan]) -> dict[int, datetime]:
             elif id(span) in started:  # resolved: Prometheus sends endsAt once the alert ends
                 body.append(_payload(span, started[id(span)], now))
         mark = len(log.read_text())
-        assert httpx.post(f"{url}/api/v2/alerts", json=body, timeout=5).status_code == 200
+        assert httpx.post(f"{url}/api/v2/alerts", json=body, timeout=patient(5)).status_code == 200
         added = {s.name for s in firing if s.is_page} - seen_pages
         if added:
             seen_pages |= added
@@ -125,9 +126,9 @@ def _replay(url: str, log: Path, spans: list[AlertSpan]) -> dict[int, datetime]:
 def _resolve_all(url: str, webhook: Webhook, spans: list[AlertSpan], started: dict[int, datetime]) -> None:
     """Everything resolves; await the page group's resolution message (a group's notifications are
     sent in order, so every notification the incident caused is in by then)."""
-    now = datetime.now(UTC)
+    now = server_now(f"{url}/-/ready")
     resolve = [_payload(s, started[id(s)], now) for s in spans if id(s) in started]
-    assert httpx.post(f"{url}/api/v2/alerts", json=resolve, timeout=5).status_code == 200
+    assert httpx.post(f"{url}/api/v2/alerts", json=resolve, timeout=patient(5)).status_code == 200
     _wait(
         lambda: any(p == "/page" and b["status"] == "resolved" for p, b in list(webhook.notifications)),
         30,
@@ -147,7 +148,7 @@ def test_the_ramp_incident_pages_once(alertmanager, tmp_path):
     # while every page fires, each one after the forecast is inhibited by an earlier one
     states = {
         a["labels"]["alertname"]: a["status"]
-        for a in httpx.get(f"{url}/api/v2/alerts", timeout=5).json()
+        for a in httpx.get(f"{url}/api/v2/alerts", timeout=patient(5)).json()
         if a["labels"].get("severity") == "critical"
     }
     still = {s.name for s in spans if s.is_page and s.ended_at is None}

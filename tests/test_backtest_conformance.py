@@ -17,6 +17,7 @@ from datetime import timedelta
 import pytest
 import yaml
 from conftest import require_tool
+from support.waiting import patient
 
 from collector.backtest.alertstate import AlertMachine
 from collector.backtest.alertsvector import EMPTY_VECTOR, substitute
@@ -121,7 +122,7 @@ def _promtool(document: dict, directory) -> subprocess.CompletedProcess:
         cwd=directory,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=patient(120),
     )
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.waiting import patient
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.subprocess
@@ -21,7 +22,7 @@ def _style_pairs(*args: str) -> subprocess.CompletedProcess[bytes]:
         [sys.executable, "benchmarks/style_pairs.py", *args],
         cwd=ROOT,
         capture_output=True,
-        timeout=300,
+        timeout=patient(300),
         check=True,
     )
 
@@ -44,7 +45,7 @@ def test_an_unknown_target_is_refused_with_the_known_ones():
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert done.returncode == 2 and "unknown target(s): litellm (known: headroom, direct)" in done.stderr
 
@@ -91,7 +92,7 @@ def test_route_and_lake_are_refused_without_versus_floor():
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert done.returncode == 2 and "--route and --lake go with --versus-floor" in done.stderr
 

@@ -47,6 +47,7 @@ import pytest
 import yaml
 from conftest import free_port, require_tool
 from support.processes import stop_process
+from support.waiting import patient
 from test_integration_prometheus import _query, _wait, prometheus_config, start_prometheus
 
 from collector.alerts.files import rule_files
@@ -56,7 +57,14 @@ from collector.integrations.render import gateway_picker_config, keda_scaled_obj
 from collector.rules.config import DEFAULT
 from collector.rules.render import write_files
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
+# serial: the probe measures the knee of a real-time simulator, which a starved host moves (8 read
+# as 4 with two CPU hogs beside the parallel part of make test)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.timeout(patient(420)),
+]
 
 HEADROOM = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "headroom"
 MODEL = "headroom-sim"
@@ -136,7 +144,7 @@ def _engine(name: str) -> Iterator[tuple[str, str]]:
     params=[
         "sim",
         "sim-llamacpp",
-        pytest.param("llama.cpp", marks=[pytest.mark.real_engine, pytest.mark.timeout(900)]),
+        pytest.param("llama.cpp", marks=[pytest.mark.real_engine, pytest.mark.timeout(patient(900))]),
     ]
 )
 def stack(request, tmp_path):
@@ -159,7 +167,8 @@ def stack(request, tmp_path):
                     instance=name,
                     engine=flavour,
                     engine_metrics_url=f"{url}/metrics",
-                    engine_poll_interval_s=0.5,
+                    # each poll may take as long (a busy host's engine answers within a second, not half)
+                    engine_poll_interval_s=1.0,
                     probe_dbs=(str(tmp_path / "probe.duckdb"),),
                 )
                 sidecars[name] = serve_in_thread(
@@ -177,7 +186,7 @@ def stack(request, tmp_path):
             job["static_configs"] = [{"targets": targets}]
             processes.append(start_prometheus(prometheus_bin, prom_config, prom_port, tmp_path))
             # the served model: the name the probe's estimate carries (llama-server: its GGUF path)
-            served = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+            served = httpx.get(f"{url}/v1/models", timeout=patient(10)).json()["data"][0]["id"]
             yield {
                 "engine": request.param,
                 "model": served,
@@ -235,7 +244,7 @@ def _probe(stack: dict) -> dict:
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=patient(240),
     )
     assert probe.returncode == 0, probe.stdout + probe.stderr
     return json.loads(out.read_text())
@@ -291,7 +300,7 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
     _wait(lambda: len(_query(prometheus, f'up{{job="{DEFAULT.sidecar_job}"}} == 1')) == 2, 30, "both scrapes")
     # ordinary traffic first, at or under either engine's pool, until the serving log holds the
     # answered requests a token mix needs (llama.cpp on a CPU is slower: a few rounds, bounded)
-    deadline, answered = time.monotonic() + 150, 0
+    deadline, answered = time.monotonic() + patient(150), 0
     while answered < MIN_TRAFFIC_REQUESTS + 10 and time.monotonic() < deadline:
         assert set(_load(serving, ORDINARY_CONCURRENCY, 15, model)) == {200}
         answered, _ = _answered(stack)
@@ -357,7 +366,7 @@ def test_the_recommended_pool_raises_no_capacity_alert_and_twice_the_knee_does(s
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=patient(120),
     )
     assert review.returncode == 0, review.stderr
     [reviewed] = [m for m in json.loads(review.stdout)["models"] if m["model"] == model]

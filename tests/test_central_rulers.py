@@ -37,7 +37,7 @@ from support.rulers import (
     write_targets,
 )
 from support.sidecar import Rig, gauge_values, sidecar_rig
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
 from collector.alerts.files import rule_files
 from collector.rules.config import DEFAULT, RulesConfig
@@ -45,12 +45,12 @@ from collector.rules.render import write_files
 from collector.sidecar.wiring import sidecar_state
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.integration, pytest.mark.subprocess, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.subprocess, pytest.mark.timeout(patient(300))]
 
 MODEL, INSTANCE, KNEE = "m", "p1", 6
 INFLIGHT = {"a": 5, "b": 7}  # below the knee's 0.85 warning line (5/6 = 0.83), and above it (7/6)
 JOB = DEFAULT.sidecar_job
-SETTLE_S = 45  # how long a ruler may take to show what the agents sent (seconds)
+SETTLE_S = 45  # how long a ruler may take to show what the agents sent (seconds; wait_until stretches it)
 
 
 def _rules_config(ruler: str) -> RulesConfig:

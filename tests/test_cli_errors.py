@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from support.waiting import patient
 
 from collector.cli import main
 
@@ -60,7 +61,7 @@ def locked_db(tmp_path):
         yield path
     finally:
         holder.stdin.close()
-        holder.wait(timeout=30)
+        holder.wait(timeout=patient(30))
 
 
 def _closed_port() -> int:

@@ -19,6 +19,7 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
+from support.waiting import patient
 
 from collector.cli import main
 
@@ -102,7 +103,7 @@ def listed_subcommands() -> set[str]:
     """Subcommand names as `headroom --help` (the installed program) lists them."""
     program = shutil.which("headroom", path=str(Path(sys.executable).parent)) or shutil.which("headroom")
     assert program, "the `headroom` program is not installed: pip install -e ."
-    result = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=patient(60))
     assert result.returncode == 0, result.stderr
     section = result.stdout.split("Commands:", 1)[1]
     return {line.split()[0] for line in section.splitlines() if line.startswith("  ") and line.split()}

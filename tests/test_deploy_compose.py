@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.waiting import patient
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -200,7 +201,7 @@ def _compose_plugin_works() -> bool:
     docker = shutil.which("docker")
     if docker is None:
         return False
-    probe = subprocess.run([docker, "compose", "version"], capture_output=True, timeout=30)
+    probe = subprocess.run([docker, "compose", "version"], capture_output=True, timeout=patient(30))
     return probe.returncode == 0
 
 
@@ -217,7 +218,7 @@ def test_docker_compose_config_accepts_the_file():
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert result.returncode == 0, result.stderr
 

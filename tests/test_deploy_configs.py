@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import require_tool
+from support.waiting import patient
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS_YML = ROOT / "deploy/prometheus/prometheus.yml"
@@ -30,7 +31,11 @@ def test_promtool_check_config_passes_with_the_generated_rules(tmp_path):
     assert (ROOT / "alerts").is_dir(), "alerts/ is missing: run `headroom alerts generate`"
     config = _mounted_layout(tmp_path)
     result = subprocess.run(
-        [promtool, "check", "config", str(config)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        [promtool, "check", "config", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=patient(60),
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -51,7 +56,7 @@ def test_promtool_rejects_the_config_when_a_rule_file_is_broken(tmp_path):
         [promtool, "check", "config", str(tmp_path / "prometheus.yml")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert result.returncode != 0
 
@@ -63,7 +68,7 @@ def test_amtool_check_config_passes_for_the_mounted_alertmanager_config():
         "generate it with `headroom alerts generate`"
     )
     result = subprocess.run(
-        [amtool, "check-config", str(ALERTMANAGER_YML)], capture_output=True, text=True, timeout=60
+        [amtool, "check-config", str(ALERTMANAGER_YML)], capture_output=True, text=True, timeout=patient(60)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout

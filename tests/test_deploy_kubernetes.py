@@ -15,6 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from starlette.testclient import TestClient
+from support.waiting import patient
 
 from collector.alerts.files import ALERTS_FILE, rule_files
 from collector.capacity import CapacityEstimate
@@ -241,7 +242,7 @@ def test_documented_relabeling_loads_in_promtool(tmp_path):
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump({"scrape_configs": [job]}))
     result = subprocess.run(
-        [promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60
+        [promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=patient(60)
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -16,6 +16,7 @@ import tracemalloc
 import httpx
 import pytest
 from support.sidecar import CHAT, Rig, live_gauges, sidecar_rig, wait_until
+from support.waiting import patient
 
 from collector.sidecar import proxy, uvicorn_cycle  # the modules whose names the watch is looked up by
 from collector.sidecar.wiring import sidecar_state
@@ -41,7 +42,9 @@ def _post(
     began = time.monotonic()
     headers = {"x-fake": mode, **({"x-fake-text": SECRET} if secret else {}), **headers}
     try:
-        response = httpx.post(rig.url + PATH, json=body or CHAT, timeout=READ_TIMEOUT_S + 2, headers=headers)
+        response = httpx.post(
+            rig.url + PATH, json=body or CHAT, timeout=patient(READ_TIMEOUT_S + 2), headers=headers
+        )
     except httpx.HTTPError as exc:
         return exc, time.monotonic() - began
     return response, time.monotonic() - began
@@ -101,7 +104,7 @@ def test_a_non_sse_answer_to_a_stream_is_streamed_through(rig):
         "POST",
         rig.url + PATH,
         json=CHAT,
-        timeout=READ_TIMEOUT_S,
+        timeout=patient(READ_TIMEOUT_S),
         headers={"x-fake": "non-sse", "x-test-id": "non-sse-1"},
     ) as response:
         parts = response.iter_bytes()
@@ -132,7 +135,7 @@ def _stream_request(mode: str, test_id: str, **headers: str) -> bytes:
 
 def _read_until(client: socket.socket, marker: bytes) -> bytes:
     """What the sidecar sent, up to and including `marker` (fails if it closes first)."""
-    client.settimeout(READ_TIMEOUT_S)
+    client.settimeout(patient(READ_TIMEOUT_S))
     received = b""
     while marker not in received:
         part = client.recv(65536)
@@ -144,7 +147,7 @@ def _read_until(client: socket.socket, marker: bytes) -> bytes:
 def test_a_disconnect_at_the_headers_is_client_cancelled_without_a_runtime_error(rig, caplog):
     with socket.create_connection(("127.0.0.1", rig.sidecar.port)) as client:
         client.sendall(_stream_request("gate-headers", "gone-1"))
-        assert rig.fake.expect("gone-1").wait(5)
+        assert rig.fake.expect("gone-1").wait(patient(5))
     # awaited, not raced: a FIN sent from one CPU can reach the sidecar after bytes the upstream
     # sent later from another (CI once logged this request `ok`, its answer written before the
     # FIN was read); what is tested is that a request the client left while its headers were
@@ -172,7 +175,7 @@ def test_a_client_gone_before_done_is_client_cancelled(rig):
     """The same stream, the client gone one event earlier: it never had the whole answer."""
     with socket.create_connection(("127.0.0.1", rig.sidecar.port)) as client:
         client.sendall(_stream_request("gate-headers", "early-1", **{"x-fake-delay": "0.2"}))
-        assert rig.fake.expect("early-1").wait(5)
+        assert rig.fake.expect("early-1").wait(patient(5))
         rig.fake.gate("early-1").set()
         _read_until(client, b"tok0")  # the first token, then gone
     row = _settled_row(rig, outcome="client_cancelled")
@@ -215,15 +218,15 @@ def test_metrics_render_off_the_event_loop(rig):
 
     class Slow:
         def collect(self):
-            release.wait(5)
+            release.wait(patient(5))
             return []
 
     sidecar_state(rig.app).registry.register(Slow())
-    scrape = threading.Thread(target=lambda: httpx.get(rig.url + "/metrics", timeout=10))
+    scrape = threading.Thread(target=lambda: httpx.get(rig.url + "/metrics", timeout=patient(10)))
     scrape.start()
     answer, took = _post(rig, "ok")  # the scrape is rendering in its thread meanwhile
     release.set()
-    scrape.join(10)
+    scrape.join(patient(10))
     assert isinstance(answer, httpx.Response) and answer.status_code == 200 and took < 4
 
 
@@ -233,7 +236,7 @@ def _raw(rig: Rig, target: str, body: bytes = b'{"model":"m1","stream":false}') 
         f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     ).encode()
-    with socket.create_connection(("127.0.0.1", rig.sidecar.port), timeout=5) as client:
+    with socket.create_connection(("127.0.0.1", rig.sidecar.port), timeout=patient(5)) as client:
         client.sendall(head + body)
         chunks = []
         while chunk := client.recv(65536):

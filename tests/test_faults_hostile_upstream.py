@@ -31,6 +31,7 @@ import httpx
 import pytest
 from support.sidecar import wait_until
 from support.upstream import LoopServer
+from support.waiting import patient
 
 from collector.serving import ServerHandle, serve_in_thread
 from collector.sidecar.config import SidecarConfig
@@ -105,7 +106,7 @@ class HostileUpstream(LoopServer):
                     sent += 1
             return sent
 
-        return asyncio.run_coroutine_threadsafe(_inject(), self._loop).result(10)
+        return asyncio.run_coroutine_threadsafe(_inject(), self._loop).result(patient(10))
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -197,7 +198,7 @@ def test_a_connection_with_bytes_nobody_asked_for_never_carries_another_clients_
             async def rounds() -> list[tuple[str, int | None, str, float]]:
                 results = []
                 limits = httpx.Limits(max_keepalive_connections=0)  # each request its own client connection
-                async with httpx.AsyncClient(timeout=READ_TIMEOUT_S + 5, limits=limits) as client:
+                async with httpx.AsyncClient(timeout=patient(READ_TIMEOUT_S + 5), limits=limits) as client:
                     for round_ in range(ROUNDS):
                         results += await asyncio.gather(
                             *(
@@ -222,7 +223,7 @@ def test_a_connection_with_bytes_nobody_asked_for_never_carries_another_clients_
             wait_until(
                 lambda: not sidecar_state(app).tracker.live, 5, what="every request leaving the live set"
             )
-            assert sidecar_state(app).writer.flush()
+            assert sidecar_state(app).writer.flush(patient(30))
             rows = sidecar_state(app).batch_sink.query_dicts("SELECT outcome FROM requests", ())
             assert len(rows) == len(results)  # one row per request
     finally:
@@ -238,7 +239,9 @@ def test_events_before_broken_framing_in_the_same_read_reach_the_client(tmp_path
             received = b""
             body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
             with pytest.raises(httpx.RemoteProtocolError):
-                with httpx.stream("POST", server.url + PATH, json=body, timeout=READ_TIMEOUT_S + 5) as answer:
+                with httpx.stream(
+                    "POST", server.url + PATH, json=body, timeout=patient(READ_TIMEOUT_S + 5)
+                ) as answer:
                     assert answer.status_code == 200
                     for part in answer.iter_raw():
                         received += part
@@ -247,7 +250,7 @@ def test_events_before_broken_framing_in_the_same_read_reach_the_client(tmp_path
             wait_until(
                 lambda: not sidecar_state(app).tracker.live, 5, what="the request leaving the live set"
             )
-            assert sidecar_state(app).writer.flush()
+            assert sidecar_state(app).writer.flush(patient(30))
             (row,) = sidecar_state(app).batch_sink.query_dicts("SELECT * FROM requests", ())
             assert row["outcome"] == "upstream_error" and row["completion_tokens"] == 2
     finally:
@@ -295,19 +298,21 @@ def test_embeddings_and_responses_answers_are_accounted_with_their_usage(
     try:
         with _sidecar(tmp_path, upstream.url) as (server, app):
             for _ in range(2):
-                got = httpx.post(server.url + path, json=request_body | {"x_fake_json": answer}, timeout=10)
+                got = httpx.post(
+                    server.url + path, json=request_body | {"x_fake_json": answer}, timeout=patient(10)
+                )
                 assert got.status_code == 200 and got.json() == answer  # forwarded untouched
             wait_until(
                 lambda: not sidecar_state(app).tracker.live, 5, what="the requests leaving the live set"
             )
-            assert sidecar_state(app).writer.flush()
+            assert sidecar_state(app).writer.flush(patient(30))
             rows = sidecar_state(app).batch_sink.query_dicts("SELECT * FROM requests", ())
             assert len(rows) == 2  # one row per request
             for row in rows:
                 assert row["endpoint"] == path and row["outcome"] == "ok"
                 for key, value in expected.items():
                     assert row[key] == value, (key, row[key], value)
-            page = httpx.get(server.url + "/metrics", timeout=5).text
+            page = httpx.get(server.url + "/metrics", timeout=patient(5)).text
             counted = [
                 line
                 for line in page.splitlines()

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.processes import HEADROOM, headroom_process, sim_process
+from support.waiting import patient
 
 from collector.analysis.refresh import refresh_estimates
 from collector.store.capacity_gauges import CapacityGauges
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 
 def _run(*args: str) -> str:
-    done = subprocess.run([str(HEADROOM), *args], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([str(HEADROOM), *args], capture_output=True, text=True, timeout=patient(300))
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -72,9 +73,12 @@ def test_demo_curve_report_store_job_and_sidecar_job_agree(tmp_path):
 
     with sim_process(speed=8, max_num_seqs=16) as sim:
         with headroom_process("run", "--upstream", sim, "--db", str(db), health="/healthz") as sidecar:
-            deadline, sidecar_job = time.monotonic() + 30, None
+            deadline, sidecar_job = time.monotonic() + patient(30), None
             while sidecar_job is None and time.monotonic() < deadline:  # its start-up refresh
-                sidecar_job = _gauge(httpx.get(sidecar + "/metrics").text, "headroom_capacity_knee_requests")
+                sidecar_job = _gauge(
+                    httpx.get(sidecar + "/metrics", timeout=patient(5)).text,
+                    "headroom_capacity_knee_requests",
+                )
                 time.sleep(0.2)
     readers = {
         "demo": demo,

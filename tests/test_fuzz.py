@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from support.sidecar import live_gauges, sidecar_rig, wait_until
 from support.strategies import json_scalars
+from support.waiting import patient
 
 from collector.sidecar.wiring import sidecar_state
 from collector.tokens import tokens_for_characters
@@ -77,7 +78,7 @@ def _no_gauge_left(rig) -> None:
 @FUZZ
 @given(body=_bodies)
 def test_json_bodies_never_get_a_sidecar_500(rig, body):
-    response = httpx.post(rig.url + PATH, json=body, timeout=10)
+    response = httpx.post(rig.url + PATH, json=body, timeout=patient(10))
     assert response.status_code != 500, response.text
     _no_gauge_left(rig)
 
@@ -87,7 +88,7 @@ def test_json_bodies_never_get_a_sidecar_500(rig, body):
 @given(raw=_raw_bodies)
 def test_raw_bodies_never_get_a_sidecar_500(rig, raw):
     response = httpx.post(
-        rig.url + PATH, content=raw, timeout=10, headers={"content-type": "application/json"}
+        rig.url + PATH, content=raw, timeout=patient(10), headers={"content-type": "application/json"}
     )
     assert response.status_code != 500, response.text
     _no_gauge_left(rig)
@@ -136,7 +137,7 @@ def test_sse_streams_never_get_a_sidecar_500_or_leak_a_gauge(rig, stream, cuts, 
     }
     if usage:
         body["stream_options"] = {"include_usage": True}
-    response = httpx.post(rig.url + PATH, json=body, timeout=10, headers={"x-fake": "scripted"})
+    response = httpx.post(rig.url + PATH, json=body, timeout=patient(10), headers={"x-fake": "scripted"})
     assert response.status_code == 200
     _no_gauge_left(rig)
 
@@ -158,7 +159,7 @@ def _scripted(rig, path: str, events: list[bytes], cuts: list[int], **extra) -> 
         "x_fake_cuts": cuts,
         **extra,
     }
-    return httpx.post(rig.url + path, json=body, timeout=10, headers={"x-fake": "scripted"})
+    return httpx.post(rig.url + path, json=body, timeout=patient(10), headers={"x-fake": "scripted"})
 
 
 def _sse(obj: dict, event: str | None = None) -> bytes:

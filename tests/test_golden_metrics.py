@@ -17,6 +17,7 @@ import httpx
 import pytest
 from conftest import FIXTURES, require_tool
 from support.sidecar import CHAT, sidecar_rig
+from support.waiting import patient
 
 from collector.sidecar.wiring import sidecar_state
 from collector.sources import gpu
@@ -43,9 +44,9 @@ def _exposition(tmp_path, monkeypatch) -> str:
                 rig.url + "/v1/chat/completions",
                 json={**CHAT, "stream": stream},
                 headers={"x-fake": mode, "X-Tenant-ID": "team-a"},
-                timeout=10,
+                timeout=patient(10),
             )
-        assert sidecar_state(rig.app).writer.flush()
+        assert sidecar_state(rig.app).writer.flush(patient(30))
         return httpx.get(rig.url + "/metrics").text
 
 

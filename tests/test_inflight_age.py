@@ -14,6 +14,7 @@ import time
 import httpx
 from prometheus_client import CollectorRegistry
 from support.sidecar import CHAT, sidecar_rig, wait_until
+from support.waiting import patient
 
 from collector.catalog import INFLIGHT_AGE_BOUNDS
 from collector.sidecar.tracker import LiveRequest, Tracker
@@ -47,14 +48,14 @@ def test_a_request_held_by_a_hanging_upstream_shows_its_age_growing_in_metrics(t
                     rig.url + "/v1/chat/completions",
                     json=CHAT,
                     headers={"x-fake": "hang", "x-test-id": "held"},
-                    timeout=httpx.Timeout(30.0, read=8.0),
+                    timeout=httpx.Timeout(30.0, read=8.0),  # ends the hold: not stretched
                 )
             except httpx.HTTPError as exc:  # the read timeout ends the held request
                 errors.append(exc)
 
         client = threading.Thread(target=send)
         client.start()
-        assert arrived.wait(10), "the upstream never saw the request"
+        assert arrived.wait(patient(10)), "the upstream never saw the request"
         first = wait_until(lambda: _oldest(rig.metrics(), "m1"), what="an age for m1")
         # the age grows with the wall clock while the upstream holds the request ...
         second = wait_until(
@@ -66,7 +67,7 @@ def test_a_request_held_by_a_hanging_upstream_shows_its_age_growing_in_metrics(t
         bounds = _older_than(rig.metrics(), "m1")
         assert set(bounds) == {label for label, _ in INFLIGHT_AGE_BOUNDS}
         assert bounds["1s"] == 1 and bounds["10m"] == 0  # ... and it passed the first bound only
-        client.join(20)
+        client.join(patient(20))
         assert errors, "the hanging upstream answered"
         # the request left the live set: its age series stays, at 0
         wait_until(lambda: _oldest(rig.metrics(), "m1") == 0.0, what="the age back to 0")

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from conftest import free_port, require_tool
 from support.processes import stop_process
+from support.waiting import patient
 from test_integration_prometheus import _query, _wait, prometheus_config, start_prometheus
 from test_rules_promtool import dashboard_queries, substitute
 
@@ -37,7 +38,7 @@ MODEL = "headroom-sim"
 SLOTS = 4
 TTFT_SLO_S = 0.5  # a TTFT bucket; one request at a time stays far inside it on the simulator
 CLIENT_REQUESTS = 30  # past the rules' minimum-traffic guard (20 in 5 minutes)
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(patient(240))]
 
 # Alerts that read latency or the SLO: none may even go pending while only the probe is slow.
 LATENCY_ALERTS = (
@@ -87,7 +88,8 @@ def stack(tmp_path, monkeypatch):
             db_path=None,
             instance="sidecar-probe",
             engine="llamacpp",
-            engine_poll_interval_s=0.5,
+            # each poll may take as long (a busy host's engine answers within a second, not half)
+            engine_poll_interval_s=1.0,
         )
         sidecar = serve_in_thread(build_sidecar(config, log_sink=store), timeout_graceful_shutdown=2)
         handles.append(sidecar)
@@ -140,12 +142,12 @@ def _chat(url: str, index: int) -> None:
         "stream": True,
         "messages": [{"role": "user", "content": f"c{index}"}],
     }
-    answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+    answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=patient(30))
     assert answer.status_code == 200, answer.text
 
 
 def _last_evaluation(prometheus: str, group: str) -> float:
-    groups = httpx.get(f"{prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"]
+    groups = httpx.get(f"{prometheus}/api/v1/rules", timeout=patient(5)).json()["data"]["groups"]
     stamp = next(g["lastEvaluation"] for g in groups if g["name"] == group)  # 2026-12-04T19:40:01.12Z
     return datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
 
@@ -167,10 +169,11 @@ def test_engine_panels_show_the_served_model_and_a_probe_past_the_knee_raises_no
         _chat(sidecar, index)
     _wait(lambda: _query(prometheus, f'{R.TTFT_QUANTILE}{{quantile="0.95"}}'), 30, "client TTFT records")
     empty = lambda: [(title, ref) for title, ref, expr in panels if not _query(prometheus, expr)]  # noqa: E731
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patient(30)
     while (left := empty()) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not left, f"engine panels without data for model {MODEL}: {left}"
+    health = {q: _query(prometheus, q) for q in ("up", "headroom_engine_up")} if left else {}
+    assert not left, f"engine panels without data for model {MODEL}: {left}; {health}"
 
     # 6: the probe through the serving sidecar, well past the knee of SLOTS
     from collector.analysis.probe import ProbeSettings, run_probe
@@ -204,7 +207,8 @@ def test_engine_panels_show_the_served_model_and_a_probe_past_the_knee_raises_no
         30,
         "the probe's TTFT misses in Prometheus",
     )
-    seen_at = time.time()
+    # Prometheus's clock, not this process's: under scripts/clock-ahead.sh the two differ by days
+    seen_at = float(_query(prometheus, "time()")[1])
     assert _query(prometheus, 'headroom_time_to_first_token_seconds_count{source="probe"} > 0')
     # the rules evaluate past every `for:` (2 s) after the misses were in: then nothing is pending
     _wait(lambda: _last_evaluation(prometheus, "headroom-slo") > seen_at + 4, 30, "rule evaluations")

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import email.utils
 import json
 import subprocess
 import threading
 import time
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import pytest
 import yaml
 from conftest import free_port, require_tool
 from support.processes import stop_process
+from support.waiting import patient
 from test_rules_promtool import dashboard_queries
 
 from collector.alerts.alertmanager import Receivers, alertmanager_config
@@ -36,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 MODEL = "headroom-sim"
 KNEE_REQUESTS = 4
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(patient(240))]
 
 # Queries that cannot return data in a short test on this machine, and why.
 MAY_BE_EMPTY_RECORDS = {
@@ -168,12 +171,14 @@ def start_prometheus(binary: str, config: dict, port: int, tmp_path: Path) -> su
 
 def _ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
+        return httpx.get(url, timeout=patient(1)).status_code == 200
     except httpx.HTTPError:
         return False
 
 
 def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
+    """Poll `predicate` until it returns something truthy; `timeout_s` (a quiet machine's) is stretched."""
+    timeout_s = patient(timeout_s)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         result = predicate()
@@ -183,8 +188,17 @@ def _wait(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def server_now(url: str) -> datetime:
+    """Now on the clock of the Go server answering `url` (its Date header, floored to the second).
+
+    Alertmanager and Prometheus read the kernel's clock, which scripts/clock-ahead.sh leaves days
+    behind this process's: times a test sends them are on theirs.
+    """
+    return email.utils.parsedate_to_datetime(httpx.get(url, timeout=patient(5)).headers["date"])
+
+
 def _query(prometheus: str, expr: str) -> list:
-    answer = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=5).json()
+    answer = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=patient(5)).json()
     assert answer["status"] == "success", f"{expr}: {answer}"
     return answer["data"]["result"]
 
@@ -201,7 +215,7 @@ class Load:
             return {"model": MODEL, "max_tokens": 24, "messages": [{"role": "user", "content": f"q{worker}"}]}
 
         def run() -> None:
-            deadline = time.monotonic() + 150
+            deadline = time.monotonic() + patient(150)
             while not self.stop.is_set() and time.monotonic() < deadline:
                 level = asyncio.run(run_level(url, concurrency, 2.0, payload))
                 self.statuses += [r.status for r in level.results]
@@ -211,7 +225,7 @@ class Load:
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join(30)
+        self.thread.join(patient(30))
 
 
 @pytest.fixture
@@ -247,7 +261,8 @@ def stack(tmp_path):
             instance="sidecar-it",
             engine="vllm",
             engine_metrics_url=f"{sim.url}/metrics",
-            engine_poll_interval_s=0.5,
+            # each poll may take as long (a busy host's engine answers within a second, not half)
+            engine_poll_interval_s=1.0,
         )
         app = build_sidecar(config, log_sink=store)
         gauges = sidecar_state(app).capacity
@@ -390,13 +405,15 @@ def test_rules_and_dashboards_on_a_real_prometheus_and_alert_delivery(stack):
             1.0,
         )
         assert firing[0]["metric"]["model"] == MODEL and firing[0]["metric"]["severity"] == "warning"
-        assert webhook.delivered.wait(60), f"Alertmanager delivered nothing; got {webhook.notifications}"
+        assert webhook.delivered.wait(patient(60)), (
+            f"Alertmanager delivered nothing; got {webhook.notifications}"
+        )
 
         queries = {("record", selector, ""): selector for selector in _recorded_series()}
         queries |= {(uid, title, ref): expr for uid, title, ref, expr in dashboard_queries()}
         queries |= {("keda", t["name"], ""): t["metadata"]["query"] for t in _keda_triggers()}
         allowed = {("record", name + "{}", "") for name in MAY_BE_EMPTY_RECORDS} | set(MAY_BE_EMPTY_PANELS)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while (left := set(_empty(prometheus, queries)) - allowed) and time.monotonic() < deadline:
             time.sleep(2)
         assert not left, f"queries without data: {sorted(left)}"

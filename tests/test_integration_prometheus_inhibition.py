@@ -9,18 +9,19 @@ tests/test_alertmanager_one_page.py).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import httpx
 import pytest
 from conftest import free_port, require_tool
 from support.processes import stop_process
-from test_integration_prometheus import Webhook, _start, _wait
+from support.waiting import patient
+from test_integration_prometheus import Webhook, _start, _wait, server_now
 
 from collector.alerts.alertmanager import Receivers, alertmanager_config
 from collector.rules.render import render_yaml
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(patient(120))]
 
 
 @pytest.fixture
@@ -53,8 +54,8 @@ def alertmanager(tmp_path):
         webhook.close()
 
 
-def _alert(**labels: str) -> dict:
-    now = datetime.now(UTC)
+def _alert(now: datetime, **labels: str) -> dict:
+    """An alert firing since `now` (Alertmanager's clock: this process's may run ahead of it)."""
     return {
         "labels": labels,
         "annotations": {"summary": labels["alertname"]},
@@ -64,30 +65,38 @@ def _alert(**labels: str) -> dict:
 
 
 def _states(url: str) -> dict[str, dict]:
-    alerts = httpx.get(f"{url}/api/v2/alerts", timeout=5).json()
+    alerts = httpx.get(f"{url}/api/v2/alerts", timeout=patient(5)).json()
     return {a["labels"]["alertname"]: a["status"] for a in alerts}
 
 
 def test_critical_mutes_its_warning_and_the_composite_mutes_its_signals(alertmanager):
     url, webhook = alertmanager
+    now = server_now(f"{url}/-/ready")
     alerts = [
-        _alert(alertname="HeadroomKVCacheExhausted", severity="critical", family="kv_cache", model="m"),
-        _alert(alertname="HeadroomKVCacheNearFull", severity="warning", family="kv_cache", model="m"),
-        _alert(alertname="HeadroomNearCapacityLimit", severity="critical", component="capacity", model="m"),
+        _alert(now, alertname="HeadroomKVCacheExhausted", severity="critical", family="kv_cache", model="m"),
+        _alert(now, alertname="HeadroomKVCacheNearFull", severity="warning", family="kv_cache", model="m"),
         _alert(
-            alertname="HeadroomQueueNotDraining", severity="warning", signal="queue_not_draining", model="m"
+            now, alertname="HeadroomNearCapacityLimit", severity="critical", component="capacity", model="m"
         ),
         _alert(
+            now,
+            alertname="HeadroomQueueNotDraining",
+            severity="warning",
+            signal="queue_not_draining",
+            model="m",
+        ),
+        _alert(
+            now,
             alertname="HeadroomQueueNotDraining",
             severity="warning",
             signal="queue_not_draining",
             model="other",
         ),
     ]
-    assert httpx.post(f"{url}/api/v2/alerts", json=alerts, timeout=5).status_code == 200
-    assert webhook.delivered.wait(30), "the composite was not paged"
+    assert httpx.post(f"{url}/api/v2/alerts", json=alerts, timeout=patient(5)).status_code == 200
+    assert webhook.delivered.wait(patient(30)), "the composite was not paged"
     _wait(lambda: _states(url).get("HeadroomKVCacheNearFull", {}).get("inhibitedBy"), 20, "inhibition")
-    alerts_now = httpx.get(f"{url}/api/v2/alerts", timeout=5).json()
+    alerts_now = httpx.get(f"{url}/api/v2/alerts", timeout=patient(5)).json()
     muted = {
         (a["labels"]["alertname"], a["labels"]["model"]) for a in alerts_now if a["status"]["inhibitedBy"]
     }

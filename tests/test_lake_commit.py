@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.lake import stage
 from support.processes import free_port, stop_process
 from support.synthetic import synthetic_rows
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
 from collector.lake import admit
 from collector.lake import table as lake_table
@@ -228,7 +228,7 @@ def test_lake_commit_serves_its_metrics(tmp_path: Path) -> None:
 
         def committed() -> bool:
             try:
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=patient(2)).text
             except httpx.HTTPError:
                 return False
             return "headroom_lake_commit_files_total 2.0" in text and "last_success_timestamp" in text
@@ -249,7 +249,7 @@ def _duckdb_log(path: Path, rows: list[dict[str, Any]]) -> None:
 def _import(tmp_path: Path, db: Path) -> subprocess.CompletedProcess[str]:
     args = [str(HEADROOM), "lake", "import", "--catalog", f"sqlite:///{tmp_path / 'c.db'}"]
     args += ["--lake", str(tmp_path / "lake"), "--db", str(db)]
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
+    return subprocess.run(args, capture_output=True, text=True, timeout=patient(120))
 
 
 @pytest.mark.subprocess

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.postgres import PostgresServer, postgres_server
 from support.processes import HEADROOM, headroom_process, sim_process
 from support.sidecar import CHAT, sidecar_rig
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 from test_analysis_estimate import _estimate
 
 from collector.capacity import CapacityEstimate
@@ -125,9 +125,13 @@ def test_a_fleet_mode_sidecar_publishes_its_models_estimate_and_keeps_it_while_t
         )
         with started as rig:
             fleet = sidecar_state(rig.app).fleet_estimates
-            assert fleet.refreshed.wait(30), fleet.last_error  # the start-up refresh: no model served yet
+            # the start-up refresh: no model served yet
+            assert fleet.refreshed.wait(patient(30)), fleet.last_error
             assert _capacity(httpx.get(rig.url + "/metrics").text) == {}
-            assert httpx.post(rig.url + "/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
+            assert (
+                httpx.post(rig.url + "/v1/chat/completions", json=CHAT, timeout=patient(10)).status_code
+                == 200
+            )
             assert fleet.refresh() is not None
             published = _capacity(httpx.get(rig.url + "/metrics").text)
             assert published[("headroom_capacity_knee_requests", "m1")] == 8
@@ -197,7 +201,7 @@ def test_a_probes_estimate_in_the_lake_is_published_by_a_fleet_sidecar_and_rende
                 ],
                 capture_output=True,
                 text=True,
-                timeout=240,
+                timeout=patient(240),
                 env=os.environ | token,
             )
             assert done.returncode == 0, done.stdout + done.stderr

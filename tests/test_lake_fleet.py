@@ -29,7 +29,7 @@ from support.processes import HeadroomProcess, stop_process
 from support.sidecar import CHAT
 from support.synthetic import synthetic_rows
 from support.upstream import FakeUpstream
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
 from collector.lake import table as lake_table
 from collector.lake.layout import Lake
@@ -123,7 +123,7 @@ class Clients:
             thread.start()
 
     def _loop(self, name: str, index: int) -> None:
-        with httpx.Client(timeout=30) as client:
+        with httpx.Client(timeout=patient(30)) as client:
             for seq in range(REQUESTS_PER_CLIENT):
                 while not self.stop.is_set() and not self.up[name].wait(1):
                     pass
@@ -149,7 +149,7 @@ class Clients:
     def close(self) -> list[Sent]:
         self.stop.set()
         for thread in self._threads:
-            thread.join(60)
+            thread.join(patient(60))
         assert not any(thread.is_alive() for thread in self._threads), "a client did not stop"
         return list(self.sent)
 
@@ -175,7 +175,7 @@ def kill_while(process: subprocess.Popen[bytes], inside: Callable[[], bool], wha
         wait_until(lambda: _stopped(process.pid), timeout_s=5, what="SIGSTOP", interval_s=0.001)
         if inside():
             process.send_signal(signal.SIGKILL)
-            process.wait(10)
+            process.wait(patient(10))
             return at
         process.send_signal(signal.SIGCONT)
         return None
@@ -270,7 +270,7 @@ def test_sidecars_and_two_committers_with_kills_lose_and_repeat_nothing(catalog:
         [str(HEADROOM), "lake", "commit", "--catalog", catalog, "--lake", str(lake)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=patient(120),
     )
     assert final.returncode == 0, final.stderr[-2000:]
     shared = [  # tenant names are in the rows and in the metadata's column bounds
@@ -356,7 +356,7 @@ def test_maintain_during_commits_compacts_without_loss(postgres: PostgresServer,
         )
     finally:
         stop.set()
-        thread.join(60)
+        thread.join(patient(60))
     lake_table.commit_staged(lake_table.open_catalog(catalog, location), location)
     final = lake_table.maintain(lake_table.open_catalog(catalog, location), location)
     after = lake_table._files_per_day(lake_table.open_table(lake_table.open_catalog(catalog, location)))
@@ -433,13 +433,13 @@ def test_import_adds_sealed_days_once(tmp_path: Path) -> None:
     catalog = catalog_uri("sqlite", tmp_path, None)
     lake = tmp_path / "lake"
     args = [str(HEADROOM), "lake", "import", "--catalog", catalog, "--lake", str(lake), "--db", str(db)]
-    first = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    first = subprocess.run(args, capture_output=True, text=True, timeout=patient(120))
     assert first.returncode == 0, first.stderr
     today = datetime(now.year, now.month, now.day, tzinfo=UTC)
     sealed = [r for r in rows if r["admitted_at"] < today]
     rows_in, distinct, _ = table_ids(catalog, lake)
     assert rows_in == distinct == len(sealed) > 0
-    again = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(args, capture_output=True, text=True, timeout=patient(120))
     assert again.returncode == 0 and "0 files and 0 rows added" in again.stderr
     assert table_ids(catalog, lake)[0] == len(sealed)
 
@@ -486,14 +486,14 @@ def test_lake_cli_errors_are_clear(tmp_path: Path) -> None:
         [str(HEADROOM), "lake", "commit", "--catalog", "mysql://x", "--lake", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert bad.returncode != 0 and "not a catalog URI" in bad.stderr
     missing = subprocess.run(
         [str(HEADROOM), "report", "--lake", str(tmp_path), "--catalog", f"sqlite:///{tmp_path / 'c.db'}"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert missing.returncode != 0 and "lake commit" in missing.stderr
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.processes import HEADROOM, HeadroomProcess, free_port
 from support.sidecar import CHAT, sidecar_rig
 from support.upstream import FakeUpstream
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
 import collector.store.spool as spool_module
 from collector.catalog import SINK_REASONS
@@ -93,7 +93,7 @@ def sidecar(
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(url + "/metrics", timeout=10).text
+    text = httpx.get(url + "/metrics", timeout=patient(10)).text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -104,7 +104,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def chat(url: str, count: int) -> int:
     """`count` chat requests through the sidecar; how many were answered 200."""
     return sum(
-        httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
+        httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=patient(10)).status_code == 200
         for _ in range(count)
     )
 
@@ -160,7 +160,7 @@ def test_a_second_sidecar_on_one_spool_refuses_naming_it_and_the_first_loses_not
             + ["--engine", "none", "--no-jobs", "--listen", f"127.0.0.1:{free_port()}"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=patient(60),
         )
         assert second.returncode != 0
         assert str(spool) in second.stderr and f"pid {first.process.pid}" in second.stderr, second.stderr
@@ -444,7 +444,7 @@ def test_an_unreachable_object_store_serves_from_the_start_and_keeps_rows_spoole
         + [str(tmp_path / "other"), "--engine", "none", "--listen", f"127.0.0.1:{free_port()}"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert refused.returncode == 2 and "Missing bucket name" in refused.stderr, refused.stderr
 
@@ -510,7 +510,7 @@ def test_an_object_store_that_comes_up_late_gets_every_answered_row_staged_and_c
             + [arg for key, value in properties.items() for arg in ("--catalog-property", f"{key}={value}")],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=patient(120),
             env=os.environ | S3_ENV,
         )
         assert committed.returncode == 0, committed.stderr

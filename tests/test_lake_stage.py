@@ -13,6 +13,7 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 from support.sidecar import CHAT, sidecar_rig
+from support.waiting import patient
 
 from collector.lake.layout import Lake, parse_staged, safe_writer_part, staged_name
 from collector.lake.stage import LakeWriter, day_files, parquet_bytes
@@ -134,8 +135,11 @@ def test_sidecar_with_lake_stages_rows_and_exports_spool_health(tmp_path: Path) 
         tmp_path, db_path=None, lake=str(tmp_path / "lake"), spool_dir=str(tmp_path / "spool")
     ) as rig:
         for _ in range(5):
-            assert httpx.post(rig.url + "/v1/chat/completions", json=CHAT, timeout=10).status_code == 200
-        assert sidecar_state(rig.app).writer.flush()
+            assert (
+                httpx.post(rig.url + "/v1/chat/completions", json=CHAT, timeout=patient(10)).status_code
+                == 200
+            )
+        assert sidecar_state(rig.app).writer.flush(patient(30))
         rows = staged_rows(Lake.parse(str(tmp_path / "lake")))
         assert len(rows) == 5 and {r["instance"] for r in rows} == {"test"}
         assert all(r["model"] == "m1" and r["ttft_s"] is not None for r in rows)
@@ -162,7 +166,7 @@ def test_the_sidecars_lake_path_imports_no_pyiceberg(tmp_path: Path) -> None:
         "assert sidecar_state(app).batch_sink.flush(30)\n"  # the roller opened the lake
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyiceberg', 'sqlalchemy', 'psycopg')))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patient(120))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
     assert (tmp_path / "lake" / "staged").is_dir()  # the lake writer was built

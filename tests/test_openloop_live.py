@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 from support.processes import HEADROOM, sim_process
+from support.waiting import patient
 
 from collector.sim.config import SimConfig
 from collector.store.db import RequestStore
@@ -62,7 +63,7 @@ def _probe_rates(
         ],
         capture_output=True,
         text=True,
-        timeout=150,
+        timeout=patient(150),
         env=os.environ | {"COLUMNS": "250"},  # the table's verdicts unwrapped
     )
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
@@ -72,7 +73,7 @@ def _probe_rates(
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.serial  # the simulator runs in real time (x8): a starved host measures a lower μ
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(patient(180))
 def test_probe_rates_against_a_live_simulator_finds_its_analytic_rate(tmp_path):
     mu = predicted_rate_for(PROMPT_TOKENS)  # ~16.2 requests/s of wall time, V_P ~648 prompt tokens/s
     prompts = tmp_path / "prompt.txt"
@@ -132,7 +133,7 @@ def test_probe_rates_against_a_live_simulator_finds_its_analytic_rate(tmp_path):
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.serial  # real time, as above
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(patient(180))
 def test_two_input_length_classes_give_two_rates_in_the_simulators_ratio(tmp_path):
     """A workload file with one output class and two prompt-length classes (`inputs:`): the
     probe runs the ladder once per input class, and the two μ_slo (and V_P) stand in the ratio

@@ -33,7 +33,7 @@ import yaml
 from support.postgres import PostgresServer, postgres_server, require_postgres
 from support.processes import HEADROOM, free_port, stop_process
 from support.synthetic import synthetic_rows
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
 from collector.lake.estimates import read_estimates
 from collector.lake.layout import Lake
@@ -42,7 +42,7 @@ from collector.lake.table import open_catalog
 from collector.store.db import RequestStore
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(patient(420))]
 
 CATALOG_HOST, LAKE, ENGINE, REPLICA, SPOOL = (
     "@catalog-db/",
@@ -99,7 +99,7 @@ def _client_load(sidecar: str) -> int:
 
     def one(_: int) -> bool:
         answer = httpx.post(
-            sidecar + "/v1/chat/completions", json=body, headers={"X-Tenant-ID": TENANT}, timeout=30
+            sidecar + "/v1/chat/completions", json=body, headers={"X-Tenant-ID": TENANT}, timeout=patient(30)
         )
         return answer.status_code == 200 and b"[DONE]" in answer.content
 
@@ -111,7 +111,7 @@ def _serving(process: subprocess.Popen[bytes], url: str, log: Path) -> bool:
     if process.poll() is not None:
         pytest.fail(f"{url} never answered (exit {process.returncode}):\n{log.read_text()[-3000:]}")
     try:
-        return httpx.get(url, timeout=1).status_code == 200
+        return httpx.get(url, timeout=patient(1)).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -209,7 +209,7 @@ def test_operations_fleet_commands_run_in_order_on_loopback(postgres: PostgresSe
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=240,
+                timeout=patient(240),
             )
             assert done.returncode == 0, (
                 f"`{line}` exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
@@ -230,7 +230,12 @@ def test_operations_fleet_commands_run_in_order_on_loopback(postgres: PostgresSe
         "integrations keda",
     }
     final = subprocess.run(
-        [str(HEADROOM), *committer[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+        [str(HEADROOM), *committer[1:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=patient(240),
     )
     assert final.returncode == 0, final.stderr[-3000:]
 

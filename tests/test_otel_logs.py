@@ -20,6 +20,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from support.synthetic import synthetic_rows
+from support.waiting import patient
 
 from collector.record import FIELD_NAMES, RequestRecord
 from collector.serving import serve_in_thread
@@ -165,7 +166,7 @@ def test_otlp_logs_sends_one_event_per_request_with_the_rows_fields_and_no_text(
         )
         sidecar = serve_in_thread(build_sidecar(config, log_sink=store))
         try:
-            with httpx.Client(base_url=sidecar.url, timeout=30) as client:
+            with httpx.Client(base_url=sidecar.url, timeout=patient(30)) as client:
                 for _ in range(requests):
                     payload = {
                         "model": MODEL,
@@ -178,7 +179,7 @@ def test_otlp_logs_sends_one_event_per_request_with_the_rows_fields_and_no_text(
                     assert WORDS[0] in response.text  # the text exists, on the client's side
         finally:
             sidecar.stop()  # shutdown flushes the batch processors
-        assert receiver.logs_arrived.wait(15), "the log events did not reach the receiver"
+        assert receiver.logs_arrived.wait(patient(15)), "the log events did not reach the receiver"
     finally:
         collector.stop()
 
@@ -258,7 +259,7 @@ def test_clickhouse_view_types_the_events_into_the_requests_columns_and_p95_equa
             sink.submit(RequestRecord.from_row(row))
         assert sink.force_flush(), "the exporters did not confirm"
         sink.close()
-        assert receiver.logs_arrived.wait(15)
+        assert receiver.logs_arrived.wait(patient(15))
     finally:
         collector.stop()
     assert len(receiver.logs) == len(rows)

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from support.waiting import patient
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
@@ -83,7 +84,7 @@ def _run_requests(upstream_url: str, span_sinks, store: RequestStore | None, mod
     config = SidecarConfig(upstream=upstream_url, engine="none", db_path=None, instance="otel-test")
     sidecar = serve_in_thread(build_sidecar(config, span_sinks=span_sinks, log_sink=store))
     try:
-        with httpx.Client(base_url=sidecar.url, timeout=30) as client:
+        with httpx.Client(base_url=sidecar.url, timeout=patient(30)) as client:
             for model in models:
                 payload = {
                     "model": model,
@@ -210,7 +211,7 @@ def test_otlp_endpoint_flag_exports_spans_over_otlp_http(upstream):
         )
         sidecar = serve_in_thread(build_sidecar(config))
         try:
-            with httpx.Client(base_url=sidecar.url, timeout=30) as client:
+            with httpx.Client(base_url=sidecar.url, timeout=patient(30)) as client:
                 for _ in range(2):
                     payload = {
                         "model": MODEL,
@@ -220,7 +221,7 @@ def test_otlp_endpoint_flag_exports_spans_over_otlp_http(upstream):
                     client.post("/v1/chat/completions", json=payload).raise_for_status()
         finally:
             sidecar.stop()  # shutdown flushes the BatchSpanProcessor
-        assert arrived.wait(15), "no OTLP export reached the fake Collector"
+        assert arrived.wait(patient(15)), "no OTLP export reached the fake Collector"
     finally:
         collector.stop()
     assert [span.name for span in received] == [f"chat {MODEL}"] * 2
@@ -246,7 +247,7 @@ def test_headroom_run_without_otlp_creates_no_opentelemetry_object_per_request(
         built["app"] = app
         sidecar = serve_in_thread(app)
         try:
-            with httpx.Client(base_url=sidecar.url, timeout=30) as client:
+            with httpx.Client(base_url=sidecar.url, timeout=patient(30)) as client:
                 for _ in range(5):
                     client.post(
                         "/v1/chat/completions",
@@ -317,14 +318,14 @@ def test_a_span_joins_the_clients_trace_and_the_engine_gets_the_sidecars_span_as
         try:
             answer = httpx.post(
                 sidecar.url + "/v1/chat/completions",
-                timeout=30,
+                timeout=patient(30),
                 headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "tracestate": "vendor=1"},
                 json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
             )
             answer.raise_for_status()
         finally:
             sidecar.stop()
-        assert arrived.wait(15), "no OTLP export reached /otlp/v1/traces"
+        assert arrived.wait(patient(15)), "no OTLP export reached /otlp/v1/traces"
     finally:
         collector.stop()
         engine.stop()
@@ -355,7 +356,7 @@ def test_without_tracing_the_clients_traceparent_reaches_the_engine_untouched(up
         httpx.post(
             sidecar.url + "/v1/chat/completions",
             headers={"traceparent": header},
-            timeout=30,
+            timeout=patient(30),
             json={"model": "m1", "messages": [{"role": "user", "content": "hi"}]},
         ).raise_for_status()
     finally:
@@ -390,7 +391,7 @@ def test_otlp_over_grpc_reaches_a_grpc_collector():
         row = _row_for_grpc()
         sink.submit(row)
         sink.close()
-        assert arrived.wait(15), "no span reached the gRPC collector"
+        assert arrived.wait(patient(15)), "no span reached the gRPC collector"
     finally:
         server.stop(0)
     (span,) = received

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import free_port
 from support.upstream import FakeUpstream
+from support.waiting import patient
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("scipy", "kneed", "matplotlib", "numpy", "grafana-client", "rich")
@@ -26,7 +27,7 @@ LAKE = (
     "psycopg",
     "psycopg-binary",
 )  # the [lake] extra: the committer's, not the sidecar's
-pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(patient(600))]
 
 
 def _site_packages_mb(venv: Path) -> float:
@@ -36,9 +37,11 @@ def _site_packages_mb(venv: Path) -> float:
 
 def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=patient(120))
     pip = [str(venv / "bin/python"), "-m", "pip", "--disable-pip-version-check", "-q"]
-    install = subprocess.run([*pip, "install", str(ROOT)], capture_output=True, text=True, timeout=480)
+    install = subprocess.run(
+        [*pip, "install", str(ROOT)], capture_output=True, text=True, timeout=patient(480)
+    )
     assert install.returncode == 0, install.stderr[-3000:]
     listed = subprocess.run(
         [
@@ -60,7 +63,9 @@ def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
     assert size < 400, f"the sidecar install is {size:.0f} MB"
 
     headroom = str(venv / "bin/headroom")
-    refused = subprocess.run([headroom, "report", "--help"], capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [headroom, "report", "--help"], capture_output=True, text=True, timeout=patient(60)
+    )
     assert refused.returncode == 1 and "llm-headroom[" in refused.stderr, refused.stderr
 
     upstream = FakeUpstream()
@@ -69,10 +74,10 @@ def test_sidecar_install_runs_headroom_run_without_the_analysis_stack(tmp_path):
             _one_request(url)
             assert (
                 'headroom_requests_total{model="m1",outcome="ok",source="traffic",tenant="anonymous"} 1.0'
-                in httpx.get(url + "/metrics").text
+                in httpx.get(url + "/metrics", timeout=patient(5)).text
             )
         # a fleet sidecar needs no DuckDB (docs/operations.md, "Installing"): the image drops it
-        subprocess.run([*pip, "uninstall", "-y", "duckdb"], check=True, timeout=120)
+        subprocess.run([*pip, "uninstall", "-y", "duckdb"], check=True, timeout=patient(120))
         lake = tmp_path / "lake"
         with _sidecar(
             headroom, upstream.url, tmp_path, "--lake", str(lake), "--spool-dir", str(tmp_path / "spool")
@@ -107,10 +112,10 @@ def _sidecar(headroom: str, upstream: str, tmp_path: Path, *flags: str) -> Itera
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patient(60)
         while time.monotonic() < deadline and sidecar.poll() is None:
             try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                if httpx.get(url + "/readyz", timeout=patient(2)).status_code == 200:
                     break
             except httpx.HTTPError:
                 time.sleep(0.3)
@@ -118,7 +123,7 @@ def _sidecar(headroom: str, upstream: str, tmp_path: Path, *flags: str) -> Itera
         yield url
     finally:
         sidecar.terminate()
-        sidecar.wait(30)
+        sidecar.wait(patient(30))
     log = sidecar.stdout.read() if sidecar.stdout else ""
     assert "Traceback" not in log, log
 
@@ -126,7 +131,7 @@ def _sidecar(headroom: str, upstream: str, tmp_path: Path, *flags: str) -> Itera
 def _one_request(url: str) -> None:
     answer = httpx.post(
         url + "/v1/chat/completions",
-        timeout=10,
+        timeout=patient(10),
         json={"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
     )
     assert answer.status_code == 200 and b"[DONE]" in answer.content

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 import aiohttp
 import pytest
 from support.processes import headroom_process, sim_process
+from support.waiting import patient
 from test_probe_sim import OUTPUT_TOKENS, probe_sim
 
 from collector.analysis.knee import detect_knee
@@ -66,7 +67,7 @@ async def drive_traffic(url: str, seed: int = 0) -> None:
     """Users join stage by stage (2, 4, ... 32), all stop at the end: bounded in time."""
     rng = random.Random(seed)
     stop_at = time.monotonic() + STAGE_S * len(STAGES)
-    timeout = aiohttp.ClientTimeout(total=30)
+    timeout = aiohttp.ClientTimeout(total=patient(30))
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         users, running = [], 0
         for users_wanted in STAGES:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 from support.sidecar import CHAT, sidecar_rig
+from support.waiting import patient
 
 from collector.analysis.refresh import finished_probe_runs, refresh_estimates
 from collector.record import RequestRecord
@@ -31,7 +32,9 @@ def _ladder(rig, marks: dict[str, str]) -> None:
                 "X-Headroom-Probe-Warmup": "0",
                 "X-Headroom-Request-Id": f"probe-{marks['X-Headroom-Run-Id']}-c{level}-{index}",
             }
-            assert httpx.post(rig.url + PATH, json=CHAT, headers=headers, timeout=10).status_code == 200
+            assert (
+                httpx.post(rig.url + PATH, json=CHAT, headers=headers, timeout=patient(10)).status_code == 200
+            )
 
 
 def test_a_forged_ladder_publishes_nothing_and_a_real_probe_still_does(tmp_path):
@@ -96,7 +99,7 @@ def test_a_sidecar_without_a_token_trusts_no_mark(tmp_path, monkeypatch, present
         headers = {"X-Headroom-Source": "probe", "X-Headroom-Run-Id": "r"}
         if presented is not None:
             headers["X-Headroom-Probe-Token"] = presented
-        assert httpx.post(rig.url + PATH, json=CHAT, headers=headers, timeout=10).status_code == 200
+        assert httpx.post(rig.url + PATH, json=CHAT, headers=headers, timeout=patient(10)).status_code == 200
         metrics = rig.metrics()
         rows = rig.rows("SELECT source FROM requests")
     assert rows == [{"source": "traffic"}]

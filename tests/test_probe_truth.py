@@ -18,6 +18,7 @@ import pytest
 from support.estimates import capacity_estimate
 from support.processes import HEADROOM, sim_process
 from support.synthetic import closed_loop_rows
+from support.waiting import patient
 
 from collector.analysis.estimate import build_estimate, probe_levels
 from collector.analysis.levels import summarize_level
@@ -181,7 +182,7 @@ def _probe(sim: str, tmp_path, *args: str, name: str) -> tuple[str, dict]:
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=patient(300),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout, json.loads(out.read_text())

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 from support.processes import HEADROOM, sim_process
+from support.waiting import patient
 
 from collector.analysis.workload import DEFAULT_WORKLOAD, load_workload
 from collector.sim.cost import predicted_knee
@@ -54,7 +55,7 @@ def test_two_classes_get_their_own_knees_where_the_kv_model_puts_them(tmp_path):
             ],
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=patient(300),
         )
     assert done.returncode == 0, done.stdout + done.stderr
     classes = json.loads((tmp_path / "knees.json").read_text())["classes"]

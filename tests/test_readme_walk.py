@@ -21,10 +21,11 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import free_port
+from support.waiting import patient
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = {"sim", "run"}
-pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(patient(420))]
 
 
 def readme_commands() -> list[str]:
@@ -42,10 +43,10 @@ def _moved(line: str, ports: dict[str, str]) -> str:
 
 
 def _wait_serving(process: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + patient(60)
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
+            if httpx.get(url, timeout=patient(1)).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -105,7 +106,12 @@ def test_readme_using_it_commands_run_in_order_on_one_box(tmp_path):
                     _client_load(f"http://{listen}")
             else:
                 result = subprocess.run(
-                    [headroom, *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+                    [headroom, *words[1:]],
+                    cwd=tmp_path,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=patient(240),
                 )
                 assert result.returncode == 0, (
                     f"`{line}` exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
@@ -118,7 +124,7 @@ def test_readme_using_it_commands_run_in_order_on_one_box(tmp_path):
             server.terminate()
         for server in servers:
             try:
-                server.wait(30)
+                server.wait(patient(30))
             except subprocess.TimeoutExpired:
                 server.kill()
     assert {"run", "probe", "capacity", "report", "lake", "dashboards", "alerts"} <= set(ran)

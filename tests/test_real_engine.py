@@ -28,6 +28,7 @@ import httpx
 import pytest
 from support.processes import headroom_process
 from support.real_engine import llama_server
+from support.waiting import patient
 
 from collector.analysis.knee import detect_knee
 from collector.analysis.passive import passive_curve
@@ -36,7 +37,7 @@ from collector.analysis.token_knee import TRAFFIC_WINDOW, token_capacity_in_stor
 from collector.store.db import RequestStore
 
 # minutes each on 2 cores: a real model answers every request (the suite's default is 300 s)
-pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(patient(900))]
 
 MAX_TOKENS = 24
 PROMPT = "Write a short story about a robot who learns to paint."
@@ -96,7 +97,9 @@ async def plain_level(
     url: str, concurrency: int, per_worker: int, max_tokens: int = MAX_TOKENS
 ) -> PlainLevel:
     """A closed loop of `concurrency` workers, `per_worker` requests each, staggered starts."""
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+    async with httpx.AsyncClient(
+        timeout=patient(120), limits=httpx.Limits(max_keepalive_connections=0)
+    ) as client:
         results: list[tuple[float, float, float, int]] = []
 
         async def worker(index: int) -> None:
@@ -281,7 +284,9 @@ async def _poisson(url: str, rate_at, duration_s: float, limit: int) -> int:
     import random
 
     rng, tasks, started = random.Random(7), [], time.monotonic()
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+    async with httpx.AsyncClient(
+        timeout=patient(120), limits=httpx.Limits(max_keepalive_connections=0)
+    ) as client:
         while (elapsed := time.monotonic() - started) < duration_s and len(tasks) < limit:
             await asyncio.sleep(rng.expovariate(rate_at(elapsed)))
             tasks.append(asyncio.create_task(_one(client, url)))

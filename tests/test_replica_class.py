@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 from support.estimates import capacity_estimate
 from support.promql import promql_expr_test
+from support.waiting import patient
 from test_sources_gpu import FakeNvml
 
 from collector.capacity import DEFAULT_REPLICA_CLASS
@@ -222,7 +223,7 @@ def test_each_row_carries_the_class_of_the_sidecar_that_served_it(tmp_path):
         answer = httpx.post(
             rig.url + "/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
-            timeout=10,
+            timeout=patient(10),
         )
         assert answer.status_code == 200
         (row,) = rig.rows()

@@ -17,7 +17,7 @@ import yaml
 from conftest import require_tool
 from support.processes import free_port, headroom_process, sim_process
 from support.rulers import query, rule_errors
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 from test_analysis_estimate import _estimate
 
 from collector.alerts.files import alert_files
@@ -58,14 +58,14 @@ def _hold(url: str, model: str) -> list[socket.socket]:
     ).encode()
     sockets = []
     for _ in range(HELD):
-        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock = socket.create_connection((host, int(port)), timeout=patient(5))
         sock.sendall(head + body)
         sockets.append(sock)
     return sockets
 
 
 def _inflight(url: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=5).text
+    text = httpx.get(url + "/metrics", timeout=patient(5)).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -80,7 +80,7 @@ def test_each_sidecar_is_judged_against_its_own_replica_class_knee(tmp_path: Pat
         sim_process(max_num_seqs=8, flavor="llamacpp", speed=0.05) as small,
         sim_process(max_num_seqs=16, flavor="llamacpp", speed=0.05) as big,
     ):
-        model = httpx.get(small + "/v1/models", timeout=5).json()["data"][0]["id"]
+        model = httpx.get(small + "/v1/models", timeout=patient(5)).json()["data"][0]["id"]
         for name in ("a", "b"):
             _store_estimates(tmp_path / f"{name}.duckdb", model)
         common = ["--engine", "auto", "--engine-poll-interval", "0.2"]
@@ -179,7 +179,7 @@ def test_each_sidecar_is_judged_against_its_own_replica_class_knee(tmp_path: Pat
                     assert rule_errors(url) == {}
                 finally:
                     server.terminate()
-                    server.wait(30)
+                    server.wait(patient(30))
             finally:
                 for sock in held:
                     sock.close()

@@ -9,6 +9,7 @@ import threading
 import httpx
 import pytest
 from support.sidecar import CHAT, sidecar_rig
+from support.waiting import patient
 
 from collector.sidecar.headers import with_request_id
 from collector.sidecar.proxy import client_request_id
@@ -19,12 +20,13 @@ PATH = "/v1/chat/completions"
 
 @pytest.fixture
 def rig(tmp_path):
-    with sidecar_rig(tmp_path, read_timeout_s=1.0, max_request_body_bytes=4096) as rig:
+    # long enough for the fake upstream to answer on a busy host; the hang case waits it out
+    with sidecar_rig(tmp_path, read_timeout_s=2.0, max_request_body_bytes=4096) as rig:
         yield rig
 
 
 def _post(rig, body=CHAT, mode="ok", **headers):
-    return httpx.post(rig.url + PATH, json=body, headers={"x-fake": mode, **headers}, timeout=10)
+    return httpx.post(rig.url + PATH, json=body, headers={"x-fake": mode, **headers}, timeout=patient(10))
 
 
 @pytest.mark.parametrize(
@@ -114,12 +116,14 @@ def test_two_concurrent_requests_with_one_client_id_both_get_rows(rig):
     threads = [threading.Thread(target=send, args=(test_id,)) for test_id in ("a", "b")]
     for thread in threads:
         thread.start()
-    assert rig.fake.expect("a").wait(10) and rig.fake.expect("b").wait(10)  # both in flight at once
+    assert rig.fake.expect("a").wait(patient(10)) and rig.fake.expect("b").wait(
+        patient(10)
+    )  # both in flight at once
     assert len(sidecar_state(rig.app).tracker.live) == 2
     rig.fake.gate("a").set()
     rig.fake.gate("b").set()
     for thread in threads:
-        thread.join(10)
+        thread.join(patient(10))
     rows = rig.rows()
     assert [r["client_request_id"] for r in rows] == ["same", "same"]
     assert len({r["request_id"] for r in rows}) == 2

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from conftest import require_tool
+from support.waiting import patient
 
 from collector.alerts.files import ALERTS_FILE, TEST_FILE, alert_files
 from collector.backtest.report import render_text
@@ -121,6 +122,7 @@ def test_generate_with_the_config_and_flags(example, tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(patient(150))  # `promtool test rules` on the example takes a minute on a quiet host
 def test_the_example_regenerates_rules_that_promtool_and_amtool_accept(example, tmp_path):
     promtool, amtool = require_tool("promtool"), require_tool("amtool")
     write_files(alert_files(load_config(example)), tmp_path)
@@ -130,7 +132,7 @@ def test_the_example_regenerates_rules_that_promtool_and_amtool_accept(example, 
         [promtool, "test", "rules", TEST_FILE],
         [amtool, "check-config", "alertmanager.yml"],
     ):
-        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=patient(120))
         assert result.returncode == 0, result.stdout + result.stderr
     manager = yaml.safe_load((tmp_path / "alertmanager.yml").read_text())
     kinds = {r["name"]: sorted(k for k in r if k.endswith("_configs")) for r in manager["receivers"]}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import require_tool
+from support.waiting import patient
 
 from collector.alerts.files import TEST_FILE, alert_files, rule_files
 from collector.dashboards.files import dashboard_files
@@ -51,7 +52,7 @@ def dashboard_queries() -> list[tuple[str, str, str, str]]:
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=patient(120))
 
 
 def test_promtool_check_rules_passes_on_committed_rules():
@@ -63,6 +64,7 @@ def test_promtool_check_rules_passes_on_committed_rules():
     assert result.stdout.count("SUCCESS") == 2
 
 
+@pytest.mark.timeout(patient(150))  # `promtool test rules` on the committed cases: a minute on a quiet host
 def test_promtool_unit_tests_pass_on_committed_rules():
     promtool = require_tool("promtool")
     result = _run(promtool, "test", "rules", TEST_FILE, cwd=ALERTS)
@@ -70,6 +72,7 @@ def test_promtool_unit_tests_pass_on_committed_rules():
     assert "SUCCESS" in result.stdout
 
 
+@pytest.mark.timeout(patient(150))
 def test_promtool_unit_tests_catch_a_missing_for_duration(tmp_path):
     """The before-`for:` checks bite: the committed tests fail on rules where every alert fires at once."""
     promtool = require_tool("promtool")

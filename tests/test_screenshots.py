@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import require_tool
 from PIL import Image, ImageStat
+from support.waiting import patient
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "out" / "screenshots"
-pytestmark = [pytest.mark.integration, pytest.mark.subprocess, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.subprocess, pytest.mark.timeout(patient(240))]
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -60,7 +61,9 @@ def _browse(
     """Load `page` in headless Chromium; the check's verdict, and a screenshot when asked."""
     profile = tmp_path / "chromium-profile"
     common = [chromium, *FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=10000"]
-    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=90)
+    dom = subprocess.run(
+        [*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=patient(90)
+    )
     match = re.search(r"<title>CHECK (.*?)</title>", dom.stdout)
     assert match, f"the page never finished loading in Chromium:\n{dom.stderr[-2000:]}"
     verdict = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
@@ -70,7 +73,7 @@ def _browse(
             [*common, f"--window-size=1300,{height}", f"--screenshot={screenshot}", page.as_uri()],
             capture_output=True,
             text=True,
-            timeout=90,
+            timeout=patient(90),
         )
         assert shot.returncode == 0 and screenshot.is_file(), shot.stderr[-2000:]
     return verdict

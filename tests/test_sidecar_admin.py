@@ -16,6 +16,7 @@ from conftest import free_port
 from fastapi import APIRouter
 from support.sidecar import CHAT
 from support.upstream import FakeUpstream
+from support.waiting import patient
 
 from collector.serving import serve_in_thread
 from collector.sidecar.admin import AdminListener
@@ -44,7 +45,7 @@ def test_without_admin_listen_the_admin_routes_share_the_proxy_port(upstream):
     try:
         assert sidecar_state(app).admin is None
         for path in ADMIN_PATHS:
-            assert httpx.get(sidecar.url + path, timeout=10).status_code == 200, path
+            assert httpx.get(sidecar.url + path, timeout=patient(10)).status_code == 200, path
         assert "headroom_inflight_requests" in httpx.get(sidecar.url + "/metrics").text
     finally:
         sidecar.stop()
@@ -69,12 +70,18 @@ def test_with_admin_listen_metrics_health_and_the_request_log_leave_the_proxy_po
     sidecar = serve_in_thread(app, port=port, timeout_graceful_shutdown=5)
     admin = f"http://127.0.0.1:{admin_port}"
     try:
-        httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=10).raise_for_status()
-        assert httpx.get(sidecar.url + "/v1/models", timeout=10).status_code == 200, "pass-through stays"
+        httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=patient(10)).raise_for_status()
+        assert httpx.get(sidecar.url + "/v1/models", timeout=patient(10)).status_code == 200, (
+            "pass-through stays"
+        )
         for path in (*ADMIN_PATHS, "/headroom/v1/snapshot"):
-            assert httpx.get(sidecar.url + path, timeout=10).status_code == 404, f"{path} on the proxy port"
+            assert httpx.get(sidecar.url + path, timeout=patient(10)).status_code == 404, (
+                f"{path} on the proxy port"
+            )
         for path in ADMIN_PATHS:
-            assert httpx.get(admin + path, timeout=10).status_code == 200, f"{path} on the admin listener"
+            assert httpx.get(admin + path, timeout=patient(10)).status_code == 200, (
+                f"{path} on the admin listener"
+            )
         metrics = httpx.get(admin + "/metrics").text
         assert (
             'headroom_requests_total{model="m1",outcome="ok",source="traffic",tenant="anonymous"} 1.0'
@@ -84,7 +91,7 @@ def test_with_admin_listen_metrics_health_and_the_request_log_leave_the_proxy_po
 
         record = json.loads(owner_file_for(db).read_text())
         assert record["url"] == admin + "/headroom" and record["proxy"] == sidecar.url
-        assert sidecar_state(app).writer.flush()
+        assert sidecar_state(app).writer.flush(patient(30))
         assert find_owner(db).url == admin + "/headroom"
         with open_request_log(db) as store:  # the owner's snapshot, fetched from the admin listener
             assert store.count() == 1
@@ -125,12 +132,12 @@ def test_readiness_keeps_a_connection_of_its_own_when_the_pool_is_full(upstream)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             answer = pool.submit(
-                httpx.post, sidecar.url + "/v1/chat/completions", json=CHAT, headers=held, timeout=10
+                httpx.post, sidecar.url + "/v1/chat/completions", json=CHAT, headers=held, timeout=patient(10)
             )
-            assert upstream.expect("full-pool").wait(10), "the held request never reached the engine"
-            ready = httpx.get(sidecar.url + "/readyz", timeout=5)
+            assert upstream.expect("full-pool").wait(patient(10)), "the held request never reached the engine"
+            ready = httpx.get(sidecar.url + "/readyz", timeout=patient(5))
             assert ready.status_code == 200 and ready.json()["status"] == "ready"
             upstream.gate("full-pool").set()
-            assert answer.result(10).status_code == 200
+            assert answer.result(patient(10)).status_code == 200
     finally:
         sidecar.stop()

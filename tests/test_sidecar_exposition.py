@@ -9,6 +9,7 @@ import httpx
 import pytest
 from conftest import require_tool
 from support.sidecar import CHAT, sidecar_rig
+from support.waiting import patient
 
 from collector.sidecar.wiring import sidecar_state
 
@@ -88,7 +89,7 @@ def test_no_text_or_authorization_reaches_any_file_log_or_metric(tmp_path, caplo
             spool_dir=str(spool),
         ) as fleet:  # rows spooled, the lake's write-ahead
             _send_marked_traffic(fleet.url)
-            assert sidecar_state(fleet.app).writer.flush()
+            assert sidecar_state(fleet.app).writer.flush(patient(30))
             metrics_text += httpx.get(fleet.url + "/metrics").text
         written |= _files_written(tmp_path)
     assert len(rows) == 5 and rows[0]["tenant"].startswith("key-")

@@ -25,6 +25,7 @@ from support.processes import HeadroomProcess, headroom_process
 from support.sidecar import CHAT, sidecar_rig, wait_until
 from support.sources import connect_from
 from support.upstream import FakeUpstream
+from support.waiting import patient
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
@@ -41,21 +42,21 @@ PATH = "/v1/chat/completions"
 @pytest.mark.parametrize("path", ["/v1", "/v1/", "//v1//"])
 def test_v1_itself_is_passed_through_not_redirected_to_itself(tmp_path, path):
     with sidecar_rig(tmp_path) as rig:
-        with httpx.Client(follow_redirects=False, timeout=10) as client:
+        with httpx.Client(follow_redirects=False, timeout=patient(10)) as client:
             answer = client.get(rig.url + path)
         assert not answer.is_redirect, (answer.status_code, answer.headers)
         assert answer.status_code < 300
         assert rig.fake.targets[-1] == (b"/v1", b"")  # the engine got it, normalised
-        with httpx.Client(follow_redirects=True, max_redirects=3, timeout=10) as client:
+        with httpx.Client(follow_redirects=True, max_redirects=3, timeout=patient(10)) as client:
             followed = client.get(rig.url + path)  # a loop would raise TooManyRedirects
         assert followed.status_code < 300 and not followed.history
 
 
 def test_an_unknown_path_with_a_trailing_slash_is_a_404_not_a_redirect(tmp_path):
     with sidecar_rig(tmp_path) as rig:
-        answer = httpx.get(rig.url + "/healthz/", follow_redirects=False, timeout=10)
+        answer = httpx.get(rig.url + "/healthz/", follow_redirects=False, timeout=patient(10))
         assert answer.status_code == 200  # normalised to /healthz
-        answer = httpx.get(rig.url + "/nothing/", follow_redirects=False, timeout=10)
+        answer = httpx.get(rig.url + "/nothing/", follow_redirects=False, timeout=patient(10))
         assert answer.status_code == 404
 
 
@@ -72,13 +73,13 @@ def test_a_utf8_tenant_header_is_the_tenant_in_metrics_and_in_the_request_log(tm
     tenant = "équipe-北京"
     with sidecar_rig(tmp_path) as rig:
         answer = httpx.post(
-            rig.url + PATH, json=CHAT, headers=[(b"x-tenant-id", tenant.encode())], timeout=10
+            rig.url + PATH, json=CHAT, headers=[(b"x-tenant-id", tenant.encode())], timeout=patient(10)
         )
         assert answer.status_code == 200
         (row,) = rig.rows()
         assert row["tenant"] == tenant
         assert tenant in _tenants(rig)
-        page = httpx.get(rig.url + "/metrics", timeout=10).text
+        page = httpx.get(rig.url + "/metrics", timeout=patient(10)).text
         assert f'tenant="{tenant}"' in page
 
 
@@ -86,7 +87,9 @@ def test_a_tenant_header_that_is_not_utf8_gets_one_stable_label(tmp_path):
     raw = b"\xff\xfe-team"  # not UTF-8: read as Latin-1, the same label every time
     with sidecar_rig(tmp_path) as rig:
         for _ in range(2):
-            answer = httpx.post(rig.url + PATH, json=CHAT, headers=[(b"x-tenant-id", raw)], timeout=10)
+            answer = httpx.post(
+                rig.url + PATH, json=CHAT, headers=[(b"x-tenant-id", raw)], timeout=patient(10)
+            )
             assert answer.status_code == 200
         rows = rig.rows()
         assert [row["tenant"] for row in rows] == ["ÿþ-team", "ÿþ-team"]
@@ -146,11 +149,11 @@ def test_a_sidecar_under_a_low_file_limit_clamps_its_cap_warns_and_enforces_it(t
         held: list[socket.socket] = []
         try:
             for _ in range(cap):
-                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock = socket.create_connection(("127.0.0.1", port), timeout=patient(10))
                 held.append(sock)
                 sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert sock.recv(4096).startswith(b"HTTP/1.1 200")
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+            with socket.create_connection(("127.0.0.1", port), timeout=patient(10)) as extra:
                 extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
                 answer = extra.recv(4096)
             assert answer.startswith(b"HTTP/1.1 503") and b"over 128 open connections" in answer
@@ -159,7 +162,7 @@ def test_a_sidecar_under_a_low_file_limit_clamps_its_cap_warns_and_enforces_it(t
                 sock.close()
 
         def refused() -> bool:
-            page = httpx.get(url + "/metrics", timeout=5).text
+            page = httpx.get(url + "/metrics", timeout=patient(5)).text
             return 'headroom_connections_refused_total{reason="connection_cap"} 1.0' in page
 
         wait_until(refused, what="the refusal counted")  # the sidecar sees the closes in its own time
@@ -175,7 +178,8 @@ def _guarded(tmp_path: Path, **bounds: float) -> Iterator[tuple[Any, Any, FakeUp
         app = build_sidecar(
             SidecarConfig(upstream=fake.url, engine="none", db_path=str(tmp_path / "log.duckdb"), jobs=False)
         )
-        options = {"header_timeout_s": 10.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds}
+        # a held connection that sends nothing must outlive a slow test: no test waits for these
+        options = {"header_timeout_s": 30.0, "idle_timeout_s": 5.0, "max_connections": 4096, **bounds}
         handle = serve_in_thread(app, **uvicorn_options(sidecar_state(app).registry, **options))
         try:
             yield app, handle, fake
@@ -206,7 +210,7 @@ def test_a_body_not_complete_in_time_gets_408_is_counted_logged_and_never_admitt
         ).encode()
         slow = []
         for _ in range(3):
-            sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
+            sock = socket.create_connection(("127.0.0.1", handle.port), timeout=patient(5))
             sock.sendall(head + body[:10])  # headers and part of the body, then nothing
             slow.append(sock)
         try:
@@ -219,13 +223,13 @@ def test_a_body_not_complete_in_time_gets_408_is_counted_logged_and_never_admitt
         wait_until(lambda: _refused(app, "body_timeout") == 3, 5, what="three refusals counted")
         # never admitted: no row, no request reached the engine, no gauge left
         assert fake.requests == [] and not sidecar_state(app).tracker.live
-        assert sidecar_state(app).writer.flush()
+        assert sidecar_state(app).writer.flush(patient(30))
         assert sidecar_state(app).batch_sink.query_dicts("SELECT * FROM requests", ()) == []
         # one WARNING for the three (rate-limited per reason), naming the flag
         lines = [r.getMessage() for r in caplog.records if "body not complete" in r.getMessage()]
         assert len(lines) == 1 and "--body-timeout" in lines[0], lines
         # a body that arrives in time is served as ever
-        answer = httpx.post(handle.url + PATH, json=CHAT | {"stream": False}, timeout=5)
+        answer = httpx.post(handle.url + PATH, json=CHAT | {"stream": False}, timeout=patient(5))
         assert answer.status_code == 200
 
 
@@ -241,12 +245,12 @@ def test_metrics_and_health_keep_reserved_slots_when_half_bodies_fill_the_cap(tm
         held = []
         try:
             for _ in range(cap):
-                sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
+                sock = socket.create_connection(("127.0.0.1", handle.port), timeout=patient(5))
                 sock.sendall(head + body[:5])
                 held.append(sock)
             wait_until(lambda: len(sidecar_state(app).tracker.live) == 0, 5)  # (none admitted: bodies unread)
             for path in ("/metrics", "/healthz", "/readyz", "//metrics/"):
-                with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as admin:
+                with socket.create_connection(("127.0.0.1", handle.port), timeout=patient(5)) as admin:
                     admin.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
                     answer = _until_closed(admin)
                 assert answer.split(b"\r\n", 1)[0] in (
@@ -260,7 +264,7 @@ def test_metrics_and_health_keep_reserved_slots_when_half_bodies_fill_the_cap(tm
                 head + body,  # a completions request on a reserved slot
                 b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
             ):
-                with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as other:
+                with socket.create_connection(("127.0.0.1", handle.port), timeout=patient(5)) as other:
                     other.sendall(request)
                     answer = _until_closed(other)
                 assert answer.startswith(b"HTTP/1.1 503") and b"--max-client-connections" in answer
@@ -278,13 +282,16 @@ def test_metrics_and_health_keep_reserved_slots_when_half_bodies_fill_the_cap(tm
 def test_past_the_reserved_slots_too_a_connection_is_refused_at_once(tmp_path):
     """The reserved slots held from two addresses (one holds at most ADMIN_SLOTS_PER_SOURCE)."""
     with _guarded(tmp_path, max_connections=2) as (app, handle, _):
-        held = [socket.create_connection(("127.0.0.1", handle.port), timeout=5) for _ in range(2)]
-        held += [connect_from(f"127.0.0.{2 + i % 2}", handle.port) for i in range(ADMIN_SLOTS)]
+        held = [socket.create_connection(("127.0.0.1", handle.port), timeout=patient(5)) for _ in range(2)]
+        held += [
+            connect_from(f"127.0.0.{2 + i % 2}", handle.port, timeout_s=patient(5))
+            for i in range(ADMIN_SLOTS)
+        ]
         try:
             wait_until(
                 lambda: _open_connections(handle) >= 2 + ADMIN_SLOTS, 5, what="every connection accepted"
             )
-            with connect_from("127.0.0.4", handle.port) as extra:
+            with connect_from("127.0.0.4", handle.port, timeout_s=patient(5)) as extra:
                 answer = _until_closed(extra)  # before it sent anything
             assert answer.startswith(b"HTTP/1.1 503") and b"--max-client-connections" in answer
         finally:
@@ -313,13 +320,13 @@ def test_a_pipelined_requests_client_hanging_up_cancels_it_at_once_without_trace
                 f"x-fake-delay: 2\r\nx-fake-tokens: 5\r\nx-test-id: {test_id}\r\n"  # 10 s of stream
                 f"Content-Length: {len(body)}\r\n\r\n"
             ).encode() + body
-            with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as client:
+            with socket.create_connection(("127.0.0.1", handle.port), timeout=patient(5)) as client:
                 client.sendall(first + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # pipelined
                 assert client.recv(65536).startswith(b"HTTP/1.1 200")  # the stream has begun
             gone_at = time.monotonic()
             wait_until(lambda: not sidecar_state(app).tracker.live, 3, what="the running request cancelled")
             assert time.monotonic() - gone_at < 1.5  # not at the next token (2 s), nor the end (10 s)
-        assert sidecar_state(app).writer.flush()
+        assert sidecar_state(app).writer.flush(patient(30))
         rows = sidecar_state(app).batch_sink.query_dicts("SELECT outcome, error FROM requests", ())
         assert [(r["outcome"], r["error"]) for r in rows] == [("client_cancelled", "client disconnected")] * 3
         # (checked before the fake upstream stops: its own cancelled handlers log then)
@@ -343,7 +350,7 @@ class _BigEventUpstream:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
-        assert self._ready.wait(10)
+        assert self._ready.wait(patient(10))
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -373,7 +380,7 @@ class _BigEventUpstream:
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._thread.join(patient(10))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -416,7 +423,7 @@ def test_500_stalled_readers_past_the_read_timeout_cost_under_5_percent_cpu(tmp_
         wait_until(lambda: upstream.requests == readers, 30, what="every request reaching the upstream")
 
         def inflight() -> int:
-            return int(httpx.get(sidecar.url + "/healthz", timeout=5).json()["inflight_requests"])
+            return int(httpx.get(sidecar.url + "/healthz", timeout=patient(5)).json()["inflight_requests"])
 
         # past the read timeout (twice over): every stream is paused, none timed out
         time.sleep(2 * read_timeout)  # the timeout itself is what must pass: there is no event for it
@@ -451,7 +458,7 @@ def test_sigterm_under_load_loses_no_row(tmp_path):
         sidecar = HeadroomProcess(*args, health="/healthz", log=tmp_path / "sidecar.log").start()
 
         def load(worker: int) -> None:
-            with httpx.Client(timeout=10) as client:
+            with httpx.Client(timeout=patient(10)) as client:
                 for index in range(2000):  # bounded; stopped by the sidecar going away
                     if stop.is_set():
                         return
@@ -473,11 +480,11 @@ def test_sigterm_under_load_loses_no_row(tmp_path):
             assert sidecar.process is not None
             sidecar.process.send_signal(signal.SIGTERM)
             # a graceful exit within the grace period (uvicorn re-raises the signal once it is done)
-            assert sidecar.process.wait(60) in (0, -signal.SIGTERM)
+            assert sidecar.process.wait(patient(60)) in (0, -signal.SIGTERM)
         finally:
             stop.set()
             for worker in workers:
-                worker.join(15)
+                worker.join(patient(15))
             sidecar.stop()
         sent = {request["headers"].get("x-test-id") for request in fake.requests}
     import duckdb  # the sidecar has exited: the test may open its file

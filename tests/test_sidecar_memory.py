@@ -15,6 +15,7 @@ import threading
 
 import httpx
 import pytest
+from support.waiting import patient
 
 from collector.serving import serve_in_thread
 from collector.sidecar import app
@@ -38,7 +39,7 @@ async def test_each_round_collects_on_the_loop_then_trims_off_it() -> None:
 
     returning = MemoryReturn(trim, every_s=0.01, collect=collect)
     task = asyncio.create_task(returning.run())
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(patient(10)):
         while returning.rounds < 3:
             await asyncio.sleep(0.005)  # polling the counter the task under test advances
     task.cancel()
@@ -55,7 +56,7 @@ async def test_a_failing_round_is_logged_once_and_never_retried(caplog: pytest.L
         calls += 1
         raise OSError("no")
 
-    await asyncio.wait_for(MemoryReturn(trim, every_s=0.01, collect=lambda: 0).run(), 10)  # returns
+    await asyncio.wait_for(MemoryReturn(trim, every_s=0.01, collect=lambda: 0).run(), patient(10))  # returns
     assert calls == 1
     assert [record.message for record in caplog.records] == ["giving memory back failed; not trying again"]
 
@@ -122,9 +123,9 @@ def test_the_sidecar_returns_memory_while_it_serves_and_stops_with_it(
     )
     sidecar = serve_in_thread(build_sidecar(config))
     try:
-        assert httpx.get(f"{sidecar.url}/healthz", timeout=5).status_code == 200
-        assert started.wait(10)
+        assert httpx.get(f"{sidecar.url}/healthz", timeout=patient(5)).status_code == 200
+        assert started.wait(patient(10))
         assert not cancelled.is_set()
     finally:
-        sidecar.stop(timeout_s=15)
-    assert cancelled.wait(10)  # the lifespan's end stops it
+        sidecar.stop(timeout_s=patient(15))
+    assert cancelled.wait(patient(10))  # the lifespan's end stops it

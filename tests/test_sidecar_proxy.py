@@ -10,6 +10,7 @@ import threading
 import httpx
 import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
+from support.waiting import patient
 
 from collector.sidecar.uvicorn_cycle import ChunkWriter
 from collector.sidecar.wiring import sidecar_state
@@ -20,12 +21,13 @@ PATH = "/v1/chat/completions"
 
 @pytest.fixture
 def rig(tmp_path):
-    with sidecar_rig(tmp_path, read_timeout_s=1.0) as rig:
+    # long enough for the fake upstream to answer on a busy host; the hang and stall tests wait it out
+    with sidecar_rig(tmp_path, read_timeout_s=2.0) as rig:
         yield rig
 
 
 def _post(rig, body=CHAT, mode="ok", **headers):
-    return httpx.post(rig.url + PATH, json=body, headers={"x-fake": mode, **headers}, timeout=10)
+    return httpx.post(rig.url + PATH, json=body, headers={"x-fake": mode, **headers}, timeout=patient(10))
 
 
 def _only_row(rig, **where):
@@ -127,7 +129,7 @@ def test_timeout_mid_stream(rig):
 
 
 def _cancel_after(rig, mode: str, read_chunks: int) -> None:
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=patient(10)) as client:
         with client.stream(
             "POST",
             rig.url + PATH,
@@ -230,7 +232,7 @@ def test_what_a_probe_request_measures_travels_in_its_headers_into_the_row(rig):
 
 
 def test_query_string_on_an_accounted_path_reaches_the_upstream(rig):
-    response = httpx.post(rig.url + PATH + "?api-version=2024-06-01", json=CHAT, timeout=10)
+    response = httpx.post(rig.url + PATH + "?api-version=2024-06-01", json=CHAT, timeout=patient(10))
     assert response.status_code == 200
     assert rig.fake.targets[-1] == (PATH.encode(), b"api-version=2024-06-01")
     _only_row(rig, outcome="ok", endpoint=PATH)
@@ -262,7 +264,7 @@ def test_shutdown_with_a_stream_in_flight_logs_its_row_as_a_shutdown(tmp_path):
                     "POST",
                     rig.url + PATH,
                     json=CHAT,
-                    timeout=30,
+                    timeout=patient(30),
                     headers={"x-fake-tokens": "100000", "x-fake-delay": "0.01", "x-test-id": "long"},
                 ) as response:
                     for _ in response.iter_raw():
@@ -270,11 +272,11 @@ def test_shutdown_with_a_stream_in_flight_logs_its_row_as_a_shutdown(tmp_path):
 
         thread = threading.Thread(target=client, daemon=True)
         thread.start()
-        assert arrived.wait(10)
+        assert arrived.wait(patient(10))
         wait_until(lambda: any(r.first_token_mono for r in sidecar_state(rig.app).tracker.live.values()))
         rig.sidecar.server.config.timeout_graceful_shutdown = 0.2  # cancel what is in flight
         rig.sidecar.stop()
-        thread.join(10)
+        thread.join(patient(10))
         path = sidecar_state(rig.app).config.db_path
     store = RequestStore(path)  # the row was flushed by the shutdown itself
     rows = store.query_dicts("SELECT outcome, error, status_code FROM requests")
@@ -283,13 +285,13 @@ def test_shutdown_with_a_stream_in_flight_logs_its_row_as_a_shutdown(tmp_path):
 
 
 def test_pass_through_stream_is_cancelled_upstream_when_the_client_leaves(rig):
-    with httpx.Client(timeout=10) as client:
+    with httpx.Client(timeout=patient(10)) as client:
         with client.stream("GET", rig.url + "/v1/slow") as response:
             chunks = response.iter_raw()
             assert next(chunks).startswith(b"data: 0")
     # the client hung up after one chunk: the sidecar must drop its upstream request too, or an
     # unaccounted generation keeps running on the engine for nobody
-    assert rig.fake.slow_client_left.wait(5)
+    assert rig.fake.slow_client_left.wait(patient(5))
 
 
 def test_a_redirect_reaches_the_client_as_sent(rig):
@@ -325,7 +327,7 @@ def test_a_client_that_stops_reading_holds_the_upstream_back(tmp_path, monkeypat
         host, port = rig.url.removeprefix("http://").split(":")
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # no autotuned window
-            sock.settimeout(30)
+            sock.settimeout(patient(30))
             sock.connect((host, int(port)))
             head = (
                 f"POST {PATH} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"

@@ -11,6 +11,7 @@ from conftest import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from support.sidecar import CHAT
 from support.upstream import FakeUpstream
+from support.waiting import patient
 
 from collector import __version__
 from collector.backtest.replay import from_db
@@ -60,7 +61,7 @@ def test_metrics_carry_build_info_no_created_series_and_zero_gauges_before_any_r
     assert samples[("headroom_build_info", (("version", __version__),))] == 1.0
     assert samples[("headroom_inflight_requests", (("model", ""), ("tenant", "")))] == 0.0
     assert samples[("headroom_active_tokens", (("model", ""), ("tenant", "")))] == 0.0
-    httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=10).raise_for_status()
+    httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=patient(10)).raise_for_status()
     text = httpx.get(sidecar.url + "/metrics").text
     assert "_created" not in text, "counters and histograms export _created series"
     assert 'headroom_inflight_requests{model="m1"' in text
@@ -79,7 +80,7 @@ def test_readyz_follows_the_upstream_while_healthz_stays_live(tmp_path):
         ready = httpx.get(sidecar.url + "/readyz")
         assert ready.status_code == 200 and ready.json()["status"] == "ready"
         upstream.stop()
-        down = httpx.get(sidecar.url + "/readyz", timeout=10)
+        down = httpx.get(sidecar.url + "/readyz", timeout=patient(10))
         assert down.status_code == 503 and "unreachable" in down.json()["reason"]
         assert httpx.get(sidecar.url + "/healthz").status_code == 200, "liveness must not follow the engine"
     finally:
@@ -89,8 +90,8 @@ def test_readyz_follows_the_upstream_while_healthz_stays_live(tmp_path):
 def test_a_reader_of_the_owned_log_goes_through_the_sidecar(owned):
     sidecar, db, app = owned
     for _ in range(3):
-        httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=10).raise_for_status()
-    assert sidecar_state(app).writer.flush()
+        httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=patient(10)).raise_for_status()
+    assert sidecar_state(app).writer.flush(patient(30))
     record = json.loads(owner_file_for(db).read_text())
     assert record["url"] == sidecar.url + "/headroom" and record["token"] == "file"
     owner = find_owner(db)
@@ -108,8 +109,8 @@ def test_the_backtest_replays_the_owned_log_through_the_sidecar(owned):
     """`headroom alerts backtest --db` while the sidecar runs: no "Could not set lock on file"."""
     sidecar, db, app = owned
     for _ in range(3):
-        httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=10).raise_for_status()
-    assert sidecar_state(app).writer.flush()
+        httpx.post(sidecar.url + "/v1/chat/completions", json=CHAT, timeout=patient(10)).raise_for_status()
+    assert sidecar_state(app).writer.flush(patient(30))
     log = from_db(str(db))
     assert len(log.records) == 3 and {r.model for r in log.records} == {"m1"}
 

@@ -10,6 +10,7 @@ import random
 import httpx
 import pytest
 from support.sidecar import CHAT, gauge_values, sidecar_rig, wait_until
+from support.waiting import patient
 
 from collector.sidecar.exchange import Exchange
 from collector.sidecar.wiring import sidecar_state
@@ -99,7 +100,7 @@ def test_answers_served_over_a_kept_alive_upstream_connection_are_not_kept_alive
         gc.collect()
         return sum(isinstance(o, Exchange) for o in gc.get_objects())
 
-    with sidecar_rig(tmp_path) as rig, httpx.Client(base_url=rig.url, timeout=10) as client:
+    with sidecar_rig(tmp_path) as rig, httpx.Client(base_url=rig.url, timeout=patient(10)) as client:
         for stream in (True, False):  # warm the pool, both relays
             assert client.post("/v1/chat/completions", json={**CHAT, "stream": stream}).status_code == 200
         before = answers_alive()

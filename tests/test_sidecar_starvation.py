@@ -30,6 +30,7 @@ from support.processes import headroom_process
 from support.sidecar import CHAT, wait_until
 from support.sources import connect_from
 from support.upstream import FakeUpstream
+from support.waiting import patient
 
 from collector.serving import serve_in_thread
 from collector.sidecar.addresses import source_limits, source_of
@@ -57,7 +58,8 @@ def _guarded(
             upstream=upstream, engine="none", db_path=str(tmp_path / "log.duckdb"), jobs=False, **config
         )
     )
-    options = {"header_timeout_s": 10.0, "idle_timeout_s": 60.0, "max_connections": 4096, **(bounds or {})}
+    # a held connection that sends nothing must outlive a slow test: no test waits for these
+    options = {"header_timeout_s": 30.0, "idle_timeout_s": 60.0, "max_connections": 4096, **(bounds or {})}
     handle = serve_in_thread(app, **uvicorn_options(sidecar_state(app).registry, **options))
     try:
         yield app, handle
@@ -156,23 +158,26 @@ def test_a_reserved_slot_answers_once_and_closes_and_one_address_holds_half_of_t
     after it; one address holds ADMIN_SLOTS_PER_SOURCE reserved slots, its next connection is
     refused, and another address still gets one."""
     with FakeUpstream() as fake, _guarded(tmp_path, fake.url, {"max_connections": 2}) as (app, handle):
-        held = [socket.create_connection(("127.0.0.1", handle.port), timeout=5) for _ in range(2)]
+        held = [socket.create_connection(("127.0.0.1", handle.port), timeout=patient(5)) for _ in range(2)]
         try:
-            with connect_from("127.0.0.2", handle.port) as poller:
+            with connect_from("127.0.0.2", handle.port, timeout_s=patient(5)) as poller:
                 answer = _get(poller, "/healthz")
                 assert answer.startswith(b"HTTP/1.1 200") and b"connection: close\r\n" in answer.lower()
                 assert poller.recv(1) == b""  # closed after its one answer
-            reserved = [connect_from("127.0.0.2", handle.port) for _ in range(ADMIN_SLOTS_PER_SOURCE)]
+            reserved = [
+                connect_from("127.0.0.2", handle.port, timeout_s=patient(5))
+                for _ in range(ADMIN_SLOTS_PER_SOURCE)
+            ]
             held += reserved
             wait_until(
                 lambda: len(handle.server.server_state.connections) >= 2 + ADMIN_SLOTS_PER_SOURCE,
                 5,
                 what="the reserved connections accepted",
             )
-            with connect_from("127.0.0.2", handle.port) as extra:
+            with connect_from("127.0.0.2", handle.port, timeout_s=patient(5)) as extra:
                 refused = _until_closed(extra)  # before it sent anything
             assert refused.startswith(b"HTTP/1.1 503") and b"holds 4 of the reserved slots" in refused
-            with connect_from("127.0.0.3", handle.port) as other:
+            with connect_from("127.0.0.3", handle.port, timeout_s=patient(5)) as other:
                 answer = _get(other, "/metrics")
                 assert answer.startswith(b"HTTP/1.1 200") and b"headroom_inflight_requests" in answer
                 assert other.recv(1) == b""
@@ -192,7 +197,7 @@ def test_keep_alive_pollers_never_hold_the_reserved_slots(tmp_path):
     def poll(port: int) -> None:
         for _ in range(10_000):  # bounded; ends with the test
             try:
-                with connect_from("127.0.0.2", port) as sock:
+                with connect_from("127.0.0.2", port, timeout_s=patient(5)) as sock:
                     while not stop.is_set():  # keep-alive, as long as the sidecar keeps the connection
                         answer = _get(sock, "/healthz")
                         polls.append(int(answer[9:12] or 0))
@@ -205,7 +210,7 @@ def test_keep_alive_pollers_never_hold_the_reserved_slots(tmp_path):
                 return
 
     with FakeUpstream() as fake, _guarded(tmp_path, fake.url, {"max_connections": 3}) as (app, handle):
-        held = [socket.create_connection(("127.0.0.1", handle.port), timeout=5) for _ in range(3)]
+        held = [socket.create_connection(("127.0.0.1", handle.port), timeout=patient(5)) for _ in range(3)]
         pollers = [threading.Thread(target=poll, args=(handle.port,), daemon=True) for _ in range(10)]
         try:
             for poller in pollers:
@@ -214,14 +219,14 @@ def test_keep_alive_pollers_never_hold_the_reserved_slots(tmp_path):
             statuses = []
             for _ in range(30):
                 for path in ADMIN:
-                    with connect_from("127.0.0.3", handle.port) as monitor:
+                    with connect_from("127.0.0.3", handle.port, timeout_s=patient(5)) as monitor:
                         statuses.append(_get(monitor, path)[:12])
             assert set(statuses) == {b"HTTP/1.1 200"}, statuses
             assert 200 in polls
         finally:
             stop.set()
             for poller in pollers:
-                poller.join(10)
+                poller.join(patient(10))
             for sock in held:
                 sock.close()
 
@@ -237,16 +242,20 @@ def test_one_address_past_its_connection_bound_gets_429_and_only_monitoring(tmp_
             handle,
         ),
     ):
-        held = [connect_from("127.0.0.2", handle.port) for _ in range(3)]
+        held = [connect_from("127.0.0.2", handle.port, timeout_s=patient(5)) for _ in range(3)]
         try:
-            with connect_from("127.0.0.2", handle.port) as extra:
+            with connect_from("127.0.0.2", handle.port, timeout_s=patient(5)) as extra:
                 extra.sendall(HALF[:-10] + BODY)
                 answer = _until_closed(extra)
             assert answer.startswith(b"HTTP/1.1 429 Too Many Requests")
             assert b"retry-after: 1\r\n" in answer and b'"limit":"--max-connections-per-source"' in answer
-            with connect_from("127.0.0.2", handle.port) as probe:  # monitoring still answered
+            with connect_from(
+                "127.0.0.2", handle.port, timeout_s=patient(5)
+            ) as probe:  # monitoring still answered
                 assert _get(probe, "/healthz").startswith(b"HTTP/1.1 200")
-            with connect_from("127.0.0.3", handle.port) as other:  # another address: served
+            with connect_from(
+                "127.0.0.3", handle.port, timeout_s=patient(5)
+            ) as other:  # another address: served
                 other.sendall(HALF[:-10] + BODY)
                 assert other.recv(65536).startswith(b"HTTP/1.1 200")
             assert _refused(app, "source_connections") == 1
@@ -266,25 +275,25 @@ def test_one_address_past_its_partial_requests_bound_gets_429(tmp_path, caplog):
         held = []
         try:
             for _ in range(3):
-                sock = connect_from("127.0.0.2", handle.port)
+                sock = connect_from("127.0.0.2", handle.port, timeout_s=patient(5))
                 sock.sendall(HALF)
                 held.append(sock)
-            with connect_from("127.0.0.2", handle.port) as fourth:
+            with connect_from("127.0.0.2", handle.port, timeout_s=patient(5)) as fourth:
                 fourth.sendall(HALF)
                 answer = _until_closed(fourth)
             assert answer.startswith(b"HTTP/1.1 429") and b"retry-after: 1\r\n" in answer
             assert b"--max-partial-requests-per-source" in answer
             assert _refused(app, "source_partial_requests") == 1
-            with connect_from("127.0.0.2", handle.port) as whole:
+            with connect_from("127.0.0.2", handle.port, timeout_s=patient(5)) as whole:
                 whole.sendall(HALF[:-10] + BODY)
                 assert whole.recv(65536).startswith(b"HTTP/1.1 200")
-            with connect_from("127.0.0.3", handle.port) as other:
+            with connect_from("127.0.0.3", handle.port, timeout_s=patient(5)) as other:
                 other.sendall(HALF)
                 other.sendall(BODY[10:])  # its body completes: it was held, not refused
                 assert other.recv(65536).startswith(b"HTTP/1.1 200")
             held[0].sendall(BODY[10:])
             assert held[0].recv(65536).startswith(b"HTTP/1.1 200")  # the address is at 2 now
-            again = connect_from("127.0.0.2", handle.port)
+            again = connect_from("127.0.0.2", handle.port, timeout_s=patient(5))
             held.append(again)
             again.sendall(HALF)
             again.sendall(BODY[10:])
@@ -326,7 +335,7 @@ def test_monitoring_answers_within_100_ms_p99_beside_keep_alive_pollers_and_4000
     def poll(port: int) -> None:
         for _ in range(10_000):  # bounded; ends with the test
             try:
-                with connect_from("127.0.0.2", port) as sock:
+                with connect_from("127.0.0.2", port, timeout_s=patient(5)) as sock:
                     while not stop.is_set():
                         answer = _get(sock, "/healthz")
                         polls.append(int(answer[9:12] or 0))
@@ -346,7 +355,7 @@ def test_monitoring_answers_within_100_ms_p99_beside_keep_alive_pollers_and_4000
             try:
                 began = time.monotonic()
                 for _ in range(ATTACK):
-                    sock = connect_from("127.0.0.2", port, timeout_s=10)
+                    sock = connect_from("127.0.0.2", port, timeout_s=patient(10))
                     attack.append(sock)
                     with contextlib.suppress(OSError):  # refused and closed already: a reset
                         sock.sendall(HALF)
@@ -357,18 +366,18 @@ def test_monitoring_answers_within_100_ms_p99_beside_keep_alive_pollers_and_4000
                 took: dict[str, list[float]] = {path: [] for path in ADMIN}
                 statuses = set()
                 nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-                with httpx.Client(timeout=5, transport=nodelay) as monitor:
+                with httpx.Client(timeout=patient(5), transport=nodelay) as monitor:
                     for _ in range(SAMPLES):
                         for path in ADMIN:
                             start = time.perf_counter()
                             answer = monitor.get(url + path)
                             took[path].append(time.perf_counter() - start)
                             statuses.add(answer.status_code)
-                metrics = httpx.get(url + "/metrics", timeout=5).text
+                metrics = httpx.get(url + "/metrics", timeout=patient(5)).text
             finally:
                 stop.set()
                 for poller in pollers:
-                    poller.join(10)
+                    poller.join(patient(10))
                 for sock in attack:
                     sock.close()
     p99 = {path: sorted(times)[int(len(times) * 0.99) - 1] for path, times in took.items()}
@@ -405,7 +414,7 @@ class _SilentStreamUpstream:
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
         self._thread.start()
-        assert ready.wait(10)
+        assert ready.wait(patient(10))
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
@@ -447,7 +456,7 @@ class _SilentStreamUpstream:
 
     def stop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._thread.join(patient(10))
 
 
 def _stalled_reader(port: int) -> socket.socket:
@@ -482,7 +491,7 @@ def test_16_stalled_readers_never_keep_another_client_waiting_past_the_deadline(
             stalled += [_stalled_reader(handle.port) for _ in range(16)]
             wait_until(lambda: upstream.requests == 16, 10, what="every stalled stream reaching the upstream")
             began = time.monotonic()
-            answer = httpx.post(handle.url + PATH, json=CHAT | {"stream": False}, timeout=10)
+            answer = httpx.post(handle.url + PATH, json=CHAT | {"stream": False}, timeout=patient(10))
             waited = time.monotonic() - began
             print(f"\nanswered {answer.status_code} after {waited:.2f} s (deadline {wait_s:g} s)")
             assert answer.status_code == 503 and wait_s - 0.05 <= waited < wait_s + 1.0
@@ -501,9 +510,9 @@ def test_16_stalled_readers_never_keep_another_client_waiting_past_the_deadline(
             wait_until(lambda: upstream.closed == 16, 5, what="their upstream connections closed")
             wait_until(lambda: not sidecar_state(app).tracker.live, 5, what="their requests finished")
             began = time.monotonic()
-            served = httpx.post(handle.url + PATH, json=CHAT | {"stream": False}, timeout=10)
+            served = httpx.post(handle.url + PATH, json=CHAT | {"stream": False}, timeout=patient(10))
             assert served.status_code == 200 and time.monotonic() - began < wait_s
-            assert sidecar_state(app).writer.flush()
+            assert sidecar_state(app).writer.flush(patient(30))
             rows = sidecar_state(app).batch_sink.query_dicts(
                 "SELECT outcome, status_code, error FROM requests ORDER BY admitted_at", ()
             )

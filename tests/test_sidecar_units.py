@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from support.strategies import json_scalars
+from support.waiting import patient
 from uvicorn.config import Config
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -922,7 +923,7 @@ def test_on_uvicorns_own_protocol_only_a_lost_connection_cancels_the_exchange(th
         else:
             protocol.connection_lost(None)
         (task,) = state.tasks
-        async with asyncio.timeout(10):  # a watch that never cancels fails here, not by hanging
+        async with asyncio.timeout(patient(10)):  # a watch that never cancels fails here, not by hanging
             await task
         assert (b"\r\ndone\r\n" in transport.written) == (then == "more_body")
         assert protocol.cycle.message_event.is_set()  # its own event, set as by the protocol
@@ -970,7 +971,7 @@ def test_the_task_watch_reports_a_disconnect_once_and_nothing_after_stop():
         before = watch.seen()  # no transport to read: undecided, not gone
         await messages.put({"type": "http.request", "body": b"", "more_body": False})
         await messages.put({"type": "http.disconnect"})
-        await asyncio.wait_for(left.wait(), 5)
+        await asyncio.wait_for(left.wait(), patient(5))
         after = watch.seen()
         watch.stop()
         stopped_calls: list[str] = []

@@ -133,8 +133,8 @@ def test_connect_and_read_failures_are_ours_and_typed():
     with pytest.raises(UpstreamConnectError, match="cannot connect"):
         asyncio.run(refused())
 
-    async def main(url: str, **fake: str) -> tuple[int, bytes, bool]:
-        pool = H1Pool(url, read_timeout_s=0.3)
+    async def main(url: str, read_timeout_s: float, **fake: str) -> tuple[int, bytes, bool]:
+        pool = H1Pool(url, read_timeout_s=read_timeout_s)
         try:
             return await _whole(pool, **fake)
         finally:
@@ -142,9 +142,10 @@ def test_connect_and_read_failures_are_ours_and_typed():
 
     with FakeUpstream() as upstream:
         with pytest.raises(UpstreamReadTimeout, match="sent nothing for 0.3 s"):
-            asyncio.run(main(upstream.url, fake="hang"))
+            asyncio.run(main(upstream.url, 0.3, fake="hang"))
         with pytest.raises(UpstreamUnparsable) as caught:
-            asyncio.run(main(upstream.url, fake="garbage-head", fake_text="upstream secret"))
+            # time enough for the fake's broken head to arrive on a busy host
+            asyncio.run(main(upstream.url, 5.0, fake="garbage-head", fake_text="upstream secret"))
         assert "secret" not in str(caught.value)  # never the peer's bytes
 
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from conftest import FIXTURES
 from prometheus_client import CollectorRegistry, generate_latest
-from support.waiting import wait_until_async
+from support.waiting import patient, wait_until_async
 
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
@@ -253,7 +253,7 @@ def test_the_sources_collector_exports_headroom_signal_valid():
 async def test_a_sidecar_in_front_of_a_simulator_whose_metrics_froze_marks_kv_usage_stale():
     sim_app = create_sim_app(SimConfig(flavor="vllm", max_num_seqs=4, speed=20.0))
     sim = serve_in_thread(sim_app)
-    source = build_engine_source("vllm", f"{sim.url}/metrics", 0.1)
+    source = build_engine_source("vllm", f"{sim.url}/metrics", 0.1, timeout_s=2.0)  # a busy host answers
     source.integrity.stale_after_s, source.integrity.stale_min_requests = 1.0, 3
     config = SidecarConfig(upstream=sim.url, db_path=None, instance="test", engine="vllm", jobs=False)
     sidecar = serve_in_thread(build_sidecar(config, engine=source))
@@ -274,7 +274,7 @@ async def test_a_sidecar_in_front_of_a_simulator_whose_metrics_froze_marks_kv_us
         assert all(answer.status_code == 200 for answer in answers)
 
     try:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=patient(30)) as client:
             await wait_until_async(lambda: _has(reasons(client), "kv_usage"), what="kv_usage judged")
             await load(client, 6)
             assert (await reasons(client))["kv_usage"] in ("ok", "idle")
@@ -294,8 +294,8 @@ async def test_a_sidecar_in_front_of_a_simulator_whose_metrics_froze_marks_kv_us
 
             await wait_until_async(valid_again, timeout_s=20, what="kv_usage valid again")
     finally:
-        sidecar.stop(timeout_s=15)
-        sim.stop(timeout_s=15)
+        sidecar.stop(timeout_s=patient(15))
+        sim.stop(timeout_s=patient(15))
 
 
 async def _has(reasons, signal: str) -> bool:
@@ -308,7 +308,7 @@ async def test_a_sidecar_in_front_of_a_llamacpp_simulator_whose_metrics_froze_ma
     bursts of ten and gaps of none: both are stale while KV usage (from the live /slots) is not."""
     sim_app = create_sim_app(SimConfig(flavor="llamacpp", max_num_seqs=4))
     sim = serve_in_thread(sim_app)
-    source = build_engine_source("llamacpp", f"{sim.url}/metrics", 0.1)
+    source = build_engine_source("llamacpp", f"{sim.url}/metrics", 0.1, timeout_s=2.0)
     source.integrity.stale_after_s, source.integrity.stale_min_requests = 1.0, 3
     config = SidecarConfig(upstream=sim.url, db_path=None, instance="test", engine="llamacpp", jobs=False)
     sidecar = serve_in_thread(build_sidecar(config, engine=source))
@@ -341,7 +341,7 @@ async def test_a_sidecar_in_front_of_a_llamacpp_simulator_whose_metrics_froze_ma
         await wait_until_async(lambda: polled_after(ended), what="a poll with nothing in flight")
 
     try:
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with httpx.AsyncClient(timeout=patient(60)) as client:
             held = asyncio.create_task(load(client, 6, 400))
             await wait_until_async(lambda: _is(engine_counts(client), (4, 2)), what="4 running, 2 waiting")
             sim_app.state.metrics.fault = "freeze"  # the exporter wedges at (4, 2)
@@ -361,8 +361,8 @@ async def test_a_sidecar_in_front_of_a_llamacpp_simulator_whose_metrics_froze_ma
 
             await wait_until_async(valid_again, timeout_s=20, what="running valid again")
     finally:
-        sidecar.stop(timeout_s=15)
-        sim.stop(timeout_s=15)
+        sidecar.stop(timeout_s=patient(15))
+        sim.stop(timeout_s=patient(15))
 
 
 async def _is(value, expected) -> bool:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
 from collector.serving import serve_in_thread
 from collector.sim.app import create_sim_app
@@ -32,7 +32,7 @@ def fast_sim():
 
 
 def _events(url: str, body: dict) -> list:
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as response:
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=patient(30)) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
@@ -69,7 +69,7 @@ def test_stream_without_include_usage_has_no_usage_chunk(fast_sim):
 def test_non_streaming_completion_carries_usage(fast_sim):
     response = httpx.post(
         f"{fast_sim}/v1/completions",
-        timeout=30,
+        timeout=patient(30),
         json={"model": "sim", "prompt": "x" * 40, "max_tokens": 9, "ignore_eos": True},
     )
     body = response.json()
@@ -99,7 +99,7 @@ def _token_counts(url: str) -> list[int]:
     counts = []
     for i in range(12):
         body = httpx.post(
-            f"{url}/v1/chat/completions", timeout=30, json=_chat(f"question {i}", max_tokens=400)
+            f"{url}/v1/chat/completions", timeout=patient(30), json=_chat(f"question {i}", max_tokens=400)
         ).json()
         counts.append(body["usage"]["completion_tokens"])
     return counts
@@ -127,7 +127,10 @@ def _wait_for(url: str, predicate, timeout_s: float = 10.0) -> dict:
 
 def test_full_queue_gives_429_with_retry_after_and_disconnect_frees_the_slot():
     slow = _chat("hold", stream=True, max_tokens=2000, ignore_eos=True)
-    with running_sim(speed=0.2, max_num_seqs=1, max_waiting=1) as url, httpx.Client(timeout=30) as client:
+    with (
+        running_sim(speed=0.2, max_num_seqs=1, max_waiting=1) as url,
+        httpx.Client(timeout=patient(30)) as client,
+    ):
         with client.stream("POST", f"{url}/v1/chat/completions", json=slow) as running:
             _wait_for(url, lambda s: s["running"] == 1)
             with client.stream("POST", f"{url}/v1/chat/completions", json=slow) as queued:
@@ -146,7 +149,7 @@ def test_non_streaming_client_that_leaves_frees_its_slot():
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(
                 f"{url}/v1/chat/completions",
-                timeout=httpx.Timeout(10, read=0.3),
+                timeout=httpx.Timeout(patient(10), read=0.3),  # the client leaves after 0.3 s
                 json=_chat("wait", max_tokens=2000, ignore_eos=True),
             )
         state = _wait_for(url, lambda s: s["running"] == 0 and s["waiting"] == 0)
@@ -155,9 +158,11 @@ def test_non_streaming_client_that_leaves_frees_its_slot():
 
 def test_stop_sequence_ends_the_output_before_it(fast_sim):
     body = {"model": "sim", "prompt": "tell me", "max_tokens": 30, "ignore_eos": True}
-    full = httpx.post(f"{fast_sim}/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+    full = httpx.post(f"{fast_sim}/v1/completions", json=body, timeout=patient(30)).json()["choices"][0][
+        "text"
+    ]
     stop = full.split(" ")[6]
-    cut = httpx.post(f"{fast_sim}/v1/completions", json=body | {"stop": [stop]}, timeout=30).json()
+    cut = httpx.post(f"{fast_sim}/v1/completions", json=body | {"stop": [stop]}, timeout=patient(30)).json()
     assert cut["choices"][0]["finish_reason"] == "stop"
     assert cut["choices"][0]["text"] == full[: full.index(stop)]
     assert cut["usage"]["completion_tokens"] < 30

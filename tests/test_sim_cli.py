@@ -13,6 +13,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from conftest import free_port
+from support.waiting import patient
 
 from collector.cli import main
 
@@ -50,12 +51,12 @@ def test_sim_process_serves_and_stops_on_ctrl_c():
         stderr=subprocess.PIPE,
     )
     try:
-        deadline, body = time.monotonic() + 30, None
+        deadline, body = time.monotonic() + patient(30), None
         while body is None and time.monotonic() < deadline:
             try:
                 body = httpx.post(
                     f"http://127.0.0.1:{port}/v1/completions",
-                    timeout=10,
+                    timeout=patient(10),
                     json={"prompt": "hi", "max_tokens": 4, "ignore_eos": True},
                 ).json()
             except httpx.TransportError:
@@ -63,7 +64,7 @@ def test_sim_process_serves_and_stops_on_ctrl_c():
         assert body is not None and body["usage"]["completion_tokens"] == 4
         assert "sglang:num_running_reqs" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=20)
+        process.wait(timeout=patient(20))
     finally:
         if process.poll() is None:
             process.kill()

@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.waiting import patient
 
 from collector.serving import serve_in_thread
 from collector.sim.app import create_sim_app
@@ -58,7 +59,7 @@ def _scrape_while_running(config: SimConfig) -> tuple[dict, dict, list]:
     handle = serve_in_thread(create_sim_app(config))
     try:
         with (
-            httpx.Client(timeout=30) as client,
+            httpx.Client(timeout=patient(30)) as client,
             client.stream("POST", f"{handle.url}/v1/chat/completions", json=HOLD) as held,
         ):
             lines = held.iter_lines()

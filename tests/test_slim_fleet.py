@@ -15,8 +15,9 @@ import pytest
 from support.processes import HEADROOM, HeadroomProcess
 from support.sidecar import CHAT
 from support.upstream import FakeUpstream
+from support.waiting import patient
 
-pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(patient(120))]
 
 _NO_DUCKDB = "import sys\nsys.modules['duckdb'] = None  # `import duckdb` raises ImportError\n"
 
@@ -39,7 +40,10 @@ def test_a_lake_sidecar_serves_and_stages_without_duckdb(tmp_path):
     try:
         sidecar.start(timeout_s=60)
         answer = httpx.post(
-            sidecar.url + "/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "fleet-1"}, timeout=10
+            sidecar.url + "/v1/chat/completions",
+            json=CHAT,
+            headers={"X-Request-Id": "fleet-1"},
+            timeout=patient(10),
         )
         assert answer.status_code == 200 and b"[DONE]" in answer.content
         assert answer.headers["x-request-id"] == "fleet-1"
@@ -61,6 +65,6 @@ def test_the_shim_makes_duckdb_unimportable(tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert refused.returncode != 0 and "duckdb" in refused.stderr, refused.stderr[-2000:]

@@ -13,6 +13,7 @@ import pynvml
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from support.sidecar import sidecar_rig, wait_until
+from support.waiting import patient
 
 from collector.sources import gpu as gpu_module
 from collector.sources.gpu import GpuCollector
@@ -218,7 +219,7 @@ def _nvidia_smi_gpus() -> list[dict[str, str]]:
             [exe, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=patient(60),
         )
     except (OSError, subprocess.TimeoutExpired):  # a driver that cannot answer: no GPU to check
         return []
@@ -260,8 +261,8 @@ def test_on_a_real_gpu_the_sidecar_exports_what_nvidia_smi_reads_and_follows_a_l
         matrix = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
         stop = threading.Event()
 
-        def load() -> None:  # bounded: stops when the check is done, or after 60 s
-            deadline = time.monotonic() + 60
+        def load() -> None:  # bounded: stops when the check is done, or after patient(60) s
+            deadline = time.monotonic() + patient(60)
             while not stop.is_set() and time.monotonic() < deadline:
                 for _ in range(20):
                     matrix @ matrix
@@ -288,7 +289,7 @@ def test_on_a_real_gpu_the_sidecar_exports_what_nvidia_smi_reads_and_follows_a_l
             )
         finally:
             stop.set()
-            worker.join(70)
+            worker.join(patient(70))
         print(
             f"{first['name']}: utilisation {loaded[('headroom_gpu_utilization_ratio', labels)]:.2f}, "
             f"memory used {used_before / 2**30:.2f} -> "

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from support.sidecar import CHAT
 from support.upstream import FakeUpstream
+from support.waiting import patient
 
 from collector.analysis.probe import ProbeSettings, run_probe
 from collector.serving import serve_in_thread
@@ -43,7 +44,7 @@ def sidecar(tmp_path):
 
 
 def _rows(app) -> list[dict]:
-    assert sidecar_state(app).writer.flush()
+    assert sidecar_state(app).writer.flush(patient(30))
     return sidecar_state(app).batch_sink.query_dicts("SELECT * FROM requests ORDER BY admitted_at")
 
 
@@ -60,7 +61,7 @@ def test_sidecar_turns_a_stale_pooled_connection_into_a_retry_not_a_502(sidecar)
     upstream = FakeUpstream(one_request_per_connection=True)
     app, handle = sidecar(upstream)
     try:
-        with httpx.Client(timeout=10) as client:
+        with httpx.Client(timeout=patient(10)) as client:
             answers = [client.post(handle.url + "/v1/chat/completions", json=CHAT) for _ in range(REQUESTS)]
         assert [a.status_code for a in answers] == [200] * REQUESTS
         assert all(a.text.rstrip().endswith("data: [DONE]") for a in answers)
@@ -78,7 +79,9 @@ def test_a_failure_on_a_new_connection_is_not_retried(sidecar):
     upstream = FakeUpstream(drop_fresh=True)  # reads each request, then hangs up
     app, handle = sidecar(upstream)
     try:
-        answers = [httpx.post(handle.url + "/v1/chat/completions", json=CHAT, timeout=10) for _ in range(3)]
+        answers = [
+            httpx.post(handle.url + "/v1/chat/completions", json=CHAT, timeout=patient(10)) for _ in range(3)
+        ]
         assert [a.status_code for a in answers] == [502] * 3
         assert upstream.requests_read == 3  # never sent twice: the engine may have seen it
         rows = _rows(app)
@@ -92,7 +95,7 @@ def test_a_429_is_never_retried(sidecar):
     upstream = FakeUpstream(one_request_per_connection=True, status=429)
     app, handle = sidecar(upstream)
     try:
-        with httpx.Client(timeout=10) as client:
+        with httpx.Client(timeout=patient(10)) as client:
             answers = [client.post(handle.url + "/v1/chat/completions", json=CHAT) for _ in range(4)]
         assert [a.status_code for a in answers] == [429] * 4
         assert upstream.requests_read == 4

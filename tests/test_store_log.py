@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from prometheus_client import CollectorRegistry
 from support.sidecar import CHAT, sidecar_rig
+from support.waiting import patient
 
 from collector.sidecar.wiring import sidecar_state
 from collector.store.db import RequestStore
@@ -58,7 +59,7 @@ class _Gated(_Recording):
 
     def write_batch(self, rows):
         self.entered.set()
-        assert self.gate.wait(10)
+        assert self.gate.wait(patient(10))
         super().write_batch(rows)
 
 
@@ -73,7 +74,7 @@ def test_a_backlog_is_written_in_batches_of_up_to_max_batch_rows(max_batch_rows,
     rows = _rows(2_550)
     for row in rows[:100]:
         writer.submit(row)
-    assert sink.entered.wait(10)  # the first batch is being written: the rest queues behind it
+    assert sink.entered.wait(patient(10))  # the first batch is being written: the rest queues behind it
     for row in rows[100:]:
         writer.submit(row)
     sink.gate.set()
@@ -104,7 +105,7 @@ def test_a_failed_catch_up_batch_is_retried_in_pieces_and_loses_only_the_bad_pie
     rows = _rows(2_550)
     for row in rows[:100]:
         writer.submit(row)
-    assert sink.entered.wait(10)
+    assert sink.entered.wait(patient(10))
     for row in rows[100:]:
         writer.submit(row)
     sink.gate.set()
@@ -165,7 +166,7 @@ def test_sink_failures_are_counted_by_reason():
     writer = LogWriter(_Failing(), registry)
     for row in _rows(5) + _rows(3, prefix="spool"):
         writer.submit(row)
-        writer.flush()
+        writer.flush(patient(30))
     writer.close()
 
     def value(reason: str) -> float | None:
@@ -179,7 +180,7 @@ def test_proxy_keeps_serving_when_the_database_fails(tmp_path):
     with sidecar_rig(tmp_path) as rig:
         sidecar_state(rig.app).batch_sink.close()  # the database goes away under the writer
         responses = [httpx.post(rig.url + "/v1/chat/completions", json=CHAT) for _ in range(5)]
-        sidecar_state(rig.app).writer.flush()
+        sidecar_state(rig.app).writer.flush(patient(30))
         metrics = rig.metrics()
     assert {r.status_code for r in responses} == {200}
     assert metrics[("headroom_log_rows_dropped_total", (("reason", "db_error"),))] == 5
@@ -300,7 +301,7 @@ def test_a_db_sidecar_loads_no_aiohttp(tmp_path):
         "print(sorted(m for m in ('collector.analysis.refresh', 'collector.analysis.openloop') if m in sys.modules))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiohttp', 'yarl')))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patient(120))
     assert done.returncode == 0, done.stderr[-2000:]
     jobs_modules, http_clients = done.stdout.splitlines()
     assert jobs_modules == "['collector.analysis.openloop', 'collector.analysis.refresh']"  # the chain loaded
@@ -328,7 +329,7 @@ def test_a_sink_raising_baseexception_does_not_kill_the_writer():
     sink = _FatalOnce()
     writer = LogWriter(sink, registry, batch_rows=10)
     writer.submit(_rows(1)[0])
-    assert writer.flush(5)
+    assert writer.flush(patient(5))
     for row in _rows(20, prefix="later"):
         writer.submit(row)
     writer.close()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from support.waiting import patient
 from test_analysis_estimate import _estimate
 
 from collector.analysis.render import LEVEL_HEADERS, levels_table
@@ -35,7 +36,12 @@ def test_piped_probe_output_keeps_every_header_whole():
         "print_estimate(_estimate(slo_ttft=0.5))\n"
     )
     piped = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60, cwd=TESTS
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=patient(60),
+        cwd=TESTS,
     ).stdout
     line = _header_line(piped)
     assert line.split() == BOTTOM, line

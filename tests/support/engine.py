@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from collector.serving import serve_in_thread
+from support.waiting import patient
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 GARBAGE = ("\x00\x01 not metrics {{{ " * 4000).encode()  # ~80 kB of junk, like a broken proxy page
@@ -93,4 +94,4 @@ def fake_engine():
         yield engine, handle.url
     finally:
         engine.release.set()
-        handle.stop(timeout_s=10)
+        handle.stop(timeout_s=patient(10))

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from support.processes import free_port
+from support.waiting import patient
 
 __all__ = ["PostgresServer", "find_pg_bin", "postgres_server", "require_postgres"]
 
@@ -77,7 +78,9 @@ def postgres_server() -> Iterator[PostgresServer]:
     port = free_port()
 
     def run(*argv: str) -> None:
-        done = subprocess.run(_as_owner(list(argv), owner), capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            _as_owner(list(argv), owner), capture_output=True, text=True, timeout=patient(120)
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{argv[0]} failed: {done.stdout[-800:]} {done.stderr[-800:]}")
 
@@ -95,11 +98,21 @@ def postgres_server() -> Iterator[PostgresServer]:
             str(root / "log"),
             "-w",
             "-t",
-            "60",
+            str(round(patient(60))),
             "start",
         )
         yield PostgresServer(port=port, data=data)
     finally:
         with contextlib.suppress(Exception):
-            run(str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+            run(
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-m",
+                "fast",
+                "-w",
+                "-t",
+                str(round(patient(60))),
+                "stop",
+            )
         shutil.rmtree(root, ignore_errors=True)

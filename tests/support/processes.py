@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from support.waiting import patient
+
 __all__ = ["HEADROOM", "HeadroomProcess", "free_port", "headroom_process", "sim_process", "stop_process"]
 
 HEADROOM = Path(sys.executable).parent / "headroom"  # the installed console script
@@ -36,10 +38,10 @@ def stop_process(process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> i
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout_s)
+            process.wait(patient(timeout_s))
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait(10)
+            process.wait(patient(10))
     return process.returncode
 
 
@@ -75,16 +77,19 @@ class HeadroomProcess:
         finally:
             if self.log:
                 out.close()  # type: ignore[union-attr]
+        timeout_s = patient(timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                if httpx.get(self.url + self.health, timeout=1).status_code == 200:
+                if httpx.get(self.url + self.health, timeout=patient(1)).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            exited = self.process.poll() is not None
+            if exited or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"headroom {self.args[0]} did not start: {self.log_tail()}")
+                why = f"exited {self.process.returncode}" if exited else f"no answer within {timeout_s} s"
+                raise RuntimeError(f"headroom {self.args[0]} did not start ({why}): {self.log_tail()}")
             time.sleep(0.05)
 
     def stop(self, timeout_s: float = 30.0) -> int | None:

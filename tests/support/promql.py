@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from support.waiting import patient
+
 
 def promql_expr_test(
     promtool: str, directory: Path, inputs: list[dict[str, Any]], checks: list[dict[str, Any]]
@@ -31,5 +33,5 @@ def promql_expr_test(
         cwd=directory,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )

@@ -18,6 +18,7 @@ import pytest
 from conftest import IN_CI, free_port
 
 from support.processes import stop_process
+from support.waiting import patient
 
 SCRIPTS = Path(__file__).resolve().parent.parent.parent / "scripts"
 
@@ -59,10 +60,10 @@ def llama_server(parallel: int, *, threads: int = 1, startup_timeout_s: float = 
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + startup_timeout_s
+        deadline = time.monotonic() + patient(startup_timeout_s)
         while True:  # 503 while the model loads, 200 once it serves
             try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                if httpx.get(url + "/health", timeout=patient(1)).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

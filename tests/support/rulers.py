@@ -21,7 +21,7 @@ import httpx
 import yaml
 
 from support.processes import free_port, stop_process
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
 __all__ = [
     "Service",
@@ -56,7 +56,7 @@ class Service:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s."""
+        """SIGTERM, then SIGKILL after patient(10) s."""
         stop_process(self.process)
 
 
@@ -90,7 +90,7 @@ class AlertSink:
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
+        return httpx.get(url, timeout=patient(1)).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -237,14 +237,14 @@ def start_vmalert(binary: str, rules: Path, vm: str, notifier: str, tmp: Path) -
 
 def query(url: str, expr: str) -> list[dict[str, Any]]:
     """An instant query against a Prometheus-compatible /api/v1/query (Prometheus, VictoriaMetrics)."""
-    answer = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=5).json()
+    answer = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=patient(5)).json()
     assert answer["status"] == "success", f"{expr}: {answer}"
     return list(answer["data"]["result"])
 
 
 def firing_alerts(url: str, alertname: str) -> list[dict[str, str]]:
     """Labels of each firing `alertname` on a ruler's /api/v1/alerts (Prometheus or vmalert)."""
-    answer = httpx.get(f"{url}/api/v1/alerts", timeout=5).json()
+    answer = httpx.get(f"{url}/api/v1/alerts", timeout=patient(5)).json()
     return [
         alert["labels"]
         for alert in answer["data"]["alerts"] or ()  # vmalert answers null for none
@@ -254,7 +254,7 @@ def firing_alerts(url: str, alertname: str) -> list[dict[str, str]]:
 
 def rule_errors(url: str) -> dict[str, str]:
     """{rule name: last evaluation error} of every failing rule on /api/v1/rules (Prometheus, vmalert)."""
-    answer = httpx.get(f"{url}/api/v1/rules", timeout=5).json()
+    answer = httpx.get(f"{url}/api/v1/rules", timeout=patient(5)).json()
     return {
         rule["name"]: rule["lastError"]
         for group in answer["data"]["groups"] or ()
@@ -276,7 +276,7 @@ def hold_requests(url: str, model: str, count: int) -> list[socket.socket]:
     )
     sockets = []
     for _ in range(count):
-        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock = socket.create_connection((host, int(port)), timeout=patient(5))
         sock.sendall(head.encode() + body)
         sockets.append(sock)
     return sockets

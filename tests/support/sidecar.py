@@ -15,7 +15,7 @@ from collector.serving import ServerHandle, serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.wiring import build_sidecar, sidecar_state
 from support.upstream import FakeUpstream
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
 __all__ = ["Rig", "sidecar_rig", "gauge_values", "live_gauges", "wait_until", "CHAT"]
 
@@ -45,12 +45,12 @@ class Rig:
         self, sql: str = "SELECT * FROM requests ORDER BY admitted_at", params: tuple[Any, ...] = ()
     ) -> list[dict[str, Any]]:
         """Flush the writer, then read rows through the sidecar's own store."""
-        assert sidecar_state(self.app).writer.flush(), "log writer did not flush in time"
+        assert sidecar_state(self.app).writer.flush(patient(30)), "log writer did not flush in time"
         return sidecar_state(self.app).batch_sink.query_dicts(sql, params)
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """{(sample name, sorted label items): value} from a live /metrics scrape."""
-        text = httpx.get(self.url + "/metrics").text
+        text = httpx.get(self.url + "/metrics", timeout=patient(5)).text
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text)

@@ -52,6 +52,8 @@ import threading
 import zlib
 from typing import Any
 
+from support.waiting import patient
+
 __all__ = ["FakeUpstream", "ID", "CREATED", "MODEL", "prompt_tokens", "sse_chunk"]
 
 ID, CREATED, MODEL = "chatcmpl-fake", 1796035172, "fake-model"
@@ -184,7 +186,7 @@ class LoopServer:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
-        if not self._ready.wait(10):
+        if not self._ready.wait(patient(10)):
             raise RuntimeError(f"{name} did not start")
 
     @property
@@ -201,7 +203,7 @@ class LoopServer:
             self._loop.stop()
 
         self._loop.call_soon_threadsafe(_close)
-        self._thread.join(10)
+        self._thread.join(patient(10))
 
     def __enter__(self) -> LoopServer:
         return self
@@ -357,7 +359,7 @@ class FakeUpstream(LoopServer):
 
     async def _wait_gate(self, request: _Request) -> None:
         gate = self.gate(request.headers.get("x-test-id", ""))
-        await asyncio.get_running_loop().run_in_executor(None, gate.wait, 10)
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait, patient(10))
 
     async def _stream(
         self,
