@@ -7,7 +7,12 @@ The simulator runs as `headroom sim` in its own process, so the load client and 
 not share a GIL. Throughput is the engine's own output: the slope of generated tokens over
 simulated seconds, sampled from /sim/state every 50 ms through each level's window. Simulated time
 advances by the cost model's step times whatever the host's load (idle time does not count), so a
-busy CPU cannot bend the plateau; TTFT is what the client saw, in real seconds.
+busy CPU cannot bend the plateau; TTFT is what the client saw, in real seconds, and the engine's
+queue at the knee holds the requests that arrived while a late step ran. Those two measure this
+machine's time: where the CPU is shared with other tests or hogs, the simulator's steps run late,
+clients wait in real seconds that are no part of the model, and a queue shows below the knee. So
+the short-prompt ladder, which asserts both, runs alone (marker `serial`); the long-prompt ladder
+asserts in simulated time and the engine's own counts only, and the 429 test counts answers.
 """
 
 from __future__ import annotations
@@ -124,6 +129,7 @@ def _throughput(summaries: dict) -> dict[int, float]:
     return {c: round(s["sim_tokens_per_s"], 1) for c, s in summaries.items()}
 
 
+@pytest.mark.serial  # TTFT in real seconds and the queue at the knee: a real-time knee
 @pytest.mark.parametrize("max_num_seqs", [8, 16])
 def test_short_prompt_ladder_knees_at_max_num_seqs(max_num_seqs):
     levels = [1, 2, 4, 8, 16, 32] if max_num_seqs == 8 else [2, 4, 8, 16, 32, 64]
@@ -138,18 +144,22 @@ def test_short_prompt_ladder_knees_at_max_num_seqs(max_num_seqs):
     ttft = {c: s["ttft_p95_s"] for c, s in summaries.items()}
     typical = {c: s["ttft_p50_s"] for c, s in summaries.items()}
     # past the knee a request waits for a slot: about one request duration per batch-full queued.
-    # The typical request shows it against the knee's: the knee's p95 also holds the host's
-    # stalls (a busy CI host once put it at 0.19 s, against 0.008 s at half the knee)
+    # The typical request shows it against the knee's, in its median: the knee's p95 also holds
+    # the host's stalls (a busy CI host once put it at 0.19 s, against 0.008 s at half the knee;
+    # a busier one at 0.41 s, a whole request duration, and the p95 past it was no higher)
     duration_s = SHORT_OUTPUT * CostModel().step_seconds(max_num_seqs, max_num_seqs * 80) / SPEED
-    jump = ttft[2 * max_num_seqs] - ttft[max_num_seqs]
+    jump = typical[2 * max_num_seqs] - typical[max_num_seqs]
     assert jump > 0.5 * duration_s and typical[2 * max_num_seqs] > 3 * typical[max_num_seqs], (
         f"TTFT jumps past the knee (request duration {duration_s:.3f} s): p95 {ttft}, p50 {typical}"
     )
-    # up to the knee nobody waits for a slot. The engine's own queue says so without the host's
-    # noise: at most the odd request that arrived in the step before a slot freed, against a
-    # standing queue of (concurrency - knee) past it.
+    # up to the knee nobody waits for a slot. The engine's own queue says so: at most the odd
+    # request that arrived in the step before a slot freed (under one on average), against a
+    # standing queue of (concurrency - knee) past it. A simulator starved of CPU runs its late
+    # steps back to back and takes the arrivals in between in bursts, so its queue at the knee
+    # (on a busy 2-core host, 2 and 3.5 at 16) is held to a quarter of that standing queue.
     waiting = {c: sum(s["waiting"] for s in seen[c]) / len(seen[c]) for c in levels}
-    assert waiting[max_num_seqs] < 1.0, f"no queue at the knee; mean waiting by level: {waiting}"
+    at_the_knee = max(1.0, 0.25 * waiting[2 * max_num_seqs])
+    assert waiting[max_num_seqs] < at_the_knee, f"no queue at the knee; mean waiting by level: {waiting}"
     assert waiting[2 * max_num_seqs] > 0.5 * max_num_seqs, f"a queue past it; mean waiting: {waiting}"
     # and the client sees it: the typical request does not wait a slot's turn (which would cost
     # up to a whole request duration). The median, not p95: on a 2-core CI host running the
@@ -185,9 +195,14 @@ def test_long_prompts_knee_where_the_kv_model_predicts():
 
 
 def test_full_queue_answers_429():
+    """16 closed-loop clients against 4 slots and a queue of 4: a request past the queue is
+    answered 429 at once, and each admitted one gets its whole answer. Counted over every request
+    the level sent, not its timed window: which requests and tokens fall inside a window of real
+    seconds is the host's business (a starved host once left it none), a full queue's answer is
+    not."""
     with sim_process(speed=SPEED, max_num_seqs=4, max_waiting=4) as url:
         level = asyncio.run(run_level(url, 16, 1.0, _payload("q", LONG_OUTPUT), warmup_s=0.2))
-    summary = summarize(level)
-    statuses = {r.status for r in level.results}
-    assert statuses == {200, 429}
-    assert summary["rate_limited"] > 0 and summary["output_tokens_per_s"] > 0
+    statuses = Counter(r.status for r in level.results)
+    assert set(statuses) == {200, 429}, statuses
+    served = Counter(r.completion_tokens for r in level.results if r.status == 200)
+    assert set(served) == {LONG_OUTPUT}, served

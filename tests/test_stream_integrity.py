@@ -40,6 +40,7 @@ import httpx
 import pytest
 from support.sidecar import CHAT, Rig, sidecar_rig, wait_until
 from support.upstream import LoopServer
+from support.waiting import patient
 
 from collector.alerts.recording import ERROR_OUTCOMES
 from collector.serving import serve_in_thread
@@ -61,12 +62,26 @@ def rig(tmp_path):
 
 @contextlib.contextmanager
 def _sidecar(tmp_path: Path, upstream: str) -> Iterator[tuple[Any, Any]]:
-    """A sidecar in front of `upstream` (any URL): its server handle and app."""
+    """A sidecar in front of `upstream` (any URL): its server handle and app.
+
+    Its two wall-clock deadlines are stretched for a busy machine: the upstream connect timeout
+    (10 s) and the kept-alive client's idle timeout (uvicorn's 5 s). On loopback neither is ever
+    near; but the test's clients, the sidecar and the upstream share one process, and where CPU
+    hogs and other tests starve it for seconds the sidecar's loop wakes to timers already past:
+    a connect the kernel finished is timed out (a 504 connect_timeout), and a kept-alive
+    connection whose client had not yet been scheduled to send its next request is closed."""
     config = SidecarConfig(
-        upstream=upstream, db_path=str(tmp_path / "log.duckdb"), instance="test", jobs=False, engine="none"
+        upstream=upstream,
+        db_path=str(tmp_path / "log.duckdb"),
+        instance="test",
+        jobs=False,
+        engine="none",
+        connect_timeout_s=patient(SidecarConfig.connect_timeout_s),
     )
     app = build_sidecar(config)
-    server = serve_in_thread(app, timeout_graceful_shutdown=5)
+    server = serve_in_thread(
+        app, timeout_graceful_shutdown=5, timeout_keep_alive=patient(SidecarConfig.idle_timeout_s)
+    )
     try:
         yield server, app
     finally:
