@@ -3,7 +3,7 @@ store holds 1 M rows, TTFT compared between quiet phases and phases with a refre
 
 The sidecar runs in this process, and the refresh runs as `headroom run` schedules it: from a
 background thread of the proxy's own process, which copies the window's rows out and leaves the
-curves to a child process at the lowest CPU priority (collector.analysis.refresh_worker).
+curves to a child process at nice 19 (collector.analysis.refresh_worker).
 `--in-process` runs the curves in that thread instead (the previous design), for comparison.
 The upstream and the load generator are separate processes. Phases alternate (quiet, refresh,
 quiet, refresh ...) in the same run; each request's TTFT is attributed to the phase it was

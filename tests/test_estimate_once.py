@@ -22,9 +22,10 @@ from support.estimates import capacity_estimate
 from support.owner_routes import routes_app
 from support.processes import HEADROOM, free_port
 from support.synthetic import synthetic_probe_run
-from support.waiting import wait_until
+from support.waiting import patient, wait_until
 
-from collector.analysis.refresh import refresh_estimates
+from collector.analysis.refresh import finished_probe_runs, refresh_estimates
+from collector.record import RequestRecord
 from collector.serving import serve_in_thread
 from collector.store.capacity_gauges import CapacityGauges
 from collector.store.db import RequestStore
@@ -79,6 +80,54 @@ def test_the_jobs_estimate_of_a_run_keeps_it_against_the_probes_own(store):
     probes = save_estimate_once(store, _probe("run-1", 4))
     assert probes.already_stored and probes.estimate_id == job_id
     assert store.query(_ROWS_OF, ["run-1"]) == [(job_id, 8)]
+
+
+def _probe_request(run_id: str, n: int, admitted: datetime, e2e_s: float, *, warmup: bool) -> dict:
+    return RequestRecord(
+        request_id=f"{run_id}-{n}",
+        source="probe",
+        run_id=run_id,
+        model="m",
+        admitted_at=admitted,
+        completed_at=admitted + timedelta(seconds=e2e_s),
+        e2e_s=e2e_s,
+        outcome="ok",
+        status_code=200,
+        probe_level=1,
+        probe_warmup=warmup,
+    ).as_row()
+
+
+def test_a_run_is_not_finished_while_a_request_as_long_as_its_longest_may_still_run(store):
+    """Level 1's warm-up request took 30 s and ended; the first measured one, sent as it ended,
+    is still running: the run is not finished 10 s later, only once a request as long as its
+    longest could have ended too (else the job estimates it from its warm-up alone: nothing)."""
+    start = datetime(2026, 1, 5, 12, tzinfo=UTC)
+    store.insert_rows([_probe_request("slow-run", 0, start, 30.0, warmup=True)])
+    warm_end = start + timedelta(seconds=30)
+    assert finished_probe_runs(store, warm_end + timedelta(seconds=15), 10.0) == []
+    assert finished_probe_runs(store, warm_end + timedelta(seconds=39), 10.0) == []
+    assert finished_probe_runs(store, warm_end + timedelta(seconds=41), 10.0) == ["slow-run"]
+    # its measured request arrives in time: the job then estimates the run from it, not nothing
+    store.insert_rows([_probe_request("slow-run", 1, warm_end, 30.0, warmup=False)])
+    assert finished_probe_runs(store, warm_end + timedelta(seconds=41), 10.0) == []
+
+
+def test_the_job_looks_at_probe_runs_once_the_rows_the_writer_holds_are_in(store):
+    """A sidecar's log writer holds rows back: the job first has it write them (`rows_written`),
+    so a run whose later rows were still queued is not taken for finished after its warm-up."""
+    start = datetime(2026, 1, 5, 12, tzinfo=UTC)
+    now = start + timedelta(minutes=1)
+    store.insert_rows([_probe_request("queued-run", 0, start, 0.1, warmup=True)])
+    queued = [_probe_request("queued-run", n, now - timedelta(seconds=1), 0.5, warmup=False) for n in (1, 2)]
+    flushed = []
+
+    def rows_written() -> None:  # what LogWriter.flush does: the queued rows reach the store
+        flushed.append(store.insert_rows(queued))
+
+    refresh_estimates(store, None, now, window=timedelta(hours=1), traffic=False, rows_written=rows_written)
+    assert flushed == [2] and finished_probe_runs(store, now, 10.0) == []
+    assert not _examined(store, "queued-run")
 
 
 def test_a_file_saved_before_the_rule_answers_its_runs_first_estimate(store):
@@ -182,10 +231,13 @@ def test_a_probe_through_its_owning_sidecar_leaves_one_estimate_of_its_run(tmp_p
     monkeypatch.delenv("HEADROOM_TOKEN", raising=False)  # the probe takes the owner's token file
     job_settings = wiring.job_settings
 
-    def quick_jobs(config: SidecarConfig) -> Any:  # a run is finished 0.3 s after it, checked often
+    def quick_jobs(config: SidecarConfig) -> Any:  # a run is finished soon after it, checked often
         settings = job_settings(config)
+        # quiet for longer than a row takes into the store: the log writer holds rows for up to
+        # its flush interval, and a job that looked sooner could see the run's warm-up alone
+        quiet_s = config.log_flush_interval_s + patient(0.5)
         return dataclasses.replace(
-            settings, probe_check_interval_s=0.1, probe_quiet_s=0.3, estimate_interval_s=0
+            settings, probe_check_interval_s=0.1, probe_quiet_s=quiet_s, estimate_interval_s=0
         )
 
     monkeypatch.setattr(wiring, "job_settings", quick_jobs)
@@ -210,7 +262,7 @@ def test_a_probe_through_its_owning_sidecar_leaves_one_estimate_of_its_run(tmp_p
             str(HEADROOM), "probe", "--url", sidecar.url, "--db", str(db), "--levels", "1,2,4",
             "--max-tokens", "16", "--max-samples", "12", "--max-level-seconds", "3",
         ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=patient(60), check=False)
         assert done.returncode == 0, done.stdout + done.stderr
         [run_id] = [
             row[0] for row in store.query("SELECT DISTINCT run_id FROM requests WHERE source = 'probe'")
@@ -219,6 +271,14 @@ def test_a_probe_through_its_owning_sidecar_leaves_one_estimate_of_its_run(tmp_p
             (True,)
         ]
         assert store.query("SELECT count(*) FROM capacity_estimates WHERE run_id = ?", [run_id]) == [(1,)]
+        # of the whole run: the job waited for its last rows (the log writer holds rows back)
+        [(kept,)] = store.query("SELECT estimate_json FROM capacity_estimates WHERE run_id = ?", [run_id])
+        measured = (
+            "SELECT DISTINCT probe_level FROM requests WHERE run_id = ? AND NOT probe_warmup ORDER BY 1"
+        )
+        assert [level["concurrency"] for level in orjson.loads(kept)["levels"]] == [
+            row[0] for row in store.query(measured, [run_id])
+        ]
         assert f"probe run {run_id}: its estimate est-" in done.stdout
         assert "was already stored in --db" in done.stdout
     finally:

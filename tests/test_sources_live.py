@@ -17,7 +17,7 @@ import time
 
 import httpx
 import pytest
-from support.waiting import wait_until_async
+from support.waiting import PATIENCE, patient, wait_until_async
 
 from collector.record import MemorySink
 from collector.serving import serve_in_thread
@@ -35,6 +35,9 @@ HANG_FOR_S = float(os.environ.get("HEADROOM_TEST_HANG_ENGINE_S", "60"))
 BROKEN_FOR_S = float(os.environ.get("HEADROOM_TEST_BROKEN_ENGINE_S", "3"))
 PROMPT = "measure the knee of this deployment " * 50  # ~450 prompt tokens: visible KV use
 SLOTS = 4
+# the test's client keeps its connections across waits longer than uvicorn's 5 s default: a
+# server closing one as the client reuses it answers "Server disconnected"
+KEEP_ALIVE_S = 300
 
 
 class Stack:
@@ -60,7 +63,9 @@ class Stack:
             engine_metrics_url=metrics_url,
             engine_poll_interval_s=poll_interval_s,
         )
-        self.handle = serve_in_thread(build_sidecar(config, sinks=[sink], engine=self.source))
+        self.handle = serve_in_thread(
+            build_sidecar(config, sinks=[sink], engine=self.source), timeout_keep_alive=KEEP_ALIVE_S
+        )
         self.url = self.handle.url
 
     async def exported(self, client: httpx.AsyncClient) -> dict[str, float]:
@@ -93,12 +98,19 @@ async def chat(client: httpx.AsyncClient, url: str, max_tokens: int) -> int:
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang", "llamacpp"])
 async def test_engine_gauges_track_the_simulator_under_load(flavor):
+    # The engine is busy (all slots running, 3 queued) until its first requests end: 1.4 s at
+    # speed 2 on a quiet machine. A busy host takes that long to poll, compare and admit the late
+    # request, so the simulator runs slower by the same stretch as the tests' deadlines.
+    speed = 2.0 / PATIENCE
     sim = serve_in_thread(
         create_sim_app(
-            SimConfig(flavor=flavor, max_num_seqs=SLOTS, kv_cache_tokens=8192, max_waiting=64, speed=2.0)
-        )
+            SimConfig(flavor=flavor, max_num_seqs=SLOTS, kv_cache_tokens=8192, max_waiting=64, speed=speed)
+        ),
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
-    stack = Stack(sim.url, flavor, f"{sim.url}/metrics")
+    # the simulator (a thread of this process) answers its /metrics in time on a busy host too: a
+    # poll cut off at the default 0.5 s would leave the gauges down through the busy window
+    stack = Stack(sim.url, flavor, f"{sim.url}/metrics", timeout_s=patient(2.0))
     try:
         async with httpx.AsyncClient(timeout=60) as client:
 
@@ -120,6 +132,8 @@ async def test_engine_gauges_track_the_simulator_under_load(flavor):
                 )
                 return (got, state) if same else None
 
+            # every row carries the engine's view at admission: the source answers before any load
+            await wait_until_async(lambda: _up(stack, client), what=f"{flavor} engine up")
             load = [asyncio.create_task(chat(client, stack.url, 200)) for _ in range(SLOTS + 3)]
             got, state = await wait_until_async(lambda: tracking(True), what=f"{flavor} busy tracking")
             assert got["headroom_engine_up"] == 1.0

@@ -14,6 +14,7 @@ import pytest
 from conftest import require_tool
 from prometheus_client import CollectorRegistry, generate_latest
 from support.engine import FIXTURES
+from support.waiting import patient
 
 from collector.catalog import spec
 from collector.sources import build_engine_source, default_metrics_url, models_url
@@ -33,9 +34,15 @@ def value(collector, name: str, **labels) -> float | None:
     return registry.get_sample_value(name, labels)
 
 
+# What a poll of the fake engine may take where the test needs its answer: the engine (a thread
+# of this process) must answer in time on a busy host too. Where a test needs a poll to time out,
+# the engine hangs for longer than this (until the test lets it go).
+ANSWER_S = patient(5)
+
+
 async def wait_for(condition, timeout_s: float = 10.0):
-    """Poll `condition()` until true or fail after timeout_s."""
-    deadline = time.monotonic() + timeout_s
+    """Poll `condition()` until true or fail after timeout_s (stretched for a busy host)."""
+    deadline = time.monotonic() + patient(timeout_s)
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
@@ -56,7 +63,7 @@ async def first_polled(source: EngineSource) -> EngineSnapshot:
 
 async def test_poll_exports_normalised_gauges_with_engine_and_model_labels(fake_engine):
     engine, url = fake_engine
-    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=5))
+    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=ANSWER_S))
     try:
         await wait_for(lambda: source.polls >= 1)
         labels = {"engine": "vllm", "model": "meta-llama/Llama-3.1-8B-Instruct"}
@@ -129,14 +136,17 @@ def _registry(*collectors) -> CollectorRegistry:
 )
 async def test_failing_engine_is_down_with_unknown_values_and_recovers(fake_engine, mode, error):
     engine, url = fake_engine
-    source = build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=0.3)
+    # long enough for the page (and the garbage) to be read in time; the hang outlasts it
+    timeout_s = patient(1.0)
+    source = build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=timeout_s)
     await source.start()
     try:
         await wait_for(lambda: source.latest.up)
         engine.mode = mode
         began = time.monotonic()
         snapshot = await source.poll_once()
-        assert time.monotonic() - began < 3.0  # bounded by timeout_s, even while hanging
+        # bounded by timeout_s, even while hanging
+        assert time.monotonic() - began < timeout_s + patient(1.0)
         assert not snapshot.up and error in snapshot.error
         assert (snapshot.running, snapshot.waiting, snapshot.kv_usage_ratio) == (None, None, None)
         assert value(source, "headroom_engine_up", engine="vllm") == 0.0
@@ -160,7 +170,7 @@ async def test_failing_engine_is_down_with_unknown_values_and_recovers(fake_engi
 async def test_oversized_page_is_refused(fake_engine, monkeypatch):
     engine, url = fake_engine
     monkeypatch.setattr("collector.sources.poller.MAX_EXPOSITION_BYTES", 1000)
-    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=5))
+    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=ANSWER_S))
     try:
         snapshot = await source.poll_once()
         assert not snapshot.up and "more than 1000 bytes" in snapshot.error
@@ -199,7 +209,7 @@ async def test_llamacpp_reads_slots_and_tolerates_them_disabled(fake_engine):
     engine, url = fake_engine
     engine.metrics_text = (FIXTURES / "llamacpp/metrics_busy.txt").read_text()
     engine.slots = json.loads((FIXTURES / "llamacpp/slots_busy.json").read_text())
-    source = await started(build_engine_source("llamacpp", f"{url}/metrics", 60, timeout_s=5))
+    source = await started(build_engine_source("llamacpp", f"{url}/metrics", 60, timeout_s=ANSWER_S))
     try:
         snapshot = await source.poll_once()
         assert (snapshot.running, snapshot.waiting, snapshot.kv_capacity_tokens) == (4, 2, 8192)
@@ -214,7 +224,7 @@ async def test_llamacpp_reads_slots_and_tolerates_them_disabled(fake_engine):
 async def test_auto_recognises_the_engine_and_labels_it(fake_engine):
     engine, url = fake_engine
     engine.metrics_text = "# TYPE something_else gauge\nsomething_else 1\n"
-    source = await started(build_engine_source("auto", f"{url}/metrics", 60, timeout_s=5))
+    source = await started(build_engine_source("auto", f"{url}/metrics", 60, timeout_s=ANSWER_S))
     try:
         snapshot = await source.poll_once()
         assert not snapshot.up and "pass --engine" in snapshot.error
@@ -235,7 +245,7 @@ async def test_generic_engine_from_a_mapping_file(fake_engine):
     engine.metrics_text = (FIXTURES / "generic/metrics.txt").read_text()
     mapping = FIXTURES / "generic/mapping.yaml"
     for source in (
-        build_engine_source(f"generic:{mapping}", f"{url}/metrics", 60, timeout_s=5),
+        build_engine_source(f"generic:{mapping}", f"{url}/metrics", 60, timeout_s=ANSWER_S),
         build_engine_source("generic", f"{url}/metrics", 60, mapping_path=mapping),
     ):
         await source.start()
@@ -311,10 +321,13 @@ def test_public_names_are_pinned():
 async def test_auto_over_http_on_every_engine_fixture(fake_engine, fixture, engine, running, waiting):
     fake, url = fake_engine
     fake.metrics_text = (FIXTURES / fixture).read_text()
-    source = await started(build_engine_source("auto", f"{url}/metrics", 60, timeout_s=5))
+    source = build_engine_source("auto", f"{url}/metrics", 60, timeout_s=ANSWER_S)
     try:
-        snapshot = await source.poll_once()
-        assert (snapshot.engine, snapshot.running, snapshot.waiting) == (engine, running, waiting)
+        snapshot = await first_polled(source)
+        assert (snapshot.engine, snapshot.running, snapshot.waiting) == (engine, running, waiting), (
+            snapshot.error
+        )
+        assert fake.metrics_hits == 1  # the page it was recognised by is the one it reports
     finally:
         await source.stop()
 
@@ -328,7 +341,7 @@ async def test_a_snapshot_is_stamped_when_its_poll_was_sent_not_when_the_answer_
         await answer.wait()
         return EngineSnapshot(engine="vllm", up=True, waiting=2)
 
-    source = EngineSource("vllm", slow_scrape, poll_interval_s=60, timeout_s=5)
+    source = EngineSource("vllm", slow_scrape, poll_interval_s=60, timeout_s=ANSWER_S)
     before = time.time()
     poll = asyncio.create_task(source.poll_once())
     await asyncio.sleep(0)  # the poll is sent (its scrape now waits)
@@ -381,7 +394,7 @@ async def test_llamacpp_series_carry_the_model_its_v1_models_lists(fake_engine):
     engine, url = fake_engine
     _llamacpp(engine)
     source = build_engine_source(
-        "llamacpp", f"{url}/metrics", 60, timeout_s=5, models_list_url=f"{url}/v1/models"
+        "llamacpp", f"{url}/metrics", 60, timeout_s=ANSWER_S, models_list_url=f"{url}/v1/models"
     )
     try:
         snapshot = await first_polled(source)
@@ -410,7 +423,7 @@ async def test_the_model_flag_names_the_engine_series_whatever_the_engine_says(f
     engine, url = fake_engine  # vLLM labels its model meta-llama/Llama-3.1-8B-Instruct
     engine.models = {"data": [{"id": "listed"}]}
     source = build_engine_source(
-        "vllm", f"{url}/metrics", 60, timeout_s=5, model="llama-8b", models_list_url=f"{url}/v1/models"
+        "vllm", f"{url}/metrics", 60, timeout_s=ANSWER_S, model="llama-8b", models_list_url=f"{url}/v1/models"
     )
     try:
         assert (await first_polled(source)).model == "llama-8b"
@@ -426,7 +439,7 @@ async def test_an_engine_that_labels_its_model_is_not_asked(fake_engine):
     engine, url = fake_engine
     engine.models = {"data": [{"id": "listed"}]}
     source = build_engine_source(
-        "vllm", f"{url}/metrics", 60, timeout_s=5, models_list_url=f"{url}/v1/models"
+        "vllm", f"{url}/metrics", 60, timeout_s=ANSWER_S, models_list_url=f"{url}/v1/models"
     )
     try:
         assert (await first_polled(source)).model == "meta-llama/Llama-3.1-8B-Instruct"
@@ -449,13 +462,14 @@ async def test_without_a_model_name_the_engine_stays_up_and_asks_again_later(
     engine, url = fake_engine
     _llamacpp(engine)
     engine.models, engine.models_mode = models, models_mode
+    # the metrics must answer in time; a hanging /v1/models hangs for longer (until let go)
     source = build_engine_source(
-        "llamacpp", f"{url}/metrics", 60, timeout_s=0.5, models_list_url=f"{url}/v1/models"
+        "llamacpp", f"{url}/metrics", 60, timeout_s=patient(1.0), models_list_url=f"{url}/v1/models"
     )
     try:
         with caplog.at_level("WARNING", logger="collector.sources.poller"):
             snapshot = await first_polled(source)
-        assert snapshot.up and snapshot.model is None and snapshot.waiting == 2
+        assert snapshot.up and snapshot.model is None and snapshot.waiting == 2, snapshot.error
         assert value(source, "headroom_engine_requests_waiting", engine="llamacpp", model="") == 2
         warning = "\n".join(r.getMessage() for r in caplog.records)
         assert "model unknown" in warning and why in warning and "--model" in warning
@@ -579,7 +593,7 @@ async def test_the_poller_s_own_client_ignores_proxy_settings_in_the_environment
         monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=5))
+    source = await started(build_engine_source("vllm", f"{url}/metrics", 60, timeout_s=ANSWER_S))
     try:
         snapshot = await source.poll_once()
         assert snapshot.up, snapshot.error

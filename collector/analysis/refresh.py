@@ -7,8 +7,9 @@ Two kinds of new evidence are estimated, then collector.store.decision decides w
 export (a fresh probe beats traffic; traffic only with enough confidence; else nothing):
 
 * probe runs whose rows arrived (through a sidecar, or into this file) and whose
-  last request ended at least `probe_quiet_s` ago, not estimated yet: one estimate per run, from
-  its own rows, so `headroom probe` through a sidecar reaches the gauges within seconds;
+  last request ended at least `probe_quiet_s` plus the run's longest request ago, not estimated
+  yet: one estimate per run, from its own rows, so `headroom probe` through a sidecar reaches the
+  gauges within seconds;
 * estimates another file holds (`estimate_files`: a `headroom probe --db PATH` beside a sidecar
   that owns its own file), copied in when that file is free;
 * with `traffic=True`, the passive curve of every model active in [now - window, now), saved
@@ -39,9 +40,15 @@ __all__ = ["refresh_estimates", "refresh_estimates_isolated", "finished_probe_ru
 
 log = logging.getLogger(__name__)
 
+# A row reaches the store when its request ends, so a run's rows cannot say whether a request is
+# still running: a closed-loop level sends the next one as its last ends. One that started at the
+# last completion may run as long as the run's longest request so far, so the quiet time counts
+# from then on; else a run whose requests outlast `quiet_s` (long generations on a slow engine)
+# would be examined between two of them, from its warm-up alone or a level short.
 _FINISHED_RUNS = """SELECT run_id FROM requests
 WHERE source = 'probe' AND run_id IS NOT NULL AND completed_at IS NOT NULL
-GROUP BY run_id HAVING max(completed_at) < ? ORDER BY min(admitted_at)"""
+GROUP BY run_id HAVING max(completed_at) + to_seconds(coalesce(max(e2e_s), 0)) < ?
+ORDER BY min(admitted_at)"""
 _ESTIMATED_RUNS = "SELECT DISTINCT run_id FROM capacity_estimates WHERE source = 'probe'"
 _TABLE = "SELECT count(*) FROM information_schema.tables WHERE table_name = ?"
 # every probe run the job looked at, whatever came of it: a run is examined once, so runs with
@@ -53,8 +60,12 @@ _MARK_EXAMINED = "INSERT OR IGNORE INTO probe_runs_examined VALUES (?, ?, ?)"
 
 
 def finished_probe_runs(store: RequestStore, now: datetime, quiet_s: float) -> list[str]:
-    """Probe runs whose last request ended more than `quiet_s` before `now` and that were not
-    examined yet (no saved estimate, no earlier look), oldest first."""
+    """Probe runs with no request ended in the last `quiet_s` seconds plus their longest request
+    (one may still be running) before `now`, and not examined yet (no saved estimate, no earlier
+    look), oldest first.
+
+    The rows are those in the store: a caller whose rows go through a log writer flushes it
+    first (refresh_estimates' `rows_written`)."""
     runs = [row[0] for row in store.query(_FINISHED_RUNS, [now - timedelta(seconds=quiet_s)])]
     if not runs:
         return runs
@@ -121,6 +132,7 @@ def refresh_estimates(
     probe_max_age: timedelta = PublishPolicy().probe_max_age,
     isolated: bool = False,
     replica_class: str | Callable[[], str | None] | None = None,
+    rows_written: Callable[[], object] | None = None,
 ) -> list[dict[str, Any]]:
     """Import estimates saved in `estimate_files` (`headroom probe --db` files), estimate
     finished probe runs (and, with `traffic`, each active model's traffic), save them, then
@@ -132,7 +144,15 @@ def refresh_estimates(
     `replica_class` labels the estimates made here (a sidecar passes its own class, or a callable
     that says it once the sidecar has decided; a caller whose rows come from sidecars of any class
     passes nothing: "default").
+
+    `rows_written` returns once every row of a request that ended before it was called is in
+    `store`: a sidecar passes its log writer's `flush`. A run is judged finished by the rows in
+    the store, and the writer holds rows back (up to its flush interval, seconds on a busy host):
+    judged without them, a run is examined from its first rows and estimated a level short, or
+    from its warm-up alone as nothing.
     """
+    if rows_written is not None:
+        rows_written()
     found_class = replica_class() if callable(replica_class) else replica_class
     own_class = found_class or DEFAULT_REPLICA_CLASS
     for path in estimate_files:

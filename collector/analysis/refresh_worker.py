@@ -10,10 +10,10 @@ only copies the window's rows, in the columns the curves use, into a Parquet fil
 temporary directory (DuckDB's own `COPY ... TO`, one statement on one thread, which takes the
 interpreter lock back only between its steps: no Arrow or Python object per row in the proxy's
 process), and a child
-process (`python -m collector.analysis.refresh_worker`, born at nice 19 and then at Linux's
-SCHED_IDLE, DuckDB on one thread) reads them through a view over the file
+process (`python -m collector.analysis.refresh_worker`, born at nice 19 and kept there, DuckDB
+on one thread) reads them through a view over the file
 (`RequestStore.over_parquet`), computes the same estimates as the in-process
-`traffic_estimates` and prints them as JSON. The parent saves and
+`traffic_estimates` and writes them as JSON into a file beside the rows. The parent saves and
 publishes them as before.
 
 A child that fails or runs past `timeout_s` costs this refresh its traffic estimates (logged with
@@ -146,7 +146,8 @@ def traffic_estimates_isolated(
     if slo_ttft_p95_s is not None:
         command += ["--slo-ttft-p95-s", repr(slo_ttft_p95_s)]
     with tempfile.TemporaryDirectory(prefix="headroom-refresh-") as directory:  # mode 0700
-        rows = Path(directory) / "rows.parquet"
+        rows, estimates = Path(directory) / "rows.parquet", Path(directory) / "estimates.json"
+        command += ["--out", str(estimates)]  # a file, not stdout: nothing else can land in it
 
         def copy_and_compute() -> subprocess.CompletedProcess[str] | None:
             if not store.copy_out(_WINDOW_ROWS, [now - window, now], rows, threads=1):
@@ -161,16 +162,16 @@ def traffic_estimates_isolated(
                 "the traffic refresh ran past %.0f s and was stopped; no new traffic estimate", timeout_s
             )
             return []
-    if done is None:  # no traffic in the window: no child
-        return []
-    if done.returncode != 0:
-        log.error(
-            "the traffic refresh failed (exit %s); no new traffic estimate: %s",
-            done.returncode,
-            done.stderr.strip()[-2000:],
-        )
-        return []
-    return [CapacityEstimate.from_dict(item) for item in json.loads(done.stdout)]
+        if done is None:  # no traffic in the window: no child
+            return []
+        if done.returncode != 0:
+            log.error(
+                "the traffic refresh failed (exit %s); no new traffic estimate: %s",
+                done.returncode,
+                done.stderr.strip()[-2000:],
+            )
+            return []
+        return [CapacityEstimate.from_dict(item) for item in json.loads(estimates.read_bytes())]
 
 
 def in_background(work: Callable[[], T]) -> T:
@@ -180,13 +181,19 @@ def in_background(work: Callable[[], T]) -> T:
     Linux keeps a nice value per thread, and a process inherits the nice value of the thread
     that starts it. So the window's copy (one DuckDB statement, the interpreter lock released)
     yields the cores to the proxy's threads, and the child is born at nice 19 too: it starts
-    (about a second of imports) below the proxy, not beside it, before it moves itself to
-    SCHED_IDLE. A child started at the normal priority by a nice-19 thread is worse than
-    either: in the second after its exec it can take the core from the nice-19 thread while that
-    thread holds the interpreter lock, and the proxy's event loop then waits for the lock.
+    (about a second of imports) and computes below the proxy, not beside it. A child started at
+    the normal priority by a nice-19 thread is worse than either: in the second after its exec it
+    can take the core from the nice-19 thread while that thread holds the interpreter lock, and
+    the proxy's event loop then waits for the lock.
     Measured with the proxy pinned to one core: born at nice 0, back-to-back refreshes made the
     proxy's interpreter stall for over 10 ms 20 times in two minutes, against 5 times in the
     quiet phases of the same run; born at nice 19, 7 times against 8 (BENCHMARKS.md §8c).
+
+    The child stays at nice 19. It used to move itself to Linux's SCHED_IDLE, whose weight is 3
+    against nice 19's 15 (and nice 0's 1024): on a host whose cores other nice-0 work keeps busy,
+    a SCHED_IDLE child got a third of what a nice-19 one gets, too little to finish inside
+    `timeout_s` (1,114 s against 310 s beside one CPU hog), so the estimates never refreshed
+    there (BENCHMARKS.md §8e).
     """
     result: list[T] = []
     failed: list[BaseException] = []
@@ -207,18 +214,6 @@ def in_background(work: Callable[[], T]) -> T:
     return result[0]
 
 
-def _lowest_priority() -> None:
-    """Background work: the proxy and the engine come first. Linux's SCHED_IDLE runs this only on
-    a core nothing else wants; elsewhere nice 19."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        try:
-            os.nice(19)
-        except OSError:
-            pass
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m collector.analysis.refresh_worker",
@@ -230,11 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, required=True)
     parser.add_argument("--profile", default="interactive")
     parser.add_argument("--slo-ttft-p95-s", type=float)
+    parser.add_argument("--out", type=Path, help="write the JSON to this file (default: stdout)")
     args = parser.parse_args(argv)
-    _lowest_priority()
     store = RequestStore.over_parquet(args.rows)  # the curves scan the file: no copy in memory
     try:
         store.execute("SET threads = 1")
+        # no progress bar on stdout, where the answer goes without --out: DuckDB draws one for a
+        # query that runs past 2 s, as queries do when a busy host leaves this child little CPU
+        store.execute("SET enable_progress_bar = false")
         found = traffic_estimates(
             store,
             args.now,
@@ -244,12 +242,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         store.close()
-    json.dump([estimate.to_dict() for estimate in found], sys.stdout)
+    answer = [estimate.to_dict() for estimate in found]
+    if args.out is None:
+        json.dump(answer, sys.stdout)
+    else:
+        args.out.write_text(json.dumps(answer))
     return 0
 
 
 def _entry() -> Any:  # pragma: no cover - the child's entry point
+    """The child: at the priority of the thread that started it (in_background: nice 19)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # The knee's cross-check imports kneed, which loads matplotlib.pyplot for plots nothing here
+    # draws: a fifth of the child's CPU time. Not importable here (kneed does without it), so the
+    # child needs that much less of a busy core.
+    sys.modules.setdefault("matplotlib", None)  # type: ignore[arg-type]  # None: "not importable"
     return main()
 
 

@@ -154,7 +154,7 @@ def build_sidecar(
         registry.register(lake)  # spool depth and age, lake up
         lake.report_to(log)  # rows count as written once a staged file holds them
     scheduler = (
-        _scheduler(config, store, capacity, replica_class) if store is not None and config.jobs else None
+        _scheduler(config, store, capacity, replica_class, log) if store is not None and config.jobs else None
     )
     fleet = _fleet_publisher(config, capacity, tracker)
     if fleet is not None:  # fleet mode: no store of its own, so no other jobs
@@ -349,16 +349,26 @@ def _report_dir(config: SidecarConfig) -> Path:
 
 
 def _scheduler(
-    config: SidecarConfig, store: RequestStore, capacity: CapacityGauges, replica_class: ReplicaClass
+    config: SidecarConfig,
+    store: RequestStore,
+    capacity: CapacityGauges,
+    replica_class: ReplicaClass,
+    log: LogWriter | None,
 ) -> BackgroundScheduler:
     """The store's jobs on the in-process store; Parquet exports and reports go beside the file.
 
     The estimates made here (probe runs through this sidecar, its traffic) carry its replica class.
+    Each refresh first waits for the log writer to write what it holds: a probe run is judged
+    finished by its rows in the store.
     """
     from collector.analysis.refresh import refresh_estimates_isolated  # lazy: DuckDB (see the imports)
     from collector.store.jobs import build_scheduler  # lazy: DuckDB (see the imports)
 
-    refresh = functools.partial(refresh_estimates_isolated, replica_class=lambda: replica_class.value)
+    refresh = functools.partial(
+        refresh_estimates_isolated,
+        replica_class=lambda: replica_class.value,
+        rows_written=log.flush if log is not None else None,
+    )
     return build_scheduler(store, capacity, job_settings(config), refresh=refresh, review=_weekly_review)
 
 

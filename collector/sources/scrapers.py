@@ -70,7 +70,12 @@ def generic_scraper(mapping: GenericMapping, metrics_url: str) -> Scrape:
 
 
 def auto_scraper(metrics_url: str) -> Scrape:
-    """Recognise the engine on each poll until known, then scrape it as that engine."""
+    """Recognise the engine on each poll until known, then scrape it as that engine.
+
+    The poll that recognises it reads the page once: the snapshot comes from the page the engine
+    was recognised by (and llama.cpp's /slots), so that poll fits the same timeout as any other
+    and a slow engine is up from its first answer, not its second.
+    """
     known: dict[str, Scrape] = {}
 
     async def scrape(fetch: Fetch) -> EngineSnapshot:
@@ -83,11 +88,11 @@ def auto_scraper(metrics_url: str) -> Scrape:
                 f"{metrics_url} shows no vllm, sglang, tgi or llamacpp metrics; "
                 "pass --engine explicitly (or generic with a mapping)"
             )
-        known["engine"] = (
-            llamacpp_scraper(metrics_url)
-            if engine == "llamacpp"
-            else text_scraper(PARSERS[engine], metrics_url)
-        )
-        return await known["engine"](fetch)
+        if engine == "llamacpp":
+            known["engine"] = llamacpp_scraper(metrics_url)
+            slots = await _fetch_slots(fetch, slots_url(metrics_url))
+            return await asyncio.to_thread(parse_llamacpp, text, slots)
+        known["engine"] = text_scraper(PARSERS[engine], metrics_url)
+        return await asyncio.to_thread(PARSERS[engine], text)
 
     return scrape

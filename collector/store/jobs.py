@@ -61,7 +61,7 @@ class JobSettings:
     estimate_interval_s: float = 900.0  # the traffic refresh (passive curves)
     estimate_window: str = "24h"
     probe_check_interval_s: float = 5.0  # finished probe runs -> estimate -> gauges
-    probe_quiet_s: float = 10.0  # a run is finished this long after its last request
+    probe_quiet_s: float = 10.0  # a run is finished this long after its last request (+ its longest)
     estimate_files: tuple[str, ...] = ()  # other DuckDB files whose estimates to import
     probe_max_age: str = "7d"  # a probe estimate beats traffic's this long
     slo_ttft_p95_s: float | None = None
