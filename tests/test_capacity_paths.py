@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.processes import HEADROOM, headroom_process, sim_process
 from support.waiting import patient
 
-pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
+# a probe (up to patient(240) s) then its gauges (patient(60)): past pytest's 300 s on a busy host
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess, pytest.mark.timeout(patient(150))]
 # levels of a few seconds each, so the engine's queue is sampled many times per level
 PROBE = ["--levels", "1,2,4,8", "--max-tokens", "32", "--max-samples", "32", "--max-level-seconds", "10"]
 SIDECAR = ["--engine", "auto", "--engine-poll-interval", "0.2"]

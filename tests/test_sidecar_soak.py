@@ -45,7 +45,7 @@ async def _one(client: httpx.AsyncClient, rig, i: int, rng: random.Random) -> No
             task = asyncio.ensure_future(
                 client.post(url, json=body, headers={**headers, "x-test-id": f"r{i}"})
             )
-            await asyncio.get_running_loop().run_in_executor(None, arrived.wait, 10)
+            await asyncio.get_running_loop().run_in_executor(None, arrived.wait, patient(10))
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             return
@@ -62,7 +62,7 @@ async def _one(client: httpx.AsyncClient, rig, i: int, rng: random.Random) -> No
 async def _drive(rig) -> None:
     rng = random.Random(42)
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
-    async with httpx.AsyncClient(timeout=10, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=patient(10), limits=limits) as client:
         queue = iter(range(TOTAL))
 
         async def worker() -> None:
@@ -84,11 +84,13 @@ def test_mixed_run_ends_at_zero_with_one_row_per_request(tmp_path, caplog):
     active = gauge_values(metrics, "headroom_active_tokens")
     assert len(inflight) == 7 and set(inflight) == {0.0}  # 7 tenants x 1 model, all back to 0
     assert set(active) == {0.0}
-    assert len(rows) == TOTAL and len({r["request_id"] for r in rows}) == TOTAL
+    counted = sum(v for (name, _), v in metrics.items() if name == "headroom_requests_total")
+    # first: every request the sidecar counted has its one row (a lost or doubled row fails here);
+    # then: every request the clients sent reached it (a client that gave up before sending fails)
+    assert len(rows) == counted and len({r["request_id"] for r in rows}) == len(rows)
+    assert counted == TOTAL
     outcomes = {r["outcome"] for r in rows}
     assert {"ok", "rate_limited", "upstream_error", "client_cancelled", "timeout"} <= outcomes
-    counted = sum(v for (name, _), v in metrics.items() if name == "headroom_requests_total")
-    assert counted == TOTAL
     assert not [r for r in caplog.records if r.name.startswith("collector")], caplog.text
 
 
