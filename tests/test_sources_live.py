@@ -256,7 +256,9 @@ async def _up(stack: Stack, client: httpx.AsyncClient) -> bool:
 @pytest.mark.serial  # latencies against a baseline: other tests' load would be the proxy's delay
 async def test_garbage_or_failing_engine_metrics_never_delay_proxied_requests(fake_engine):
     engine, url = fake_engine
-    stack = Stack(url, "vllm", f"{url}/metrics", poll_interval_s=0.05, timeout_s=2.0)
+    # the limit is capped at half the poll timeout: beside CPU hogs the baseline itself stalled 3.4 s,
+    # so a 2 s timeout's 1 s cap failed requests the host delayed; quiet, the limit is ~0.5 s as before
+    stack = Stack(url, "vllm", f"{url}/metrics", poll_interval_s=0.05, timeout_s=patient(2.0))
     try:
         async with httpx.AsyncClient(timeout=30) as client:
             baseline = await _baseline(stack, client)
