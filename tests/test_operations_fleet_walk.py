@@ -107,6 +107,13 @@ def _client_load(sidecar: str) -> int:
         return sum(pool.map(one, range(REQUESTS)))
 
 
+def _headroom(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One `headroom` command of the walk, run to its end in the walk's folder and environment."""
+    return subprocess.run(
+        [str(HEADROOM), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=patient(240)
+    )
+
+
 def _serving(process: subprocess.Popen[bytes], url: str, log: Path) -> bool:
     if process.poll() is not None:
         pytest.fail(f"{url} never answered (exit {process.returncode}):\n{log.read_text()[-3000:]}")
@@ -203,14 +210,7 @@ def test_operations_fleet_commands_run_in_order_on_loopback(postgres: PostgresSe
                     every = words.index("--every")
                     committer = words[:every] + words[every + 2 :]
                 continue
-            done = subprocess.run(
-                [str(HEADROOM), *words[1:]],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=patient(240),
-            )
+            done = _headroom(words[1:], tmp_path, env)
             assert done.returncode == 0, (
                 f"`{line}` exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
             )
@@ -229,14 +229,7 @@ def test_operations_fleet_commands_run_in_order_on_loopback(postgres: PostgresSe
         "probe",
         "integrations keda",
     }
-    final = subprocess.run(
-        [str(HEADROOM), *committer[1:]],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=patient(240),
-    )
+    final = _headroom(committer[1:], tmp_path, env)
     assert final.returncode == 0, final.stderr[-3000:]
 
     catalog = env["HEADROOM_CATALOG"]
