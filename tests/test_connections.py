@@ -1,7 +1,7 @@
 """Connections that never become requests: header timeout (408), connection cap (503), and a real
 `headroom run` that keeps answering canaries within 100 ms p99 (on a busy machine: within a few
-times their p99 without those connections) while 2,000 idle connections and 100 slowloris
-connections are open. The run also checks the modes of the files it writes.
+times their p99 without those connections, support/latency.py) while 2,000 idle connections and
+100 slowloris connections are open. The run also checks the modes of the files it writes.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from support.latency import RATIO, best_window, bound, p50, p99
 from support.processes import headroom_process
 from support.sources import connect_from
 from support.upstream import FakeUpstream
@@ -28,9 +29,9 @@ from collector.sidecar.wiring import SIDECAR_STORE_THREADS, build_sidecar, sidec
 
 IDLE, SLOWLORIS, CANARIES, WARM_UP = 2_000, 100, 100, 10
 # With the idle and slowloris connections open, the canaries' p99 is within 100 ms or within
-# CANARY_RATIO times their p99 without them, and never past STARVED_S: half the sidecar's 5 s
+# RATIO times their p99 without them, and never past STARVED_S: half the sidecar's 5 s
 # --idle-timeout, the shortest timeout that frees a held slot.
-CANARY_RATIO, STARVED_S = 4.0, 2.5
+STARVED_S = 2.5
 
 
 def _guarded(tmp_path, fake: FakeUpstream, checkpoint_mb: int | None = None, **bounds):
@@ -148,22 +149,20 @@ def _canaries(url: str, count: int) -> list[float]:
     return sorted(took)
 
 
-def _p99(took: list[float]) -> float:
-    return took[int(len(took) * 0.99) - 1]
-
-
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.serial  # a latency limit: measured on this machine, alone
 def test_canaries_answered_within_100_ms_p99_with_2000_idle_and_100_slowloris(tmp_path):
     """The limit is 100 ms p99 or, where this machine is too busy for that (CPU hogs beside the
-    suite), CANARY_RATIO times the p99 of the same canaries on the same sidecar without the idle
-    and slowloris connections (the larger of before they opened and after they closed): what those
+    suite), RATIO times the p99 of the same canaries on the same sidecar without the idle and
+    slowloris connections (the larger of before they opened and after they closed): what those
     connections cost is measured against the sidecar's own pace on this machine, not against a
-    timer. The median is held to the same ratio of the median before (or 20 ms): a cost paid on
-    every request (a walk over every open connection) shows there first. A sidecar that starves
-    canaries behind those connections (a slot freed only by a timeout, a loop that stalls on
-    partial headers) is far past both, and past STARVED_S it fails however busy the machine."""
+    timer. Up to three windows of canaries run with the connections open and the best must pass
+    (one hog's time slice can hold any process for 100 ms); the median is held to the same ratio of
+    the median before (or 20 ms) in every window: a cost paid on every request (a walk over every
+    open connection) shows there first. A sidecar that starves canaries behind those connections
+    (a slot freed only by a timeout, a loop that stalls on partial headers) fails every window, and
+    past STARVED_S it fails however busy the machine."""
     raise_file_limit(IDLE + SLOWLORIS + 512)  # this process holds the other end of every socket
     db = tmp_path / "data" / "log.duckdb"
     with (
@@ -191,7 +190,10 @@ def test_canaries_answered_within_100_ms_p99_with_2000_idle_and_100_slowloris(tm
         try:
             while len(slow) < SLOWLORIS and loris.is_alive():  # every slowloris connection open
                 time.sleep(0.01)
-            took = _canaries(url, CANARIES)
+            windows = best_window(
+                lambda: _canaries(url, CANARIES),
+                lambda took: p99(took) < bound(0.100, p99(baseline), STARVED_S),
+            )
             modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in db.parent.iterdir()}
             metrics = httpx.get(url + "/metrics", timeout=5).text
         finally:
@@ -201,17 +203,18 @@ def test_canaries_answered_within_100_ms_p99_with_2000_idle_and_100_slowloris(tm
                 sock.close()
         _canaries(url, WARM_UP)  # behind the sidecar's 2,100 closes
         after = _canaries(url, CANARIES)
-    p99, base = _p99(took), max(_p99(baseline), _p99(after))  # the machine's pace may change meanwhile
-    bound = min(max(0.100, CANARY_RATIO * base), STARVED_S)
-    p50, base_p50 = took[len(took) // 2], baseline[len(baseline) // 2]
+    base = max(p99(baseline), p99(after))  # the machine's pace may change meanwhile
+    limit = bound(0.100, base, STARVED_S)
     print(
-        f"\ncanaries: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms with {IDLE} idle and "
-        f"{SLOWLORIS} slowloris connections; without them p50 {base_p50 * 1000:.1f} ms, "
-        f"p99 {_p99(baseline) * 1000:.1f} ms before, {_p99(after) * 1000:.1f} ms after; "
-        f"p99 bound {bound * 1000:.0f} ms"
+        f"\ncanaries with {IDLE} idle and {SLOWLORIS} slowloris connections: "
+        + ", ".join(f"p50 {p50(took) * 1000:.1f} ms p99 {p99(took) * 1000:.1f} ms" for took in windows)
+        + f"; without them p50 {p50(baseline) * 1000:.1f} ms, p99 {p99(baseline) * 1000:.1f} ms before, "
+        f"{p99(after) * 1000:.1f} ms after; p99 bound {limit * 1000:.0f} ms"
     )
-    assert p99 < bound, (p99, base)
-    assert p50 < max(0.020, CANARY_RATIO * base_p50), (p50, base_p50)  # no cost on every request
+    assert min(p99(took) for took in windows) < limit, ([p99(took) for took in windows], base)
+    assert all(took[-1] < STARVED_S for took in windows), [took[-1] for took in windows]
+    for took in windows:  # no cost on every request
+        assert p50(took) < max(0.020, RATIO * p50(baseline)), (p50(took), p50(baseline))
     assert len(slow) == SLOWLORIS and "headroom_connections_refused_total" in metrics
     assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
     assert modes and set(modes.values()) == {0o600}, modes  # the DuckDB file and its WAL
