@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from collector.sidecar import tracker as tracker_module
 from collector.sidecar.exported import TrackerMetrics
-from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.live import LiveRequest
+from collector.sidecar.tracker import Tracker
 
 
 class NoAgeMetrics(TrackerMetrics):

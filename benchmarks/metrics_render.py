@@ -27,8 +27,15 @@ from prometheus_client import generate_latest
 from collector.serving import serve_in_thread
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exposition import MetricsPage
-from collector.sidecar.tracker import OUTCOMES, LiveRequest
+from collector.sidecar.live import LiveRequest
+from collector.sidecar.tracker import OUTCOMES
 from collector.sidecar.wiring import build_sidecar, sidecar_state
+
+
+def _now() -> tuple[float, float]:
+    """(began, now) of an upstream read that took no time, for Tracker.relayed."""
+    now = time.monotonic()
+    return now, now
 
 
 def fill(tracker, requests: int, rng: random.Random) -> None:
@@ -44,7 +51,7 @@ def fill(tracker, requests: int, rng: random.Random) -> None:
             40,
         )
         tracker.admit(request)
-        tracker.relayed(request, 2, 0.0)
+        tracker.relayed(request, 2, *_now())
         if i % 50:
             tracker.finish(request, OUTCOMES[i % len(OUTCOMES)])
 

@@ -39,8 +39,9 @@ from types import ModuleType
 
 from prometheus_client import CollectorRegistry
 
+from collector.sidecar.live import LiveRequest
 from collector.sidecar.relay import relay_stream
-from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.tracker import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent
 _ROLE = b'data: {"id":"b","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]%s}\n\n'

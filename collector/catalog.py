@@ -16,6 +16,7 @@ __all__ = [
     "TTFT_BUCKETS_SECONDS",
     "TPOT_BUCKETS_SECONDS",
     "DURATION_BUCKETS_SECONDS",
+    "ENGINE_SPLIT_BUCKETS_SECONDS",
     "OVERHEAD_BUCKETS_SECONDS",
     "INFLIGHT_AGE_BOUNDS",
     "SIGNAL_REASONS",
@@ -104,6 +105,10 @@ DURATION_BUCKETS_SECONDS = (
     300.0,
     600.0,
 )
+
+# The engine's split of a request (queue, prefill, decode): coarse on purpose, three histograms per
+# model inside the series budget (collector.sidecar.series); the request log has the exact values.
+ENGINE_SPLIT_BUCKETS_SECONDS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0)
 
 # headroom_inflight_older_than_requests{older_than}: bounded, from a quick answer to a stuck one.
 INFLIGHT_AGE_BOUNDS: tuple[tuple[str, float], ...] = (
@@ -316,6 +321,91 @@ CATALOG: tuple[MetricSpec, ...] = (
         "pooled connection failed before any response byte (the engine never saw them).",
         ("reason",),
         "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_slo_requests_total",
+        "counter",
+        "Client traffic's finished requests judged against their SLO (collector.goodput): verdict "
+        "met (every bound held), missed (latency), shed (429, 503), aborted (the client left), "
+        "error (upstream error, timeout) or invalid (the client's 4xx, left out of attainment). "
+        "Goodput = rate of met; attainment = met / all but invalid.",
+        _PER_REQUEST + ("verdict",),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_task_slo_requests_total",
+        "counter",
+        "headroom_slo_requests_total per (model, task class) instead of (model, tenant).",
+        ("model", "task_class", "verdict"),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_slo_good_tokens_total",
+        "counter",
+        "Generated tokens of client requests that met their SLO: token goodput (its share of "
+        "headroom_generated_tokens_total is token goodput %).",
+        _PER_REQUEST,
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_slo_headers_ignored_total",
+        "counter",
+        "Requests whose SLO headers (x-llm-d-slo-ttft-ms, x-slo-ttft-ms, ...) were malformed or out "
+        "of range: judged by the configured SLO instead.",
+        (),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_engine_queue_seconds",
+        "histogram",
+        "Client requests' wait in the engine before prefill, by the engine's own timings: reported "
+        "(vLLM's per-request metrics) or derived (llama.cpp: TTFT less the sidecar's hop and the prefill).",
+        ("model",),
+        "s",
+        ENGINE_SPLIT_BUCKETS_SECONDS,
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_engine_prefill_seconds",
+        "histogram",
+        "Client requests' prefill time by the engine's own timings (llama.cpp prompt_ms; vLLM TTFT "
+        "less queue). Passive prefill rate V_P = rate(headroom_engine_prompt_tokens_total"
+        '{cache="computed"}) / rate(this _sum).',
+        ("model",),
+        "s",
+        ENGINE_SPLIT_BUCKETS_SECONDS,
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_engine_decode_seconds",
+        "histogram",
+        "Client requests' decode time (first token to last) by the engine's own timings.",
+        ("model",),
+        "s",
+        ENGINE_SPLIT_BUCKETS_SECONDS,
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_engine_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of client requests with engine timings and a prefill time: cache=computed "
+        "(prefilled) or cached (read from the prefix cache). Cache hit rate = cached / both.",
+        ("model", "cache"),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
+        "headroom_sidecar_hop_seconds",
+        "histogram",
+        "The sidecar's hop before the engine: admission to the request written upstream.",
+        (),
+        "s",
+        OVERHEAD_BUCKETS_SECONDS,
         group="sidecar",
     ),
     MetricSpec(

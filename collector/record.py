@@ -106,6 +106,29 @@ class RequestRecord:
     # (collector.analysis.token_knee), so it divides the gauge like for like. None: not a sidecar row
     held_prompt_tokens: int | None = None
     held_generated_tokens: int | None = None
+    # goodput (collector.goodput): the bounds this request was judged by (the sidecar's SLO,
+    # narrowed by the request's own SLO headers) and its verdict (met, missed, shed, aborted,
+    # error, invalid); None: a row the sidecar did not judge (probe load, or written before)
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    slo_e2e_s: float | None = None
+    verdict: str | None = None
+    # the engine's own account (collector.engine_timings): its shape ('llamacpp', 'vllm'), its
+    # queue (llama.cpp does not report one: TTFT less the hop and the prefill), prefill and decode
+    # seconds, and the prompt tokens it computed and read from its prefix cache; None: not said
+    engine_timings: str | None = None
+    engine_queue_s: float | None = None
+    engine_prefill_s: float | None = None
+    engine_decode_s: float | None = None
+    engine_prompt_computed: int | None = None
+    engine_prompt_cached: int | None = None
+    engine_generated: int | None = None
+    # the sidecar's own hop before the engine: admission to the request written upstream
+    sidecar_hop_s: float | None = None
+    # what load tools report beside TTFT: time to the second token-carrying read, and the longest
+    # gap between two such reads (the stall a reader saw); None below two such reads
+    ttst_s: float | None = None
+    itl_max_s: float | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The record as {column: value} in column order, e.g. for the analysis or a test."""

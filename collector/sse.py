@@ -243,7 +243,12 @@ def _read_chunk(chunk: object, keep_chunk: bool) -> ChunkInfo:
         return _responses_event(chunk, kind, keep_chunk)  # the Responses API's events
     usage = chunk.get("usage")
     if type(usage) is not dict:
-        if not keep_chunk and tokens < len(_TOKENS_ONLY):
+        if (
+            not keep_chunk
+            and tokens < len(_TOKENS_ONLY)
+            and "timings" not in chunk
+            and "metrics" not in chunk
+        ):
             return _TOKENS_ONLY[tokens]
         return ChunkInfo(tokens, None, False, chunk)
     return ChunkInfo(tokens, usage, not choices, chunk)
@@ -357,6 +362,10 @@ class _Plain(msgspec.Struct, gc=False):
 
     choices: list[_Choice]
     usage: msgspec.UnsetType | None = msgspec.UNSET  # None: `"usage":null` (vLLM), UNSET: absent
+    # the engine's own timings (llama.cpp `timings`, vLLM `metrics`; collector.engine_timings):
+    # a chunk that carries them is not plain, and is read event by event, where they are kept
+    timings: msgspec.UnsetType | None = msgspec.UNSET
+    metrics: msgspec.UnsetType | None = msgspec.UNSET
 
 
 _PLAIN = msgspec.json.Decoder(_Plain)

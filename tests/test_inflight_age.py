@@ -17,7 +17,8 @@ from support.sidecar import CHAT, sidecar_rig, wait_until
 from support.waiting import patient
 
 from collector.catalog import INFLIGHT_AGE_BOUNDS
-from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.live import LiveRequest
+from collector.sidecar.tracker import Tracker
 
 
 def _oldest(metrics: dict, model: str) -> float | None:

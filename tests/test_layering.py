@@ -49,6 +49,8 @@ FOUNDATION = {
     "exposition",
     "terminal",
     "capacity",
+    "goodput",
+    "engine_timings",
 }
 ENTRY_POINTS = {"cli", "demo"}
 

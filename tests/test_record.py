@@ -58,6 +58,20 @@ FULL = RequestRecord(
     failure="reset",
     held_prompt_tokens=110,
     held_generated_tokens=52,
+    slo_ttft_s=2.0,
+    slo_tpot_s=0.1,
+    slo_e2e_s=60.0,
+    verdict="met",
+    engine_timings="llamacpp",
+    engine_queue_s=0.01,
+    engine_prefill_s=0.0885,
+    engine_decode_s=10.65,
+    engine_prompt_computed=34,
+    engine_prompt_cached=1,
+    engine_generated=300,
+    sidecar_hop_s=0.0004,
+    ttst_s=0.14,
+    itl_max_s=0.09,
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import httpx
 import pytest
@@ -11,26 +12,36 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.sidecar import CHAT, sidecar_rig
 
+from collector.goodput import VERDICTS
 from collector.sidecar.config import SidecarConfig
 from collector.sidecar.exposition import MetricsPage
+from collector.sidecar.live import LiveRequest
 from collector.sidecar.series import OTHER, RESERVED_SERIES, SeriesBudget, series_per_model, series_per_pair
-from collector.sidecar.tracker import OUTCOMES, LiveRequest
+from collector.sidecar.tracker import OUTCOMES
 from collector.sidecar.wiring import build_sidecar, sidecar_state
 
 
+def _now() -> tuple[float, float]:
+    """(began, now) of an upstream read that took no time, for Tracker.relayed."""
+    now = time.monotonic()
+    return now, now
+
+
 def test_series_costs_follow_the_catalog():
-    assert series_per_pair() == 4 + len(OUTCOMES) == 11
-    assert series_per_model() == (19 + 3) + (16 + 3) + len(OUTCOMES) * (19 + 3) == 195
+    assert series_per_pair() == 5 + len(OUTCOMES) + len(VERDICTS) == 18
+    # TTFT and TPOT, the engine's queue, prefill and decode (11 buckets), a duration per outcome,
+    # and the engine's two prompt-token counters
+    assert series_per_model() == (19 + 3) + (16 + 3) + 3 * (11 + 3) + len(OUTCOMES) * (19 + 3) + 2 == 239
 
 
 @pytest.mark.parametrize(
     "max_series, max_models, max_tenants, models, tenants, expect_models, expect_tenants",
     [
-        (2000, 20, 50, 1, 500, 1, 50),  # the tenant cap binds first
-        (2000, 20, 500, 1, 500, 1, 115),  # then the budget: (2000 - 300 - 214 - 214) // 11
-        (2000, 20, 50, 30, 1, 6, 1),  # six models, a tenant each: (2000 - 300 - 214) // (214 + 11)
-        (2000, 3, 50, 30, 1, 3, 1),  # the model cap
-        (10_000, 40, 5000, 40, 1, 40, 1),  # a bigger budget: the caps bind
+        (3000, 20, 50, 1, 500, 1, 50),  # the tenant cap binds first
+        (3000, 20, 500, 1, 500, 1, 119),  # then the budget: (3000 - 300 - 271 - 271) // 18
+        (3000, 20, 50, 30, 1, 8, 1),  # eight models, a tenant each: (3000 - 300 - 271) // (271 + 18)
+        (3000, 3, 50, 30, 1, 3, 1),  # the model cap
+        (15_000, 40, 5000, 40, 1, 40, 1),  # a bigger budget: the caps bind
     ],
 )
 def test_budget_admits_what_fits_and_folds_the_rest(
@@ -56,7 +67,7 @@ def test_admitted_values_stay_admitted_and_other_is_never_charged():
 
 
 def test_a_budget_smaller_than_the_fixed_part_is_refused_naming_the_flag():
-    with pytest.raises(ValueError, match="--max-series 400 is below the 514 series"):
+    with pytest.raises(ValueError, match="--max-series 400 is below the 571 series"):
         SeriesBudget(400)
     with pytest.raises(ValueError, match="--max-series"):
         build_sidecar(
@@ -87,7 +98,7 @@ def _traffic(tracker, requests: int, rng: random.Random) -> None:
             40,
         )
         tracker.admit(request)
-        tracker.relayed(request, 2, 0.0)
+        tracker.relayed(request, 2, *_now())
         if i % 3:
             tracker.finish(request, OUTCOMES[i % len(OUTCOMES)])
         if i % 7 == 0:
@@ -103,12 +114,12 @@ def test_ten_thousand_tenants_by_five_thousand_models_never_pass_the_budget():
     for _ in range(12):
         _traffic(tracker, 2500, rng)
         sizes.append(len(_series(asyncio.run(page.render()))))
-    assert max(sizes) <= 2000 - RESERVED_SERIES  # what the sidecar itself adds stays in its share
+    assert max(sizes) <= 3000 - RESERVED_SERIES  # what the sidecar itself adds stays in its share
     assert sizes[-1] >= 1200  # the budget is used, not folded away from the start
     assert tracker.budget.folded["model"] > 20_000 and tracker.budget.folded["tenant"] > 0
     # a model admitted early keeps its own series; everything folded lands in `other`
     labels = {dict(labels).get("model") for name, labels in _series(asyncio.run(page.render()))}
-    assert OTHER in labels and 1 <= len(labels - {None, OTHER}) <= 7
+    assert OTHER in labels and 1 <= len(labels - {None, OTHER}) <= 8
 
 
 def test_the_page_renders_what_the_registry_collects_and_reuses_untouched_text():

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from typing import Any
 
 import pytest
@@ -21,10 +22,11 @@ from uvicorn.server import ServerState
 
 from collector.sidecar.client import ClientChannel
 from collector.sidecar.ending import Ending
+from collector.sidecar.live import LiveRequest
 from collector.sidecar.proxy import CompletionsProxy
 from collector.sidecar.requests import parse_request
 from collector.sidecar.tenants import LabelCap, resolve_tenant
-from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.tracker import Tracker
 from collector.sidecar.uvicorn_cycle import client_closing
 from collector.sse import (
     DONE,
@@ -36,6 +38,12 @@ from collector.sse import (
     inspect_event,
     plain_read,
 )
+
+
+def _now() -> tuple[float, float]:
+    """(began, now) of an upstream read that took no time, for Tracker.relayed."""
+    now = time.monotonic()
+    return now, now
 
 
 def plain_tokens(complete: bytes) -> int | None:
@@ -221,8 +229,10 @@ def test_the_one_parse_reads_any_chunks_as_the_event_by_event_reading_does(chunk
         type(c["choices"]) is list and all(type(x) is dict and _typed(x) for x in c["choices"])
         for c in chunks
     ):
-        if all(c.get("usage") is None for c in chunks):
-            assert fast == _one_by_one(complete)  # every read of plain chunks takes the fast path
+        # every read of plain chunks takes the fast path; the engine's timings are not plain (read
+        # event by event, where they are kept)
+        if all(c.get("usage") is None and c.get("timings") is None for c in chunks):
+            assert fast == _one_by_one(complete)
 
 
 # mostly chunks of the kind the one parse takes, so that most reads are all of them
@@ -370,7 +380,7 @@ def test_token_caliber_walk_with_flat_inflight_and_climbing_tokens():
     seen = []
     for _ in range(5):
         for request in (short, long_a, long_b):
-            tracker.relayed(request, 2, 0.0)
+            tracker.relayed(request, 2, *_now())
         seen.append(_gauges(registry))
     assert [s[0] for s in seen] == [3] * 5
     assert [s[1] for s in seen] == [5016, 5022, 5028, 5034, 5040]
@@ -400,7 +410,7 @@ def test_tpot_uses_usage_tokens_not_chunks():
     tracker = Tracker(CollectorRegistry(), instance="unit")
     request = _request(5)
     tracker.admit(request)
-    tracker.relayed(request, 1, 0.0)  # one chunk...
+    tracker.relayed(request, 1, *_now())  # one chunk...
     tracker.reported_usage(request, {"prompt_tokens": 5, "completion_tokens": 11})  # 11 in all
     row = tracker.finish(request, "ok")
     assert row.tpot_s == pytest.approx((row.e2e_s - row.ttft_s) / 10)
@@ -475,7 +485,7 @@ def test_absurd_upstream_usage_falls_back_to_the_estimate():
     tracker = Tracker(CollectorRegistry(), instance="unit")
     request = _request(7)
     tracker.admit(request)
-    tracker.relayed(request, 3, 0.0)
+    tracker.relayed(request, 3, *_now())
     # a value beyond the INTEGER column would get the row's batch rejected by the request log
     tracker.reported_usage(request, {"prompt_tokens": 2**40, "completion_tokens": -1})
     row = tracker.finish(request, "ok")
@@ -677,21 +687,26 @@ def test_client_closing_reads_only_what_the_server_shows():
 
 
 def test_relayed_is_generated_and_spent_in_one_call():
-    """The relay's one tracker call per read: a read without tokens stamps no TTFT."""
+    """The relay's one tracker call per read: a read without tokens stamps no TTFT; the first read
+    with tokens stamps TTFT, the second the time to second token, and the longest gap between two
+    such reads is the row's itl_max_s."""
     tracker = Tracker(CollectorRegistry(), instance="unit")
     request = _request(5)
     tracker.admit(request)
-    tracker.relayed(request, 0, 0.001)  # the role chunk's read: no token
+    t0 = request.admitted_mono
+    tracker.relayed(request, 0, t0 + 0.010, t0 + 0.011)  # the role chunk's read: no token
     assert request.first_token_mono is None and request.generated_tokens == 0
-    tracker.relayed(request, 3, 0.002)
-    stamped = request.first_token_mono
-    assert stamped is not None and request.generated_tokens == 3
-    tracker.relayed(request, 2, 0.003)
-    assert request.first_token_mono == stamped and request.generated_tokens == 5
-    assert request.overhead_s == pytest.approx(0.006)
-    assert tracker.load.tokens == 5 + 5  # the prompt's and the generated, in the live load
+    tracker.relayed(request, 3, t0 + 0.100, t0 + 0.102)
+    assert request.first_token_mono == t0 + 0.102 and request.generated_tokens == 3
+    tracker.relayed(request, 2, t0 + 0.150, t0 + 0.153)
+    tracker.relayed(request, 1, t0 + 0.400, t0 + 0.401)  # a 0.248 s stall
+    tracker.relayed(request, 1, t0 + 0.450, t0 + 0.451)
+    assert request.first_token_mono == t0 + 0.102 and request.generated_tokens == 7
+    assert request.overhead_s == pytest.approx(0.001 + 0.002 + 0.003 + 0.001 + 0.001)
+    assert tracker.load.tokens == 5 + 7  # the prompt's and the generated, in the live load
     row = tracker.finish(request, "ok")
-    assert row.completion_tokens == 5 and row.ttft_s is not None
+    assert row.completion_tokens == 7 and row.ttft_s == pytest.approx(0.102)
+    assert row.ttst_s == pytest.approx(0.153) and row.itl_max_s == pytest.approx(0.248)
 
 
 def test_the_fast_path_normalises_like_the_segment_loop():

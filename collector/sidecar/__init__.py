@@ -22,6 +22,7 @@
     uvicorn_cycle.py the one module reading uvicorn's internals: CycleWatch, ChunkWriter
     requests.py      reading a request body: model, stream flags, a prompt-token estimate
     tracker.py       live state and its transitions, one row per request
+    live.py          a live request's state (LiveRequest) and the one record it becomes
     exported.py      what the tracker exports: live gauges computed at scrape, counters, histograms
     exposition.py    the tracker's series kept as text, and the /metrics page
     series.py        SeriesBudget: one bound on the series /metrics exports

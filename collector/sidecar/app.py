@@ -300,6 +300,7 @@ def create_app(config: SidecarConfig, parts: SidecarParts) -> SidecarApp:
         read_timeout_s=config.read_timeout_s,
         tracing=parts.tracing,
         probe_token=parts.probe_token,
+        slo_headers=config.goodput_headers,
     )
     if admin is None:
         app.include_router(routes)

@@ -5,9 +5,18 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from collector.goodput import HEADER_MODES, PRESETS, HeaderMode, RequestSlo
 from collector.store.capacity_gauges import check_replica_class
 
 __all__ = ["MAX_REQUEST_BODY_BYTES", "SidecarConfig"]
+
+
+def _bound(preset: float | None, override: float | None) -> float | None:
+    """A preset's bound, or the override (0 switches the bound off)."""
+    if override is None:
+        return preset
+    return override or None
+
 
 MAX_REQUEST_BODY_BYTES = 64 * 2**20  # --max-request-body-bytes' default
 MIN_STORE_MEMORY_MB = 64  # below it the rows waiting for a checkpoint (16 MB of log) crowd out queries
@@ -31,7 +40,7 @@ class SidecarConfig:
     tenant_header: str = "X-Tenant-ID"
     max_tenants: int = 50
     max_models: int = 20
-    max_series: int = 2000  # the whole /metrics exposition (collector.sidecar.series)
+    max_series: int = 3000  # the whole /metrics exposition (collector.sidecar.series)
     spool_dir: str | None = None
     lake: str | None = None  # --lake URI: stage rows as Parquet for `headroom lake commit` (collector.lake)
     lake_roll_seconds: float = 60.0
@@ -56,6 +65,13 @@ class SidecarConfig:
     probe_dbs: tuple[str, ...] = ()  # `headroom probe --db` files whose estimates to import
     probe_max_age: str = "7d"  # how long a probe estimate beats traffic's
     slo_ttft_p95_s: float | None = None  # --slo-ttft-p95: the estimates' and the review's latency SLO
+    # goodput (collector.goodput): each request's SLO, a preset and its overrides (0: that bound off),
+    # and what a request's own SLO headers may do (tighten, trust, ignore)
+    goodput_slo: str = "default"
+    goodput_ttft_s: float | None = None
+    goodput_tpot_s: float | None = None
+    goodput_e2e_s: float | None = None
+    goodput_headers: HeaderMode = "tighten"
     source: str = "traffic"
     run_id: str | None = None
     # Upstream client: connect fast or fail; between two chunks a long prefill may take minutes.
@@ -81,6 +97,15 @@ class SidecarConfig:
     log_batch_rows: int = 1_000
     log_flush_interval_s: float = 0.5
 
+    def request_slo(self) -> RequestSlo:
+        """The SLO a request without SLO headers is judged by: the preset, with the overrides."""
+        preset = PRESETS[self.goodput_slo]
+        return RequestSlo(
+            _bound(preset.ttft_s, self.goodput_ttft_s),
+            _bound(preset.tpot_s, self.goodput_tpot_s),
+            _bound(preset.e2e_s, self.goodput_e2e_s),
+        )
+
     def __post_init__(self) -> None:
         self.upstream = self.upstream.rstrip("/")
         if not self.upstream.startswith(("http://", "https://")):
@@ -95,6 +120,13 @@ class SidecarConfig:
             )
         if self.replica_class is not None:
             check_replica_class(self.replica_class)
+        if self.goodput_slo not in PRESETS:
+            raise ValueError(f"--goodput-slo {self.goodput_slo!r} is not one of {', '.join(PRESETS)}")
+        if self.goodput_headers not in HEADER_MODES:
+            raise ValueError(
+                f"--goodput-headers {self.goodput_headers!r} is not one of {', '.join(HEADER_MODES)}"
+            )
+        self.request_slo()  # a bound that is not a positive number fails here, naming it
         counts: tuple[tuple[str, int], ...] = (
             ("--max-tenants", self.max_tenants),
             ("--max-models", self.max_models),

@@ -109,6 +109,15 @@ class TrackerMetrics:
             t.failures,
             t.probe_marks_ignored,
             t.overhead_family,
+            t.slo_requests,
+            t.task_slo_requests,
+            t.good_tokens,
+            t.slo_headers_ignored_family,
+            t.engine_queue,
+            t.engine_prefill,
+            t.engine_decode,
+            t.engine_prompt_tokens,
+            t.hop_family,
         )
 
     def text(self) -> str:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
+from collector.goodput import HEADER_MODES, PRESETS
 from collector.serving import parse_listen
 from collector.sidecar.config import MIN_STORE_MEMORY_MB, SidecarConfig
 
@@ -31,6 +32,9 @@ RENAMED = {
     "write_stall_timeout": "write_stall_timeout_s",
     "upstream_wait_timeout": "upstream_wait_timeout_s",
     "slo_ttft_p95": "slo_ttft_p95_s",
+    "goodput_ttft": "goodput_ttft_s",
+    "goodput_tpot": "goodput_tpot_s",
+    "goodput_e2e": "goodput_e2e_s",
 }
 # options that are not a config field as they are: parsed into several (listen), or the process's
 NOT_CONFIG = ("listen", "admin_listen", "adapters", "log_level")
@@ -368,6 +372,34 @@ _OPTIONS = [
         help="The p95 TTFT SLO the store's jobs hold capacity to: the refreshed estimates' "
         "SLO-bound concurrency and μ_slo (probe runs and traffic), and the weekly review's verdict. "
         "Unset: the knee alone (docs/capacity.md).",
+    ),
+    click.option(
+        "--goodput-slo",
+        type=click.Choice(list(PRESETS)),
+        default=SidecarConfig.goodput_slo,
+        show_default=True,
+        help="Each request's SLO for goodput: default (TTFT 2 s, TPOT 100 ms, e2e 60 s), MLPerf Server's "
+        "(mlperf-server 2 s / 100 ms, mlperf-interactive 500 / 30 ms; -70b- for llama2-70b), none.",
+    ),
+    *(
+        click.option(
+            f"--goodput-{bound}",
+            type=click.FloatRange(min=0),
+            metavar="SECONDS",
+            help=f"Override the preset's {what} (0: none).",
+        )
+        for bound, what in (
+            ("ttft", "TTFT bound of a streamed request"),
+            ("tpot", "TPOT bound"),
+            ("e2e", "end-to-end bound, the one a non-streamed request is judged by"),
+        )
+    ),
+    click.option(
+        "--goodput-headers",
+        type=click.Choice(list(HEADER_MODES)),
+        default=SidecarConfig.goodput_headers,
+        show_default=True,
+        help="A request's SLO headers (x-llm-d-slo-ttft-ms, x-slo-tpot-ms, ...) tighten the bounds, are trusted, or ignored.",
     ),
     click.option(
         "--adapter",

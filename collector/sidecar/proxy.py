@@ -25,6 +25,7 @@ import re
 import time
 from typing import Any
 
+from collector.goodput import HeaderMode, request_slo, slo_header_values
 from collector.sidecar.client import BodyTooLarge, ClientChannel, TaskWatch, read_body
 from collector.sidecar.config import MAX_REQUEST_BODY_BYTES
 from collector.sidecar.ending import Ending, describe_failure
@@ -37,11 +38,12 @@ from collector.sidecar.headers import (
     upstream_headers,
     upstream_target,
 )
+from collector.sidecar.live import LiveRequest, ProbeStep
 from collector.sidecar.relay import relay_body, relay_exchange_stream
 from collector.sidecar.requests import ParsedRequest, parse_request
 from collector.sidecar.tenants import LabelCap, decode_header_text, resolve_tenant
 from collector.sidecar.tracecontext import Telemetry
-from collector.sidecar.tracker import LiveRequest, ProbeStep, Tracker
+from collector.sidecar.tracker import Tracker
 from collector.sidecar.upstream import H1Pool
 from collector.sidecar.uvicorn_cycle import CycleWatch
 from collector.sources import EngineSource
@@ -101,8 +103,10 @@ class CompletionsProxy:
         read_timeout_s: float = 600.0,
         tracing: bool = False,
         probe_token: str | None = None,
+        slo_headers: HeaderMode = "tighten",
     ) -> None:
         self._pool = pool
+        self._slo_headers = slo_headers  # what a request's SLO headers may do (collector.goodput)
         self._tracker = tracker
         self._tenant_header = tenant_header.lower().encode("latin-1")
         self._task_cap = LabelCap(_MAX_TASK_CLASSES)  # named by probes: few, but a client could lie
@@ -178,6 +182,12 @@ class CompletionsProxy:
             client_request_id=client_request_id(scope),
         )
         self._tracker.admit(request)
+        if self._slo_headers != "ignore":
+            ttft, tpot = slo_header_values(scope["headers"])
+            if ttft is not None or tpot is not None:
+                self._tracker.judged_by(
+                    request, *request_slo(self._tracker.slo, ttft, tpot, self._slo_headers)
+                )
         return request
 
     def _is_probe(self, scope: Scope) -> bool:
@@ -266,7 +276,7 @@ class CompletionsProxy:
             target = upstream_target(scope)
             telemetry = request.telemetry
             headers = upstream_headers(scope, telemetry.traceparent() if telemetry is not None else None)
-            self._tracker.spent(request, time.monotonic() - read_at)  # body read to upstream send
+            self._tracker.sending(request, read_at)  # body read to upstream send: the hop
             exchange = await self._pool.send(b"POST", target, headers, parsed.body)
             if exchange.retries:
                 self._tracker.retried(request, exchange.retry_reason or "stale_connection")

@@ -23,8 +23,9 @@ from collector.record import outcome_for_status
 from collector.sidecar.client import ClientChannel
 from collector.sidecar.ending import Ending, failed
 from collector.sidecar.exchange import BufferedBody, DecodedBody, Exchange, UpstreamBodyBroken, UpstreamError
+from collector.sidecar.live import LiveRequest
 from collector.sidecar.requests import EMBEDDINGS_PATH
-from collector.sidecar.tracker import LiveRequest, Tracker
+from collector.sidecar.tracker import Tracker
 from collector.sidecar.uvicorn_cycle import ChunkWriter
 from collector.sse import (
     DONE,
@@ -86,6 +87,8 @@ async def relay_body(
             tracker.reported_usage(request, openai_usage(usage, embeddings=embeddings))
         if request.telemetry is not None:
             request.telemetry.note_answer(payload)
+        if isinstance(payload, dict) and ("timings" in payload or "metrics" in payload):
+            tracker.reported_timings(request, payload.get("timings"), payload.get("metrics"))
         tracker.spent(request, time.monotonic() - began)
     return Ending(outcome_for_status(response.status), complete=True, last=held)
 
@@ -241,7 +244,7 @@ class _Stream:
                 tokens, body = self.events(body)
             else:
                 tokens, body = read
-        self._tracker.relayed(self._request, tokens, time.monotonic() - began)
+        self._tracker.relayed(self._request, tokens, began, time.monotonic())
         return body
 
     def forwarded(self) -> None:
@@ -315,6 +318,9 @@ class _Stream:
                 tokens += info.tokens_estimate
                 if telemetry is not None:  # the response's id, model, finish
                     telemetry.note_answer(info.chunk)
+                chunk = info.chunk  # (None for a common chunk: no usage, no timings, not tracing)
+                if chunk is not None and ("timings" in chunk or "metrics" in chunk):  # the engine's own
+                    self._tracker.reported_timings(request, chunk.get("timings"), chunk.get("metrics"))
                 if info.usage is not None:
                     self._tracker.reported_usage(request, info.usage)  # cumulative: replace, never sum
                     if self._strip_usage and info.usage_only:  # the usage chunk we asked for

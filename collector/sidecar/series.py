@@ -5,12 +5,14 @@ each pair and model fans out over outcomes and histogram buckets (9,425 series w
 the old caps). The budget counts what a label value would cost in the worst case before it
 becomes a label value, so the exposition can never pass `max_series`:
 
-    a model        its TTFT and TPOT histograms and one duration histogram per outcome
-                   (series_per_model(): 195 with the catalog's buckets), plus its (model, other) pair
-    a pair         (model, tenant): the two live gauges, the two token counters and one request
-                   counter per outcome (series_per_pair(): 11)
-    a task pair    (model, task class): the two live gauges and the oldest age per class
-                   (TASK_PAIR_SERIES: 3)
+    a model        its TTFT and TPOT histograms, one duration histogram per outcome, the engine's
+                   queue, prefill and decode histograms and its two prompt-token counters
+                   (series_per_model(): 263 with the catalog's buckets), plus its (model, other) pair
+    a pair         (model, tenant): the two live gauges, the two token counters, one request
+                   counter per outcome, one goodput counter per verdict and the good tokens
+                   (series_per_pair(): 18)
+    a task pair    (model, task class): the two live gauges, the oldest age per class and one
+                   goodput counter per verdict (TASK_PAIR_SERIES: 9)
     age bounds     a model's in-flight requests past each age bound (AGE_SERIES_PER_MODEL: 5)
     an adapter     (model, LoRA adapter): its in-flight gauge (ADAPTER_PAIR_SERIES: 1); a model's
                    first adapter also its distinct-adapters and slots gauges (2), and (model,
@@ -29,13 +31,14 @@ past the budget is never relabelled as traffic: its latency and request counter 
 (its row still is). Folds are counted per request in headroom_label_values_folded_total{label}.
 Admitted values stay admitted (counters cannot be taken back), so what is left only shrinks.
 
-Example: SeriesBudget(2000) admits one model with 115 tenants, or 6 models with none; the 7th
-model's requests are labelled ("other", tenant) while the budget has room for that pair.
+Example: SeriesBudget(3000) admits one model with 119 tenants, or 8 models with a tenant each;
+the 9th model's requests are labelled ("other", tenant) while the budget has room for that pair.
 """
 
 from __future__ import annotations
 
 from collector.catalog import INFLIGHT_AGE_BOUNDS, spec
+from collector.goodput import VERDICTS
 
 __all__ = [
     "SeriesBudget",
@@ -53,7 +56,8 @@ __all__ = [
 OTHER = "other"
 TRAFFIC, PROBE = "traffic", "probe"  # values of the `source` label (the request row's source)
 # headroom_task_inflight_requests, headroom_task_active_tokens, headroom_inflight_oldest_age_seconds
-TASK_PAIR_SERIES = 3
+# and headroom_task_slo_requests_total per verdict
+TASK_PAIR_SERIES = 3 + len(VERDICTS)
 AGE_SERIES_PER_MODEL = len(INFLIGHT_AGE_BOUNDS)  # headroom_inflight_older_than_requests{older_than}
 ADAPTER_PAIR_SERIES = 1  # headroom_adapter_inflight_requests
 _ADAPTER_MODEL_SERIES = 2  # headroom_adapters_inflight and headroom_adapter_slots, per model
@@ -64,8 +68,16 @@ _PER_PAIR = (
     "headroom_active_tokens",
     "headroom_prompt_tokens_total",
     "headroom_generated_tokens_total",
+    "headroom_slo_good_tokens_total",
 )
-_PER_MODEL = ("headroom_time_to_first_token_seconds", "headroom_time_per_output_token_seconds")
+_PER_MODEL = (
+    "headroom_time_to_first_token_seconds",
+    "headroom_time_per_output_token_seconds",
+    "headroom_engine_queue_seconds",
+    "headroom_engine_prefill_seconds",
+    "headroom_engine_decode_seconds",
+)
+_ENGINE_TOKEN_SERIES = 2  # headroom_engine_prompt_tokens_total{cache}: computed, cached
 
 
 def _histogram_series(name: str) -> int:
@@ -73,14 +85,18 @@ def _histogram_series(name: str) -> int:
 
 
 def series_per_pair(outcomes: int = _OUTCOMES) -> int:
-    """Worst-case series of one (model, tenant) pair: 4 + one request counter per outcome."""
-    return len(_PER_PAIR) + outcomes
+    """Worst-case series of one (model, tenant) pair: 5, one request counter per outcome and one
+    goodput counter per verdict."""
+    return len(_PER_PAIR) + outcomes + len(VERDICTS)
 
 
 def series_per_model(outcomes: int = _OUTCOMES) -> int:
-    """Worst-case series of one model: its two latency histograms and a duration one per outcome."""
-    return sum(map(_histogram_series, _PER_MODEL)) + outcomes * _histogram_series(
-        "headroom_request_duration_seconds"
+    """Worst-case series of one model: its latency and engine histograms, a duration one per
+    outcome and its engine prompt-token counters."""
+    return (
+        sum(map(_histogram_series, _PER_MODEL))
+        + outcomes * _histogram_series("headroom_request_duration_seconds")
+        + _ENGINE_TOKEN_SERIES
     )
 
 
@@ -89,7 +105,7 @@ class SeriesBudget:
 
     def __init__(
         self,
-        max_series: int = 2000,
+        max_series: int = 3000,
         *,
         max_models: int = 20,
         max_tenants: int = 50,

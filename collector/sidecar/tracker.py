@@ -4,8 +4,9 @@ exports at scrape time, gauges, counters and histograms, is collector.sidecar.ex
 Lifecycle (docs/design.md §4.2): admit -> first byte -> first token -> generated chunks -> exactly one
 terminal transition. The gauges are not incremented and decremented: they are *computed* at scrape
 time from the set of live requests, so a request that leaves the set (by its one idempotent
-`finish`) can never leak a gauge. Everything here runs on the event loop thread; the per-chunk
-method `generated` is two integer additions. Label values come from the SeriesBudget at
+`finish`) can never leak a gauge. Everything here runs on the event loop thread; the per-read
+method `relayed` is a few additions and comparisons. A request's state and the record it becomes
+are collector.sidecar.live. Label values come from the SeriesBudget at
 admission (collector.sidecar.series), which keeps the whole exposition within --max-series.
 `headroom probe`'s load (header x-headroom-source: probe) is counted and timed under
 source="probe", everything else under the tracker's source ("traffic"): the generated SLO and
@@ -14,154 +15,28 @@ latency rules read `source!="probe"`, so a probe run past the knee never burns t
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from collector.catalog import spec
+from collector.engine_timings import engine_timings
+from collector.goodput import PRESETS, RequestSlo
 from collector.inflight import Inflight
-from collector.record import OUTCOMES, RequestRecord, time_per_output_token
+from collector.record import OUTCOMES, RequestRecord
 from collector.sidecar.adapters import AdapterMap
 from collector.sidecar.exported import TrackerMetrics
 from collector.sidecar.exposition import CounterVec, HistogramVec
+from collector.sidecar.live import LiveRequest, finished_record
 from collector.sidecar.series import SeriesBudget
 from collector.sidecar.tracecontext import Telemetry
-from collector.tasks import UNSPECIFIED, classify, classify_finished
 
-__all__ = ["LiveRequest", "ProbeStep", "Tracker", "OUTCOMES"]
-
-# Request IDs: one random 64-bit prefix per process plus a counter. Unique across sidecars and
-# restarts like uuid4, without an os.urandom call per request (slow in some sandboxes).
-_ID_PREFIX = uuid.uuid4().hex[:16]
-_ID_COUNTER = itertools.count()
+__all__ = ["Tracker", "OUTCOMES"]
 
 log = logging.getLogger(__name__)
-
-
-class ProbeStep(NamedTuple):
-    """What a `headroom probe` request measures (its X-Headroom-Probe-* headers): one is set."""
-
-    level: int | None  # the closed-loop concurrency level
-    rate_per_s: float | None  # the open-loop offered rate
-    warmup: bool  # sent while its level warms up: not measured
-
-
-class LiveRequest:
-    """State of one in-flight request, changed only through its Tracker. Never any text."""
-
-    __slots__ = (
-        "request_id",
-        "model",
-        "model_label",
-        "tenant",
-        "tenant_label",
-        "endpoint",
-        "stream",
-        "max_tokens",
-        "admitted_mono",
-        "admitted_wall",
-        "first_byte_mono",
-        "first_token_mono",
-        "prompt_tokens",
-        "generated_tokens",
-        "usage",
-        "status_code",
-        "outcome",
-        "error",
-        "inflight_at_admit",
-        "active_tokens_at_admit",
-        "engine_waiting",
-        "kv_usage",
-        "done",
-        "source",
-        "source_label",
-        "run_id",
-        "upstream_retries",
-        "task_class",
-        "task_class_label",
-        "telemetry",
-        "overhead_s",
-        "adapter",
-        "adapter_label",
-        "probe_step",
-        "client_request_id",
-        "failure",
-    )
-
-    def __init__(
-        self,
-        model: str,
-        tenant: str,
-        endpoint: str,
-        stream: bool,
-        max_tokens: int | None,
-        prompt_tokens_estimate: int,
-        *,
-        model_label: str | None = None,
-        tenant_label: str | None = None,
-        source: str | None = None,
-        run_id: str | None = None,
-        request_id: str | None = None,
-        engine_waiting: int | None = None,
-        kv_usage: float | None = None,
-        task_class: str | None = None,
-        task_class_label: str | None = None,
-        telemetry: Telemetry | None = None,
-        probe_step: ProbeStep | None = None,
-        client_request_id: str | None = None,
-    ) -> None:
-        self.request_id = request_id or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
-        self.client_request_id = client_request_id  # the client's X-Request-Id: a correlation id, no key
-        self.failure: str | None = None  # the failure class of an exchange that failed (ending.FAILURES)
-        self.model, self.tenant = model, tenant
-        self.model_label = model_label or model  # capped label values; the row keeps the real ones
-        self.tenant_label = tenant_label or tenant
-        self.endpoint, self.stream, self.max_tokens = endpoint, stream, max_tokens
-        self.admitted_mono = time.monotonic()
-        self.admitted_wall = time.time()
-        self.first_byte_mono: float | None = None
-        self.first_token_mono: float | None = None
-        self.prompt_tokens = prompt_tokens_estimate
-        self.generated_tokens = 0
-        self.usage: dict[str, Any] | None = None
-        self.status_code: int | None = None
-        self.outcome: str | None = None
-        self.error: str | None = None
-        self.inflight_at_admit = 0
-        self.active_tokens_at_admit = 0
-        self.engine_waiting, self.kv_usage = engine_waiting, kv_usage  # the latest engine scrape
-        self.done = False
-        self.source = source  # None: the tracker's own (traffic); 'probe' for probe load
-        # the `source` label, decided at admission (None: probe load past the series budget)
-        self.source_label: str | None = source or "traffic"
-        self.run_id = run_id
-        self.upstream_retries = 0
-        # the class it declared (max_tokens), or one the probe named; the label is capped
-        self.task_class = task_class or classify(max_tokens)
-        self.task_class_label = task_class_label or self.task_class
-        self.overhead_s = 0.0  # the sidecar's own time: admission to upstream send + every chunk
-        self.telemetry = telemetry  # W3C trace context and response facts, while tracing
-        self.adapter: str | None = None  # the LoRA adapter `model` named (then `model` is its base)
-        self.adapter_label: str | None = None
-        self.probe_step = probe_step
-
-    @property
-    def active_tokens(self) -> int:
-        """This request's token-caliber weight now: prompt + generated so far."""
-        return self.prompt_tokens + self.generated_tokens
-
-
-def _wall(admitted_at: datetime, request: LiveRequest, mono: float | None) -> datetime | None:
-    """The wall time of monotonic instant `mono`: the admission's wall time plus the interval."""
-    if mono is None:
-        return None
-    return admitted_at + timedelta(seconds=mono - request.admitted_mono)
 
 
 class Tracker:
@@ -176,8 +51,10 @@ class Tracker:
         run_id: str | None = None,
         budget: SeriesBudget | None = None,
         adapters: AdapterMap | None = None,
+        slo: RequestSlo = PRESETS["default"],
     ) -> None:
         self.instance, self.source, self.run_id = instance, source, run_id
+        self.slo = slo  # what a request without SLO headers is judged by (collector.goodput)
         # the engine's replica class for the rows, asked until it is decided (the wiring sets it:
         # collector.sidecar.replica)
         self.replica_class_of: Callable[[], str | None] | None = None
@@ -201,6 +78,17 @@ class Tracker:
         self.probe_marks_ignored = CounterVec(spec("headroom_probe_marks_ignored_total"))
         self.overhead_family = HistogramVec(spec("headroom_proxy_overhead_seconds"))
         self.overhead = self.overhead_family.labels()
+        self.slo_requests = CounterVec(spec("headroom_slo_requests_total"))
+        self.task_slo_requests = CounterVec(spec("headroom_task_slo_requests_total"))
+        self.good_tokens = CounterVec(spec("headroom_slo_good_tokens_total"))
+        self.slo_headers_ignored_family = CounterVec(spec("headroom_slo_headers_ignored_total"))
+        self.slo_headers_ignored = self.slo_headers_ignored_family.labels()
+        self.engine_queue = HistogramVec(spec("headroom_engine_queue_seconds"))
+        self.engine_prefill = HistogramVec(spec("headroom_engine_prefill_seconds"))
+        self.engine_decode = HistogramVec(spec("headroom_engine_decode_seconds"))
+        self.engine_prompt_tokens = CounterVec(spec("headroom_engine_prompt_tokens_total"))
+        self.hop_family = HistogramVec(spec("headroom_sidecar_hop_seconds"))
+        self.hop = self.hop_family.labels()
         self.exported = TrackerMetrics(self)  # the /metrics side: collector.sidecar.exported
         registry.register(self.exported)
 
@@ -259,15 +147,29 @@ class Tracker:
         request.upstream_retries += 1
         self.retries.labels(reason).inc()
 
-    def relayed(self, request: LiveRequest, tokens: int, seconds: float) -> None:
-        """One upstream read was relayed, carrying `tokens` (the first stamps TTFT), in `seconds`
-        of the sidecar's own work: the relay's only call into the tracker per read."""
+    def sending(self, request: LiveRequest, read_at: float) -> None:
+        """The request is written upstream now; the sidecar worked on it since `read_at` (its body
+        read): the end of the sidecar's hop."""
+        now = request.sent_mono = time.monotonic()
+        request.overhead_s += now - read_at
+
+    def relayed(self, request: LiveRequest, tokens: int, began: float, now: float) -> None:
+        """One upstream read was relayed at `now`, carrying `tokens` (the first such read stamps
+        TTFT, the second the time to second token), read from `began` on (the sidecar's own
+        work): the relay's only call into the tracker per read."""
         if tokens:
-            if request.first_token_mono is None:
-                request.first_token_mono = time.monotonic()
+            last = request.last_token_mono
+            if last is None:
+                request.first_token_mono = now
+            else:
+                if now - last > request.itl_max:
+                    request.itl_max = now - last
+                if request.second_token_mono is None:
+                    request.second_token_mono = now
+            request.last_token_mono = now
             request.generated_tokens += tokens
             self.load.tokens += tokens  # Inflight.generated, inlined: this runs at every read
-        request.overhead_s += seconds
+        request.overhead_s += now - began
 
     def spent(self, request: LiveRequest, seconds: float) -> None:
         """The sidecar itself worked `seconds` on this request (headroom_proxy_overhead_seconds)."""
@@ -276,6 +178,20 @@ class Tracker:
     def reported_usage(self, request: LiveRequest, usage: dict[str, Any]) -> None:
         """The upstream's `usage` object (cumulative: the latest replaces any earlier one)."""
         request.usage = usage
+
+    def reported_timings(self, request: LiveRequest, timings: object, metrics: object) -> None:
+        """The engine's own timings in its answer: llama.cpp's `timings` or vLLM's `metrics` object
+        (the latest replaces any earlier one; anything but an object is ignored)."""
+        said = engine_timings(timings, metrics)
+        if said is not None:
+            request.engine = said
+
+    def judged_by(self, request: LiveRequest, slo: RequestSlo, malformed: bool) -> None:
+        """`request` is judged by `slo` (the tracker's narrowed by its headers); `malformed`: a
+        header it sent was ignored (counted)."""
+        request.slo = slo
+        if malformed:
+            self.slo_headers_ignored.inc()
 
     def finish(
         self,
@@ -321,51 +237,14 @@ class Tracker:
 
     # --- internals ----------------------------------------------------------------------------
     def _record(self, request: LiveRequest, completed_mono: float) -> RequestRecord:
-        prompt, completion, cached, usage_source = _token_counts(request)
-        e2e = completed_mono - request.admitted_mono
-        ttft = None if request.first_token_mono is None else request.first_token_mono - request.admitted_mono
-        admitted_at = datetime.fromtimestamp(request.admitted_wall, UTC)  # once: the others add to it
-        return RequestRecord(
-            request_id=request.request_id,
-            source=request.source or self.source,
-            run_id=request.run_id or self.run_id,
+        return finished_record(
+            request,
+            completed_mono,
+            source=self.source,
+            run_id=self.run_id,
             instance=self.instance,
-            model=request.model,
-            tenant=request.tenant,
-            endpoint=request.endpoint,
-            stream=request.stream,
-            admitted_at=admitted_at,
-            first_byte_at=_wall(admitted_at, request, request.first_byte_mono),
-            first_token_at=_wall(admitted_at, request, request.first_token_mono),
-            completed_at=_wall(admitted_at, request, completed_mono),
-            status_code=request.status_code,
-            outcome=request.outcome,
-            error=request.error,
-            prompt_tokens=prompt,
-            cached_prompt_tokens=cached,
-            completion_tokens=completion,
-            max_tokens=request.max_tokens,
-            usage_source=usage_source,
-            ttft_s=ttft,
-            tpot_s=time_per_output_token(e2e, ttft, completion),
-            e2e_s=e2e,
-            inflight_at_admit=request.inflight_at_admit,
-            active_tokens_at_admit=request.active_tokens_at_admit,
-            engine_waiting_at_admit=request.engine_waiting,
-            kv_usage_at_admit=request.kv_usage,
-            upstream_retries=request.upstream_retries,
-            task_class=request.task_class
-            if request.task_class != UNSPECIFIED
-            else classify_finished(request.max_tokens, completion),
-            adapter=request.adapter,
-            probe_level=step.level if (step := request.probe_step) else None,
-            probe_rate_per_s=step.rate_per_s if step else None,
-            probe_warmup=step.warmup if step else None,
             replica_class=self._replica_class or self._decided_class(),
-            client_request_id=request.client_request_id,
-            failure=request.failure,
-            held_prompt_tokens=request.prompt_tokens,
-            held_generated_tokens=request.generated_tokens,
+            slo=self.slo,
         )
 
     def _decided_class(self) -> str | None:
@@ -387,32 +266,26 @@ class Tracker:
             self.ttft.labels(model, source).observe(record.ttft_s)
         if record.tpot_s is not None:
             self.tpot.labels(model, source).observe(record.tpot_s)
+        if source == "traffic":
+            self._observe_traffic(request, record)
 
-
-def _token_counts(request: LiveRequest) -> tuple[int, int, int | None, str]:
-    """(prompt, completion, cached, usage_source): the upstream's usage where every count is valid.
-
-    A count the upstream sent that no INTEGER column holds (negative, beyond 2**31, a string, a
-    float) is rejected: that count falls back to the estimate and the row says 'estimated'.
-    """
-    usage = request.usage
-    prompt, completion = request.prompt_tokens, request.generated_tokens
-    if usage is None:
-        return prompt, completion, None, "estimated"
-    upstream_prompt = _count(usage.get("prompt_tokens"))
-    upstream_completion = _count(usage.get("completion_tokens"))
-    details = usage.get("prompt_tokens_details")
-    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
-    trusted = upstream_prompt is not None and upstream_completion is not None
-    return (
-        prompt if upstream_prompt is None else upstream_prompt,
-        completion if upstream_completion is None else upstream_completion,
-        cached,
-        "upstream" if trusted else "estimated",
-    )
-
-
-def _count(value: object) -> int | None:
-    """A usage count an INTEGER column holds; an explicit 0 is a value, not a missing field."""
-    valid = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
-    return value if valid and isinstance(value, int) else None
+    def _observe_traffic(self, request: LiveRequest, record: RequestRecord) -> None:
+        """Goodput and the engine's split, for client traffic only (a probe judges its own load)."""
+        model, judged = request.model_label, record.verdict or "error"
+        self.slo_requests.labels(model, request.tenant_label, judged).inc()
+        self.task_slo_requests.labels(model, request.task_class_label, judged).inc()
+        if judged == "met":
+            self.good_tokens.labels(model, request.tenant_label).inc(record.completion_tokens or 0)
+        if record.sidecar_hop_s is not None:
+            self.hop.observe(record.sidecar_hop_s)
+        if record.engine_timings is None:
+            return
+        if record.engine_queue_s is not None:
+            self.engine_queue.labels(model).observe(record.engine_queue_s)
+        if record.engine_decode_s is not None:
+            self.engine_decode.labels(model).observe(record.engine_decode_s)
+        prefill, computed = record.engine_prefill_s, record.engine_prompt_computed
+        if prefill is not None and computed is not None:  # together: their ratio is V_P
+            self.engine_prefill.labels(model).observe(prefill)
+            self.engine_prompt_tokens.labels(model, "computed").inc(computed)
+            self.engine_prompt_tokens.labels(model, "cached").inc(record.engine_prompt_cached or 0)

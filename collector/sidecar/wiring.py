@@ -121,6 +121,7 @@ def build_sidecar(
         adapters=AdapterMap(
             config.adapters, learned=None if engine is None else lambda: engine.adapter_parents
         ),
+        slo=config.request_slo(),
     )
     registry.register(AdapterMetrics(tracker, functools.partial(_adapter_slots, config, engine)))
     capacity = CapacityGauges()

@@ -59,7 +59,25 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 # probe request measured (probe_level, probe_rate_per_s, probe_warmup), read from its headers;
 # version 8 the replica class of the engine that served it, version 9 the client's own request id
 # (its X-Request-Id) and the failure class of an exchange that failed, version 10 the tokens the
-# active-token gauge held for the request (held_prompt_tokens, held_generated_tokens).
+# active-token gauge held for the request (held_prompt_tokens, held_generated_tokens), version 11
+# goodput (the SLO bounds a request was judged by and its verdict), the engine's own timings, the
+# sidecar's hop, the time to the second token and the longest inter-token gap.
+_V11_COLUMNS = (
+    "slo_ttft_s",
+    "slo_tpot_s",
+    "slo_e2e_s",
+    "verdict",
+    "engine_timings",
+    "engine_queue_s",
+    "engine_prefill_s",
+    "engine_decode_s",
+    "engine_prompt_computed",
+    "engine_prompt_cached",
+    "engine_generated",
+    "sidecar_hop_s",
+    "ttst_s",
+    "itl_max_s",
+)
 _ADDED_AFTER_V5 = (
     "adapter",
     "probe_level",
@@ -70,6 +88,7 @@ _ADDED_AFTER_V5 = (
     "failure",
     "held_prompt_tokens",
     "held_generated_tokens",
+    *_V11_COLUMNS,
 )
 _V5_COLUMNS = tuple(c for c in COLUMNS if c[0] not in _ADDED_AFTER_V5)
 _V1_COLUMNS = (("request_id", "VARCHAR PRIMARY KEY"),) + tuple(
@@ -155,8 +174,14 @@ def _v10(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS held_generated_tokens INTEGER")
 
 
+def _v11(con: duckdb.DuckDBPyConnection) -> None:
+    for name, sql_type in COLUMNS:
+        if name in _V11_COLUMNS:  # (names and types from the record: no text from outside)
+            con.execute(f"ALTER TABLE requests ADD COLUMN IF NOT EXISTS {name} {sql_type}")
+
+
 # MIGRATIONS[i] brings a database from version i to version i + 1.
-MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10)
+MIGRATIONS = (_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

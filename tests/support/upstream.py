@@ -30,6 +30,9 @@ and the same request sent directly and through the sidecar gets the same bytes:
     scripted        the body's `x_fake_stream` (base64) as the SSE body, cut where its
                     `x_fake_cuts` say (for fuzzing)
 
+`x-fake-timings: llamacpp` adds llama.cpp's `timings` (on the usage chunk, else on the finish
+chunk; in a JSON answer at its top level), `vllm` vLLM's per-request `metrics` the same way, with
+`x-fake-prefill-ms` (12.5) and `x-fake-queue-ms` (3, vLLM only) as the engine's own account.
 `x-fake-delay` sets the seconds between chunks, `x-fake-text` the text of each token (default
 ` tok<i>`) and of the bytes a broken answer carries. `x-fake-encoding` compresses an answer
 although the sidecar asked for identity (`gzip`, `deflate`; `gzip-unfinished` never ends its
@@ -350,10 +353,17 @@ class FakeUpstream(LoopServer):
         if not payload.get("stream"):
             coded = _Body.coding_headers(request)
             if coded:  # the whole answer compressed, its length the compressed one
-                answer = _Body.compress(request, json.dumps(_completion(payload, tokens)).encode())
+                answer = _Body.compress(
+                    request,
+                    json.dumps(
+                        _completion(payload, tokens) | _engine_timings(request, payload, tokens, 0.0)
+                    ).encode(),
+                )
                 await _send(writer, 200, answer, "application/json", coded)
             else:
-                await _json(writer, 200, _completion(payload, tokens))
+                await _json(
+                    writer, 200, _completion(payload, tokens) | _engine_timings(request, payload, tokens, 0.0)
+                )
             return
         await self._stream(request, payload, mode, tokens, reader, writer)
 
@@ -417,7 +427,12 @@ class FakeUpstream(LoopServer):
                 await self._wait_gate(request)
             text = request.headers.get("x-fake-text", f" tok{i}")
             body.write(sse_chunk({"content": text}, usage_null=null))
-        body.write(sse_chunk({}, finish="length", usage_null=null))
+        said = _engine_timings(request, payload, tokens, delay)
+        if said and not usage_on:  # the engine's own timings ride the finish chunk then
+            finish = json.loads(sse_chunk({}, finish="length", usage_null=null)[6:])
+            body.write(b"data: " + json.dumps(finish | said, separators=(",", ":")).encode() + b"\n\n")
+        else:
+            body.write(sse_chunk({}, finish="length", usage_null=null))
         if usage_on:
             completion = _BAD_USAGE.get(mode, tokens)
             final = {
@@ -427,6 +442,7 @@ class FakeUpstream(LoopServer):
                 "model": MODEL,
                 "object": "chat.completion.chunk",
                 "usage": _usage(prompt_tokens(payload), completion),
+                **said,
             }
             body.write(b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n")
         if mode == "gate-end":  # every event and [DONE] now, the body's end once the gate opens
@@ -572,6 +588,37 @@ async def _json(
     writer: asyncio.StreamWriter, status: int, obj: object, extra: list[tuple[str, str]] | None = None
 ) -> bool:
     return await _send(writer, status, json.dumps(obj).encode(), "application/json", extra)
+
+
+def _engine_timings(request: _Request, payload: dict[str, Any], tokens: int, delay: float) -> dict[str, Any]:
+    """The engine's own account of a request, as `x-fake-timings` asks (empty when it does not)."""
+    shape = request.headers.get("x-fake-timings", "")
+    prefill_ms = float(request.headers.get("x-fake-prefill-ms", "12.5"))
+    decode_ms = tokens * delay * 1000
+    if shape == "llamacpp":
+        prompt = prompt_tokens(payload)
+        return {
+            "timings": {
+                "cache_n": 1,
+                "prompt_n": prompt - 1,
+                "prompt_ms": prefill_ms,
+                "prompt_per_second": (prompt - 1) / prefill_ms * 1000,
+                "predicted_n": tokens,
+                "predicted_ms": decode_ms,
+            }
+        }
+    if shape == "vllm":
+        queue_ms = float(request.headers.get("x-fake-queue-ms", "3"))
+        return {
+            "metrics": {
+                "time_to_first_token_ms": queue_ms + prefill_ms,
+                "queue_time_ms": queue_ms,
+                "generation_time_ms": decode_ms,
+                "mean_itl_ms": delay * 1000,
+                "tokens_per_second": tokens / decode_ms * 1000 if decode_ms else None,
+            }
+        }
+    return {}
 
 
 def _completion(payload: dict[str, Any], tokens: int) -> dict[str, Any]:
