@@ -46,7 +46,21 @@ CREATE TABLE IF NOT EXISTS headroom_requests
     client_request_id Nullable(String),
     failure LowCardinality(Nullable(String)),
     held_prompt_tokens Nullable(Int32),
-    held_generated_tokens Nullable(Int32)
+    held_generated_tokens Nullable(Int32),
+    slo_ttft_s Nullable(Float64),
+    slo_tpot_s Nullable(Float64),
+    slo_e2e_s Nullable(Float64),
+    verdict LowCardinality(Nullable(String)),
+    engine_timings LowCardinality(Nullable(String)),
+    engine_queue_s Nullable(Float64),
+    engine_prefill_s Nullable(Float64),
+    engine_decode_s Nullable(Float64),
+    engine_prompt_computed Nullable(Int32),
+    engine_prompt_cached Nullable(Int32),
+    engine_generated Nullable(Int32),
+    sidecar_hop_s Nullable(Float64),
+    ttst_s Nullable(Float64),
+    itl_max_s Nullable(Float64)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toDate(admitted_at)
@@ -93,7 +107,21 @@ SELECT
     nullIf(LogAttributes['headroom.client_request_id'], '') AS client_request_id,
     nullIf(LogAttributes['headroom.failure'], '') AS failure,
     toInt32OrNull(LogAttributes['headroom.held_prompt_tokens']) AS held_prompt_tokens,
-    toInt32OrNull(LogAttributes['headroom.held_generated_tokens']) AS held_generated_tokens
+    toInt32OrNull(LogAttributes['headroom.held_generated_tokens']) AS held_generated_tokens,
+    toFloat64OrNull(LogAttributes['headroom.slo_ttft_s']) AS slo_ttft_s,
+    toFloat64OrNull(LogAttributes['headroom.slo_tpot_s']) AS slo_tpot_s,
+    toFloat64OrNull(LogAttributes['headroom.slo_e2e_s']) AS slo_e2e_s,
+    nullIf(LogAttributes['headroom.verdict'], '') AS verdict,
+    nullIf(LogAttributes['headroom.engine_timings'], '') AS engine_timings,
+    toFloat64OrNull(LogAttributes['headroom.engine_queue_s']) AS engine_queue_s,
+    toFloat64OrNull(LogAttributes['headroom.engine_prefill_s']) AS engine_prefill_s,
+    toFloat64OrNull(LogAttributes['headroom.engine_decode_s']) AS engine_decode_s,
+    toInt32OrNull(LogAttributes['headroom.engine_prompt_computed']) AS engine_prompt_computed,
+    toInt32OrNull(LogAttributes['headroom.engine_prompt_cached']) AS engine_prompt_cached,
+    toInt32OrNull(LogAttributes['headroom.engine_generated']) AS engine_generated,
+    toFloat64OrNull(LogAttributes['headroom.sidecar_hop_s']) AS sidecar_hop_s,
+    toFloat64OrNull(LogAttributes['headroom.ttst_s']) AS ttst_s,
+    toFloat64OrNull(LogAttributes['headroom.itl_max_s']) AS itl_max_s
 FROM otel_logs
 WHERE EventName = 'gen_ai.client.inference.operation.details'
   AND LogAttributes['headroom.request_id'] != '';
