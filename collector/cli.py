@@ -34,7 +34,7 @@ _SHORT_HELP = {
     "sim": "Built-in continuous-batching engine simulator (OpenAI-compatible).",
     "demo": "Simulator + sidecar + a load that crosses the knee + a capacity summary.",
     "probe": "Concurrency-gradient load test with knee detection and recommendations.",
-    "capacity": "Capacity formulas: KV-cache ceiling, quota ceilings.",
+    "capacity": "Capacity formulas, the passive curve, where TTFT went (split).",
     "report": "The weekly capacity review (Markdown, HTML or JSON).",
     "dashboards": "Generate Grafana dashboards or push them to a Grafana.",
     "alerts": "Generate Prometheus rules and Alertmanager config; backtest them on scenarios or your log.",

@@ -1,4 +1,4 @@
-"""`headroom probe` and `headroom capacity kv|quota|curve`: thin shells over the analysis core."""
+"""`headroom probe` and `headroom capacity kv|quota|curve|split`: thin shells over the analysis core."""
 
 from __future__ import annotations
 
@@ -472,7 +472,8 @@ def _run_with_progress(settings: ProbeSettings, write: _WriteRows | None) -> Pro
 
 @click.group("capacity")
 def capacity() -> None:
-    """Capacity formulas (KV-cache and quota ceilings) and passive curves from the request log.
+    """Capacity formulas (KV-cache and quota ceilings), passive curves and the engine's split of
+    TTFT from the request log.
 
     \b
     Examples:
@@ -481,6 +482,7 @@ def capacity() -> None:
       headroom capacity kv --usable-gb 57 --kv-per-request-gb 3
       headroom capacity quota --rpm 600 --tpm 1000000 --mean-e2e-s 10 --mean-tokens-per-request 4000
       headroom capacity curve --db headroom.duckdb --since 24h --caliber requests --json -
+      headroom capacity split --db headroom.duckdb --since 7d    # where TTFT went, passive V_P, goodput
     """
 
 

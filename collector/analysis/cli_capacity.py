@@ -1,17 +1,26 @@
-"""`headroom capacity kv|quota|curve`: the formula commands and the passive curve."""
+"""`headroom capacity kv|quota|curve|split`: the formula commands, the passive curve, and the
+engine's own account of the traffic (passive V_P, cache hit rate, where TTFT went, goodput).
+
+Past 300 lines: four thin commands of one group, each with its options and its lines for people,
+share the reading of the log (`_reading`) and `_emit`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import click
 import duckdb
 
+from collector.analysis.engine_split import EngineSplit, EngineSplitReport, engine_split
 from collector.analysis.kv import kv_bytes_per_token, kv_ceiling, usable_memory_bytes
 from collector.analysis.passive import passive_curve
 from collector.analysis.quota import quota_ceiling
 from collector.analysis.render import token_summary
+from collector.capacity import CapacityEstimate
 from collector.lake.source import open_log, reader_options
 from collector.store.decision import Decision, decisions
 from collector.store.owner import OwnerError
@@ -212,30 +221,24 @@ def curve(
     """
     if (db is None) == (lake_uri is None):
         raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
-    try:
-        with open_log(db, catalog_uri, lake_uri, table=lake_table, since=since, until=until) as store:
-            result = passive_curve(
-                store,
-                caliber,
-                since,
-                until,
-                model,
-                window_s=window_seconds,
-                task_class=task_class,
-            )
-            made = [
-                d
-                for d in decisions(store, utc_now())
-                if (model is None or d.model == model) and (task_class is None or d.task_class == task_class)
-            ]
-    except (FileNotFoundError, OwnerError) as exc:
-        raise click.ClickException(f"{'--lake' if lake_uri else '--db'} {lake_uri or db}: {exc}") from None
-    except duckdb.Error as exc:
-        raise click.ClickException(
-            f"cannot open --db {db} ({str(exc).splitlines()[0]}); pass a DuckDB file written by headroom"
-        ) from None
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    with (
+        _reading(db, lake_uri),
+        open_log(db, catalog_uri, lake_uri, table=lake_table, since=since, until=until) as store,
+    ):
+        result = passive_curve(
+            store,
+            caliber,
+            since,
+            until,
+            model,
+            window_s=window_seconds,
+            task_class=task_class,
+        )
+        made = [
+            d
+            for d in decisions(store, utc_now())
+            if (model is None or d.model == model) and (task_class is None or d.task_class == task_class)
+        ]
     lines = [f"{'bucket':>8} {'n':>6} {'windows':>7} {'tok/s':>9} {'TTFT p95':>9} {'errors':>6}"]
     for b in result.buckets:
         ttft = "-" if b.ttft_p95_s is None else f"{b.ttft_p95_s:.3f}"
@@ -252,6 +255,162 @@ def curve(
     for decision in made:  # what the gauges export: the one decision every reader shares
         lines.append(_published_line(decision))
     _emit(result.to_dict() | {"published": [_published_dict(d) for d in made]}, json_path, lines)
+
+
+@click.command("split")
+@click.option(
+    "--db",
+    default=None,
+    help="DuckDB request log; while a sidecar serves it, read through the sidecar (its .owner file).",
+)
+@reader_options
+@click.option("--since", type=WHEN, default="7d", show_default=True, help=f"Window start: {WHEN_HELP}.")
+@click.option("--until", type=WHEN, default=None, help="Window end (exclusive), as --since [default: now].")
+@click.option(
+    "--model", default=None, help="Only requests to this model (the name clients send) [default: all]."
+)
+@click.option(
+    "--replica-class", default=None, metavar="NAME", help="Only this replica class [default: every class]."
+)
+@click.option("--json", "json_path", default=None, metavar="PATH", help=JSON_HELP)
+def split(
+    db: str | None,
+    since: datetime,
+    until: datetime | None,
+    model: str | None,
+    replica_class: str | None,
+    json_path: str | None,
+    lake_uri: str | None,
+    catalog_uri: str | None,
+    lake_table: str,
+) -> None:
+    """Where the traffic's TTFT went, by the engine's own per-request timings, per replica class:
+    the sidecar's hop, the engine's queue, prefill and the rest; the passive prefill rate V_P
+    (Σ prompt tokens computed / Σ prefill seconds) beside the published one; the prefix-cache hit
+    rate; and goodput (met requests/s, attainment, requests per verdict). Client traffic only.
+
+    \b
+    Examples:
+      headroom capacity split --db headroom.duckdb
+      headroom capacity split --db headroom.duckdb --since 24h --replica-class h100-tp1 --json split.json
+      headroom capacity split --catalog sqlite:///lake/catalog.db --lake /data/lake --since 7d --json -
+    """
+    if (db is None) == (lake_uri is None):
+        raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
+    until = until or utc_now()
+    if until <= since:
+        raise click.BadParameter(
+            f"the window is empty: --since {since:%Y-%m-%dT%H:%M}Z is not before --until {until:%Y-%m-%dT%H:%M}Z",
+            param_hint="--since",
+        )
+    with (
+        _reading(db, lake_uri),
+        open_log(db, catalog_uri, lake_uri, table=lake_table, since=since, until=until) as store,
+    ):
+        found = engine_split(store, since, until, model=model, replica_class=replica_class)
+        published = {
+            (d.model, d.replica_class): d.estimate
+            for d in decisions(store, until)
+            if d.task_class == "all" and d.estimate is not None
+        }
+    lines = _split_lines(found, published)
+    groups = [
+        g.to_dict() | {"published": _published_rate(published.get((g.model, g.replica_class)))}
+        for g in found.groups
+    ]
+    _emit(found.to_dict() | {"groups": groups}, json_path, lines)
+
+
+def _published_rate(estimate: CapacityEstimate | None) -> dict[str, Any] | None:
+    """The published estimate's V_P and where it came from (None: nothing published)."""
+    if estimate is None:
+        return None
+    return {
+        "prefill_tokens_per_s": estimate.prefill_tokens_per_s,
+        "source": estimate.source,
+        "run_id": estimate.run_id,
+    }
+
+
+def _split_lines(found: EngineSplitReport, published: dict[tuple[str, str], CapacityEstimate]) -> list[str]:
+    """The table for people: one block per model and replica class."""
+    since, until = (f"{t:%Y-%m-%d %H:%M} UTC" if t else "-" for t in (found.since, found.until))
+    lines = [f"client traffic admitted {since} to {until} ({found.window_s / 3600:.1f} h)"]
+    if not found.groups:
+        return lines + ["no client traffic in the window"]
+    for group in found.groups:
+        lines += _group_lines(group, published.get((group.model, group.replica_class)))
+    return lines
+
+
+def _group_lines(group: EngineSplit, estimate: CapacityEstimate | None) -> list[str]:
+    """One model and replica class: its rows, what the engine said (or why nothing), its goodput."""
+    p, g = group.prefill, group.goodput
+    engines = f" ({', '.join(group.engines)})" if group.engines else ""
+    lines = [
+        "",
+        f"{group.model}, replica class {group.replica_class}{engines}: {_requests(p.rows)}, "
+        f"{p.timed_rows:,} with the engine's timings ({_share(p.timed_share)})",
+    ]
+    lines += [f"  {group.no_timings}"] if group.no_timings else _timed_lines(group, estimate)
+    counts = ", ".join(f"{v} {n:,}" for v, n in g.counts.items())
+    goodput = "–" if g.met_per_s is None else f"{g.met_per_s:,.4f}"
+    lines.append(
+        f"  goodput {goodput} met requests/s, attainment {_share(g.attainment)}: {counts}, unjudged {g.unjudged:,}"
+    )
+    return lines
+
+
+def _timed_lines(group: EngineSplit, estimate: CapacityEstimate | None) -> list[str]:
+    """V_P beside the published one, the cache hit rate, and the TTFT split's table."""
+    p, s = group.prefill, group.split
+    mine = "–" if p.tokens_per_s is None else f"{p.tokens_per_s:,.0f}"
+    theirs = "none published"
+    if estimate is not None and estimate.prefill_tokens_per_s is not None:
+        run = f" run {estimate.run_id}" if estimate.run_id else ""
+        theirs = f"published {estimate.prefill_tokens_per_s:,.0f} ({estimate.source}{run})"
+    title = f"TTFT over {s.requests:,} streamed ok requests (s)"
+    lines = [
+        f"  V_P {mine} prefill tokens/s: {p.computed_tokens:,} tokens computed in {p.prefill_s:,.3f} s "
+        f"of prefill over {_requests(p.requests)}; {theirs}",
+        f"  prefix-cache hit rate {_share(p.cache_hit_rate)} "
+        f"({p.cached_tokens:,} of {p.cached_tokens + p.computed_tokens:,} prompt tokens)",
+        f"  {title:<41} {'mean':>8} {'p50':>8} {'p95':>8}",
+    ]
+    parts = (("hop", s.hop), ("queue", s.queue), ("prefill", s.prefill), ("rest", s.rest), ("TTFT", s.ttft))
+    for name, part in parts:
+        lines.append(
+            f"    {name:<39} " + " ".join(_seconds(v) for v in (part.mean_s, part.p50_s, part.p95_s))
+        )
+    return lines
+
+
+def _requests(count: int) -> str:
+    return f"{count:,} request{'' if count == 1 else 's'}"
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.1f} %"
+
+
+def _seconds(value: float | None) -> str:
+    """Seconds in a column of 8; a sum's rounding off 0 (llama.cpp's rest, -1e-17) shows as 0."""
+    return f"{'–':>8}" if value is None else f"{round(value, 9) + 0.0:>8.3f}"
+
+
+@contextlib.contextmanager
+def _reading(db: str | None, lake_uri: str | None) -> Iterator[None]:
+    """What reading the log can raise, as one message that names the --db or --lake it read."""
+    try:
+        yield
+    except (FileNotFoundError, OwnerError) as exc:
+        raise click.ClickException(f"{'--lake' if lake_uri else '--db'} {lake_uri or db}: {exc}") from None
+    except duckdb.Error as exc:
+        raise click.ClickException(
+            f"cannot open --db {db} ({str(exc).splitlines()[0]}); pass a DuckDB file written by headroom"
+        ) from None
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _published_dict(decision: Decision) -> dict[str, Any]:
@@ -282,6 +441,6 @@ def _published_line(decision: Decision) -> str:
 
 
 def register(group: click.Group) -> None:
-    """Attach kv, quota and curve to the `capacity` group."""
-    for command in (kv, quota, curve):
+    """Attach kv, quota, curve and split to the `capacity` group."""
+    for command in (kv, quota, curve, split):
         group.add_command(command)

@@ -33,6 +33,9 @@ whether the engine's own queue was non-empty at every admission. Method:
    >= 50 for medium; else low. collector.analysis.estimate attaches μ to the traffic estimate
    from medium up, and the one decision (collector.store.decision) publishes it with that
    estimate, as the traffic knee.
+5. Beside that V_P, read off μ, the engine's own: Σ prompt tokens it computed / Σ its prefill
+   seconds over the window's traffic rows that carry both (collector.analysis.engine_split), as
+   evidence in the `rates` section (`engine_prefill`); it changes neither μ nor the V_P above.
 
 The windows are SQL that DuckDB runs (as passive.py's), over the store or rows loaded in memory.
 """
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from collector.analysis.engine_split import PrefillRate, prefill_rate
 from collector.analysis.openloop import DRIFT_MIN_REQUESTS, DRIFT_SHARE
 from collector.analysis.passive import RowSource, rows_sql
 from collector.analysis.stats import seconds
@@ -126,10 +130,12 @@ class PassiveRate:
     window_s: float
     windows: list[RateWindow] = field(default_factory=list)
     bins: list[dict[str, Any]] = field(default_factory=list)
+    engine_prefill: PrefillRate | None = None  # the engine's own V_P in the same window (step 5)
 
     def to_dict(self) -> dict[str, Any]:
         """The traffic estimate's `rates` section: the probe's keys (μ_slo, V_P, levels: one per
-        arrival-rate bin) plus the windows' summary."""
+        arrival-rate bin) plus the windows' summary and the engine's own V_P with its evidence."""
+        engine = self.engine_prefill
         return {
             "method": "passive",
             "mu_slo_requests_per_s": _round(self.mu_per_s, 6),
@@ -141,6 +147,8 @@ class PassiveRate:
             "windows": len(self.windows),
             "saturated_windows": sum(w.saturated for w in self.windows),
             "levels": self.bins,
+            "engine_prefill_tokens_per_s": _round(engine.tokens_per_s if engine else None, 3),
+            "engine_prefill": engine.to_dict() if engine else None,
         }
 
 
@@ -322,25 +330,39 @@ def passive_rate(
     slo = slo or Slo()
     db = RowSource(store_or_rows)
     try:
-        rows, params = rows_sql("traffic", since, until, model, task_class)
-        n, first, last, generating = db.query(
-            f"SELECT count(*), min(a), max(a), median(e2e_s - coalesce(ttft_s, 0)) "
-            f"FILTER (WHERE outcome = 'ok') FROM ({rows})",
-            params,
-        )[0]
-        window_s = window_s or max(MIN_WINDOW_S, WINDOW_GENERATIONS * (generating or 1.0))
-        if not n:
-            return PassiveRate(None, None, None, "none", "no traffic in the window", window_s)
-        start, end = seconds(since) or first, seconds(until) or last
-        count = max(int((end - start) // window_s), 0)
-        windows = _windows(db, rows, params, start, window_s, count)
-        if len(windows) < MIN_WINDOWS:
-            why = (
-                f"too little traffic for a rate: {len(windows)} windows of {window_s:.0f} s with "
-                f"{MIN_WINDOW_ARRIVALS}+ arrivals ({n} requests; {MIN_WINDOWS} windows needed)"
-            )
-            return PassiveRate(None, None, None, "none", why, window_s, windows)
-        bins = _bins(db, rows, params, windows, window_s, slo)
+        found = _measure(db, since, until, model, slo, window_s, task_class)
+        engine = prefill_rate(db, since, until, model=model, task_class=task_class)
     finally:
         db.close()
-    return _judge(windows, bins, window_s)
+    return replace(found, engine_prefill=engine)
+
+
+def _measure(
+    db: RowSource,
+    since: datetime | None,
+    until: datetime | None,
+    model: str | None,
+    slo: Slo,
+    window_s: float | None,
+    task_class: str | None,
+) -> PassiveRate:
+    """μ from the windows and bins of the traffic (module docstring, steps 1 to 4)."""
+    rows, params = rows_sql("traffic", since, until, model, task_class)
+    n, first, last, generating = db.query(
+        f"SELECT count(*), min(a), max(a), median(e2e_s - coalesce(ttft_s, 0)) "
+        f"FILTER (WHERE outcome = 'ok') FROM ({rows})",
+        params,
+    )[0]
+    window_s = window_s or max(MIN_WINDOW_S, WINDOW_GENERATIONS * (generating or 1.0))
+    if not n:
+        return PassiveRate(None, None, None, "none", "no traffic in the window", window_s)
+    start, end = seconds(since) or first, seconds(until) or last
+    count = max(int((end - start) // window_s), 0)
+    windows = _windows(db, rows, params, start, window_s, count)
+    if len(windows) < MIN_WINDOWS:
+        why = (
+            f"too little traffic for a rate: {len(windows)} windows of {window_s:.0f} s with "
+            f"{MIN_WINDOW_ARRIVALS}+ arrivals ({n} requests; {MIN_WINDOWS} windows needed)"
+        )
+        return PassiveRate(None, None, None, "none", why, window_s, windows)
+    return _judge(windows, _bins(db, rows, params, windows, window_s, slo), window_s)

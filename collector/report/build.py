@@ -15,6 +15,11 @@ Example output (one model, one replica class, abridged):
                          "replicas_needed": 4, "replicas_run": 2, "trend": {...}}}],
    "outcomes": {...}, "top_tenants": [...], "adapters": [...], "curve": [...],
    "littles_law": {"window_s": 60, "windows": [...], "checked": 40, "inconsistent": 0, ...},
+   "engine_split": [{"replica_class": "slots8", "engines": ["llamacpp"], "no_timings": None,
+                     "prefill": {"prefill_tokens_per_s": 2818.2, "cache_hit_rate": 0.22, ...},
+                     "split": {"requests": 1100, "hop": {"mean_s": .., "p50_s": .., "p95_s": ..}, ...},
+                     "goodput": {"met_per_s": 0.0017, "attainment": 0.975, "verdicts": {...}, ...},
+                     "published": {"prefill_tokens_per_s": 3100.0, "source": "probe", ...}}],
    "actions": [{"action": .., "reason": ..}]}]}
 """
 
@@ -31,6 +36,7 @@ from collector.report.collect import ERRORS, LATENCIES, ClassFigures, ModelFigur
 from collector.report.figures import change, ratio
 from collector.report.longest import longest_running
 from collector.report.plan import littles_law_windows, plan, profile
+from collector.report.ttft_split import engine_entries
 from collector.store.decision import Published
 
 __all__ = ["build_report", "heading", "token_knee_withheld", "TOP_TENANTS", "LITTLES_LAW_TOLERANCE"]
@@ -282,6 +288,11 @@ def _model_report(model: str, inputs: ReportInputs, figures: ModelFigures) -> di
             figures.little, figures.first_admitted, end, LITTLES_LAW_TOLERANCE
         ),
         "capacity_by_class": inputs.classes.get(model, []),
+        # where TTFT went and goodput, per replica class its rows name (collector.report.ttft_split)
+        "engine_split": engine_entries(
+            [g for (m, _), g in inputs.engine.items() if m == model],
+            {c: p for (m, c), p in inputs.estimates.items() if m == model},
+        ),
     }
     p95 = latency["ttft_s"]["p95"]
     report["slo"] = {"ttft_p95_s": slo, "met": None if slo is None or p95 is None else p95 <= slo}

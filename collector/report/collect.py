@@ -15,6 +15,9 @@ all). An instance's replica class is the one its rows name (the sidecar records 
 each row) where that class has a published estimate, else the class of the probe runs it served
 (its rows of a probe run whose estimate names the class), else the model's only published class,
 as the rules fall back, else the class its rows name (`class_of`).
+
+Where TTFT went and goodput (collector.analysis.engine_split) are per model and the replica class
+each row names (the sidecar's own, none: the default class), over the current window's traffic.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from collector.analysis.engine_split import EngineSplit, engine_split
 from collector.capacity import DEFAULT_REPLICA_CLASS
 from collector.report.figures import QUANTILES
 from collector.report.longest import LONGEST
@@ -272,6 +276,8 @@ class ReportInputs:
     slo_ttft_p95_s: float | None = None
     # model -> what is published per task class and replica class: {task_class, ..., reason}
     classes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # (model, replica class its rows name) -> V_P, cache hit rate, the TTFT split and goodput
+    engine: dict[Key, EngineSplit] = field(default_factory=dict)
 
     @property
     def previous_since(self) -> datetime:
@@ -562,6 +568,7 @@ def collect_inputs(
     # never show in one query and not in the one before it
     with store.memory_at_least(REVIEW_MEMORY_MB), store.one_snapshot() as snapshot:
         inputs.models = _aggregates(snapshot, _Reader(snapshot, before, since, until), inputs.estimates)
+        inputs.engine = {(g.model, g.replica_class): g for g in engine_split(snapshot, since, until).groups}
     return inputs
 
 

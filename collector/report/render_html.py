@@ -21,6 +21,7 @@ from collector.report.render_md import (
     provenance_line,
     when,
 )
+from collector.report.ttft_split import goodput_table, prefill_lines, split_table
 
 __all__ = ["render_html"]
 
@@ -55,6 +56,22 @@ def _class(entry: dict[str, Any], word: str) -> str:
             f"<p class='provenance'>{escape(provenance_line(entry))}</p>",
             _table(header, rows),
             f"<p>{escape(binding_line(entry['concurrency']))}</p>",
+        ]
+    )
+
+
+def _engine(entries: list[dict[str, Any]]) -> str:
+    """The sections "Where TTFT went" and "Goodput" (collector.report.ttft_split); none without traffic."""
+    if not entries:
+        return ""
+    header, rows = split_table(entries)
+    return "".join(
+        [
+            "<h3>Where TTFT went</h3>",
+            _table(header, rows) if rows else "",
+            "".join(f"<p>{escape(line)}</p>" for line in prefill_lines(entries)),
+            "<h3>Goodput</h3>",
+            _table(*goodput_table(entries)),
         ]
     )
 
@@ -114,6 +131,7 @@ def _model(m: dict[str, Any], word: str) -> str:
             _table(["latency (s)", "p50", "p95", "p99", "previous p95", "p95 change"], latency),
             f"<p>SLO p95 TTFT: {escape(fmt(m['slo']['ttft_p95_s']))} s — met: {escape(fmt(m['slo']['met']))}</p>",
             published,
+            _engine(m.get("engine_split") or []),
             "<h3>Throughput against concurrency, per replica</h3>",
             _image(
                 throughput_png(m),

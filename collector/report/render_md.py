@@ -7,6 +7,7 @@ from typing import Any
 
 from collector.report.adapters import adapter_table
 from collector.report.longest import longest_table
+from collector.report.ttft_split import goodput_table, prefill_lines, split_table
 
 __all__ = [
     "render_md",
@@ -231,6 +232,7 @@ def _model(m: dict[str, Any], word: str) -> list[str]:
         )
     lines += _table(["latency (s)", "p50", "p95", "p99", "previous p95", "p95 change"], rows)
     lines += ["", f"SLO p95 TTFT: {fmt(slo['ttft_p95_s'])} s — met: {fmt(slo['met'])}", ""]
+    lines += _engine(m.get("engine_split") or [])
     if m.get("capacity_by_class"):
         lines += _table(
             ["published per task class", "replica class", "capacity"],
@@ -262,6 +264,17 @@ def _model(m: dict[str, Any], word: str) -> list[str]:
         ],
     ) + [""]
     return lines
+
+
+def _engine(entries: list[dict[str, Any]]) -> list[str]:
+    """The sections "Where TTFT went" and "Goodput" (collector.report.ttft_split); none without traffic."""
+    if not entries:
+        return []
+    lines = ["### Where TTFT went", ""]
+    header, rows = split_table(entries)
+    lines += (_table(header, rows) + [""]) if rows else []
+    lines += [line for text in prefill_lines(entries) for line in (text, "")]
+    return lines + ["### Goodput", "", *_table(*goodput_table(entries)), ""]
 
 
 def capacity_line(item: dict[str, Any]) -> str:
