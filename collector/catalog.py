@@ -373,8 +373,8 @@ CATALOG: tuple[MetricSpec, ...] = (
     MetricSpec(
         "headroom_engine_prefill_seconds",
         "histogram",
-        "Client requests' prefill time by the engine's own timings (llama.cpp prompt_ms; vLLM TTFT "
-        "less queue). Passive prefill rate V_P = rate(headroom_engine_prompt_tokens_total"
+        "Client requests' prefill time by the engine's own timings (llama.cpp prompt_ms; vLLM "
+        "time_to_first_token_ms, counted from scheduling). Passive prefill rate V_P = rate(headroom_engine_prompt_tokens_total"
         '{cache="computed"}) / rate(this _sum).',
         ("model",),
         "s",

@@ -6,11 +6,14 @@ Two shapes exist, and both come out as one `EngineTimings`:
   asked for) and in a non-streamed answer: `cache_n` (prompt tokens read from the cache),
   `prompt_n` (prompt tokens computed), `prompt_ms` (their prefill), `predicted_n`, `predicted_ms`
   (decode). It does not report the wait for a slot: that is what remains of the sidecar's TTFT once
-  its own hop and the prefill are taken out (`queue_reported` False).
-- vLLM (`--enable-per-request-metrics`, asked per request) returns `metrics`:
-  `time_to_first_token_ms` (the engine's view, arrival to first token), `queue_time_ms`,
-  `generation_time_ms` (first token to last), `mean_itl_ms`, `tokens_per_second`. Prefill is its
-  TTFT less its queue; the prompt tokens it computed are the usage's prompt tokens less the cached.
+  its own hop and the prefill are taken out.
+- vLLM (`--enable-per-request-metrics`, and `"include_metrics": true` in the request; in a stream
+  only on the usage chunk) returns `metrics`: `queue_time_ms` (queued to scheduled),
+  `time_to_first_token_ms` (scheduled to first token: the prefill, the queue not in it),
+  `generation_time_ms` (first token to last), `mean_itl_ms`, `tokens_per_second` (vLLM's
+  tests/entrypoints/openai/test_per_request_metrics: queued 1.0, scheduled 1.5, first token 2.0
+  give queue 500 ms and TTFT 500 ms). The prompt tokens it computed are the usage's prompt tokens
+  less the cached.
 
 A field of another type, negative, not finite or past a day (or a count past 2**31) is dropped,
 never trusted: the row then holds None for it. The sidecar's passive prefill rate is
@@ -21,7 +24,7 @@ never trusted: the row then holds None for it. The sidecar's passive prefill rat
     >>> (t.shape, t.prefill_s, t.prompt_computed, t.prompt_cached, t.decode_s)
     ('llamacpp', 0.0885, 34, 1, 10.6539)
     >>> engine_timings(None, {"time_to_first_token_ms": 120, "queue_time_ms": 20}).prefill_s
-    0.1
+    0.12
 """
 
 from __future__ import annotations
@@ -76,9 +79,10 @@ def engine_timings(timings: object, metrics: object) -> EngineTimings | None:
             generated=_count(timings, "predicted_n"),
         )
     if type(metrics) is dict:
-        ttft, queue = _ms(metrics, "time_to_first_token_ms"), _ms(metrics, "queue_time_ms")
-        prefill = None if ttft is None or queue is None or ttft < queue else round(ttft - queue, 9)
         return EngineTimings(
-            "vllm", queue_s=queue, prefill_s=prefill, decode_s=_ms(metrics, "generation_time_ms")
+            "vllm",
+            queue_s=_ms(metrics, "queue_time_ms"),
+            prefill_s=_ms(metrics, "time_to_first_token_ms"),  # from scheduling: the queue is not in it
+            decode_s=_ms(metrics, "generation_time_ms"),
         )
     return None

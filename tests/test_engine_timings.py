@@ -35,18 +35,13 @@ def test_a_real_llama_cpp_usage_chunk_reads_as_its_split():
     assert said.prompt_computed + said.prompt_cached == chunk["usage"]["prompt_tokens"]
 
 
-def test_vllm_metrics_give_queue_and_prefill_as_ttft_less_queue():
-    said = engine_timings(
-        None,
-        {
-            "time_to_first_token_ms": 250.0,
-            "queue_time_ms": 200,
-            "generation_time_ms": 1000,
-            "mean_itl_ms": 10,
-        },
-    )
+def test_vllm_metrics_give_queue_and_prefill_its_ttft_counted_from_scheduling():
+    """vLLM's own test: queued 1.0, scheduled 1.5, first token 2.0, last 3.0 -> queue 500 ms,
+    TTFT 500 ms (from scheduling: the prefill), generation 1,000 ms."""
+    metrics = {"time_to_first_token_ms": 500.0, "queue_time_ms": 500, "generation_time_ms": 1000}
+    said = engine_timings(None, metrics | {"mean_itl_ms": 10})
     assert said is not None and said.shape == "vllm"
-    assert (said.queue_s, said.prefill_s, said.decode_s) == (0.2, 0.05, 1.0)
+    assert (said.queue_s, said.prefill_s, said.decode_s) == (0.5, 0.5, 1.0)
     assert said.prompt_computed is None  # vLLM sends no counts: the row takes them from usage
 
 
@@ -60,8 +55,8 @@ def test_a_value_that_is_not_a_duration_or_a_count_is_dropped_not_trusted(bad):
     assert said.prompt_cached == 3 and said.decode_s == 0.005  # the good ones kept
     if not isinstance(bad, dict):  # not an object: no timings at all
         assert engine_timings(bad, bad) is None
-    vllm = engine_timings(None, {"time_to_first_token_ms": 10, "queue_time_ms": 20})  # queue > TTFT
-    assert vllm is not None and vllm.prefill_s is None
+    vllm = engine_timings(None, {"time_to_first_token_ms": bad, "queue_time_ms": 20})
+    assert vllm is not None and vllm.prefill_s is None and vllm.queue_s == 0.02
 
 
 def test_a_finish_chunk_with_timings_is_not_plain_and_keeps_them():

@@ -6,6 +6,7 @@
   engine        the asyncio loop that runs the scheduler in time scaled by --speed
   output        prompt token counts and seeded, deterministic outputs
   openai        request parsing and the OpenAI wire format (chunks, usage)
+  timings       the engine's own per-request timings: llama.cpp `timings`, vLLM `metrics`
   app           the FastAPI surface; metrics and slots: per-flavor /metrics and llama.cpp /slots
   cli           `headroom sim`
   load          a closed-loop load generator shared by the tests and `headroom demo`

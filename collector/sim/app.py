@@ -32,6 +32,7 @@ from collector.sim.openai import (
 )
 from collector.sim.scheduler import QueueFull, SimRequest
 from collector.sim.slots import slots_view
+from collector.sim.timings import answer_fields, finish_chunk_fields
 
 __all__ = ["create_sim_app", "model_list"]
 
@@ -47,8 +48,8 @@ def _error(status: int, message: str, kind: str, headers: dict[str, str] | None 
 async def _stream_events(
     engine: Engine, stream: Stream, req: ParsedRequest, model: str
 ) -> AsyncIterator[bytes]:
-    """SSE body: role chunk with the first tokens, content every stream_interval tokens, finish,
-    usage, [DONE]."""
+    """SSE body: role chunk with the first tokens, content every stream_interval tokens, then
+    the closing events."""
     tokens, sent, started = req.plan.tokens, 0, False
     interval = engine.config.stream_interval
     try:
@@ -64,10 +65,7 @@ async def _stream_events(
                 parts.append(sse(chunk(req, model, "".join(tokens[sent:upto]))))
                 sent = upto
             if stream.finished:
-                parts.append(sse(chunk(req, model, None, finish_reason=req.plan.finish_reason)))
-                if req.include_usage:
-                    parts.append(sse(usage_chunk(req, model, stream.request.generated)))
-                parts.append(DONE)
+                parts.append(_closing_events(engine.config, stream, req, model))
             if parts:
                 yield b"".join(parts)
             if stream.finished:
@@ -75,6 +73,16 @@ async def _stream_events(
     finally:
         if not stream.finished:
             engine.abort(stream)  # client went away: free the slot and its KV blocks
+
+
+def _closing_events(config: SimConfig, stream: Stream, req: ParsedRequest, model: str) -> bytes:
+    """The finish chunk, the usage chunk when asked for, and [DONE]; the engine's own timings ride
+    the flavor's chunk (collector.sim.timings), computed once, now that the request is over."""
+    final = chunk(req, model, None, finish_reason=req.plan.finish_reason)
+    if not req.include_usage:
+        return sse(final | finish_chunk_fields(config, stream.request)) + DONE
+    usage = usage_chunk(req, model, stream.request.generated) | answer_fields(config, stream.request)
+    return sse(final) + sse(usage) + DONE
 
 
 async def _complete(engine: Engine, request: Request, chat: bool) -> Response:
@@ -126,7 +134,8 @@ async def _wait_whole(
             if await request.is_disconnected():
                 engine.abort(stream)  # like vLLM: a client that left frees its slot
                 return Response(status_code=499)
-    return JSONResponse(full_response(parsed, model, stream.request.generated))
+    answer = full_response(parsed, model, stream.request.generated)
+    return JSONResponse(answer | answer_fields(engine.config, stream.request))
 
 
 def model_list(config: SimConfig) -> list[dict[str, Any]]:

@@ -85,6 +85,13 @@ __all__ = ["sim"]
     help="Expose vllm:gpu_cache_usage_perc (vLLM before 0.10) instead of kv_cache_usage_perc.",
 )
 @click.option(
+    "--per-request-metrics",
+    is_flag=True,
+    help="Answer each request with its engine-side `metrics` (queue, time to first token, "
+    "generation time, mean ITL, tokens/s), like vLLM's --enable-per-request-metrics; --flavor "
+    "vllm only (llama.cpp's `timings` are always sent). See docs/simulator.md.",
+)
+@click.option(
     "--lora-adapters",
     default="",
     help="Comma-separated LoRA adapter names served beside --model (/v1/models lists each with "
@@ -119,6 +126,7 @@ def sim(
     stream_interval: int,
     cost_profile: str,
     legacy_vllm_kv_metric: bool,
+    per_request_metrics: bool,
     lora_adapters: str,
     max_loras: int,
     lora_load_ms: float,
@@ -132,6 +140,7 @@ def sim(
       headroom sim --flavor llamacpp --listen 127.0.0.1:8080 --kv-cache-tokens 8192
       headroom sim --cost-profile cpu --max-num-seqs 4    # compute-bound, like llama.cpp on a CPU
       headroom sim --lora-adapters a,b,c,d,e,f,g,h --max-loras 4   # 8 adapters over 4 slots
+      headroom sim --per-request-metrics                  # vLLM's per-request `metrics` in answers
       curl -N localhost:8000/v1/chat/completions -d '{"messages":[{"role":"user","content":"hi"}],"stream":true}'
 
     Serves /v1/chat/completions, /v1/completions, /v1/models, the engine's /metrics in the
@@ -160,6 +169,7 @@ def sim(
             mean_output_tokens=mean_output_tokens,
             stream_interval=stream_interval,
             vllm_legacy_kv_metric=legacy_vllm_kv_metric,
+            per_request_metrics=per_request_metrics,
             cost_profile=cost_profile,
             lora_adapters=tuple(name.strip() for name in lora_adapters.split(",") if name.strip()),
             max_loras=max_loras,

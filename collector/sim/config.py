@@ -28,6 +28,9 @@ class SimConfig:
     max_model_len: int = 32768
     stream_interval: int = 1  # tokens per streamed chunk after the first (vLLM/SGLang --stream-interval)
     vllm_legacy_kv_metric: bool = False  # expose vllm:gpu_cache_usage_perc (vLLM < 0.10) instead
+    # vLLM --enable-per-request-metrics: a `metrics` object on each answer (collector.sim.timings);
+    # llama.cpp sends its `timings` always, SGLang nothing, so it is vLLM's alone
+    per_request_metrics: bool = False
     cost_profile: str = "gpu"  # step-time model: gpu (memory-bound) or cpu (compute-bound)
     # LoRA adapters served beside the base model (vLLM --lora-modules), the GPU's adapter slots
     # (vLLM --max-loras, SGLang --max-loras-per-batch) and the simulated seconds to load one
@@ -50,6 +53,11 @@ class SimConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
+        if self.per_request_metrics and self.flavor != "vllm":
+            raise ValueError(
+                f"per_request_metrics is vLLM's --enable-per-request-metrics, not {self.flavor}'s "
+                "(llama.cpp always sends its timings, SGLang none): use flavor vllm or leave it off"
+            )
         if self.cost_profile not in COST_PROFILES:
             raise ValueError(f"cost_profile {self.cost_profile!r} is not one of {', '.join(COST_PROFILES)}")
         if not self.lora_load_s >= 0:

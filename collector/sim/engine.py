@@ -5,6 +5,10 @@ in asyncio's timers does not accumulate), then hands the sampled tokens to each 
 Simulated time is tied to the wall clock like a GPU that keeps computing while the API process is
 descheduled: a loop that falls behind (a busy CPU) runs its late steps back to back to catch up,
 for up to MAX_DEBT_S of real time; beyond that it re-anchors, so a long pause is not replayed.
+
+It also stamps each request's instants on the simulated clock (arrival, first scheduled step,
+first token, last token; SimRequest.arrived_s ...), from which collector.sim.timings builds the
+engine's own per-request timings once the request has finished.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import TypedDict
 
 from collector.sim.config import SimConfig
 from collector.sim.cost import CostModel
-from collector.sim.scheduler import Scheduler, SimRequest
+from collector.sim.scheduler import Scheduler, SimRequest, StepPlan
 
 __all__ = ["Engine", "EngineState", "Stream"]
 
@@ -69,10 +73,14 @@ class Engine:
         self._streams: dict[SimRequest, Stream] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._step_start_s = 0.0  # simulated start of the step in flight (or the last one)
+        self._step_deadline = 0.0  # the loop time at which that step ends
 
     async def start(self) -> None:
         """Start the step loop on the running event loop."""
         self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="sim-engine")
 
     async def stop(self) -> None:
@@ -87,12 +95,21 @@ class Engine:
 
     def submit(self, request: SimRequest) -> Stream:
         """Queue a request (raises scheduler.QueueFull) and return its Stream."""
+        request.arrived_s = self.now_s()
         self.scheduler.add(request)
         stream = Stream(request)
         self._streams[request] = stream
         if self._wake is not None:
             self._wake.set()
         return stream
+
+    def now_s(self) -> float:
+        """The simulated clock now: inside a step still running on the wall clock, the part of it
+        that has passed (a request that arrives mid-step waits for the rest of it)."""
+        if self._loop is None:
+            return self.sim_time_s
+        ahead_s = (self._step_deadline - self._loop.time()) * self.config.speed
+        return max(self._step_start_s, self.sim_time_s - max(0.0, ahead_s))
 
     def abort(self, stream: Stream) -> None:
         """Forget a request whose client went away; frees its KV blocks at once."""
@@ -112,15 +129,24 @@ class Engine:
                 await self._idle()
                 deadline = loop.time()
                 continue
-            self.steps += 1
-            self.sim_time_s += plan.duration_s
+            self._begin_step(plan)
             deadline += plan.duration_s / self.config.speed
+            self._step_deadline = deadline
             delay = deadline - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             elif delay < -MAX_DEBT_S:
                 deadline = loop.time()
             self._deliver(plan.sampled, plan.finished)
+
+    def _begin_step(self, plan: StepPlan) -> None:
+        """Advance the simulated clock over the step and stamp the requests it admitted first."""
+        self.steps += 1
+        self._step_start_s = self.sim_time_s
+        self.sim_time_s += plan.duration_s
+        for request in plan.admitted:
+            if request.scheduled_s is None:  # a preempted request keeps its first scheduling
+                request.scheduled_s = self._step_start_s
 
     async def _idle(self) -> None:
         assert self._wake is not None
@@ -129,11 +155,14 @@ class Engine:
 
     def _deliver(self, sampled: list[SimRequest], finished: list[SimRequest]) -> None:
         for request in sampled:
+            if request.first_token_s is None:
+                request.first_token_s = self.sim_time_s
             stream = self._streams.get(request)
             if stream is not None:
                 stream.delivered = request.generated
                 stream.changed.set()
         for request in finished:
+            request.finished_s = self.sim_time_s
             stream = self._streams.pop(request, None)
             if stream is not None:
                 stream.finished = True

@@ -46,6 +46,13 @@ class SimRequest:
     preemptions: int = 0
     prompt_counted: bool = False
     adapter: str | None = None  # the LoRA adapter it names; None for the base model
+    # its instants on the engine's simulated clock (Engine.sim_time_s), set by the Engine and read
+    # once it has finished (collector.sim.timings): arrival, the start of the first step that
+    # scheduled it, the end of the step that sampled its first token, the end of its last step
+    arrived_s: float = 0.0
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -68,6 +75,7 @@ class StepPlan:
     sampled: list[SimRequest] = field(default_factory=list)
     finished: list[SimRequest] = field(default_factory=list)
     preempted: list[SimRequest] = field(default_factory=list)
+    admitted: list[SimRequest] = field(default_factory=list)  # moved from waiting to running
     scheduled_tokens: int = 0
     adapter_loads: int = 0  # adapters loaded into a GPU slot before this step ran
 
@@ -123,7 +131,7 @@ class Scheduler:
         scheduled: list[Scheduled] = []
         budget = self._schedule_running(plan, scheduled, budget)
         if not plan.preempted:
-            self._admit_waiting(scheduled, budget)
+            self._admit_waiting(plan, scheduled, budget)
         self._advance(plan, scheduled)
         return plan
 
@@ -147,7 +155,7 @@ class Scheduler:
         """The distinct adapters of the running batch (never more than max_loras)."""
         return {request.adapter for request in self.running if request.adapter is not None}
 
-    def _admit_waiting(self, scheduled: list[Scheduled], budget: int) -> None:
+    def _admit_waiting(self, plan: StepPlan, scheduled: list[Scheduled], budget: int) -> None:
         adapters, skipped = self.running_adapters(), list[SimRequest]()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
@@ -160,6 +168,7 @@ class Scheduler:
                 break  # head-of-line waits for blocks (FCFS)
             self.waiting.popleft()
             self.running.append(request)
+            plan.admitted.append(request)
             scheduled.append((request, tokens, request.computed))
             budget -= tokens
             if adapter is not None:

@@ -611,7 +611,7 @@ def _engine_timings(request: _Request, payload: dict[str, Any], tokens: int, del
         queue_ms = float(request.headers.get("x-fake-queue-ms", "3"))
         return {
             "metrics": {
-                "time_to_first_token_ms": queue_ms + prefill_ms,
+                "time_to_first_token_ms": prefill_ms,  # from scheduling, as vLLM counts it
                 "queue_time_ms": queue_ms,
                 "generation_time_ms": decode_ms,
                 "mean_itl_ms": delay * 1000,
