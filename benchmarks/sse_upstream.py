@@ -9,9 +9,10 @@ sidecar passes through un-accounted streams the same answer); per request, heade
     x-chunks    token chunks per answer (default 64), one token each
     x-pace-ms   gap between chunks (0: flood, yielding to the loop between chunks as an engine
                 emitting one decode step at a time does; 20: 50 tokens/s per stream)
-    x-style     `plain` (OpenAI: a usage chunk only when the request asks with include_usage) or
+    x-style     `plain` (OpenAI: a usage chunk only when the request asks with include_usage),
                 `vllm` (with include_usage, `"usage":null` in every chunk plus the final usage chunk,
-                as vLLM sends them)
+                as vLLM sends them) or `llamacpp` (llama.cpp's `timings` on the usage chunk, or
+                on a finish chunk when usage was not asked for: the sidecar reads them)
 
 Keep-alive HTTP/1.1 with chunked transfer encoding; uvloop when installed (it is cheaper, and the
 upstream must never be the bottleneck).
@@ -27,6 +28,11 @@ _ROLE = _HEAD + b'[{"index":0,"delta":{"role":"assistant","content":""},"finish_
 _TOKEN = _HEAD + b'[{"index":0,"delta":{"content":" token"},"finish_reason":null}]%s}\n\n'
 _USAGE = _HEAD + b'[],"usage":{"prompt_tokens":40,"completion_tokens":%d,"total_tokens":%d}}\n\n'
 _DONE = b"data: [DONE]\n\n"
+_TIMINGS = (
+    b'"timings":{"cache_n":0,"prompt_n":40,"prompt_ms":12.5,"prompt_per_token_ms":0.3125,'
+    b'"prompt_per_second":3200.0,"predicted_n":%d,"predicted_ms":%d.0}'
+)
+_FINISH = _HEAD + b'[{"index":0,"delta":{},"finish_reason":"length"}],%s}\n\n'
 _RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
@@ -38,6 +44,10 @@ def _events(chunks: int, style: bytes, usage: bool) -> tuple[bytes, bytes, bytes
     """(role chunk, token chunk, closing chunks) for one answer, already chunk-encoded."""
     null = b',"usage":null' if usage and style == b"vllm" else b""
     closing = (_USAGE % (chunks, chunks + 40) if usage else b"") + _DONE
+    if style == b"llamacpp":  # its timings ride the usage chunk, else a finish chunk
+        timings = _TIMINGS % (chunks, chunks * 20)
+        last = _USAGE[:-3] % (chunks, chunks + 40) + b"," + timings + b"}\n\n" if usage else _FINISH % timings
+        closing = last + _DONE
     return _chunk(_ROLE % null), _chunk(_TOKEN % null), _chunk(closing) + b"0\r\n\r\n"
 
 

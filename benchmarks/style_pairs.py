@@ -6,6 +6,7 @@
     python benchmarks/style_pairs.py --versus-floor --pairs 200 # headroom against the pass-through
     python benchmarks/style_pairs.py --versus-floor --route passthrough  # its un-accounted route
     python benchmarks/style_pairs.py --versus-floor --lake      # headroom staging Parquet, not DuckDB
+    python benchmarks/style_pairs.py --versus-floor --style llamacpp  # the engine's timings read
     python benchmarks/style_pairs.py --versus-no-age --scrape-s 0.25  # the in-flight age pass on vs off
 
 The issue's target: vLLM-style streams (`"usage":null` in every chunk plus a final usage chunk)
@@ -125,7 +126,8 @@ def pair_targets(
     path = ROUTES[args.route]
     for index in range(args.pairs):
         order = (floor, headroom) if index % 2 == 0 else (headroom, floor)
-        got = {t.name: measure(t, args.streams, "flood", "plain", args.window_s, path=path) for t in order}
+        style = getattr(args, "style", "plain")
+        got = {t.name: measure(t, args.streams, "flood", style, args.window_s, path=path) for t in order}
         for t in order:
             windows[t.name].append(got[t.name])
         ours, base = got[headroom.name], got[floor.name]
@@ -140,6 +142,7 @@ def pair_targets(
         "window_s": args.window_s,
         "streams": args.streams,
         "route": path,
+        "style": getattr(args, "style", "plain"),
         "chunks_per_s": {
             n: round(statistics.median(w["chunks_per_s"] for w in v)) for n, v in windows.items()
         },
@@ -258,6 +261,13 @@ def main() -> None:
         help="--versus-floor: headroom run --lake TMPDIR (Parquet through the spool) instead of --db",
     )
     parser.add_argument(
+        "--style",
+        choices=("plain", "vllm", "llamacpp"),
+        default="plain",
+        help="--versus-floor: the streams both arms get (llamacpp: llama.cpp's timings on the last "
+        "chunk, which the sidecar reads; default plain)",
+    )
+    parser.add_argument(
         "--versus-no-age",
         action="store_true",
         help="pair headroom with and without the in-flight age pass, both scraped every "
@@ -274,8 +284,8 @@ def main() -> None:
         parser.error(f"unknown target(s): {', '.join(sorted(unknown))} (known: headroom, direct)")
     if args.pairs < 1 or args.window_s <= 0:
         parser.error("--pairs must be at least 1 and --window-s positive")
-    if (args.route != "accounted" or args.lake) and not args.versus_floor:
-        parser.error("--route and --lake go with --versus-floor")
+    if (args.route != "accounted" or args.lake or args.style != "plain") and not args.versus_floor:
+        parser.error("--route, --lake and --style go with --versus-floor")
     port = free_port()
     upstream_process = start([PYTHON, "benchmarks/sse_upstream.py", str(port)], f"http://127.0.0.1:{port}/")
     upstream = f"http://127.0.0.1:{port}"

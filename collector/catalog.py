@@ -400,6 +400,15 @@ CATALOG: tuple[MetricSpec, ...] = (
         group="sidecar",
     ),
     MetricSpec(
+        "headroom_output_short_total",
+        "counter",
+        "Answered requests that asked for exactly max_tokens (ignore_eos, as load tools do) and got "
+        "fewer: a benchmark that did not measure what it sent.",
+        (),
+        "short",
+        group="sidecar",
+    ),
+    MetricSpec(
         "headroom_sidecar_hop_seconds",
         "histogram",
         "The sidecar's hop before the engine: admission to the request written upstream.",

@@ -129,6 +129,9 @@ class RequestRecord:
     # gap between two such reads (the stall a reader saw); None below two such reads
     ttst_s: float | None = None
     itl_max_s: float | None = None
+    # it asked for exactly max_tokens (`ignore_eos`, as load tools do) and got fewer; None: it did
+    # not ask, or was not answered
+    output_short: bool | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The record as {column: value} in column order, e.g. for the analysis or a test."""

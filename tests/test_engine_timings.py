@@ -133,3 +133,21 @@ def test_every_row_carries_the_engines_account_and_the_split_sums_to_ttft(tmp_pa
         metrics[("headroom_engine_queue_seconds_count", (("model", "m1"),))] == 3
     )  # two derived, one reported
     assert metrics[("headroom_sidecar_hop_seconds_count", ())] == 5
+
+
+def test_an_exact_length_asked_for_and_not_delivered_is_flagged(tmp_path):
+    """Load tools send `ignore_eos` with max_tokens to get exactly that many tokens: a row says
+    whether it got them (output_short), and headroom_output_short_total counts the short ones."""
+    asked = [(5, True, "3"), (3, True, "3"), (5, False, "3"), (5, True, "5")]
+    with sidecar_rig(tmp_path) as rig, httpx.Client(timeout=patient(10)) as client:
+        for max_tokens, ignore_eos, delivered in asked:
+            body = {**CHAT, "max_tokens": max_tokens} | ({"ignore_eos": True} if ignore_eos else {})
+            response = client.post(
+                rig.url + "/v1/chat/completions", json=body, headers={"x-fake-tokens": delivered}
+            )
+            assert response.status_code == 200
+        wait_until(lambda: len(rig.rows()) == len(asked), what="four rows")
+        rows = rig.rows()
+        metrics = rig.metrics()
+    assert [row["output_short"] for row in rows] == [True, False, None, False]
+    assert metrics[("headroom_output_short_total", ())] == 1

@@ -72,6 +72,7 @@ FULL = RequestRecord(
     sidecar_hop_s=0.0004,
     ttst_s=0.14,
     itl_max_s=0.09,
+    output_short=False,
 )
 
 

@@ -118,6 +118,7 @@ class TrackerMetrics:
             t.engine_decode,
             t.engine_prompt_tokens,
             t.hop_family,
+            t.short_family,
         )
 
     def text(self) -> str:

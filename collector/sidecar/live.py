@@ -82,6 +82,7 @@ class LiveRequest:
         "second_token_mono",
         "last_token_mono",
         "itl_max",
+        "ignore_eos",
     )
 
     def __init__(
@@ -105,6 +106,7 @@ class LiveRequest:
         telemetry: Telemetry | None = None,
         probe_step: ProbeStep | None = None,
         client_request_id: str | None = None,
+        ignore_eos: bool = False,
     ) -> None:
         self.request_id = request_id or f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
         self.client_request_id = client_request_id  # the client's X-Request-Id: a correlation id, no key
@@ -146,6 +148,7 @@ class LiveRequest:
         self.second_token_mono: float | None = None
         self.last_token_mono: float | None = None
         self.itl_max = 0.0  # the longest gap between two token-carrying reads
+        self.ignore_eos = ignore_eos  # it asked for exactly max_tokens (`ignore_eos`)
 
     @property
     def active_tokens(self) -> int:
@@ -233,7 +236,16 @@ def finished_record(
         sidecar_hop_s=hop,
         ttst_s=None if second is None else second - request.admitted_mono,
         itl_max_s=request.itl_max if second is not None else None,
+        output_short=_short(request, outcome, completion),
     )
+
+
+def _short(request: LiveRequest, outcome: str, completion: int) -> bool | None:
+    """Whether an answered request that asked for exactly max_tokens (`ignore_eos`) got fewer;
+    None where nothing exact was asked (a load tool's check that it measured what it sent)."""
+    if not request.ignore_eos or request.max_tokens is None or outcome != "ok":
+        return None
+    return completion < request.max_tokens
 
 
 def _engine_columns(

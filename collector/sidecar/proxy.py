@@ -180,6 +180,7 @@ class CompletionsProxy:
             telemetry=Telemetry.start(_header(scope, b"traceparent")) if self._tracing else None,
             probe_step=_probe_step(scope) if probe else None,
             client_request_id=client_request_id(scope),
+            ignore_eos=parsed.ignore_eos,
         )
         self._tracker.admit(request)
         if self._slo_headers != "ignore":

@@ -56,6 +56,7 @@ class ParsedRequest:
     prompt_tokens_estimate: int
     usage_injected: bool  # the proxy asked upstream for usage; strip it before the client sees it
     refusal: str | None = None  # why the proxy answers 400 itself instead of forwarding
+    ignore_eos: bool = False  # vLLM's and llama.cpp's `ignore_eos`: exactly max_tokens are asked for
 
 
 def _content_tokens(content: object) -> int:
@@ -144,7 +145,15 @@ def parse_request(body: bytes, endpoint: str = "/v1/chat/completions") -> Parsed
             spliced = splice_include_usage(body, options)
             injected = spliced is not None
             body = spliced if spliced is not None else body
-    return ParsedRequest(body, model, stream, _max_tokens(payload), _estimate_prompt(payload), injected)
+    return ParsedRequest(
+        body,
+        model,
+        stream,
+        _max_tokens(payload),
+        _estimate_prompt(payload),
+        injected,
+        ignore_eos=payload.get("ignore_eos") is True,
+    )
 
 
 def _refused(body: bytes, reason: str) -> ParsedRequest:

@@ -87,6 +87,8 @@ class Tracker:
         self.engine_prefill = HistogramVec(spec("headroom_engine_prefill_seconds"))
         self.engine_decode = HistogramVec(spec("headroom_engine_decode_seconds"))
         self.engine_prompt_tokens = CounterVec(spec("headroom_engine_prompt_tokens_total"))
+        self.short_family = CounterVec(spec("headroom_output_short_total"))
+        self.short = self.short_family.labels()
         self.hop_family = HistogramVec(spec("headroom_sidecar_hop_seconds"))
         self.hop = self.hop_family.labels()
         self.exported = TrackerMetrics(self)  # the /metrics side: collector.sidecar.exported
@@ -257,6 +259,8 @@ class Tracker:
         self.prompt_tokens.labels(model, tenant).inc(record.prompt_tokens or 0)
         self.generated_tokens.labels(model, tenant).inc(record.completion_tokens or 0)
         self.overhead.observe(request.overhead_s)
+        if record.output_short:
+            self.short.inc()
         source = request.source_label  # probe load is source="probe": the SLO rules leave it out
         if source is None:
             return  # probe load past the series budget: never exported as traffic

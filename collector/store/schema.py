@@ -61,7 +61,7 @@ COLUMN_NAMES: tuple[str, ...] = tuple(name for name, _ in COLUMNS)
 # (its X-Request-Id) and the failure class of an exchange that failed, version 10 the tokens the
 # active-token gauge held for the request (held_prompt_tokens, held_generated_tokens), version 11
 # goodput (the SLO bounds a request was judged by and its verdict), the engine's own timings, the
-# sidecar's hop, the time to the second token and the longest inter-token gap.
+# sidecar's hop, the time to the second token, the longest inter-token gap and output_short.
 _V11_COLUMNS = (
     "slo_ttft_s",
     "slo_tpot_s",
@@ -77,6 +77,7 @@ _V11_COLUMNS = (
     "sidecar_hop_s",
     "ttst_s",
     "itl_max_s",
+    "output_short",
 )
 _ADDED_AFTER_V5 = (
     "adapter",

@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS headroom_requests
     engine_generated Nullable(Int32),
     sidecar_hop_s Nullable(Float64),
     ttst_s Nullable(Float64),
-    itl_max_s Nullable(Float64)
+    itl_max_s Nullable(Float64),
+    output_short Nullable(Bool)
 )
 ENGINE = ReplacingMergeTree
 PARTITION BY toDate(admitted_at)
@@ -121,7 +122,9 @@ SELECT
     toInt32OrNull(LogAttributes['headroom.engine_generated']) AS engine_generated,
     toFloat64OrNull(LogAttributes['headroom.sidecar_hop_s']) AS sidecar_hop_s,
     toFloat64OrNull(LogAttributes['headroom.ttst_s']) AS ttst_s,
-    toFloat64OrNull(LogAttributes['headroom.itl_max_s']) AS itl_max_s
+    toFloat64OrNull(LogAttributes['headroom.itl_max_s']) AS itl_max_s,
+    multiIf(LogAttributes['headroom.output_short'] = 'true', true,
+            LogAttributes['headroom.output_short'] = 'false', false, NULL) AS output_short
 FROM otel_logs
 WHERE EventName = 'gen_ai.client.inference.operation.details'
   AND LogAttributes['headroom.request_id'] != '';
