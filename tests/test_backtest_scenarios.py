@@ -95,6 +95,40 @@ def test_kv_saturation_storm_and_metrics_down_each_raise_their_own_alert_in_time
     assert down.pages == [] and not storm.firing("HeadroomNearCapacityLimit")
 
 
+def test_overload_shed_at_the_door_burns_goodput_while_the_admitted_latency_stays_fine(backtest):
+    """An engine without a queue at 140 % of the knee refuses a third of the arrivals with 429; the
+    requests it admits keep their TTFT, so no latency SLI burns: goodput attainment does (the
+    issue's "shedding cannot make the SLO look better"), within 10 minutes of the overload."""
+    result = backtest("overload_shedding")
+    timeline = result.timeline
+    overload = [
+        r
+        for r in simulate(SCENARIOS["overload_shedding"]).records
+        if 30 * MIN <= r.admitted - timeline.start < 75 * MIN
+    ]
+    shed = sum(r.outcome == "rate_limited" for r in overload) / len(overload)
+    ttfts = sorted(r.ttft_s for r in overload if r.ttft_s is not None)
+    assert shed > 0.25 and ttfts[int(0.95 * len(ttfts))] < 0.5 and ttfts[-1] < DEFAULT.ttft_slo_seconds
+    assert timeline.first_breach is not None and timeline.first_breach.kind == "availability"
+    assert 30 * MIN < _first_firing(timeline, "HeadroomGoodputBudgetBurnFast") <= 40 * MIN, render_text(
+        result
+    )
+    for quiet in ("HeadroomTTFTBudgetBurnFast", "HeadroomTTFTBudgetBurnSlow", "HeadroomTTFTRising"):
+        assert not timeline.firing(quiet), render_text(result)
+    assert timeline.false_pages == [] and timeline.false_warnings == [], render_text(result)
+
+
+@pytest.mark.parametrize("name", scenario_names())
+def test_the_goodput_burn_fires_only_inside_a_problem(backtest, name):
+    """No scenario gets a false page or ticket from goodput; where nothing hurts users, it is silent."""
+    result = backtest(name)
+    timeline = result.timeline
+    goodput = [s for s in timeline.fired if s.name.startswith("HeadroomGoodputBudgetBurn")]
+    assert all(s.earned for s in goodput), render_text(result)
+    if name in ("steady", "engine_metrics_down", "log_sink_outage", "night_trickle", "daily_spike"):
+        assert goodput == [], render_text(result)
+
+
 def test_the_composite_fires_only_where_a_latency_and_a_saturation_signal_coincide(backtest):
     fired = 0
     for name in (

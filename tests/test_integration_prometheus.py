@@ -247,7 +247,12 @@ def stack(tmp_path):
         sim = serve_in_thread(
             create_sim_app(
                 SimConfig(
-                    model=MODEL, max_num_seqs=KNEE_REQUESTS, max_waiting=8, speed=4.0, stream_interval=4
+                    model=MODEL,
+                    max_num_seqs=KNEE_REQUESTS,
+                    max_waiting=8,
+                    speed=4.0,
+                    stream_interval=4,
+                    per_request_metrics=True,  # vLLM's per-request timings: the split and V_P panels
                 )
             )
         )
@@ -277,6 +282,7 @@ def stack(tmp_path):
                     recommended_pool=3,
                     estimated_at=time.time(),
                     rate_requests_per_s=10.0,  # μ_slo: the rate panel's and the KEDA rate trigger's
+                    prefill_tokens_per_s=4000.0,  # the probe's V_P, beside the passive one
                 )
             ]
         )

@@ -120,7 +120,8 @@ def test_an_empty_cluster_label_keeps_every_rule_and_panel_of_the_single_cluster
     class record and its tests are added. The $model and $tenant variables skip the placeholder
     series' empty values (#40), a change single-cluster users get too, as is the token knee's p95
     line beside its mean in the concurrency panel and the glance stat of live tokens over that
-    p95 (docs/domain.md §12).
+    p95 (docs/domain.md §12). Goodput added its records (attainment, token goodput, the engine's
+    V_P and prefix-cache hit rate), its burn alerts, their tests and its panels.
     """
     generated = alert_files(ONE_CLUSTER) | dashboard_files(ONE_CLUSTER)
     added = set()
@@ -129,7 +130,8 @@ def test_an_empty_cluster_label_keeps_every_rule_and_panel_of_the_single_cluster
         changed = [key for key in before if before[key] != now.get(key)]
         assert changed == [], f"{path.name}: {changed}"
         added |= {f"{path.name}: {key}" for key in set(now) - set(before)}
-    assert all(any(w in key.lower() for w in ("fleet", "replica", "lake")) for key in added), sorted(added)
+    new = ("fleet", "replica", "lake", "goodput", "prefill", "prompt_cache", "ttft went")
+    assert all(any(w in key.lower() for w in new) for key in added), sorted(added)
     assert any("HeadroomFleetHeadroomLow" in key for key in added)
 
 

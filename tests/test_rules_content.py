@@ -82,7 +82,7 @@ def test_every_alert_has_severity_summary_templated_description_and_runbook_anch
     runbooks = (ROOT / "docs" / "runbooks.md").read_text()
     anchors = {heading.strip().lower() for heading in re.findall(r"^## (.+)$", runbooks, re.M)}
     rules = _alert_rules()
-    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 33
+    assert len(rules) == len(alerts(DEFAULT)) == len(DEFAULT.for_durations) == 35
     assert DEFAULT.runbook_base_url.startswith("https://"), "runbook links must work from Slack and PagerDuty"
     for rule in rules:
         assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
@@ -120,6 +120,7 @@ PAGES = {
     "HeadroomAvailabilityBudgetBurnFast",
     "HeadroomTTFTBudgetBurnFast",
     "HeadroomE2EBudgetBurnFast",
+    "HeadroomGoodputBudgetBurnFast",
     "HeadroomKVCacheExhausted",
     "HeadroomCapacityForecast",
     "HeadroomNearCapacityLimit",
@@ -161,6 +162,25 @@ def test_availability_counts_every_answered_request_and_burn_rates_need_traffic(
         if "BudgetBurn" in rule["alert"]:
             guard = DEFAULT.slo_min_requests * (1 if rule["alert"].endswith("Fast") else 72)
             assert "increase(" in rule["expr"] and rule["expr"].endswith(f">= {guard}"), rule["alert"]
+
+
+def test_goodput_attainment_counts_shed_requests_against_it_and_leaves_out_only_invalid():
+    """Attainment = met / every verdict but invalid: a shed (429, 503), aborted or failed request is
+    in the denominator, so shedding lowers it; a model with nothing met reads 0, not no series."""
+    records = {r["record"]: r["expr"] for g in _groups(RECORDING_FILE) for r in g["rules"]}
+    for window in ("5m", "30m", "1h", "6h", "3d"):
+        attainment = records[f"model:headroom_goodput:ratio_rate{window}"]
+        assert 'headroom_slo_requests_total{verdict="met"}' in attainment
+        assert attainment.endswith(
+            f'/ sum by (cluster, model) (rate(headroom_slo_requests_total{{verdict!="invalid"}}[{window}]))'
+        )
+        assert "* 0" in attainment, "nothing met must read 0, not silence the burn"
+    by_name = {rule["alert"]: rule for rule in _alert_rules()}
+    fast = by_name["HeadroomGoodputBudgetBurnFast"]["expr"]
+    assert "1 - model:headroom_goodput:ratio_rate1h > 0.144" in fast
+    assert "1 - model:headroom_goodput:ratio_rate30m > 0.06" in fast
+    assert by_name["HeadroomGoodputBudgetBurnFast"]["labels"]["family"] == "goodput_slo"
+    assert INCIDENT_PAGES[-1] == "HeadroomGoodputBudgetBurnFast", "every other page of the incident mutes it"
 
 
 def test_latency_per_replica_and_a_vanished_job_are_watched():

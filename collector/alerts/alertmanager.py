@@ -8,8 +8,8 @@ notification instead of paging again. Its notifications carry the group key, and
 its incidents on it (Alertmanager's PagerDuty integration uses it as the dedup_key, Opsgenie as the
 alias) holds the whole incident as one page, whatever order its alerts fire in. Inhibition keeps
 what the page says short: the pages of a capacity incident usually come in a known order
-(INCIDENT_PAGES: the forecast, the composite, the KV cache, then the SLO burns), and each mutes
-those after it for the same model; a critical alert mutes the warning of its `family` (the
+(INCIDENT_PAGES: the forecast, the composite, the KV cache, then the SLO burns, goodput last), and
+each mutes those after it for the same model; a critical alert mutes the warning of its `family` (the
 forecast mutes "rising", KV cache exhausted mutes nearly full, a fast burn mutes the slow one), and
 the any-two composite mutes the signals it counts. `headroom alerts backtest` counts the
 notifications and the page incidents this produces (collector.backtest.notifications simulates
@@ -37,7 +37,8 @@ __all__ = [
 # The pages one capacity incident on a model raises, in the order they come on a ramp (the
 # backtest's `ramp`: forecast, composite, TTFT burn, e2e burn, availability burn): each mutes
 # every one after it for the same model and cluster, so the incident pages once. The first is
-# the earliest warning of the cause; the later ones are its symptoms.
+# the earliest warning of the cause; the later ones are its symptoms. The goodput burn comes last:
+# it judges every request against every bound, so any other page's incident burns it too.
 INCIDENT_PAGES = (
     "HeadroomCapacityForecast",
     "HeadroomNearCapacityLimit",
@@ -45,6 +46,7 @@ INCIDENT_PAGES = (
     "HeadroomTTFTBudgetBurnFast",
     "HeadroomE2EBudgetBurnFast",
     "HeadroomAvailabilityBudgetBurnFast",
+    "HeadroomGoodputBudgetBurnFast",
 )
 # Labels both routes group by (the cluster label goes before them): one incident, one group.
 GROUP_BY = ("model",)

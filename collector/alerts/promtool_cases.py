@@ -635,6 +635,89 @@ def _slo_cases(c: RulesConfig) -> list[Case]:
     return found
 
 
+_VERDICT = 'headroom_slo_requests_total{instance="a",model="%s",tenant="t",verdict="%s"}'
+
+
+def _verdicts(model: str, **per_minute: float) -> dict[str, str]:
+    """Goodput counters: requests a minute per verdict (met=66, shed=34, ...)."""
+    return {_VERDICT % (model, verdict): f"0+{count:g}x{_N}" for verdict, count in per_minute.items()}
+
+
+def _shedding(model: str, met: float, shed: float) -> dict[str, str]:
+    """An engine refusing `shed` requests a minute with 503 while the `met` it admits all meet the SLO."""
+    return _verdicts(model, met=met, shed=shed) | {
+        _REQUESTS % (model, "ok"): f"0+{met:g}x{_N}",
+        _REQUESTS % (model, "overloaded"): f"0+{shed:g}x{_N}",
+    }
+
+
+def _first_tokens_within(target_s: float, model: str, count: float) -> dict[str, str]:
+    """`count` first tokens a minute, every one inside the TTFT target (as the sidecar exports them)."""
+    bucket = f'headroom_time_to_first_token_seconds_bucket{{instance="a",model="{model}",le="{le_label(target_s)}"}}'
+    return {bucket: f"0+{count:g}x{_N}", _TTFT_COUNT % ("a", model): f"0+{count:g}x{_N}"}
+
+
+def _goodput_cases(c: RulesConfig) -> list[Case]:
+    """Attainment = met / every verdict but invalid: shedding burns it while the admitted requests'
+    latency stays inside the SLO, and the TTFT burn (which never sees a shed request) stays quiet."""
+    found, fast, slow = [], "HeadroomGoodputBudgetBurnFast", "HeadroomGoodputBudgetBurnSlow"
+    classes = slo_classes(c, "goodput")
+    for index, slo_class in enumerate(classes):
+        model = "m" if slo_class.name == "default" else slo_class.name
+        found.append(
+            Case(
+                f"the engine sheds a third of the {slo_class.name} class's requests, latency fine: pages",
+                fast,
+                _shedding(model, 66, 34),
+                fires(c, fast, (1, 2), {"model": model} | slo_class.labels(classes), "34%"),
+                rule=index,
+            )
+        )
+    budget = classes[0].slo.budget("goodput")
+    slow_misses = round(2 * budget, 9)
+    return found + [
+        Case(
+            "goodput burning on a third shed, the admitted requests' TTFT fine: the TTFT SLI never sees a shed",
+            "HeadroomTTFTBudgetBurnFast",
+            _shedding("m", 66, 34) | _first_tokens_within(c.ttft_slo_seconds, "m", 66),
+            quiet("30m"),
+        ),
+        Case("every request met its SLO: full attainment", fast, _verdicts("m", met=100), quiet("30m")),
+        Case(
+            "the client's own 4xx (invalid) are left out of attainment",
+            fast,
+            _verdicts("m", met=50, invalid=50),
+            quiet("30m"),
+        ),
+        Case(
+            "misses at five times the budget burn only slowly: no page",
+            fast,
+            _verdicts("m", met=1000 * (1 - 5 * budget), missed=1000 * 5 * budget),
+            quiet("30m"),
+        ),
+        Case(
+            "half shed, but only a request a minute: no page",
+            fast,
+            _verdicts("m", met=0.5, shed=0.5),
+            quiet("30m"),
+        ),
+        Case(
+            "twice the budget missed over the windows opens a ticket",
+            slow,
+            _verdicts("m", met=1000 * (1 - slow_misses), missed=1000 * slow_misses),
+            fires(
+                c, slow, (1, 2), {"model": "m"} | classes[0].labels(classes), humanize_percentage(slow_misses)
+            ),
+        ),
+        Case(
+            "half the budget is inside it",
+            slow,
+            _verdicts("m", met=1000 * (1 - budget / 2), aborted=1000 * budget / 2),
+            quiet("30m"),
+        ),
+    ]
+
+
 def _pipeline_cases(c: RulesConfig) -> list[Case]:
     up = f'up{{job="{c.sidecar_job}",instance="a"}}'
     dropped = 'headroom_log_rows_dropped_total{instance="a",reason="queue_full"}'
@@ -858,6 +941,7 @@ def cases(c: RulesConfig) -> list[Case]:
         + _cluster_cases(c)
         + _composite_cases(c)
         + _slo_cases(c)
+        + _goodput_cases(c)
         + _pipeline_cases(c)
         + _integrity_cases(c)
         + _adapter_cases(c)

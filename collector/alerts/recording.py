@@ -19,6 +19,8 @@ Two designs worth knowing:
 - **SLOs per model.** Each distinct target is its own expression, selected by a `model` matcher
   (collector.alerts.slo_classes) and `or`ed into the one rule of its record name (promtool
   lints duplicate record names); without per-model SLOs there is one expression.
+- **Goodput** (collector.alerts.goodput_records): met requests per second, attainment over the
+  SLO windows, token goodput, and the engine's own prefill rate and prefix-cache hit rate.
 - **Clients only, where users' experience is judged.** The SLO miss ratios, the latency
   quantiles and the refusal ratios read `source!="probe"`: `headroom probe` runs past the knee
   on purpose, and its requests must not burn the budget or raise a latency signal. Request and
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from collector.alerts.goodput_records import goodput_rules
 from collector.alerts.integrity_alerts import trusted
 from collector.alerts.slo_classes import CLIENT_TRAFFIC, selector, slo_classes
 from collector.rules.cluster import keep_cluster
@@ -315,5 +318,6 @@ def _groups(config: RulesConfig) -> list[dict[str, Any]]:
         {"name": "headroom-recording-traffic", "rules": _traffic_rules(w)},
         {"name": "headroom-recording-latency", "rules": _latency_rules(w)},
         {"name": "headroom-recording-slo", "rules": _slo_rules(config)},
+        {"name": "headroom-recording-goodput", "rules": goodput_rules()},
         {"name": "headroom-recording-engine", "rules": _engine_rules()},
     ]

@@ -12,6 +12,12 @@ Concurrency: tenants of 3 and 5 requests -> 8 in flight; a knee of 10 (task clas
 Replica classes: one model on an h100 sidecar (knee 16) and an l40s one (knee 8), 8 in flight on
   each -> ratios 0.5 and 1.0; a third sidecar of class a10g, which has no knee of its own, is judged
   against the model's default class knee (10) -> 0.8.
+Goodput: sidecar a (class h100) judges per minute 60 met, 10 missed, 20 shed, 10 error, 20 invalid;
+  sidecar b (no class: "default") 30 met, 20 missed -> goodput 1.5 requests/s (h100 1, default 0.5),
+  attainment 90 / 150 = 0.6 (invalid left out); model n only shed -> goodput 0 and attainment 0 (not
+  no series). Good tokens 600 of 1200 generated a minute -> 10 tokens/s, 50 %. The engine computed
+  3000 prompt tokens a minute in 6 s of prefill -> V_P 500 tokens/s; it read 1000 from its prefix
+  cache -> hit rate 1000 / 4000 = 0.25.
 """
 
 from __future__ import annotations
@@ -103,7 +109,57 @@ def recording_test_groups(config: RulesConfig) -> list[dict[str, Any]]:
         _fleet_group(),
         _replica_classes_group(),
     ]
+    groups.append(_goodput_group())
     return groups + ([_two_clusters(config.cluster_by)] if config.cluster_by else [])
+
+
+def _goodput_group() -> dict[str, Any]:
+    """Goodput on two sidecars (see the module docstring) and a model nothing of which met the SLO."""
+    verdict = 'headroom_slo_requests_total{instance="%s",model="%s",tenant="t",verdict="%s"}'
+    engine = '{instance="a",model="m"%s}'
+    series = [
+        _series(verdict % (instance, model, name), f"0+{count}x10")
+        for instance, model, name, count in (
+            ("a", "m", "met", 60),
+            ("a", "m", "missed", 10),
+            ("a", "m", "shed", 20),
+            ("a", "m", "error", 10),
+            ("a", "m", "invalid", 20),
+            ("b", "m", "met", 30),
+            ("b", "m", "missed", 20),
+            ("a", "n", "shed", 10),
+        )
+    ]
+    series += [
+        _series('headroom_replica_info{instance="a",replica_class="h100"}', "1+0x10"),
+        _series('headroom_inflight_requests{instance="b",model="m",tenant="t"}', "1+0x10"),
+        _series('headroom_slo_good_tokens_total{instance="a",model="m",tenant="t"}', "0+600x10"),
+        _series('headroom_generated_tokens_total{instance="a",model="m",tenant="t"}', "0+1200x10"),
+        _series("headroom_engine_prompt_tokens_total" + engine % ',cache="computed"', "0+3000x10"),
+        _series("headroom_engine_prompt_tokens_total" + engine % ',cache="cached"', "0+1000x10"),
+        _series("headroom_engine_prefill_seconds_sum" + engine % "", "0+6x10"),
+    ]
+    n = {"model": "n"}
+    return {
+        "name": "goodput records: met req/s, attainment, token goodput, V_P and the prefix cache's hit rate",
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            _expect(R.GOODPUT_RATE, (_M, 1.5), (n, 0)),
+            _expect(
+                R.GOODPUT_RATE_CLASS,
+                (_M | {"replica_class": "h100"}, 1),
+                (_M | {"replica_class": "default"}, 0.5),
+                (n | {"replica_class": "h100"}, 0),
+            ),
+            _expect(R.attainment("5m"), (_M, 0.6), (n, 0)),
+            _expect(R.attainment("1h"), (_M, 0.6), (n, 0)),
+            _expect(R.GOOD_TOKENS_RATE, (_M, 10)),
+            _expect(R.GOOD_TOKENS_RATIO, (_M, 0.5)),
+            _expect(R.PREFILL_RATE_CLASS, (_M | {"replica_class": "h100"}, 500)),
+            _expect(R.PROMPT_CACHE_HIT_RATIO, (_M, 0.25)),
+        ],
+    }
 
 
 def _fleet_group() -> dict[str, Any]:

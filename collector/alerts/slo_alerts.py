@@ -1,16 +1,21 @@
-"""Multi-window, multi-burn-rate SLO alerts (Google SRE Workbook, "Alerting on SLOs") for three SLIs.
+"""Multi-window, multi-burn-rate SLO alerts (Google SRE Workbook, "Alerting on SLOs") for four SLIs.
 
     availability  answered requests that failed: 429/503 load shedding, 5xx, resets, timeouts, the
                   sidecar's own 502s; an engine outage pages here, as no TTFT is ever observed
     ttft          streamed requests slower than the TTFT target
     e2e           ok requests slower end to end than the e2e target (non-streamed traffic has no TTFT)
+    goodput       requests that did not meet their whole SLO (collector.goodput: a latency bound
+                  missed, shed, aborted or failed; the client's own 4xx left out): shed load
+                  counts against it, so refusing requests cannot make the latency look better
 
 Fast burn pages: 14.4x the budget over 1 h and 5 m, or 6x over 6 h and 30 m, and only with at
 least `slo_min_requests` requests in the last 5 minutes (at night one slow request in six is a
 16.7 % miss ratio and no evidence). Slow burn opens a ticket: 1x over 3 d and 6 h, with as many
 requests per 5 minutes on average over the 6 h. One rule per SLO class
 (collector.alerts.slo_classes), each with its own budget. Every SLI counts clients' requests
-only: `headroom probe`'s load is labelled source="probe" and left out (slo_classes.CLIENT_TRAFFIC).
+only: `headroom probe`'s load is labelled source="probe" and left out (slo_classes.CLIENT_TRAFFIC;
+the goodput counter counts clients' requests alone). Goodput burns read its attainment records
+(R.attainment): the miss share is `1 - attainment`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ _TITLES = {
     "availability": ("Availability", "failed"),
     "ttft": ("TTFT", "missed the {target} TTFT SLO"),
     "e2e": ("E2E", "missed the {target} end-to-end SLO"),
+    "goodput": ("Goodput", "missed their SLO (latency, or shed, aborted or failed)"),
 }
+_GOODPUT_JUDGED = 'verdict!="invalid"'  # attainment's denominator: every verdict but the client's 4xx
 
 
 def _indent(text: str) -> str:
@@ -39,6 +46,9 @@ def _indent(text: str) -> str:
 def requests_in(kind: str, matcher: str = "", window: str = "5m", by: str = "model") -> str:
     """Clients' requests counted by `kind`'s SLI over `window`: the minimum-traffic guard's left side
     (probe load is no evidence about what users get)."""
+    if kind == "goodput":  # clients' requests only by construction: the counter has no probe load
+        name = sample("headroom_slo_requests_total")
+        return f"sum by ({by}) (increase({name}{selector(matcher, _GOODPUT_JUDGED)}[{window}]))"
     if kind == "availability":
         name, extra = sample("headroom_requests_total"), 'outcome!="client_cancelled"'
     elif kind == "ttft":
@@ -54,12 +64,16 @@ def _per_5m(window: str) -> int:
     return int(window[:-1]) * units[window[-1]] // 5
 
 
+def _misses(kind: str, window: str, matcher: str) -> str:
+    """The miss ratio of `kind` over `window`: its record, or 1 - attainment for goodput."""
+    if kind == "goodput":
+        return f"1 - {R.attainment(window)}{selector(matcher)}"
+    return f"{R.slo_misses(window, kind)}{selector(matcher)}"
+
+
 def _burn(kind: str, matcher: str, long: str, short: str, factor: float, budget: float) -> str:
     limit = number(factor * budget)
-    return (
-        f"{R.slo_misses(long, kind)}{selector(matcher)} > {limit}\n"
-        f"and {R.slo_misses(short, kind)}{selector(matcher)} > {limit}"
-    )
+    return f"{_misses(kind, long, matcher)} > {limit}\nand {_misses(kind, short, matcher)} > {limit}"
 
 
 def _what(kind: str, slo_class: SloClass) -> str:
@@ -114,9 +128,9 @@ def latency_matcher(c: RulesConfig) -> str:
 
 
 def slo_alerts(c: RulesConfig) -> list[Alert]:
-    """Fast and slow burn for each SLI and SLO class, availability first."""
+    """Fast and slow burn for each SLI and SLO class, availability first, goodput last."""
     found = []
-    for kind in ("availability", "ttft", "e2e"):
+    for kind in ("availability", "ttft", "e2e", "goodput"):
         classes = slo_classes(c, kind)
         found += [alert for slo_class in classes for alert in _pair(kind, slo_class, classes, c)]
     return found

@@ -43,8 +43,9 @@ class SloClass:
 
 
 def target_seconds(slo: Slo, kind: str) -> float | None:
-    """The latency target of `kind` (None: off); availability has none but is always on (0.0)."""
-    return {"ttft": slo.ttft_seconds, "e2e": slo.e2e_seconds, "availability": 0.0}[kind]
+    """The latency target of `kind` (None: off); availability and goodput have none in the rules
+    (the sidecar judges each request's bounds for goodput) but are always on (0.0)."""
+    return {"ttft": slo.ttft_seconds, "e2e": slo.e2e_seconds, "availability": 0.0, "goodput": 0.0}[kind]
 
 
 def _quoted(text: str) -> str:
@@ -57,7 +58,8 @@ def model_alternatives(models: list[str]) -> str:
 
 
 def slo_classes(config: RulesConfig, kind: str) -> list[SloClass]:
-    """The classes of `kind` (ttft, e2e, availability): the default first, then each configured model."""
+    """The classes of `kind` (ttft, e2e, availability, goodput): the default first, then each
+    configured model."""
     explicit = sorted(config.model_slos)
     classes = []
     default = target_seconds(config.default_slo, kind)

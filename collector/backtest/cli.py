@@ -50,6 +50,7 @@ def _scenarios(names: tuple[str, ...], run_all: bool) -> list[Scenario]:
 def _replay(config: RulesConfig, workdir: Path, settings: BacktestSettings) -> BacktestResult:
     """The backtest of the request log `settings` names (--db or --lake), replayed."""
     # lazy: DuckDB and the replay code only load when a log is replayed
+    from collector.backtest.exposition import goodput_slo
     from collector.backtest.replay import (
         ReplayError,
         from_db,
@@ -76,7 +77,7 @@ def _replay(config: RulesConfig, workdir: Path, settings: BacktestSettings) -> B
     except ReplayError as exc:
         raise click.ClickException(str(exc)) from None
     rules = generated_rules(config)
-    series = replay_series(log, config.sidecar_job, scrape_s)
+    series = replay_series(log, config.sidecar_job, scrape_s, goodput_slo(config))
     result = run_series(
         "replay",
         f"{log.source}, {len(log.records)} requests",

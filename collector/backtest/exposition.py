@@ -6,7 +6,12 @@ far, growing linearly from the first token to completion, prompt only when not s
 tracker counts them), also per task class; requests, prompt and generated tokens by outcome; the TTFT, TPOT and
 duration histograms, observed when a request completes (as the tracker does); and for requests
 that named a LoRA adapter, the in-flight requests per adapter and the distinct adapters in flight
-per base model (collector.sidecar.adapters: from the live set, queued and running). Label sets appear
+per base model (collector.sidecar.adapters: from the live set, queued and running). Goodput as the
+sidecar counts it: each finished request's verdict (collector.goodput.verdict, from its outcome and
+latencies) per tenant and per task class, and the generated tokens of the met ones; the SLO it is
+judged by is the rules' (`goodput_slo`: the model's TTFT and e2e targets, no TPOT bound, as
+`headroom run --goodput-tpot 0` with those targets), so attainment and the latency SLIs agree on
+every request. Label sets appear
 with their first request and stay, like prometheus_client's. A record with a cluster is exported
 with the label `cluster` (its target is job, cluster and instance); without one, job and instance.
 
@@ -25,9 +30,14 @@ from collections.abc import Callable, Iterable
 from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesKey, SeriesSet
 from collector.catalog import spec
+from collector.goodput import RequestSlo, verdict
+from collector.rules.config import DEFAULT, RulesConfig
 from collector.rules.naming import le_label
 
-__all__ = ["scrape_times", "sidecar_series", "target_labels", "HISTOGRAMS"]
+__all__ = ["scrape_times", "sidecar_series", "target_labels", "goodput_slo", "HISTOGRAMS", "GoodputSlo"]
+
+# model -> the SLO its requests are judged by for goodput
+GoodputSlo = Callable[[str], RequestSlo]
 
 # histogram -> the record's observed value (None: not observed, e.g. no TTFT without a stream)
 HISTOGRAMS: dict[str, Callable[[Lifecycle], float | None]] = {
@@ -41,6 +51,22 @@ def scrape_times(start: float, end: float, interval_s: float) -> list[float]:
     """start, start + interval, ... up to and including end: scrape_times(0, 30, 15) -> [0, 15, 30]."""
     count = int((end - start) / interval_s + 1e-9)
     return [start + i * interval_s for i in range(count + 1)]
+
+
+def goodput_slo(config: RulesConfig = DEFAULT) -> GoodputSlo:
+    """The SLO a backtest's sidecars judge goodput by: the rules' TTFT and e2e targets of each model.
+
+    No TPOT bound: the rules have no TPOT SLO, and the backtest engine's 70B roofline decodes at
+    about 0.1 s a token, on the sidecar's default 100 ms bound.
+
+        goodput_slo()("llama-70b") -> RequestSlo(ttft_s=2.0, tpot_s=None, e2e_s=60.0)
+    """
+
+    def of(model: str) -> RequestSlo:
+        slo = config.slo_for(model)
+        return RequestSlo(ttft_s=slo.ttft_seconds, e2e_s=slo.e2e_seconds)
+
+    return of
 
 
 def target_labels(job: str, instance: str, cluster: str = "") -> dict[str, str]:
@@ -94,8 +120,8 @@ class _Histogram:
 class _SidecarState:
     """One sidecar's counters, histograms and label sets, advanced request by request."""
 
-    def __init__(self, target: dict[str, str]) -> None:
-        self.target = target
+    def __init__(self, target: dict[str, str], slo_of: GoodputSlo) -> None:
+        self.target, self.slo_of = target, slo_of
         self.counters: dict[SeriesKey, float] = {}
         self.histograms: dict[tuple[str, str, str], _Histogram] = {}
         self.gauge_keys: dict[tuple[str, str], tuple[SeriesKey, SeriesKey]] = {}
@@ -131,6 +157,7 @@ class _SidecarState:
         self._count("headroom_requests_total", per_request | {"outcome": record.outcome or "ok"}, 1)
         self._count("headroom_prompt_tokens_total", per_request, record.prompt_tokens)
         self._count("headroom_generated_tokens_total", per_request, record.completion_tokens)
+        self._judge(record, per_request)
         for name, value_of in HISTOGRAMS.items():
             value = value_of(record)
             if value is None:
@@ -141,6 +168,22 @@ class _SidecarState:
                 labels = self.target | {"model": record.model} | ({"outcome": extra} if extra else {})
                 histogram = self.histograms[(name, record.model, extra)] = _Histogram(name, labels)
             histogram.observe(value)
+
+    def _judge(self, record: Lifecycle, per_request: dict[str, str]) -> None:
+        """Goodput: the request's verdict per tenant and task class, its tokens when met."""
+        judged = verdict(
+            record.outcome or "ok",
+            record.stream,
+            ttft_s=record.ttft_s,
+            tpot_s=record.tpot_s,
+            e2e_s=record.e2e_s,
+            slo=self.slo_of(record.model),
+        )
+        per_task = self.target | {"model": record.model, "task_class": record.task_class}
+        self._count("headroom_slo_requests_total", per_request | {"verdict": judged}, 1)
+        self._count("headroom_task_slo_requests_total", per_task | {"verdict": judged}, 1)
+        if judged == "met":
+            self._count("headroom_slo_good_tokens_total", per_request, record.completion_tokens)
 
     def _count(self, name: str, labels: dict[str, str], amount: float) -> None:
         key = _key(name, labels)
@@ -185,13 +228,13 @@ class _SidecarState:
 
 
 def _instance_series(
-    records: list[Lifecycle], times: list[float], target: dict[str, str], out: SeriesSet
+    records: list[Lifecycle], times: list[float], target: dict[str, str], out: SeriesSet, slo_of: GoodputSlo
 ) -> None:
     admitted = sorted(records, key=lambda r: r.admitted)
     finished = sorted(
         ((r.completed, r) for r in records if r.completed is not None), key=lambda pair: pair[0]
     )
-    state, live = _SidecarState(target), dict[str, Lifecycle]()
+    state, live = _SidecarState(target, slo_of), dict[str, Lifecycle]()
     next_admit = next_finish = 0
     up_key = _key("up", target)
     for t in times:
@@ -215,14 +258,18 @@ def sidecar_series(
     job: str,
     out: SeriesSet,
     targets: Iterable[tuple[str, str]] = (),
+    slo_of: GoodputSlo | None = None,
 ) -> None:
     """Add every sidecar's request series (and `up`) to `out`.
 
     One sidecar per (cluster, instance) of the records, and one per pair of `targets` even without
-    records ("" as the cluster: no cluster label).
+    records ("" as the cluster: no cluster label). `slo_of` judges goodput (default: the default
+    rules' SLO, `goodput_slo()`).
     """
+    judge = slo_of or goodput_slo()
     by_target: dict[tuple[str, str], list[Lifecycle]] = {target: [] for target in targets}
     for record in records:
         by_target.setdefault((record.cluster, record.instance), []).append(record)
     for cluster, instance in sorted(by_target):
-        _instance_series(by_target[(cluster, instance)], times, target_labels(job, instance, cluster), out)
+        target = target_labels(job, instance, cluster)
+        _instance_series(by_target[(cluster, instance)], times, target, out, judge)

@@ -24,7 +24,7 @@ from typing import Any
 
 import duckdb
 
-from collector.backtest.exposition import scrape_times, sidecar_series
+from collector.backtest.exposition import GoodputSlo, scrape_times, sidecar_series
 from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesSet
 from collector.capacity import CapacityEstimate
@@ -220,11 +220,14 @@ def stretched(log: ReplayLog, time_scale: float) -> ReplayLog:
     return replace(log, records=records, end=end, notes=log.notes + [f"times stretched {time_scale:g}x"])
 
 
-def replay_series(log: ReplayLog, job: str, scrape_interval_s: float) -> SeriesSet:
-    """The series the log's sidecars exported, plus the published knees, at the scrape interval."""
+def replay_series(
+    log: ReplayLog, job: str, scrape_interval_s: float, slo_of: GoodputSlo | None = None
+) -> SeriesSet:
+    """The series the log's sidecars exported, plus the published knees, at the scrape interval;
+    goodput judged by `slo_of` (exposition.goodput_slo of the rules config, by default the default's)."""
     times = scrape_times(log.start, log.end, scrape_interval_s)
     out = SeriesSet()
-    sidecar_series(log.records, times, job, out)
+    sidecar_series(log.records, times, job, out, slo_of=slo_of)
     instances = sorted({r.instance for r in log.records})
     names = {
         "knee_requests": "headroom_capacity_knee_requests",

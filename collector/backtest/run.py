@@ -19,7 +19,7 @@ from collector.alerts.alerting import alerting_groups
 from collector.alerts.alertmanager import PRODUCTION_RECEIVERS, alertmanager_config
 from collector.alerts.recording import recording_groups
 from collector.backtest.evaluate import RuleSet, evaluate
-from collector.backtest.exposition import scrape_times
+from collector.backtest.exposition import goodput_slo, scrape_times
 from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.notifications import Notification, notify
 from collector.backtest.openmetrics import SeriesSet
@@ -150,7 +150,7 @@ def run_scenario(
     began = time.perf_counter()
     result = simulate(scenario)
     simulated = time.perf_counter()
-    series = scenario_series(result, config.sidecar_job)
+    series = scenario_series(result, config.sidecar_job, goodput_slo(config))
     exported = time.perf_counter()
     backtest = run_series(
         scenario.name,

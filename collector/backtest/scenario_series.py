@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from collector.backtest.exposition import scrape_times, sidecar_series, target_labels
+from collector.backtest.exposition import GoodputSlo, scrape_times, sidecar_series, target_labels
 from collector.backtest.lifecycle import Lifecycle
 from collector.backtest.openmetrics import SeriesKey, SeriesSet
 from collector.backtest.scenario import Replica, Scenario
@@ -165,12 +165,14 @@ def _scrape_faults(out: SeriesSet, scenario: Scenario, epoch: float) -> None:
     out.transform(change)
 
 
-def scenario_series(result: SimulationResult, job: str) -> SeriesSet:
-    """Every series the scenario's sidecars would have exported to Prometheus job `job`."""
+def scenario_series(result: SimulationResult, job: str, slo_of: GoodputSlo | None = None) -> SeriesSet:
+    """Every series the scenario's sidecars would have exported to Prometheus job `job`; `slo_of`
+    judges goodput (exposition.goodput_slo of the rules config; default: the default rules')."""
     scenario, epoch = result.scenario, result.epoch
     times = scrape_times(epoch, result.end, scenario.scrape_interval_s)
     out = SeriesSet()
-    sidecar_series(result.records, times, job, out, [(r.cluster, r.instance) for r in scenario.replicas])
+    targets = [(r.cluster, r.instance) for r in scenario.replicas]
+    sidecar_series(result.records, times, job, out, targets, slo_of)
     for replica in scenario.replicas:
         target = target_labels(job, replica.instance, replica.cluster)
         records = [

@@ -53,6 +53,9 @@ _TWO_CLUSTERS = (
     Replica("replica-0", cluster="a", load=_RAMP),
     Replica("replica-0", cluster="b", load=constant(0.5)),
 )
+# No queue (max_waiting 0): the engine admits only what its batch has room for and answers the rest
+# 429 at once, so overload is shed at the door and the admitted requests keep their TTFT.
+_NO_QUEUE = dataclasses.replace(BACKTEST_ENGINE, max_waiting=0)
 # Half the memory bandwidth: 0.19 s per decode step, so a simulated day costs half the steps.
 _SLOW_GPU = Replica("replica-0", cost=dataclasses.replace(BACKTEST_COST, memory_bandwidth=0.75e12))
 
@@ -109,6 +112,26 @@ _ALL = (
         expect=Expect(
             fires=(("HeadroomAvailabilityBudgetBurnFast", 5 * _M), ("HeadroomLoadShedding", 8 * _M)),
             silent=("HeadroomNearCapacityLimit",),
+        ),
+    ),
+    Scenario(
+        "overload_shedding",
+        "at 140 % of the knee for 45 minutes an engine without a queue answers a third of requests "
+        "429 at once; the requests it admits keep their TTFT",
+        2 * _H,
+        steps(0.5, (30 * _M, 75 * _M, 1.4)),
+        replicas=(Replica("replica-0", _NO_QUEUE),),
+        incidents=(Incident("overload shed at the door", 30 * _M, 75 * _M),),
+        expect=Expect(
+            breach=True,
+            page_notifications=1,
+            fires=(("HeadroomGoodputBudgetBurnFast", 10 * _M), ("HeadroomLoadShedding", 8 * _M)),
+            silent=(
+                "HeadroomTTFTBudgetBurnFast",
+                "HeadroomTTFTBudgetBurnSlow",
+                "HeadroomTTFTRising",
+                "HeadroomTailLatencyOverSLO",
+            ),
         ),
     ),
     Scenario(

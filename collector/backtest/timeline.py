@@ -45,9 +45,11 @@ TAILS_S = {
     "HeadroomAvailabilityBudgetBurnSlow": 6 * 3600 + GRACE_S,
     "HeadroomTTFTBudgetBurnSlow": 6 * 3600 + GRACE_S,
     "HeadroomE2EBudgetBurnSlow": 6 * 3600 + GRACE_S,
+    "HeadroomGoodputBudgetBurnSlow": 6 * 3600 + GRACE_S,
     "HeadroomAvailabilityBudgetBurnFast": 1800 + GRACE_S,
     "HeadroomTTFTBudgetBurnFast": 1800 + GRACE_S,
     "HeadroomE2EBudgetBurnFast": 1800 + GRACE_S,
+    "HeadroomGoodputBudgetBurnFast": 1800 + GRACE_S,
 }
 
 

@@ -22,6 +22,7 @@ from collector.dashboards.capacity import (
     gpu_panels,
     knee_provenance_row,
 )
+from collector.dashboards.goodput import engine_timing_panels, goodput_panels
 from collector.dashboards.integrity import integrity_panels
 from collector.dashboards.panels import (
     alert_annotation,
@@ -159,6 +160,7 @@ def overview(c: RulesConfig) -> dict[str, Any]:
         concurrency_panel(),
         *fleet_panels(c),
         load_vs_mu_panel(),
+        *goodput_panels(c),
         timeseries(
             "Headroom per caliber (live ÷ knee)",
             "Live concurrency of each sidecar divided by its replica class's knee (else its model's "
@@ -225,6 +227,7 @@ def overview(c: RulesConfig) -> dict[str, Any]:
         adapters_panel(),
         *integrity_panels(c),
         *_latency_panels(c),
+        *engine_timing_panels(),
         *gpu_panels(),
         timeseries(
             "Outcomes (requests/s)",

@@ -60,13 +60,19 @@ class Slo:
     # Share of answered requests (all but client cancellations) that must not fail: 429 and 503
     # (load shedding), other 5xx, resets, timeouts and the sidecar's own 502s all count as failures.
     availability_objective: float = 0.999
+    # Goodput attainment: the share of clients' requests that met every bound of the SLO the
+    # sidecar judged them by (`headroom run --goodput-slo`) among all but the client's own 4xx. A
+    # shed (429, 503), aborted or failed request misses it too, so shedding cannot make it look better.
+    goodput_objective: float = 0.99
 
     def budget(self, kind: str) -> float:
-        """Allowed failure share of `kind` (ttft, e2e, availability), rounded to stay readable in YAML."""
+        """Allowed failure share of `kind` (ttft, e2e, availability, goodput), rounded to stay
+        readable in YAML."""
         objective = {
             "ttft": self.ttft_objective,
             "e2e": self.e2e_objective,
             "availability": self.availability_objective,
+            "goodput": self.goodput_objective,
         }[kind]
         return round(1 - objective, 9)
 
@@ -94,6 +100,8 @@ FOR_DURATIONS: dict[str, str] = {
     "HeadroomTTFTBudgetBurnSlow": "15m",
     "HeadroomE2EBudgetBurnFast": "2m",
     "HeadroomE2EBudgetBurnSlow": "15m",
+    "HeadroomGoodputBudgetBurnFast": "2m",
+    "HeadroomGoodputBudgetBurnSlow": "15m",
     "HeadroomSidecarDown": "2m",
     "HeadroomSidecarJobAbsent": "5m",
     "HeadroomFleetHeadroomLow": "15m",
@@ -130,6 +138,11 @@ class RulesConfig:
     e2e_slo_seconds: float | None = 60.0
     e2e_slo_objective: float = 0.99
     availability_objective: float = 0.999
+    # Share of clients' requests that must meet their whole SLO (goodput attainment: met / every
+    # verdict but the client's own 4xx) over 30 days; a shed, aborted or failed request counts
+    # against it. 0.99 matches the TTFT objective; lower it where clients retry 429s by design
+    # (batch fleets), raise it only with the sidecar's --goodput-slo bounds set to what users need.
+    goodput_objective: float = 0.99
     # model name -> its own Slo (e.g. a batch model without a TTFT SLO, a small model with 1 s).
     model_slos: dict[str, Slo] = field(default_factory=dict)
     # Latency and burn-rate alerts need at least this many requests per 5 minutes (the slow burn:
@@ -291,6 +304,7 @@ class RulesConfig:
             self.e2e_slo_seconds,
             self.e2e_slo_objective,
             self.availability_objective,
+            self.goodput_objective,
         )
 
     def slo_for(self, model: str) -> Slo:
@@ -381,7 +395,7 @@ def _check_slo(name: str, slo: Slo) -> None:
             f"SLO of {name}: e2e_seconds={slo.e2e_seconds} is not a duration histogram bucket; "
             f"pick one of {DURATION_BUCKETS_SECONDS}"
         )
-    for field_name in ("ttft_objective", "e2e_objective", "availability_objective"):
+    for field_name in ("ttft_objective", "e2e_objective", "availability_objective", "goodput_objective"):
         value = getattr(slo, field_name)
         if not 0 < value < 1:
             raise ConfigError(f"SLO of {name}: {field_name}={value} must be between 0 and 1 (e.g. 0.99)")

@@ -5,7 +5,7 @@ Every key is optional; what a file leaves out keeps its default from collector.r
 
     sidecar_job, job_selector, runbook_base_url, cluster_label, ruler, extra_labels   wiring
     slo             the default SLO (ttft_seconds, ttft_objective, e2e_seconds, e2e_objective,
-                    availability_objective) and min_requests
+                    availability_objective, goodput_objective) and min_requests
     models          per-model SLOs, each key of `slo` optional (null switches one off)
     thresholds      any other tunable of RulesConfig by its field name
     for, keep_firing_for   per alert name
@@ -35,6 +35,7 @@ _SLO_KEYS = {
     "e2e_seconds": "e2e_slo_seconds",
     "e2e_objective": "e2e_slo_objective",
     "availability_objective": "availability_objective",
+    "goodput_objective": "goodput_objective",
     "min_requests": "slo_min_requests",
 }
 _WIRING = {
@@ -100,7 +101,14 @@ def _typed(name: str, value: Any, where: str) -> Any:
 
 
 def _slo(data: dict[str, Any], base: Slo, where: str) -> Slo:
-    fields = {"ttft_seconds", "ttft_objective", "e2e_seconds", "e2e_objective", "availability_objective"}
+    fields = {
+        "ttft_seconds",
+        "ttft_objective",
+        "e2e_seconds",
+        "e2e_objective",
+        "availability_objective",
+        "goodput_objective",
+    }
     _unknown(data, sorted(fields), where)
     changes: dict[str, Any] = {}
     for key, value in data.items():

@@ -32,6 +32,10 @@ DERIVED_METRICS = {
     "headroom_fleet_knee": "the sum of the replicas' published knees serving a model (in one cluster)",
     "headroom_replicas": "replicas of a model with a published pool",
     "headroom_replicas_needed": "replicas a load needs: ceil(load / pool per replica)",
+    "headroom_goodput": "clients' requests that met every SLO bound (verdict met): goodput",
+    "headroom_prefill_tokens_per_second": "prompt tokens the engine computed per second of its own "
+    "prefill time: the passive prefill rate V_P",
+    "headroom_prompt_cache_hits": "prompt tokens the engine read from its prefix cache (cache=cached)",
 }
 
 RECORD_NAME = re.compile(r"^(?P<level>[a-z_]+):(?P<metric>[a-z_][a-z0-9_]*):(?P<operations>[a-z0-9_]+)$")

@@ -3,12 +3,15 @@
 Names follow `level:metric:operations` (collector.rules.naming). Levels: `instance_model` (one
 sidecar, one model: concurrency is a per-replica quantity compared with the per-replica knee),
 `instance_model_task_class_caliber` (the same, per task class and caliber, against that class's
-knee), `model` (the fleet serving a model: rates, latency, SLO), `instance` (one machine: GPU). The
+knee), `model` (the fleet serving a model: rates, latency, SLO), `model_replica_class` (a model's
+replicas of one replica class: what a class's published capacity compares with), `instance` (one
+machine: GPU). The
 expressions behind them are in collector.alerts.recording; a dashboard only needs the name.
 
     R.REQUESTS_RATE             -> "model:headroom_requests:rate5m"
     R.slo_misses("1h")          -> "model:headroom_ttft_slo_misses:ratio_rate1h"
     R.slo_misses("1h", "e2e")   -> "model:headroom_e2e_slo_misses:ratio_rate1h"
+    R.attainment("1h")          -> "model:headroom_goodput:ratio_rate1h"
 """
 
 from __future__ import annotations
@@ -76,6 +79,24 @@ class R:
     RUNNING = record("model", "headroom_engine_requests_running", "sum")
     KV_USAGE = record("model", "headroom_engine_kv_cache_usage_ratio", "max")
     GPU_UTILIZATION = record("instance", "headroom_gpu_utilization_ratio", "avg")
+    # Goodput (collector.goodput): requests/s that met their SLO, per model and per replica class
+    # (the level μ_slo is published at), and the generated tokens of those requests, per second and
+    # as a share of every generated token (token goodput %). Attainment: R.attainment(window).
+    GOODPUT_RATE = record("model", "headroom_goodput", "rate5m")
+    GOODPUT_RATE_CLASS = record("model_replica_class", "headroom_goodput", "rate5m")
+    GOOD_TOKENS_RATE = record("model", "headroom_slo_good_tokens_total", "rate5m")
+    GOOD_TOKENS_RATIO = record("model", "headroom_slo_good_tokens_total", "ratio_rate5m")
+    # The engine's own timings: the passive prefill rate V_P per replica class (beside the published
+    # headroom_capacity_prefill_tokens_per_second) and the prefix cache's share of prompt tokens.
+    PREFILL_RATE_CLASS = record("model_replica_class", "headroom_prefill_tokens_per_second", "ratio_rate5m")
+    PROMPT_CACHE_HIT_RATIO = record("model", "headroom_prompt_cache_hits", "ratio_rate5m")
+
+    @staticmethod
+    def attainment(window: str) -> str:
+        """Record name of goodput attainment over `window` (SLO_WINDOWS): met / every verdict but invalid."""
+        if window not in SLO_WINDOWS:
+            raise ValueError(f"window {window!r} is not one of {SLO_WINDOWS}")
+        return record("model", "headroom_goodput", f"ratio_rate{window}")
 
     @staticmethod
     def slo_misses(window: str, kind: str = "ttft") -> str:
