@@ -173,6 +173,10 @@ def sidecar_log(url: str) -> dict:
         for sample in family.samples
     ]
     out = {"accounted_requests": int(sum(s.value for s in samples if s.name == "headroom_requests_total"))}
+    # requests whose engine timings the sidecar read (--style llamacpp): the parse really ran
+    out["engine_timed_requests"] = int(
+        sum(s.value for s in samples if s.name == "headroom_engine_prefill_seconds_count")
+    )
     unlabelled = {sample.name: sample.value for sample in samples if not sample.labels}
     for name in ("headroom_log_rows_written_total", "headroom_log_spool_files", "headroom_log_spool_bytes"):
         if name in unlabelled:
@@ -185,6 +189,10 @@ def _check_arm(log: dict, args: argparse.Namespace) -> None:
     if (log["accounted_requests"] > 0) != (args.route == "accounted"):
         raise RuntimeError(
             f"--route {args.route}, but the sidecar accounted {log['accounted_requests']} requests"
+        )
+    if (log["engine_timed_requests"] > 0) != (args.style == "llamacpp" and args.route == "accounted"):
+        raise RuntimeError(
+            f"--style {args.style}, but the sidecar read engine timings of {log['engine_timed_requests']} requests"
         )
     if ("spool_files" in log) != args.lake:
         raise RuntimeError(f"--lake {args.lake}, but the sidecar's log series are {sorted(log)}")
