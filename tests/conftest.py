@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import support` from any test, any rootdir
 from support.processes import free_port  # noqa: E402  (re-exported for the tests that import it)
+from support.waiting import patient  # noqa: E402
 
 __all__ = ["require_tool", "free_port", "FIXTURES", "IN_CI"]
 pytest_plugins = ["support.engine"]  # the fake_engine fixture, for every test that names it
@@ -54,11 +55,20 @@ def pytest_configure(config: pytest.Config) -> None:
     import matplotlib.font_manager  # noqa: F401  (the import builds and saves the cache)
 
 
+# pytest-timeout's bound for a test without its own mark (pyproject's `timeout` is 300 s): a hang
+# detector, stretched like every other deadline (support/waiting.py). 20,000 streams through the
+# sidecar passed 300 s beside two CPU hogs and a busy suite.
+DEFAULT_TIMEOUT_S = patient(150)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Integration and real-engine tests run real binaries: they are subprocess tests too."""
+    """Integration and real-engine tests run real binaries: they are subprocess tests too. A test
+    without its own timeout mark gets DEFAULT_TIMEOUT_S."""
     for item in items:
         if item.get_closest_marker("integration") or item.get_closest_marker("real_engine"):
             item.add_marker(pytest.mark.subprocess)
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(max(DEFAULT_TIMEOUT_S, 300)))
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,11 @@ from support.upstream import prompt_tokens
 from support.waiting import patient, wait_until
 
 from collector.engine_timings import engine_timings
+from collector.serving import serve_in_thread
+from collector.sidecar.config import SidecarConfig
+from collector.sidecar.wiring import build_sidecar, sidecar_state
+from collector.sim.app import create_sim_app
+from collector.sim.config import SimConfig
 from collector.sse import inspect_event, plain_read
 
 FIXTURE = Path(__file__).parent / "fixtures" / "llamacpp" / "chat_stream_with_usage.sse"
@@ -151,3 +156,41 @@ def test_an_exact_length_asked_for_and_not_delivered_is_flagged(tmp_path):
         metrics = rig.metrics()
     assert [row["output_short"] for row in rows] == [True, False, None, False]
     assert metrics[("headroom_output_short_total", ())] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flavor", "shape"), [("llamacpp", "llamacpp"), ("vllm", "vllm")])
+def test_the_simulator_in_both_flavours_is_read_the_same_way(tmp_path, flavor, shape):
+    """The built-in simulator through a real sidecar: llama.cpp's `timings` and vLLM's `metrics`
+    (--per-request-metrics) land in the same columns, with the simulator's own prefill (a
+    request alone: no queue) and its token counts."""
+    sim = serve_in_thread(
+        create_sim_app(
+            SimConfig(flavor=flavor, per_request_metrics=flavor == "vllm", max_num_seqs=4, speed=4.0)
+        )
+    )
+    try:
+        app = build_sidecar(
+            SidecarConfig(upstream=sim.url, db_path=str(tmp_path / "log.duckdb"), engine="none", jobs=False)
+        )
+        sidecar = serve_in_thread(app)
+        try:
+            with httpx.Client(timeout=patient(30)) as client:
+                for stream in (True, False):
+                    body = {**CHAT, "stream": stream, "max_tokens": 8}
+                    assert client.post(sidecar.url + "/v1/chat/completions", json=body).status_code == 200
+            state = sidecar_state(app)
+            assert state.writer.flush(patient(30))
+            rows = state.batch_sink.query_dicts("SELECT * FROM requests ORDER BY admitted_at")
+        finally:
+            sidecar.stop()
+    finally:
+        sim.stop()
+    assert len(rows) == 2
+    for row in rows:
+        assert row["engine_timings"] == shape and row["engine_prefill_s"] > 0 and row["engine_decode_s"] > 0
+        assert row["engine_prompt_computed"] + (row["engine_prompt_cached"] or 0) == row["prompt_tokens"]
+        assert row["engine_generated"] in (row["completion_tokens"], None)  # vLLM sends no count
+    streamed = rows[0]
+    assert streamed["engine_queue_s"] == pytest.approx(0, abs=0.005)  # alone: it waited for no slot
+    assert streamed["engine_prefill_s"] <= streamed["ttft_s"]
