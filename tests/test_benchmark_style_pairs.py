@@ -94,7 +94,7 @@ def test_route_and_lake_are_refused_without_versus_floor():
         text=True,
         timeout=patient(60),
     )
-    assert done.returncode == 2 and "--route and --lake go with --versus-floor" in done.stderr
+    assert done.returncode == 2 and "--route, --lake and --style go with --versus-floor" in done.stderr
 
 
 @pytest.mark.serial  # paired windows of chunk rates, as above

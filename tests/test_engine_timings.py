@@ -192,5 +192,7 @@ def test_the_simulator_in_both_flavours_is_read_the_same_way(tmp_path, flavor, s
         assert row["engine_prompt_computed"] + (row["engine_prompt_cached"] or 0) == row["prompt_tokens"]
         assert row["engine_generated"] in (row["completion_tokens"], None)  # vLLM sends no count
     streamed = rows[0]
-    assert streamed["engine_queue_s"] == pytest.approx(0, abs=0.005)  # alone: it waited for no slot
+    # alone, it waited for no slot: vLLM reports 0; llama.cpp's is derived (TTFT less hop and
+    # prefill), so it holds the first token's way out too: milliseconds (8.7 beside two CPU hogs)
+    assert streamed["engine_queue_s"] == 0 if shape == "vllm" else 0 <= streamed["engine_queue_s"] < 0.05
     assert streamed["engine_prefill_s"] <= streamed["ttft_s"]
