@@ -21,7 +21,7 @@ from collector.analysis.passive import passive_curve
 from collector.analysis.quota import quota_ceiling
 from collector.analysis.render import token_summary
 from collector.capacity import CapacityEstimate
-from collector.lake.source import open_log, reader_options
+from collector.lake.source import open_log, reader_options, reader_window
 from collector.store.decision import Decision, decisions
 from collector.store.owner import OwnerError
 from collector.terminal import JSON_HELP, json_output, write_json
@@ -219,8 +219,7 @@ def curve(
       headroom capacity curve --db headroom.duckdb --task-class long --model llama-3-8b
       headroom capacity curve --catalog sqlite:///lake/catalog.db --lake /data/lake --since 7d
     """
-    if (db is None) == (lake_uri is None):
-        raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
+    reader_window(db, lake_uri, since, until)  # one log, a window that is not empty
     with (
         _reading(db, lake_uri),
         open_log(db, catalog_uri, lake_uri, table=lake_table, since=since, until=until) as store,
@@ -295,14 +294,7 @@ def split(
       headroom capacity split --db headroom.duckdb --since 24h --replica-class h100-tp1 --json split.json
       headroom capacity split --catalog sqlite:///lake/catalog.db --lake /data/lake --since 7d --json -
     """
-    if (db is None) == (lake_uri is None):
-        raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
-    until = until or utc_now()
-    if until <= since:
-        raise click.BadParameter(
-            f"the window is empty: --since {since:%Y-%m-%dT%H:%M}Z is not before --until {until:%Y-%m-%dT%H:%M}Z",
-            param_hint="--since",
-        )
+    until = reader_window(db, lake_uri, since, until)
     with (
         _reading(db, lake_uri),
         open_log(db, catalog_uri, lake_uri, table=lake_table, since=since, until=until) as store,

@@ -16,7 +16,7 @@ import click
 if TYPE_CHECKING:  # imported where used: a command's --help loads no DuckDB through reader_options
     from collector.store.db import RequestStore
 
-__all__ = ["open_log", "reader_options", "catalog_option", "MISSING_LAKE_EXTRA"]
+__all__ = ["open_log", "reader_options", "reader_window", "catalog_option", "MISSING_LAKE_EXTRA"]
 
 MISSING_LAKE_EXTRA = "reading the fleet's table needs pyiceberg: pip install 'llm-headroom[lake]'"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,6 +51,25 @@ def reader_options(function: F) -> F:
         help="Read the fleet's Iceberg table (`headroom lake commit`) in this lake instead of --db.",
     )(function)
     return function
+
+
+def reader_window(
+    db: str | None, lake_uri: str | None, since: datetime | None, until: datetime | None
+) -> datetime:
+    """A reader command's window end (`until`, else now), once it has checked its arguments: one
+    log (--db or --lake, not both, not neither) and a window that is not empty (a window without
+    a start is never empty)."""
+    from collector.timewin import utc_now  # noqa: PLC0415 - a command's --help imports nothing more
+
+    if (db is None) == (lake_uri is None):
+        raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
+    end = until or utc_now()
+    if since is not None and end <= since:
+        raise click.BadParameter(
+            f"the window is empty: --since {since:%Y-%m-%dT%H:%M}Z is not before --until {end:%Y-%m-%dT%H:%M}Z",
+            param_hint="--since",
+        )
+    return end
 
 
 @contextlib.contextmanager

@@ -17,13 +17,13 @@ import click
 import duckdb
 from rich.console import Console
 
-from collector.lake.source import open_log, reader_options
+from collector.lake.source import open_log, reader_options, reader_window
 from collector.report.build import build_report
 from collector.report.collect import collect_inputs
 from collector.report.review import render_report
 from collector.store.owner import OwnerError
 from collector.terminal import JSON_HELP, write_json
-from collector.timewin import WHEN, WHEN_HELP, utc_now
+from collector.timewin import WHEN, WHEN_HELP
 
 __all__ = ["report", "TEXT_FORMATS"]
 
@@ -117,14 +117,7 @@ def report(
       headroom report --db headroom.duckdb --json - | jq '.models[].plan'
       headroom report --catalog sqlite:///lake/catalog.db --lake /data/lake --since 7d   # the fleet's table
     """
-    if (db is None) == (lake_uri is None):
-        raise click.UsageError("give --db PATH or --lake URI (with --catalog), one of them")
-    until = until or utc_now()
-    if until <= since:
-        raise click.BadParameter(
-            f"the window is empty: --since {since:%Y-%m-%dT%H:%M}Z is not before --until {until:%Y-%m-%dT%H:%M}Z",
-            param_hint="--since",
-        )
+    until = reader_window(db, lake_uri, since, until)
     data = _from_db(db, (since, until), slo_ttft_p95, (catalog_uri, lake_uri, lake_table))
     if json_path:
         write_json(json_path, data)
